@@ -1,0 +1,52 @@
+// The check macros. Each returns from the enclosing function (which returns ncclResult_t) on failure, except
+// NCCLEXT_WARN_ON, which is for teardown paths that must go on.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "common/log.h"
+#include "common/status.h"
+
+// Propagates a failure of one of our own functions (which already recorded its text).
+#define NCCLEXT_CHECK(call)                 \
+  do {                                      \
+    ncclResult_t res_ = (call);             \
+    if (res_ != ncclSuccess) return res_;   \
+  } while (0)
+
+// Calls NCCL; on failure records NCCL's own last-error text beside the call.
+#define NCCLEXT_NCCL(call)                                                                                   \
+  do {                                                                                                       \
+    ncclResult_t res_ = (call);                                                                              \
+    if (res_ != ncclSuccess && res_ != ncclInProgress)                                                       \
+      return ::ncclext::fail(res_, __FILE__, __LINE__, "%s failed: %s", #call, ncclGetLastError(nullptr)); \
+  } while (0)
+
+// Calls the CUDA runtime; a failure becomes ncclUnhandledCudaError with CUDA's text.
+#define NCCLEXT_CUDA(call)                                                                                     \
+  do {                                                                                                         \
+    cudaError_t err_ = (call);                                                                                 \
+    if (err_ != cudaSuccess)                                                                                   \
+      return ::ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "%s failed: %s (%s)", #call,          \
+                             cudaGetErrorString(err_), cudaGetErrorName(err_));                                \
+  } while (0)
+
+// Rejects bad input: ncclInvalidArgument with the message when `cond` does not hold.
+#define NCCLEXT_ARG(cond, ...)                                                         \
+  do {                                                                                 \
+    if (!(cond)) return ::ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+
+// Rejects a call made in the wrong state or order: ncclInvalidUsage.
+#define NCCLEXT_USAGE(cond, ...)                                                     \
+  do {                                                                               \
+    if (!(cond)) return ::ncclext::fail(ncclInvalidUsage, __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+
+// Teardown: logs a failed call and carries on.
+#define NCCLEXT_WARN_ON(call)                                                  \
+  do {                                                                         \
+    auto res_ = (call);                                                        \
+    if (res_ != decltype(res_)(0)) NCCLEXT_WARN("%s failed (%d)", #call, (int)res_); \
+  } while (0)

@@ -1,0 +1,91 @@
+#include "common/device_status.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/checks.h"
+
+namespace ncclext {
+namespace {
+
+const char* siteName(uint32_t site) {
+  switch (site) {
+    case kSiteBarrier: return "LSA barrier";
+    case kSiteFlag: return "flag wait";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+ncclResult_t describeDeviceError(const DeviceErrorWord& w, const char* what) {
+  if (w.code == kDeviceOk) return ncclSuccess;
+  char site[64];
+  if (const char* name = siteName(w.site)) {
+    snprintf(site, sizeof(site), "%s %u", name, w.index);
+  } else {
+    snprintf(site, sizeof(site), "site %u index %u", w.site, w.index);
+  }
+  if (w.code == kDeviceTimeout || w.code == kDeviceAborted) {
+    return fail(ncclRemoteError, __FILE__, __LINE__,
+                "%s: %s after %.3f s: rank %d waited for peer %d at %s (flag expected >= %llu, seen %llu)", what,
+                w.code == kDeviceTimeout ? "timed out" : "aborted", w.waitedNs * 1e-9, w.rank, w.peer, site,
+                (unsigned long long)w.expected, (unsigned long long)w.seen);
+  }
+  return fail(ncclSystemError, __FILE__, __LINE__, "%s: device error code %u at %s", what, w.code, site);
+}
+
+ncclResult_t DeviceStatus::create(std::unique_ptr<DeviceStatus>* out) {
+  std::unique_ptr<DeviceStatus> s(new DeviceStatus());
+  void* h = nullptr;
+  NCCLEXT_CUDA(cudaHostAlloc(&h, sizeof(DeviceErrorWord), cudaHostAllocMapped | cudaHostAllocPortable));
+  s->host_ = static_cast<DeviceErrorWord*>(h);
+  memset(s->host_, 0, sizeof(DeviceErrorWord));
+  void* d = nullptr;
+  NCCLEXT_CUDA(cudaHostGetDevicePointer(&d, h, 0));
+  s->device_ = static_cast<DeviceErrorWord*>(d);
+  *out = std::move(s);
+  return ncclSuccess;
+}
+
+DeviceStatus::~DeviceStatus() {
+  if (host_) NCCLEXT_WARN_ON(cudaFreeHost(host_));
+}
+
+ncclResult_t DeviceStatus::check(const char* what) const {
+  DeviceErrorWord w;
+  // The device stores `code` last after a system-scope fence; read it first.
+  const uint32_t code = __atomic_load_n(&host_->code, __ATOMIC_ACQUIRE);
+  if (code == kDeviceOk) return ncclSuccess;
+  memcpy(&w, host_, sizeof(w));
+  w.code = code;
+  return describeDeviceError(w, what);
+}
+
+void DeviceStatus::reset() { memset(host_, 0, sizeof(DeviceErrorWord)); }
+
+ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* what, const DeviceStatus* status) {
+  const auto start = std::chrono::steady_clock::now();
+  // Device waits give up after their own budget; the host allows that budget plus a margin for the kernel to
+  // notice, write the word and drain.
+  const auto limit = std::chrono::duration<double>(timeoutSeconds + 5.0);
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) {
+      return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "%s: stream failed: %s", what, cudaGetErrorString(e));
+    }
+    if (std::chrono::steady_clock::now() - start > limit) {
+      if (status) NCCLEXT_CHECK(status->check(what));
+      return fail(ncclSystemError, __FILE__, __LINE__,
+                  "%s: kernels still running after %.1f s with no device error recorded; the process cannot tear "
+                  "down cleanly",
+                  what, limit.count());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return status ? status->check(what) : ncclSuccess;
+}
+
+}  // namespace ncclext

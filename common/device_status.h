@@ -1,0 +1,45 @@
+// Host side of the device error word (common/device_error.h) and the host watchdog around kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+
+#include "common/device_error.h"
+
+namespace ncclext {
+
+class DeviceStatus {
+ public:
+  static ncclResult_t create(std::unique_ptr<DeviceStatus>* out);
+  ~DeviceStatus();
+  DeviceStatus(const DeviceStatus&) = delete;
+  DeviceStatus& operator=(const DeviceStatus&) = delete;
+
+  // The pointer kernels write through.
+  DeviceErrorWord* devicePtr() const { return device_; }
+
+  // ncclSuccess while the word is clean; else ncclRemoteError (a peer did not arrive) or ncclSystemError, with a
+  // message naming rank, peer, site, expected and seen values. `what` names the operation for the message.
+  ncclResult_t check(const char* what) const;
+
+  // Clears the word. Only while no kernel that may write it is running.
+  void reset();
+
+ private:
+  DeviceStatus() = default;
+  DeviceErrorWord* host_ = nullptr;
+  DeviceErrorWord* device_ = nullptr;
+};
+
+// Waits for `stream` on the host without blocking forever: polls the stream (and the error word, when `status` is
+// given) and gives up after `timeoutSeconds` plus a margin (ncclSystemError: a kernel is still running and the
+// process cannot tear down cleanly). Returns status->check(what) once the stream is done.
+ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* what,
+                        const DeviceStatus* status = nullptr);
+
+// Turns a filled error word into a result code and a last-error text. Pure host code, unit-tested.
+ncclResult_t describeDeviceError(const DeviceErrorWord& w, const char* what);
+
+}  // namespace ncclext

@@ -1,0 +1,105 @@
+#include "common/env.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <strings.h>
+
+namespace ncclext {
+namespace {
+
+bool parseLevel(const char* s, LogLevel* out) {
+  static const struct {
+    const char* name;
+    LogLevel level;
+  } kLevels[] = {{"NONE", LogLevel::kNone}, {"WARN", LogLevel::kWarn}, {"INFO", LogLevel::kInfo},
+                 {"DEBUG", LogLevel::kDebug}, {"TRACE", LogLevel::kDebug}};
+  for (const auto& l : kLevels) {
+    if (strcasecmp(s, l.name) == 0) {
+      *out = l.level;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool parseDouble(const char* s, double* out) {
+  errno = 0;
+  char* end = nullptr;
+  double v = strtod(s, &end);
+  if (errno != 0 || end == s || *end != '\0' || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+bool parseInt(const char* s, long* out) {
+  errno = 0;
+  char* end = nullptr;
+  long v = strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+Env parseEnv(const std::function<const char*(const char*)>& lookup, std::vector<std::string>* problems) {
+  Env e;
+  auto complain = [&](const char* name, const char* value, const char* want) {
+    if (problems) problems->push_back(std::string(name) + "=" + value + " ignored: expected " + want);
+  };
+  if (const char* v = lookup("NCCL_EXT_LOG")) {
+    if (!parseLevel(v, &e.logLevel)) complain("NCCL_EXT_LOG", v, "NONE, WARN, INFO or DEBUG");
+  }
+  if (const char* v = lookup("NCCL_EXT_TIMEOUT_S")) {
+    double t = 0;
+    if (parseDouble(v, &t) && t > 0 && t <= 1e6) {
+      e.timeoutSeconds = t;
+    } else {
+      complain("NCCL_EXT_TIMEOUT_S", v, "seconds in (0, 1e6]");
+    }
+  }
+  if (const char* v = lookup("NCCL_EXT_LSA_DOMAIN_SIZE")) {
+    long k = 0;
+    if (parseInt(v, &k) && k >= 0 && k <= 1 << 20) {
+      e.lsaDomainSize = static_cast<int>(k);
+    } else {
+      complain("NCCL_EXT_LSA_DOMAIN_SIZE", v, "an integer >= 0");
+    }
+  }
+  return e;
+}
+
+const Env& env() {
+  static Env parsed;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> problems;
+    parsed = parseEnv([](const char* name) { return getenv(name); }, &problems);
+    // The logger depends on this struct, so problems go straight to stderr.
+    for (const std::string& p : problems) fprintf(stderr, "[nccl_ext] WARN %s\n", p.c_str());
+  });
+  return parsed;
+}
+
+const char* logLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kNone: return "NONE";
+    case LogLevel::kWarn: return "WARN";
+    case LogLevel::kInfo: return "INFO";
+    case LogLevel::kDebug: return "DEBUG";
+  }
+  return "?";
+}
+
+std::string describeEnv(const Env& e) {
+  char buf[256];
+  snprintf(buf, sizeof(buf), "NCCL_EXT_LOG=%s NCCL_EXT_TIMEOUT_S=%g NCCL_EXT_LSA_DOMAIN_SIZE=%d",
+           logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize);
+  return buf;
+}
+
+}  // namespace ncclext

@@ -1,0 +1,36 @@
+// Every environment variable the two libraries read, parsed once into one struct. getenv() appears nowhere else.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ncclext {
+
+enum class LogLevel : int { kNone = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+
+struct Env {
+  // NCCL_EXT_LOG = NONE | WARN | INFO | DEBUG. WARN lines carry file:line; every line carries the library and rank.
+  LogLevel logLevel = LogLevel::kWarn;
+  // NCCL_EXT_TIMEOUT_S = seconds (> 0). Budget of every device-side wait on a peer (flags, barriers) and of the
+  // host watchdogs around kernels. An explicit config field, where an API has one, wins over the default but not
+  // over this variable.
+  double timeoutSeconds = 100.0;
+  // NCCL_EXT_LSA_DOMAIN_SIZE = k > 0 splits NCCL's LSA team (one node) into domains of k consecutive ranks, so that
+  // the across-domain paths run and get tested on one node. 0 = the LSA team as NCCL reports it.
+  int lsaDomainSize = 0;
+};
+
+// Parses from `lookup` (getenv in production, a map in tests). Unparsable values keep the default and add a line
+// to `problems`.
+Env parseEnv(const std::function<const char*(const char*)>& lookup, std::vector<std::string>* problems);
+
+// The process-wide values, parsed on first use; problems are printed to stderr once.
+const Env& env();
+
+// One line per variable, for the INFO dump.
+std::string describeEnv(const Env& e);
+
+const char* logLevelName(LogLevel level);
+
+}  // namespace ncclext

@@ -1,0 +1,42 @@
+#include "common/log.h"
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#ifndef NCCL_EXT_LIB_TAG
+#error "NCCL_EXT_LIB_TAG names the library common/ is compiled into (see cmake/NcclExtCommon.cmake)"
+#endif
+
+namespace ncclext {
+namespace {
+std::atomic<int> gRank{-1};
+
+const char* baseName(const char* path) {
+  const char* slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+}  // namespace
+
+void setLogRank(int rank) { gRank.store(rank, std::memory_order_relaxed); }
+int logRank() { return gRank.load(std::memory_order_relaxed); }
+
+bool logEnabled(LogLevel level) { return level != LogLevel::kNone && level <= env().logLevel; }
+
+void logMessage(LogLevel level, const char* file, int line, const char* fmt, ...) {
+  if (!logEnabled(level)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  // One fprintf per line so that lines of concurrent ranks do not interleave mid-line.
+  if (level == LogLevel::kWarn) {
+    fprintf(stderr, "[" NCCL_EXT_LIB_TAG "] rank %d WARN %s:%d %s\n", logRank(), baseName(file), line, msg);
+  } else {
+    fprintf(stderr, "[" NCCL_EXT_LIB_TAG "] rank %d %s %s\n", logRank(), logLevelName(level), msg);
+  }
+}
+
+}  // namespace ncclext

@@ -1,0 +1,324 @@
+// GPU tests of the foundation (common/): symmetric memory, LSA pushes, the flag barrier and its timeout.
+//
+//   smoke    Every rank's kernel pushes a pattern that names (iteration, source rank, destination rank, element)
+//            into its slot of every peer's window over LSA, meets the peers in the flag barrier, and checks every
+//            element of its own window; the host then copies the window back and checks every element again
+//            against a host-computed pattern. The window is poisoned before every iteration, so a missing store
+//            or a missing barrier shows up as poison or as a previous iteration's value.
+//   timeout  One rank never signals (with 1 rank: a flag nobody writes). The other ranks' waits must give up
+//            after the configured budget, come back through the host API as ncclRemoteError naming the silent
+//            peer, leave the GPU usable, and the processes must exit cleanly.
+//
+// Usage: symmetric_memory_test [--test smoke|timeout|all] [--nranks N] [--iters I] [--ctas C] [--threads T]
+//                              [--slot-elems E] [--timeout-s S] [--json FILE] [--break store|barrier]
+// --break store skips the kernel's stores and --break barrier skips its exit barrier: both must make the smoke test
+// FAIL (the oracle can fail); gpu-check never passes --break.
+// Exit status: 0 pass, 1 fail, 77 no GPU.
+#include <getopt.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/device/sync.cuh"
+#include "common/device_status.h"
+#include "common/launch.h"
+#include "common/symmetric_memory.h"
+#include "tests/harness/launcher.h"
+
+namespace {
+
+using ncclext::dev::LsaBarrier;
+
+// --break: deliberately broken variants that show the oracle can fail (they must FAIL; never used in gpu-check).
+enum BreakMode : int { kBreakNone = 0, kBreakStore = 1, kBreakBarrier = 2 };
+
+struct Options {
+  std::string test = "all";
+  int nRanks = 0;
+  int iters = 20;
+  int ctas = 16;
+  int threads = 512;
+  size_t slotElems = (size_t)1 << 20;  // uint64 per (source, destination): 8 MiB
+  double timeoutSeconds = 2.0;
+  std::string json;
+  int breakMode = kBreakNone;
+};
+
+__host__ __device__ inline uint64_t pattern(uint32_t iter, uint32_t src, uint32_t dst, uint64_t i) {
+  return (uint64_t)(iter + 1) << 48 | (uint64_t)src << 40 | (uint64_t)dst << 32 | (i & 0xffffffffu);
+}
+constexpr uint64_t kPoison = 0xffffffffffffffffull;
+
+struct SmokeParams {
+  LsaBarrier bar;
+  size_t slotElems;
+  uint32_t iter;
+  unsigned long long* errors;
+  int breakMode;
+};
+
+// Window: uint64 data[lsaSize][slotElems] (slot s written by LSA rank s), then the barrier flags.
+// CTA b handles elements [lo, hi) of every slot and uses barrier index b: it meets exactly the peer CTAs that
+// wrote the range it checks.
+__global__ void smokeKernel(SmokeParams p) {
+  ncclCoopCta cta;
+  const int me = p.bar.lsaRank;
+  const int n = p.bar.lsaSize;
+  const size_t per = (p.slotElems + gridDim.x - 1) / gridDim.x;
+  const size_t lo = min(p.slotElems, (size_t)blockIdx.x * per);
+  const size_t hi = min(p.slotElems, lo + per);
+  // (1) Entry: peers are done with the previous iteration.
+  if (!ncclext::dev::lsaBarrierSync(cta, p.bar, blockIdx.x)) return;
+  // (2) Push my slot into every peer (staggered so that ranks do not all hit one peer at once).
+  for (int k = 0; k < n; k++) {
+    const int dst = (me + k) % n;
+    uint64_t* remote = static_cast<uint64_t*>(ncclGetLsaPointer(p.bar.window, (size_t)me * p.slotElems * 8, dst));
+    if (p.breakMode == kBreakStore) continue;
+    for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) remote[i] = pattern(p.iter, me, dst, i);
+  }
+  // (3) Exit: my stores released, the peers' acquired.
+  if (p.breakMode != kBreakBarrier && !ncclext::dev::lsaBarrierSync(cta, p.bar, blockIdx.x)) return;
+  // (4) Check what arrived.
+  const uint64_t* local = static_cast<const uint64_t*>(ncclGetLocalPointer(p.bar.window, 0));
+  unsigned long long bad = 0;
+  for (int src = 0; src < n; src++)
+    for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+      bad += local[(size_t)src * p.slotElems + i] != pattern(p.iter, src, me, i);
+  if (bad) atomicAdd(p.errors, bad);
+}
+
+// The timeout test's waits: with peers, one barrier that the silent rank never joins; alone, a flag nobody writes.
+__global__ void timeoutKernel(LsaBarrier bar, int alone) {
+  ncclCoopCta cta;
+  if (alone) {
+    if (threadIdx.x == 0) {
+      const uint64_t* flag = static_cast<const uint64_t*>(ncclGetLocalPointer(bar.window, bar.flagsOffset));
+      ncclext::dev::waitFlagAtLeast(flag, 1, bar.wait, bar.wait.rank, ncclext::kSiteFlag, 0);
+    }
+    return;
+  }
+  ncclext::dev::lsaBarrierSync(cta, bar, 0);
+}
+
+#define TEST_CHECK(call)                                                               \
+  do {                                                                                 \
+    ncclResult_t r_ = (call);                                                          \
+    if (r_ != ncclSuccess) {                                                           \
+      fprintf(stderr, "rank %d: %s failed: %s\n", ctx.rank, #call, ncclext::lastError()); \
+      return 1;                                                                        \
+    }                                                                                  \
+  } while (0)
+
+// Everything a test needs on one rank: the window with the barrier flags after `dataBytes`, epochs, the error word.
+struct Fixture {
+  std::unique_ptr<ncclext::SymmetricMemory> mem;
+  std::unique_ptr<ncclext::DeviceStatus> status;
+  uint64_t* epochs = nullptr;
+  LsaBarrier bar{};
+  ~Fixture() { cudaFree(epochs); }
+};
+
+ncclResult_t makeFixture(ncclext::harness::RankContext& ctx, size_t dataBytes, int nBarriers, double timeoutSeconds,
+                         Fixture* f) {
+  NCCLEXT_CHECK(ncclext::DeviceStatus::create(&f->status));
+  int lsaSizeGuess = ctx.nRanks;  // one node: the LSA team is the world
+  ncclext::SymmetricMemoryOptions o;
+  o.bytes = dataBytes + LsaBarrier::flagBytes(nBarriers, lsaSizeGuess);
+  NCCLEXT_CHECK(ncclext::SymmetricMemory::create(ctx.comm, o, ctx.stream, &f->mem));
+  const ncclDevComm& dc = f->mem->devComm();
+  NCCLEXT_USAGE(dc.lsaSize == ctx.nRanks, "these tests need all ranks in one LSA team (lsaSize %d, nRanks %d)",
+                dc.lsaSize, ctx.nRanks);
+  NCCLEXT_CUDA(cudaMalloc(&f->epochs, sizeof(uint64_t) * nBarriers));
+  NCCLEXT_CUDA(cudaMemset(f->epochs, 0, sizeof(uint64_t) * nBarriers));
+  f->bar.window = f->mem->window();
+  f->bar.flagsOffset = dataBytes;
+  f->bar.epochs = f->epochs;
+  f->bar.lsaRank = dc.lsaRank;
+  f->bar.lsaSize = dc.lsaSize;
+  f->bar.worldRankOfLsa0 = ctx.rank - dc.lsaRank;
+  f->bar.wait.err = f->status->devicePtr();
+  f->bar.wait.timeoutNs = (uint64_t)(timeoutSeconds * 1e9);
+  f->bar.wait.rank = ctx.rank;
+  return ncclSuccess;
+}
+
+// Sums a per-rank count over all ranks (also a host-side quiesce point).
+ncclResult_t sumOverRanks(ncclext::harness::RankContext& ctx, unsigned long long mine, unsigned long long* total,
+                          double timeoutSeconds = 60) {
+  unsigned long long* d = nullptr;
+  NCCLEXT_CUDA(cudaMalloc(&d, sizeof(*d)));
+  NCCLEXT_CUDA(cudaMemcpy(d, &mine, sizeof(mine), cudaMemcpyHostToDevice));
+  NCCLEXT_NCCL(ncclAllReduce(d, d, 1, ncclUint64, ncclSum, ctx.comm, ctx.stream));
+  NCCLEXT_CHECK(ncclext::waitStream(ctx.stream, timeoutSeconds, "sum over ranks"));
+  NCCLEXT_CUDA(cudaMemcpy(total, d, sizeof(*total), cudaMemcpyDeviceToHost));
+  NCCLEXT_CUDA(cudaFree(d));
+  return ncclSuccess;
+}
+
+void appendJson(const Options& o, const std::string& line) {
+  printf("RESULT %s\n", line.c_str());
+  if (o.json.empty()) return;
+  FILE* f = fopen(o.json.c_str(), "a");
+  if (!f) return;
+  fprintf(f, "%s\n", line.c_str());
+  fclose(f);
+}
+
+int runSmoke(ncclext::harness::RankContext& ctx, const Options& o) {
+  Fixture f;
+  const size_t dataBytes = (size_t)ctx.nRanks * o.slotElems * sizeof(uint64_t);
+  TEST_CHECK(makeFixture(ctx, dataBytes, o.ctas, 60.0, &f));
+  unsigned long long* dErrors = nullptr;
+  if (cudaMalloc(&dErrors, sizeof(*dErrors)) != cudaSuccess) return 1;
+  cudaMemset(dErrors, 0, sizeof(*dErrors));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int it = 0; it < o.iters; it++) {
+    // Poison my data, then a host collective so that no peer pushes before my poison has landed.
+    if (cudaMemsetAsync(f.mem->localPtr(), 0xff, dataBytes, ctx.stream) != cudaSuccess) return 1;
+    TEST_CHECK(ncclext::hostBarrier(ctx.comm, ctx.stream, 60));
+    SmokeParams p{f.bar, o.slotElems, (uint32_t)it, dErrors, o.breakMode};
+    TEST_CHECK(ncclext::launchKernel("smokeKernel", smokeKernel, dim3(o.ctas), dim3(o.threads), 0, ctx.stream, p));
+    TEST_CHECK(ncclext::waitStream(ctx.stream, 60, "smoke kernel", f.status.get()));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Host oracle on the last iteration: every element of every slot.
+  std::vector<uint64_t> host(dataBytes / sizeof(uint64_t));
+  if (cudaMemcpy(host.data(), f.mem->localPtr(), dataBytes, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
+  unsigned long long hostBad = 0, firstShown = 0;
+  const uint32_t last = o.iters - 1;
+  for (int src = 0; src < ctx.nRanks; src++) {
+    for (size_t i = 0; i < o.slotElems; i++) {
+      const uint64_t want = pattern(last, src, ctx.rank, i), got = host[(size_t)src * o.slotElems + i];
+      if (got != want) {
+        if (firstShown++ < 5)
+          fprintf(stderr, "rank %d: slot %d elem %zu: got %016llx want %016llx%s\n", ctx.rank, src, i,
+                  (unsigned long long)got, (unsigned long long)want, got == kPoison ? " (poison)" : "");
+        hostBad++;
+      }
+    }
+  }
+  unsigned long long devBad = 0;
+  cudaMemcpy(&devBad, dErrors, sizeof(devBad), cudaMemcpyDeviceToHost);
+  cudaFree(dErrors);
+  unsigned long long total = 0;
+  TEST_CHECK(sumOverRanks(ctx, hostBad + devBad, &total));
+  TEST_CHECK(ncclext::hostBarrier(ctx.comm, ctx.stream, 60));  // nobody touches a peer's window after this
+  const bool pass = total == 0;
+  printf("rank %d: smoke %d ranks, %d iterations, %zu B per peer: device errors %llu, host errors %llu, all ranks "
+         "%llu -> %s\n",
+         ctx.rank, ctx.nRanks, o.iters, o.slotElems * 8, devBad, hostBad, total, pass ? "PASS" : "FAIL");
+  if (ctx.rank == 0) {
+    int v = 0;
+    ncclGetVersion(&v);
+    char line[512];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"symmem_smoke\", \"nranks\": %d, \"pass\": %s, \"iters\": %d, \"ctas\": %d, "
+             "\"bytes_per_peer\": %zu, \"elements_checked_per_rank\": %zu, \"errors\": %llu, \"seconds\": %.3f, "
+             "\"nccl_runtime\": %d, \"nccl_built\": %d}",
+             ctx.nRanks, pass ? "true" : "false", o.iters, o.ctas, o.slotElems * 8,
+             (size_t)ctx.nRanks * o.slotElems, total, seconds, v, NCCL_VERSION_CODE);
+    appendJson(o, line);
+  }
+  return pass ? 0 : 1;
+}
+
+int runTimeout(ncclext::harness::RankContext& ctx, const Options& o) {
+  Fixture f;
+  TEST_CHECK(makeFixture(ctx, 0, 1, o.timeoutSeconds, &f));
+  const int silent = ctx.nRanks - 1;
+  const bool alone = ctx.nRanks == 1;
+  unsigned long long bad = 0;
+  double waited = 0;
+  if (alone || ctx.rank != silent) {
+    const auto t0 = std::chrono::steady_clock::now();
+    TEST_CHECK(ncclext::launchKernel("timeoutKernel", timeoutKernel, dim3(1), dim3(128), 0, ctx.stream, f.bar,
+                                     (int)alone));
+    const ncclResult_t res = ncclext::waitStream(ctx.stream, o.timeoutSeconds, "timeout test", f.status.get());
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = ncclext::lastError();
+    const std::string wantPeer = "peer " + std::to_string(alone ? ctx.rank : silent);
+    const bool okCode = res == ncclRemoteError;
+    const bool okMsg = msg.find("timed out") != std::string::npos && msg.find(wantPeer) != std::string::npos;
+    const bool okTime = waited >= o.timeoutSeconds * 0.99 && waited <= o.timeoutSeconds + 5.0;
+    const cudaError_t sticky = cudaDeviceSynchronize();
+    const bool okGpu = sticky == cudaSuccess && cudaGetLastError() == cudaSuccess;
+    printf("rank %d: wait returned %s after %.2f s (budget %.2f s): \"%s\"; GPU %s\n", ctx.rank,
+           ncclGetErrorString(res), waited, o.timeoutSeconds, msg.c_str(), okGpu ? "usable" : "in error");
+    bad = !(okCode && okMsg && okTime && okGpu);
+  }
+  unsigned long long total = 0;
+  TEST_CHECK(sumOverRanks(ctx, bad, &total, o.timeoutSeconds + 60));  // the silent rank waits here meanwhile
+  const bool pass = total == 0;
+  printf("rank %d: timeout %d ranks -> %s\n", ctx.rank, ctx.nRanks, pass ? "PASS" : "FAIL");
+  if (ctx.rank == 0) {
+    char line[256];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"symmem_timeout\", \"nranks\": %d, \"pass\": %s, \"budget_s\": %.3f, \"waited_s\": %.3f}",
+             ctx.nRanks, pass ? "true" : "false", o.timeoutSeconds, waited);
+    appendJson(o, line);
+  }
+  return pass ? 0 : 1;
+}
+
+bool parse(int argc, char** argv, Options* o) {
+  static const option kLong[] = {{"test", required_argument, nullptr, 'x'},
+                                 {"nranks", required_argument, nullptr, 'n'},
+                                 {"iters", required_argument, nullptr, 'i'},
+                                 {"ctas", required_argument, nullptr, 'c'},
+                                 {"threads", required_argument, nullptr, 't'},
+                                 {"slot-elems", required_argument, nullptr, 'e'},
+                                 {"timeout-s", required_argument, nullptr, 'T'},
+                                 {"json", required_argument, nullptr, 'j'},
+                                 {"break", required_argument, nullptr, 'b'},
+                                 {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
+    switch (c) {
+      case 'x': o->test = optarg; break;
+      case 'n': o->nRanks = atoi(optarg); break;
+      case 'i': o->iters = atoi(optarg); break;
+      case 'c': o->ctas = atoi(optarg); break;
+      case 't': o->threads = atoi(optarg); break;
+      case 'e': o->slotElems = strtoull(optarg, nullptr, 0); break;
+      case 'T': o->timeoutSeconds = atof(optarg); break;
+      case 'j': o->json = optarg; break;
+      case 'b':
+        if (!strcmp(optarg, "store")) o->breakMode = kBreakStore;
+        else if (!strcmp(optarg, "barrier")) o->breakMode = kBreakBarrier;
+        else return false;
+        break;
+      default: return false;
+    }
+  }
+  return (o->test == "smoke" || o->test == "timeout" || o->test == "all") && o->nRanks >= 0 && o->iters >= 1 &&
+         o->ctas >= 1 && o->threads >= 32 && o->threads <= 1024 && o->slotElems >= 1 && o->timeoutSeconds > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, &o)) {
+    fprintf(stderr,
+            "usage: %s [--test smoke|timeout|all] [--nranks N] [--iters I] [--ctas C] [--threads T] "
+            "[--slot-elems E] [--timeout-s S] [--json FILE]\n",
+            argv[0]);
+    return 2;
+  }
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = o.nRanks;
+  return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+    int rc = 0;
+    if (o.test == "smoke" || o.test == "all") rc |= runSmoke(ctx, o);
+    if (o.test == "timeout" || o.test == "all") rc |= runTimeout(ctx, o);
+    return rc;
+  });
+}

@@ -1,0 +1,72 @@
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "common/env.h"
+
+namespace ncclext {
+namespace {
+
+Env parseFrom(const std::map<std::string, std::string>& vars, std::vector<std::string>* problems) {
+  return parseEnv(
+      [&](const char* name) -> const char* {
+        auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      },
+      problems);
+}
+
+TEST(Env, DefaultsWhenUnset) {
+  std::vector<std::string> problems;
+  Env e = parseFrom({}, &problems);
+  EXPECT_EQ(e.logLevel, LogLevel::kWarn);
+  EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
+  EXPECT_EQ(e.lsaDomainSize, 0);
+  EXPECT_TRUE(problems.empty());
+}
+
+TEST(Env, ParsesEveryVariable) {
+  std::vector<std::string> problems;
+  Env e = parseFrom({{"NCCL_EXT_LOG", "debug"}, {"NCCL_EXT_TIMEOUT_S", "2.5"}, {"NCCL_EXT_LSA_DOMAIN_SIZE", "1"}},
+                    &problems);
+  EXPECT_EQ(e.logLevel, LogLevel::kDebug);
+  EXPECT_DOUBLE_EQ(e.timeoutSeconds, 2.5);
+  EXPECT_EQ(e.lsaDomainSize, 1);
+  EXPECT_TRUE(problems.empty());
+}
+
+TEST(Env, BadValuesKeepDefaultsAndSaySo) {
+  std::vector<std::string> problems;
+  Env e = parseFrom(
+      {{"NCCL_EXT_LOG", "LOUD"}, {"NCCL_EXT_TIMEOUT_S", "-1"}, {"NCCL_EXT_LSA_DOMAIN_SIZE", "two"}}, &problems);
+  EXPECT_EQ(e.logLevel, LogLevel::kWarn);
+  EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
+  EXPECT_EQ(e.lsaDomainSize, 0);
+  ASSERT_EQ(problems.size(), 3u);
+  EXPECT_NE(problems[0].find("NCCL_EXT_LOG=LOUD"), std::string::npos);
+  EXPECT_NE(problems[1].find("NCCL_EXT_TIMEOUT_S=-1"), std::string::npos);
+  EXPECT_NE(problems[2].find("NCCL_EXT_LSA_DOMAIN_SIZE=two"), std::string::npos);
+}
+
+TEST(Env, RejectsTrailingGarbageAndNonFinite) {
+  std::vector<std::string> problems;
+  Env e = parseFrom({{"NCCL_EXT_TIMEOUT_S", "5s"}, {"NCCL_EXT_LSA_DOMAIN_SIZE", "4x"}}, &problems);
+  EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
+  EXPECT_EQ(e.lsaDomainSize, 0);
+  EXPECT_EQ(problems.size(), 2u);
+  problems.clear();
+  e = parseFrom({{"NCCL_EXT_TIMEOUT_S", "inf"}}, &problems);
+  EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
+  EXPECT_EQ(problems.size(), 1u);
+}
+
+TEST(Env, DescribeNamesEveryVariable) {
+  std::string d = describeEnv(Env{});
+  EXPECT_NE(d.find("NCCL_EXT_LOG=WARN"), std::string::npos);
+  EXPECT_NE(d.find("NCCL_EXT_TIMEOUT_S=100"), std::string::npos);
+  EXPECT_NE(d.find("NCCL_EXT_LSA_DOMAIN_SIZE=0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ncclext

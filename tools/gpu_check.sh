@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs every GPU test (and, as they exist, the benchmarks) on the local GPUs, for every rank count from 1 to the
+# number of GPUs, prints a summary table and writes bench/results/gpu-check-<UTC time>.json (GPU model, driver,
+# NCCL versions, git commit, date, one row per run). Assumes `make` has built $BUILDDIR.
+# Exit status: 0 if every run passed (or there is no GPU: then it says so and runs nothing), 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILDDIR=${BUILDDIR:-build}
+export NCCL_NVLS_ENABLE=0   # NVLink multicast is forbidden on our machines
+OUTDIR=${GPU_CHECK_OUT:-bench/results}
+mkdir -p "$OUTDIR"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+RAW=$(mktemp -d)
+trap 'rm -rf "$RAW"' EXIT
+
+NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$NGPU" -eq 0 ]; then
+  echo "gpu-check: no GPU on this machine (nvidia-smi lists none): nothing to run."
+  exit 0
+fi
+MAXR=${GPU_CHECK_MAX_RANKS:-$NGPU}
+
+# name | command (NRANKS and JSON are substituted) | minimum ranks
+RUNS=(
+  "symmem_smoke|$BUILDDIR/bin/symmetric_memory_test --test smoke --nranks NRANKS --json JSON|1"
+  "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1"
+)
+# The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
+if command -v mpirun >/dev/null 2>&1; then
+  RUNS+=("symmem_smoke_mpirun|mpirun --allow-run-as-root --oversubscribe -np NRANKS -x NCCL_NVLS_ENABLE=0 $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2")
+fi
+if command -v torchrun >/dev/null 2>&1; then
+  RUNS+=("symmem_smoke_torchrun|torchrun --standalone --nproc_per_node NRANKS --no-python $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2")
+fi
+
+: > "$RAW/runs.tsv"
+for n in $(seq 1 "$MAXR"); do
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name cmd minr <<<"$spec"
+    [ "$n" -lt "$minr" ] && continue
+    json="$RAW/$name.$n.jsonl"
+    : > "$json"
+    cmd=${cmd//NRANKS/$n}
+    cmd=${cmd//JSON/$json}
+    log="$RAW/$name.$n.log"
+    echo "== $name on $n rank(s): $cmd"
+    start=$(date +%s.%N)
+    timeout 900 $cmd >"$log" 2>&1
+    rc=$?
+    end=$(date +%s.%N)
+    grep -E "PASS|FAIL|rank .*:|error|WARN" "$log" | head -20
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
+  done
+done
+
+python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-check-$STAMP.json"

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Collects the runs of tools/gpu_check.sh into one JSON file and prints the summary table.
+
+Exit status 0 if every run passed, else 1. Standard library only (the GPU machines have no internet).
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    except Exception:  # noqa: BLE001 - metadata is best effort; the runs themselves are what count
+        return ""
+
+
+def machine():
+    gpus = [line.split(", ") for line in sh(
+        "nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader").splitlines()]
+    commit = os.environ.get("NCCL_EXT_GIT_COMMIT") or sh("git rev-parse HEAD 2>/dev/null") or "unknown"
+    return {
+        "gpus": [{"index": g[0], "name": g[1], "driver": g[2], "memory": g[3]} for g in gpus if len(g) == 4],
+        "topology": sh("nvidia-smi topo -m 2>/dev/null | head -5"),
+        "git_commit": commit,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch_nccl": sh("python3 -c 'import torch; print(torch.cuda.nccl.version())' 2>/dev/null"),
+        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "NCCL_EXT_TIMEOUT_S", "NCCL_EXT_LSA_DOMAIN_SIZE")},
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", required=True, help="TSV: name, nranks, exit code, seconds, json lines, log")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    rows = []
+    with open(a.runs) as f:
+        for line in f:
+            name, n, rc, secs, jpath, log = line.rstrip("\n").split("\t")
+            results = []
+            if os.path.exists(jpath):
+                with open(jpath) as jf:
+                    results = [json.loads(x) for x in jf if x.strip()]
+            status = {0: "pass", 77: "skipped (no GPU)"}.get(int(rc), "FAIL (exit %s)" % rc)
+            if int(rc) == 0 and (not results or not all(r.get("pass") for r in results)):
+                status = "FAIL (no passing result line)"
+            tail = ""
+            if not status.startswith(("pass", "skipped")) and os.path.exists(log):
+                with open(log, errors="replace") as lf:
+                    tail = "".join(lf.readlines()[-15:])
+            rows.append({"name": name, "nranks": int(n), "status": status, "seconds": float(secs or 0),
+                         "results": results, "log_tail": tail})
+    doc = {"kind": "gpu-check", "machine": machine(), "runs": rows}
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print()
+    print("%-22s %6s %9s  %s" % ("test", "ranks", "seconds", "status"))
+    for r in rows:
+        print("%-22s %6d %9.1f  %s" % (r["name"], r["nranks"], r["seconds"], r["status"]))
+        if r["log_tail"]:
+            print("    " + r["log_tail"].replace("\n", "\n    "))
+    failed = [r for r in rows if not r["status"].startswith(("pass", "skipped"))]
+    print("\n%d passed, %d failed" % (len(rows) - len(failed), len(failed)))
+    print("results: %s" % a.out)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
