@@ -84,12 +84,17 @@ __global__ void smokeKernel(SmokeParams p) {
   }
   // (3) Exit: my stores released, the peers' acquired.
   if (p.breakMode != kBreakBarrier && !ncclext::dev::lsaBarrierSync(cta, p.bar, blockIdx.x)) return;
-  // (4) Check what arrived.
+  // (4) Check what arrived: peers' slots first and from the top down (what a peer writes last), so that a missing
+  // exit barrier is caught rather than hidden by the time my own slot takes to check.
   const uint64_t* local = static_cast<const uint64_t*>(ncclGetLocalPointer(p.bar.window, 0));
   unsigned long long bad = 0;
-  for (int src = 0; src < n; src++)
-    for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+  for (int k = n - 1; k >= 0; k--) {
+    const int src = (me + k) % n;
+    for (size_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      const size_t i = hi - 1 - (j - lo);
       bad += local[(size_t)src * p.slotElems + i] != pattern(p.iter, src, me, i);
+    }
+  }
   if (bad) atomicAdd(p.errors, bad);
 }
 
