@@ -1,0 +1,293 @@
+// The M2N layout model and planner: hand-checked and named cases, validation, determinism, balance.
+#include <gtest/gtest.h>
+
+#include "tests/unit/m2n_test_util.h"
+
+namespace ncclm2n {
+namespace {
+
+using testing::iota;
+using testing::layout;
+using testing::oneTensor;
+using testing::planAndSimulate;
+
+TEST(Layout, ChunkFollowsTorchChunk) {
+  // torch.chunk(arange(5), 4) -> sizes 2, 2, 1 and an empty fourth.
+  EXPECT_EQ(chunkInterval({0, 5}, 4, 0).hi, 2);
+  EXPECT_EQ(chunkInterval({0, 5}, 4, 2).lo, 4);
+  EXPECT_EQ(chunkInterval({0, 5}, 4, 2).hi, 5);
+  EXPECT_EQ(chunkInterval({0, 5}, 4, 3).lo, 5);
+  EXPECT_EQ(chunkInterval({0, 5}, 4, 3).hi, 5);
+  EXPECT_EQ(chunkInterval({10, 13}, 2, 1).lo, 12);
+}
+
+TEST(Layout, NestedShardsOfOneDimFollowMeshAxisOrder) {
+  // Mesh 2x2, both axes Shard(0) of 8 rows: axis 0 halves, axis 1 halves each half (DTensor's order).
+  Layout l = layout({8, 3}, {2, 2}, {0, 1, 2, 3}, {0, 0});
+  ShardGrid g(l);
+  EXPECT_EQ(g.numShards(), 4);
+  for (int pos = 0; pos < 4; pos++) {
+    EXPECT_EQ(g.boxOfPosition(pos).offset[0], 2 * pos) << pos;
+    EXPECT_EQ(g.boxOfPosition(pos).shape[0], 2);
+    EXPECT_EQ(g.boxOfPosition(pos).shape[1], 3);
+  }
+}
+
+TEST(Layout, ReplicasShareAShard) {
+  Layout l = layout({6}, {3, 2}, {5, 4, 3, 2, 1, 0}, {kReplicate, 0});
+  ShardGrid g(l);
+  ASSERT_EQ(g.numShards(), 2);
+  EXPECT_EQ(g.replicas(0), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(g.replicas(1), (std::vector<int>{1, 3, 5}));
+  EXPECT_EQ(g.localSpan(1), 3);
+}
+
+TEST(Layout, ValidationSaysWhatIsWrong) {
+  std::string why;
+  EXPECT_TRUE(validateLayout(layout({4, 4}, {2}, {0, 1}, {0}), 2, &why)) << why;
+  EXPECT_FALSE(validateLayout(layout({4, 4}, {2}, {0, 2}, {0}), 2, &why));
+  EXPECT_NE(why.find("out of [0, 2)"), std::string::npos) << why;
+  EXPECT_FALSE(validateLayout(layout({4, 4}, {2}, {1, 1}, {0}), 2, &why));
+  EXPECT_NE(why.find("appears twice"), std::string::npos) << why;
+  EXPECT_FALSE(validateLayout(layout({4, 4}, {2}, {0, 1}, {2}), 2, &why));
+  EXPECT_NE(why.find("shards dim 2"), std::string::npos) << why;
+  EXPECT_FALSE(validateLayout(layout({4, 4}, {2, 2}, {0, 1}, {0, 0}), 4, &why));
+  EXPECT_NE(why.find("lists 2 ranks"), std::string::npos) << why;
+  EXPECT_FALSE(validateLayout(layout({4, 4}, {2}, {0, 1}, {0, 1}), 2, &why));
+  EXPECT_NE(why.find("2 placements"), std::string::npos) << why;
+  EXPECT_FALSE(validateLayout(layout({int64_t(1) << 40, int64_t(1) << 40}, {1}, {0}, {0}), 1, &why));
+  EXPECT_NE(why.find("overflows"), std::string::npos) << why;
+  EXPECT_FALSE(validateLayout(layout({}, {1}, {0}, {kReplicate}), 1, &why));
+  Layout bad = layout({4}, {1}, {0}, {kReplicate});
+  bad.strides = {1, 1};
+  EXPECT_FALSE(validateLayout(bad, 1, &why));
+  EXPECT_NE(why.find("strides given"), std::string::npos) << why;
+  bad.strides = {-1};
+  EXPECT_FALSE(validateLayout(bad, 1, &why));
+  Layout boxes = layout({4}, {2}, {0, 1}, {});
+  boxes.boxes.resize(2);
+  boxes.boxes[0].ndims = boxes.boxes[1].ndims = 1;
+  boxes.boxes[0].shape[0] = 4;
+  boxes.boxes[1].offset[0] = 3;
+  boxes.boxes[1].shape[0] = 2;
+  EXPECT_FALSE(validateLayout(boxes, 2, &why));
+  EXPECT_NE(why.find("leaves the tensor"), std::string::npos) << why;
+}
+
+TEST(Problem, RejectsMismatchesAndAliasingDestinations) {
+  std::string why;
+  Problem p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}), layout({4, 5}, {2}, {0, 1}, {1}), 2);
+  EXPECT_FALSE(validateProblem(p, &why));
+  EXPECT_NE(why.find("global shapes differ"), std::string::npos) << why;
+  p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}), layout({4, 4}, {2}, {0, 1}, {1}, ncclFloat32), 2);
+  EXPECT_FALSE(validateProblem(p, &why));
+  EXPECT_NE(why.find("dtypes differ"), std::string::npos) << why;
+  Layout dst = layout({4, 4}, {1}, {1}, {kReplicate});
+  dst.strides = {1, 1};  // element (i, j) and (i+1, j-1) collide
+  p = oneTensor(layout({4, 4}, {1}, {0}, {kReplicate}), dst, 2);
+  EXPECT_FALSE(validateProblem(p, &why));
+  EXPECT_NE(why.find("map two elements to one address"), std::string::npos) << why;
+  p = oneTensor(layout({4}, {1}, {0}, {0}), layout({4}, {1}, {1}, {0}), 2);
+  p.options.domainOfRank = {0};
+  EXPECT_FALSE(validateProblem(p, &why));
+}
+
+TEST(Plan, Tp2ToTp4SameDimIsHandChecked) {
+  // [8, 4] bf16, Shard(0) over ranks {0,1} -> Shard(0) over ranks {2,3,4,5}: dst k gets rows [2k, 2k+2) from
+  // source k/2, as one contiguous run of 8 elements.
+  Problem p = oneTensor(layout({8, 4}, {2}, {0, 1}, {0}), layout({8, 4}, {4}, {2, 3, 4, 5}, {0}), 6);
+  std::vector<RankPlan> plans;
+  PlanStats stats;
+  SimulationResult r = planAndSimulate(p, &plans, &stats);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  for (int k = 0; k < 4; k++) {
+    const RankPlan& d = plans[2 + k];
+    ASSERT_EQ(d.recvs.size(), 1u) << k;
+    const Transfer& t = d.recvs[0];
+    EXPECT_EQ(t.src, k / 2);
+    EXPECT_EQ(t.srcOffset, (k % 2) * 8);
+    EXPECT_EQ(t.dstOffset, 0);
+    EXPECT_EQ(t.ndims, 1);
+    EXPECT_EQ(t.extent[0], 8);
+    EXPECT_EQ(t.contiguousRun(), 8);
+  }
+  EXPECT_EQ(stats.totalBytes, 8 * 4 * 2);
+  EXPECT_EQ(stats.localBytes, 0);
+  EXPECT_EQ(plans[0].sends.size(), 2u);
+}
+
+TEST(Plan, Shard0ToShard1IsAStridedAllToAll) {
+  // [4, 6] on ranks {0,1}: Shard(0) -> Shard(1) co-located. Rank 0 keeps rows 0-1, cols 0-2 locally and sends
+  // rows 0-1, cols 3-5 to rank 1: 2 runs of 3 elements.
+  Problem p = oneTensor(layout({4, 6}, {2}, {0, 1}, {0}), layout({4, 6}, {2}, {0, 1}, {1}), 2);
+  std::vector<RankPlan> plans;
+  SimulationResult r = planAndSimulate(p, &plans);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  ASSERT_EQ(plans[0].copies.size(), 1u);
+  ASSERT_EQ(plans[0].sends.size(), 1u);
+  const Transfer& t = plans[0].sends[0];
+  EXPECT_EQ(t.dst, 1);
+  EXPECT_EQ(t.srcOffset, 3);
+  EXPECT_EQ(t.dstOffset, 0);
+  ASSERT_EQ(t.ndims, 2);
+  EXPECT_EQ(t.extent[0], 2);
+  EXPECT_EQ(t.extent[1], 3);
+  EXPECT_EQ(t.srcStride[0], 6);
+  EXPECT_EQ(t.dstStride[0], 3);
+  EXPECT_EQ(t.contiguousRun(), 3);
+}
+
+TEST(Plan, ReplicateToShardIsBalancedAcrossReplicas) {
+  // 4 replicas -> Shard(0) over 4 other ranks: each replica serves exactly one destination.
+  Problem p = oneTensor(layout({16, 8}, {4}, {0, 1, 2, 3}, {kReplicate}), layout({16, 8}, {4}, {4, 5, 6, 7}, {0}), 8);
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, nullptr, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_DOUBLE_EQ(s.maxSourceLoad(), s.meanSourceLoad());
+  for (int src = 0; src < 4; src++) EXPECT_EQ(s.sendBytes[src], 4 * 8 * 2);
+}
+
+TEST(Plan, ShardToReplicateGathersEverything) {
+  Problem p = oneTensor(layout({10, 3}, {4}, {0, 1, 2, 3}, {0}), layout({10, 3}, {3}, {3, 4, 5}, {kReplicate}), 6);
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, nullptr, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_EQ(s.totalBytes, 3 * 10 * 3 * 2);
+  EXPECT_EQ(s.copyBytes[3], 1 * 3 * 2);  // rank 3 holds rows 9..9 (chunk 3 of 10 over 4) already
+}
+
+TEST(Plan, Dp2Tp2ToTp4) {
+  // Source mesh [dp=2, tp=2] on ranks 0-3 with (Replicate, Shard(1)); destination tp=4 on ranks 4-7, Shard(1).
+  Problem p = oneTensor(layout({6, 8}, {2, 2}, iota(0, 4), {kReplicate, 1}), layout({6, 8}, {4}, iota(4, 4), {1}), 8);
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, nullptr, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_DOUBLE_EQ(s.maxSourceLoad(), s.meanSourceLoad()) << "both dp replicas serve";
+}
+
+TEST(Plan, PipelineStagesToTpDp) {
+  // (PP2, TP2) trainer on ranks 0-3 -> (TP2, DP2) inference on ranks 4-7: a batch of 4 layers' weights, each
+  // on its stage's mesh (stage = layer / 2), column- and row-parallel.
+  Problem p;
+  p.nRanks = 8;
+  for (int layer = 0; layer < 4; layer++) {
+    const int stage = layer / 2;
+    const std::vector<int> stageRanks = {2 * stage, 2 * stage + 1};
+    for (int kind = 0; kind < 2; kind++) {
+      const int dim = kind;  // column-parallel shards dim 0, row-parallel dim 1
+      p.tensors.push_back({"layer" + std::to_string(layer) + (kind ? ".row" : ".col"),
+                           layout({12, 10}, {2}, stageRanks, {dim}),
+                           layout({12, 10}, {2, 2}, {4, 5, 6, 7}, {dim, kReplicate})});
+    }
+  }
+  SimulationResult r = planAndSimulate(p);
+  EXPECT_TRUE(r.ok) << r.firstError;
+  EXPECT_GT(r.elementsChecked, 0);
+}
+
+TEST(Plan, ExpertParallelMoeLayer8To4) {
+  // 16 experts, each [6, 4] and whole: on the source expert e lives on rank e / 2 (EP=8, one-rank meshes), on
+  // the destination on rank 8 + e / 4 (EP=4 over ranks 8-11).
+  Problem p;
+  p.nRanks = 12;
+  for (int e = 0; e < 16; e++)
+    p.tensors.push_back({"expert" + std::to_string(e), layout({6, 4}, {1}, {e / 2}, {kReplicate}),
+                         layout({6, 4}, {1}, {8 + e / 4}, {kReplicate})});
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, nullptr, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  for (int d = 8; d < 12; d++) EXPECT_EQ(s.recvBytes[d], 4 * 6 * 4 * 2);
+}
+
+TEST(Plan, RankLocalDataIsCopiedNeverSent) {
+  // Co-located: replicated on ranks 0-2 -> Shard(0) on the same ranks: every rank already holds its shard.
+  Problem p = oneTensor(layout({9, 2}, {3}, {0, 1, 2}, {kReplicate}), layout({9, 2}, {3}, {2, 1, 0}, {0}), 3);
+  std::vector<RankPlan> plans;
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, &plans, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_EQ(s.localBytes, s.totalBytes);
+  for (const RankPlan& rp : plans) {
+    EXPECT_TRUE(rp.sends.empty()) << "rank " << rp.rank;
+    EXPECT_EQ(rp.copies.size(), 1u) << "rank " << rp.rank;
+  }
+}
+
+TEST(Plan, PrefersTheSameDomain) {
+  // Replicas on ranks 0 (domain 0) and 2 (domain 1); destinations 1 (domain 0) and 3 (domain 1).
+  Problem p = oneTensor(layout({4}, {2}, {0, 2}, {kReplicate}), layout({4}, {2}, {1, 3}, {kReplicate}), 4, 2);
+  std::vector<RankPlan> plans;
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, &plans, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_EQ(plans[1].recvs.at(0).src, 0);
+  EXPECT_EQ(plans[3].recvs.at(0).src, 2);
+  EXPECT_EQ(s.interDomainBytes, 0);
+}
+
+TEST(Plan, StridedLocalTensors) {
+  // Destination stores its [4, 6] shard transposed (column-major) with padding; source rows padded to 8.
+  Layout src = layout({4, 6}, {2}, {0, 1}, {0});
+  src.strides = {8, 1, 8, 1};
+  Layout dst = layout({4, 6}, {1}, {2}, {kReplicate});
+  dst.strides = {1, 5};
+  Problem p = oneTensor(src, dst, 3);
+  SimulationResult r = planAndSimulate(p);
+  EXPECT_TRUE(r.ok) << r.firstError;
+}
+
+TEST(Plan, EmptyTrailingShardsAndEmptyTensors) {
+  Problem p = oneTensor(layout({3, 2}, {4}, iota(0, 4), {0}), layout({3, 2}, {2}, {4, 5}, {1}), 6);
+  p.tensors.push_back({"empty", layout({0, 5}, {2}, {0, 1}, {0}), layout({0, 5}, {2}, {2, 3}, {1})});
+  SimulationResult r = planAndSimulate(p);
+  EXPECT_TRUE(r.ok) << r.firstError;
+}
+
+TEST(Plan, RankPlanMatchesTheGlobalPlanAndHashesAreStable) {
+  Problem p = oneTensor(layout({9, 7}, {3}, {0, 1, 2}, {1}), layout({9, 7}, {2, 2}, {1, 2, 3, 4}, {0, 1}), 5);
+  std::vector<RankPlan> all;
+  PlanStats s1, s2;
+  planAll(p, &all, &s1);
+  for (int r = 0; r < 5; r++) {
+    RankPlan mine;
+    planRank(p, r, &mine, &s2);
+    EXPECT_EQ(mine.sends.size(), all[r].sends.size());
+    EXPECT_EQ(mine.recvs.size(), all[r].recvs.size());
+    EXPECT_EQ(mine.copies.size(), all[r].copies.size());
+    EXPECT_EQ(s1.planHash, s2.planHash);
+    EXPECT_EQ(s1.metadataHash, s2.metadataHash);
+  }
+  Problem q = p;
+  q.tensors[0].dst.placements = {1, 0};
+  EXPECT_NE(metadataHash(p), metadataHash(q));
+  PlanStats s3;
+  planRank(q, 0, nullptr, &s3);
+  EXPECT_NE(s1.planHash, s3.planHash);
+}
+
+TEST(Plan, NormalizeMergesContiguousDims) {
+  Transfer t;
+  t.ndims = 3;
+  int64_t ext[3] = {2, 3, 4}, st[3] = {12, 4, 1};
+  for (int d = 0; d < 3; d++) {
+    t.extent[d] = ext[d];
+    t.srcStride[d] = t.dstStride[d] = st[d];
+  }
+  normalizeTransfer(&t);
+  EXPECT_EQ(t.ndims, 1);
+  EXPECT_EQ(t.extent[0], 24);
+  t = Transfer();
+  t.ndims = 3;
+  int64_t ext2[3] = {1, 3, 4}, ss2[3] = {99, 8, 1}, ds2[3] = {12, 4, 1};
+  for (int d = 0; d < 3; d++) {
+    t.extent[d] = ext2[d];
+    t.srcStride[d] = ss2[d];
+    t.dstStride[d] = ds2[d];
+  }
+  normalizeTransfer(&t);
+  EXPECT_EQ(t.ndims, 2);  // the extent-1 dim is gone; rows of 4 stay apart on the source side
+  EXPECT_EQ(t.contiguousRun(), 4);
+}
+
+}  // namespace
+}  // namespace ncclm2n

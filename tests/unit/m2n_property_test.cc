@@ -1,0 +1,202 @@
+// Property tests of the M2N planner: thousands of random layout pairs executed by the CPU simulator, and
+// mutations of correct plans that the simulator must catch.
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/m2n_test_util.h"
+
+namespace ncclm2n {
+namespace {
+
+struct Gen {
+  std::mt19937_64 rng;
+  explicit Gen(uint64_t seed) : rng(seed) {}
+  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }  // inclusive
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+
+  // A mesh of rank 1-3 over `pool` (a shuffled list of ranks), at most `maxSize` positions.
+  Mesh mesh(std::vector<int> pool, int maxSize) {
+    Mesh m;
+    const int rank = uniform(1, 3);
+    int size = 1;
+    for (int a = 0; a < rank; a++) {
+      int d = uniform(1, 3);
+      while (size * d > maxSize && d > 1) d--;
+      m.dims.push_back(d);
+      size *= d;
+    }
+    std::shuffle(pool.begin(), pool.end(), rng);
+    m.ranks.assign(pool.begin(), pool.begin() + size);
+    return m;
+  }
+
+  // Strides that place dims in a random order with random padding (never aliasing).
+  std::vector<int64_t> stridesFor(const ShardGrid& g, int positions, int nd) {
+    std::vector<int64_t> out;
+    for (int pos = 0; pos < positions; pos++) {
+      const Box& b = g.boxOfPosition(pos);
+      std::vector<int> order(nd);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);  // order[0] is innermost
+      std::vector<int64_t> st(nd);
+      int64_t span = 1;
+      for (int d : order) {
+        st[d] = span + (chance(0.5) ? uniform(0, 2) : 0);
+        span = st[d] * std::max<int64_t>(b.shape[d], 1);
+      }
+      out.insert(out.end(), st.begin(), st.end());
+    }
+    return out;
+  }
+
+  Layout layout(const std::vector<int64_t>& shape, const Mesh& m, bool allowBoxes, bool destination) {
+    Layout l;
+    l.globalShape = shape;
+    l.mesh = m;
+    const int nd = (int)shape.size();
+    for (size_t a = 0; a < m.dims.size(); a++) l.placements.push_back(chance(0.3) ? kReplicate : uniform(0, nd - 1));
+    if (allowBoxes && chance(0.15)) {
+      if (destination) {
+        // Any sub-boxes: replicas, overlaps and gaps between destination ranks are all legal.
+        for (int pos = 0; pos < m.size(); pos++) {
+          Box b;
+          b.ndims = nd;
+          for (int d = 0; d < nd; d++) {
+            const int64_t lo = uniform(0, (int)shape[d]);
+            b.offset[d] = lo;
+            b.shape[d] = uniform(0, (int)(shape[d] - lo));
+          }
+          l.boxes.push_back(b);
+        }
+      } else {
+        // The boxes of a placement layout, listed explicitly (a source must cover the tensor).
+        ShardGrid g(l);
+        for (int pos = 0; pos < m.size(); pos++) l.boxes.push_back(g.boxOfPosition(pos));
+      }
+    }
+    if (chance(0.3)) {
+      ShardGrid g(l);
+      l.strides = stridesFor(g, m.size(), nd);
+    }
+    return l;
+  }
+
+  Problem problem() {
+    Problem p;
+    p.nRanks = uniform(1, 12);
+    p.options.ranksPerDomain = uniform(0, 4);
+    const int batch = uniform(1, 3);
+    for (int t = 0; t < batch; t++) {
+      const int nd = uniform(1, 4);
+      std::vector<int64_t> shape(nd);
+      for (int d = 0; d < nd; d++) shape[d] = chance(0.05) ? 0 : uniform(1, 9);
+      std::vector<int> all = testing::iota(0, p.nRanks);
+      Mesh sm = mesh(all, p.nRanks);
+      std::vector<int> pool;  // disjoint destination when there is room, else any ranks (co-located)
+      for (int r : all)
+        if (std::find(sm.ranks.begin(), sm.ranks.end(), r) == sm.ranks.end()) pool.push_back(r);
+      if (pool.empty() || chance(0.5)) pool = all;
+      Mesh dm = mesh(pool, (int)pool.size());
+      TensorPair tp{"t" + std::to_string(t), layout(shape, sm, true, false), layout(shape, dm, true, true)};
+      p.tensors.push_back(std::move(tp));
+    }
+    return p;
+  }
+};
+
+TEST(PlannerProperty, RandomLayoutPairsAreDeliveredExactlyOnce) {
+  Gen g(20261129);
+  int64_t checked = 0;
+  const int kCases = 4000;
+  for (int c = 0; c < kCases; c++) {
+    Problem p = g.problem();
+    std::vector<RankPlan> plans;
+    PlanStats stats;
+    SimulationResult r = testing::planAndSimulate(p, &plans, &stats);
+    ASSERT_TRUE(r.ok) << "case " << c << ": " << r.firstError;
+    checked += r.elementsChecked;
+    // Local-first rule: nothing is sent from a rank to itself, and stats agree with the lists.
+    int64_t sent = 0;
+    for (const RankPlan& rp : plans)
+      for (const Transfer& t : rp.sends) sent += t.elements();
+    int64_t sentBytes = 0;
+    for (int64_t b : stats.sendBytes) sentBytes += b;
+    const int64_t esize = p.tensors.empty() ? 0 : (int64_t)elementSize(p.tensors[0].src.dtype);
+    ASSERT_EQ(sentBytes, sent * esize) << "case " << c;
+  }
+  EXPECT_GT(checked, 100000);
+}
+
+// Applies one mutation to the transfer `t` (and its mirror in the receiver's list); false if not applicable.
+bool mutate(Transfer* t, int kind) {
+  switch (kind) {
+    case 0: t->srcOffset += 1; return true;
+    case 1: t->dstOffset += 1; return true;
+    case 2:
+      if (t->ndims == 0) return false;
+      t->extent[t->ndims - 1] += 1;
+      return true;
+    case 3:
+      if (t->ndims == 0 || t->extent[0] < 2) return false;
+      t->extent[0] -= 1;
+      return true;
+    case 4:
+      if (t->ndims == 0 || t->extent[t->ndims - 1] < 2) return false;
+      t->dstStride[t->ndims - 1] += 1;
+      return true;
+    default: return false;
+  }
+}
+
+TEST(PlannerProperty, MutatedPlansAreCaught) {
+  Gen g(7);
+  int tried = 0, caught = 0;
+  for (int c = 0; c < 3000 && tried < 1500; c++) {
+    Problem p = g.problem();
+    std::vector<RankPlan> plans;
+    if (!testing::planAndSimulate(p, &plans).ok) FAIL() << "unmutated case " << c << " fails";
+    // Pick a random transfer: a send (mutating its receive mirror too) or a local copy.
+    std::vector<std::pair<int, int>> sends, copies;
+    for (size_t r = 0; r < plans.size(); r++) {
+      for (size_t i = 0; i < plans[r].sends.size(); i++) sends.push_back({(int)r, (int)i});
+      for (size_t i = 0; i < plans[r].copies.size(); i++) copies.push_back({(int)r, (int)i});
+    }
+    if (sends.empty() && copies.empty()) continue;
+    const int kind = g.uniform(0, 6);
+    const bool useSend = !sends.empty() && (copies.empty() || g.chance(0.5));
+    auto [r, i] = useSend ? sends[g.uniform(0, (int)sends.size() - 1)] : copies[g.uniform(0, (int)copies.size() - 1)];
+    std::vector<Transfer>& list = useSend ? plans[r].sends : plans[r].copies;
+    Transfer original = list[i];
+    if (kind == 5) {  // drop it
+      list.erase(list.begin() + i);
+    } else if (kind == 6) {  // duplicate it
+      list.push_back(original);
+    } else if (!mutate(&list[i], kind)) {
+      continue;
+    }
+    if (useSend) {  // keep the receive list a mirror, so that only execution can catch the change
+      std::vector<Transfer>& recvs = plans[original.dst].recvs;
+      for (size_t k = 0; k < recvs.size(); k++) {
+        const Transfer& x = recvs[k];
+        if (x.tensor == original.tensor && x.src == original.src && x.srcOffset == original.srcOffset &&
+            x.dstOffset == original.dstOffset) {
+          if (kind == 5) recvs.erase(recvs.begin() + k);
+          else if (kind == 6) recvs.push_back(original);
+          else recvs[k] = list[i];
+          break;
+        }
+      }
+    }
+    tried++;
+    SimulationResult res = simulate(p, plans);
+    if (!res.ok) caught++;
+    else ADD_FAILURE() << "case " << c << ": mutation " << kind << " of " << (useSend ? "a send" : "a copy")
+                       << " was not caught";
+  }
+  EXPECT_GT(tried, 500);
+  EXPECT_EQ(caught, tried);
+}
+
+}  // namespace
+}  // namespace ncclm2n

@@ -1,0 +1,170 @@
+#include "tests/unit/m2n_simulator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <tuple>
+
+namespace ncclm2n {
+namespace {
+
+constexpr uint64_t kHole = 0xdeadbeefdeadbeefull;
+constexpr uint64_t kPoison = 0xffffffffffffffffull;
+
+uint64_t encode(uint32_t tensor, int64_t linear) { return (uint64_t)(tensor + 1) << 40 | (uint64_t)linear; }
+
+int64_t globalLinear(const Layout& l, const int64_t* idx) {
+  int64_t lin = 0;
+  for (int d = 0; d < l.ndims(); d++) lin = lin * l.globalShape[d] + idx[d];
+  return lin;
+}
+
+// Calls fn(globalIndex, localOffset) for every element of position `pos`'s box.
+template <typename Fn>
+void forEachElement(const ShardGrid& g, int pos, int ndims, Fn&& fn) {
+  const Box& b = g.boxOfPosition(pos);
+  if (b.empty()) return;
+  const int64_t* st = g.strides(pos);
+  int64_t idx[kMaxTensorDims] = {}, gi[kMaxTensorDims];
+  for (;;) {
+    int64_t off = 0;
+    for (int d = 0; d < ndims; d++) {
+      gi[d] = b.offset[d] + idx[d];
+      off += idx[d] * st[d];
+    }
+    fn(gi, off);
+    int d = ndims - 1;
+    while (d >= 0 && ++idx[d] == b.shape[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+struct Buffers {
+  std::vector<std::unique_ptr<ShardGrid>> src, dst;
+  std::vector<std::vector<std::vector<uint64_t>>> srcData, dstData;  // [tensor][position][slot]
+  std::vector<std::vector<std::vector<uint8_t>>> dstWrites;
+  std::vector<std::vector<int>> srcPos, dstPos;                      // [tensor][rank] -> position or -1
+};
+
+using Key = std::tuple<uint32_t, int32_t, int32_t, int64_t, int64_t, int, std::vector<int64_t>>;
+Key keyOf(const Transfer& t) {
+  std::vector<int64_t> v;
+  for (int d = 0; d < t.ndims; d++) {
+    v.push_back(t.extent[d]);
+    v.push_back(t.srcStride[d]);
+    v.push_back(t.dstStride[d]);
+  }
+  return Key(t.tensor, t.src, t.dst, t.srcOffset, t.dstOffset, t.ndims, v);
+}
+
+}  // namespace
+
+SimulationResult simulate(const Problem& p, const std::vector<RankPlan>& plans) {
+  SimulationResult res;
+  auto error = [&](const std::string& what) {
+    if (res.errors++ == 0) res.firstError = what;
+    res.ok = false;
+  };
+  const size_t nt = p.tensors.size();
+  Buffers b;
+  b.srcData.resize(nt);
+  b.dstData.resize(nt);
+  b.dstWrites.resize(nt);
+  b.srcPos.assign(nt, std::vector<int>(p.nRanks, -1));
+  b.dstPos.assign(nt, std::vector<int>(p.nRanks, -1));
+  for (size_t t = 0; t < nt; t++) {
+    const TensorPair& tp = p.tensors[t];
+    b.src.emplace_back(new ShardGrid(tp.src));
+    b.dst.emplace_back(new ShardGrid(tp.dst));
+    for (int pos = 0; pos < tp.src.mesh.size(); pos++) {
+      b.srcPos[t][tp.src.mesh.ranks[pos]] = pos;
+      std::vector<uint64_t> buf(b.src[t]->localSpan(pos), kHole);
+      forEachElement(*b.src[t], pos, tp.src.ndims(), [&](const int64_t* gi, int64_t off) {
+        buf[off] = encode(t, globalLinear(tp.src, gi));
+      });
+      b.srcData[t].push_back(std::move(buf));
+    }
+    for (int pos = 0; pos < tp.dst.mesh.size(); pos++) {
+      b.dstPos[t][tp.dst.mesh.ranks[pos]] = pos;
+      b.dstData[t].emplace_back(b.dst[t]->localSpan(pos), kPoison);
+      b.dstWrites[t].emplace_back(b.dst[t]->localSpan(pos), 0);
+    }
+  }
+
+  // The lists agree: ranks in the right roles, and the receives mirror the sends.
+  std::vector<Key> sent, received;
+  for (size_t r = 0; r < plans.size(); r++) {
+    for (const Transfer& t : plans[r].sends) {
+      if (t.src != (int)r || t.dst == (int)r) error("rank " + std::to_string(r) + " lists a send it does not make");
+      sent.push_back(keyOf(t));
+    }
+    for (const Transfer& t : plans[r].recvs) {
+      if (t.dst != (int)r || t.src == (int)r) error("rank " + std::to_string(r) + " lists a receive not its own");
+      received.push_back(keyOf(t));
+    }
+    for (const Transfer& t : plans[r].copies)
+      if (t.src != (int)r || t.dst != (int)r) error("rank " + std::to_string(r) + " lists a copy that is not local");
+  }
+  std::sort(sent.begin(), sent.end());
+  std::sort(received.begin(), received.end());
+  if (sent != received) error("the receive lists do not mirror the send lists");
+
+  auto execute = [&](const Transfer& t) {
+    const std::string where = "tensor " + std::to_string(t.tensor) + " " + std::to_string(t.src) + "->" +
+                              std::to_string(t.dst);
+    if (t.tensor >= nt) return error(where + ": no such tensor");
+    if (t.src < 0 || t.src >= p.nRanks || t.dst < 0 || t.dst >= p.nRanks) return error(where + ": rank out of range");
+    const int sp = b.srcPos[t.tensor][t.src], dp = b.dstPos[t.tensor][t.dst];
+    if (sp < 0) return error(where + ": source rank holds no part of the tensor");
+    if (dp < 0) return error(where + ": destination rank holds no part of the tensor");
+    const std::vector<uint64_t>& in = b.srcData[t.tensor][sp];
+    std::vector<uint64_t>& out = b.dstData[t.tensor][dp];
+    std::vector<uint8_t>& writes = b.dstWrites[t.tensor][dp];
+    int64_t idx[kMaxTensorDims] = {};
+    for (int d = 0; d < t.ndims; d++)
+      if (t.extent[d] <= 0) return error(where + ": empty or negative extent");
+    for (;;) {
+      int64_t so = t.srcOffset, doff = t.dstOffset;
+      for (int d = 0; d < t.ndims; d++) {
+        so += idx[d] * t.srcStride[d];
+        doff += idx[d] * t.dstStride[d];
+      }
+      if (so < 0 || so >= (int64_t)in.size()) return error(where + ": reads outside the source tensor");
+      if (in[so] == kHole) return error(where + ": reads a slot that is no element of the source tensor");
+      if (doff < 0 || doff >= (int64_t)out.size()) return error(where + ": writes outside the destination tensor");
+      out[doff] = in[so];
+      if (writes[doff] < 255) writes[doff]++;
+      int d = t.ndims - 1;
+      while (d >= 0 && ++idx[d] == t.extent[d]) idx[d--] = 0;
+      if (d < 0) return;
+    }
+  };
+  for (const RankPlan& rp : plans) {
+    for (const Transfer& t : rp.sends) execute(t);
+    for (const Transfer& t : rp.copies) execute(t);
+  }
+
+  for (size_t t = 0; t < nt; t++) {
+    const TensorPair& tp = p.tensors[t];
+    for (int pos = 0; pos < tp.dst.mesh.size(); pos++) {
+      std::vector<uint8_t> isElement(b.dstData[t][pos].size(), 0);
+      forEachElement(*b.dst[t], pos, tp.dst.ndims(), [&](const int64_t* gi, int64_t off) {
+        isElement[off] = 1;
+        res.elementsChecked++;
+        const uint64_t want = encode(t, globalLinear(tp.dst, gi));
+        const uint64_t got = b.dstData[t][pos][off];
+        const int n = b.dstWrites[t][pos][off];
+        if (got != want || n != 1)
+          error("tensor " + std::to_string(t) + " (" + tp.name + ") rank " + std::to_string(tp.dst.mesh.ranks[pos]) +
+                " offset " + std::to_string(off) + ": " + (n == 0 ? "never written" : n > 1 ? "written " +
+                std::to_string(n) + " times" : "wrong value"));
+      });
+      for (size_t off = 0; off < isElement.size(); off++)
+        if (!isElement[off] && b.dstWrites[t][pos][off])
+          error("tensor " + std::to_string(t) + ": a write landed between the destination's elements");
+    }
+  }
+  return res;
+}
+
+}  // namespace ncclm2n

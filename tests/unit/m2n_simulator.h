@@ -1,0 +1,29 @@
+// CPU simulator for M2N plans: executes every rank's lists on host memory and checks the result.
+//
+// Each source position's local tensor is filled, at the offsets its strides give, with values that name
+// (tensor, global linear index) uniquely; every other slot of its buffer holds a "hole" marker. Destination
+// buffers start poisoned with a write count of zero. Executing the sends and local copies must then
+//   - read only slots that hold an element of the source tensor (never a hole, never outside the buffer),
+//   - write only inside the destination buffer, at slots of destination elements,
+// and afterwards every destination element must hold its own value, written exactly once. The simulator also
+// checks that the receive lists mirror the send lists exactly (a pull executor reads them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nccl_m2n/src/plan.h"
+
+namespace ncclm2n {
+
+struct SimulationResult {
+  bool ok = true;
+  int64_t errors = 0;
+  int64_t elementsChecked = 0;
+  std::string firstError;
+};
+
+SimulationResult simulate(const Problem& problem, const std::vector<RankPlan>& plans);
+
+}  // namespace ncclm2n
