@@ -8,6 +8,8 @@
 #define NCCL_M2N_H_
 
 #include <nccl.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +37,114 @@ NCCL_M2N_API ncclResult_t ncclM2nCheckNcclRuntime(int* builtVersion, int* loaded
 
 /* Text of the last failure of a ncclM2n* call on the calling thread; "" if none. Valid until the next call. */
 NCCL_M2N_API const char* ncclM2nGetLastError(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Layouts. A layout says which part of a global tensor each rank holds:
+ *   mesh        an N-D array (1..NCCL_M2N_MAX_MESH_DIMS axes) of communicator ranks, listed row-major; any subset
+ *               of the communicator, in any order, no rank twice. Source and destination meshes may be disjoint
+ *               (trainer -> inference) or overlap (co-located).
+ *   placements  one per mesh axis: NCCL_M2N_REPLICATE or NCCL_M2N_SHARD(dim). Shards follow torch.chunk: the
+ *               chunk is ceil(n / parts) and trailing shards may be short or empty. Several axes may shard, the
+ *               same dim included; they apply in mesh-axis order (as DTensor does).
+ *   boxes       instead of placements, an explicit (offset, shape) per mesh position; identical boxes are
+ *               replicas. Destination boxes may overlap (each rank receives its whole box).
+ *   localStrides NULL (each rank's local tensor is row-major over its own box) or meshSize x ndims element
+ *               strides, position-major: non-contiguous local tensors. Destination strides must not alias.
+ * All arrays are borrowed for the duration of the call.
+ * ------------------------------------------------------------------------------------------------------------ */
+#define NCCL_M2N_MAX_TENSOR_DIMS 8
+#define NCCL_M2N_MAX_MESH_DIMS 8
+#define NCCL_M2N_REPLICATE (-1)
+#define NCCL_M2N_SHARD(dim) (dim)
+#define NCCL_M2N_MAGIC 0x6d326e31u /* 'm2n1' */
+
+typedef struct {
+  size_t size;        /* sizeof(ncclM2nMesh_t) */
+  unsigned int magic; /* NCCL_M2N_MAGIC */
+  int ndims;
+  const int* dims;    /* ndims axis sizes */
+  const int* ranks;   /* prod(dims) communicator ranks, row-major */
+} ncclM2nMesh_t;
+#define NCCL_M2N_MESH_INITIALIZER {sizeof(ncclM2nMesh_t), NCCL_M2N_MAGIC, 0, NULL, NULL}
+
+typedef struct {
+  int64_t offset[NCCL_M2N_MAX_TENSOR_DIMS];
+  int64_t shape[NCCL_M2N_MAX_TENSOR_DIMS];
+} ncclM2nBox_t;
+
+typedef struct {
+  size_t size;        /* sizeof(ncclM2nLayout_t) */
+  unsigned int magic; /* NCCL_M2N_MAGIC */
+  int ndims;                    /* tensor rank, 1..NCCL_M2N_MAX_TENSOR_DIMS */
+  const int64_t* globalShape;   /* ndims entries */
+  ncclDataType_t dtype;
+  const ncclM2nMesh_t* mesh;
+  const int* placements;        /* mesh->ndims entries; ignored when boxes != NULL */
+  const ncclM2nBox_t* boxes;    /* NULL, or one per mesh position */
+  const int64_t* localStrides;  /* NULL, or meshSize * ndims */
+} ncclM2nLayout_t;
+#define NCCL_M2N_LAYOUT_INITIALIZER {sizeof(ncclM2nLayout_t), NCCL_M2N_MAGIC, 0, NULL, ncclBfloat16, NULL, NULL, NULL, NULL}
+
+/* One tensor of a batch: the same global shape and dtype on both sides. */
+typedef struct {
+  const char* name;             /* for messages; may be NULL */
+  const ncclM2nLayout_t* src;
+  const ncclM2nLayout_t* dst;
+} ncclM2nTensorSpec_t;
+
+typedef struct {
+  size_t size;        /* sizeof(ncclM2nPlanConfig_t) */
+  unsigned int magic; /* NCCL_M2N_MAGIC */
+  int nRanks;               /* communicator size; every mesh rank is below it */
+  int ranksPerDomain;       /* NVLink domain of rank r = r / ranksPerDomain; 0 = one domain */
+  const int* domainOfRank;  /* NULL, or nRanks entries (wins over ranksPerDomain) */
+} ncclM2nPlanConfig_t;
+#define NCCL_M2N_PLAN_CONFIG_INITIALIZER {sizeof(ncclM2nPlanConfig_t), NCCL_M2N_MAGIC, 0, 0, NULL}
+
+/* Checks one layout; ncclInvalidArgument with a message naming the problem. nRanks 0: ranks unbounded. Local. */
+NCCL_M2N_API ncclResult_t ncclM2nLayoutValidate(const ncclM2nLayout_t* layout, int nRanks);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Host plans: the transfer plan of a batch of tensors as seen by one rank, computed on the host alone (local, no
+ * communication, no GPU). Every rank that passes the same metadata computes the same global decisions (one
+ * source replica per destination piece: the destination itself when it holds the data, else a replica in its
+ * NVLink domain, then the least loaded); metadataHash and planHash let ranks check that they agree.
+ * ------------------------------------------------------------------------------------------------------------ */
+typedef struct ncclM2nHostPlan* ncclM2nHostPlan_t;
+
+typedef enum { ncclM2nSends = 0, ncclM2nRecvs = 1, ncclM2nLocalCopies = 2 } ncclM2nTransferKind_t;
+
+/* One strided box: ndims (after merging contiguous dims; 0 = one element) extents, outermost first, with the
+ * element strides of each side's local tensor. */
+typedef struct {
+  int tensor;                   /* index in the batch */
+  int srcRank, dstRank;
+  int64_t srcOffset, dstOffset; /* elements */
+  int ndims;
+  int64_t extent[NCCL_M2N_MAX_TENSOR_DIMS];
+  int64_t srcStride[NCCL_M2N_MAX_TENSOR_DIMS];
+  int64_t dstStride[NCCL_M2N_MAX_TENSOR_DIMS];
+} ncclM2nTransfer_t;
+
+typedef struct {
+  uint64_t metadataHash;
+  uint64_t planHash;
+  int64_t counts[3];            /* transfers of this rank, by ncclM2nTransferKind_t */
+  int64_t bytes[3];
+  int64_t totalBytes;           /* over all ranks, local copies included */
+  int64_t interDomainBytes;     /* over all ranks: bytes that leave their NVLink domain */
+  double maxSourceLoad, meanSourceLoad; /* bytes sent per source rank */
+} ncclM2nPlanInfo_t;
+
+/* Plans `nTensors` tensors for `rank` (which need not be in any mesh). Local; may take a while for big batches. */
+NCCL_M2N_API ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTensors,
+                                                const ncclM2nTensorSpec_t* tensors,
+                                                const ncclM2nPlanConfig_t* config);
+NCCL_M2N_API ncclResult_t ncclM2nHostPlanGetInfo(ncclM2nHostPlan_t plan, ncclM2nPlanInfo_t* info);
+/* The plan's list of one kind; *transfers stays valid until the plan is destroyed. */
+NCCL_M2N_API ncclResult_t ncclM2nHostPlanGetTransfers(ncclM2nHostPlan_t plan, ncclM2nTransferKind_t kind,
+                                                      const ncclM2nTransfer_t** transfers, int64_t* count);
+NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,8 +1,92 @@
 // The only file that touches nccl_m2n.h's public structs: validate, translate, call, record the last error.
 #include "nccl_m2n/include/nccl_m2n.h"
 
+#include <new>
+#include <string>
+#include <vector>
+
 #include "common/checks.h"
 #include "common/version.h"
+#include "nccl_m2n/src/plan.h"
+
+struct ncclM2nHostPlan {
+  std::vector<ncclM2nTransfer_t> lists[3];
+  ncclM2nPlanInfo_t info;
+};
+
+namespace {
+
+ncclResult_t translateLayout(const ncclM2nLayout_t* in, const char* side, ncclm2n::Layout* out) {
+  NCCLEXT_ARG(in != nullptr, "%s layout is NULL", side);
+  NCCLEXT_ARG(in->size == sizeof(ncclM2nLayout_t) && in->magic == NCCL_M2N_MAGIC,
+              "%s layout: size %zu / magic 0x%x do not match this library (%zu / 0x%x); use "
+              "NCCL_M2N_LAYOUT_INITIALIZER",
+              side, in->size, in->magic, sizeof(ncclM2nLayout_t), NCCL_M2N_MAGIC);
+  NCCLEXT_ARG(in->ndims >= 1 && in->ndims <= NCCL_M2N_MAX_TENSOR_DIMS, "%s layout: tensor rank %d not in [1, %d]",
+              side, in->ndims, NCCL_M2N_MAX_TENSOR_DIMS);
+  NCCLEXT_ARG(in->globalShape != nullptr, "%s layout: globalShape is NULL", side);
+  const ncclM2nMesh_t* m = in->mesh;
+  NCCLEXT_ARG(m != nullptr, "%s layout: mesh is NULL", side);
+  NCCLEXT_ARG(m->size == sizeof(ncclM2nMesh_t) && m->magic == NCCL_M2N_MAGIC,
+              "%s mesh: size/magic do not match this library; use NCCL_M2N_MESH_INITIALIZER", side);
+  NCCLEXT_ARG(m->ndims >= 1 && m->ndims <= NCCL_M2N_MAX_MESH_DIMS, "%s mesh: rank %d not in [1, %d]", side, m->ndims,
+              NCCL_M2N_MAX_MESH_DIMS);
+  NCCLEXT_ARG(m->dims != nullptr && m->ranks != nullptr, "%s mesh: dims or ranks is NULL", side);
+  int64_t meshSize = 1;
+  for (int a = 0; a < m->ndims; a++) {
+    NCCLEXT_ARG(m->dims[a] >= 1 && m->dims[a] <= (1 << 24), "%s mesh: dims[%d] = %d not in [1, 2^24]", side, a,
+                m->dims[a]);
+    meshSize *= m->dims[a];
+    NCCLEXT_ARG(meshSize <= (1 << 24), "%s mesh: more than 2^24 positions", side);
+  }
+  out->globalShape.assign(in->globalShape, in->globalShape + in->ndims);
+  out->dtype = in->dtype;
+  out->mesh.dims.assign(m->dims, m->dims + m->ndims);
+  out->mesh.ranks.assign(m->ranks, m->ranks + meshSize);
+  out->placements.clear();
+  out->boxes.clear();
+  if (in->boxes) {
+    for (int64_t p = 0; p < meshSize; p++) {
+      ncclm2n::Box b;
+      b.ndims = in->ndims;
+      for (int d = 0; d < in->ndims; d++) {
+        b.offset[d] = in->boxes[p].offset[d];
+        b.shape[d] = in->boxes[p].shape[d];
+      }
+      out->boxes.push_back(b);
+    }
+  } else {
+    NCCLEXT_ARG(in->placements != nullptr, "%s layout: placements is NULL (and no explicit boxes)", side);
+    out->placements.assign(in->placements, in->placements + m->ndims);
+  }
+  out->strides.clear();
+  if (in->localStrides) out->strides.assign(in->localStrides, in->localStrides + meshSize * in->ndims);
+  return ncclSuccess;
+}
+
+ncclResult_t checkLayout(const ncclm2n::Layout& l, int nRanks, const char* what) {
+  std::string why;
+  NCCLEXT_ARG(ncclm2n::validateLayout(l, nRanks, &why), "%s: %s", what, why.c_str());
+  return ncclSuccess;
+}
+
+ncclM2nTransfer_t toPublic(const ncclm2n::Transfer& t) {
+  ncclM2nTransfer_t o = {};
+  o.tensor = (int)t.tensor;
+  o.srcRank = t.src;
+  o.dstRank = t.dst;
+  o.srcOffset = t.srcOffset;
+  o.dstOffset = t.dstOffset;
+  o.ndims = t.ndims;
+  for (int d = 0; d < t.ndims; d++) {
+    o.extent[d] = t.extent[d];
+    o.srcStride[d] = t.srcStride[d];
+    o.dstStride[d] = t.dstStride[d];
+  }
+  return o;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -20,5 +104,95 @@ ncclResult_t ncclM2nCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
 }
 
 const char* ncclM2nGetLastError(void) { return ncclext::lastError(); }
+
+ncclResult_t ncclM2nLayoutValidate(const ncclM2nLayout_t* layout, int nRanks) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(nRanks >= 0, "ncclM2nLayoutValidate: nRanks %d < 0", nRanks);
+  ncclm2n::Layout l;
+  NCCLEXT_CHECK(translateLayout(layout, "ncclM2nLayoutValidate", &l));
+  return checkLayout(l, nRanks, "ncclM2nLayoutValidate");
+}
+
+ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTensors, const ncclM2nTensorSpec_t* tensors,
+                                   const ncclM2nPlanConfig_t* config) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(plan != nullptr, "ncclM2nHostPlanCreate: plan is NULL");
+  *plan = nullptr;
+  NCCLEXT_ARG(config != nullptr, "ncclM2nHostPlanCreate: config is NULL");
+  NCCLEXT_ARG(config->size == sizeof(ncclM2nPlanConfig_t) && config->magic == NCCL_M2N_MAGIC,
+              "ncclM2nHostPlanCreate: config size/magic do not match; use NCCL_M2N_PLAN_CONFIG_INITIALIZER");
+  NCCLEXT_ARG(config->nRanks >= 1, "ncclM2nHostPlanCreate: nRanks %d < 1", config->nRanks);
+  NCCLEXT_ARG(rank >= 0 && rank < config->nRanks, "ncclM2nHostPlanCreate: rank %d not in [0, %d)", rank,
+              config->nRanks);
+  NCCLEXT_ARG(config->ranksPerDomain >= 0, "ncclM2nHostPlanCreate: ranksPerDomain %d < 0", config->ranksPerDomain);
+  NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nHostPlanCreate: %d tensors at %p",
+              nTensors, (const void*)tensors);
+  ncclm2n::Problem p;
+  p.nRanks = config->nRanks;
+  p.options.ranksPerDomain = config->ranksPerDomain;
+  if (config->domainOfRank) p.options.domainOfRank.assign(config->domainOfRank, config->domainOfRank + config->nRanks);
+  p.tensors.resize(nTensors);
+  for (int t = 0; t < nTensors; t++) {
+    ncclm2n::TensorPair& tp = p.tensors[t];
+    tp.name = tensors[t].name ? tensors[t].name : "";
+    char side[96];
+    snprintf(side, sizeof(side), "tensor %d (%s) source", t, tp.name.c_str());
+    NCCLEXT_CHECK(translateLayout(tensors[t].src, side, &tp.src));
+    snprintf(side, sizeof(side), "tensor %d (%s) destination", t, tp.name.c_str());
+    NCCLEXT_CHECK(translateLayout(tensors[t].dst, side, &tp.dst));
+  }
+  std::string why;
+  NCCLEXT_ARG(ncclm2n::validateProblem(p, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
+
+  ncclm2n::RankPlan mine;
+  ncclm2n::PlanStats stats;
+  ncclm2n::planRank(p, rank, &mine, &stats);
+  ncclM2nHostPlan* hp = new (std::nothrow) ncclM2nHostPlan();
+  NCCLEXT_USAGE(hp != nullptr, "ncclM2nHostPlanCreate: out of host memory");
+  const std::vector<ncclm2n::Transfer>* lists[3] = {&mine.sends, &mine.recvs, &mine.copies};
+  ncclM2nPlanInfo_t& info = hp->info;
+  info = ncclM2nPlanInfo_t();
+  for (int k = 0; k < 3; k++) {
+    hp->lists[k].reserve(lists[k]->size());
+    for (const ncclm2n::Transfer& t : *lists[k]) {
+      hp->lists[k].push_back(toPublic(t));
+      info.bytes[k] += t.elements() * (int64_t)ncclm2n::elementSize(p.tensors[t.tensor].src.dtype);
+    }
+    info.counts[k] = (int64_t)lists[k]->size();
+  }
+  info.metadataHash = stats.metadataHash;
+  info.planHash = stats.planHash;
+  info.totalBytes = stats.totalBytes;
+  info.interDomainBytes = stats.interDomainBytes;
+  info.maxSourceLoad = stats.maxSourceLoad();
+  info.meanSourceLoad = stats.meanSourceLoad();
+  *plan = hp;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclM2nHostPlanGetInfo(ncclM2nHostPlan_t plan, ncclM2nPlanInfo_t* info) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(plan != nullptr && info != nullptr, "ncclM2nHostPlanGetInfo: plan or info is NULL");
+  *info = plan->info;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclM2nHostPlanGetTransfers(ncclM2nHostPlan_t plan, ncclM2nTransferKind_t kind,
+                                         const ncclM2nTransfer_t** transfers, int64_t* count) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(plan != nullptr && transfers != nullptr && count != nullptr,
+              "ncclM2nHostPlanGetTransfers: plan, transfers or count is NULL");
+  NCCLEXT_ARG(kind >= ncclM2nSends && kind <= ncclM2nLocalCopies, "ncclM2nHostPlanGetTransfers: kind %d unknown",
+              (int)kind);
+  *transfers = plan->lists[kind].data();
+  *count = (int64_t)plan->lists[kind].size();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan) {
+  ncclext::clearLastError();
+  delete plan;
+  return ncclSuccess;
+}
 
 }  // extern "C"

@@ -1,0 +1,131 @@
+// nccl_m2n's public C API for layouts and host plans: every rejection comes back as a code and a message.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "nccl_m2n.h"
+
+namespace {
+
+struct TwoRankTp {
+  int dims[1] = {2};
+  int ranks[2] = {0, 1};
+  int ranks2[2] = {2, 3};
+  int64_t shape[2] = {8, 4};
+  int shard0[1] = {NCCL_M2N_SHARD(0)};
+  int shard1[1] = {NCCL_M2N_SHARD(1)};
+  ncclM2nMesh_t srcMesh = NCCL_M2N_MESH_INITIALIZER, dstMesh = NCCL_M2N_MESH_INITIALIZER;
+  ncclM2nLayout_t src = NCCL_M2N_LAYOUT_INITIALIZER, dst = NCCL_M2N_LAYOUT_INITIALIZER;
+  ncclM2nTensorSpec_t spec;
+  ncclM2nPlanConfig_t cfg = NCCL_M2N_PLAN_CONFIG_INITIALIZER;
+  TwoRankTp() {
+    srcMesh.ndims = dstMesh.ndims = 1;
+    srcMesh.dims = dstMesh.dims = dims;
+    srcMesh.ranks = ranks;
+    dstMesh.ranks = ranks2;
+    for (ncclM2nLayout_t* l : {&src, &dst}) {
+      l->ndims = 2;
+      l->globalShape = shape;
+      l->dtype = ncclBfloat16;
+    }
+    src.mesh = &srcMesh;
+    src.placements = shard0;
+    dst.mesh = &dstMesh;
+    dst.placements = shard1;
+    spec.name = "w";
+    spec.src = &src;
+    spec.dst = &dst;
+    cfg.nRanks = 4;
+  }
+};
+
+bool says(const char* part) { return std::string(ncclM2nGetLastError()).find(part) != std::string::npos; }
+
+TEST(M2nApi, PlansAndReportsTransfers) {
+  TwoRankTp t;
+  ncclM2nHostPlan_t plan = nullptr;
+  ASSERT_EQ(ncclM2nHostPlanCreate(&plan, 2, 1, &t.spec, &t.cfg), ncclSuccess) << ncclM2nGetLastError();
+  ncclM2nPlanInfo_t info;
+  ASSERT_EQ(ncclM2nHostPlanGetInfo(plan, &info), ncclSuccess);
+  EXPECT_EQ(info.counts[ncclM2nRecvs], 2);  // rank 2 holds columns 0-1 of all 8 rows: 4 rows from each source
+  EXPECT_EQ(info.bytes[ncclM2nRecvs], 8 * 2 * 2);
+  EXPECT_EQ(info.counts[ncclM2nSends], 0);
+  EXPECT_EQ(info.totalBytes, 8 * 4 * 2);
+  const ncclM2nTransfer_t* list = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(ncclM2nHostPlanGetTransfers(plan, ncclM2nRecvs, &list, &n), ncclSuccess);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(list[1].srcRank, 1);
+  EXPECT_EQ(list[1].dstOffset, 8);  // rows 4-7 of a [8, 2] local tensor
+  EXPECT_EQ(list[1].ndims, 2);
+  EXPECT_EQ(list[1].srcStride[0], 4);
+  EXPECT_EQ(list[1].dstStride[0], 2);
+  ncclM2nHostPlan_t again = nullptr;
+  ASSERT_EQ(ncclM2nHostPlanCreate(&again, 0, 1, &t.spec, &t.cfg), ncclSuccess);
+  ncclM2nPlanInfo_t info0;
+  ncclM2nHostPlanGetInfo(again, &info0);
+  EXPECT_EQ(info0.metadataHash, info.metadataHash);
+  EXPECT_EQ(info0.planHash, info.planHash);
+  EXPECT_EQ(ncclM2nHostPlanDestroy(again), ncclSuccess);
+  EXPECT_EQ(ncclM2nHostPlanDestroy(plan), ncclSuccess);
+  EXPECT_EQ(ncclM2nHostPlanDestroy(nullptr), ncclSuccess);
+}
+
+TEST(M2nApi, RejectsBadInputWithAMessage) {
+  ncclM2nHostPlan_t plan = nullptr;
+  {
+    TwoRankTp t;
+    EXPECT_EQ(ncclM2nHostPlanCreate(nullptr, 0, 1, &t.spec, &t.cfg), ncclInvalidArgument);
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 0, 1, &t.spec, nullptr), ncclInvalidArgument);
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 4, 1, &t.spec, &t.cfg), ncclInvalidArgument);
+    EXPECT_TRUE(says("rank 4 not in [0, 4)")) << ncclM2nGetLastError();
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 0, 1, nullptr, &t.cfg), ncclInvalidArgument);
+  }
+  {
+    TwoRankTp t;
+    t.cfg.magic = 0;
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 0, 1, &t.spec, &t.cfg), ncclInvalidArgument);
+    EXPECT_TRUE(says("NCCL_M2N_PLAN_CONFIG_INITIALIZER")) << ncclM2nGetLastError();
+  }
+  {
+    TwoRankTp t;
+    t.src.size = 8;
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 0, 1, &t.spec, &t.cfg), ncclInvalidArgument);
+    EXPECT_TRUE(says("NCCL_M2N_LAYOUT_INITIALIZER")) << ncclM2nGetLastError();
+  }
+  {
+    TwoRankTp t;
+    t.ranks2[1] = 9;  // beyond the communicator
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 0, 1, &t.spec, &t.cfg), ncclInvalidArgument);
+    EXPECT_TRUE(says("tensor 0 (w): destination layout: mesh rank 9 out of [0, 4)")) << ncclM2nGetLastError();
+  }
+  {
+    TwoRankTp t;
+    t.shard1[0] = 5;
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 0, 1, &t.spec, &t.cfg), ncclInvalidArgument);
+    EXPECT_TRUE(says("shards dim 5")) << ncclM2nGetLastError();
+  }
+  {
+    TwoRankTp t;
+    t.dst.placements = nullptr;
+    EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 0, 1, &t.spec, &t.cfg), ncclInvalidArgument);
+    EXPECT_TRUE(says("placements is NULL")) << ncclM2nGetLastError();
+  }
+  {
+    TwoRankTp t;
+    t.srcMesh.ndims = 9;
+    EXPECT_EQ(ncclM2nLayoutValidate(&t.src, 4), ncclInvalidArgument);
+    EXPECT_TRUE(says("mesh: rank 9")) << ncclM2nGetLastError();
+    t.srcMesh.ndims = 1;
+    t.ranks[1] = 0;
+    EXPECT_EQ(ncclM2nLayoutValidate(&t.src, 4), ncclInvalidArgument);
+    EXPECT_TRUE(says("appears twice")) << ncclM2nGetLastError();
+    t.ranks[1] = 1;
+    EXPECT_EQ(ncclM2nLayoutValidate(&t.src, 4), ncclSuccess);
+    EXPECT_EQ(ncclM2nLayoutValidate(nullptr, 4), ncclInvalidArgument);
+  }
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_EQ(ncclM2nHostPlanGetInfo(nullptr, nullptr), ncclInvalidArgument);
+}
+
+}  // namespace
