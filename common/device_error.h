@@ -14,6 +14,7 @@ enum DeviceErrorCode : uint32_t {
   kDeviceOk = 0,
   kDeviceTimeout = 1,  // a wait on a peer's flag ran past its budget
   kDeviceAborted = 2,  // the wait gave up because another thread of this rank had already failed
+  kDeviceBadInput = 3, // a kernel found invalid input data: `seen` at element `index`, limit `expected`
 };
 
 // Where a wait sat. Libraries append their own sites from kSiteLibraryBase on (describeSite() then prints a number).

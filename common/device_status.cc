@@ -33,6 +33,10 @@ ncclResult_t describeDeviceError(const DeviceErrorWord& w, const char* what) {
                 w.code == kDeviceTimeout ? "timed out" : "aborted", w.waitedNs * 1e-9, w.rank, w.peer, site,
                 (unsigned long long)w.expected, (unsigned long long)w.seen);
   }
+  if (w.code == kDeviceBadInput) {
+    return fail(ncclInvalidArgument, __FILE__, __LINE__, "%s: invalid input at %s, element %u: value %lld (limit %llu)",
+                what, site, w.index, (long long)(int64_t)w.seen, (unsigned long long)w.expected);
+  }
   return fail(ncclSystemError, __FILE__, __LINE__, "%s: device error code %u at %s", what, w.code, site);
 }
 
@@ -53,14 +57,18 @@ DeviceStatus::~DeviceStatus() {
   if (host_) NCCLEXT_WARN_ON(cudaFreeHost(host_));
 }
 
-ncclResult_t DeviceStatus::check(const char* what) const {
-  DeviceErrorWord w;
+bool DeviceStatus::read(DeviceErrorWord* out) const {
   // The device stores `code` last after a system-scope fence; read it first.
   const uint32_t code = __atomic_load_n(&host_->code, __ATOMIC_ACQUIRE);
-  if (code == kDeviceOk) return ncclSuccess;
-  memcpy(&w, host_, sizeof(w));
-  w.code = code;
-  return describeDeviceError(w, what);
+  if (code == kDeviceOk) return false;
+  memcpy(out, host_, sizeof(*out));
+  out->code = code;
+  return true;
+}
+
+ncclResult_t DeviceStatus::check(const char* what) const {
+  DeviceErrorWord w;
+  return read(&w) ? describeDeviceError(w, what) : ncclSuccess;
 }
 
 void DeviceStatus::reset() { memset(host_, 0, sizeof(DeviceErrorWord)); }

@@ -24,6 +24,9 @@ class DeviceStatus {
   // message naming rank, peer, site, expected and seen values. `what` names the operation for the message.
   ncclResult_t check(const char* what) const;
 
+  // Copies the word into `out` and returns true when an error was recorded (the fields are complete then).
+  bool read(DeviceErrorWord* out) const;
+
   // Clears the word. Only while no kernel that may write it is running.
   void reset();
 

@@ -24,6 +24,7 @@ MAXR=${GPU_CHECK_MAX_RANKS:-$NGPU}
 RUNS=(
   "symmem_smoke|$BUILDDIR/bin/symmetric_memory_test --test smoke --nranks NRANKS --json JSON|1"
   "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1"
+  "ep_ht|$BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1"
 )
 # The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
 if command -v mpirun >/dev/null 2>&1; then
@@ -54,3 +55,9 @@ for n in $(seq 1 "$MAXR"); do
 done
 
 python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-check-$STAMP.json"
+status=$?
+# Benchmarks (after the tests, on every GPU): GPU_CHECK_BENCH=0 skips them.
+if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ $status -eq 0 ]; then
+  BUILDDIR=$BUILDDIR BENCH_OUT=$OUTDIR bench/run_ep_bench.sh || status=1
+fi
+exit $status

@@ -7,7 +7,10 @@
 #ifndef NCCL_EP_H_
 #define NCCL_EP_H_
 
+#include <cuda_runtime.h>
 #include <nccl.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +38,193 @@ NCCL_EP_API ncclResult_t ncclEpCheckNcclRuntime(int* builtVersion, int* loadedVe
 
 /* Text of the last failure of a ncclEp* call on the calling thread; "" if none. Valid until the next call. */
 NCCL_EP_API const char* ncclEpGetLastError(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * MoE dispatch / combine. Names follow NVIDIA's nccl_ep where that serves users; docs/COMPATIBILITY.md lists every
+ * difference. Structs passed by pointer start with {size, magic}; initialise them with the *_INIT macros. Fields
+ * are only ever appended.
+ * ------------------------------------------------------------------------------------------------------------ */
+#define NCCL_EP_MAGIC 0x65703031u /* 'ep01' */
+#define NCCL_EP_MAX_TENSOR_DIMS 4
+#define NCCL_EP_AUTO 0
+
+typedef struct ncclEpGroup* ncclEpGroup_t;
+typedef struct ncclEpHandle* ncclEpHandle_t;
+
+typedef enum { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } ncclEpAlgorithm_t;
+
+/* Receive layouts. FLAT (HT): one row per (token, destination rank), grouped by source rank in rank order, tokens
+ * in source order. EXPERT_MAJOR (HT; LL later): one row per (token, local expert), grouped by local expert, each
+ * expert's zone starting at a multiple of the handle's alignment (pad rows zero), inside a zone by (source rank,
+ * token). RANK_MAJOR: LL only (not implemented yet). */
+typedef enum {
+  NCCL_EP_LAYOUT_UNSET = 0,
+  NCCL_EP_LAYOUT_EXPERT_MAJOR = 1,
+  NCCL_EP_LAYOUT_RANK_MAJOR = 2,
+  NCCL_EP_LAYOUT_FLAT = 3
+} ncclEpLayout_t;
+
+typedef enum { NCCL_EP_ZERO_COPY_AUTO = 0, NCCL_EP_ZERO_COPY_OFF = 1, NCCL_EP_ZERO_COPY_ON = 2 } ncclEpZeroCopyMode_t;
+
+/* Output sizing. WORST_CASE: outputs hold the most rows any routing can produce (see ncclEpHandleGetMaxRecvRows);
+ * nothing waits on the host, so handle creation, dispatch and combine can be captured in a CUDA graph. EXACT: handle
+ * creation waits for the receive count and ncclEpHandleGetRecvRows reports it. */
+typedef enum { NCCL_EP_SIZING_WORST_CASE = 0, NCCL_EP_SIZING_EXACT = 1 } ncclEpSizing_t;
+
+/* A tensor: dense row-major, up to 4 dims. `data` is required (a device pointer) unless some size is 0 (an empty
+ * tensor: ranks with zero tokens take part with empty tensors). `win_hdl`/`win_offset` optionally say that the
+ * memory lies in an NCCL window (reserved for zero-copy). */
+typedef struct {
+  unsigned int ndim;
+  ncclDataType_t datatype;
+  void* data;
+  ncclWindow_t win_hdl;
+  size_t win_offset;
+  int64_t sizes[NCCL_EP_MAX_TENSOR_DIMS];
+} ncclEpTensor_t;
+#define NCCL_EP_TENSOR_INIT {0, ncclBfloat16, NULL, NULL, 0, {0, 0, 0, 0}}
+
+typedef int (*ncclEpAllocFn_t)(void** ptr, size_t bytes, void* context); /* returns 0 on success */
+typedef int (*ncclEpFreeFn_t)(void* ptr, void* context);
+typedef struct {
+  ncclEpAllocFn_t alloc_fn; /* both NULL: cudaMalloc / cudaFree */
+  ncclEpFreeFn_t free_fn;
+  void* context;
+} ncclEpAllocConfig_t;
+
+typedef struct {
+  unsigned int size;  /* sizeof(ncclEpGroupConfig_t) */
+  unsigned int magic; /* NCCL_EP_MAGIC */
+  ncclEpAlgorithm_t algorithm;
+  int num_experts;              /* total experts, a multiple of the number of ranks; <= 1024 */
+  int max_tokens_per_rank;      /* largest token count of any dispatch; <= 16384 */
+  int max_token_bytes;          /* largest row of any dispatch/combine, bytes, a multiple of 16 */
+  int max_topk;                 /* largest top-k of any handle, 1..32 */
+  int num_sms;                  /* CTAs of the communication kernels; NCCL_EP_AUTO: 64 (capped by the GPU) */
+  uint64_t timeout_ns;          /* budget of every device wait; NCCL_EP_AUTO: NCCL_EXT_TIMEOUT_S (100 s) */
+  ncclEpZeroCopyMode_t zero_copy;
+  ncclEpAllocConfig_t alloc;    /* for the library's non-window device buffers */
+  int lsa_domain_size;          /* NCCL_EP_AUTO: NCCL's LSA team; k splits it (multi-domain paths: not yet) */
+} ncclEpGroupConfig_t;
+#define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
+  {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  int dispatch_output_per_expert_alignment; /* EXPERT_MAJOR zone alignment in rows (power of 2; 0 or 1: none) */
+  ncclEpSizing_t sizing;
+} ncclEpHandleConfig_t;
+#define NCCL_EP_HANDLE_CONFIG_INIT {sizeof(ncclEpHandleConfig_t), NCCL_EP_MAGIC, 1, NCCL_EP_SIZING_WORST_CASE}
+
+/* Optional device outputs of handle creation (int32; leave data NULL for any not wanted). */
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  ncclEpTensor_t expert_counters;    /* [local experts]: rows each local expert receives (unpadded) */
+  ncclEpTensor_t src_rank_counters;  /* [ranks]: rows received from each source rank */
+  ncclEpTensor_t expert_offsets;     /* [local experts]: EXPERT_MAJOR zone starts (rows) */
+  ncclEpTensor_t recv_total_counter; /* [1]: rows received (EXPERT_MAJOR: pads included) */
+} ncclEpLayoutInfo_t;
+#define NCCL_EP_LAYOUT_INFO_INIT \
+  {sizeof(ncclEpLayoutInfo_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  ncclEpTensor_t tokens;       /* [T, H]: bf16, fp16, fp32 or fp8 e4m3 */
+  ncclEpTensor_t topk_weights; /* [T, K] fp32; optional (EXPERT_MAJOR combine needs it) */
+  ncclEpTensor_t scales;       /* [T, H/128] fp32, fp8 tokens only: forwarded byte-exact */
+} ncclEpDispatchInputs_t;
+#define NCCL_EP_DISPATCH_INPUTS_INIT \
+  {sizeof(ncclEpDispatchInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  ncclEpTensor_t tokens;       /* [N, H], same dtype as the input; N >= the receive count */
+  ncclEpTensor_t topk_weights; /* FLAT: [N, K] (0 where not local); EXPERT_MAJOR: [N] (0 on pads). Optional */
+  ncclEpTensor_t topk_idx;     /* FLAT: [N, K] int32 local expert ids, -1 elsewhere. Optional; EXPERT_MAJOR: unused */
+  ncclEpTensor_t scales;       /* [N, H/128] fp32 with fp8 tokens */
+} ncclEpDispatchOutputs_t;
+#define NCCL_EP_DISPATCH_OUTPUTS_INIT                                                                     \
+  {sizeof(ncclEpDispatchOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, \
+   NCCL_EP_TENSOR_INIT}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  int num_sms;                 /* NCCL_EP_AUTO: the group's */
+} ncclEpDispatchConfig_t;
+#define NCCL_EP_DISPATCH_CONFIG_INIT {sizeof(ncclEpDispatchConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  ncclEpTensor_t tokens;       /* same shape and layout as the dispatch output: bf16, fp16 or fp32 */
+} ncclEpCombineInputs_t;
+#define NCCL_EP_COMBINE_INPUTS_INIT {sizeof(ncclEpCombineInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  ncclEpTensor_t tokens;       /* [T, H], same dtype as the input */
+} ncclEpCombineOutputs_t;
+#define NCCL_EP_COMBINE_OUTPUTS_INIT {sizeof(ncclEpCombineOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+  int num_sms;                 /* NCCL_EP_AUTO: the group's */
+} ncclEpCombineConfig_t;
+#define NCCL_EP_COMBINE_CONFIG_INIT {sizeof(ncclEpCombineConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO}
+
+typedef struct {
+  unsigned int size;
+  unsigned int magic;
+} ncclEpCompleteConfig_t;
+#define NCCL_EP_COMPLETE_CONFIG_INIT {sizeof(ncclEpCompleteConfig_t), NCCL_EP_MAGIC}
+
+/* COLLECTIVE over `comm` (every rank, same config), blocking: sizes and registers the symmetric buffers once.
+ * Needs a communicator with symmetric-memory support whose ranks all share one NVLink (LSA) domain. */
+NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config);
+/* COLLECTIVE: waits for the group's work, then frees it. */
+NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
+/* ncclSuccess, or ncclRemoteError with a message when a device wait of this group timed out. Local, never blocks. */
+NCCL_EP_API ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group);
+
+/* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice
+ * in a row) once; dispatch, combine and the backward pass reuse it. T may be 0. EXACT sizing blocks until the
+ * receive count is known; WORST_CASE never blocks and may be graph-captured. `layout_info` may be NULL. */
+NCCL_EP_API ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncclEpLayout_t layout,
+                                            const ncclEpTensor_t* topk_idx, const ncclEpLayoutInfo_t* layout_info,
+                                            const ncclEpHandleConfig_t* config, cudaStream_t stream);
+/* COLLECTIVE: the same handle with new routing (same layout and config). */
+NCCL_EP_API ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* topk_idx,
+                                            const ncclEpLayoutInfo_t* layout_info, cudaStream_t stream);
+/* Local. The handle must not be in use by queued work. */
+NCCL_EP_API ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle);
+/* EXACT sizing: rows this rank receives (EXPERT_MAJOR: pads included). WORST_CASE: ncclInvalidUsage. */
+NCCL_EP_API ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows);
+/* Rows of a worst-case dispatch output for this handle's layout. Local. */
+NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows);
+
+/* COLLECTIVE, stream-ordered, asynchronous: sends each token once to every rank hosting one of its experts.
+ * Backward pass: the gradient of combine is a dispatch of the output gradient. */
+NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t* inputs,
+                                        const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* layout_info,
+                                        const ncclEpDispatchConfig_t* config, cudaStream_t stream);
+/* COLLECTIVE, stream-ordered, asynchronous: returns expert outputs to token owners and reduces them in fp32. FLAT:
+ * one row per (token, rank), summed as given. EXPERT_MAJOR: each rank weights its local experts' rows with the
+ * top-k weights of the last dispatch and sums them before sending one row per (token, rank); the owner sums the
+ * ranks' rows. Backward pass: the gradient of dispatch is a combine of the received-token gradients (FLAT). */
+NCCL_EP_API ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
+                                       const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
+                                       cudaStream_t stream);
+/* The second half of a send-only call (Low-Latency mode). High-Throughput calls complete on their own: no-op. */
+NCCL_EP_API ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config,
+                                        cudaStream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,8 +1,94 @@
 // The only file that touches nccl_ep.h's public structs: validate, translate, call, record the last error.
 #include "nccl_ep/include/nccl_ep.h"
 
+#include <algorithm>
+#include <initializer_list>
+
 #include "common/checks.h"
 #include "common/version.h"
+#include "nccl_ep/src/group.h"
+
+namespace {
+
+size_t dtypeBytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+const char* dtypeName(ncclDataType_t t) {
+  switch (t) {
+    case ncclBfloat16: return "bf16";
+    case ncclFloat16: return "fp16";
+    case ncclFloat32: return "fp32";
+    case ncclFloat8e4m3: return "fp8_e4m3";
+    case ncclInt32: return "int32";
+    case ncclInt64: return "int64";
+    default: return "other";
+  }
+}
+
+ncclResult_t checkHeader(const void* p, unsigned size, unsigned magic, size_t want, const char* what,
+                         const char* init) {
+  NCCLEXT_ARG(p != nullptr, "%s is NULL", what);
+  NCCLEXT_ARG(size == want && magic == NCCL_EP_MAGIC,
+              "%s: size %u / magic 0x%x do not match this library (%zu / 0x%x); initialise it with %s", what, size,
+              magic, want, NCCL_EP_MAGIC, init);
+  return ncclSuccess;
+}
+#define CHECK_HEADER(p, type, init) NCCLEXT_CHECK(checkHeader((p), (p) ? (p)->size : 0, (p) ? (p)->magic : 0, sizeof(type), #p, #init))
+
+bool present(const ncclEpTensor_t& t) { return t.ndim != 0 || t.data != nullptr; }
+
+// Checks a tensor's rank, dtype and sizes (-1: any) and that data is there unless the tensor is empty.
+ncclResult_t checkTensor(const ncclEpTensor_t& t, const char* what, unsigned ndim,
+                         std::initializer_list<ncclDataType_t> types, std::initializer_list<int64_t> sizes) {
+  NCCLEXT_ARG(t.ndim == ndim, "%s: %u dims, expected %u", what, t.ndim, ndim);
+  bool typeOk = false;
+  for (ncclDataType_t d : types) typeOk |= t.datatype == d;
+  NCCLEXT_ARG(typeOk, "%s: dtype %s (%d) not accepted here", what, dtypeName(t.datatype), (int)t.datatype);
+  int64_t elems = 1;
+  unsigned i = 0;
+  for (int64_t want : sizes) {
+    NCCLEXT_ARG(t.sizes[i] >= 0, "%s: sizes[%u] = %lld < 0", what, i, (long long)t.sizes[i]);
+    NCCLEXT_ARG(want < 0 || t.sizes[i] == want, "%s: sizes[%u] = %lld, expected %lld", what, i, (long long)t.sizes[i],
+                (long long)want);
+    elems *= t.sizes[i];
+    i++;
+  }
+  NCCLEXT_ARG(elems == 0 || t.data != nullptr, "%s: data is NULL for a non-empty tensor", what);
+  return ncclSuccess;
+}
+
+ncclResult_t checkLayoutInfo(const ncclEpLayoutInfo_t* info, const ncclEpGroup* g) {
+  if (!info) return ncclSuccess;
+  CHECK_HEADER(info, ncclEpLayoutInfo_t, NCCL_EP_LAYOUT_INFO_INIT);
+  const int L = g->view.localExperts, R = g->view.nRanks;
+  const struct {
+    const ncclEpTensor_t& t;
+    const char* name;
+    int n;
+  } outs[] = {{info->expert_counters, "layout_info.expert_counters", L},
+              {info->src_rank_counters, "layout_info.src_rank_counters", R},
+              {info->expert_offsets, "layout_info.expert_offsets", L},
+              {info->recv_total_counter, "layout_info.recv_total_counter", 1}};
+  for (const auto& o : outs)
+    if (present(o.t)) NCCLEXT_CHECK(checkTensor(o.t, o.name, 1, {ncclInt32}, {o.n}));
+  return ncclSuccess;
+}
+
+int callSms(const ncclEpGroup* g, int requested) { return requested > 0 ? std::min(requested, g->smCount) : g->numSms; }
+
+ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
+  *rows = h->config.sizing == NCCL_EP_SIZING_EXACT ? h->recvRows() : h->maxRecvRows;
+  return ncclSuccess;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -20,5 +106,246 @@ ncclResult_t ncclEpCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
 }
 
 const char* ncclEpGetLastError(void) { return ncclext::lastError(); }
+
+ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(group != nullptr, "ncclEpCreateGroup: group is NULL");
+  *group = nullptr;
+  NCCLEXT_ARG(comm != nullptr, "ncclEpCreateGroup: comm is NULL");
+  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
+  const ncclEpGroupConfig_t& c = *config;
+  NCCLEXT_USAGE(c.algorithm != NCCL_EP_ALGO_LOW_LATENCY, "ncclEpCreateGroup: the Low-Latency mode is not implemented yet");
+  NCCLEXT_ARG(c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT, "ncclEpCreateGroup: algorithm %d unknown", (int)c.algorithm);
+  NCCLEXT_ARG(c.num_experts >= 1 && c.num_experts <= ncclep::kMaxExperts, "num_experts %d not in [1, %d]",
+              c.num_experts, ncclep::kMaxExperts);
+  NCCLEXT_ARG(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank <= ncclep::kMaxTokens,
+              "max_tokens_per_rank %d not in [1, %d]", c.max_tokens_per_rank, ncclep::kMaxTokens);
+  NCCLEXT_ARG(c.max_token_bytes >= 16 && c.max_token_bytes % 16 == 0 && c.max_token_bytes <= 65536,
+              "max_token_bytes %d: must be a multiple of 16 in [16, 65536]", c.max_token_bytes);
+  NCCLEXT_ARG(c.max_topk >= 1 && c.max_topk <= ncclep::kMaxTopk, "max_topk %d not in [1, %d]", c.max_topk,
+              ncclep::kMaxTopk);
+  NCCLEXT_ARG(c.num_sms >= 0, "num_sms %d < 0", c.num_sms);
+  NCCLEXT_USAGE(c.zero_copy != NCCL_EP_ZERO_COPY_ON, "zero_copy ON is not implemented yet (AUTO and OFF stage)");
+  NCCLEXT_ARG(c.zero_copy >= NCCL_EP_ZERO_COPY_AUTO && c.zero_copy <= NCCL_EP_ZERO_COPY_ON, "zero_copy %d unknown",
+              (int)c.zero_copy);
+  NCCLEXT_USAGE((c.alloc.alloc_fn == nullptr) == (c.alloc.free_fn == nullptr),
+                "alloc: give both alloc_fn and free_fn, or neither");
+  NCCLEXT_ARG(c.lsa_domain_size >= 0, "lsa_domain_size %d < 0", c.lsa_domain_size);
+  ncclEpGroup* g = nullptr;
+  NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
+  *group = g;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group) {
+  ncclext::clearLastError();
+  if (!group) return ncclSuccess;
+  cudaStream_t s = nullptr;
+  ncclResult_t res = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess
+                         ? ncclext::hostBarrier(group->comm, s, group->timeoutSeconds)  // no peer still writes here
+                         : ncclUnhandledCudaError;
+  if (s) cudaStreamDestroy(s);
+  delete group;
+  return res;
+}
+
+ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetAsyncError: group is NULL");
+  return group->asyncError("ncclEp");
+}
+
+static ncclResult_t checkTopk(const ncclEpGroup* g, const ncclEpTensor_t* topk) {
+  NCCLEXT_ARG(topk != nullptr, "topk_idx is NULL");
+  NCCLEXT_CHECK(checkTensor(*topk, "topk_idx", 2, {ncclInt32, ncclInt64}, {-1, -1}));
+  NCCLEXT_ARG(topk->sizes[0] <= g->config.max_tokens_per_rank, "topk_idx has %lld tokens, above max_tokens_per_rank %d",
+              (long long)topk->sizes[0], g->config.max_tokens_per_rank);
+  NCCLEXT_ARG(topk->sizes[1] >= 1 && topk->sizes[1] <= g->config.max_topk, "top-k %lld not in [1, max_topk %d]",
+              (long long)topk->sizes[1], g->config.max_topk);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncclEpLayout_t layout,
+                                const ncclEpTensor_t* topk_idx, const ncclEpLayoutInfo_t* layout_info,
+                                const ncclEpHandleConfig_t* config, cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(handle != nullptr && group != nullptr, "ncclEpCreateHandle: handle or group is NULL");
+  *handle = nullptr;
+  NCCLEXT_CHECK(group->asyncError("ncclEpCreateHandle"));
+  NCCLEXT_USAGE(layout != NCCL_EP_LAYOUT_RANK_MAJOR, "layout RANK_MAJOR belongs to the Low-Latency mode");
+  NCCLEXT_ARG(layout == NCCL_EP_LAYOUT_FLAT || layout == NCCL_EP_LAYOUT_EXPERT_MAJOR,
+              "layout %d: High-Throughput takes FLAT or EXPERT_MAJOR", (int)layout);
+  NCCLEXT_CHECK(checkTopk(group, topk_idx));
+  ncclEpHandleConfig_t cfg = NCCL_EP_HANDLE_CONFIG_INIT;
+  if (config) {
+    CHECK_HEADER(config, ncclEpHandleConfig_t, NCCL_EP_HANDLE_CONFIG_INIT);
+    cfg = *config;
+  }
+  const int a = cfg.dispatch_output_per_expert_alignment;
+  NCCLEXT_ARG(a >= 0 && a <= 1024 && (a & (a - 1)) == 0, "dispatch_output_per_expert_alignment %d: a power of 2 <= 1024",
+              a);
+  NCCLEXT_ARG(cfg.sizing == NCCL_EP_SIZING_WORST_CASE || cfg.sizing == NCCL_EP_SIZING_EXACT, "sizing %d unknown",
+              (int)cfg.sizing);
+  NCCLEXT_CHECK(checkLayoutInfo(layout_info, group));
+  ncclEpHandle* h = nullptr;
+  NCCLEXT_CHECK(ncclEpHandle::create(group, layout, (int)topk_idx->sizes[1], cfg, &h));
+  ncclResult_t res = h->bind(*topk_idx, layout_info, stream);
+  if (res == ncclSuccess && cfg.sizing == NCCL_EP_SIZING_EXACT) res = group->asyncError("ncclEpCreateHandle");
+  if (res != ncclSuccess) {
+    delete h;
+    return res;
+  }
+  *handle = h;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* topk_idx,
+                                const ncclEpLayoutInfo_t* layout_info, cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(handle != nullptr, "ncclEpUpdateHandle: handle is NULL");
+  NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
+  NCCLEXT_CHECK(checkTopk(handle->group, topk_idx));
+  NCCLEXT_ARG(topk_idx->sizes[1] == handle->topk, "top-k %lld differs from the handle's %d (create a new handle)",
+              (long long)topk_idx->sizes[1], handle->topk);
+  NCCLEXT_CHECK(checkLayoutInfo(layout_info, handle->group));
+  NCCLEXT_CHECK(handle->bind(*topk_idx, layout_info, stream));
+  if (handle->config.sizing == NCCL_EP_SIZING_EXACT) NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle) {
+  ncclext::clearLastError();
+  delete handle;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetRecvRows: handle or rows is NULL");
+  NCCLEXT_USAGE(handle->config.sizing == NCCL_EP_SIZING_EXACT,
+                "ncclEpHandleGetRecvRows: the handle uses worst-case sizing; the count is on the device "
+                "(layout_info.recv_total_counter)");
+  *rows = handle->recvRows();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetMaxRecvRows: handle or rows is NULL");
+  *rows = handle->maxRecvRows;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t* inputs,
+                            const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* layout_info,
+                            const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(handle != nullptr, "ncclEpDispatch: handle is NULL");
+  ncclEpGroup* g = handle->group;
+  NCCLEXT_CHECK(g->asyncError("ncclEpDispatch"));
+  CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
+  CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
+  if (config) CHECK_HEADER(config, ncclEpDispatchConfig_t, NCCL_EP_DISPATCH_CONFIG_INIT);
+  NCCLEXT_CHECK(checkLayoutInfo(layout_info, g));  // accepted for API compatibility; HT reports at handle time
+  const int T = handle->view.numTokens, K = handle->topk;
+  const ncclEpTensor_t& x = inputs->tokens;
+  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}, {T, -1}));
+  const int64_t H = x.sizes[1];
+  const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
+  NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0, "inputs.tokens: a row of %lld bytes is not a positive multiple of 16",
+              (long long)rowBytes);
+  NCCLEXT_ARG(rowBytes <= g->config.max_token_bytes, "inputs.tokens: a row of %lld bytes exceeds max_token_bytes %d",
+              (long long)rowBytes, g->config.max_token_bytes);
+  const bool fp8 = x.datatype == ncclFloat8e4m3;
+  if (present(inputs->topk_weights))
+    NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
+  int nScales = 0;
+  if (fp8) {
+    NCCLEXT_ARG(H % 128 == 0, "fp8 tokens: hidden %lld is not a multiple of 128 (one scale per 128 columns)",
+                (long long)H);
+    nScales = (int)(H / 128);
+    NCCLEXT_ARG(present(inputs->scales), "fp8 tokens need inputs.scales [T, hidden/128] fp32");
+    NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
+    NCCLEXT_ARG(nScales <= g->view.meta.maxScales, "%d scales per row exceed the group's %d", nScales,
+                g->view.meta.maxScales);
+  } else {
+    NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 tokens only");
+  }
+  int64_t need = 0;
+  NCCLEXT_CHECK(rowsNeeded(handle, &need));
+  const ncclEpTensor_t& y = outputs->tokens;
+  NCCLEXT_CHECK(checkTensor(y, "outputs.tokens", 2, {x.datatype}, {-1, H}));
+  NCCLEXT_ARG(y.sizes[0] >= need, "outputs.tokens has %lld rows; this handle needs %lld (%s sizing)",
+              (long long)y.sizes[0], (long long)need,
+              handle->config.sizing == NCCL_EP_SIZING_EXACT ? "exact" : "worst-case");
+  const int64_t N = y.sizes[0];
+  const bool flat = handle->layout == NCCL_EP_LAYOUT_FLAT;
+  if (present(outputs->topk_weights)) {
+    if (flat) NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 2, {ncclFloat32}, {N, K}));
+    else NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 1, {ncclFloat32}, {N}));
+  }
+  if (present(outputs->topk_idx)) {
+    NCCLEXT_USAGE(flat, "outputs.topk_idx is for the FLAT layout (EXPERT_MAJOR rows are grouped by expert)");
+    NCCLEXT_CHECK(checkTensor(outputs->topk_idx, "outputs.topk_idx", 2, {ncclInt32}, {N, K}));
+  }
+  if (fp8) {
+    NCCLEXT_ARG(present(outputs->scales), "fp8 tokens need outputs.scales [N, hidden/128] fp32");
+    NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {N, nScales}));
+  } else {
+    NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 tokens only");
+  }
+  ncclep::DispatchCall c{};
+  c.tokens = static_cast<const char*>(x.data);
+  c.weights = static_cast<const float*>(inputs->topk_weights.data);
+  c.scales = static_cast<const float*>(inputs->scales.data);
+  c.outTokens = static_cast<char*>(y.data);
+  c.outWeights = static_cast<float*>(outputs->topk_weights.data);
+  c.outIdx = static_cast<int*>(outputs->topk_idx.data);
+  c.outScales = static_cast<float*>(outputs->scales.data);
+  c.rowBytes = (int)rowBytes;
+  c.nScales = nScales;
+  g->split(callSms(g, config ? config->num_sms : 0), &c.nSenders, &c.nReceivers);
+  return ncclep::launchDispatch(g->view, handle->view, c, stream);
+}
+
+ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
+                           const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
+                           cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(handle != nullptr, "ncclEpCombine: handle is NULL");
+  ncclEpGroup* g = handle->group;
+  NCCLEXT_CHECK(g->asyncError("ncclEpCombine"));
+  CHECK_HEADER(inputs, ncclEpCombineInputs_t, NCCL_EP_COMBINE_INPUTS_INIT);
+  CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
+  if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
+  const ncclEpTensor_t& x = inputs->tokens;
+  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
+  const int64_t H = x.sizes[1];
+  const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
+  NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0 && rowBytes <= g->config.max_token_bytes,
+              "inputs.tokens: a row of %lld bytes must be a multiple of 16 in [16, max_token_bytes %d]",
+              (long long)rowBytes, g->config.max_token_bytes);
+  int64_t need = 0;
+  NCCLEXT_CHECK(rowsNeeded(handle, &need));
+  NCCLEXT_ARG(x.sizes[0] >= need, "inputs.tokens has %lld rows; this handle's dispatch output has %lld",
+              (long long)x.sizes[0], (long long)need);
+  NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));
+  ncclep::CombineCall c{};
+  c.in = static_cast<const char*>(x.data);
+  c.out = static_cast<char*>(outputs->tokens.data);
+  c.rowBytes = (int)rowBytes;
+  c.dtype = x.datatype;
+  g->split(callSms(g, config ? config->num_sms : 0), &c.nSenders, &c.nReceivers);
+  if (g->view.nRanks == 1) std::swap(c.nSenders, c.nReceivers);  // alone: only the owner's reduction runs
+  return ncclep::launchCombine(g->view, handle->view, c, stream);
+}
+
+ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config, cudaStream_t stream) {
+  ncclext::clearLastError();
+  (void)stream;
+  NCCLEXT_ARG(handle != nullptr, "ncclEpComplete: handle is NULL");
+  if (config) CHECK_HEADER(config, ncclEpCompleteConfig_t, NCCL_EP_COMPLETE_CONFIG_INIT);
+  return ncclSuccess;  // High-Throughput calls are never split into send and receive halves
+}
 
 }  // extern "C"

@@ -1,0 +1,275 @@
+// ep_bench: HT dispatch/combine timing on the local GPUs (one process per GPU through tests/harness).
+//
+// For each shape: random top-k routing without repeats (uniform over experts), a handle bound once (cached
+// routing), then for each SM count: 10 warm-up calls and 60 timed calls of dispatch and of combine, each timed
+// with CUDA events on the call's stream, inputs rotated over 3 buffers; the median is reported. Also timed: handle
+// creation + dispatch (routing not cached), median of 20.
+//
+// Byte conventions (per rank, printed with every row):
+//   nvlink_bytes  = rows this rank writes to OTHER ranks x row payload bytes (tokens; fp8: + 4 bytes per 128
+//                   columns of scales). What crosses NVLink out of this GPU. Combine: the same count, returning.
+//   logical_bytes = rows this rank receives (its own included) x row payload bytes: DeepEP's convention.
+//   GB/s = bytes / median time / 1e9.
+//
+// Usage: ep_bench [--nranks N] [--json FILE] [--quick]
+#include <cuda_bf16.h>
+#include <getopt.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/device_status.h"
+#include "nccl_ep.h"
+#include "tests/harness/launcher.h"
+
+namespace {
+
+struct Shape {
+  int tokens, hidden, topk, experts;
+  ncclDataType_t dtype;
+  ncclEpLayout_t layout;
+  std::vector<int> sms;
+};
+
+ncclEpTensor_t tensor(void* data, ncclDataType_t dt, std::initializer_list<int64_t> sizes) {
+  ncclEpTensor_t t = NCCL_EP_TENSOR_INIT;
+  t.datatype = dt;
+  t.data = data;
+  for (int64_t s : sizes) t.sizes[t.ndim++] = s;
+  return t;
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+#define CHECK_EP(call)                                                                            \
+  do {                                                                                            \
+    ncclResult_t r_ = (call);                                                                     \
+    if (r_ != ncclSuccess) {                                                                      \
+      fprintf(stderr, "rank %d: %s -> %s: %s\n", ctx.rank, #call, ncclGetErrorString(r_), ncclEpGetLastError()); \
+      return 1;                                                                                   \
+    }                                                                                             \
+  } while (0)
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nRanks = 0;
+  bool quick = false;
+  std::string json;
+  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
+                                 {"quick", no_argument, nullptr, 'q'}, {nullptr, 0, nullptr, 0}};
+  for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
+    if (c == 'n') nRanks = atoi(optarg);
+    else if (c == 'j') json = optarg;
+    else if (c == 'q') quick = true;
+    else return 2;
+  }
+  std::vector<Shape> shapes = {
+      {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {16, 24, 32, 64, 132}},
+      {4096, 7168, 8, 256, ncclFloat8e4m3, NCCL_EP_LAYOUT_FLAT, {24, 64, 132}},
+      {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, {64, 132}},
+      {1024, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {32, 132}},
+      {16384, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
+      {4096, 4096, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
+  };
+  if (quick) shapes.resize(1);
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = nRanks;
+  return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+    int maxTokens = 0;
+    for (const Shape& s : shapes) maxTokens = std::max(maxTokens, s.tokens);
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.num_experts = 256;
+    cfg.max_tokens_per_rank = maxTokens;
+    cfg.max_token_bytes = 7168 * 2;
+    cfg.max_topk = 8;
+    cfg.num_sms = 132;
+    ncclEpGroup_t group = nullptr;
+    CHECK_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    int dev = 0, smCount = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, dev);
+    FILE* out = ctx.rank == 0 && !json.empty() ? fopen(json.c_str(), "a") : nullptr;
+    if (ctx.rank == 0)
+      printf("%-6s %-5s %-12s %6s %5s %4s %9s %9s %10s %10s %12s\n", "op", "dtype", "layout", "tokens", "hidden", "SMs",
+             "median_us", "handle+d", "NVLink", "logical", "NVLink_MB");
+    for (const Shape& s : shapes) {
+      const int T = s.tokens, H = s.hidden, K = s.topk, E = s.experts, R = ctx.nRanks;
+      const bool fp8 = s.dtype == ncclFloat8e4m3;
+      const size_t esz = fp8 ? 1 : 2;
+      const size_t payload = H * esz + (fp8 ? H / 128 * 4 : 0);
+      // Routing: top-k distinct experts per token, uniform.
+      std::mt19937 rng(1234 + ctx.rank);
+      std::vector<int> idx(T * K);
+      std::vector<int> pool(E);
+      std::iota(pool.begin(), pool.end(), 0);
+      int64_t sentRows = 0, logicalRows = 0;
+      for (int t = 0; t < T; t++) {
+        for (int k = 0; k < K; k++) std::swap(pool[k], pool[k + rng() % (E - k)]);
+        uint64_t mask = 0;
+        for (int k = 0; k < K; k++) {
+          idx[t * K + k] = pool[k];
+          mask |= 1ull << (pool[k] / (E / R));
+        }
+        sentRows += __builtin_popcountll(mask & ~(1ull << ctx.rank));
+      }
+      int *dIdx = nullptr, *dTotal = nullptr;
+      cudaMalloc(&dIdx, idx.size() * 4);
+      cudaMalloc(&dTotal, 4);
+      cudaMemcpy(dIdx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice);
+      ncclEpTensor_t ti = tensor(dIdx, ncclInt32, {T, K});
+      ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+      hc.sizing = NCCL_EP_SIZING_EXACT;
+      ncclEpHandle_t h = nullptr;
+      CHECK_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, &hc, ctx.stream));
+      int64_t rows = 0, flatRows = 0;
+      CHECK_EP(ncclEpHandleGetRecvRows(h, &rows));
+      if (s.layout == NCCL_EP_LAYOUT_FLAT) {
+        flatRows = rows;
+      } else {  // FLAT count of the same routing, for the byte conventions
+        ncclEpHandle_t hf = nullptr;
+        CHECK_EP(ncclEpCreateHandle(&hf, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream));
+        ncclEpHandleGetRecvRows(hf, &flatRows);
+        ncclEpHandleDestroy(hf);
+      }
+      logicalRows = flatRows;
+      // Buffers: 3 rotating input sets; outputs.
+      const int kSets = 3;
+      std::vector<void*> xs(kSets), ws(kSets), ss(kSets), cins(kSets);
+      const size_t nScales = fp8 ? H / 128 : 0;
+      for (int i = 0; i < kSets; i++) {
+        cudaMalloc(&xs[i], (size_t)T * H * esz);
+        cudaMalloc(&ws[i], (size_t)T * K * 4);
+        cudaMalloc(&ss[i], (size_t)T * std::max<size_t>(nScales, 1) * 4);
+        cudaMalloc(&cins[i], (size_t)std::max<int64_t>(rows, 1) * H * 2);
+        cudaMemset(xs[i], 0x11 * (i + 1), (size_t)T * H * esz);
+        cudaMemset(ws[i], 0, (size_t)T * K * 4);
+        cudaMemset(ss[i], 0, (size_t)T * std::max<size_t>(nScales, 1) * 4);
+        cudaMemset(cins[i], 0x01 * (i + 1), (size_t)std::max<int64_t>(rows, 1) * H * 2);
+      }
+      void *y = nullptr, *yw = nullptr, *ys = nullptr, *cout = nullptr;
+      const bool flat = s.layout == NCCL_EP_LAYOUT_FLAT;
+      int64_t maxRows = 0;  // a worst-case output, for the handle-creation timing
+      CHECK_EP(ncclEpHandleGetMaxRecvRows(h, &maxRows));
+      cudaMalloc(&y, (size_t)std::max<int64_t>(maxRows, 1) * H * esz);
+      cudaMalloc(&yw, (size_t)std::max<int64_t>(maxRows, 1) * K * 4);
+      cudaMalloc(&ys, (size_t)std::max<int64_t>(maxRows, 1) * std::max<size_t>(nScales, 1) * 4);
+      cudaMalloc(&cout, (size_t)T * H * 2);
+      auto dispatchArgs = [&](int i, ncclEpDispatchInputs_t* in, ncclEpDispatchOutputs_t* o, int64_t rows) {
+        *in = NCCL_EP_DISPATCH_INPUTS_INIT;
+        in->tokens = tensor(xs[i], s.dtype, {T, H});
+        in->topk_weights = tensor(ws[i], ncclFloat32, {T, K});
+        if (fp8) in->scales = tensor(ss[i], ncclFloat32, {T, (int64_t)nScales});
+        *o = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+        o->tokens = tensor(y, s.dtype, {rows, H});
+        o->topk_weights = flat ? tensor(yw, ncclFloat32, {rows, K}) : tensor(yw, ncclFloat32, {rows});
+        if (fp8) o->scales = tensor(ys, ncclFloat32, {rows, (int64_t)nScales});
+      };
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0);
+      cudaEventCreate(&e1);
+      auto timeIt = [&](auto&& call, int warm, int iters, std::vector<float>* ts) -> int {
+        for (int i = 0; i < warm + iters; i++) {
+          cudaEventRecord(e0, ctx.stream);
+          if (call(i) != ncclSuccess) return 1;
+          cudaEventRecord(e1, ctx.stream);
+          if (ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (i >= warm) ts->push_back(ms * 1000.f);
+        }
+        return 0;
+      };
+      // Handle creation + dispatch (routing not cached, worst-case sizing: no host synchronisation).
+      std::vector<float> tHandle;
+      ncclEpHandleConfig_t worst = NCCL_EP_HANDLE_CONFIG_INIT;
+      std::vector<ncclEpHandle_t> fresh;
+      if (timeIt([&](int i) {
+            ncclEpHandle_t h2 = nullptr;
+            ncclResult_t r = ncclEpCreateHandle(&h2, group, s.layout, &ti, nullptr, &worst, ctx.stream);
+            if (r != ncclSuccess) return r;
+            fresh.push_back(h2);  // destroyed once the stream is idle
+            ncclEpDispatchInputs_t in;
+            ncclEpDispatchOutputs_t o;
+            dispatchArgs(i % kSets, &in, &o, maxRows);
+            return ncclEpDispatch(h2, &in, &o, nullptr, nullptr, ctx.stream);
+          }, 3, 20, &tHandle))
+        return 1;
+      for (ncclEpHandle_t h2 : fresh) ncclEpHandleDestroy(h2);
+      for (int sms : s.sms) {
+        if (sms > smCount) sms = smCount;
+        ncclEpDispatchConfig_t dc = NCCL_EP_DISPATCH_CONFIG_INIT;
+        dc.num_sms = sms;
+        ncclEpCombineConfig_t cc = NCCL_EP_COMBINE_CONFIG_INIT;
+        cc.num_sms = sms;
+        std::vector<float> td, tc;
+        if (timeIt([&](int i) {
+              ncclEpDispatchInputs_t in;
+              ncclEpDispatchOutputs_t o;
+              dispatchArgs(i % kSets, &in, &o, rows);
+              return ncclEpDispatch(h, &in, &o, nullptr, &dc, ctx.stream);
+            }, 10, 60, &td))
+          return 1;
+        if (!fp8 && timeIt([&](int i) {
+              ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
+              in.tokens = tensor(cins[i % kSets], ncclBfloat16, {rows, H});
+              ncclEpCombineOutputs_t o = NCCL_EP_COMBINE_OUTPUTS_INIT;
+              o.tokens = tensor(cout, ncclBfloat16, {T, H});
+              return ncclEpCombine(h, &in, &o, &cc, ctx.stream);
+            }, 10, 60, &tc))
+          return 1;
+        const char* dn = fp8 ? "fp8" : "bf16";
+        const char* ln = flat ? "flat" : "expert_major";
+        for (int op = 0; op < (fp8 ? 1 : 2); op++) {
+          const double us = median(op == 0 ? td : tc);
+          // Byte conventions: see the file comment. Combine moves bf16 rows back.
+          const double rowB = op == 0 ? (double)payload : (double)H * 2;
+          const double nvB = sentRows * rowB, logB = logicalRows * rowB;
+          if (ctx.rank == 0) {
+            printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn, ln,
+                   T, H, sms, us, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3, nvB / 1e6);
+            if (out)
+              fprintf(out,
+                      "{\"what\": \"ep_%s\", \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, \"hidden\": %d, "
+                      "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
+                      "\"handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
+                      "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"iters\": 60, \"gpu\": \"%s\", "
+                      "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
+                      "incl. local x payload\"}\n",
+                      op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, op == 0 ? median(tHandle) : 0.0, nvB,
+                      nvB / us / 1e3, logB, logB / us / 1e3, prop.name);
+          }
+        }
+      }
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      for (int i = 0; i < kSets; i++) {
+        cudaFree(xs[i]);
+        cudaFree(ws[i]);
+        cudaFree(ss[i]);
+        cudaFree(cins[i]);
+      }
+      cudaFree(y);
+      cudaFree(yw);
+      cudaFree(ys);
+      cudaFree(cout);
+      cudaFree(dIdx);
+      cudaFree(dTotal);
+      ncclEpHandleDestroy(h);
+    }
+    if (out) fclose(out);
+    CHECK_EP(ncclEpGroupGetAsyncError(group));
+    ncclEpGroupDestroy(group);
+    return 0;
+  });
+}

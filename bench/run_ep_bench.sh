@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# EP benchmark with its baselines measured in the same run: ep_bench on every local GPU, then (2+ GPUs, PyTorch
+# present) bench/baselines/baseline_torch.py: copy-engine peer copy, NCCL all_to_all, and the PyTorch
+# all_to_all_single MoE dispatcher. Writes $OUTDIR/ep_bench-<UTC>.json (machine, rows, baselines) and prints the
+# comparison at the default shape. Usage: BUILDDIR=build bench/run_ep_bench.sh [--quick]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILDDIR=${BUILDDIR:-build}
+OUTDIR=${BENCH_OUT:-bench/results}
+export NCCL_NVLS_ENABLE=0
+mkdir -p "$OUTDIR"
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$BUILDDIR/bin/ep_bench" --json "$tmp/ep.jsonl" "$@" || { echo "ep_bench failed"; exit 1; }
+NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$NGPU" -ge 2 ] && python3 -c 'import torch' 2>/dev/null; then
+  timeout 600 python3 bench/baselines/baseline_torch.py > "$tmp/baseline.jsonl" 2> "$tmp/baseline.err" ||
+    { echo "baseline_torch.py failed:"; tail -5 "$tmp/baseline.err"; }
+fi
+python3 - "$tmp/ep.jsonl" "$tmp/baseline.jsonl" "$OUTDIR/ep_bench-$stamp.json" <<'PY'
+import json, os, subprocess, sys, datetime
+def lines(p):
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+ep, base = lines(sys.argv[1]), lines(sys.argv[2])
+sh = lambda c: subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
+doc = {"kind": "ep_bench", "command": "bench/run_ep_bench.sh", "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+       "git_commit": os.environ.get("NCCL_EXT_GIT_COMMIT") or sh("git rev-parse HEAD 2>/dev/null") or "unknown",
+       "gpus": sh("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader").splitlines(),
+       "rows": ep, "baselines": base}
+json.dump(doc, open(sys.argv[3], "w"), indent=1)
+def pick(what, **kw):
+    for r in ep:
+        if r["what"] == what and all(r.get(k) == v for k, v in kw.items()): yield r
+peer = next((b["GBps"] for b in base if b["what"] == "peer_copy_ce_0to1"), None)
+torch_d = [b["us"] for b in base if b["what"] == "naive_torch_moe_dispatch" and b["T"] == 4096]
+torch_c = [b["us"] for b in base if b["what"] == "naive_torch_moe_combine" and b["T"] == 4096]
+print("\nbaselines (same run): copy-engine peer copy %s GB/s; PyTorch dispatcher dispatch %s us, combine %s us"
+      % ("%.1f" % peer if peer else "n/a", "%.0f" % max(torch_d) if torch_d else "n/a", "%.0f" % max(torch_c) if torch_c else "n/a"))
+for op, deepep in (("dispatch", 197.9), ("combine", 212.6)):
+    rows = list(pick("ep_" + op, dtype="bf16", layout="flat", tokens=4096, hidden=7168))
+    if not rows: continue
+    best = min(rows, key=lambda r: r["us_median"])
+    line = "%s bf16 4096x7168 top-8: best %.1f us at %d SMs (%.1f GB/s over NVLink" % (op, best["us_median"], best["sms"], best["nvlink_GBps"])
+    if peer: line += ", %.0f%% of peer copy" % (100 * best["nvlink_GBps"] / peer)
+    line += "); DeepEP best %.1f us" % deepep
+    tb = torch_d if op == "dispatch" else torch_c
+    if tb: line += "; %.1fx faster than PyTorch" % (max(tb) / best["us_median"])
+    print(line)
+print("results: %s" % sys.argv[3])
+PY

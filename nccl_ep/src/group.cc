@@ -1,0 +1,232 @@
+#include "nccl_ep/src/group.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/checks.h"
+#include "common/env.h"
+#include "common/topology.h"
+
+namespace {
+
+size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+ncclResult_t ncclEpGroup::deviceAlloc(void** ptr, size_t bytes) {
+  if (config.alloc.alloc_fn) {
+    NCCLEXT_USAGE(config.alloc.alloc_fn(ptr, bytes, config.alloc.context) == 0 && *ptr != nullptr,
+                  "the allocator hook failed for %zu bytes", bytes);
+    return ncclSuccess;
+  }
+  NCCLEXT_CUDA(cudaMalloc(ptr, bytes));
+  return ncclSuccess;
+}
+
+void ncclEpGroup::deviceFree(void* ptr) {
+  if (!ptr) return;
+  if (config.alloc.free_fn) {
+    NCCLEXT_WARN_ON(config.alloc.free_fn(ptr, config.alloc.context));
+  } else {
+    NCCLEXT_WARN_ON(cudaFree(ptr));
+  }
+}
+
+ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out) {
+  std::unique_ptr<ncclEpGroup> g(new ncclEpGroup());
+  g->comm = comm;
+  g->config = config;
+  int rank = 0, nRanks = 0, dev = 0;
+  NCCLEXT_NCCL(ncclCommUserRank(comm, &rank));
+  NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
+  ncclext::setLogRank(rank);
+  NCCLEXT_ARG(nRanks <= ncclep::kMaxRanks, "%d ranks: at most %d", nRanks, ncclep::kMaxRanks);
+  NCCLEXT_ARG(config.num_experts % nRanks == 0, "num_experts %d is not a multiple of the %d ranks",
+              config.num_experts, nRanks);
+  NCCLEXT_CUDA(cudaGetDevice(&dev));
+  NCCLEXT_CUDA(cudaDeviceGetAttribute(&g->smCount, cudaDevAttrMultiProcessorCount, dev));
+  g->numSms = config.num_sms > 0 ? std::min(config.num_sms, g->smCount) : std::min(64, g->smCount);
+  const ncclext::Env& env = ncclext::env();
+  g->timeoutSeconds = config.timeout_ns ? config.timeout_ns * 1e-9 : env.timeoutSeconds;
+
+  // Window layout.
+  ncclep::GroupView& v = g->view;
+  v.rank = rank;
+  v.nRanks = nRanks;
+  v.numExperts = config.num_experts;
+  v.localExperts = config.num_experts / nRanks;
+  v.maxTokens = config.max_tokens_per_rank;
+  v.nChunks = (config.max_tokens_per_rank + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
+  v.rowStride = config.max_token_bytes;
+  v.meta.maxTopk = config.max_topk;
+  v.meta.maxScales = std::max(1, config.max_token_bytes / 128);
+  v.meta.bytes = alignUp(12 * (size_t)config.max_topk + 4 * (size_t)v.meta.maxScales, 16);
+  ncclep::WindowLayout& w = v.wl;
+  const size_t flagBytes = (size_t)v.nChunks * nRanks * 8;
+  size_t off = 0;
+  w.barrierFlags = off;
+  off = alignUp(off + (size_t)nRanks * 8, 256);
+  w.dispFlags = off;
+  off = alignUp(off + flagBytes, 256);
+  w.dispAcks = off;
+  off = alignUp(off + flagBytes, 256);
+  w.combFlags = off;
+  off = alignUp(off + flagBytes, 256);
+  w.combAcks = off;
+  off = alignUp(off + flagBytes, 256);
+  w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
+  w.exchange = off;
+  off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 256);
+  const size_t regionRows = (size_t)nRanks * v.maxTokens;
+  w.dispRows = off;
+  off = alignUp(off + regionRows * v.rowStride, 4096);
+  w.dispMeta = off;
+  off = alignUp(off + regionRows * v.meta.bytes, 4096);
+  w.combRows = off;
+  off = alignUp(off + regionRows * v.rowStride, 4096);
+  w.total = off;
+
+  // Symmetric memory (collective), then the single-domain check.
+  cudaStream_t stream = nullptr;
+  NCCLEXT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ncclext::SymmetricMemoryOptions so;
+  so.bytes = w.total;
+  ncclResult_t res = ncclext::SymmetricMemory::create(comm, so, stream, &g->mem);
+  cudaStreamDestroy(stream);
+  NCCLEXT_CHECK(res);
+  const ncclDevComm& dc = g->mem->devComm();
+  ncclext::Topology topo;
+  const int domainOverride = config.lsa_domain_size > 0 ? config.lsa_domain_size : env.lsaDomainSize;
+  NCCLEXT_CHECK(ncclext::makeTopology(rank, nRanks, dc.lsaRank, dc.lsaSize, domainOverride, &topo));
+  NCCLEXT_USAGE(topo.nDomains == 1,
+                "the ranks span %d NVLink domains of %d: High-Throughput across domains (rail hop) is not "
+                "implemented yet; every rank must share one LSA domain",
+                topo.nDomains, topo.domainSize);
+  v.window = g->mem->window();
+
+  NCCLEXT_CHECK(ncclext::DeviceStatus::create(&g->status));
+  v.err = g->status->devicePtr();
+  v.timeoutNs = (uint64_t)(g->timeoutSeconds * 1e9);
+  const size_t stateBytes = (4 * (size_t)v.nChunks + 1) * sizeof(uint64_t);
+  NCCLEXT_CHECK(g->deviceAlloc(&g->state, stateBytes));
+  NCCLEXT_CUDA(cudaMemset(g->state, 0, stateBytes));
+  NCCLEXT_CUDA(cudaDeviceSynchronize());
+  v.seq = static_cast<uint64_t*>(g->state);
+  v.barrierEpoch = v.seq + 4 * (size_t)v.nChunks;
+  NCCLEXT_INFO("group: %d ranks, %d experts, %d tokens x %d bytes, top-%d, %d SMs, window %zu bytes, %s",
+               nRanks, config.num_experts, config.max_tokens_per_rank, config.max_token_bytes, config.max_topk,
+               g->numSms, w.total, ncclext::describeEnv(env).c_str());
+  *out = g.release();
+  return ncclSuccess;
+}
+
+ncclEpGroup::~ncclEpGroup() { deviceFree(state); }
+
+ncclResult_t ncclEpGroup::asyncError(const char* what) {
+  ncclext::DeviceErrorWord w;
+  if (!status->read(&w)) return ncclSuccess;
+  if (w.code == ncclext::kDeviceBadInput && w.site == ncclep::kSiteTopkIdx) {
+    status->reset();
+    return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
+                         "%s: topk_idx element %u (row-major) = %lld is not an expert id in [-1, %llu)", what,
+                         w.index, (long long)(int64_t)w.seen, (unsigned long long)w.expected);
+  }
+  return status->check(what);
+}
+
+void ncclEpGroup::split(int sms, int* senders, int* receivers) const {
+  if (view.nRanks == 1) {
+    *senders = sms;
+    *receivers = 0;
+    return;
+  }
+  *senders = std::max(1, sms / 2);
+  *receivers = std::max(1, sms - *senders);
+}
+
+ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int topk,
+                                  const ncclEpHandleConfig_t& config, ncclEpHandle** out) {
+  std::unique_ptr<ncclEpHandle> h(new ncclEpHandle());
+  h->group = group;
+  h->layout = layout;
+  h->config = config;
+  h->topk = topk;
+  const ncclep::GroupView& g = group->view;
+  const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, MK = g.meta.maxTopk;
+  const int align = std::max(1, config.dispatch_output_per_expert_alignment);
+  h->maxFlatRows = (int64_t)R * g.maxTokens;
+  h->maxRecvRows = layout == NCCL_EP_LAYOUT_FLAT ? h->maxFlatRows
+                                                 : h->maxFlatRows * std::min(topk, L) + (int64_t)L * (align - 1);
+  ncclep::DerivedLayout& dl = h->view.dl;
+  int n = 0;
+  dl.srcCount = n;
+  n += R;
+  dl.recvOffset = n;
+  n += R;
+  dl.expCount = n;
+  n += L;
+  dl.zoneStart = n;
+  n += L + 1;
+  dl.srcExpOff = n;
+  n += R * L;
+  dl.chunkPrefix = n;
+  n += R * (NC + 1);
+  dl.totals = n;
+  n += 2;
+  dl.ints = n;
+  // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW.
+  const size_t sizes[] = {(size_t)g.maxTokens * R * 4, (size_t)g.maxTokens * MK * 4, (size_t)(NC + 1) * (R + E) * 4,
+                          (size_t)dl.ints * 4, (size_t)h->maxFlatRows * MK * 4, (size_t)h->maxFlatRows * MK * 4};
+  size_t offsets[6], total = 0;
+  for (int i = 0; i < 6; i++) {
+    offsets[i] = total;
+    total = alignUp(total + sizes[i], 256);
+  }
+  NCCLEXT_CHECK(group->deviceAlloc(&h->block, total));
+  char* b = static_cast<char*>(h->block);
+  ncclep::HandleView& v = h->view;
+  v.topk = topk;
+  v.layout = layout;
+  v.align = align;
+  v.sendSlot = reinterpret_cast<int*>(b + offsets[0]);
+  v.emIdx = reinterpret_cast<int*>(b + offsets[1]);
+  v.tileCount = reinterpret_cast<int*>(b + offsets[2]);
+  v.derived = reinterpret_cast<int*>(b + offsets[3]);
+  v.emPos = reinterpret_cast<int*>(b + offsets[4]);
+  v.flatW = reinterpret_cast<float*>(b + offsets[5]);
+  void* host = nullptr;
+  NCCLEXT_CUDA(cudaHostAlloc(&host, 2 * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
+  h->hostTotals = static_cast<int64_t*>(host);
+  h->hostTotals[0] = h->hostTotals[1] = -1;
+  if (config.sizing == NCCL_EP_SIZING_EXACT) {
+    void* dev = nullptr;
+    NCCLEXT_CUDA(cudaHostGetDevicePointer(&dev, host, 0));
+    v.hostTotals = static_cast<int64_t*>(dev);
+  }
+  *out = h.release();
+  return ncclSuccess;
+}
+
+ncclEpHandle::~ncclEpHandle() {
+  group->deviceFree(block);
+  if (hostTotals) NCCLEXT_WARN_ON(cudaFreeHost(hostTotals));
+}
+
+ncclResult_t ncclEpHandle::bind(const ncclEpTensor_t& topkIdx, const ncclEpLayoutInfo_t* info, cudaStream_t stream) {
+  view.numTokens = (int)topkIdx.sizes[0];
+  view.topkIdx = topkIdx.data;
+  view.topkIs64 = topkIdx.datatype == ncclInt64 || topkIdx.datatype == ncclUint64;
+  ncclep::LayoutInfoOut out{};
+  if (info) {
+    out.expertCounters = static_cast<int*>(info->expert_counters.data);
+    out.srcRankCounters = static_cast<int*>(info->src_rank_counters.data);
+    out.expertOffsets = static_cast<int*>(info->expert_offsets.data);
+    out.recvTotal = static_cast<int*>(info->recv_total_counter.data);
+  }
+  NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, stream));
+  if (config.sizing == NCCL_EP_SIZING_EXACT) {
+    // The caller reads the error word through group->asyncError (input errors get their own message there).
+    NCCLEXT_CHECK(ncclext::waitStream(stream, group->timeoutSeconds, "handle creation"));
+  }
+  return ncclSuccess;
+}

@@ -1,0 +1,53 @@
+// The group (symmetric buffers, device state; one per communicator and configuration) and the handle (routing
+// bound once). Internal: api.cc validates the public structs and calls these.
+#pragma once
+
+#include <memory>
+
+#include "common/device_status.h"
+#include "common/symmetric_memory.h"
+#include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/src/ht.h"
+
+struct ncclEpGroup {
+  ncclComm_t comm = nullptr;
+  ncclEpGroupConfig_t config{};
+  int smCount = 0;
+  int numSms = 0;
+  std::unique_ptr<ncclext::SymmetricMemory> mem;
+  std::unique_ptr<ncclext::DeviceStatus> status;
+  void* state = nullptr;  // device: sequence counters and barrier epoch
+  ncclep::GroupView view{};
+  double timeoutSeconds = 100;
+
+  static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out);
+  ~ncclEpGroup();
+  ncclResult_t deviceAlloc(void** ptr, size_t bytes);
+  void deviceFree(void* ptr);
+  // ncclSuccess, or the error a device wait or an input check recorded, as a code and a message.
+  // An invalid-input report is cleared once returned (the group stays usable); a timeout stays.
+  ncclResult_t asyncError(const char* what);
+  // The CTA split of a call: senders and receivers.
+  void split(int numSms, int* senders, int* receivers) const;
+};
+
+struct ncclEpHandle {
+  ncclEpGroup* group = nullptr;
+  ncclEpLayout_t layout = NCCL_EP_LAYOUT_UNSET;
+  ncclEpHandleConfig_t config{};
+  int topk = 0;
+  void* block = nullptr;         // device memory of the HandleView arrays
+  int64_t* hostTotals = nullptr; // pinned, mapped
+  ncclep::HandleView view{};
+  int64_t maxFlatRows = 0, maxRecvRows = 0;
+
+  static ncclResult_t create(ncclEpGroup* group, ncclEpLayout_t layout, int topk, const ncclEpHandleConfig_t& config,
+                             ncclEpHandle** out);
+  ~ncclEpHandle();
+  // Binds routing (validated shapes): launches the route kernels; EXACT sizing waits for the counts.
+  ncclResult_t bind(const ncclEpTensor_t& topkIdx, const ncclEpLayoutInfo_t* info, cudaStream_t stream);
+  // Rows this rank receives in this handle's layout (EXACT only).
+  int64_t recvRows() const {
+    return layout == NCCL_EP_LAYOUT_EXPERT_MAJOR ? hostTotals[1] : hostTotals[0];
+  }
+};

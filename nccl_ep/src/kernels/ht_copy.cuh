@@ -1,0 +1,38 @@
+// Warp-wide row copies with 16-byte vectors and several loads in flight. `src` of user inputs is read through the
+// read-only path; rows that a peer wrote into this rank's window during the kernel are read with ld.global.cg
+// (L2, never a stale L1 line).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace ncclep {
+
+template <bool kFromPeer>
+__device__ __forceinline__ int4 loadVec(const int4* p) {
+  if constexpr (kFromPeer) return __ldcg(p);
+  else return __ldg(p);
+}
+
+template <bool kFromPeer>
+__device__ __forceinline__ void warpCopy(int lane, void* dst, const void* src, int bytes) {
+  const int4* s = static_cast<const int4*>(src);
+  int4* d = static_cast<int4*>(dst);
+  const int n = bytes >> 4;
+  int i = lane;
+  for (; i + 96 < n; i += 128) {
+    const int4 a = loadVec<kFromPeer>(s + i), b = loadVec<kFromPeer>(s + i + 32);
+    const int4 c = loadVec<kFromPeer>(s + i + 64), e = loadVec<kFromPeer>(s + i + 96);
+    d[i] = a;
+    d[i + 32] = b;
+    d[i + 64] = c;
+    d[i + 96] = e;
+  }
+  for (; i < n; i += 32) d[i] = loadVec<kFromPeer>(s + i);
+}
+
+__device__ __forceinline__ void warpZero(int lane, void* dst, int bytes) {
+  int4* d = static_cast<int4*>(dst);
+  for (int i = lane; i < (bytes >> 4); i += 32) d[i] = make_int4(0, 0, 0, 0);
+}
+
+}  // namespace ncclep

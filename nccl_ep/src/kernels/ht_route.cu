@@ -1,0 +1,190 @@
+// HT handle creation: routing bound once, on the GPU, with no host synchronisation.
+//
+// Contract
+//   countKernel  grid = token tiles (kChunkTokens each; at least 1), block = kChunkTokens. Thread t reads token t's
+//                top-k row, checks every id (an id outside [-1, E) is reported in the error word and ignored),
+//                and counts, per tile, tokens per destination rank and (token, expert) pairs per expert.
+//   scanKernel   one CTA: exclusive prefix over tiles of every count column -> tileCount[c] = counts of tiles < c
+//                (row NC holds the totals), for c in [0, NC].
+//   slotKernel   grid = token tiles: sendSlot[t][r] = position of token t among this rank's tokens going to r (or
+//                -1); emIdx[t][k] = position of t among this rank's tokens routed to expert topk[t][k] (or -1).
+//   exchangeKernel one CTA: writes this rank's totals, per-expert counts and chunk prefix towards rank r into r's
+//                exchange row, meets every rank in the flag barrier (release/acquire at system scope, with a
+//                timeout), derives the receive layout (FLAT offsets by source, EXPERT_MAJOR zone starts and
+//                (source, expert) offsets, chunk prefixes from every source), writes the optional layout-info
+//                outputs, and meets the ranks again so that no rank overwrites exchange rows still being read.
+#include "common/device/sync.cuh"
+#include "common/launch.h"
+#include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/src/ht.h"
+
+namespace ncclep {
+namespace {
+
+__device__ __forceinline__ int loadExpert(const HandleView& h, int t, int k) {
+  return h.topkIs64 ? (int)static_cast<const int64_t*>(h.topkIdx)[(size_t)t * h.topk + k]
+                    : static_cast<const int*>(h.topkIdx)[(size_t)t * h.topk + k];
+}
+
+// The validated expert id of (t, k): -1 for "none" and for ids out of range (reported once).
+__device__ __forceinline__ int expertOf(const GroupView& g, const HandleView& h, int t, int k, bool report) {
+  const int e = loadExpert(h, t, k);
+  if (e >= -1 && e < g.numExperts) return e;
+  if (report)
+    ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, g.rank, -1, (uint64_t)g.numExperts, (uint64_t)(int64_t)e, kSiteTopkIdx,
+                              (uint32_t)(t * h.topk + k), 0);
+  return -1;
+}
+
+__global__ void countKernel(GroupView g, HandleView h) {
+  extern __shared__ int counts[];  // [R + E]
+  const int cols = g.nRanks + g.numExperts;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) counts[i] = 0;
+  __syncthreads();
+  const int t = blockIdx.x * kChunkTokens + threadIdx.x;
+  if (t < h.numTokens) {
+    uint64_t mask = 0;
+    for (int k = 0; k < h.topk; k++) {
+      const int e = expertOf(g, h, t, k, true);
+      if (e < 0) continue;
+      atomicAdd(&counts[g.nRanks + e], 1);
+      mask |= 1ull << (e / g.localExperts);
+    }
+    for (int r = 0; r < g.nRanks; r++)
+      if (mask >> r & 1) atomicAdd(&counts[r], 1);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) h.tileCount[(size_t)blockIdx.x * cols + i] = counts[i];
+}
+
+__global__ void scanKernel(GroupView g, HandleView h, int usedTiles) {
+  const int cols = g.nRanks + g.numExperts;
+  for (int col = threadIdx.x; col < cols; col += blockDim.x) {
+    int run = 0;
+    for (int c = 0; c <= g.nChunks; c++) {
+      const int here = c < usedTiles ? h.tileCount[(size_t)c * cols + col] : 0;
+      h.tileCount[(size_t)c * cols + col] = run;  // in place: read before write, one thread per column
+      run += here;
+    }
+  }
+}
+
+__global__ void slotKernel(GroupView g, HandleView h) {
+  __shared__ int tileExperts[kChunkTokens * kMaxTopk];
+  __shared__ uint64_t tileMask[kChunkTokens];
+  const int cols = g.nRanks + g.numExperts;
+  const int t0 = blockIdx.x * kChunkTokens, i = threadIdx.x, t = t0 + i;
+  const bool valid = t < h.numTokens;
+  uint64_t mask = 0;
+  for (int k = 0; k < h.topk; k++) {
+    const int e = valid ? expertOf(g, h, t, k, false) : -1;
+    tileExperts[i * h.topk + k] = e;
+    if (e >= 0) mask |= 1ull << (e / g.localExperts);
+  }
+  tileMask[i] = mask;
+  __syncthreads();
+  if (!valid) return;
+  const int* base = h.tileCount + (size_t)blockIdx.x * cols;
+  for (int r = 0; r < g.nRanks; r++) {
+    int slot = -1;
+    if (mask >> r & 1) {
+      slot = base[r];
+      for (int j = 0; j < i; j++) slot += (int)(tileMask[j] >> r & 1);
+    }
+    h.sendSlot[(size_t)t * g.nRanks + r] = slot;
+  }
+  for (int k = 0; k < h.topk; k++) {
+    const int e = tileExperts[i * h.topk + k];
+    int idx = -1;
+    if (e >= 0) {
+      idx = base[g.nRanks + e];
+      for (int j = 0; j < i; j++)
+        for (int kk = 0; kk < h.topk; kk++) idx += tileExperts[j * h.topk + kk] == e;
+    }
+    h.emIdx[(size_t)t * g.meta.maxTopk + k] = idx;
+  }
+}
+
+__global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info) {
+  ncclCoopCta cta;
+  const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, me = g.rank;
+  const int cols = R + E;
+  const int* totals = h.tileCount + (size_t)NC * cols;
+  // (1) My row into every rank's exchange area.
+  for (int r = 0; r < R; r++) {
+    int* row = static_cast<int*>(
+        ncclGetLsaPointer(g.window, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
+    for (int i = threadIdx.x; i < R + E; i += blockDim.x) row[i] = totals[i];
+    for (int c = threadIdx.x; c <= NC; c += blockDim.x) row[R + E + c] = h.tileCount[(size_t)c * cols + r];
+  }
+  // (2) Meet every rank (its stores released, theirs acquired).
+  ncclext::dev::LsaBarrier bar{g.window, g.wl.barrierFlags, g.barrierEpoch, me, R, 0, {g.err, g.timeoutNs, me}};
+  if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
+  // (3) Derive my receive layout.
+  const int* rows = static_cast<const int*>(ncclGetLocalPointer(g.window, g.wl.exchange));
+  const DerivedLayout& dl = h.dl;
+  int* d = h.derived;
+  if (threadIdx.x == 0) {
+    int off = 0;
+    for (int s = 0; s < R; s++) {
+      const int n = rows[(size_t)s * g.wl.exchangeInts + me];
+      d[dl.srcCount + s] = n;
+      d[dl.recvOffset + s] = off;
+      off += n;
+    }
+    d[dl.totals + 0] = off;
+  }
+  for (int l = threadIdx.x; l < L; l += blockDim.x) {
+    int run = 0;
+    for (int s = 0; s < R; s++) {
+      d[dl.srcExpOff + s * L + l] = run;
+      run += rows[(size_t)s * g.wl.exchangeInts + R + me * L + l];
+    }
+    d[dl.expCount + l] = run;
+  }
+  for (int i = threadIdx.x; i < R * (NC + 1); i += blockDim.x) {
+    const int s = i / (NC + 1), c = i % (NC + 1);
+    d[dl.chunkPrefix + i] = rows[(size_t)s * g.wl.exchangeInts + R + E + c];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int pos = 0;
+    const int a = h.align;
+    for (int l = 0; l < L; l++) {
+      d[dl.zoneStart + l] = pos;
+      pos += (d[dl.expCount + l] + a - 1) / a * a;
+    }
+    d[dl.zoneStart + L] = pos;
+    d[dl.totals + 1] = pos;
+    const bool em = h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR;
+    if (info.recvTotal) info.recvTotal[0] = em ? pos : d[dl.totals + 0];
+    if (h.hostTotals) {
+      h.hostTotals[0] = d[dl.totals + 0];
+      h.hostTotals[1] = pos;
+    }
+  }
+  __syncthreads();
+  for (int l = threadIdx.x; l < L; l += blockDim.x) {
+    if (info.expertCounters) info.expertCounters[l] = d[dl.expCount + l];
+    if (info.expertOffsets) info.expertOffsets[l] = d[dl.zoneStart + l];
+  }
+  for (int s = threadIdx.x; s < R; s += blockDim.x)
+    if (info.srcRankCounters) info.srcRankCounters[s] = d[dl.srcCount + s];
+  // (4) Nobody overwrites an exchange row (next handle) before every rank has read it.
+  ncclext::dev::lsaBarrierSync(cta, bar, 0);
+}
+
+}  // namespace
+
+ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, cudaStream_t stream) {
+  const int tiles = (h.numTokens + kChunkTokens - 1) / kChunkTokens;
+  const size_t smem = sizeof(int) * (g.nRanks + g.numExperts);
+  NCCLEXT_CHECK(ncclext::launchKernel("ht countKernel", countKernel, dim3(tiles > 0 ? tiles : 1), dim3(kChunkTokens),
+                                      smem, stream, g, h));
+  NCCLEXT_CHECK(ncclext::launchKernel("ht scanKernel", scanKernel, dim3(1), dim3(1024), 0, stream, g, h, tiles));
+  if (tiles > 0)
+    NCCLEXT_CHECK(ncclext::launchKernel("ht slotKernel", slotKernel, dim3(tiles), dim3(kChunkTokens), 0, stream, g, h));
+  return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info);
+}
+
+}  // namespace ncclep

@@ -1,0 +1,591 @@
+// GPU tests of nccl_ep High-Throughput dispatch/combine against the host reference (tests/unit/ep_reference.h).
+//
+// Every case: all ranks derive the same global routing from the case's seed; token rows carry hashed bytes that
+// name (source rank, token, column); every output is poisoned (0xff) before the call; dispatch outputs are compared
+// byte for byte (rows past the receive count must stay poisoned, EXPERT_MAJOR pads must be zero), the layout-info
+// counts exactly, and combine against a double-precision reference with a stated tolerance: FLAT sums of values
+// with 3 significant bits are exact in every dtype (tolerance 0); EXPERT_MAJOR applies fp32 weights and rounds the
+// per-rank partial to the dtype: |err| <= tol * (1 + |ref|) with tol 2e-2 (bf16), 4e-3 (fp16), 1e-5 (fp32).
+// Then: a CUDA-graph-captured dispatch + combine replayed with fresh inputs; an invalid expert id reported by an
+// EXACT handle; and (2+ ranks) the timeout path: one rank skips a dispatch, the others get ncclRemoteError.
+//
+// Usage: ep_ht_test [--nranks N] [--seed S] [--json FILE]     Exit: 0 pass, 1 fail, 77 no GPU.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <getopt.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/device_status.h"
+#include "nccl_ep.h"
+#include "tests/harness/launcher.h"
+#include "tests/unit/ep_reference.h"
+
+namespace {
+
+using ncclep::ref::Routing;
+
+constexpr int kExpertsPerRank = 16;
+constexpr int kMaxTokens = 512;
+constexpr int kMaxRowBytes = 7168 * 2;  // a bf16 row of hidden 7168
+constexpr int kTimeoutSeconds = 3;
+
+enum RoutingKind { kRandom, kAllToLastRank, kOneExpert, kFirstRankEmpty };
+
+struct Case {
+  std::string name;
+  RoutingKind routing;
+  ncclDataType_t dtype;
+  ncclEpLayout_t layout;
+  int align;
+  ncclEpSizing_t sizing;
+  bool idx64;
+  int topk;
+  int hidden;
+  bool weights;
+};
+
+uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return (uint32_t)x;
+}
+
+size_t esize(ncclDataType_t t) { return t == ncclFloat32 ? 4 : t == ncclFloat8e4m3 ? 1 : 2; }
+
+Routing makeRouting(const Case& c, int nRanks, uint64_t seed) {
+  Routing r;
+  r.nRanks = nRanks;
+  r.numExperts = kExpertsPerRank * nRanks;
+  r.topk = c.topk;
+  std::mt19937_64 rng(seed);
+  r.numTokens.resize(nRanks);
+  r.topkIdx.resize(nRanks);
+  for (int s = 0; s < nRanks; s++) {
+    int T = 1 + (int)(rng() % kMaxTokens);
+    if (c.routing == kFirstRankEmpty && s == 0) T = 0;
+    if (s == nRanks - 1 && c.routing == kRandom && seed % 3 == 0) T = kMaxTokens;  // a full rank now and then
+    r.numTokens[s] = T;
+    for (int t = 0; t < T; t++) {
+      std::vector<int> pool;
+      if (c.routing == kAllToLastRank) {
+        for (int e = 0; e < kExpertsPerRank; e++) pool.push_back((nRanks - 1) * kExpertsPerRank + e);
+      } else {
+        for (int e = 0; e < r.numExperts; e++) pool.push_back(e);
+      }
+      std::shuffle(pool.begin(), pool.end(), rng);
+      for (int k = 0; k < c.topk; k++) {
+        int e = pool[k];
+        if (c.routing == kOneExpert) e = k == 0 ? 3 : -1;
+        if (c.routing == kRandom && rng() % 10 == 0) e = -1;  // "no expert" entries
+        r.topkIdx[s].push_back(e);
+      }
+    }
+  }
+  return r;
+}
+
+// Token bytes of (source, token) at byte j, and the fp8 scales and weights: all hashed from the case seed.
+uint8_t tokenByte(uint64_t seed, int s, int t, int j) { return (uint8_t)(mix(seed ^ (uint64_t)s << 48 ^ (uint64_t)t << 24 ^ (j >> 2)) >> ((j & 3) * 8)); }
+float scaleOf(uint64_t seed, int s, int t, int i) { return 1.0f + (mix(seed * 7 + s * 131071 + t * 8191 + i) % 1000) / 250.0f; }
+float weightOf(uint64_t seed, int s, int t, int k) { return (1 + mix(seed * 13 + s * 524287 + t * 97 + k) % 255) / 256.0f; }
+// Combine input values: 3 significant bits, so that FLAT sums are exact in bf16, fp16 and fp32.
+double combineValue(uint64_t seed, int d, int s, int t, int k, int col) {
+  return ((int)(mix(seed * 31 + (uint64_t)d << 56 ^ (uint64_t)s << 48 ^ (uint64_t)t << 20 ^ (uint64_t)(k + 1) << 14 ^ col) % 15) - 7) / 8.0;
+}
+
+void storeValue(ncclDataType_t dt, void* base, size_t i, double v) {
+  if (dt == ncclBfloat16) static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16((float)v);
+  else if (dt == ncclFloat16) static_cast<__half*>(base)[i] = __float2half((float)v);
+  else static_cast<float*>(base)[i] = (float)v;
+}
+double loadValue(ncclDataType_t dt, const void* base, size_t i) {
+  if (dt == ncclBfloat16) return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+  if (dt == ncclFloat16) return __half2float(static_cast<const __half*>(base)[i]);
+  return static_cast<const float*>(base)[i];
+}
+
+ncclEpTensor_t tensor(void* data, ncclDataType_t dt, std::initializer_list<int64_t> sizes) {
+  ncclEpTensor_t t = NCCL_EP_TENSOR_INIT;
+  t.datatype = dt;
+  t.data = data;
+  for (int64_t s : sizes) t.sizes[t.ndim++] = s;
+  return t;
+}
+
+struct DeviceBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuf(size_t n) : bytes(std::max<size_t>(n, 16)) { cudaMalloc(&p, bytes); }
+  ~DeviceBuf() { cudaFree(p); }
+  void poison() { cudaMemset(p, 0xff, bytes); }
+  template <typename T> std::vector<T> get(size_t n) const {
+    std::vector<T> v(n);
+    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+  void put(const void* src, size_t n) { cudaMemcpy(p, src, n, cudaMemcpyHostToDevice); }
+};
+
+#define EXPECT_OK(call)                                                                                 \
+  do {                                                                                                  \
+    ncclResult_t r_ = (call);                                                                           \
+    if (r_ != ncclSuccess) {                                                                            \
+      fprintf(stderr, "rank %d [%s] %s -> %s: %s\n", rank, c.name.c_str(), #call, ncclGetErrorString(r_), \
+              ncclEpGetLastError());                                                                    \
+      return 1;                                                                                         \
+    }                                                                                                   \
+  } while (0)
+
+struct Runner {
+  ncclext::harness::RankContext& ctx;
+  ncclEpGroup_t group;
+  uint64_t seed;
+  int errors = 0;
+  void bad(const Case& c, const char* what, long a = 0, long b = 0) {
+    if (errors++ < 10) fprintf(stderr, "rank %d [%s] %s (%ld, %ld)\n", ctx.rank, c.name.c_str(), what, a, b);
+  }
+  int wait(const char* what) {
+    ncclResult_t r = ncclext::waitStream(ctx.stream, kTimeoutSeconds + 30, what);
+    if (r == ncclSuccess) r = ncclEpGroupGetAsyncError(group);
+    if (r != ncclSuccess) fprintf(stderr, "rank %d %s: %s\n", ctx.rank, what, ncclEpGetLastError());
+    return r == ncclSuccess ? 0 : 1;
+  }
+
+  // Fills the inputs of this rank for `r` (and the case seed `cs`).
+  void fillInputs(const Case& c, const Routing& r, uint64_t cs, DeviceBuf& x, DeviceBuf& w, DeviceBuf& sc) {
+    const int me = ctx.rank, T = r.numTokens[me], K = c.topk;
+    const size_t rowBytes = c.hidden * esize(c.dtype);
+    const int nScales = c.hidden / 128;
+    std::vector<uint8_t> hx(T * rowBytes);
+    for (int t = 0; t < T; t++)
+      for (size_t j = 0; j < rowBytes; j++) hx[t * rowBytes + j] = tokenByte(cs, me, t, (int)j);
+    x.put(hx.data(), hx.size());
+    std::vector<float> hw(T * K), hs(T * std::max(nScales, 1));
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) hw[t * K + k] = weightOf(cs, me, t, k);
+    w.put(hw.data(), hw.size() * 4);
+    for (int t = 0; t < T; t++)
+      for (int i = 0; i < nScales; i++) hs[t * nScales + i] = scaleOf(cs, me, t, i);
+    if (nScales) sc.put(hs.data(), (size_t)T * nScales * 4);
+  }
+
+  // Checks the dispatch outputs of this rank against the reference.
+  void checkDispatch(const Case& c, const Routing& r, const ncclep::ref::RankRecv& rr, uint64_t cs, int64_t rows,
+                     const DeviceBuf& y, const DeviceBuf& yw, const DeviceBuf& yi, const DeviceBuf& ys) {
+    const int K = c.topk, L = kExpertsPerRank, me = ctx.rank;
+    const size_t rowBytes = c.hidden * esize(c.dtype);
+    const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;
+    const bool flat = c.layout == NCCL_EP_LAYOUT_FLAT;
+    const int64_t used = flat ? (int64_t)rr.flat.size() : (int64_t)rr.em.size();
+    auto hy = y.get<uint8_t>(rows * rowBytes);
+    auto hw = yw.get<float>(flat ? rows * K : rows);
+    auto hi = yi.get<int>(rows * K);
+    auto hs = ys.get<float>(rows * std::max(nScales, 1));
+    for (int64_t i = 0; i < rows; i++) {
+      const uint8_t* row = &hy[i * rowBytes];
+      if (i >= used) {  // past the receive count: nothing may have been written
+        for (size_t j = 0; j < rowBytes; j++)
+          if (row[j] != 0xff) { bad(c, "write past the receive count, row", i); break; }
+        continue;
+      }
+      int s, t, kk = -1;
+      if (flat) {
+        s = rr.flat[i].src;
+        t = rr.flat[i].token;
+      } else {
+        s = rr.em[i].src;
+        t = rr.em[i].token;
+        kk = rr.em[i].k;
+      }
+      if (s < 0) {  // EXPERT_MAJOR pad
+        for (size_t j = 0; j < rowBytes; j++)
+          if (row[j] != 0) { bad(c, "pad row not zero", i); break; }
+        if (hw[i] != 0.f) bad(c, "pad weight not zero", i);
+        continue;
+      }
+      for (size_t j = 0; j < rowBytes; j++)
+        if (row[j] != tokenByte(cs, s, t, (int)j)) { bad(c, "token bytes differ at row/byte", i, (long)j); break; }
+      for (int q = 0; q < nScales; q++)
+        if (hs[i * nScales + q] != scaleOf(cs, s, t, q)) { bad(c, "scale differs at row", i, q); break; }
+      if (flat) {
+        for (int k = 0; k < K; k++) {
+          const int e = r.topkIdx[s][(size_t)t * K + k];
+          const int local = e >= 0 && r.owner(e) == me ? e - me * L : -1;
+          if (hi[i * K + k] != local) bad(c, "topk_idx differs at row/k", i, k);
+          const float want = local >= 0 ? (c.weights ? weightOf(cs, s, t, k) : 1.f) : 0.f;
+          if (hw[i * K + k] != want) bad(c, "topk_weights differ at row/k", i, k);
+        }
+      } else if (hw[i] != (c.weights ? weightOf(cs, s, t, kk) : 1.f)) {
+        bad(c, "EXPERT_MAJOR weight differs at row", i);
+      }
+    }
+  }
+
+  int runCase(const Case& c, uint64_t caseSeed) {
+    const int rank = ctx.rank, R = ctx.nRanks, K = c.topk, L = kExpertsPerRank;
+    const Routing r = makeRouting(c, R, caseSeed);
+    const auto recv = ncclep::ref::dispatchLayout(r, std::max(1, c.align));
+    const ncclep::ref::RankRecv& rr = recv[rank];
+    const int T = r.numTokens[rank];
+    const size_t rowBytes = c.hidden * esize(c.dtype);
+    const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;
+    // Routing to the device.
+    DeviceBuf topk((size_t)T * K * (c.idx64 ? 8 : 4));
+    if (c.idx64) {
+      std::vector<int64_t> v(r.topkIdx[rank].begin(), r.topkIdx[rank].end());
+      topk.put(v.data(), v.size() * 8);
+    } else {
+      topk.put(r.topkIdx[rank].data(), r.topkIdx[rank].size() * 4);
+    }
+    DeviceBuf cntE(L * 4), cntS(R * 4), offE(L * 4), total(4);
+    for (DeviceBuf* b : {&cntE, &cntS, &offE, &total}) b->poison();
+    ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
+    info.expert_counters = tensor(cntE.p, ncclInt32, {L});
+    info.src_rank_counters = tensor(cntS.p, ncclInt32, {R});
+    info.expert_offsets = tensor(offE.p, ncclInt32, {L});
+    info.recv_total_counter = tensor(total.p, ncclInt32, {1});
+    ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+    hc.dispatch_output_per_expert_alignment = c.align;
+    hc.sizing = c.sizing;
+    ncclEpTensor_t ti = tensor(topk.p, c.idx64 ? ncclInt64 : ncclInt32, {T, K});
+    ncclEpHandle_t h = nullptr;
+    EXPECT_OK(ncclEpCreateHandle(&h, group, c.layout, &ti, &info, &hc, ctx.stream));
+    int64_t rows = 0;
+    const bool flat = c.layout == NCCL_EP_LAYOUT_FLAT;
+    const int64_t want = flat ? (int64_t)rr.flat.size() : (int64_t)rr.em.size();
+    if (c.sizing == NCCL_EP_SIZING_EXACT) {
+      EXPECT_OK(ncclEpHandleGetRecvRows(h, &rows));
+      if (rows != want) bad(c, "exact receive count differs", rows, want);
+    } else {
+      EXPECT_OK(ncclEpHandleGetMaxRecvRows(h, &rows));
+      if (rows < want) bad(c, "worst-case rows below the receive count", rows, want);
+    }
+    // Inputs and poisoned outputs.
+    DeviceBuf x((size_t)T * rowBytes), w((size_t)T * K * 4), sc((size_t)T * std::max(nScales, 1) * 4);
+    fillInputs(c, r, caseSeed, x, w, sc);
+    DeviceBuf y(rows * rowBytes), yw(rows * K * 4), yi(rows * K * 4), ys(rows * std::max(nScales, 1) * 4);
+    for (DeviceBuf* b : {&y, &yw, &yi, &ys}) b->poison();
+    ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+    in.tokens = tensor(x.p, c.dtype, {T, c.hidden});
+    if (c.weights) in.topk_weights = tensor(w.p, ncclFloat32, {T, K});
+    if (nScales) in.scales = tensor(sc.p, ncclFloat32, {T, nScales});
+    ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+    out.tokens = tensor(y.p, c.dtype, {rows, c.hidden});
+    out.topk_weights = flat ? tensor(yw.p, ncclFloat32, {rows, K}) : tensor(yw.p, ncclFloat32, {rows});
+    if (flat) out.topk_idx = tensor(yi.p, ncclInt32, {rows, K});
+    if (nScales) out.scales = tensor(ys.p, ncclFloat32, {rows, nScales});
+    EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+    if (wait("dispatch")) return 1;
+    checkDispatch(c, r, rr, caseSeed, rows, y, yw, yi, ys);
+    // Layout-info counts.
+    auto he = cntE.get<int>(L), hsrc = cntS.get<int>(R), ho = offE.get<int>(L), ht = total.get<int>(1);
+    for (int l = 0; l < L; l++) {
+      if (he[l] != rr.expertCounts[l]) bad(c, "expert_counters differ at", l, he[l]);
+      if (ho[l] != rr.zoneStart[l]) bad(c, "expert_offsets differ at", l, ho[l]);
+    }
+    for (int s = 0; s < R; s++)
+      if (hsrc[s] != rr.srcCounts[s]) bad(c, "src_rank_counters differ at", s, hsrc[s]);
+    if (ht[0] != want) bad(c, "recv_total_counter differs", ht[0], want);
+
+    // Combine: a numeric dtype (fp8 cases combine in bf16).
+    const ncclDataType_t cd = c.dtype == ncclFloat8e4m3 ? ncclBfloat16 : c.dtype;
+    const size_t cRow = c.hidden * esize(cd);
+    std::vector<uint8_t> hin(rows * cRow, 0);
+    for (int64_t i = 0; i < want; i++) {
+      int s, t, k = -1;
+      if (flat) { s = rr.flat[i].src; t = rr.flat[i].token; }
+      else { s = rr.em[i].src; t = rr.em[i].token; k = rr.em[i].k; }
+      if (s < 0) continue;
+      for (int col = 0; col < c.hidden; col++)
+        storeValue(cd, hin.data(), i * c.hidden + col, combineValue(caseSeed, rank, s, t, k, col));
+    }
+    DeviceBuf cin(rows * cRow), cout((size_t)T * cRow);
+    cin.put(hin.data(), hin.size());
+    cout.poison();
+    ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+    ci.tokens = tensor(cin.p, cd, {rows, c.hidden});
+    ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+    co.tokens = tensor(cout.p, cd, {T, c.hidden});
+    EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
+    if (wait("combine")) return 1;
+    auto hc2 = cout.get<uint8_t>((size_t)T * cRow);
+    const double tol = flat ? 0.0 : cd == ncclBfloat16 ? 2e-2 : cd == ncclFloat16 ? 4e-3 : 1e-5;
+    for (int t = 0; t < T; t++) {
+      for (int col = 0; col < c.hidden; col++) {
+        double ref = 0;
+        for (int k = 0; k < K; k++) {
+          const int e = r.topkIdx[rank][(size_t)t * K + k];
+          if (e < 0) continue;
+          const int d = r.owner(e);
+          if (flat) {
+            // Each destination rank contributes its one row once.
+            bool first = true;
+            for (int k2 = 0; k2 < k; k2++) {
+              const int e2 = r.topkIdx[rank][(size_t)t * K + k2];
+              first &= !(e2 >= 0 && r.owner(e2) == d);
+            }
+            if (first) ref += combineValue(caseSeed, d, rank, t, -1, col);
+          } else {
+            ref += (double)(c.weights ? weightOf(caseSeed, rank, t, k) : 1.f) * combineValue(caseSeed, d, rank, t, k, col);
+          }
+        }
+        const double got = loadValue(cd, hc2.data(), (size_t)t * c.hidden + col);
+        if (!(std::fabs(got - ref) <= tol * (1 + std::fabs(ref)))) {
+          bad(c, "combine differs at token/col", t, col);
+          fprintf(stderr, "    got %.6f want %.6f\n", got, ref);
+          break;
+        }
+      }
+    }
+    EXPECT_OK(ncclEpHandleDestroy(h));
+    return 0;
+  }
+
+  // dispatch + combine captured once in a CUDA graph, replayed with fresh token bytes and combine inputs.
+  int runGraph(const Case& c, uint64_t caseSeed, int replays) {
+    const int rank = ctx.rank, R = ctx.nRanks, K = c.topk;
+    const Routing r = makeRouting(c, R, caseSeed);
+    const auto recv = ncclep::ref::dispatchLayout(r, 1);
+    const auto& rr = recv[rank];
+    const int T = r.numTokens[rank];
+    const size_t rowBytes = c.hidden * esize(c.dtype);
+    DeviceBuf topk((size_t)T * K * 4);
+    topk.put(r.topkIdx[rank].data(), r.topkIdx[rank].size() * 4);
+    ncclEpTensor_t ti = tensor(topk.p, ncclInt32, {T, K});
+    ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;  // worst-case sizing: no host synchronisation
+    ncclEpHandle_t h = nullptr;
+    EXPECT_OK(ncclEpCreateHandle(&h, group, c.layout, &ti, nullptr, &hc, ctx.stream));
+    int64_t rows = 0;
+    EXPECT_OK(ncclEpHandleGetMaxRecvRows(h, &rows));
+    DeviceBuf x((size_t)T * rowBytes), w((size_t)T * K * 4), sc(16), y(rows * rowBytes), yw(rows * K * 4),
+        yi(rows * K * 4), ys(16), cin(rows * rowBytes), cout((size_t)T * rowBytes);
+    ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+    in.tokens = tensor(x.p, c.dtype, {T, c.hidden});
+    in.topk_weights = tensor(w.p, ncclFloat32, {T, K});
+    ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+    out.tokens = tensor(y.p, c.dtype, {rows, c.hidden});
+    out.topk_weights = tensor(yw.p, ncclFloat32, {rows, K});
+    out.topk_idx = tensor(yi.p, ncclInt32, {rows, K});
+    ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+    ci.tokens = tensor(cin.p, c.dtype, {rows, c.hidden});
+    ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+    co.tokens = tensor(cout.p, c.dtype, {T, c.hidden});
+    if (wait("graph setup")) return 1;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return bad(c, "capture"), 1;
+    EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+    EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
+    if (cudaStreamEndCapture(ctx.stream, &graph) != cudaSuccess ||
+        cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+      return bad(c, "graph instantiate"), 1;
+    for (int rep = 0; rep < replays; rep++) {
+      const uint64_t rs = caseSeed * 1000 + rep;  // fresh bytes every replay
+      fillInputs(c, r, rs, x, w, sc);
+      std::vector<uint8_t> hin(rows * rowBytes, 0);
+      for (size_t i = 0; i < rr.flat.size(); i++)
+        for (int col = 0; col < c.hidden; col++)
+          storeValue(c.dtype, hin.data(), i * c.hidden + col, combineValue(rs, rank, rr.flat[i].src, rr.flat[i].token, -1, col));
+      cin.put(hin.data(), hin.size());
+      y.poison();
+      yw.poison();
+      yi.poison();
+      cout.poison();
+      cudaDeviceSynchronize();
+      if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess) return bad(c, "graph launch"), 1;
+      if (wait("graph replay")) return 1;
+      checkDispatch(c, r, rr, rs, rows, y, yw, yi, ys);
+      auto hc2 = cout.get<uint8_t>((size_t)T * rowBytes);
+      for (int t = 0; t < T; t++) {
+        double ref = 0;
+        std::vector<char> seen(R, 0);
+        for (int k = 0; k < K; k++) {
+          const int e = r.topkIdx[rank][(size_t)t * K + k];
+          if (e >= 0 && !seen[r.owner(e)]++) ref += combineValue(rs, r.owner(e), rank, t, -1, 0);
+        }
+        if (loadValue(c.dtype, hc2.data(), (size_t)t * c.hidden) != ref) { bad(c, "graph combine differs at token", t, rep); break; }
+      }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    EXPECT_OK(ncclEpHandleDestroy(h));
+    return 0;
+  }
+
+  // An EXACT handle whose routing holds an id >= num_experts on rank 0: that rank gets ncclInvalidArgument with
+  // the element named; the collective still completes everywhere and the group stays usable.
+  int runBadExpert(const Case& c) {
+    const int rank = ctx.rank, K = c.topk, T = 4;
+    std::vector<int> idx(T * K, 1);
+    for (int k = 0; k < K; k++) idx[k] = k;  // distinct ids in row 0
+    if (rank == 0) idx[1 * K + 0] = kExpertsPerRank * ctx.nRanks;  // token 1, k 0
+    DeviceBuf topk(idx.size() * 4);
+    topk.put(idx.data(), idx.size() * 4);
+    ncclEpTensor_t ti = tensor(topk.p, ncclInt32, {T, K});
+    ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+    hc.sizing = NCCL_EP_SIZING_EXACT;
+    ncclEpHandle_t h = nullptr;
+    ncclResult_t res = ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream);
+    if (rank == 0) {
+      const std::string msg = ncclEpGetLastError();
+      if (res != ncclInvalidArgument || msg.find("topk_idx element " + std::to_string(K)) == std::string::npos)
+        bad(c, ("bad expert id not reported: " + msg).c_str(), res);
+    } else if (res != ncclSuccess) {
+      bad(c, "a rank with valid routing failed", res);
+    }
+    if (h) ncclEpHandleDestroy(h);
+    return 0;
+  }
+};
+
+bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json) {
+  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"seed", required_argument, nullptr, 's'},
+                                 {"json", required_argument, nullptr, 'j'}, {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
+    if (c == 'n') *nRanks = atoi(optarg);
+    else if (c == 's') *seed = strtoull(optarg, nullptr, 0);
+    else if (c == 'j') *json = optarg;
+    else return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nRanks = 0;
+  uint64_t seed = (uint64_t)std::chrono::system_clock::now().time_since_epoch().count();  // fresh every run
+  std::string json;
+  if (!parse(argc, argv, &nRanks, &seed, &json)) {
+    fprintf(stderr, "usage: %s [--nranks N] [--seed S] [--json FILE]\n", argv[0]);
+    return 2;
+  }
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = nRanks;
+  return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.num_experts = kExpertsPerRank * ctx.nRanks;
+    cfg.max_tokens_per_rank = kMaxTokens;
+    cfg.max_token_bytes = kMaxRowBytes;
+    cfg.max_topk = 8;
+    cfg.num_sms = 24;
+    cfg.timeout_ns = (uint64_t)kTimeoutSeconds * 1000000000ull;
+    ncclEpGroup_t group = nullptr;
+    if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclEpCreateGroup: %s\n", ctx.rank, ncclEpGetLastError());
+      return 1;
+    }
+    Runner run{ctx, group, seed};
+    std::vector<Case> cases;
+    const ncclDataType_t dtypes[] = {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3};
+    const char* dn[] = {"bf16", "fp16", "fp32", "fp8"};
+    for (int di = 0; di < 4; di++)
+      for (ncclEpLayout_t layout : {NCCL_EP_LAYOUT_FLAT, NCCL_EP_LAYOUT_EXPERT_MAJOR})
+        for (ncclEpSizing_t sizing : {NCCL_EP_SIZING_EXACT, NCCL_EP_SIZING_WORST_CASE}) {
+          const bool em = layout == NCCL_EP_LAYOUT_EXPERT_MAJOR;
+          cases.push_back({std::string(dn[di]) + (em ? "/em" : "/flat") + (sizing ? "/exact" : "/worst"), kRandom,
+                           dtypes[di], layout, em ? 8 : 1, sizing, di % 2 == 1, 8, di == 3 ? 1024 : 384, di != 2});
+        }
+    cases.push_back({"skew: all to the last rank", kAllToLastRank, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                     NCCL_EP_SIZING_EXACT, false, 8, 512, true});
+    cases.push_back({"skew: all to the last rank, em", kAllToLastRank, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, 4,
+                     NCCL_EP_SIZING_EXACT, true, 8, 512, true});
+    cases.push_back({"one expert", kOneExpert, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, 16, NCCL_EP_SIZING_EXACT,
+                     false, 4, 256, true});
+    cases.push_back({"first rank empty", kFirstRankEmpty, ncclFloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                     NCCL_EP_SIZING_WORST_CASE, false, 6, 256, true});
+    cases.push_back({"top-1", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT, false, 1, 2048, true});
+    cases.push_back({"hidden 7168 bf16", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT, false, 8,
+                     7168, true});
+    int failedCases = 0, rc = 0;
+    for (size_t i = 0; i < cases.size(); i++) {
+      const int before = run.errors;
+      rc |= run.runCase(cases[i], seed * 100 + i);
+      if (run.errors != before) failedCases++;
+      if (rc) break;
+    }
+    const Case graphCase{"graph replay", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE,
+                         false, 8, 512, true};
+    if (!rc) rc |= run.runGraph(graphCase, seed * 7 + 1, 20);
+    if (!rc) rc |= run.runBadExpert(graphCase);
+    // Agree on the outcome before the timeout test breaks the group's sequence.
+    unsigned long long mine = (unsigned long long)(run.errors + rc), total = 0, *d = nullptr;
+    cudaMalloc(&d, 8);
+    cudaMemcpy(d, &mine, 8, cudaMemcpyHostToDevice);
+    ncclAllReduce(d, d, 1, ncclUint64, ncclSum, ctx.comm, ctx.stream);
+    ncclext::waitStream(ctx.stream, 60, "sum");
+    cudaMemcpy(&total, d, 8, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    bool timeoutOk = true;
+    double waited = 0;
+    if (ctx.nRanks > 1) {
+      // One rank skips a dispatch: the others' waits give up after the group's budget with ncclRemoteError.
+      const Case c = graphCase;
+      const int rank = ctx.rank;
+      const int K = 8, T = 64;
+      std::vector<int> idx(T * K);
+      for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) idx[t * K + k] = (t + k * 3) % (kExpertsPerRank * ctx.nRanks);
+      DeviceBuf topk(idx.size() * 4), x((size_t)T * 512 * 2);
+      topk.put(idx.data(), idx.size() * 4);
+      ncclEpTensor_t ti = tensor(topk.p, ncclInt32, {T, K});
+      ncclEpHandle_t h = nullptr;
+      EXPECT_OK(ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream));
+      int64_t rows = 0;
+      ncclEpHandleGetMaxRecvRows(h, &rows);
+      DeviceBuf y(rows * 512 * 2);
+      if (rank != ctx.nRanks - 1) {
+        ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+        in.tokens = tensor(x.p, ncclBfloat16, {T, 512});
+        ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+        out.tokens = tensor(y.p, ncclBfloat16, {rows, 512});
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+        ncclext::waitStream(ctx.stream, kTimeoutSeconds + 30, "timeout dispatch");
+        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const ncclResult_t res = ncclEpGroupGetAsyncError(group);
+        const std::string msg = ncclEpGetLastError();
+        timeoutOk = res == ncclRemoteError && msg.find("timed out") != std::string::npos &&
+                    msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos && waited >= kTimeoutSeconds * 0.99 &&
+                    waited < kTimeoutSeconds + 10;
+        printf("rank %d: dispatch with a silent peer -> %s after %.2f s: %s\n", rank, ncclGetErrorString(res), waited,
+               msg.c_str());
+        // Later calls report the same error instead of hanging.
+        timeoutOk &= ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream) == ncclRemoteError;
+      }
+      ncclEpHandleDestroy(h);
+    }
+    ncclEpGroupDestroy(group);
+    const bool pass = total == 0 && timeoutOk;
+    printf("rank %d: %zu cases (%d failed), graph replays, bad expert id, timeout %s -> %s (seed %llu)\n", ctx.rank,
+           cases.size(), failedCases, ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)",
+           pass ? "PASS" : "FAIL", (unsigned long long)seed);
+    if (ctx.rank == 0) {
+      char line[512];
+      snprintf(line, sizeof(line),
+               "{\"test\": \"ep_ht\", \"nranks\": %d, \"pass\": %s, \"cases\": %zu, \"graph_replays\": 20, "
+               "\"timeout_tested\": %s, \"timeout_waited_s\": %.3f, \"seed\": %llu}",
+               ctx.nRanks, pass ? "true" : "false", cases.size(), ctx.nRanks > 1 ? "true" : "false", waited,
+               (unsigned long long)seed);
+      printf("RESULT %s\n", line);
+      if (!json.empty())
+        if (FILE* f = fopen(json.c_str(), "a")) {
+          fprintf(f, "%s\n", line);
+          fclose(f);
+        }
+    }
+    return pass ? 0 : 1;
+  });
+}
