@@ -304,7 +304,8 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   c.outScales = static_cast<float*>(outputs->scales.data);
   c.rowBytes = (int)rowBytes;
   c.nScales = nScales;
-  g->split(callSms(g, config ? config->num_sms : 0), &c.nSenders, &c.nReceivers);
+  // Senders move rows over NVLink (the long pole); receivers make local copies: two thirds send.
+  g->split(callSms(g, config ? config->num_sms : 0), 2.0 / 3.0, &c.nSenders, &c.nReceivers);
   return ncclep::launchDispatch(g->view, handle->view, c, stream);
 }
 
@@ -335,7 +336,8 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)rowBytes;
   c.dtype = x.datatype;
-  g->split(callSms(g, config ? config->num_sms : 0), &c.nSenders, &c.nReceivers);
+  // Receivers reduce several rows per token: half the CTAs send, half reduce.
+  g->split(callSms(g, config ? config->num_sms : 0), 0.5, &c.nSenders, &c.nReceivers);
   if (g->view.nRanks == 1) std::swap(c.nSenders, c.nReceivers);  // alone: only the owner's reduction runs
   return ncclep::launchCombine(g->view, handle->view, c, stream);
 }

@@ -134,13 +134,13 @@ ncclResult_t ncclEpGroup::asyncError(const char* what) {
   return status->check(what);
 }
 
-void ncclEpGroup::split(int sms, int* senders, int* receivers) const {
+void ncclEpGroup::split(int sms, double sendShare, int* senders, int* receivers) const {
   if (view.nRanks == 1) {
     *senders = sms;
     *receivers = 0;
     return;
   }
-  *senders = std::max(1, sms / 2);
+  *senders = std::max(1, std::min(sms - 1, (int)(sms * sendShare + 0.5)));
   *receivers = std::max(1, sms - *senders);
 }
 

@@ -19,7 +19,7 @@
 
 namespace ncclep {
 
-constexpr int kChunkTokens = 128;
+constexpr int kChunkTokens = 32;  // signalling unit: small enough that receivers overlap senders
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 constexpr int kMaxExperts = 1024;

@@ -18,14 +18,14 @@ __device__ __forceinline__ void warpCopy(int lane, void* dst, const void* src, i
   const int4* s = static_cast<const int4*>(src);
   int4* d = static_cast<int4*>(dst);
   const int n = bytes >> 4;
+  constexpr int kUnroll = 8;  // 8 x 16 B in flight per lane, 4 KiB per warp
   int i = lane;
-  for (; i + 96 < n; i += 128) {
-    const int4 a = loadVec<kFromPeer>(s + i), b = loadVec<kFromPeer>(s + i + 32);
-    const int4 c = loadVec<kFromPeer>(s + i + 64), e = loadVec<kFromPeer>(s + i + 96);
-    d[i] = a;
-    d[i + 32] = b;
-    d[i + 64] = c;
-    d[i + 96] = e;
+  for (; i + 32 * (kUnroll - 1) < n; i += 32 * kUnroll) {
+    int4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) v[u] = loadVec<kFromPeer>(s + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) d[i + 32 * u] = v[u];
   }
   for (; i < n; i += 32) d[i] = loadVec<kFromPeer>(s + i);
 }
