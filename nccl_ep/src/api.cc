@@ -83,6 +83,14 @@ ncclResult_t checkLayoutInfo(const ncclEpLayoutInfo_t* info, const ncclEpGroup* 
 
 int callSms(const ncclEpGroup* g, int requested) { return requested > 0 ? std::min(requested, g->smCount) : g->numSms; }
 
+// At most `maxCtas` CTAs for `chunks` chunks, as few as keep the busiest at the same number of chunks: static
+// round-robin ownership is then balanced (128 chunks on 88 CTAs would make some CTAs do 2 and most 1).
+int balancedCtas(int maxCtas, int chunks) {
+  if (chunks <= 0) return 1;
+  const int per = (chunks + maxCtas - 1) / maxCtas;
+  return (chunks + per - 1) / per;
+}
+
 ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
   *rows = h->config.sizing == NCCL_EP_SIZING_EXACT ? h->recvRows() : h->maxRecvRows;
   return ncclSuccess;
@@ -304,8 +312,13 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   c.outScales = static_cast<float*>(outputs->scales.data);
   c.rowBytes = (int)rowBytes;
   c.nScales = nScales;
-  // Senders move rows over NVLink (the long pole); receivers make local copies: two thirds send.
-  g->split(callSms(g, config ? config->num_sms : 0), 2.0 / 3.0, &c.nSenders, &c.nReceivers);
+  // Senders move rows over NVLink (the long pole); receivers make local copies: up to two thirds send, balanced
+  // over this rank's chunks.
+  const int sms = callSms(g, config ? config->num_sms : 0);
+  g->split(sms, 2.0 / 3.0, &c.nSenders, &c.nReceivers);
+  const int used = (T + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
+  c.nSenders = balancedCtas(c.nSenders, used);
+  if (c.nReceivers > 0) c.nReceivers = std::max(1, sms - c.nSenders);
   return ncclep::launchDispatch(g->view, handle->view, c, stream);
 }
 
@@ -336,9 +349,13 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)rowBytes;
   c.dtype = x.datatype;
-  // Receivers reduce several rows per token: half the CTAs send, half reduce.
-  g->split(callSms(g, config ? config->num_sms : 0), 0.5, &c.nSenders, &c.nReceivers);
+  // Receivers reduce several rows per token: half the CTAs reduce this rank's chunks (balanced), the rest send.
+  const int sms = callSms(g, config ? config->num_sms : 0);
+  g->split(sms, 0.5, &c.nSenders, &c.nReceivers);
   if (g->view.nRanks == 1) std::swap(c.nSenders, c.nReceivers);  // alone: only the owner's reduction runs
+  const int used = (handle->view.numTokens + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
+  c.nReceivers = balancedCtas(c.nReceivers, used);
+  if (c.nSenders > 0) c.nSenders = std::max(1, sms - c.nReceivers);
   return ncclep::launchCombine(g->view, handle->view, c, stream);
 }
 

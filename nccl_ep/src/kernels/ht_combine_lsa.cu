@@ -11,6 +11,7 @@
 //   Receiver (owner), chunk c: acquires flag[c][r] from every peer r, then one warp per token sums in fp32 the rows
 //   of every rank that received it (its own contribution read in place, the peers' from staging) and writes the
 //   output dtype; tokens routed nowhere get zeros. Then releases ack[c][me] in every peer's window.
+//   Empty chunks are skipped as in dispatch (no ack wait, no flag, no wait; the receiver acks every chunk).
 //   Dtypes: bf16, fp16, fp32 (template). Sequence numbers and timeouts as in dispatch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -118,6 +119,9 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
   const uint64_t seq = seqShared;
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
+    const int* prefix = x.d + x.h.dl.chunkPrefix + s * (NC + 1);
+    const int lo = prefix[chunk], hi = prefix[chunk + 1];
+    if (hi == lo) continue;  // nothing of s's chunk c is here: no ack needed, nothing to publish
     if (threadIdx.x == 0) {
       const uint64_t* ack =
           static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.combAcks + ((size_t)chunk * R + s) * 8));
@@ -125,8 +129,6 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
         failed = 1;
     }
     if (__syncthreads_or(failed)) return;
-    const int* prefix = x.d + x.h.dl.chunkPrefix + s * (NC + 1);
-    const int lo = prefix[chunk], hi = prefix[chunk + 1];
     const int base = x.d[x.h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
       char* dst = static_cast<char*>(
@@ -166,8 +168,10 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
   }
   __syncthreads();
   const uint64_t seq = seqShared;
+  const int cols = R + g.numExperts;
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    if (r == me) continue;
+    // Only peers holding rows of my chunk c publish it (my prefixes towards r, tileCount rows c and c+1).
+    if (r == me || h.tileCount[(size_t)(chunk + 1) * cols + r] == h.tileCount[(size_t)chunk * cols + r]) continue;
     const uint64_t* flag =
         static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.combFlags + ((size_t)chunk * R + r) * 8));
     if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, me}, r, ncclext::kSiteFlag, chunk)) failed = 1;

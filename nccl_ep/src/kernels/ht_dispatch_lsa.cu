@@ -14,8 +14,10 @@
 //   chunkPrefix[s][c+1]) of staging region s to the output (FLAT: row recvOffset[s] + slot; EXPERT_MAJOR: one row
 //   per local expert at zoneStart + srcExpOff[s] + index), records where each landed for combine, then releases
 //   ack[c][me] in s's window.
+//   A chunk with no rows for a peer is neither acked-for nor published by the sender, and the receiver does not
+//   wait for it (both sides know it is empty from the exchanged prefixes); the receiver still acks every chunk.
 //   Sequence numbers: seq = 1 + the chunk's counter in device memory, bumped by the one CTA owning the chunk in
-//   that role, so replays of a captured graph stay in step. Every wait has the group's time budget; a timed-out CTA
+//   that role, so replays of a captured graph stay in step; chunk ownership may differ between calls and ranks. Every wait has the group's time budget; a timed-out CTA
 //   records the error word and returns (the host reports ncclRemoteError).
 //   Pad rows of EXPERT_MAJOR zones are zero-filled by the senders (local memory).
 #include "common/device/sync.cuh"
@@ -94,9 +96,13 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
   }
   __syncthreads();
   const uint64_t seq = seqShared;
-  // (1) Staging rows of chunk c in every peer are free once the peer acknowledged the previous call's chunk c.
+  // Rows of chunk c for rank r: the difference of my exclusive prefixes (tileCount rows c and c+1).
+  const int cols = R + g.numExperts;
+  auto rowsFor = [&](int r) { return h.tileCount[(size_t)(chunk + 1) * cols + r] - h.tileCount[(size_t)chunk * cols + r]; };
+  // (1) Staging rows of chunk c in every peer are free once the peer acknowledged the previous call's chunk c
+  //     (a chunk with no rows for a peer writes nothing there and needs no ack).
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    if (r == me) continue;
+    if (r == me || rowsFor(r) == 0) continue;
     const uint64_t* ack =
         static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.dispAcks + ((size_t)chunk * R + r) * 8));
     if (!ncclext::dev::waitFlagAtLeast(ack, seq - 1, {g.err, g.timeoutNs, me}, r, ncclext::kSiteFlag, chunk))
@@ -141,10 +147,10 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
         for (int i = lane; i < c.nScales; i += 32) reinterpret_cast<float*>(meta + g.meta.scaleOff())[i] = scales[i];
     }
   }
-  // (3) Publish chunk c to every peer.
+  // (3) Publish chunk c to every peer that has rows in it (receivers skip empty chunks without waiting).
   __syncthreads();
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    if (r == me) continue;
+    if (r == me || rowsFor(r) == 0) continue;
     uint64_t* flag =
         static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.dispFlags + ((size_t)chunk * R + me) * 8, r));
     ncclext::dev::storeRelease(flag, seq);
@@ -168,14 +174,14 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
   const uint64_t seq = seqShared;
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
-    if (threadIdx.x == 0) {
+    const int* prefix = x.d + h.dl.chunkPrefix + s * (NC + 1);
+    const int lo = prefix[chunk], hi = prefix[chunk + 1];
+    if (threadIdx.x == 0 && hi > lo) {  // an empty chunk is never published: nothing to wait for
       const uint64_t* flag =
           static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.dispFlags + ((size_t)chunk * R + s) * 8));
       if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, me}, s, ncclext::kSiteFlag, chunk)) failed = 1;
     }
     if (__syncthreads_or(failed)) return;
-    const int* prefix = x.d + h.dl.chunkPrefix + s * (NC + 1);
-    const int lo = prefix[chunk], hi = prefix[chunk + 1];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
       const size_t rowIndex = (size_t)s * g.maxTokens + slot;
       const char* row = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispRows + rowIndex * g.rowStride));
@@ -190,7 +196,8 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
       (void)MK;
       deliver<true>(x, lane, s, slot, experts, w, idx, row, reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
     }
-    // Rows of (s, c) consumed: s may overwrite them next call.
+    // Rows of (s, c) consumed: s may overwrite them next call. Empty chunks are acknowledged too, so that the ack
+    // always carries this call's sequence number.
     __syncthreads();
     if (threadIdx.x == 0) {
       uint64_t* ack =

@@ -4,7 +4,7 @@
 //   countKernel  grid = token tiles (kChunkTokens each; at least 1), block = kChunkTokens. Thread t reads token t's
 //                top-k row, checks every id (an id outside [-1, E) is reported in the error word and ignored),
 //                and counts, per tile, tokens per destination rank and (token, expert) pairs per expert.
-//   scanKernel   one CTA: exclusive prefix over tiles of every count column -> tileCount[c] = counts of tiles < c
+//   scanKernel   one CTA per count column: exclusive prefix over tiles -> tileCount[c] = counts of tiles < c
 //                (row NC holds the totals), for c in [0, NC].
 //   slotKernel   grid = token tiles: sendSlot[t][r] = position of token t among this rank's tokens going to r (or
 //                -1); emIdx[t][k] = position of t among this rank's tokens routed to expert topk[t][k] (or -1).
@@ -57,16 +57,19 @@ __global__ void countKernel(GroupView g, HandleView h) {
   for (int i = threadIdx.x; i < cols; i += blockDim.x) h.tileCount[(size_t)blockIdx.x * cols + i] = counts[i];
 }
 
+// One CTA per count column: a block-wide exclusive scan over the tiles (Hillis-Steele in shared memory).
 __global__ void scanKernel(GroupView g, HandleView h, int usedTiles) {
-  const int cols = g.nRanks + g.numExperts;
-  for (int col = threadIdx.x; col < cols; col += blockDim.x) {
-    int run = 0;
-    for (int c = 0; c <= g.nChunks; c++) {
-      const int here = c < usedTiles ? h.tileCount[(size_t)c * cols + col] : 0;
-      h.tileCount[(size_t)c * cols + col] = run;  // in place: read before write, one thread per column
-      run += here;
-    }
+  __shared__ int buf[2][kMaxTokens / kChunkTokens + 1];
+  const int cols = g.nRanks + g.numExperts, col = blockIdx.x, n = g.nChunks + 1;
+  for (int c = threadIdx.x; c < n; c += blockDim.x) buf[0][c] = c > 0 && c - 1 < usedTiles ? h.tileCount[(size_t)(c - 1) * cols + col] : 0;
+  __syncthreads();
+  int cur = 0;
+  for (int step = 1; step < n; step <<= 1) {
+    for (int c = threadIdx.x; c < n; c += blockDim.x) buf[cur ^ 1][c] = buf[cur][c] + (c >= step ? buf[cur][c - step] : 0);
+    __syncthreads();
+    cur ^= 1;
   }
+  for (int c = threadIdx.x; c < n; c += blockDim.x) h.tileCount[(size_t)c * cols + col] = buf[cur][c];
 }
 
 __global__ void slotKernel(GroupView g, HandleView h) {
@@ -181,7 +184,8 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
   const size_t smem = sizeof(int) * (g.nRanks + g.numExperts);
   NCCLEXT_CHECK(ncclext::launchKernel("ht countKernel", countKernel, dim3(tiles > 0 ? tiles : 1), dim3(kChunkTokens),
                                       smem, stream, g, h));
-  NCCLEXT_CHECK(ncclext::launchKernel("ht scanKernel", scanKernel, dim3(1), dim3(1024), 0, stream, g, h, tiles));
+  NCCLEXT_CHECK(ncclext::launchKernel("ht scanKernel", scanKernel, dim3(g.nRanks + g.numExperts), dim3(1024), 0, stream,
+                                      g, h, tiles));
   if (tiles > 0)
     NCCLEXT_CHECK(ncclext::launchKernel("ht slotKernel", slotKernel, dim3(tiles), dim3(kChunkTokens), 0, stream, g, h));
   return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info);
