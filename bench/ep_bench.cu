@@ -2,8 +2,8 @@
 //
 // For each shape: random top-k routing without repeats (uniform over experts), a handle bound once (cached
 // routing), then for each SM count: 10 warm-up calls and 60 timed calls of dispatch and of combine, each timed
-// with CUDA events on the call's stream, inputs rotated over 3 buffers; the median is reported. Also timed: handle
-// creation + dispatch (routing not cached), median of 20.
+// with CUDA events on the call's stream, inputs rotated over 3 buffers; the median is reported. Also timed:
+// ncclEpUpdateHandle + dispatch (routing not cached, an existing handle re-bound), median of 20.
 //
 // Byte conventions (per rank, printed with every row):
 //   nvlink_bytes  = rows this rank writes to OTHER ranks x row payload bytes (tokens; fp8: + 4 bytes per 128
@@ -190,22 +190,22 @@ int main(int argc, char** argv) {
         }
         return 0;
       };
-      // Handle creation + dispatch (routing not cached, worst-case sizing: no host synchronisation).
+      // Routing not cached: ncclEpUpdateHandle (new routing bound to an existing handle, worst-case sizing, no
+      // host synchronisation) + dispatch, as a training step that re-routes every iteration does.
       std::vector<float> tHandle;
       ncclEpHandleConfig_t worst = NCCL_EP_HANDLE_CONFIG_INIT;
-      std::vector<ncclEpHandle_t> fresh;
+      ncclEpHandle_t hw = nullptr;
+      CHECK_EP(ncclEpCreateHandle(&hw, group, s.layout, &ti, nullptr, &worst, ctx.stream));
       if (timeIt([&](int i) {
-            ncclEpHandle_t h2 = nullptr;
-            ncclResult_t r = ncclEpCreateHandle(&h2, group, s.layout, &ti, nullptr, &worst, ctx.stream);
+            ncclResult_t r = ncclEpUpdateHandle(hw, &ti, nullptr, ctx.stream);
             if (r != ncclSuccess) return r;
-            fresh.push_back(h2);  // destroyed once the stream is idle
             ncclEpDispatchInputs_t in;
             ncclEpDispatchOutputs_t o;
             dispatchArgs(i % kSets, &in, &o, maxRows);
-            return ncclEpDispatch(h2, &in, &o, nullptr, nullptr, ctx.stream);
+            return ncclEpDispatch(hw, &in, &o, nullptr, nullptr, ctx.stream);
           }, 3, 20, &tHandle))
         return 1;
-      for (ncclEpHandle_t h2 : fresh) ncclEpHandleDestroy(h2);
+      ncclEpHandleDestroy(hw);
       for (int sms : s.sms) {
         if (sms > smCount) sms = smCount;
         ncclEpDispatchConfig_t dc = NCCL_EP_DISPATCH_CONFIG_INIT;
@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
               fprintf(out,
                       "{\"what\": \"ep_%s\", \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, \"hidden\": %d, "
                       "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
-                      "\"handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
+                      "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
                       "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"iters\": 60, \"gpu\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload\"}\n",

@@ -180,20 +180,33 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
   const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
   const int vecs = x.c.rowBytes >> 4;
   const char* staging = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.combRows));
+  constexpr int kU = 4;  // vectors per lane per step: kU loads per source in flight
   for (int t = t0 + warp; t < t1; t += nWarps) {
     const int* slots = h.sendSlot + (size_t)t * R;
     const int myRow = slots[me] >= 0 ? x.d[h.dl.recvOffset + me] + slots[me] : -1;
     int4* out = reinterpret_cast<int4*>(x.c.out + (size_t)t * x.c.rowBytes);
-    for (int i = lane; i < vecs; i += 32) {
-      float acc[Vec<T>::kN] = {};
+    for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
+      float acc[kU][Vec<T>::kN] = {};
       for (int r = 0; r < R; r++) {
         const int slot = slots[r];
         if (slot < 0 || r == me) continue;
         const int4* row = reinterpret_cast<const int4*>(staging + ((size_t)r * g.maxTokens + slot) * g.rowStride);
-        Vec<T>::add(acc, __ldcg(row + i), 1.f);
+        int4 v[kU];
+#pragma unroll
+        for (int u = 0; u < kU; u++)
+          if (i0 + 32 * u < vecs) v[u] = __ldcg(row + i0 + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kU; u++)
+          if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], v[u], 1.f);
       }
-      if (myRow >= 0) addMine<T>(x, myRow, i, acc);
-      out[i] = Vec<T>::pack(acc);
+      if (myRow >= 0) {
+#pragma unroll
+        for (int u = 0; u < kU; u++)
+          if (i0 + 32 * u < vecs) addMine<T>(x, myRow, i0 + 32 * u, acc[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kU; u++)
+        if (i0 + 32 * u < vecs) out[i0 + 32 * u] = Vec<T>::pack(acc[u]);
     }
   }
   __syncthreads();
