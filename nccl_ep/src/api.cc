@@ -312,10 +312,10 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   c.outScales = static_cast<float*>(outputs->scales.data);
   c.rowBytes = (int)rowBytes;
   c.nScales = nScales;
-  // Senders move rows over NVLink (the long pole); receivers make local copies: up to two thirds send, balanced
-  // over this rank's chunks.
+  // Senders move rows over NVLink (the long pole); receivers make the local copies (own rows and staged rows):
+  // half send, balanced over this rank's chunks.
   const int sms = callSms(g, config ? config->num_sms : 0);
-  g->split(sms, 2.0 / 3.0, &c.nSenders, &c.nReceivers);
+  g->split(sms, 0.5, &c.nSenders, &c.nReceivers);
   const int used = (T + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
   c.nSenders = balancedCtas(c.nSenders, used);
   if (c.nReceivers > 0) c.nReceivers = std::max(1, sms - c.nSenders);

@@ -4,13 +4,14 @@
 //   grid = nSenders + nReceivers CTAs of kThreads; CTA j < nSenders is a sender, the others receivers (none with
 //   one rank). Each role walks chunks c = j, j + n, ... of kChunkTokens source tokens.
 //   Sender, chunk c: (1) waits until every peer acknowledged chunk c of the previous call (its staging rows are
-//   free); (2) one warp per token writes the row once per destination rank holding one of its experts: to its own
-//   final output position for itself (FLAT row recvOffset[me] + slot, or one EXPERT_MAJOR row per local expert), and
-//   otherwise into the destination's staging region [me][slot] over LSA with 16-byte stores, followed by the row's
-//   metadata (local expert ids, weights, expert indices, fp8 scales); (3) after a CTA barrier, releases
-//   flag[c][me] = seq in every peer's window (system scope: the barrier plus release cumulativity publish every
-//   row of the chunk).
-//   Receiver, chunk c, for every source s: acquires flag[c][s] >= seq, copies rows [chunkPrefix[s][c],
+//   free); (2) one warp per token writes the row once per other rank holding one of its experts, into that rank's
+//   staging region [me][slot] over LSA with 16-byte stores, followed by the row's metadata (local expert ids,
+//   weights, expert indices, fp8 scales); (3) after a CTA barrier, releases flag[c][me] = seq in every peer's window
+//   (system scope: the barrier plus release cumulativity publish every row of the chunk).
+//   Receiver, chunk c: first copies this rank's own tokens of chunk c that have a local expert to their final
+//   output positions (FLAT row recvOffset[me] + slot, or one EXPERT_MAJOR row per local expert), so that senders
+//   only push over NVLink (with one rank there are no receivers and the senders do it); then for every source s:
+//   acquires flag[c][s] >= seq, copies rows [chunkPrefix[s][c],
 //   chunkPrefix[s][c+1]) of staging region s to the output (FLAT: row recvOffset[s] + slot; EXPERT_MAJOR: one row
 //   per local expert at zoneStart + srcExpOff[s] + index), records where each landed for combine, then releases
 //   ack[c][me] in s's window.
@@ -82,6 +83,30 @@ __device__ void deliver(const Ctx& x, int lane, int s, int slot, const int* expe
   }
 }
 
+// This rank's own rows of token t (to its own output): used by receiver CTAs, or by senders when there are none.
+__device__ void deliverOwn(const Ctx& x, int lane, int t) {
+  const GroupView& g = x.g;
+  const HandleView& h = x.h;
+  const DispatchCall& c = x.c;
+  const int me = g.rank, K = h.topk;
+  const int slot = h.sendSlot[(size_t)t * g.nRanks + me];
+  if (slot < 0) return;
+  int e = lane < K ? loadExpert(h, t, lane) : -1;
+  if (e >= g.numExperts) e = -1;
+  const int local = e >= 0 && e / g.localExperts == me ? e - me * g.localExperts : -1;
+  const float wt = lane < K && c.weights ? c.weights[(size_t)t * K + lane] : 1.f;
+  const int idxK = lane < K ? h.emIdx[(size_t)t * g.meta.maxTopk + lane] : -1;
+  int experts[kMaxTopk], idx[kMaxTopk];
+  float w[kMaxTopk];
+  for (int k = 0; k < K; k++) {
+    experts[k] = __shfl_sync(0xffffffffu, local, k);
+    idx[k] = __shfl_sync(0xffffffffu, idxK, k);
+    w[k] = __shfl_sync(0xffffffffu, wt, k);
+  }
+  deliver<false>(x, lane, me, slot, experts, w, idx, c.tokens + (size_t)t * c.rowBytes,
+                 c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
+}
+
 __device__ void sendChunk(const Ctx& x, int chunk) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
@@ -124,14 +149,7 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
       if (slot < 0) continue;
       const int local = ownerOf == r ? e - r * g.localExperts : -1;
       if (r == me) {
-        int experts[kMaxTopk], idx[kMaxTopk];
-        float w[kMaxTopk];
-        for (int k = 0; k < K; k++) {
-          experts[k] = __shfl_sync(0xffffffffu, local, k);
-          idx[k] = __shfl_sync(0xffffffffu, idxK, k);
-          w[k] = __shfl_sync(0xffffffffu, wt, k);
-        }
-        deliver<false>(x, lane, me, slot, experts, w, idx, row, scales);
+        if (c.nReceivers == 0) deliverOwn(x, lane, t);  // alone: nobody else copies my own rows
         continue;
       }
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
@@ -172,6 +190,9 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
   }
   __syncthreads();
   const uint64_t seq = seqShared;
+  // My own tokens of chunk c: local copies, no waiting (senders only push rows to peers).
+  for (int t = chunk * kChunkTokens + warp; t < min(h.numTokens, (chunk + 1) * kChunkTokens); t += nWarps)
+    deliverOwn(x, lane, t);
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
     const int* prefix = x.d + h.dl.chunkPrefix + s * (NC + 1);
