@@ -313,8 +313,9 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   c.rowBytes = (int)rowBytes;
   c.nScales = nScales;
   // Senders move rows over NVLink (the long pole); receivers make the local copies (own rows and staged rows):
-  // half send, balanced over this rank's chunks.
-  const int sms = callSms(g, config ? config->num_sms : 0);
+  // half send, balanced over this rank's chunks. The dispatch kernel fits two CTAs per SM (64 registers x 512
+  // threads), so it runs 2 per SM of the budget: twice the loads and stores in flight, all CTAs co-resident.
+  const int sms = 2 * callSms(g, config ? config->num_sms : 0);
   g->split(sms, 0.5, &c.nSenders, &c.nReceivers);
   const int used = (T + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
   c.nSenders = balancedCtas(c.nSenders, used);

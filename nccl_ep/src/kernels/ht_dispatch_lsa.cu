@@ -229,7 +229,7 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
   if (threadIdx.x == 0) recvSeq[chunk] = seq;
 }
 
-__global__ void __launch_bounds__(kThreads) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
+__global__ void __launch_bounds__(kThreads, 2) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
   Ctx x{g, h, c, h.derived};
   if ((int)blockIdx.x < c.nSenders) {
     // Zero the EXPERT_MAJOR pad rows (and their weights) of this rank's output.
