@@ -124,7 +124,7 @@ ncclEpGroup::~ncclEpGroup() { deviceFree(state); }
 
 ncclResult_t ncclEpGroup::asyncError(const char* what) {
   ncclext::DeviceErrorWord w;
-  if (!status->read(&w)) return ncclSuccess;
+  if (!status || !status->read(&w)) return ncclSuccess;
   if (w.code == ncclext::kDeviceBadInput && w.site == ncclep::kSiteTopkIdx) {
     status->reset();
     return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,

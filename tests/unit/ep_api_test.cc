@@ -1,0 +1,198 @@
+// nccl_ep's public entry points reject bad input with a code and a message, without a GPU: group creation checks
+// its config before touching the communicator, and handle/dispatch/combine checks run on a group and handle
+// assembled here by hand (no device memory: every case below fails before any CUDA call).
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "nccl_ep/src/group.h"
+
+namespace {
+
+bool says(const char* part) { return std::string(ncclEpGetLastError()).find(part) != std::string::npos; }
+
+ncclEpTensor_t tensor(void* data, ncclDataType_t dt, std::initializer_list<int64_t> sizes) {
+  ncclEpTensor_t t = NCCL_EP_TENSOR_INIT;
+  t.datatype = dt;
+  t.data = data;
+  for (int64_t s : sizes) t.sizes[t.ndim++] = s;
+  return t;
+}
+
+ncclEpGroupConfig_t goodConfig() {
+  ncclEpGroupConfig_t c = NCCL_EP_GROUP_CONFIG_INIT;
+  c.num_experts = 256;
+  c.max_tokens_per_rank = 4096;
+  c.max_token_bytes = 14336;
+  c.max_topk = 8;
+  return c;
+}
+
+TEST(EpApi, GroupConfigRejections) {
+  ncclComm_t fake = reinterpret_cast<ncclComm_t>(0x1);  // never used: every case fails first
+  ncclEpGroup_t g = nullptr;
+  ncclEpGroupConfig_t c = goodConfig();
+  EXPECT_EQ(ncclEpCreateGroup(nullptr, fake, &c), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpCreateGroup(&g, nullptr, &c), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpCreateGroup(&g, fake, nullptr), ncclInvalidArgument);
+  struct Bad {
+    void (*edit)(ncclEpGroupConfig_t*);
+    ncclResult_t code;
+    const char* message;
+  } cases[] = {
+      {[](ncclEpGroupConfig_t* x) { x->magic = 7; }, ncclInvalidArgument, "NCCL_EP_GROUP_CONFIG_INIT"},
+      {[](ncclEpGroupConfig_t* x) { x->size = 8; }, ncclInvalidArgument, "size 8"},
+      {[](ncclEpGroupConfig_t* x) { x->algorithm = NCCL_EP_ALGO_LOW_LATENCY; }, ncclInvalidUsage, "Low-Latency"},
+      {[](ncclEpGroupConfig_t* x) { x->num_experts = 0; }, ncclInvalidArgument, "num_experts 0"},
+      {[](ncclEpGroupConfig_t* x) { x->num_experts = 2048; }, ncclInvalidArgument, "num_experts 2048"},
+      {[](ncclEpGroupConfig_t* x) { x->max_tokens_per_rank = 20000; }, ncclInvalidArgument, "max_tokens_per_rank"},
+      {[](ncclEpGroupConfig_t* x) { x->max_token_bytes = 100; }, ncclInvalidArgument, "multiple of 16"},
+      {[](ncclEpGroupConfig_t* x) { x->max_topk = 33; }, ncclInvalidArgument, "max_topk 33"},
+      {[](ncclEpGroupConfig_t* x) { x->num_sms = -1; }, ncclInvalidArgument, "num_sms"},
+      {[](ncclEpGroupConfig_t* x) { x->zero_copy = NCCL_EP_ZERO_COPY_ON; }, ncclInvalidUsage, "zero_copy ON"},
+      {[](ncclEpGroupConfig_t* x) { x->alloc.alloc_fn = [](void**, size_t, void*) { return 0; }; }, ncclInvalidUsage,
+       "both alloc_fn and free_fn"},
+  };
+  for (const Bad& b : cases) {
+    ncclEpGroupConfig_t x = goodConfig();
+    b.edit(&x);
+    EXPECT_EQ(ncclEpCreateGroup(&g, fake, &x), b.code) << b.message;
+    EXPECT_TRUE(says(b.message)) << "want \"" << b.message << "\" in: " << ncclEpGetLastError();
+    EXPECT_EQ(g, nullptr);
+  }
+}
+
+// A 2-rank group and a FLAT handle of 100 tokens, top-8, with no device state.
+struct Fake {
+  ncclEpGroup group;
+  ncclEpHandle handle;
+  int64_t totals[2] = {150, 300};
+  char byte = 0;
+  void* p = &byte;  // a non-NULL pointer for tensors that must have data
+  Fake() {
+    group.config = goodConfig();
+    group.smCount = 132;
+    group.numSms = 64;
+    group.view.nRanks = 2;
+    group.view.numExperts = 256;
+    group.view.localExperts = 128;
+    group.view.maxTokens = 4096;
+    group.view.meta.maxScales = 112;
+    handle.group = &group;
+    handle.layout = NCCL_EP_LAYOUT_FLAT;
+    handle.config = NCCL_EP_HANDLE_CONFIG_INIT;
+    handle.config.sizing = NCCL_EP_SIZING_EXACT;
+    handle.topk = 8;
+    handle.view.numTokens = 100;
+    handle.hostTotals = totals;
+    handle.maxRecvRows = 8192;
+  }
+  ~Fake() { handle.hostTotals = nullptr; }
+};
+
+TEST(EpApi, HandleRejections) {
+  Fake f;
+  ncclEpHandle_t h = nullptr;
+  ncclEpTensor_t idx = tensor(f.p, ncclInt32, {100, 8});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_RANK_MAJOR, &idx, nullptr, nullptr, nullptr),
+            ncclInvalidUsage);
+  EXPECT_TRUE(says("RANK_MAJOR belongs to the Low-Latency mode"));
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, nullptr, nullptr, nullptr, nullptr),
+            ncclInvalidArgument);
+  ncclEpTensor_t wide = tensor(f.p, ncclInt32, {100, 9});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &wide, nullptr, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("top-k 9 not in [1, max_topk 8]"));
+  ncclEpTensor_t many = tensor(f.p, ncclInt32, {5000, 8});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &many, nullptr, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("above max_tokens_per_rank 4096"));
+  ncclEpTensor_t floats = tensor(f.p, ncclFloat32, {100, 8});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &floats, nullptr, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("dtype fp32"));
+  ncclEpTensor_t noData = tensor(nullptr, ncclInt64, {100, 8});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &noData, nullptr, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("data is NULL"));
+  ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+  hc.dispatch_output_per_expert_alignment = 3;
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_EXPERT_MAJOR, &idx, nullptr, &hc, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("power of 2"));
+  ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
+  info.expert_counters = tensor(f.p, ncclInt32, {64});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, &info, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("layout_info.expert_counters: sizes[0] = 64, expected 128"));
+  EXPECT_EQ(h, nullptr);
+  int64_t rows = 0;
+  EXPECT_EQ(ncclEpHandleGetRecvRows(&f.handle, &rows), ncclSuccess);
+  EXPECT_EQ(rows, 150);
+  f.handle.config.sizing = NCCL_EP_SIZING_WORST_CASE;
+  EXPECT_EQ(ncclEpHandleGetRecvRows(&f.handle, &rows), ncclInvalidUsage);
+}
+
+TEST(EpApi, DispatchAndCombineRejections) {
+  Fake f;
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
+  auto dispatch = [&]() { return ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr); };
+  EXPECT_EQ(ncclEpDispatch(nullptr, &in, &out, nullptr, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpDispatch(&f.handle, nullptr, &out, nullptr, nullptr, nullptr), ncclInvalidArgument);
+  in.tokens.sizes[0] = 99;  // not the handle's token count
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.tokens: sizes[0] = 99, expected 100"));
+  in.tokens = tensor(f.p, ncclBfloat16, {100, 7172});  // 14344 bytes: above the maximum and not a multiple of 16
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  in.tokens = tensor(f.p, ncclBfloat16, {100, 7164});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("not a positive multiple of 16"));
+  in.tokens = tensor(f.p, ncclInt32, {100, 128});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("dtype int32"));
+  in.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
+  out.tokens = tensor(f.p, ncclBfloat16, {149, 7168});  // the exact count is 150
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("has 149 rows; this handle needs 150"));
+  out.tokens = tensor(f.p, ncclFloat16, {150, 7168});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  out.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
+  in.topk_weights = tensor(f.p, ncclFloat32, {100, 4});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.topk_weights: sizes[1] = 4, expected 8"));
+  in.topk_weights = NCCL_EP_TENSOR_INIT;
+  in.scales = tensor(f.p, ncclFloat32, {100, 56});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("scales are for fp8 tokens only"));
+  in.scales = NCCL_EP_TENSOR_INIT;
+  in.tokens = tensor(f.p, ncclFloat8e4m3, {100, 7168});
+  out.tokens = tensor(f.p, ncclFloat8e4m3, {150, 7168});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("fp8 tokens need inputs.scales"));
+  in.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
+  out.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
+  f.handle.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;  // its exact count is 300 rows
+  out.tokens = tensor(f.p, ncclBfloat16, {300, 7168});
+  out.topk_idx = tensor(f.p, ncclInt32, {300, 8});
+  EXPECT_EQ(dispatch(), ncclInvalidUsage);
+  EXPECT_TRUE(says("outputs.topk_idx is for the FLAT layout"));
+  f.handle.layout = NCCL_EP_LAYOUT_FLAT;
+
+  ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+  ci.tokens = tensor(f.p, ncclFloat8e4m3, {150, 7168});
+  ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  co.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);  // no fp8 combine
+  ci.tokens = tensor(f.p, ncclBfloat16, {120, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("has 120 rows"));
+  ci.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
+  co.tokens = tensor(f.p, ncclBfloat16, {101, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.tokens: sizes[0] = 101, expected 100"));
+  EXPECT_EQ(ncclEpComplete(&f.handle, nullptr, nullptr), ncclSuccess);
+}
+
+}  // namespace
