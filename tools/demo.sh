@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job (`make demo`). On a machine with GPUs: the symmetric-memory all-to-all on every local GPU, every
-# element checked. On any machine: the M2N planner on a bundled model config (DeepSeek-V3-like, 256 trainer ranks
+# element checked, and the EP benchmark at the default shape. On any machine: the M2N planner on a bundled model config (DeepSeek-V3-like, 256 trainer ranks
 # -> 64 inference ranks). Without GPUs it says so and runs what needs none.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,9 @@ else
   echo
   echo "== $NGPU GPU(s): LSA all-to-all through symmetric memory, every element checked"
   "$BUILDDIR/bin/symmetric_memory_test" --test smoke --nranks "$NGPU" || exit 1
+  echo
+  echo "== $NGPU GPU(s): EP High-Throughput dispatch/combine, 4096 tokens x 7168 bf16, top-8 of 256 experts"
+  "$BUILDDIR/bin/ep_bench" --nranks "$NGPU" --quick || exit 1
 fi
 if [ -x "$BUILDDIR/bin/m2n_plan" ]; then
   echo
