@@ -26,6 +26,7 @@
 #include "common/device_status.h"
 #include "nccl_ep.h"
 #include "tests/harness/launcher.h"
+#include "tests/harness/ep_tensor.h"
 
 namespace {
 
@@ -36,13 +37,7 @@ struct Shape {
   std::vector<int> sms;
 };
 
-ncclEpTensor_t tensor(void* data, ncclDataType_t dt, std::initializer_list<int64_t> sizes) {
-  ncclEpTensor_t t = NCCL_EP_TENSOR_INIT;
-  t.datatype = dt;
-  t.data = data;
-  for (int64_t s : sizes) t.sizes[t.ndim++] = s;
-  return t;
-}
+using ncclext::harness::epTensor;
 
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -127,7 +122,7 @@ int main(int argc, char** argv) {
       cudaMalloc(&dIdx, idx.size() * 4);
       cudaMalloc(&dTotal, 4);
       cudaMemcpy(dIdx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice);
-      ncclEpTensor_t ti = tensor(dIdx, ncclInt32, {T, K});
+      ncclEpTensor_t ti = epTensor(dIdx, ncclInt32, {T, K});
       ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
       hc.sizing = NCCL_EP_SIZING_EXACT;
       ncclEpHandle_t h = nullptr;
@@ -167,13 +162,13 @@ int main(int argc, char** argv) {
       cudaMalloc(&cout, (size_t)T * H * 2);
       auto dispatchArgs = [&](int i, ncclEpDispatchInputs_t* in, ncclEpDispatchOutputs_t* o, int64_t rows) {
         *in = NCCL_EP_DISPATCH_INPUTS_INIT;
-        in->tokens = tensor(xs[i], s.dtype, {T, H});
-        in->topk_weights = tensor(ws[i], ncclFloat32, {T, K});
-        if (fp8) in->scales = tensor(ss[i], ncclFloat32, {T, (int64_t)nScales});
+        in->tokens = epTensor(xs[i], s.dtype, {T, H});
+        in->topk_weights = epTensor(ws[i], ncclFloat32, {T, K});
+        if (fp8) in->scales = epTensor(ss[i], ncclFloat32, {T, (int64_t)nScales});
         *o = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-        o->tokens = tensor(y, s.dtype, {rows, H});
-        o->topk_weights = flat ? tensor(yw, ncclFloat32, {rows, K}) : tensor(yw, ncclFloat32, {rows});
-        if (fp8) o->scales = tensor(ys, ncclFloat32, {rows, (int64_t)nScales});
+        o->tokens = epTensor(y, s.dtype, {rows, H});
+        o->topk_weights = flat ? epTensor(yw, ncclFloat32, {rows, K}) : epTensor(yw, ncclFloat32, {rows});
+        if (fp8) o->scales = epTensor(ys, ncclFloat32, {rows, (int64_t)nScales});
       };
       cudaEvent_t e0, e1;
       cudaEventCreate(&e0);
@@ -222,9 +217,9 @@ int main(int argc, char** argv) {
           return 1;
         if (!fp8 && timeIt([&](int i) {
               ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
-              in.tokens = tensor(cins[i % kSets], ncclBfloat16, {rows, H});
+              in.tokens = epTensor(cins[i % kSets], ncclBfloat16, {rows, H});
               ncclEpCombineOutputs_t o = NCCL_EP_COMBINE_OUTPUTS_INIT;
-              o.tokens = tensor(cout, ncclBfloat16, {T, H});
+              o.tokens = epTensor(cout, ncclBfloat16, {T, H});
               return ncclEpCombine(h, &in, &o, &cc, ctx.stream);
             }, 10, 60, &tc))
           return 1;

@@ -26,6 +26,7 @@
 #include "common/device_status.h"
 #include "nccl_ep.h"
 #include "tests/harness/launcher.h"
+#include "tests/harness/ep_tensor.h"
 #include "tests/unit/ep_reference.h"
 
 namespace {
@@ -115,13 +116,7 @@ double loadValue(ncclDataType_t dt, const void* base, size_t i) {
   return static_cast<const float*>(base)[i];
 }
 
-ncclEpTensor_t tensor(void* data, ncclDataType_t dt, std::initializer_list<int64_t> sizes) {
-  ncclEpTensor_t t = NCCL_EP_TENSOR_INIT;
-  t.datatype = dt;
-  t.data = data;
-  for (int64_t s : sizes) t.sizes[t.ndim++] = s;
-  return t;
-}
+using ncclext::harness::epTensor;
 
 struct DeviceBuf {
   void* p = nullptr;
@@ -258,14 +253,14 @@ struct Runner {
     DeviceBuf cntE(L * 4), cntS(R * 4), offE(L * 4), total(4);
     for (DeviceBuf* b : {&cntE, &cntS, &offE, &total}) b->poison();
     ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
-    info.expert_counters = tensor(cntE.p, ncclInt32, {L});
-    info.src_rank_counters = tensor(cntS.p, ncclInt32, {R});
-    info.expert_offsets = tensor(offE.p, ncclInt32, {L});
-    info.recv_total_counter = tensor(total.p, ncclInt32, {1});
+    info.expert_counters = epTensor(cntE.p, ncclInt32, {L});
+    info.src_rank_counters = epTensor(cntS.p, ncclInt32, {R});
+    info.expert_offsets = epTensor(offE.p, ncclInt32, {L});
+    info.recv_total_counter = epTensor(total.p, ncclInt32, {1});
     ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
     hc.dispatch_output_per_expert_alignment = c.align;
     hc.sizing = c.sizing;
-    ncclEpTensor_t ti = tensor(topk.p, c.idx64 ? ncclInt64 : ncclInt32, {T, K});
+    ncclEpTensor_t ti = epTensor(topk.p, c.idx64 ? ncclInt64 : ncclInt32, {T, K});
     ncclEpHandle_t h = nullptr;
     EXPECT_OK(ncclEpCreateHandle(&h, group, c.layout, &ti, &info, &hc, ctx.stream));
     int64_t rows = 0;
@@ -284,14 +279,14 @@ struct Runner {
     DeviceBuf y(rows * rowBytes), yw(rows * K * 4), yi(rows * K * 4), ys(rows * std::max(nScales, 1) * 4);
     for (DeviceBuf* b : {&y, &yw, &yi, &ys}) b->poison();
     ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
-    in.tokens = tensor(x.p, c.dtype, {T, c.hidden});
-    if (c.weights) in.topk_weights = tensor(w.p, ncclFloat32, {T, K});
-    if (nScales) in.scales = tensor(sc.p, ncclFloat32, {T, nScales});
+    in.tokens = epTensor(x.p, c.dtype, {T, c.hidden});
+    if (c.weights) in.topk_weights = epTensor(w.p, ncclFloat32, {T, K});
+    if (nScales) in.scales = epTensor(sc.p, ncclFloat32, {T, nScales});
     ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-    out.tokens = tensor(y.p, c.dtype, {rows, c.hidden});
-    out.topk_weights = flat ? tensor(yw.p, ncclFloat32, {rows, K}) : tensor(yw.p, ncclFloat32, {rows});
-    if (flat) out.topk_idx = tensor(yi.p, ncclInt32, {rows, K});
-    if (nScales) out.scales = tensor(ys.p, ncclFloat32, {rows, nScales});
+    out.tokens = epTensor(y.p, c.dtype, {rows, c.hidden});
+    out.topk_weights = flat ? epTensor(yw.p, ncclFloat32, {rows, K}) : epTensor(yw.p, ncclFloat32, {rows});
+    if (flat) out.topk_idx = epTensor(yi.p, ncclInt32, {rows, K});
+    if (nScales) out.scales = epTensor(ys.p, ncclFloat32, {rows, nScales});
     EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
     if (wait("dispatch")) return 1;
     checkDispatch(c, r, rr, caseSeed, rows, y, yw, yi, ys);
@@ -321,9 +316,9 @@ struct Runner {
     cin.put(hin.data(), hin.size());
     cout.poison();
     ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
-    ci.tokens = tensor(cin.p, cd, {rows, c.hidden});
+    ci.tokens = epTensor(cin.p, cd, {rows, c.hidden});
     ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
-    co.tokens = tensor(cout.p, cd, {T, c.hidden});
+    co.tokens = epTensor(cout.p, cd, {T, c.hidden});
     EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
     if (wait("combine")) return 1;
     auto hc2 = cout.get<uint8_t>((size_t)T * cRow);
@@ -369,7 +364,7 @@ struct Runner {
     const size_t rowBytes = c.hidden * esize(c.dtype);
     DeviceBuf topk((size_t)T * K * 4);
     topk.put(r.topkIdx[rank].data(), r.topkIdx[rank].size() * 4);
-    ncclEpTensor_t ti = tensor(topk.p, ncclInt32, {T, K});
+    ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
     ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;  // worst-case sizing: no host synchronisation
     ncclEpHandle_t h = nullptr;
     EXPECT_OK(ncclEpCreateHandle(&h, group, c.layout, &ti, nullptr, &hc, ctx.stream));
@@ -378,16 +373,16 @@ struct Runner {
     DeviceBuf x((size_t)T * rowBytes), w((size_t)T * K * 4), sc(16), y(rows * rowBytes), yw(rows * K * 4),
         yi(rows * K * 4), ys(16), cin(rows * rowBytes), cout((size_t)T * rowBytes);
     ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
-    in.tokens = tensor(x.p, c.dtype, {T, c.hidden});
-    in.topk_weights = tensor(w.p, ncclFloat32, {T, K});
+    in.tokens = epTensor(x.p, c.dtype, {T, c.hidden});
+    in.topk_weights = epTensor(w.p, ncclFloat32, {T, K});
     ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-    out.tokens = tensor(y.p, c.dtype, {rows, c.hidden});
-    out.topk_weights = tensor(yw.p, ncclFloat32, {rows, K});
-    out.topk_idx = tensor(yi.p, ncclInt32, {rows, K});
+    out.tokens = epTensor(y.p, c.dtype, {rows, c.hidden});
+    out.topk_weights = epTensor(yw.p, ncclFloat32, {rows, K});
+    out.topk_idx = epTensor(yi.p, ncclInt32, {rows, K});
     ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
-    ci.tokens = tensor(cin.p, c.dtype, {rows, c.hidden});
+    ci.tokens = epTensor(cin.p, c.dtype, {rows, c.hidden});
     ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
-    co.tokens = tensor(cout.p, c.dtype, {T, c.hidden});
+    co.tokens = epTensor(cout.p, c.dtype, {T, c.hidden});
     if (wait("graph setup")) return 1;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
@@ -439,7 +434,7 @@ struct Runner {
     if (rank == 0) idx[1 * K + 0] = kExpertsPerRank * ctx.nRanks;  // token 1, k 0
     DeviceBuf topk(idx.size() * 4);
     topk.put(idx.data(), idx.size() * 4);
-    ncclEpTensor_t ti = tensor(topk.p, ncclInt32, {T, K});
+    ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
     ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
     hc.sizing = NCCL_EP_SIZING_EXACT;
     ncclEpHandle_t h = nullptr;
@@ -547,7 +542,7 @@ int main(int argc, char** argv) {
         for (int k = 0; k < K; k++) idx[t * K + k] = (t + k * 3) % (kExpertsPerRank * ctx.nRanks);
       DeviceBuf topk(idx.size() * 4), x((size_t)T * 512 * 2);
       topk.put(idx.data(), idx.size() * 4);
-      ncclEpTensor_t ti = tensor(topk.p, ncclInt32, {T, K});
+      ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
       ncclEpHandle_t h = nullptr;
       EXPECT_OK(ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream));
       int64_t rows = 0;
@@ -555,9 +550,9 @@ int main(int argc, char** argv) {
       DeviceBuf y(rows * 512 * 2);
       if (rank != ctx.nRanks - 1) {
         ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
-        in.tokens = tensor(x.p, ncclBfloat16, {T, 512});
+        in.tokens = epTensor(x.p, ncclBfloat16, {T, 512});
         ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-        out.tokens = tensor(y.p, ncclBfloat16, {rows, 512});
+        out.tokens = epTensor(y.p, ncclBfloat16, {rows, 512});
         const auto t0 = std::chrono::steady_clock::now();
         EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
         ncclext::waitStream(ctx.stream, kTimeoutSeconds + 30, "timeout dispatch");

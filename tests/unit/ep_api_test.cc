@@ -6,18 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "nccl_ep/src/group.h"
+#include "tests/harness/ep_tensor.h"
 
 namespace {
 
 bool says(const char* part) { return std::string(ncclEpGetLastError()).find(part) != std::string::npos; }
 
-ncclEpTensor_t tensor(void* data, ncclDataType_t dt, std::initializer_list<int64_t> sizes) {
-  ncclEpTensor_t t = NCCL_EP_TENSOR_INIT;
-  t.datatype = dt;
-  t.data = data;
-  for (int64_t s : sizes) t.sizes[t.ndim++] = s;
-  return t;
-}
+using ncclext::harness::epTensor;
 
 ncclEpGroupConfig_t goodConfig() {
   ncclEpGroupConfig_t c = NCCL_EP_GROUP_CONFIG_INIT;
@@ -93,25 +88,25 @@ struct Fake {
 TEST(EpApi, HandleRejections) {
   Fake f;
   ncclEpHandle_t h = nullptr;
-  ncclEpTensor_t idx = tensor(f.p, ncclInt32, {100, 8});
+  ncclEpTensor_t idx = epTensor(f.p, ncclInt32, {100, 8});
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_RANK_MAJOR, &idx, nullptr, nullptr, nullptr),
             ncclInvalidUsage);
   EXPECT_TRUE(says("RANK_MAJOR belongs to the Low-Latency mode"));
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, nullptr, nullptr, nullptr, nullptr),
             ncclInvalidArgument);
-  ncclEpTensor_t wide = tensor(f.p, ncclInt32, {100, 9});
+  ncclEpTensor_t wide = epTensor(f.p, ncclInt32, {100, 9});
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &wide, nullptr, nullptr, nullptr),
             ncclInvalidArgument);
   EXPECT_TRUE(says("top-k 9 not in [1, max_topk 8]"));
-  ncclEpTensor_t many = tensor(f.p, ncclInt32, {5000, 8});
+  ncclEpTensor_t many = epTensor(f.p, ncclInt32, {5000, 8});
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &many, nullptr, nullptr, nullptr),
             ncclInvalidArgument);
   EXPECT_TRUE(says("above max_tokens_per_rank 4096"));
-  ncclEpTensor_t floats = tensor(f.p, ncclFloat32, {100, 8});
+  ncclEpTensor_t floats = epTensor(f.p, ncclFloat32, {100, 8});
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &floats, nullptr, nullptr, nullptr),
             ncclInvalidArgument);
   EXPECT_TRUE(says("dtype fp32"));
-  ncclEpTensor_t noData = tensor(nullptr, ncclInt64, {100, 8});
+  ncclEpTensor_t noData = epTensor(nullptr, ncclInt64, {100, 8});
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &noData, nullptr, nullptr, nullptr),
             ncclInvalidArgument);
   EXPECT_TRUE(says("data is NULL"));
@@ -121,7 +116,7 @@ TEST(EpApi, HandleRejections) {
             ncclInvalidArgument);
   EXPECT_TRUE(says("power of 2"));
   ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
-  info.expert_counters = tensor(f.p, ncclInt32, {64});
+  info.expert_counters = epTensor(f.p, ncclInt32, {64});
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, &info, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("layout_info.expert_counters: sizes[0] = 64, expected 128"));
   EXPECT_EQ(h, nullptr);
@@ -135,61 +130,61 @@ TEST(EpApi, HandleRejections) {
 TEST(EpApi, DispatchAndCombineRejections) {
   Fake f;
   ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
-  in.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
   ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-  out.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
+  out.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
   auto dispatch = [&]() { return ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr); };
   EXPECT_EQ(ncclEpDispatch(nullptr, &in, &out, nullptr, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_EQ(ncclEpDispatch(&f.handle, nullptr, &out, nullptr, nullptr, nullptr), ncclInvalidArgument);
   in.tokens.sizes[0] = 99;  // not the handle's token count
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("inputs.tokens: sizes[0] = 99, expected 100"));
-  in.tokens = tensor(f.p, ncclBfloat16, {100, 7172});  // 14344 bytes: above the maximum and not a multiple of 16
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7172});  // 14344 bytes: above the maximum and not a multiple of 16
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
-  in.tokens = tensor(f.p, ncclBfloat16, {100, 7164});
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7164});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("not a positive multiple of 16"));
-  in.tokens = tensor(f.p, ncclInt32, {100, 128});
+  in.tokens = epTensor(f.p, ncclInt32, {100, 128});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("dtype int32"));
-  in.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
-  out.tokens = tensor(f.p, ncclBfloat16, {149, 7168});  // the exact count is 150
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  out.tokens = epTensor(f.p, ncclBfloat16, {149, 7168});  // the exact count is 150
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("has 149 rows; this handle needs 150"));
-  out.tokens = tensor(f.p, ncclFloat16, {150, 7168});
+  out.tokens = epTensor(f.p, ncclFloat16, {150, 7168});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
-  out.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
-  in.topk_weights = tensor(f.p, ncclFloat32, {100, 4});
+  out.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
+  in.topk_weights = epTensor(f.p, ncclFloat32, {100, 4});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("inputs.topk_weights: sizes[1] = 4, expected 8"));
   in.topk_weights = NCCL_EP_TENSOR_INIT;
-  in.scales = tensor(f.p, ncclFloat32, {100, 56});
+  in.scales = epTensor(f.p, ncclFloat32, {100, 56});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("scales are for fp8 tokens only"));
   in.scales = NCCL_EP_TENSOR_INIT;
-  in.tokens = tensor(f.p, ncclFloat8e4m3, {100, 7168});
-  out.tokens = tensor(f.p, ncclFloat8e4m3, {150, 7168});
+  in.tokens = epTensor(f.p, ncclFloat8e4m3, {100, 7168});
+  out.tokens = epTensor(f.p, ncclFloat8e4m3, {150, 7168});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("fp8 tokens need inputs.scales"));
-  in.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
-  out.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  out.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
   f.handle.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;  // its exact count is 300 rows
-  out.tokens = tensor(f.p, ncclBfloat16, {300, 7168});
-  out.topk_idx = tensor(f.p, ncclInt32, {300, 8});
+  out.tokens = epTensor(f.p, ncclBfloat16, {300, 7168});
+  out.topk_idx = epTensor(f.p, ncclInt32, {300, 8});
   EXPECT_EQ(dispatch(), ncclInvalidUsage);
   EXPECT_TRUE(says("outputs.topk_idx is for the FLAT layout"));
   f.handle.layout = NCCL_EP_LAYOUT_FLAT;
 
   ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
-  ci.tokens = tensor(f.p, ncclFloat8e4m3, {150, 7168});
+  ci.tokens = epTensor(f.p, ncclFloat8e4m3, {150, 7168});
   ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
-  co.tokens = tensor(f.p, ncclBfloat16, {100, 7168});
+  co.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);  // no fp8 combine
-  ci.tokens = tensor(f.p, ncclBfloat16, {120, 7168});
+  ci.tokens = epTensor(f.p, ncclBfloat16, {120, 7168});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("has 120 rows"));
-  ci.tokens = tensor(f.p, ncclBfloat16, {150, 7168});
-  co.tokens = tensor(f.p, ncclBfloat16, {101, 7168});
+  ci.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
+  co.tokens = epTensor(f.p, ncclBfloat16, {101, 7168});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("outputs.tokens: sizes[0] = 101, expected 100"));
   EXPECT_EQ(ncclEpComplete(&f.handle, nullptr, nullptr), ncclSuccess);
