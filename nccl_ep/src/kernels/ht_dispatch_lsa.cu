@@ -83,35 +83,48 @@ __device__ void deliver(const Ctx& x, int lane, int s, int slot, const int* expe
   }
 }
 
-// This rank's own rows of token t (to its own output): used by receiver CTAs, or by senders when there are none.
-__device__ void deliverOwn(const Ctx& x, int lane, int t) {
+// A chunk's metadata in shared memory: one coalesced load per chunk instead of a chain of dependent global loads
+// per token before its copy can start.
+struct ChunkStage {
+  int slot[kChunkTokens][kMaxRanks];    // my tokens: sendSlot towards every rank
+  int expert[kChunkTokens][kMaxTopk];   // my tokens: global expert ids (-1: none); staged rows: local ids
+  int local[kChunkTokens][kMaxTopk];    // my tokens: local ids on this rank (-1 elsewhere)
+  int idx[kChunkTokens][kMaxTopk];      // (source, expert) indices
+  float w[kChunkTokens][kMaxTopk];      // weights
+};
+
+// All threads: stages my tokens [t0, t0 + n).
+__device__ void stageTokens(const Ctx& x, ChunkStage* st, int t0, int n) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
-  const DispatchCall& c = x.c;
-  const int me = g.rank, K = h.topk;
-  const int slot = h.sendSlot[(size_t)t * g.nRanks + me];
-  if (slot < 0) return;
-  int e = lane < K ? loadExpert(h, t, lane) : -1;
-  if (e >= g.numExperts) e = -1;
-  const int local = e >= 0 && e / g.localExperts == me ? e - me * g.localExperts : -1;
-  const float wt = lane < K && c.weights ? c.weights[(size_t)t * K + lane] : 1.f;
-  const int idxK = lane < K ? h.emIdx[(size_t)t * g.meta.maxTopk + lane] : -1;
-  int experts[kMaxTopk], idx[kMaxTopk];
-  float w[kMaxTopk];
-  for (int k = 0; k < K; k++) {
-    experts[k] = __shfl_sync(0xffffffffu, local, k);
-    idx[k] = __shfl_sync(0xffffffffu, idxK, k);
-    w[k] = __shfl_sync(0xffffffffu, wt, k);
+  const int R = g.nRanks, K = h.topk, me = g.rank, L = g.localExperts;
+  for (int i = threadIdx.x; i < n * R; i += blockDim.x) st->slot[i / R][i % R] = h.sendSlot[(size_t)t0 * R + i];
+  for (int i = threadIdx.x; i < n * K; i += blockDim.x) {
+    const int j = i / K, k = i % K, t = t0 + j;
+    int e = loadExpert(h, t, k);
+    if (e >= g.numExperts) e = -1;  // reported by the handle kernels
+    st->expert[j][k] = e;
+    st->local[j][k] = e >= 0 && e / L == me ? e - me * L : -1;
+    st->idx[j][k] = h.emIdx[(size_t)t * g.meta.maxTopk + k];
+    st->w[j][k] = x.c.weights ? x.c.weights[(size_t)t * K + k] : 1.f;
   }
-  deliver<false>(x, lane, me, slot, experts, w, idx, c.tokens + (size_t)t * c.rowBytes,
+  __syncthreads();
+}
+
+// One warp: my own rows of staged token j (token t) to my output.
+__device__ __forceinline__ void deliverOwn(const Ctx& x, const ChunkStage* st, int lane, int j, int t) {
+  const int slot = st->slot[j][x.g.rank];
+  if (slot < 0) return;
+  const DispatchCall& c = x.c;
+  deliver<false>(x, lane, x.g.rank, slot, st->local[j], st->w[j], st->idx[j], c.tokens + (size_t)t * c.rowBytes,
                  c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
 }
 
-__device__ void sendChunk(const Ctx& x, int chunk) {
+__device__ void sendChunk(const Ctx& x, ChunkStage* st, int chunk) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const DispatchCall& c = x.c;
-  const int me = g.rank, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk;
+  const int me = g.rank, R = g.nRanks, K = h.topk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   __shared__ uint64_t seqShared;
   __shared__ int failed;
@@ -134,24 +147,24 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
       failed = 1;
   }
   if (__syncthreads_or(failed)) return;
-  // (2) One warp per token.
-  const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
-  for (int t = t0 + warp; t < t1; t += nWarps) {
-    int e = lane < K ? loadExpert(h, t, lane) : -1;
-    if (e >= g.numExperts) e = -1;  // reported by the handle kernels
-    const float wt = lane < K && c.weights ? c.weights[(size_t)t * K + lane] : 1.f;
-    const int ownerOf = e >= 0 ? e / g.localExperts : -1;
-    const int idxK = lane < K ? h.emIdx[(size_t)t * MK + lane] : -1;
+  // (2) Stage the chunk's metadata, then one warp per token.
+  const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
+  stageTokens(x, st, t0, n);
+  for (int j = warp; j < n; j += nWarps) {
+    const int t = t0 + j;
+    const int e = lane < K ? st->expert[j][lane] : -1;
+    const float wt = lane < K ? st->w[j][lane] : 1.f;
+    const int idxK = lane < K ? st->idx[j][lane] : -1;
     const char* row = c.tokens + (size_t)t * c.rowBytes;
     const float* scales = c.scales ? c.scales + (size_t)t * c.nScales : nullptr;
     for (int r = 0; r < R; r++) {
-      const int slot = h.sendSlot[(size_t)t * R + r];
+      const int slot = st->slot[j][r];
       if (slot < 0) continue;
-      const int local = ownerOf == r ? e - r * g.localExperts : -1;
       if (r == me) {
-        if (c.nReceivers == 0) deliverOwn(x, lane, t);  // alone: nobody else copies my own rows
+        if (c.nReceivers == 0) deliverOwn(x, st, lane, j, t);  // alone: nobody else copies my own rows
         continue;
       }
+      const int local = e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
       char* dst = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.dispRows + rowIndex * g.rowStride, r));
       char* meta = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
@@ -176,10 +189,10 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
   if (threadIdx.x == 0) g.seq[chunk] = seq;
 }
 
-__device__ void receiveChunk(const Ctx& x, int chunk) {
+__device__ void receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
-  const int me = g.rank, R = g.nRanks, NC = g.nChunks, MK = g.meta.maxTopk;
+  const int me = g.rank, R = g.nRanks, NC = g.nChunks, K = h.topk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   uint64_t* recvSeq = g.seq + NC;
   __shared__ uint64_t seqShared;
@@ -191,8 +204,10 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
   __syncthreads();
   const uint64_t seq = seqShared;
   // My own tokens of chunk c: local copies, no waiting (senders only push rows to peers).
-  for (int t = chunk * kChunkTokens + warp; t < min(h.numTokens, (chunk + 1) * kChunkTokens); t += nWarps)
-    deliverOwn(x, lane, t);
+  const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
+  stageTokens(x, st, t0, n);
+  for (int j = warp; j < n; j += nWarps) deliverOwn(x, st, lane, j, t0 + j);
+  __syncthreads();  // the stage is reused below
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
     const int* prefix = x.d + h.dl.chunkPrefix + s * (NC + 1);
@@ -203,19 +218,23 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
       if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, me}, s, ncclext::kSiteFlag, chunk)) failed = 1;
     }
     if (__syncthreads_or(failed)) return;
-    for (int slot = lo + warp; slot < hi; slot += nWarps) {
-      const size_t rowIndex = (size_t)s * g.maxTokens + slot;
+    // Stage the rows' metadata (at most kChunkTokens rows per source and chunk), then one warp per row.
+    const char* metaBase =
+        static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + (size_t)s * g.maxTokens * g.meta.bytes));
+    for (int i = threadIdx.x; i < (hi - lo) * K; i += blockDim.x) {
+      const int j = i / K, k2 = i % K;
+      const char* meta = metaBase + (size_t)(lo + j) * g.meta.bytes;
+      st->expert[j][k2] = __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + k2);
+      st->w[j][k2] = __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + k2);
+      st->idx[j][k2] = __ldcg(reinterpret_cast<const int*>(meta + g.meta.emIdxOff()) + k2);
+    }
+    __syncthreads();
+    for (int j = warp; j < hi - lo; j += nWarps) {
+      const size_t rowIndex = (size_t)s * g.maxTokens + lo + j;
       const char* row = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispRows + rowIndex * g.rowStride));
-      const char* meta = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes));
-      int experts[kMaxTopk], idx[kMaxTopk];
-      float w[kMaxTopk];
-      for (int k2 = 0; k2 < h.topk; k2++) {
-        experts[k2] = __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + k2);
-        w[k2] = __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + k2);
-        idx[k2] = __ldcg(reinterpret_cast<const int*>(meta + g.meta.emIdxOff()) + k2);
-      }
-      (void)MK;
-      deliver<true>(x, lane, s, slot, experts, w, idx, row, reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
+      const char* meta = metaBase + (size_t)(lo + j) * g.meta.bytes;
+      deliver<true>(x, lane, s, lo + j, st->expert[j], st->w[j], st->idx[j], row,
+                    reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
     }
     // Rows of (s, c) consumed: s may overwrite them next call. Empty chunks are acknowledged too, so that the ack
     // always carries this call's sequence number.
@@ -231,6 +250,7 @@ __device__ void receiveChunk(const Ctx& x, int chunk) {
 
 __global__ void __launch_bounds__(kThreads, 2) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
   Ctx x{g, h, c, h.derived};
+  __shared__ ChunkStage stage;
   if ((int)blockIdx.x < c.nSenders) {
     // Zero the EXPERT_MAJOR pad rows (and their weights) of this rank's output.
     if (h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR) {
@@ -245,10 +265,10 @@ __global__ void __launch_bounds__(kThreads, 2) dispatchKernel(GroupView g, Handl
         }
       }
     }
-    for (int chunk = blockIdx.x; chunk < g.nChunks; chunk += c.nSenders) sendChunk(x, chunk);
+    for (int chunk = blockIdx.x; chunk < g.nChunks; chunk += c.nSenders) sendChunk(x, &stage, chunk);
   } else {
     const int j = blockIdx.x - c.nSenders;
-    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers) receiveChunk(x, chunk);
+    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers) receiveChunk(x, &stage, chunk);
   }
 }
 
