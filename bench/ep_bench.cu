@@ -2,7 +2,8 @@
 //
 // For each shape: random top-k routing without repeats (uniform over experts), a handle bound once (cached
 // routing), then for each SM count: 10 warm-up calls and 60 timed calls of dispatch and of combine, each timed
-// with CUDA events on the call's stream, inputs rotated over 3 buffers; the median is reported. Also timed:
+// with CUDA events on the call's stream, inputs rotated over 3 buffers; the median is reported, back to back and
+// "synced" (all ranks meet in an NCCL all-reduce before each timed call, outside the events). Also timed:
 // ncclEpUpdateHandle + dispatch (routing not cached, an existing handle re-bound), median of 20.
 //
 // Byte conventions (per rank, printed with every row):
@@ -96,8 +97,8 @@ int main(int argc, char** argv) {
     cudaGetDeviceProperties(&prop, dev);
     FILE* out = ctx.rank == 0 && !json.empty() ? fopen(json.c_str(), "a") : nullptr;
     if (ctx.rank == 0)
-      printf("%-6s %-5s %-12s %6s %5s %4s %9s %9s %10s %10s %12s\n", "op", "dtype", "layout", "tokens", "hidden", "SMs",
-             "median_us", "handle+d", "NVLink", "logical", "NVLink_MB");
+      printf("%-6s %-5s %-12s %6s %5s %4s %9s %9s %9s %10s %10s %12s\n", "op", "dtype", "layout", "tokens", "hidden",
+             "SMs", "median_us", "synced_us", "update+d", "NVLink", "logical", "NVLink_MB");
     for (const Shape& s : shapes) {
       const int T = s.tokens, H = s.hidden, K = s.topk, E = s.experts, R = ctx.nRanks;
       const bool fp8 = s.dtype == ncclFloat8e4m3;
@@ -173,8 +174,14 @@ int main(int argc, char** argv) {
       cudaEvent_t e0, e1;
       cudaEventCreate(&e0);
       cudaEventCreate(&e1);
-      auto timeIt = [&](auto&& call, int warm, int iters, std::vector<float>* ts) -> int {
+      // `synced`: all ranks meet in an NCCL all-reduce before each timed call (outside the events), so a call is
+      // not charged for waiting on a peer still busy with the previous one.
+      float* barrierWord = nullptr;
+      cudaMalloc(&barrierWord, sizeof(float));
+      auto timeIt = [&](auto&& call, int warm, int iters, std::vector<float>* ts, bool synced = false) -> int {
         for (int i = 0; i < warm + iters; i++) {
+          if (synced && ncclAllReduce(barrierWord, barrierWord, 1, ncclFloat32, ncclSum, ctx.comm, ctx.stream) != ncclSuccess)
+            return 1;
           cudaEventRecord(e0, ctx.stream);
           if (call(i) != ncclSuccess) return 1;
           cudaEventRecord(e1, ctx.stream);
@@ -207,45 +214,49 @@ int main(int argc, char** argv) {
         dc.num_sms = sms;
         ncclEpCombineConfig_t cc = NCCL_EP_COMBINE_CONFIG_INIT;
         cc.num_sms = sms;
-        std::vector<float> td, tc;
-        if (timeIt([&](int i) {
-              ncclEpDispatchInputs_t in;
-              ncclEpDispatchOutputs_t o;
-              dispatchArgs(i % kSets, &in, &o, rows);
-              return ncclEpDispatch(h, &in, &o, nullptr, &dc, ctx.stream);
-            }, 10, 60, &td))
-          return 1;
-        if (!fp8 && timeIt([&](int i) {
-              ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
-              in.tokens = epTensor(cins[i % kSets], ncclBfloat16, {rows, H});
-              ncclEpCombineOutputs_t o = NCCL_EP_COMBINE_OUTPUTS_INIT;
-              o.tokens = epTensor(cout, ncclBfloat16, {T, H});
-              return ncclEpCombine(h, &in, &o, &cc, ctx.stream);
-            }, 10, 60, &tc))
-          return 1;
+        std::vector<float> td, tc, tds, tcs;
+        auto dispatchCall = [&](int i) {
+          ncclEpDispatchInputs_t in;
+          ncclEpDispatchOutputs_t o;
+          dispatchArgs(i % kSets, &in, &o, rows);
+          return ncclEpDispatch(h, &in, &o, nullptr, &dc, ctx.stream);
+        };
+        auto combineCall = [&](int i) {
+          ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
+          in.tokens = epTensor(cins[i % kSets], ncclBfloat16, {rows, H});
+          ncclEpCombineOutputs_t o = NCCL_EP_COMBINE_OUTPUTS_INIT;
+          o.tokens = epTensor(cout, ncclBfloat16, {T, H});
+          return ncclEpCombine(h, &in, &o, &cc, ctx.stream);
+        };
+        if (timeIt(dispatchCall, 10, 60, &td) || timeIt(dispatchCall, 5, 60, &tds, true)) return 1;
+        if (!fp8 && (timeIt(combineCall, 10, 60, &tc) || timeIt(combineCall, 5, 60, &tcs, true))) return 1;
         const char* dn = fp8 ? "fp8" : "bf16";
         const char* ln = flat ? "flat" : "expert_major";
         for (int op = 0; op < (fp8 ? 1 : 2); op++) {
-          const double us = median(op == 0 ? td : tc);
+          const double us = median(op == 0 ? td : tc), usSynced = median(op == 0 ? tds : tcs);
           // Byte conventions: see the file comment. Combine moves bf16 rows back.
           const double rowB = op == 0 ? (double)payload : (double)H * 2;
           const double nvB = sentRows * rowB, logB = logicalRows * rowB;
           if (ctx.rank == 0) {
-            printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn, ln,
-                   T, H, sms, us, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3, nvB / 1e6);
+            printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn,
+                   ln, T, H, sms, us, usSynced, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3,
+                   nvB / 1e6);
             if (out)
               fprintf(out,
                       "{\"what\": \"ep_%s\", \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, \"hidden\": %d, "
                       "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
+                      "\"us_median_synced\": %.2f, "
                       "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
                       "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"iters\": 60, \"gpu\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload\"}\n",
-                      op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, op == 0 ? median(tHandle) : 0.0, nvB,
+                      op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
+                      op == 0 ? median(tHandle) : 0.0, nvB,
                       nvB / us / 1e3, logB, logB / us / 1e3, prop.name);
           }
         }
       }
+      cudaFree(barrierWord);
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);
       for (int i = 0; i < kSets; i++) {
