@@ -26,7 +26,8 @@ constexpr int kMaxExperts = 1024;
 constexpr int kMaxTokens = 16384;
 constexpr int kThreads = 512;
 
-enum DeviceInputError : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1 };
+// Error-word sites of nccl_ep (common/device_error.h numbers the shared ones).
+enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1 };
 
 // Byte offsets in the group's symmetric window (identical on every rank).
 struct WindowLayout {
