@@ -51,6 +51,9 @@ struct Case {
   int topk;
   int hidden;
   bool weights;
+  int expertsPerRank = kExpertsPerRank;  // must match the group the case runs on
+  int maxTokens = kMaxTokens;            // tokens per rank are drawn in [1, maxTokens]
+  bool allFull = false;                  // every rank sends maxTokens
 };
 
 uint32_t mix(uint64_t x) {
@@ -67,20 +70,20 @@ size_t esize(ncclDataType_t t) { return t == ncclFloat32 ? 4 : t == ncclFloat8e4
 Routing makeRouting(const Case& c, int nRanks, uint64_t seed) {
   Routing r;
   r.nRanks = nRanks;
-  r.numExperts = kExpertsPerRank * nRanks;
+  r.numExperts = c.expertsPerRank * nRanks;
   r.topk = c.topk;
   std::mt19937_64 rng(seed);
   r.numTokens.resize(nRanks);
   r.topkIdx.resize(nRanks);
   for (int s = 0; s < nRanks; s++) {
-    int T = 1 + (int)(rng() % kMaxTokens);
+    int T = c.allFull ? c.maxTokens : 1 + (int)(rng() % c.maxTokens);
     if (c.routing == kFirstRankEmpty && s == 0) T = 0;
-    if (s == nRanks - 1 && c.routing == kRandom && seed % 3 == 0) T = kMaxTokens;  // a full rank now and then
+    if (s == nRanks - 1 && c.routing == kRandom && seed % 3 == 0) T = c.maxTokens;  // a full rank now and then
     r.numTokens[s] = T;
     for (int t = 0; t < T; t++) {
       std::vector<int> pool;
       if (c.routing == kAllToLastRank) {
-        for (int e = 0; e < kExpertsPerRank; e++) pool.push_back((nRanks - 1) * kExpertsPerRank + e);
+        for (int e = 0; e < c.expertsPerRank; e++) pool.push_back((nRanks - 1) * c.expertsPerRank + e);
       } else {
         for (int e = 0; e < r.numExperts; e++) pool.push_back(e);
       }
@@ -185,7 +188,7 @@ struct Runner {
   // Checks the dispatch outputs of this rank against the reference.
   void checkDispatch(const Case& c, const Routing& r, const ncclep::ref::RankRecv& rr, uint64_t cs, int64_t rows,
                      const DeviceBuf& y, const DeviceBuf& yw, const DeviceBuf& yi, const DeviceBuf& ys) {
-    const int K = c.topk, L = kExpertsPerRank, me = ctx.rank;
+    const int K = c.topk, L = r.localExperts(), me = ctx.rank;
     const size_t rowBytes = c.hidden * esize(c.dtype);
     const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;
     const bool flat = c.layout == NCCL_EP_LAYOUT_FLAT;
@@ -235,7 +238,7 @@ struct Runner {
   }
 
   int runCase(const Case& c, uint64_t caseSeed) {
-    const int rank = ctx.rank, R = ctx.nRanks, K = c.topk, L = kExpertsPerRank;
+    const int rank = ctx.rank, R = ctx.nRanks, K = c.topk, L = c.expertsPerRank;
     const Routing r = makeRouting(c, R, caseSeed);
     const auto recv = ncclep::ref::dispatchLayout(r, std::max(1, c.align));
     const ncclep::ref::RankRecv& rr = recv[rank];
@@ -517,6 +520,50 @@ int main(int argc, char** argv) {
       rc |= run.runCase(cases[i], seed * 100 + i);
       if (run.errors != before) failedCases++;
       if (rc) break;
+    }
+    // The limits, on a second group: 16384 tokens per rank, top-32, 512 experts per rank (1024 on 2 ranks),
+    // and rows of 16384 bf16 columns.
+    if (!rc) {
+      ncclEpGroupConfig_t big = NCCL_EP_GROUP_CONFIG_INIT;
+      big.num_experts = 512 * ctx.nRanks;
+      big.max_tokens_per_rank = 16384;
+      big.max_token_bytes = 16384 * 2;
+      big.max_topk = 32;
+      big.timeout_ns = cfg.timeout_ns;
+      ncclEpGroup_t bigGroup = nullptr;
+      if (ncclEpCreateGroup(&bigGroup, ctx.comm, &big) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpCreateGroup (limits): %s\n", ctx.rank, ncclEpGetLastError());
+        rc = 1;
+      } else {
+        std::vector<Case> limits;
+        Case full{"limits: 16384 tokens, top-32, flat", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                  NCCL_EP_SIZING_EXACT, true, 32, 256, true};
+        full.expertsPerRank = 512;
+        full.maxTokens = 16384;
+        full.allFull = true;
+        limits.push_back(full);
+        Case em = full;
+        em.name = "limits: 16384 tokens, top-32, expert-major, align 16";
+        em.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
+        em.align = 16;
+        em.sizing = NCCL_EP_SIZING_WORST_CASE;
+        em.allFull = false;
+        limits.push_back(em);
+        Case wide{"limits: hidden 16384 bf16", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
+                  false, 32, 16384, true};
+        wide.expertsPerRank = 512;
+        wide.maxTokens = 48;
+        limits.push_back(wide);
+        Runner big2{ctx, bigGroup, seed, 0, {}};
+        for (size_t i = 0; i < limits.size() && !rc; i++) {
+          const int before = big2.errors;
+          rc |= big2.runCase(limits[i], seed * 100 + 50 + i);
+          if (big2.errors != before) failedCases++;
+        }
+        run.errors += big2.errors;
+        cases.insert(cases.end(), limits.begin(), limits.end());
+        ncclEpGroupDestroy(bigGroup);
+      }
     }
     const Case graphCase{"graph replay", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE,
                          false, 8, 512, true};
