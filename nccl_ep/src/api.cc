@@ -91,6 +91,18 @@ int balancedCtas(int maxCtas, int chunks) {
   return (chunks + per - 1) / per;
 }
 
+// The CTAs of one call: half send, half receive; the side that walks this rank's own tokens (dispatch: the
+// senders; combine: the receivers, the owners' reductions) is balanced over its used chunks and the other side
+// gets the rest. Alone there is no other side: dispatch only sends, combine only reduces.
+void splitCall(const ncclEpGroup* g, int ctas, int ownTokens, bool ownSideSends, int* senders, int* receivers) {
+  g->split(ctas, 0.5, senders, receivers);
+  if (!ownSideSends && g->view.nRanks == 1) std::swap(*senders, *receivers);
+  int* own = ownSideSends ? senders : receivers;
+  int* other = ownSideSends ? receivers : senders;
+  *own = balancedCtas(*own, (ownTokens + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens);
+  if (*other > 0) *other = std::max(1, ctas - *own);
+}
+
 ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
   *rows = h->config.sizing == NCCL_EP_SIZING_EXACT ? h->recvRows() : h->maxRecvRows;
   return ncclSuccess;
@@ -312,14 +324,10 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   c.outScales = static_cast<float*>(outputs->scales.data);
   c.rowBytes = (int)rowBytes;
   c.nScales = nScales;
-  // Senders move rows over NVLink (the long pole); receivers make the local copies (own rows and staged rows):
-  // half send, balanced over this rank's chunks. The dispatch kernel fits two CTAs per SM (64 registers x 512
-  // threads), so it runs 2 per SM of the budget: twice the loads and stores in flight, all CTAs co-resident.
-  const int sms = 2 * callSms(g, config ? config->num_sms : 0);
-  g->split(sms, 0.5, &c.nSenders, &c.nReceivers);
-  const int used = (T + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
-  c.nSenders = balancedCtas(c.nSenders, used);
-  if (c.nReceivers > 0) c.nReceivers = std::max(1, sms - c.nSenders);
+  // Senders move rows over NVLink (the long pole); receivers make the local copies (own rows and staged rows).
+  // The dispatch kernel fits two CTAs per SM (64 registers x 512 threads), so it runs 2 per SM of the budget:
+  // twice the loads and stores in flight, all CTAs co-resident.
+  splitCall(g, 2 * callSms(g, config ? config->num_sms : 0), T, true, &c.nSenders, &c.nReceivers);
   return ncclep::launchDispatch(g->view, handle->view, c, stream);
 }
 
@@ -350,13 +358,8 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)rowBytes;
   c.dtype = x.datatype;
-  // Receivers reduce several rows per token: half the CTAs reduce this rank's chunks (balanced), the rest send.
-  const int sms = callSms(g, config ? config->num_sms : 0);
-  g->split(sms, 0.5, &c.nSenders, &c.nReceivers);
-  if (g->view.nRanks == 1) std::swap(c.nSenders, c.nReceivers);  // alone: only the owner's reduction runs
-  const int used = (handle->view.numTokens + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
-  c.nReceivers = balancedCtas(c.nReceivers, used);
-  if (c.nSenders > 0) c.nSenders = std::max(1, sms - c.nReceivers);
+  // Receivers reduce several rows per token for this rank's own tokens; senders push rows back to their owners.
+  splitCall(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, false, &c.nSenders, &c.nReceivers);
   return ncclep::launchCombine(g->view, handle->view, c, stream);
 }
 

@@ -25,42 +25,39 @@
 namespace ncclep {
 namespace {
 
-// 16 bytes of T <-> floats.
+// Two 16-bit floats: their pair type and its conversions.
 template <typename T>
-struct Vec;
+struct Pair;
 template <>
-struct Vec<__nv_bfloat16> {
-  static constexpr int kN = 8;
-  __device__ static void add(float* acc, int4 v, float w) {
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
-    for (int i = 0; i < 4; i++) {
-      const float2 f = __bfloat1622float2(p[i]);
-      acc[2 * i] += w * f.x;
-      acc[2 * i + 1] += w * f.y;
-    }
-  }
-  __device__ static int4 pack(const float* acc) {
-    int4 v;
-    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&v);
-    for (int i = 0; i < 4; i++) p[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-    return v;
-  }
+struct Pair<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  __device__ static float2 toFloat2(T2 v) { return __bfloat1622float2(v); }
+  __device__ static T2 fromFloats(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 template <>
-struct Vec<__half> {
+struct Pair<__half> {
+  using T2 = __half2;
+  __device__ static float2 toFloat2(T2 v) { return __half22float2(v); }
+  __device__ static T2 fromFloats(float a, float b) { return __floats2half2_rn(a, b); }
+};
+
+// 16 bytes of T <-> floats (bf16 and fp16 here, fp32 below).
+template <typename T>
+struct Vec {
   static constexpr int kN = 8;
+  using T2 = typename Pair<T>::T2;
   __device__ static void add(float* acc, int4 v, float w) {
-    const __half2* p = reinterpret_cast<const __half2*>(&v);
+    const T2* p = reinterpret_cast<const T2*>(&v);
     for (int i = 0; i < 4; i++) {
-      const float2 f = __half22float2(p[i]);
+      const float2 f = Pair<T>::toFloat2(p[i]);
       acc[2 * i] += w * f.x;
       acc[2 * i + 1] += w * f.y;
     }
   }
   __device__ static int4 pack(const float* acc) {
     int4 v;
-    __half2* p = reinterpret_cast<__half2*>(&v);
-    for (int i = 0; i < 4; i++) p[i] = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
+    T2* p = reinterpret_cast<T2*>(&v);
+    for (int i = 0; i < 4; i++) p[i] = Pair<T>::fromFloats(acc[2 * i], acc[2 * i + 1]);
     return v;
   }
 };
@@ -109,14 +106,8 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
   const int me = g.rank, R = g.nRanks, NC = g.nChunks;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   uint64_t* sendSeq = g.seq + 2 * NC;
-  __shared__ uint64_t seqShared;
   __shared__ int failed;
-  if (threadIdx.x == 0) {
-    seqShared = sendSeq[chunk] + 1;
-    failed = 0;
-  }
-  __syncthreads();
-  const uint64_t seq = seqShared;
+  const uint64_t seq = beginChunk(sendSeq + chunk, &failed);
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
     const int* prefix = x.d + x.h.dl.chunkPrefix + s * (NC + 1);
@@ -160,14 +151,8 @@ __device__ void receiveChunk(const Ctx& x, int (*stagedSlots)[kMaxRanks], int ch
   const int me = g.rank, R = g.nRanks, NC = g.nChunks;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   uint64_t* recvSeq = g.seq + 3 * NC;
-  __shared__ uint64_t seqShared;
   __shared__ int failed;
-  if (threadIdx.x == 0) {
-    seqShared = recvSeq[chunk] + 1;
-    failed = 0;
-  }
-  __syncthreads();
-  const uint64_t seq = seqShared;
+  const uint64_t seq = beginChunk(recvSeq + chunk, &failed);
   const int cols = R + g.numExperts;
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     // Only peers holding rows of my chunk c publish it (my prefixes towards r, tileCount rows c and c+1).

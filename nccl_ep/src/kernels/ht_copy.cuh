@@ -1,9 +1,11 @@
-// Warp-wide row copies with 16-byte vectors and several loads in flight. `src` of user inputs is read through the
+// Helpers of the HT kernels: the start of a CTA's turn on a chunk, and warp-wide row copies with 16-byte vectors and several loads in flight. `src` of user inputs is read through the
 // read-only path; rows that a peer wrote into this rank's window during the kernel are read with ld.global.cg
 // (L2, never a stale L1 line).
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace ncclep {
 
@@ -28,6 +30,18 @@ __device__ __forceinline__ void warpCopy(int lane, void* dst, const void* src, i
     for (int u = 0; u < kUnroll; u++) d[i + 32 * u] = v[u];
   }
   for (; i < n; i += 32) d[i] = loadVec<kFromPeer>(s + i);
+}
+
+// All threads of the CTA: the sequence number of this call for a chunk (its counter in device memory + 1, read once
+// and shared) and a cleared failure flag. The counter is bumped by the caller when it is done with the chunk.
+__device__ __forceinline__ uint64_t beginChunk(const uint64_t* counter, int* failed) {
+  __shared__ uint64_t seq;
+  if (threadIdx.x == 0) {
+    seq = *counter + 1;
+    *failed = 0;
+  }
+  __syncthreads();
+  return seq;
 }
 
 __device__ __forceinline__ void warpZero(int lane, void* dst, int bytes) {

@@ -126,14 +126,8 @@ __device__ void sendChunk(const Ctx& x, ChunkStage* st, int chunk) {
   const DispatchCall& c = x.c;
   const int me = g.rank, R = g.nRanks, K = h.topk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
-  __shared__ uint64_t seqShared;
   __shared__ int failed;
-  if (threadIdx.x == 0) {
-    seqShared = g.seq[chunk] + 1;
-    failed = 0;
-  }
-  __syncthreads();
-  const uint64_t seq = seqShared;
+  const uint64_t seq = beginChunk(g.seq + chunk, &failed);
   // Rows of chunk c for rank r: the difference of my exclusive prefixes (tileCount rows c and c+1).
   const int cols = R + g.numExperts;
   auto rowsFor = [&](int r) { return h.tileCount[(size_t)(chunk + 1) * cols + r] - h.tileCount[(size_t)chunk * cols + r]; };
@@ -195,14 +189,8 @@ __device__ void receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
   const int me = g.rank, R = g.nRanks, NC = g.nChunks, K = h.topk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   uint64_t* recvSeq = g.seq + NC;
-  __shared__ uint64_t seqShared;
   __shared__ int failed;
-  if (threadIdx.x == 0) {
-    seqShared = recvSeq[chunk] + 1;
-    failed = 0;
-  }
-  __syncthreads();
-  const uint64_t seq = seqShared;
+  const uint64_t seq = beginChunk(recvSeq + chunk, &failed);
   // My own tokens of chunk c: local copies, no waiting (senders only push rows to peers).
   const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
   stageTokens(x, st, t0, n);
