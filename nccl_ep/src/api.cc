@@ -95,12 +95,17 @@ int balancedCtas(int maxCtas, int chunks) {
 // senders; combine: the receivers, the owners' reductions) is balanced over its used chunks and the other side
 // gets the rest. Alone there is no other side: dispatch only sends, combine only reduces.
 void splitCall(const ncclEpGroup* g, int ctas, int ownTokens, bool ownSideSends, int* senders, int* receivers) {
-  g->split(ctas, 0.5, senders, receivers);
-  if (!ownSideSends && g->view.nRanks == 1) std::swap(*senders, *receivers);
   int* own = ownSideSends ? senders : receivers;
   int* other = ownSideSends ? receivers : senders;
-  *own = balancedCtas(*own, (ownTokens + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens);
-  if (*other > 0) *other = std::max(1, ctas - *own);
+  const int chunks = (ownTokens + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
+  if (g->view.nRanks == 1) {
+    *own = balancedCtas(ctas, chunks);
+    *other = 0;
+    return;
+  }
+  const int half = std::max(1, std::min(ctas - 1, (ctas + 1) / 2));  // senders get the odd CTA
+  *own = balancedCtas(ownSideSends ? half : std::max(1, ctas - half), chunks);
+  *other = std::max(1, ctas - *own);
 }
 
 ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {

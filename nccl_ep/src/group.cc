@@ -134,16 +134,6 @@ ncclResult_t ncclEpGroup::asyncError(const char* what) {
   return status->check(what);
 }
 
-void ncclEpGroup::split(int sms, double sendShare, int* senders, int* receivers) const {
-  if (view.nRanks == 1) {
-    *senders = sms;
-    *receivers = 0;
-    return;
-  }
-  *senders = std::max(1, std::min(sms - 1, (int)(sms * sendShare + 0.5)));
-  *receivers = std::max(1, sms - *senders);
-}
-
 ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int topk,
                                   const ncclEpHandleConfig_t& config, ncclEpHandle** out) {
   std::unique_ptr<ncclEpHandle> h(new ncclEpHandle());

@@ -27,8 +27,6 @@ struct ncclEpGroup {
   // ncclSuccess, or the error a device wait or an input check recorded, as a code and a message.
   // An invalid-input report is cleared once returned (the group stays usable); a timeout stays.
   ncclResult_t asyncError(const char* what);
-  // The CTA split of a call: senders and receivers; `sendShare` of the CTAs send (all of them with one rank).
-  void split(int numSms, double sendShare, int* senders, int* receivers) const;
 };
 
 struct ncclEpHandle {
