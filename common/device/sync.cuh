@@ -40,6 +40,12 @@ __device__ __forceinline__ void storeRelease(uint64_t* p, uint64_t v) {
   cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
 }
 
+// Adds `v` to a counter (typically in a peer's window) with release semantics at system scope: everything this
+// thread observed before (after a barrier: everything its CTA or warp wrote or read) is ordered before the add.
+__device__ __forceinline__ void addRelease(uint64_t* p, uint64_t v) {
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).fetch_add(v, cuda::memory_order_release);
+}
+
 __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
   return cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*const_cast<uint64_t*>(p))
       .load(cuda::memory_order_acquire);
@@ -66,12 +72,10 @@ __device__ inline void recordError(DeviceErrorWord* w, uint32_t code, int rank, 
   cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(w->code).store(code, cuda::memory_order_release);
 }
 
-// One thread waits until *flag >= expected. True on success; false after recording a timeout (or after seeing
-// that another thread already failed).
-__device__ inline bool waitFlagAtLeast(const uint64_t* flag, uint64_t expected, const WaitContext& ctx, int peer,
-                                       uint32_t site, uint32_t index) {
-  uint64_t seen = loadAcquire(flag);
-  if (seqAtLeast(seen, expected)) return true;
+// The spinning part of waitFlagAtLeast, out of line so that a kernel's hot loop does not carry its registers.
+static __device__ __noinline__ bool waitFlagSlow(const uint64_t* flag, uint64_t expected, const WaitContext ctx, int peer,
+                                          uint32_t site, uint32_t index) {
+  uint64_t seen;
   const uint64_t start = globalTimerNs();
   for (uint32_t spin = 1;; spin++) {
     seen = loadAcquire(flag);
@@ -85,6 +89,14 @@ __device__ inline bool waitFlagAtLeast(const uint64_t* flag, uint64_t expected, 
       if ((spin & 4095) == 0 && errorRecorded(ctx.err)) return false;
     }
   }
+}
+
+// One thread waits until *flag >= expected. True on success; false after recording a timeout (or after seeing
+// that another thread already failed).
+__device__ __forceinline__ bool waitFlagAtLeast(const uint64_t* flag, uint64_t expected, const WaitContext& ctx,
+                                                int peer, uint32_t site, uint32_t index) {
+  if (seqAtLeast(loadAcquire(flag), expected)) return true;
+  return waitFlagSlow(flag, expected, ctx, peer, site, index);
 }
 
 // A barrier among the ranks of one LSA team, built on flags in a symmetric window, with a timeout.

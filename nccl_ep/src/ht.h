@@ -1,11 +1,14 @@
 // High-Throughput (HT) mode inside one NVLink (LSA) domain: the structures host code and kernels share, and the
 // launch entry points of the three kernel families (kernels/ht_route.cu, ht_dispatch_lsa.cu, ht_combine_lsa.cu).
 //
-// Tokens are cut into chunks of kChunkTokens in source order; chunk c of every source is the unit of signalling:
-// a sender releases flag[c][src] in the receiver's window after writing chunk c's rows, the receiver acquires it,
-// consumes the rows and releases ack[c][dst] in the sender's window so that the sender may overwrite the staging
-// rows on the next call. Every call signals every chunk (empty ones too), so per-chunk sequence counters in device
-// memory stay in lockstep across ranks, calls and CUDA graph replays.
+// Tokens are cut into chunks of kChunkTokens in source order; a chunk is the unit of work of one CTA. Signalling
+// is per row: a sender warp writes a row (and its metadata) into the receiver's staging, then release-stores the
+// call's sequence number into that row's flag, so the receiver copies (dispatch) or reduces (combine) each row as
+// soon as it lands and the last rows of a call need no chunk to fill. Staging is recycled per call: each receiver CTA
+// adds the number of chunks it finished to a counter in every source's window, and a sender writes nothing into a
+// peer's staging before that counter shows that the peer consumed every chunk of the previous call (so handles with
+// different routings may alternate on one group). Every call walks every chunk (empty ones too), so the per-chunk
+// sequence counters in device memory stay equal to the call count, across ranks, calls and CUDA graph replays.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +22,7 @@
 
 namespace ncclep {
 
-constexpr int kChunkTokens = 32;  // signalling unit: small enough that receivers overlap senders
+constexpr int kChunkTokens = 32;  // unit of work of a CTA (and of the exchanged prefixes)
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 constexpr int kMaxExperts = 1024;
@@ -32,28 +35,29 @@ enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1 };
 // Byte offsets in the group's symmetric window (identical on every rank).
 struct WindowLayout {
   size_t barrierFlags;  // u64 [1][R]: the handle-exchange barrier
-  size_t dispFlags;     // u64 [NC][R]: flag[c][src], written by src
-  size_t dispAcks;      // u64 [NC][R]: ack[c][dst], written by dst
-  size_t combFlags;
-  size_t combAcks;
+  size_t dispDone;      // u64 [R]: chunks of my dispatch rows that rank r consumed (added by r)
+  size_t combDone;      // u64 [R]: chunks of my combine rows that rank r consumed (added by r)
+  size_t combFlags;     // u64 [R][maxTokens]: flag of combine staging row [r][slot], written by r
   size_t exchange;      // int32 [R][exchangeInts]: row s written by source s
   size_t dispRows;      // [R][maxTokens][rowStride]: region s written by source s
-  size_t dispMeta;      // [R][maxTokens][metaBytes]
+  size_t dispMeta;      // [R][maxTokens][metaBytes]: the row's flag first
   size_t combRows;      // [R][maxTokens][rowStride]: region r written by expert rank r
   size_t total;
   int exchangeInts;     // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
 };
 
-// Per-row metadata sent with every dispatched row: K local expert ids (-1: not here), K weights, K indices of the
-// (source, expert) pair among the source's tokens for that expert, then the fp8 scales.
+// Per-row metadata sent with every dispatched row: the row's flag (u64, released last), K local expert ids (-1: not
+// here), K weights, K indices of the (source, expert) pair among the source's tokens for that expert, then the fp8
+// scales.
 struct MetaLayout {
   int maxTopk;
   int maxScales;
   size_t bytes;
-  __host__ __device__ size_t expertOff() const { return 0; }
-  __host__ __device__ size_t weightOff() const { return 4 * (size_t)maxTopk; }
-  __host__ __device__ size_t emIdxOff() const { return 8 * (size_t)maxTopk; }
-  __host__ __device__ size_t scaleOff() const { return 12 * (size_t)maxTopk; }
+  __host__ __device__ size_t flagOff() const { return 0; }
+  __host__ __device__ size_t expertOff() const { return 8; }
+  __host__ __device__ size_t weightOff() const { return 8 + 4 * (size_t)maxTopk; }
+  __host__ __device__ size_t emIdxOff() const { return 8 + 8 * (size_t)maxTopk; }
+  __host__ __device__ size_t scaleOff() const { return 8 + 12 * (size_t)maxTopk; }
 };
 
 // Handle-derived int32 arrays, one device block; offsets in ints.

@@ -3,15 +3,16 @@
 // Contract
 //   grid = nSenders + nReceivers CTAs of kThreads (no senders with one rank). Roles walk chunks of the OWNER's
 //   tokens, as in dispatch.
-//   Sender (expert rank), chunk c, for every owner s != me: (1) waits for s's ack of chunk c from the previous call;
-//   (2) one warp per row: the rows of s's chunk c are my received flat rows recvOffset[s] + [chunkPrefix[s][c],
-//   chunkPrefix[s][c+1]); FLAT sends each row as is, EXPERT_MAJOR first sums the row's local experts' rows weighted
-//   by the dispatched top-k weights (fp32); the result goes to s's combine staging [me][slot] over LSA; (3) after a
-//   CTA barrier, releases flag[c][me] in s's window.
-//   Receiver (owner), chunk c: acquires flag[c][r] from every peer r, then one warp per token sums in fp32 the rows
-//   of every rank that received it (its own contribution read in place, the peers' from staging) and writes the
-//   output dtype; tokens routed nowhere get zeros. Then releases ack[c][me] in every peer's window.
-//   Empty chunks are skipped as in dispatch (no ack wait, no flag, no wait; the receiver acks every chunk).
+//   Sender (expert rank): before its first chunk, waits until every owner consumed all of my staging rows of the
+//   previous call (the owner's chunk counter in my window). Chunk c, for every owner s != me, one warp per row: the
+//   rows of s's chunk c are my received flat rows recvOffset[s] + [chunkPrefix[s][c], chunkPrefix[s][c+1]); FLAT
+//   sends each row as is, EXPERT_MAJOR first sums the row's local experts' rows weighted by the dispatched top-k
+//   weights (fp32); the result goes to s's combine staging [me][slot] over LSA, then (after __syncwarp) lane 0
+//   release-stores the call's sequence number into that row's flag in s's window.
+//   Receiver (owner), chunk c: one warp per token acquires the flag of each peer row it needs, then sums in fp32
+//   the rows of every rank that received the token (its own contribution read in place, the peers' from staging)
+//   and writes the output dtype; tokens routed nowhere get zeros. After its last chunk the CTA adds its chunk count
+//   to my counter in every peer's window (release).
 //   Dtypes: bf16, fp16, fp32 (template). Sequence numbers and timeouts as in dispatch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -112,18 +113,10 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
     const int s = (me + k) % R;
     const int* prefix = x.d + x.h.dl.chunkPrefix + s * (NC + 1);
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
-    if (hi == lo) continue;  // nothing of s's chunk c is here: no ack needed, nothing to publish
-    if (threadIdx.x == 0) {
-      const uint64_t* ack =
-          static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.combAcks + ((size_t)chunk * R + s) * 8));
-      if (!ncclext::dev::waitFlagAtLeast(ack, seq - 1, {g.err, g.timeoutNs, me}, s, ncclext::kSiteFlag, chunk))
-        failed = 1;
-    }
-    if (__syncthreads_or(failed)) return;
     const int base = x.d[x.h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
-      char* dst = static_cast<char*>(
-          ncclGetLsaPointer(g.window, g.wl.combRows + ((size_t)me * g.maxTokens + slot) * g.rowStride, s));
+      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
+      char* dst = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.combRows + rowIndex * g.rowStride, s));
       if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
         warpCopy<false>(lane, dst, x.c.in + (size_t)(base + slot) * x.c.rowBytes, x.c.rowBytes);
       } else {
@@ -133,19 +126,15 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
           reinterpret_cast<int4*>(dst)[i] = Vec<T>::pack(acc);
         }
       }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      uint64_t* flag =
-          static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.combFlags + ((size_t)chunk * R + me) * 8, s));
-      ncclext::dev::storeRelease(flag, seq);
+      warpPublish(lane, static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.combFlags + rowIndex * 8, s)), seq);
     }
   }
   if (threadIdx.x == 0) sendSeq[chunk] = seq;
 }
 
+// Returns false (on every thread) when a wait failed.
 template <typename T>
-__device__ void receiveChunk(const Ctx& x, int (*stagedSlots)[kMaxRanks], int chunk) {
+__device__ bool receiveChunk(const Ctx& x, int (*stagedSlots)[kMaxRanks], int chunk) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const int me = g.rank, R = g.nRanks, NC = g.nChunks;
@@ -153,15 +142,6 @@ __device__ void receiveChunk(const Ctx& x, int (*stagedSlots)[kMaxRanks], int ch
   uint64_t* recvSeq = g.seq + 3 * NC;
   __shared__ int failed;
   const uint64_t seq = beginChunk(recvSeq + chunk, &failed);
-  const int cols = R + g.numExperts;
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    // Only peers holding rows of my chunk c publish it (my prefixes towards r, tileCount rows c and c+1).
-    if (r == me || h.tileCount[(size_t)(chunk + 1) * cols + r] == h.tileCount[(size_t)chunk * cols + r]) continue;
-    const uint64_t* flag =
-        static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.combFlags + ((size_t)chunk * R + r) * 8));
-    if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, me}, r, ncclext::kSiteFlag, chunk)) failed = 1;
-  }
-  if (__syncthreads_or(failed)) return;
   const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
   const int vecs = x.c.rowBytes >> 4;
   // The chunk's slots in shared memory: one coalesced load instead of a dependent load per token.
@@ -169,9 +149,15 @@ __device__ void receiveChunk(const Ctx& x, int (*stagedSlots)[kMaxRanks], int ch
     stagedSlots[i / R][i % R] = h.sendSlot[(size_t)t0 * R + i];
   __syncthreads();
   const char* staging = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.combRows));
+  const uint64_t* flags = static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.combFlags));
   constexpr int kU = 4;  // vectors per lane per step: kU loads per source in flight
   for (int t = t0 + warp; t < t1; t += nWarps) {
     const int* slots = stagedSlots[t - t0];
+    bool landed = true;
+    for (int r = 0; r < R && landed; r++)
+      if (r != me && slots[r] >= 0)
+        landed = warpAcquire(g, flags + (size_t)r * g.maxTokens + slots[r], seq, r, slots[r], &failed);
+    if (!landed) break;
     const int myRow = slots[me] >= 0 ? x.d[h.dl.recvOffset + me] + slots[me] : -1;
     int4* out = reinterpret_cast<int4*>(x.c.out + (size_t)t * x.c.rowBytes);
     for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
@@ -198,13 +184,9 @@ __device__ void receiveChunk(const Ctx& x, int (*stagedSlots)[kMaxRanks], int ch
         if (i0 + 32 * u < vecs) out[i0 + 32 * u] = Vec<T>::pack(acc[u]);
     }
   }
-  __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    if (r == me) continue;
-    uint64_t* ack = static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.combAcks + ((size_t)chunk * R + me) * 8, r));
-    ncclext::dev::storeRelease(ack, seq);
-  }
+  if (__syncthreads_or(failed)) return false;
   if (threadIdx.x == 0) recvSeq[chunk] = seq;
+  return true;
 }
 
 template <typename T>
@@ -212,10 +194,15 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
   Ctx x{g, h, c, h.derived};
   __shared__ int stagedSlots[kChunkTokens][kMaxRanks];
   if ((int)blockIdx.x < c.nSenders) {
+    if ((int)blockIdx.x < g.nChunks && !waitPeersConsumed(g, g.wl.combDone, g.seq[2 * g.nChunks + blockIdx.x] + 1))
+      return;
     for (int chunk = blockIdx.x; chunk < g.nChunks; chunk += c.nSenders) sendChunk<T>(x, chunk);
   } else {
     const int j = blockIdx.x - c.nSenders;
-    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers) receiveChunk<T>(x, stagedSlots, chunk);
+    int done = 0;
+    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers, done++)
+      if (!receiveChunk<T>(x, stagedSlots, chunk)) return;
+    releaseConsumed(g, g.wl.combDone, done);
   }
 }
 

@@ -7,6 +7,9 @@
 
 #include <cstdint>
 
+#include "common/device/sync.cuh"
+#include "nccl_ep/src/ht.h"
+
 namespace ncclep {
 
 template <bool kFromPeer>
@@ -42,6 +45,50 @@ __device__ __forceinline__ uint64_t beginChunk(const uint64_t* counter, int* fai
   }
   __syncthreads();
   return seq;
+}
+
+// All threads of a sender CTA, before its first write into any peer's staging in call `seq`: waits until every peer
+// consumed all NC chunks of my rows of the previous call (the counter at `doneOff` + 8 r of my window, added to by
+// r; see releaseConsumed). False on every thread if a wait failed.
+__device__ inline bool waitPeersConsumed(const GroupView& g, size_t doneOff, uint64_t seq) {
+  bool ok = true;
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
+    if (r == g.rank) continue;
+    const uint64_t* done = static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, doneOff + (size_t)r * 8));
+    if (!ncclext::dev::waitFlagAtLeast(done, (seq - 1) * (uint64_t)g.nChunks, {g.err, g.timeoutNs, g.rank}, r,
+                                       ncclext::kSiteFlag, 0))
+      ok = false;
+  }
+  return !__syncthreads_or(!ok);
+}
+
+// All threads of a receiver CTA, after its last chunk: adds the number of chunks it consumed to my counter in every
+// peer's window (release: the CTA's reads of the peers' staging rows come before their next overwrite).
+__device__ inline void releaseConsumed(const GroupView& g, size_t doneOff, int chunks) {
+  __syncthreads();
+  if (chunks == 0) return;
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
+    if (r == g.rank) continue;
+    ncclext::dev::addRelease(static_cast<uint64_t*>(ncclGetLsaPointer(g.window, doneOff + (size_t)g.rank * 8, r)),
+                             (uint64_t)chunks);
+  }
+}
+
+// One warp (all lanes, warp-uniform control flow), after it wrote a row (and its metadata) into a peer's staging:
+// publishes it. __syncwarp orders every lane's stores before lane 0's system-scope release (cumulativity).
+__device__ __forceinline__ void warpPublish(int lane, uint64_t* remoteFlag, uint64_t seq) {
+  __syncwarp();
+  if (lane == 0) ncclext::dev::storeRelease(remoteFlag, seq);
+}
+
+// One warp: every lane acquires the row's flag in my window (one coalesced load per poll), so each lane's later
+// reads of the row are ordered after it. False after a timeout (recorded; `failed` set).
+__device__ __forceinline__ bool warpAcquire(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer, int row,
+                                            int* failed) {
+  if (ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, peer, ncclext::kSiteFlag, (uint32_t)row))
+    return true;
+  *failed = 1;
+  return false;
 }
 
 __device__ __forceinline__ void warpZero(int lane, void* dst, int bytes) {

@@ -3,23 +3,23 @@
 // Contract
 //   grid = nSenders + nReceivers CTAs of kThreads; CTA j < nSenders is a sender, the others receivers (none with
 //   one rank). Each role walks chunks c = j, j + n, ... of kChunkTokens source tokens.
-//   Sender, chunk c: (1) waits until every peer acknowledged chunk c of the previous call (its staging rows are
-//   free); (2) one warp per token writes the row once per other rank holding one of its experts, into that rank's
-//   staging region [me][slot] over LSA with 16-byte stores, followed by the row's metadata (local expert ids,
-//   weights, expert indices, fp8 scales); (3) after a CTA barrier, releases flag[c][me] = seq in every peer's window
-//   (system scope: the barrier plus release cumulativity publish every row of the chunk).
+//   Sender: before its first chunk, waits until every peer consumed all of my staging rows of the previous call
+//   (the peer's chunk counter in my window, see ht.h). Chunk c: stages the chunk's metadata in shared memory, then
+//   one warp per token writes the row once per other rank holding one of its experts, into that rank's staging
+//   region [me][slot] over LSA with 16-byte stores, followed by the row's metadata (local expert ids, weights,
+//   expert indices, fp8 scales) and, after __syncwarp, a system-scope release of the call's sequence number into
+//   the row's flag (cumulativity publishes every lane's stores of the row).
 //   Receiver, chunk c: first copies this rank's own tokens of chunk c that have a local expert to their final
 //   output positions (FLAT row recvOffset[me] + slot, or one EXPERT_MAJOR row per local expert), so that senders
-//   only push over NVLink (with one rank there are no receivers and the senders do it); then for every source s:
-//   acquires flag[c][s] >= seq, copies rows [chunkPrefix[s][c],
-//   chunkPrefix[s][c+1]) of staging region s to the output (FLAT: row recvOffset[s] + slot; EXPERT_MAJOR: one row
-//   per local expert at zoneStart + srcExpOff[s] + index), records where each landed for combine, then releases
-//   ack[c][me] in s's window.
-//   A chunk with no rows for a peer is neither acked-for nor published by the sender, and the receiver does not
-//   wait for it (both sides know it is empty from the exchanged prefixes); the receiver still acks every chunk.
-//   Sequence numbers: seq = 1 + the chunk's counter in device memory, bumped by the one CTA owning the chunk in
-//   that role, so replays of a captured graph stay in step; chunk ownership may differ between calls and ranks. Every wait has the group's time budget; a timed-out CTA
-//   records the error word and returns (the host reports ncclRemoteError).
+//   only push over NVLink (with one rank there are no receivers and the senders do it); then for every source s,
+//   one warp per staging row of [chunkPrefix[s][c], chunkPrefix[s][c+1]): every lane acquires the row's flag, then
+//   the warp copies the row to the output (FLAT: row recvOffset[s] + slot; EXPERT_MAJOR: one row per local expert
+//   at zoneStart + srcExpOff[s] + index) and records where it landed for combine. After its last chunk the CTA adds
+//   its chunk count to my counter in every source's window (release).
+//   Sequence numbers: seq = 1 + the chunk's counter in device memory (equal to the call count for every chunk),
+//   bumped by the one CTA owning the chunk in that role, so replays of a captured graph stay in step; chunk
+//   ownership may differ between calls and ranks. Every wait has the group's time budget; a timed-out CTA records
+//   the error word and returns (the host reports ncclRemoteError).
 //   Pad rows of EXPERT_MAJOR zones are zero-filled by the senders (local memory).
 #include "common/device/sync.cuh"
 #include "common/launch.h"
@@ -43,12 +43,12 @@ struct Ctx {
   const int* d;  // derived
 };
 
-// Writes row metadata of received flat row `flatRow` (FLAT outputs, or the EXPERT_MAJOR fan-out) and the combine
-// maps. `experts[k]` are local ids (-1: not here), `idx[k]` the (source, expert) indices, `w[k]` the weights.
-// Called by one warp; `srcRow` is the token row (local input or staging).
+// Writes received flat row `flatRow` (FLAT outputs, or the EXPERT_MAJOR fan-out) and the combine maps. Called by
+// one whole warp; lane k < K holds entry k of the row's metadata: `expert` the local id (-1: not here), `w` the
+// weight, `idx` the (source, expert) index. `srcRow` is the token row (local input or staging).
 template <bool kFromPeer>
-__device__ void deliver(const Ctx& x, int lane, int s, int slot, const int* experts, const float* w, const int* idx,
-                        const char* srcRow, const float* srcScales) {
+__device__ void deliver(const Ctx& x, int lane, int s, int slot, int expert, float w, int idx, const char* srcRow,
+                        const float* srcScales) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const DispatchCall& c = x.c;
@@ -57,8 +57,8 @@ __device__ void deliver(const Ctx& x, int lane, int s, int slot, const int* expe
   if (h.layout == NCCL_EP_LAYOUT_FLAT) {
     warpCopy<kFromPeer>(lane, c.outTokens + (size_t)flatRow * c.rowBytes, srcRow, c.rowBytes);
     if (lane < K) {
-      if (c.outIdx) c.outIdx[(size_t)flatRow * K + lane] = experts[lane];
-      if (c.outWeights) c.outWeights[(size_t)flatRow * K + lane] = experts[lane] >= 0 ? w[lane] : 0.f;
+      if (c.outIdx) c.outIdx[(size_t)flatRow * K + lane] = expert;
+      if (c.outWeights) c.outWeights[(size_t)flatRow * K + lane] = expert >= 0 ? w : 0.f;
     }
     if (c.outScales)
       for (int i = lane; i < c.nScales; i += 32)
@@ -66,19 +66,21 @@ __device__ void deliver(const Ctx& x, int lane, int s, int slot, const int* expe
     return;
   }
   for (int k = 0; k < K; k++) {
-    const int l = experts[k];
+    const int l = __shfl_sync(0xffffffffu, expert, k);
+    const float wk = __shfl_sync(0xffffffffu, w, k);
+    const int ik = __shfl_sync(0xffffffffu, idx, k);
     int emRow = -1;
     if (l >= 0) {
-      emRow = x.d[h.dl.zoneStart + l] + x.d[h.dl.srcExpOff + s * g.localExperts + l] + idx[k];
+      emRow = x.d[h.dl.zoneStart + l] + x.d[h.dl.srcExpOff + s * g.localExperts + l] + ik;
       warpCopy<kFromPeer>(lane, c.outTokens + (size_t)emRow * c.rowBytes, srcRow, c.rowBytes);
-      if (lane == 0 && c.outWeights) c.outWeights[emRow] = w[k];
+      if (lane == 0 && c.outWeights) c.outWeights[emRow] = wk;
       if (c.outScales)
         for (int i = lane; i < c.nScales; i += 32)
           c.outScales[(size_t)emRow * c.nScales + i] = kFromPeer ? __ldcg(srcScales + i) : __ldg(srcScales + i);
     }
     if (lane == 0) {
       h.emPos[(size_t)flatRow * MK + k] = emRow;
-      h.flatW[(size_t)flatRow * MK + k] = w[k];
+      h.flatW[(size_t)flatRow * MK + k] = wk;
     }
   }
 }
@@ -116,7 +118,9 @@ __device__ __forceinline__ void deliverOwn(const Ctx& x, const ChunkStage* st, i
   const int slot = st->slot[j][x.g.rank];
   if (slot < 0) return;
   const DispatchCall& c = x.c;
-  deliver<false>(x, lane, x.g.rank, slot, st->local[j], st->w[j], st->idx[j], c.tokens + (size_t)t * c.rowBytes,
+  const bool has = lane < x.h.topk;
+  deliver<false>(x, lane, x.g.rank, slot, has ? st->local[j][lane] : -1, has ? st->w[j][lane] : 0.f,
+                 has ? st->idx[j][lane] : -1, c.tokens + (size_t)t * c.rowBytes,
                  c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
 }
 
@@ -128,20 +132,7 @@ __device__ void sendChunk(const Ctx& x, ChunkStage* st, int chunk) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   __shared__ int failed;
   const uint64_t seq = beginChunk(g.seq + chunk, &failed);
-  // Rows of chunk c for rank r: the difference of my exclusive prefixes (tileCount rows c and c+1).
-  const int cols = R + g.numExperts;
-  auto rowsFor = [&](int r) { return h.tileCount[(size_t)(chunk + 1) * cols + r] - h.tileCount[(size_t)chunk * cols + r]; };
-  // (1) Staging rows of chunk c in every peer are free once the peer acknowledged the previous call's chunk c
-  //     (a chunk with no rows for a peer writes nothing there and needs no ack).
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    if (r == me || rowsFor(r) == 0) continue;
-    const uint64_t* ack =
-        static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.dispAcks + ((size_t)chunk * R + r) * 8));
-    if (!ncclext::dev::waitFlagAtLeast(ack, seq - 1, {g.err, g.timeoutNs, me}, r, ncclext::kSiteFlag, chunk))
-      failed = 1;
-  }
-  if (__syncthreads_or(failed)) return;
-  // (2) Stage the chunk's metadata, then one warp per token.
+  // Stage the chunk's metadata, then one warp per token.
   const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
   stageTokens(x, st, t0, n);
   for (int j = warp; j < n; j += nWarps) {
@@ -170,20 +161,14 @@ __device__ void sendChunk(const Ctx& x, ChunkStage* st, int chunk) {
       }
       if (scales)
         for (int i = lane; i < c.nScales; i += 32) reinterpret_cast<float*>(meta + g.meta.scaleOff())[i] = scales[i];
+      warpPublish(lane, reinterpret_cast<uint64_t*>(meta + g.meta.flagOff()), seq);
     }
-  }
-  // (3) Publish chunk c to every peer that has rows in it (receivers skip empty chunks without waiting).
-  __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    if (r == me || rowsFor(r) == 0) continue;
-    uint64_t* flag =
-        static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.dispFlags + ((size_t)chunk * R + me) * 8, r));
-    ncclext::dev::storeRelease(flag, seq);
   }
   if (threadIdx.x == 0) g.seq[chunk] = seq;
 }
 
-__device__ void receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
+// Returns false (on every thread) when a wait failed.
+__device__ bool receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const int me = g.rank, R = g.nRanks, NC = g.nChunks, K = h.topk;
@@ -195,45 +180,26 @@ __device__ void receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
   const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
   stageTokens(x, st, t0, n);
   for (int j = warp; j < n; j += nWarps) deliverOwn(x, st, lane, j, t0 + j);
-  __syncthreads();  // the stage is reused below
+  // Every source's rows of chunk c, one warp per row, each as soon as its flag says it landed.
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
     const int* prefix = x.d + h.dl.chunkPrefix + s * (NC + 1);
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
-    if (threadIdx.x == 0 && hi > lo) {  // an empty chunk is never published: nothing to wait for
-      const uint64_t* flag =
-          static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.dispFlags + ((size_t)chunk * R + s) * 8));
-      if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, me}, s, ncclext::kSiteFlag, chunk)) failed = 1;
-    }
-    if (__syncthreads_or(failed)) return;
-    // Stage the rows' metadata (at most kChunkTokens rows per source and chunk), then one warp per row.
-    const char* metaBase =
-        static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + (size_t)s * g.maxTokens * g.meta.bytes));
-    for (int i = threadIdx.x; i < (hi - lo) * K; i += blockDim.x) {
-      const int j = i / K, k2 = i % K;
-      const char* meta = metaBase + (size_t)(lo + j) * g.meta.bytes;
-      st->expert[j][k2] = __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + k2);
-      st->w[j][k2] = __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + k2);
-      st->idx[j][k2] = __ldcg(reinterpret_cast<const int*>(meta + g.meta.emIdxOff()) + k2);
-    }
-    __syncthreads();
-    for (int j = warp; j < hi - lo; j += nWarps) {
-      const size_t rowIndex = (size_t)s * g.maxTokens + lo + j;
+    for (int slot = lo + warp; slot < hi; slot += nWarps) {
+      const size_t rowIndex = (size_t)s * g.maxTokens + slot;
+      const char* meta = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes));
+      if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot, &failed)) break;
+      const bool has = lane < K;
+      const int expert = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
+      const float w = has ? __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + lane) : 0.f;
+      const int idx = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.emIdxOff()) + lane) : -1;
       const char* row = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispRows + rowIndex * g.rowStride));
-      const char* meta = metaBase + (size_t)(lo + j) * g.meta.bytes;
-      deliver<true>(x, lane, s, lo + j, st->expert[j], st->w[j], st->idx[j], row,
-                    reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
-    }
-    // Rows of (s, c) consumed: s may overwrite them next call. Empty chunks are acknowledged too, so that the ack
-    // always carries this call's sequence number.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      uint64_t* ack =
-          static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.dispAcks + ((size_t)chunk * R + me) * 8, s));
-      ncclext::dev::storeRelease(ack, seq);
+      deliver<true>(x, lane, s, slot, expert, w, idx, row, reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
     }
   }
+  if (__syncthreads_or(failed)) return false;
   if (threadIdx.x == 0) recvSeq[chunk] = seq;
+  return true;
 }
 
 __global__ void __launch_bounds__(kThreads, 2) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
@@ -253,10 +219,15 @@ __global__ void __launch_bounds__(kThreads, 2) dispatchKernel(GroupView g, Handl
         }
       }
     }
+    if (g.nRanks > 1 && (int)blockIdx.x < g.nChunks && !waitPeersConsumed(g, g.wl.dispDone, g.seq[blockIdx.x] + 1))
+      return;
     for (int chunk = blockIdx.x; chunk < g.nChunks; chunk += c.nSenders) sendChunk(x, &stage, chunk);
   } else {
     const int j = blockIdx.x - c.nSenders;
-    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers) receiveChunk(x, &stage, chunk);
+    int done = 0;
+    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers, done++)
+      if (!receiveChunk(x, &stage, chunk)) return;
+    releaseConsumed(g, g.wl.dispDone, done);
   }
 }
 
