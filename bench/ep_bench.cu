@@ -2,9 +2,11 @@
 //
 // For each shape: random top-k routing without repeats (uniform over experts), a handle bound once (cached
 // routing), then for each SM count: 10 warm-up calls and 60 timed calls of dispatch and of combine, each timed
-// with CUDA events on the call's stream, inputs rotated over 3 buffers; the median is reported, back to back and
-// "synced" (all ranks meet in an NCCL all-reduce before each timed call, outside the events). Also timed:
-// ncclEpUpdateHandle + dispatch (routing not cached, an existing handle re-bound), median of 20.
+// with its own pair of CUDA events on the call's stream, inputs rotated over 3 buffers; the median is reported,
+// back to back (every call enqueued right after the previous one, no host synchronisation until the last) and
+// "synced" (all ranks meet in an NCCL all-reduce before each timed call, outside the events, and the host waits
+// for each call). Also timed, back to back: ncclEpUpdateHandle + dispatch (routing not cached, an existing handle
+// re-bound), median of 20.
 //
 // Byte conventions (per rank, printed with every row):
 //   nvlink_bytes  = rows this rank writes to OTHER ranks x row payload bytes (tokens; fp8: + 4 bytes per 128
@@ -171,24 +173,33 @@ int main(int argc, char** argv) {
         o->topk_weights = flat ? epTensor(yw, ncclFloat32, {rows, K}) : epTensor(yw, ncclFloat32, {rows});
         if (fp8) o->scales = epTensor(ys, ncclFloat32, {rows, (int64_t)nScales});
       };
-      cudaEvent_t e0, e1;
-      cudaEventCreate(&e0);
-      cudaEventCreate(&e1);
-      // `synced`: all ranks meet in an NCCL all-reduce before each timed call (outside the events), so a call is
-      // not charged for waiting on a peer still busy with the previous one.
+      // Back to back: every call enqueued after the previous one with no host synchronisation in between, each
+      // timed by its own pair of events (DeepEP's method), one wait at the end. `synced`: all ranks meet in an NCCL
+      // all-reduce before each timed call (outside the events) and the host waits after each call, so a call is
+      // neither overlapped with nor charged for a peer's previous call.
+      const int kMaxIters = 80;
+      std::vector<cudaEvent_t> e0(kMaxIters), e1(kMaxIters);
+      for (int i = 0; i < kMaxIters; i++) {
+        cudaEventCreate(&e0[i]);
+        cudaEventCreate(&e1[i]);
+      }
       float* barrierWord = nullptr;
       cudaMalloc(&barrierWord, sizeof(float));
       auto timeIt = [&](auto&& call, int warm, int iters, std::vector<float>* ts, bool synced = false) -> int {
+        if (warm + iters > kMaxIters) return 1;
         for (int i = 0; i < warm + iters; i++) {
           if (synced && ncclAllReduce(barrierWord, barrierWord, 1, ncclFloat32, ncclSum, ctx.comm, ctx.stream) != ncclSuccess)
             return 1;
-          cudaEventRecord(e0, ctx.stream);
+          cudaEventRecord(e0[i], ctx.stream);
           if (call(i) != ncclSuccess) return 1;
-          cudaEventRecord(e1, ctx.stream);
-          if (ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
+          cudaEventRecord(e1[i], ctx.stream);
+          if (synced && ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
+        }
+        if (ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
+        for (int i = warm; i < warm + iters; i++) {
           float ms = 0;
-          cudaEventElapsedTime(&ms, e0, e1);
-          if (i >= warm) ts->push_back(ms * 1000.f);
+          cudaEventElapsedTime(&ms, e0[i], e1[i]);
+          ts->push_back(ms * 1000.f);
         }
         return 0;
       };
@@ -257,8 +268,10 @@ int main(int argc, char** argv) {
         }
       }
       cudaFree(barrierWord);
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
+      for (int i = 0; i < kMaxIters; i++) {
+        cudaEventDestroy(e0[i]);
+        cudaEventDestroy(e1[i]);
+      }
       for (int i = 0; i < kSets; i++) {
         cudaFree(xs[i]);
         cudaFree(ws[i]);

@@ -91,7 +91,10 @@ ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* 
                   "down cleanly",
                   what, limit.count());
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // Poll tightly for the first millisecond (a short kernel is then seen within a few microseconds), then back
+    // off so that a long wait does not burn a core.
+    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(1))
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   return status ? status->check(what) : ncclSuccess;
 }

@@ -101,14 +101,12 @@ __device__ __forceinline__ void addMine(const Ctx& x, int flatRow, int i, float*
   }
 }
 
+// One warp: the rows of owner s's chunk c that this rank holds (its received flat rows recvOffset[s] + slot), each
+// into s's staging [me][slot] over LSA and published by its flag.
 template <typename T>
-__device__ void sendChunk(const Ctx& x, int chunk) {
+__device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int nWarps, int lane) {
   const GroupView& g = x.g;
   const int me = g.rank, R = g.nRanks, NC = g.nChunks;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
-  uint64_t* sendSeq = g.seq + 2 * NC;
-  __shared__ int failed;
-  const uint64_t seq = beginChunk(sendSeq + chunk, &failed);
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
     const int* prefix = x.d + x.h.dl.chunkPrefix + s * (NC + 1);
@@ -129,81 +127,102 @@ __device__ void sendChunk(const Ctx& x, int chunk) {
       warpPublish(lane, static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.combFlags + rowIndex * 8, s)), seq);
     }
   }
-  if (threadIdx.x == 0) sendSeq[chunk] = seq;
 }
 
-// Returns false (on every thread) when a wait failed.
+// One warp: token t of the owner. Acquires the flag of every peer row it needs, then sums in fp32 (kU vectors per
+// lane per step; the own FLAT row's loads are issued with the first peer's) and writes the output dtype. False
+// after a failed wait.
 template <typename T>
-__device__ bool receiveChunk(const Ctx& x, int (*stagedSlots)[kMaxRanks], int chunk) {
+__device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* failed) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
-  const int me = g.rank, R = g.nRanks, NC = g.nChunks;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
-  uint64_t* recvSeq = g.seq + 3 * NC;
-  __shared__ int failed;
-  const uint64_t seq = beginChunk(recvSeq + chunk, &failed);
-  const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
-  const int vecs = x.c.rowBytes >> 4;
-  // The chunk's slots in shared memory: one coalesced load instead of a dependent load per token.
-  for (int i = threadIdx.x; i < max(0, t1 - t0) * R; i += blockDim.x)
-    stagedSlots[i / R][i % R] = h.sendSlot[(size_t)t0 * R + i];
-  __syncthreads();
+  const int me = g.rank, R = g.nRanks;
+  // The token's slot towards every rank (-1: none): lane r holds rank r's, lane r - 32 of the second word rank r's.
+  const int* slotRow = h.sendSlot + (size_t)t * R;
+  const int slotLo = lane < R ? slotRow[lane] : -1, slotHi = lane + 32 < R ? slotRow[lane + 32] : -1;
+  auto slotOf = [&](int r) { return __shfl_sync(0xffffffffu, r < 32 ? slotLo : slotHi, r & 31); };
   const char* staging = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.combRows));
   const uint64_t* flags = static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.combFlags));
-  constexpr int kU = 4;  // vectors per lane per step: kU loads per source in flight
-  for (int t = t0 + warp; t < t1; t += nWarps) {
-    const int* slots = stagedSlots[t - t0];
-    bool landed = true;
-    for (int r = 0; r < R && landed; r++)
-      if (r != me && slots[r] >= 0)
-        landed = warpAcquire(g, flags + (size_t)r * g.maxTokens + slots[r], seq, r, slots[r], &failed);
-    if (!landed) break;
-    const int myRow = slots[me] >= 0 ? x.d[h.dl.recvOffset + me] + slots[me] : -1;
-    int4* out = reinterpret_cast<int4*>(x.c.out + (size_t)t * x.c.rowBytes);
-    for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
-      float acc[kU][Vec<T>::kN] = {};
-      for (int r = 0; r < R; r++) {
-        const int slot = slots[r];
-        if (slot < 0 || r == me) continue;
-        const int4* row = reinterpret_cast<const int4*>(staging + ((size_t)r * g.maxTokens + slot) * g.rowStride);
-        int4 v[kU];
-#pragma unroll
-        for (int u = 0; u < kU; u++)
-          if (i0 + 32 * u < vecs) v[u] = __ldcg(row + i0 + 32 * u);
-#pragma unroll
-        for (int u = 0; u < kU; u++)
-          if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], v[u], 1.f);
-      }
-      if (myRow >= 0) {
-#pragma unroll
-        for (int u = 0; u < kU; u++)
-          if (i0 + 32 * u < vecs) addMine<T>(x, myRow, i0 + 32 * u, acc[u]);
-      }
+  for (int r = 0; r < R; r++) {
+    const int slot = slotOf(r);
+    if (r != me && slot >= 0 && !warpAcquire(g, flags + (size_t)r * g.maxTokens + slot, seq, r, slot, failed))
+      return false;
+  }
+  const int mySlot = slotOf(me);
+  const int myRow = mySlot >= 0 ? x.d[h.dl.recvOffset + me] + mySlot : -1;
+  const bool flat = h.layout == NCCL_EP_LAYOUT_FLAT;
+  const int vecs = x.c.rowBytes >> 4;
+  const int4* mine = reinterpret_cast<const int4*>(x.c.in) + (size_t)myRow * vecs;
+  int4* out = reinterpret_cast<int4*>(x.c.out + (size_t)t * x.c.rowBytes);
+  constexpr int kU = 4;  // vectors per lane per step
+  for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
+    float acc[kU][Vec<T>::kN] = {};
+    int4 own[kU];
+    if (flat && myRow >= 0) {
 #pragma unroll
       for (int u = 0; u < kU; u++)
-        if (i0 + 32 * u < vecs) out[i0 + 32 * u] = Vec<T>::pack(acc[u]);
+        if (i0 + 32 * u < vecs) own[u] = __ldg(mine + i0 + 32 * u);
     }
+    for (int r = 0; r < R; r++) {
+      const int slot = slotOf(r);
+      if (slot < 0 || r == me) continue;
+      const int4* row = reinterpret_cast<const int4*>(staging + ((size_t)r * g.maxTokens + slot) * g.rowStride);
+      int4 v[kU];
+#pragma unroll
+      for (int u = 0; u < kU; u++)
+        if (i0 + 32 * u < vecs) v[u] = __ldcg(row + i0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kU; u++)
+        if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], v[u], 1.f);
+    }
+    if (myRow >= 0) {
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        if (i0 + 32 * u >= vecs) continue;
+        if (flat) Vec<T>::add(acc[u], own[u], 1.f);
+        else addMine<T>(x, myRow, i0 + 32 * u, acc[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; u++)
+      if (i0 + 32 * u < vecs) out[i0 + 32 * u] = Vec<T>::pack(acc[u]);
   }
-  if (__syncthreads_or(failed)) return false;
-  if (threadIdx.x == 0) recvSeq[chunk] = seq;
   return true;
 }
 
+// No CTA barrier inside either role's loop: warps take rows (senders) or tokens (receivers) of the CTA's chunks
+// independently, and the CTA meets once at the end. The call's sequence number is the same for every chunk, read
+// once from the CTA's first chunk's counter; every chunk's counter is bumped at the end by its owner.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleView h, CombineCall c) {
   Ctx x{g, h, c, h.derived};
-  __shared__ int stagedSlots[kChunkTokens][kMaxRanks];
-  if ((int)blockIdx.x < c.nSenders) {
-    if ((int)blockIdx.x < g.nChunks && !waitPeersConsumed(g, g.wl.combDone, g.seq[2 * g.nChunks + blockIdx.x] + 1))
-      return;
-    for (int chunk = blockIdx.x; chunk < g.nChunks; chunk += c.nSenders) sendChunk<T>(x, chunk);
+  const int NC = g.nChunks;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
+  const bool sender = (int)blockIdx.x < c.nSenders;
+  const int first = sender ? blockIdx.x : blockIdx.x - c.nSenders, stride = sender ? c.nSenders : c.nReceivers;
+  if (first >= NC) return;  // no chunk for this CTA
+  uint64_t* counters = g.seq + (sender ? 2 : 3) * NC;
+  const uint64_t seq = counters[first] + 1;
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  if (sender) {
+    if (!waitPeersConsumed(g, g.wl.combDone, seq)) return;
+    for (int chunk = first; chunk < NC; chunk += stride) sendChunk<T>(x, chunk, seq, warp, nWarps, lane);
+    __syncthreads();
   } else {
-    const int j = blockIdx.x - c.nSenders;
     int done = 0;
-    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers, done++)
-      if (!receiveChunk<T>(x, stagedSlots, chunk)) return;
+    for (int chunk = first; chunk < NC; chunk += stride, done++) {
+      const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
+      bool ok = true;
+      for (int t = t0 + warp; t < t1 && ok; t += nWarps) ok = reduceToken<T>(x, t, seq, lane, &failed);
+      if (!ok) break;
+    }
+    if (__syncthreads_or(failed)) return;
     releaseConsumed(g, g.wl.combDone, done);
   }
+  if (threadIdx.x == 0)
+    for (int chunk = first; chunk < NC; chunk += stride) counters[chunk] = seq;
 }
 
 }  // namespace
