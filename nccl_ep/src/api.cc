@@ -91,21 +91,18 @@ int balancedCtas(int maxCtas, int chunks) {
   return (chunks + per - 1) / per;
 }
 
-// The CTAs of one call: half send, half receive; the side that walks this rank's own tokens (dispatch: the
-// senders; combine: the receivers, the owners' reductions) is balanced over its used chunks and the other side
-// gets the rest. Alone there is no other side: dispatch only sends, combine only reduces.
-void splitCall(const ncclEpGroup* g, int ctas, int ownTokens, bool ownSideSends, int* senders, int* receivers) {
-  int* own = ownSideSends ? senders : receivers;
-  int* other = ownSideSends ? receivers : senders;
+// Combine's CTAs: half send (expert side), half reduce (owner side). The reducers walk this rank's own tokens and
+// are balanced over its used chunks; the senders get the rest. Alone there are no senders.
+void splitCombine(const ncclEpGroup* g, int ctas, int ownTokens, int* senders, int* receivers) {
   const int chunks = (ownTokens + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
   if (g->view.nRanks == 1) {
-    *own = balancedCtas(ctas, chunks);
-    *other = 0;
+    *receivers = balancedCtas(ctas, chunks);
+    *senders = 0;
     return;
   }
   const int half = std::max(1, std::min(ctas - 1, (ctas + 1) / 2));  // senders get the odd CTA
-  *own = balancedCtas(ownSideSends ? half : std::max(1, ctas - half), chunks);
-  *other = std::max(1, ctas - *own);
+  *receivers = balancedCtas(std::max(1, ctas - half), chunks);
+  *senders = std::max(1, ctas - *receivers);
 }
 
 ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
@@ -329,10 +326,18 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   c.outScales = static_cast<float*>(outputs->scales.data);
   c.rowBytes = (int)rowBytes;
   c.nScales = nScales;
-  // Senders move rows over NVLink (the long pole); receivers make the local copies (own rows and staged rows).
-  // The dispatch kernel fits two CTAs per SM (64 registers x 512 threads), so it runs 2 per SM of the budget:
-  // twice the loads and stores in flight, all CTAs co-resident.
-  splitCall(g, 2 * callSms(g, config ? config->num_sms : 0), T, true, &c.nSenders, &c.nReceivers);
+  // One CTA per SM of the budget: its first half a sender (rows over NVLink, the long pole), its second half a
+  // receiver (the local copies: own rows and staged rows; every SM, since the peers' token counts are not known
+  // here). Senders: as few as keep my chunks balanced. Alone, both halves send.
+  const int sms = callSms(g, config ? config->num_sms : 0);
+  const int chunks = (T + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
+  if (g->view.nRanks == 1) {
+    c.nSenders = 2 * balancedCtas(sms, (chunks + 1) / 2);
+    c.nReceivers = 0;
+  } else {
+    c.nSenders = balancedCtas(sms, chunks);
+    c.nReceivers = sms;
+  }
   return ncclep::launchDispatch(g->view, handle->view, c, stream);
 }
 
@@ -364,7 +369,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   c.rowBytes = (int)rowBytes;
   c.dtype = x.datatype;
   // Receivers reduce several rows per token for this rank's own tokens; senders push rows back to their owners.
-  splitCall(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, false, &c.nSenders, &c.nReceivers);
+  splitCombine(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, &c.nSenders, &c.nReceivers);
   return ncclep::launchCombine(g->view, handle->view, c, stream);
 }
 

@@ -84,20 +84,37 @@ struct Ctx {
   const int* d;
 };
 
-// Adds vector `i` of my contribution for received flat row `flatRow`: the row itself (FLAT) or its local
-// experts' rows weighted by the dispatched top-k weights (EXPERT_MAJOR). Inputs are the caller's tensor.
+constexpr int kU = 4;  // vectors per lane per step of a reduction: kU loads per source row in flight
+
+// EXPERT_MAJOR: where received flat row `flatRow`'s local experts' rows are. Lane k < K gets entry k's row in the
+// caller's tensor (-1: none) and its dispatched weight; one coalesced load per row.
+struct ExpertRows {
+  int row;
+  float w;
+};
+__device__ __forceinline__ ExpertRows expertRows(const Ctx& x, int flatRow, int lane) {
+  const size_t at = (size_t)flatRow * x.g.meta.maxTopk + lane;
+  if (lane >= x.h.topk) return {-1, 0.f};
+  return {x.h.emPos[at], x.h.flatW[at]};
+}
+
+// One warp: adds vectors i0 + 32 u (u < kU) of the weighted local experts' rows of one token (see expertRows) to
+// `acc`, kU loads in flight per expert.
 template <typename T>
-__device__ __forceinline__ void addMine(const Ctx& x, int flatRow, int i, float* acc) {
+__device__ __forceinline__ void addExperts(const Ctx& x, ExpertRows er, int i0, float (*acc)[Vec<T>::kN]) {
   const int4* in = reinterpret_cast<const int4*>(x.c.in);
   const int vecs = x.c.rowBytes >> 4;
-  if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
-    Vec<T>::add(acc, __ldg(in + (size_t)flatRow * vecs + i), 1.f);
-    return;
-  }
-  const int MK = x.g.meta.maxTopk;
   for (int k = 0; k < x.h.topk; k++) {
-    const int emRow = x.h.emPos[(size_t)flatRow * MK + k];
-    if (emRow >= 0) Vec<T>::add(acc, __ldg(in + (size_t)emRow * vecs + i), x.h.flatW[(size_t)flatRow * MK + k]);
+    const int row = __shfl_sync(0xffffffffu, er.row, k);
+    const float w = __shfl_sync(0xffffffffu, er.w, k);
+    if (row < 0) continue;
+    int4 v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; u++)
+      if (i0 + 32 * u < vecs) v[u] = __ldg(in + (size_t)row * vecs + i0 + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kU; u++)
+      if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], v[u], w);
   }
 }
 
@@ -118,10 +135,14 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
       if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
         warpCopy<false>(lane, dst, x.c.in + (size_t)(base + slot) * x.c.rowBytes, x.c.rowBytes);
       } else {
-        for (int i = lane; i < (x.c.rowBytes >> 4); i += 32) {
-          float acc[Vec<T>::kN] = {};
-          addMine<T>(x, base + slot, i, acc);
-          reinterpret_cast<int4*>(dst)[i] = Vec<T>::pack(acc);
+        const ExpertRows er = expertRows(x, base + slot, lane);
+        const int vecs = x.c.rowBytes >> 4;
+        for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
+          float acc[kU][Vec<T>::kN] = {};
+          addExperts<T>(x, er, i0, acc);
+#pragma unroll
+          for (int u = 0; u < kU; u++)
+            if (i0 + 32 * u < vecs) reinterpret_cast<int4*>(dst)[i0 + 32 * u] = Vec<T>::pack(acc[u]);
         }
       }
       warpPublish(lane, static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.combFlags + rowIndex * 8, s)), seq);
@@ -130,8 +151,8 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
 }
 
 // One warp: token t of the owner. Acquires the flag of every peer row it needs, then sums in fp32 (kU vectors per
-// lane per step; the own FLAT row's loads are issued with the first peer's) and writes the output dtype. False
-// after a failed wait.
+// lane per step; the own FLAT row's loads are issued with the first peer's; EXPERT_MAJOR adds the local experts'
+// rows weighted) and writes the output dtype. False after a failed wait.
 template <typename T>
 __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* failed) {
   const GroupView& g = x.g;
@@ -153,8 +174,8 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* fa
   const bool flat = h.layout == NCCL_EP_LAYOUT_FLAT;
   const int vecs = x.c.rowBytes >> 4;
   const int4* mine = reinterpret_cast<const int4*>(x.c.in) + (size_t)myRow * vecs;
+  const ExpertRows er = !flat && myRow >= 0 ? expertRows(x, myRow, lane) : ExpertRows{-1, 0.f};
   int4* out = reinterpret_cast<int4*>(x.c.out + (size_t)t * x.c.rowBytes);
-  constexpr int kU = 4;  // vectors per lane per step
   for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
     float acc[kU][Vec<T>::kN] = {};
     int4 own[kU];
@@ -175,13 +196,12 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* fa
       for (int u = 0; u < kU; u++)
         if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], v[u], 1.f);
     }
-    if (myRow >= 0) {
+    if (flat && myRow >= 0) {
 #pragma unroll
-      for (int u = 0; u < kU; u++) {
-        if (i0 + 32 * u >= vecs) continue;
-        if (flat) Vec<T>::add(acc[u], own[u], 1.f);
-        else addMine<T>(x, myRow, i0 + 32 * u, acc[u]);
-      }
+      for (int u = 0; u < kU; u++)
+        if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], own[u], 1.f);
+    } else if (myRow >= 0) {
+      addExperts<T>(x, er, i0, acc);
     }
 #pragma unroll
     for (int u = 0; u < kU; u++)
@@ -207,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   if (sender) {
-    if (!waitPeersConsumed(g, g.wl.combDone, seq)) return;
+    if (!waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq)) return;
     for (int chunk = first; chunk < NC; chunk += stride) sendChunk<T>(x, chunk, seq, warp, nWarps, lane);
     __syncthreads();
   } else {
@@ -219,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
       if (!ok) break;
     }
     if (__syncthreads_or(failed)) return;
-    releaseConsumed(g, g.wl.combDone, done);
+    releaseConsumed(Team::wholeCta(), g, g.wl.combDone, done);
   }
   if (threadIdx.x == 0)
     for (int chunk = first; chunk < NC; chunk += stride) counters[chunk] = seq;

@@ -1,6 +1,7 @@
-// Helpers of the HT kernels: the start of a CTA's turn on a chunk, and warp-wide row copies with 16-byte vectors and several loads in flight. `src` of user inputs is read through the
-// read-only path; rows that a peer wrote into this rank's window during the kernel are read with ld.global.cg
-// (L2, never a stale L1 line).
+// Helpers of the HT kernels: thread teams, the start of a team's turn on a chunk, staging recycling, per-row
+// publication, and warp-wide row copies with 16-byte vectors and several loads in flight. `src` of user inputs is
+// read through the read-only path; rows that a peer wrote into this rank's window during the kernel are read with
+// ld.global.cg (L2, never a stale L1 line).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,39 +36,65 @@ __device__ __forceinline__ void warpCopy(int lane, void* dst, const void* src, i
   for (; i < n; i += 32) d[i] = loadVec<kFromPeer>(s + i);
 }
 
-// All threads of the CTA: the sequence number of this call for a chunk (its counter in device memory + 1, read once
-// and shared) and a cleared failure flag. The counter is bumped by the caller when it is done with the chunk.
-__device__ __forceinline__ uint64_t beginChunk(const uint64_t* counter, int* failed) {
-  __shared__ uint64_t seq;
-  if (threadIdx.x == 0) {
-    seq = *counter + 1;
+// A team of threads of one CTA that synchronises on its own named barrier: the whole CTA (barrier 0, as
+// __syncthreads), or one half of it. bar.sync / bar.red order the memory accesses of the participating threads as
+// __syncthreads does.
+struct Team {
+  int tid, size, barrier;
+  __device__ static Team wholeCta() { return Team{(int)threadIdx.x, (int)blockDim.x, 0}; }
+  // Half `half` (0, 1) of the CTA, on named barrier 1 + half.
+  __device__ static Team halfCta(int half) {
+    const int n = (int)blockDim.x / 2;
+    return Team{(int)threadIdx.x - half * n, n, 1 + half};
+  }
+  __device__ int warp() const { return tid >> 5; }
+  __device__ int nWarps() const { return size >> 5; }
+  __device__ void sync() const { asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(size) : "memory"); }
+  // Barrier that returns whether `p` was true on any thread of the team.
+  __device__ bool syncOr(bool p) const {
+    int any;
+    asm volatile(
+        "{\n .reg .pred in, out;\n setp.ne.s32 in, %1, 0;\n bar.red.or.pred out, %2, %3, in;\n selp.s32 %0, 1, 0, out;\n}"
+        : "=r"(any)
+        : "r"((int)p), "r"(barrier), "r"(size)
+        : "memory");
+    return any != 0;
+  }
+};
+
+// All threads of the team: the sequence number of this call for a chunk (its counter in device memory + 1, read
+// once into `shared` and handed to the team) and a cleared failure flag. The caller bumps the counter when done.
+__device__ __forceinline__ uint64_t beginChunk(const Team& team, const uint64_t* counter, uint64_t* shared,
+                                               int* failed) {
+  if (team.tid == 0) {
+    *shared = *counter + 1;
     *failed = 0;
   }
-  __syncthreads();
-  return seq;
+  team.sync();
+  return *shared;
 }
 
-// All threads of a sender CTA, before its first write into any peer's staging in call `seq`: waits until every peer
-// consumed all NC chunks of my rows of the previous call (the counter at `doneOff` + 8 r of my window, added to by
-// r; see releaseConsumed). False on every thread if a wait failed.
-__device__ inline bool waitPeersConsumed(const GroupView& g, size_t doneOff, uint64_t seq) {
+// All threads of a sending team, before its first write into any peer's staging in call `seq`: waits until every
+// peer consumed all NC chunks of my rows of the previous call (the counter at `doneOff` + 8 r of my window, added to
+// by r; see releaseConsumed). False on every thread if a wait failed.
+__device__ inline bool waitPeersConsumed(const Team& team, const GroupView& g, size_t doneOff, uint64_t seq) {
   bool ok = true;
-  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
+  for (int r = team.tid; r < g.nRanks; r += team.size) {
     if (r == g.rank) continue;
     const uint64_t* done = static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, doneOff + (size_t)r * 8));
     if (!ncclext::dev::waitFlagAtLeast(done, (seq - 1) * (uint64_t)g.nChunks, {g.err, g.timeoutNs, g.rank}, r,
                                        ncclext::kSiteFlag, 0))
       ok = false;
   }
-  return !__syncthreads_or(!ok);
+  return !team.syncOr(!ok);
 }
 
-// All threads of a receiver CTA, after its last chunk: adds the number of chunks it consumed to my counter in every
-// peer's window (release: the CTA's reads of the peers' staging rows come before their next overwrite).
-__device__ inline void releaseConsumed(const GroupView& g, size_t doneOff, int chunks) {
-  __syncthreads();
+// All threads of a receiving team, after its last chunk: adds the number of chunks it consumed to my counter in
+// every peer's window (release: the team's reads of the peers' staging rows come before their next overwrite).
+__device__ inline void releaseConsumed(const Team& team, const GroupView& g, size_t doneOff, int chunks) {
+  team.sync();
   if (chunks == 0) return;
-  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
+  for (int r = team.tid; r < g.nRanks; r += team.size) {
     if (r == g.rank) continue;
     ncclext::dev::addRelease(static_cast<uint64_t*>(ncclGetLsaPointer(g.window, doneOff + (size_t)g.rank * 8, r)),
                              (uint64_t)chunks);

@@ -1,8 +1,10 @@
 // HT dispatch inside one NVLink domain (LSA).
 //
 // Contract
-//   grid = nSenders + nReceivers CTAs of kThreads; CTA j < nSenders is a sender, the others receivers (none with
-//   one rank). Each role walks chunks c = j, j + n, ... of kChunkTokens source tokens.
+//   grid = one CTA of 2 x kThreads per SM of the budget (a CTA fills an SM's registers, so the budget is the number
+//   of SMs used). With peers, CTA j's first half is sender j (if j < nSenders) and its second half receiver j
+//   (nReceivers == grid); alone, there are no receivers and half h of CTA j is sender 2 j + h. Each half is a team
+//   with its own named barrier. Each role walks chunks c = j, j + n, ... of kChunkTokens source tokens.
 //   Sender: before its first chunk, waits until every peer consumed all of my staging rows of the previous call
 //   (the peer's chunk counter in my window, see ht.h). Chunk c: stages the chunk's metadata in shared memory, then
 //   one warp per token writes the row once per other rank holding one of its experts, into that rank's staging
@@ -88,58 +90,62 @@ __device__ void deliver(const Ctx& x, int lane, int s, int slot, int expert, flo
 // A chunk's metadata in shared memory: one coalesced load per chunk instead of a chain of dependent global loads
 // per token before its copy can start.
 struct ChunkStage {
-  int slot[kChunkTokens][kMaxRanks];    // my tokens: sendSlot towards every rank
-  int expert[kChunkTokens][kMaxTopk];   // my tokens: global expert ids (-1: none); staged rows: local ids
-  int local[kChunkTokens][kMaxTopk];    // my tokens: local ids on this rank (-1 elsewhere)
-  int idx[kChunkTokens][kMaxTopk];      // (source, expert) indices
-  float w[kChunkTokens][kMaxTopk];      // weights
+  int slot[kChunkTokens][kMaxRanks];   // my tokens: sendSlot towards every rank
+  int expert[kChunkTokens][kMaxTopk];  // my tokens: global expert ids (-1: none)
+  int idx[kChunkTokens][kMaxTopk];     // (source, expert) indices
+  float w[kChunkTokens][kMaxTopk];     // weights
 };
 
-// All threads: stages my tokens [t0, t0 + n).
-__device__ void stageTokens(const Ctx& x, ChunkStage* st, int t0, int n) {
+// What one team (half a CTA) keeps in shared memory.
+struct TeamShared {
+  ChunkStage stage;
+  uint64_t seq;
+  int failed;
+};
+
+// All threads of the team: stages my tokens [t0, t0 + n).
+__device__ void stageTokens(const Team& team, const Ctx& x, ChunkStage* st, int t0, int n) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
-  const int R = g.nRanks, K = h.topk, me = g.rank, L = g.localExperts;
-  for (int i = threadIdx.x; i < n * R; i += blockDim.x) st->slot[i / R][i % R] = h.sendSlot[(size_t)t0 * R + i];
-  for (int i = threadIdx.x; i < n * K; i += blockDim.x) {
+  const int R = g.nRanks, K = h.topk;
+  for (int i = team.tid; i < n * R; i += team.size) st->slot[i / R][i % R] = h.sendSlot[(size_t)t0 * R + i];
+  for (int i = team.tid; i < n * K; i += team.size) {
     const int j = i / K, k = i % K, t = t0 + j;
     int e = loadExpert(h, t, k);
     if (e >= g.numExperts) e = -1;  // reported by the handle kernels
     st->expert[j][k] = e;
-    st->local[j][k] = e >= 0 && e / L == me ? e - me * L : -1;
     st->idx[j][k] = h.emIdx[(size_t)t * g.meta.maxTopk + k];
     st->w[j][k] = x.c.weights ? x.c.weights[(size_t)t * K + k] : 1.f;
   }
-  __syncthreads();
+  team.sync();
 }
 
 // One warp: my own rows of staged token j (token t) to my output.
 __device__ __forceinline__ void deliverOwn(const Ctx& x, const ChunkStage* st, int lane, int j, int t) {
-  const int slot = st->slot[j][x.g.rank];
+  const GroupView& g = x.g;
+  const int slot = st->slot[j][g.rank];
   if (slot < 0) return;
   const DispatchCall& c = x.c;
   const bool has = lane < x.h.topk;
-  deliver<false>(x, lane, x.g.rank, slot, has ? st->local[j][lane] : -1, has ? st->w[j][lane] : 0.f,
-                 has ? st->idx[j][lane] : -1, c.tokens + (size_t)t * c.rowBytes,
-                 c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
+  const int e = has ? st->expert[j][lane] : -1;
+  const int local = e >= 0 && e / g.localExperts == g.rank ? e - g.rank * g.localExperts : -1;
+  deliver<false>(x, lane, g.rank, slot, local, has ? st->w[j][lane] : 0.f, has ? st->idx[j][lane] : -1,
+                 c.tokens + (size_t)t * c.rowBytes, c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
 }
 
-__device__ void sendChunk(const Ctx& x, ChunkStage* st, int chunk) {
+__device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int chunk) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const DispatchCall& c = x.c;
   const int me = g.rank, R = g.nRanks, K = h.topk;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
-  __shared__ int failed;
-  const uint64_t seq = beginChunk(g.seq + chunk, &failed);
+  const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
+  ChunkStage* st = &sh->stage;
+  const uint64_t seq = beginChunk(team, g.seq + chunk, &sh->seq, &sh->failed);
   // Stage the chunk's metadata, then one warp per token.
   const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
-  stageTokens(x, st, t0, n);
+  stageTokens(team, x, st, t0, n);
   for (int j = warp; j < n; j += nWarps) {
     const int t = t0 + j;
-    const int e = lane < K ? st->expert[j][lane] : -1;
-    const float wt = lane < K ? st->w[j][lane] : 1.f;
-    const int idxK = lane < K ? st->idx[j][lane] : -1;
     const char* row = c.tokens + (size_t)t * c.rowBytes;
     const float* scales = c.scales ? c.scales + (size_t)t * c.nScales : nullptr;
     for (int r = 0; r < R; r++) {
@@ -149,36 +155,37 @@ __device__ void sendChunk(const Ctx& x, ChunkStage* st, int chunk) {
         if (c.nReceivers == 0) deliverOwn(x, st, lane, j, t);  // alone: nobody else copies my own rows
         continue;
       }
-      const int local = e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
       char* dst = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.dispRows + rowIndex * g.rowStride, r));
       char* meta = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
-      if (lane < K) {
-        reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = local;
-        reinterpret_cast<float*>(meta + g.meta.weightOff())[lane] = wt;
-        reinterpret_cast<int*>(meta + g.meta.emIdxOff())[lane] = idxK;
+      if (lane < K) {  // the metadata from the stage: expert ids local to r, weights, indices
+        const int e = st->expert[j][lane];
+        reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] =
+            e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;
+        reinterpret_cast<float*>(meta + g.meta.weightOff())[lane] = st->w[j][lane];
+        reinterpret_cast<int*>(meta + g.meta.emIdxOff())[lane] = st->idx[j][lane];
       }
       if (scales)
         for (int i = lane; i < c.nScales; i += 32) reinterpret_cast<float*>(meta + g.meta.scaleOff())[i] = scales[i];
       warpPublish(lane, reinterpret_cast<uint64_t*>(meta + g.meta.flagOff()), seq);
     }
   }
-  if (threadIdx.x == 0) g.seq[chunk] = seq;
+  if (team.tid == 0) g.seq[chunk] = seq;
 }
 
-// Returns false (on every thread) when a wait failed.
-__device__ bool receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
+// Returns false (on every thread of the team) when a wait failed.
+__device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int chunk) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const int me = g.rank, R = g.nRanks, NC = g.nChunks, K = h.topk;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
+  const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
   uint64_t* recvSeq = g.seq + NC;
-  __shared__ int failed;
-  const uint64_t seq = beginChunk(recvSeq + chunk, &failed);
+  ChunkStage* st = &sh->stage;
+  const uint64_t seq = beginChunk(team, recvSeq + chunk, &sh->seq, &sh->failed);
   // My own tokens of chunk c: local copies, no waiting (senders only push rows to peers).
   const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
-  stageTokens(x, st, t0, n);
+  stageTokens(team, x, st, t0, n);
   for (int j = warp; j < n; j += nWarps) deliverOwn(x, st, lane, j, t0 + j);
   // Every source's rows of chunk c, one warp per row, each as soon as its flag says it landed.
   for (int k = 1; k < R; k++) {
@@ -188,7 +195,7 @@ __device__ bool receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
       const size_t rowIndex = (size_t)s * g.maxTokens + slot;
       const char* meta = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes));
-      if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot, &failed)) break;
+      if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot, &sh->failed)) break;
       const bool has = lane < K;
       const int expert = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
       const float w = has ? __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + lane) : 0.f;
@@ -197,19 +204,28 @@ __device__ bool receiveChunk(const Ctx& x, ChunkStage* st, int chunk) {
       deliver<true>(x, lane, s, slot, expert, w, idx, row, reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
     }
   }
-  if (__syncthreads_or(failed)) return false;
-  if (threadIdx.x == 0) recvSeq[chunk] = seq;
+  if (team.syncOr(sh->failed)) return false;
+  if (team.tid == 0) recvSeq[chunk] = seq;
   return true;
 }
 
-__global__ void __launch_bounds__(kThreads, 2) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
+// One CTA of 2 x kThreads per SM of the budget: with peers, its first half sends and its second half receives
+// (sender j and receiver j are CTA j); alone, both halves send (sender 2 j + half). Each half synchronises on its
+// own named barrier.
+__global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
   Ctx x{g, h, c, h.derived};
-  __shared__ ChunkStage stage;
-  if ((int)blockIdx.x < c.nSenders) {
+  __shared__ TeamShared shared[2];
+  const int half = threadIdx.x >= kThreads;
+  const Team team = Team::halfCta(half);
+  TeamShared* sh = &shared[half];
+  const bool sender = c.nReceivers == 0 || half == 0;
+  const int j = c.nReceivers == 0 ? 2 * blockIdx.x + half : blockIdx.x;
+  if (j >= (sender ? c.nSenders : c.nReceivers)) return;
+  if (sender) {
     // Zero the EXPERT_MAJOR pad rows (and their weights) of this rank's output.
     if (h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR) {
-      const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
-      for (int l = blockIdx.x; l < g.localExperts; l += c.nSenders) {
+      const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
+      for (int l = j; l < g.localExperts; l += c.nSenders) {
         const int lo = x.d[h.dl.zoneStart + l] + x.d[h.dl.expCount + l], hi = x.d[h.dl.zoneStart + l + 1];
         for (int row = lo + warp; row < hi; row += nWarps) {
           warpZero(lane, c.outTokens + (size_t)row * c.rowBytes, c.rowBytes);
@@ -219,23 +235,22 @@ __global__ void __launch_bounds__(kThreads, 2) dispatchKernel(GroupView g, Handl
         }
       }
     }
-    if (g.nRanks > 1 && (int)blockIdx.x < g.nChunks && !waitPeersConsumed(g, g.wl.dispDone, g.seq[blockIdx.x] + 1))
-      return;
-    for (int chunk = blockIdx.x; chunk < g.nChunks; chunk += c.nSenders) sendChunk(x, &stage, chunk);
+    if (g.nRanks > 1 && j < g.nChunks && !waitPeersConsumed(team, g, g.wl.dispDone, g.seq[j] + 1)) return;
+    for (int chunk = j; chunk < g.nChunks; chunk += c.nSenders) sendChunk(team, x, sh, chunk);
   } else {
-    const int j = blockIdx.x - c.nSenders;
     int done = 0;
     for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers, done++)
-      if (!receiveChunk(x, &stage, chunk)) return;
-    releaseConsumed(g, g.wl.dispDone, done);
+      if (!receiveChunk(team, x, sh, chunk)) return;
+    releaseConsumed(team, g, g.wl.dispDone, done);
   }
 }
 
 }  // namespace
 
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream) {
-  return ncclext::launchKernel("ht dispatchKernel", dispatchKernel, dim3(c.nSenders + c.nReceivers), dim3(kThreads), 0,
-                               stream, g, h, c);
+  const int ctas = c.nReceivers > 0 ? max(c.nSenders, c.nReceivers) : (c.nSenders + 1) / 2;
+  return ncclext::launchKernel("ht dispatchKernel", dispatchKernel, dim3(ctas), dim3(2 * kThreads), 0, stream, g, h,
+                               c);
 }
 
 }  // namespace ncclep
