@@ -104,12 +104,13 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   NCCLEXT_CHECK(ncclext::DeviceStatus::create(&g->status));
   v.err = g->status->devicePtr();
   v.timeoutNs = (uint64_t)(g->timeoutSeconds * 1e9);
-  const size_t stateBytes = (4 * (size_t)v.nChunks + 1) * sizeof(uint64_t);
+  const size_t stateBytes = 5 * sizeof(uint64_t);  // calls[2], arrivals[2], barrier epoch
   NCCLEXT_CHECK(g->deviceAlloc(&g->state, stateBytes));
   NCCLEXT_CUDA(cudaMemset(g->state, 0, stateBytes));
   NCCLEXT_CUDA(cudaDeviceSynchronize());
-  v.seq = static_cast<uint64_t*>(g->state);
-  v.barrierEpoch = v.seq + 4 * (size_t)v.nChunks;
+  v.calls = static_cast<uint64_t*>(g->state);
+  v.arrivals = reinterpret_cast<unsigned long long*>(v.calls + 2);
+  v.barrierEpoch = v.calls + 4;
   NCCLEXT_INFO("group: %d ranks, %d experts, %d tokens x %d bytes, top-%d, %d SMs, window %zu bytes, %s",
                nRanks, config.num_experts, config.max_tokens_per_rank, config.max_token_bytes, config.max_topk,
                g->numSms, w.total, ncclext::describeEnv(env).c_str());
@@ -160,6 +161,8 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   n += R * (NC + 1);
   dl.totals = n;
   n += 2;
+  dl.peerChunks = n;
+  n += 1;
   dl.ints = n;
   // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW.
   const size_t sizes[] = {(size_t)g.maxTokens * R * 4, (size_t)g.maxTokens * MK * 4, (size_t)(NC + 1) * (R + E) * 4,

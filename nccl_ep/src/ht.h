@@ -1,14 +1,15 @@
 // High-Throughput (HT) mode inside one NVLink (LSA) domain: the structures host code and kernels share, and the
 // launch entry points of the three kernel families (kernels/ht_route.cu, ht_dispatch_lsa.cu, ht_combine_lsa.cu).
 //
-// Tokens are cut into chunks of kChunkTokens in source order; a chunk is the unit of work of one CTA. Signalling
-// is per row: a sender warp writes a row (and its metadata) into the receiver's staging, then release-stores the
-// call's sequence number into that row's flag, so the receiver copies (dispatch) or reduces (combine) each row as
-// soon as it lands and the last rows of a call need no chunk to fill. Staging is recycled per call: each receiver CTA
-// adds the number of chunks it finished to a counter in every source's window, and a sender writes nothing into a
-// peer's staging before that counter shows that the peer consumed every chunk of the previous call (so handles with
-// different routings may alternate on one group). Every call walks every chunk (empty ones too), so the per-chunk
-// sequence counters in device memory stay equal to the call count, across ranks, calls and CUDA graph replays.
+// Tokens are cut into chunks of kChunkTokens in source order; a chunk is the unit of work of a team of threads, and
+// a call walks only the chunks that hold rows (the handle knows how many). Signalling is per row: a sender warp
+// writes a row (and its metadata) into the receiver's staging, then release-stores the call's number into that
+// row's flag, so the receiver copies (dispatch) or reduces (combine) each row as soon as it lands. Calls are
+// numbered per group and kind in device memory: every CTA reads the number at its start, and the last CTA to finish
+// bumps it and tells every peer (a release store of the number into the peer's window) that this rank consumed all
+// the peer wrote into its staging in that call; a sender writes nothing into a peer's staging before the peer
+// consumed the previous call, so handles with different routings may alternate on one group, and CUDA graph replays
+// keep counting.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,11 +33,13 @@ constexpr int kThreads = 512;
 // Error-word sites of nccl_ep (common/device_error.h numbers the shared ones).
 enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1 };
 
+enum CallKind { kDispatch = 0, kCombine = 1 };
+
 // Byte offsets in the group's symmetric window (identical on every rank).
 struct WindowLayout {
   size_t barrierFlags;  // u64 [1][R]: the handle-exchange barrier
-  size_t dispDone;      // u64 [R]: chunks of my dispatch rows that rank r consumed (added by r)
-  size_t combDone;      // u64 [R]: chunks of my combine rows that rank r consumed (added by r)
+  size_t dispDone;      // u64 [R]: the last dispatch call whose rows from me rank r consumed (written by r)
+  size_t combDone;      // u64 [R]: the same for combine
   size_t combFlags;     // u64 [R][maxTokens]: flag of combine staging row [r][slot], written by r
   size_t exchange;      // int32 [R][exchangeInts]: row s written by source s
   size_t dispRows;      // [R][maxTokens][rowStride]: region s written by source s
@@ -62,8 +65,9 @@ struct MetaLayout {
 
 // Handle-derived int32 arrays, one device block; offsets in ints.
 struct DerivedLayout {
-  int srcCount, recvOffset, expCount, zoneStart, srcExpOff, chunkPrefix, totals, ints;
-  // totals: [0] FLAT rows, [1] EXPERT_MAJOR rows (pads included)
+  int srcCount, recvOffset, expCount, zoneStart, srcExpOff, chunkPrefix, totals, peerChunks, ints;
+  // totals: [0] FLAT rows, [1] EXPERT_MAJOR rows (pads included); peerChunks: [0] chunks of the peers' tokens
+  // that hold rows for me (1 + the last such chunk of any peer)
 };
 
 struct GroupView {
@@ -71,7 +75,8 @@ struct GroupView {
   WindowLayout wl;
   MetaLayout meta;
   int rank, nRanks, numExperts, localExperts, maxTokens, nChunks, rowStride;
-  uint64_t* seq;        // u64 [4][NC]: dispatch send, dispatch recv, combine send, combine recv
+  uint64_t* calls;      // u64 [2]: dispatch and combine calls completed on this rank
+  unsigned long long* arrivals;  // [2]: CTAs of the running dispatch / combine kernel that finished
   uint64_t* barrierEpoch;
   ncclext::DeviceErrorWord* err;
   uint64_t timeoutNs;

@@ -211,38 +211,33 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* fa
 }
 
 // No CTA barrier inside either role's loop: warps take rows (senders) or tokens (receivers) of the CTA's chunks
-// independently, and the CTA meets once at the end. The call's sequence number is the same for every chunk, read
-// once from the CTA's first chunk's counter; every chunk's counter is bumped at the end by its owner.
+// independently, and the CTA meets once at the end (finishCall). Senders walk the peers' chunks that hold rows here;
+// receivers walk my own tokens' chunks.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleView h, CombineCall c) {
   Ctx x{g, h, c, h.derived};
-  const int NC = g.nChunks;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   const bool sender = (int)blockIdx.x < c.nSenders;
   const int first = sender ? blockIdx.x : blockIdx.x - c.nSenders, stride = sender ? c.nSenders : c.nReceivers;
-  if (first >= NC) return;  // no chunk for this CTA
-  uint64_t* counters = g.seq + (sender ? 2 : 3) * NC;
-  const uint64_t seq = counters[first] + 1;
+  const uint64_t seq = callNumber(g, kCombine);
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   if (sender) {
-    if (!waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq)) return;
-    for (int chunk = first; chunk < NC; chunk += stride) sendChunk<T>(x, chunk, seq, warp, nWarps, lane);
-    __syncthreads();
+    if (waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq))
+      for (int chunk = first; chunk < x.d[h.dl.peerChunks]; chunk += stride)
+        sendChunk<T>(x, chunk, seq, warp, nWarps, lane);
+    else
+      failed = 1;
   } else {
-    int done = 0;
-    for (int chunk = first; chunk < NC; chunk += stride, done++) {
+    const int chunks = (h.numTokens + kChunkTokens - 1) / kChunkTokens;
+    bool ok = true;
+    for (int chunk = first; chunk < chunks && ok; chunk += stride) {
       const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
-      bool ok = true;
       for (int t = t0 + warp; t < t1 && ok; t += nWarps) ok = reduceToken<T>(x, t, seq, lane, &failed);
-      if (!ok) break;
     }
-    if (__syncthreads_or(failed)) return;
-    releaseConsumed(Team::wholeCta(), g, g.wl.combDone, done);
   }
-  if (threadIdx.x == 0)
-    for (int chunk = first; chunk < NC; chunk += stride) counters[chunk] = seq;
+  finishCall(g, kCombine, g.wl.combDone, seq, failed);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Helpers of the HT kernels: thread teams, the start of a team's turn on a chunk, staging recycling, per-row
+// Helpers of the HT kernels: thread teams, call numbers and the end of a call, staging recycling, per-row
 // publication, and warp-wide row copies with 16-byte vectors and several loads in flight. `src` of user inputs is
 // read through the read-only path; rows that a peer wrote into this rank's window during the kernel are read with
 // ld.global.cg (L2, never a stale L1 line).
@@ -62,43 +62,45 @@ struct Team {
   }
 };
 
-// All threads of the team: the sequence number of this call for a chunk (its counter in device memory + 1, read
-// once into `shared` and handed to the team) and a cleared failure flag. The caller bumps the counter when done.
-__device__ __forceinline__ uint64_t beginChunk(const Team& team, const uint64_t* counter, uint64_t* shared,
-                                               int* failed) {
-  if (team.tid == 0) {
-    *shared = *counter + 1;
-    *failed = 0;
-  }
-  team.sync();
-  return *shared;
-}
+// The call's number (1 + the calls of this kind completed so far), read by every thread at the start of a kernel.
+__device__ __forceinline__ uint64_t callNumber(const GroupView& g, CallKind kind) { return g.calls[kind] + 1; }
 
 // All threads of a sending team, before its first write into any peer's staging in call `seq`: waits until every
-// peer consumed all NC chunks of my rows of the previous call (the counter at `doneOff` + 8 r of my window, added to
-// by r; see releaseConsumed). False on every thread if a wait failed.
+// peer consumed what I wrote there in the previous call (its done flag in my window, see finishCall). False on every
+// thread of the team if a wait failed.
 __device__ inline bool waitPeersConsumed(const Team& team, const GroupView& g, size_t doneOff, uint64_t seq) {
   bool ok = true;
   for (int r = team.tid; r < g.nRanks; r += team.size) {
     if (r == g.rank) continue;
     const uint64_t* done = static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, doneOff + (size_t)r * 8));
-    if (!ncclext::dev::waitFlagAtLeast(done, (seq - 1) * (uint64_t)g.nChunks, {g.err, g.timeoutNs, g.rank}, r,
-                                       ncclext::kSiteFlag, 0))
+    if (!ncclext::dev::waitFlagAtLeast(done, seq - 1, {g.err, g.timeoutNs, g.rank}, r, ncclext::kSiteFlag, 0))
       ok = false;
   }
   return !team.syncOr(!ok);
 }
 
-// All threads of a receiving team, after its last chunk: adds the number of chunks it consumed to my counter in
-// every peer's window (release: the team's reads of the peers' staging rows come before their next overwrite).
-__device__ inline void releaseConsumed(const Team& team, const GroupView& g, size_t doneOff, int chunks) {
-  team.sync();
-  if (chunks == 0) return;
-  for (int r = team.tid; r < g.nRanks; r += team.size) {
-    if (r == g.rank) continue;
-    ncclext::dev::addRelease(static_cast<uint64_t*>(ncclGetLsaPointer(g.window, doneOff + (size_t)g.rank * 8, r)),
-                             (uint64_t)chunks);
+// All threads of the CTA, at the end of a dispatch or combine kernel (call `seq`; `doneOff`: that kind's done
+// flags). The last CTA to arrive bumps the call counter and release-stores `seq` into my done flag in every peer's
+// window: every CTA's reads of the peers' staging rows come before it (barrier, system fence, arrival atomic), so
+// the peers may overwrite them. A CTA in which a wait failed does not arrive: the group then reports the error and
+// its counters stop.
+__device__ inline void finishCall(const GroupView& g, CallKind kind, size_t doneOff, uint64_t seq, bool failed) {
+  __shared__ int last;
+  if (__syncthreads_or(failed)) return;
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    last = atomicAdd(&g.arrivals[kind], 1ull) == gridDim.x - 1;
+    if (last) {
+      __threadfence_system();
+      g.arrivals[kind] = 0;
+      g.calls[kind] = seq;
+    }
   }
+  __syncthreads();
+  if (!last) return;
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
+    if (r != g.rank)
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(ncclGetLsaPointer(g.window, doneOff + (size_t)g.rank * 8, r)), seq);
 }
 
 // One warp (all lanes, warp-uniform control flow), after it wrote a row (and its metadata) into a peer's staging:

@@ -99,7 +99,6 @@ struct ChunkStage {
 // What one team (half a CTA) keeps in shared memory.
 struct TeamShared {
   ChunkStage stage;
-  uint64_t seq;
   int failed;
 };
 
@@ -133,15 +132,15 @@ __device__ __forceinline__ void deliverOwn(const Ctx& x, const ChunkStage* st, i
                  c.tokens + (size_t)t * c.rowBytes, c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
 }
 
-__device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int chunk) {
+__device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int chunk, uint64_t seq) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const DispatchCall& c = x.c;
   const int me = g.rank, R = g.nRanks, K = h.topk;
   const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
   ChunkStage* st = &sh->stage;
-  const uint64_t seq = beginChunk(team, g.seq + chunk, &sh->seq, &sh->failed);
-  // Stage the chunk's metadata, then one warp per token.
+  // Stage the chunk's metadata (once the team is done with the previous chunk's), then one warp per token.
+  team.sync();
   const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
   stageTokens(team, x, st, t0, n);
   for (int j = warp; j < n; j += nWarps) {
@@ -171,18 +170,16 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
       warpPublish(lane, reinterpret_cast<uint64_t*>(meta + g.meta.flagOff()), seq);
     }
   }
-  if (team.tid == 0) g.seq[chunk] = seq;
 }
 
 // Returns false (on every thread of the team) when a wait failed.
-__device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int chunk) {
+__device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int chunk, uint64_t seq) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const int me = g.rank, R = g.nRanks, NC = g.nChunks, K = h.topk;
   const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
-  uint64_t* recvSeq = g.seq + NC;
   ChunkStage* st = &sh->stage;
-  const uint64_t seq = beginChunk(team, recvSeq + chunk, &sh->seq, &sh->failed);
+  team.sync();  // the team is done with the previous chunk's stage
   // My own tokens of chunk c: local copies, no waiting (senders only push rows to peers).
   const int t0 = chunk * kChunkTokens, n = max(0, min(h.numTokens, t0 + kChunkTokens) - t0);
   stageTokens(team, x, st, t0, n);
@@ -204,45 +201,55 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
       deliver<true>(x, lane, s, slot, expert, w, idx, row, reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
     }
   }
-  if (team.syncOr(sh->failed)) return false;
-  if (team.tid == 0) recvSeq[chunk] = seq;
+  return !team.syncOr(sh->failed);
+}
+
+// One role of one team; false when a wait failed.
+__device__ bool runTeam(const Team& team, const Ctx& x, TeamShared* sh, bool sender, int j, uint64_t seq) {
+  const GroupView& g = x.g;
+  const HandleView& h = x.h;
+  const DispatchCall& c = x.c;
+  const int ownChunks = (h.numTokens + kChunkTokens - 1) / kChunkTokens;
+  if (!sender) {
+    const int chunks = max(ownChunks, x.d[h.dl.peerChunks]);
+    for (int chunk = j; chunk < chunks; chunk += c.nReceivers)
+      if (!receiveChunk(team, x, sh, chunk, seq)) return false;
+    return true;
+  }
+  // Zero the EXPERT_MAJOR pad rows (and their weights) of this rank's output.
+  if (h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR) {
+    const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
+    for (int l = j; l < g.localExperts; l += c.nSenders) {
+      const int lo = x.d[h.dl.zoneStart + l] + x.d[h.dl.expCount + l], hi = x.d[h.dl.zoneStart + l + 1];
+      for (int row = lo + warp; row < hi; row += nWarps) {
+        warpZero(lane, c.outTokens + (size_t)row * c.rowBytes, c.rowBytes);
+        if (lane == 0 && c.outWeights) c.outWeights[row] = 0.f;
+        if (c.outScales)
+          for (int i = lane; i < c.nScales; i += 32) c.outScales[(size_t)row * c.nScales + i] = 0.f;
+      }
+    }
+  }
+  if (g.nRanks > 1 && !waitPeersConsumed(team, g, g.wl.dispDone, seq)) return false;
+  for (int chunk = j; chunk < ownChunks; chunk += c.nSenders) sendChunk(team, x, sh, chunk, seq);
   return true;
 }
 
 // One CTA of 2 x kThreads per SM of the budget: with peers, its first half sends and its second half receives
 // (sender j and receiver j are CTA j); alone, both halves send (sender 2 j + half). Each half synchronises on its
-// own named barrier.
+// own named barrier; the whole CTA meets once, at the end.
 __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
   Ctx x{g, h, c, h.derived};
   __shared__ TeamShared shared[2];
+  const uint64_t seq = callNumber(g, kDispatch);
   const int half = threadIdx.x >= kThreads;
   const Team team = Team::halfCta(half);
   TeamShared* sh = &shared[half];
+  if (team.tid == 0) sh->failed = 0;
   const bool sender = c.nReceivers == 0 || half == 0;
   const int j = c.nReceivers == 0 ? 2 * blockIdx.x + half : blockIdx.x;
-  if (j >= (sender ? c.nSenders : c.nReceivers)) return;
-  if (sender) {
-    // Zero the EXPERT_MAJOR pad rows (and their weights) of this rank's output.
-    if (h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR) {
-      const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
-      for (int l = j; l < g.localExperts; l += c.nSenders) {
-        const int lo = x.d[h.dl.zoneStart + l] + x.d[h.dl.expCount + l], hi = x.d[h.dl.zoneStart + l + 1];
-        for (int row = lo + warp; row < hi; row += nWarps) {
-          warpZero(lane, c.outTokens + (size_t)row * c.rowBytes, c.rowBytes);
-          if (lane == 0 && c.outWeights) c.outWeights[row] = 0.f;
-          if (c.outScales)
-            for (int i = lane; i < c.nScales; i += 32) c.outScales[(size_t)row * c.nScales + i] = 0.f;
-        }
-      }
-    }
-    if (g.nRanks > 1 && j < g.nChunks && !waitPeersConsumed(team, g, g.wl.dispDone, g.seq[j] + 1)) return;
-    for (int chunk = j; chunk < g.nChunks; chunk += c.nSenders) sendChunk(team, x, sh, chunk);
-  } else {
-    int done = 0;
-    for (int chunk = j; chunk < g.nChunks; chunk += c.nReceivers, done++)
-      if (!receiveChunk(team, x, sh, chunk)) return;
-    releaseConsumed(team, g, g.wl.dispDone, done);
-  }
+  bool ok = true;
+  if (j < (sender ? c.nSenders : c.nReceivers)) ok = runTeam(team, x, sh, sender, j, seq);
+  finishCall(g, kDispatch, g.wl.dispDone, seq, !ok);
 }
 
 }  // namespace

@@ -12,7 +12,8 @@
 //                exchange row, meets every rank in the flag barrier (release/acquire at system scope, with a
 //                timeout), derives the receive layout (FLAT offsets by source, EXPERT_MAJOR zone starts and
 //                (source, expert) offsets, chunk prefixes from every source), writes the optional layout-info
-//                outputs, and meets the ranks again so that no rank overwrites exchange rows still being read.
+//                outputs and the number of peer chunks holding rows for me, and meets the ranks again so that no rank
+//                overwrites exchange rows still being read.
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
@@ -149,7 +150,17 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info) {
     const int s = i / (NC + 1), c = i % (NC + 1);
     d[dl.chunkPrefix + i] = rows[(size_t)s * g.wl.exchangeInts + R + E + c];
   }
+  // 1 + the last chunk of any peer holding rows for me: the chunks that dispatch receivers and combine senders walk.
+  __shared__ int peerChunks;
+  if (threadIdx.x == 0) peerChunks = 0;
   __syncthreads();
+  for (int i = threadIdx.x; i < R * NC; i += blockDim.x) {
+    const int s = i / NC, c = i % NC;
+    const int* prefix = rows + (size_t)s * g.wl.exchangeInts + R + E;
+    if (s != me && prefix[c + 1] > prefix[c]) atomicMax(&peerChunks, c + 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) d[dl.peerChunks] = peerChunks;
   if (threadIdx.x == 0) {
     int pos = 0;
     const int a = h.align;
