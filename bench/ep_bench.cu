@@ -14,6 +14,9 @@
 //   logical_bytes = rows this rank receives (its own included) x row payload bytes: DeepEP's convention.
 //   GB/s = bytes / median time / 1e9.
 //
+// Same run, per shape: the copy engine moving the dispatch's NVLink bytes from every rank to the next at once
+// (cudaMemcpyPeerAsync, ranks synced; ce_same_bytes*), the practical limit at that size.
+//
 // Usage: ep_bench [--nranks N] [--json FILE] [--quick]
 #include <cuda_bf16.h>
 #include <getopt.h>
@@ -219,6 +222,32 @@ int main(int argc, char** argv) {
           }, 3, 20, &tHandle))
         return 1;
       ncclEpHandleDestroy(hw);
+      // The practical limit at this size: the copy engine moving the same NVLink bytes (dispatch payload) from every
+      // rank to the next at once, ranks synced before each copy. 0 with one rank.
+      double ceUs = 0;
+      const size_t ceBytes = (size_t)sentRows * payload;
+      if (R > 1 && ceBytes > 0) {
+        const int peer = (ctx.device + 1) % R;
+        void *ceSrc = nullptr, *ceDst = nullptr;
+        cudaMalloc(&ceSrc, ceBytes);
+        cudaSetDevice(peer);
+        cudaMalloc(&ceDst, ceBytes);
+        cudaSetDevice(ctx.device);
+        if (cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess) cudaGetLastError();  // already enabled is fine
+        std::vector<float> tce;
+        if (timeIt([&](int) {
+              return cudaMemcpyPeerAsync(ceDst, peer, ceSrc, ctx.device, ceBytes, ctx.stream) == cudaSuccess
+                         ? ncclSuccess
+                         : ncclUnhandledCudaError;
+            }, 5, 40, &tce, true))
+          return 1;
+        ceUs = median(tce);
+        cudaFree(ceSrc);
+        cudaFree(ceDst);
+        if (ctx.rank == 0)
+          printf("copy engine, the same %.1f MB from every rank to the next at once: %.1f us (%.1f GB/s per rank)\n",
+                 ceBytes / 1e6, ceUs, ceBytes / ceUs / 1e3);
+      }
       for (int sms : s.sms) {
         if (sms > smCount) sms = smCount;
         ncclEpDispatchConfig_t dc = NCCL_EP_DISPATCH_CONFIG_INIT;
@@ -258,12 +287,13 @@ int main(int argc, char** argv) {
                       "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
                       "\"us_median_synced\": %.2f, "
                       "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
-                      "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"iters\": 60, \"gpu\": \"%s\", "
+                      "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
+                      "\"ce_same_bytes_us_median\": %.2f, \"iters\": 60, \"gpu\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload\"}\n",
                       op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
                       op == 0 ? median(tHandle) : 0.0, nvB,
-                      nvB / us / 1e3, logB, logB / us / 1e3, prop.name);
+                      nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, prop.name);
           }
         }
       }

@@ -43,6 +43,9 @@ for op, deepep in (("dispatch", 197.9), ("combine", 212.6)):
     best = min(rows, key=lambda r: r["us_median"])
     line = "%s bf16 4096x7168 top-8: best %.1f us at %d SMs (%.1f GB/s over NVLink" % (op, best["us_median"], best["sms"], best["nvlink_GBps"])
     if peer: line += ", %.0f%% of peer copy" % (100 * best["nvlink_GBps"] / peer)
+    if best.get("ce_same_bytes_us_median"):
+        line += ", %.0f%% of the copy engine moving the same bytes both ways (%.1f us)" % (
+            100 * best["ce_same_bytes_us_median"] / best["us_median"], best["ce_same_bytes_us_median"])
     bs = min(rows, key=lambda r: r.get("us_median_synced", 1e9))
     line += "; ranks synced before each call: %.1f us at %d SMs" % (bs["us_median_synced"], bs["sms"])
     line += "); DeepEP best %.1f us" % deepep
