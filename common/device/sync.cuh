@@ -14,10 +14,10 @@
 //   word, once another thread of this rank has recorded an error.
 #pragma once
 
-#include <cuda/atomic>
 #include <nccl_device.h>
 
 #include <cstdint>
+#include <cuda/atomic>
 
 #include "common/device_error.h"
 
@@ -27,7 +27,7 @@ namespace dev {
 struct WaitContext {
   DeviceErrorWord* err;  // mapped host memory
   uint64_t timeoutNs;
-  int rank;              // my world rank, for the error word
+  int rank;  // my world rank, for the error word
 };
 
 __device__ __forceinline__ uint64_t globalTimerNs() {
@@ -73,8 +73,8 @@ __device__ inline void recordError(DeviceErrorWord* w, uint32_t code, int rank, 
 }
 
 // The spinning part of waitFlagAtLeast, out of line so that a kernel's hot loop does not carry its registers.
-static __device__ __noinline__ bool waitFlagSlow(const uint64_t* flag, uint64_t expected, const WaitContext ctx, int peer,
-                                          uint32_t site, uint32_t index) {
+static __device__ __noinline__ bool waitFlagSlow(const uint64_t* flag, uint64_t expected, const WaitContext ctx,
+                                                 int peer, uint32_t site, uint32_t index) {
   uint64_t seen;
   const uint64_t start = globalTimerNs();
   for (uint32_t spin = 1;; spin++) {

@@ -46,7 +46,7 @@ struct WindowLayout {
   size_t dispMeta;      // [R][maxTokens][metaBytes]: the row's flag first
   size_t combRows;      // [R][maxTokens][rowStride]: region r written by expert rank r
   size_t total;
-  int exchangeInts;     // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
+  int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
 };
 
 // Per-row metadata sent with every dispatched row: the row's flag (u64, released last), K local expert ids (-1: not
@@ -75,7 +75,7 @@ struct GroupView {
   WindowLayout wl;
   MetaLayout meta;
   int rank, nRanks, numExperts, localExperts, maxTokens, nChunks, rowStride;
-  uint64_t* calls;      // u64 [2]: dispatch and combine calls completed on this rank
+  uint64_t* calls;               // u64 [2]: dispatch and combine calls completed on this rank
   unsigned long long* arrivals;  // [2]: CTAs of the running dispatch / combine kernel that finished
   uint64_t* barrierEpoch;
   ncclext::DeviceErrorWord* err;
@@ -91,8 +91,8 @@ struct HandleView {
   int* tileCount;  // [NC + 1][R + E]
   int* derived;
   DerivedLayout dl;
-  int* emPos;      // [maxFlatRows][maxTopk]: EXPERT_MAJOR row of each (received flat row, k); -1
-  float* flatW;    // [maxFlatRows][maxTopk]: its weight
+  int* emPos;           // [maxFlatRows][maxTopk]: EXPERT_MAJOR row of each (received flat row, k); -1
+  float* flatW;         // [maxFlatRows][maxTopk]: its weight
   int64_t* hostTotals;  // pinned mapped: [0] FLAT rows, [1] EM rows (EXACT sizing)
 };
 

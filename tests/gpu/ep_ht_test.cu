@@ -6,8 +6,9 @@
 // counts exactly, and combine against a double-precision reference with a stated tolerance: FLAT sums of values
 // with 3 significant bits are exact in every dtype (tolerance 0); EXPERT_MAJOR applies fp32 weights and rounds the
 // per-rank partial to the dtype: |err| <= tol * (1 + |ref|) with tol 2e-2 (bf16), 4e-3 (fp16), 1e-5 (fp32).
-// Then: a CUDA-graph-captured dispatch + combine replayed with fresh inputs; an invalid expert id reported by an
-// EXACT handle; and (2+ ranks) the timeout path: one rank skips a dispatch, the others get ncclRemoteError.
+// Then: a CUDA-graph-captured dispatch + combine replayed with fresh inputs; two handles with different routings
+// used alternately, back to back, on one group; an invalid expert id reported by an EXACT handle; and (2+ ranks)
+// the timeout path: one rank skips a dispatch, the others get ncclRemoteError.
 //
 // Usage: ep_ht_test [--nranks N] [--seed S] [--json FILE]     Exit: 0 pass, 1 fail, 77 no GPU.
 #include <cuda_bf16.h>
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -428,6 +430,105 @@ struct Runner {
     return 0;
   }
 
+  // Two handles with different routings on one group, used alternately with no host synchronisation: dispatch A,
+  // B, A, B, then combine A, B, A, B, all enqueued back to back, each into its own outputs. A sender of one call
+  // must not overwrite a peer's staging rows that the peer is still reading from the previous call, although the
+  // two calls place their rows differently.
+  int runAlternating(const Case& c, uint64_t caseSeed) {
+    const int rank = ctx.rank, R = ctx.nRanks, K = c.topk;
+    const size_t rowBytes = c.hidden * esize(c.dtype);
+    constexpr int kCalls = 4;
+    struct Side {
+      Routing r;
+      std::vector<ncclep::ref::RankRecv> recv;
+      uint64_t cs;
+      int64_t rows = 0;
+      ncclEpHandle_t h = nullptr;
+      std::unique_ptr<DeviceBuf> topk, x, w, sc, cin;
+    } side[2];
+    for (int i = 0; i < 2; i++) {
+      Side& sd = side[i];
+      sd.cs = caseSeed * 2 + i;
+      sd.r = makeRouting(c, R, sd.cs);
+      sd.recv = ncclep::ref::dispatchLayout(sd.r, 1);
+      const int T = sd.r.numTokens[rank];
+      sd.topk.reset(new DeviceBuf((size_t)T * K * 4));
+      sd.topk->put(sd.r.topkIdx[rank].data(), (size_t)T * K * 4);
+      ncclEpTensor_t ti = epTensor(sd.topk->p, ncclInt32, {T, K});
+      ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+      hc.sizing = NCCL_EP_SIZING_EXACT;
+      EXPECT_OK(ncclEpCreateHandle(&sd.h, group, c.layout, &ti, nullptr, &hc, ctx.stream));
+      EXPECT_OK(ncclEpHandleGetRecvRows(sd.h, &sd.rows));
+      sd.x.reset(new DeviceBuf((size_t)T * rowBytes));
+      sd.w.reset(new DeviceBuf((size_t)T * K * 4));
+      sd.sc.reset(new DeviceBuf(16));
+      fillInputs(c, sd.r, sd.cs, *sd.x, *sd.w, *sd.sc);
+      const auto& flat = sd.recv[rank].flat;
+      std::vector<uint8_t> hin(sd.rows * rowBytes, 0);
+      for (size_t row = 0; row < flat.size(); row++)
+        for (int col = 0; col < c.hidden; col++)
+          storeValue(c.dtype, hin.data(), row * c.hidden + col,
+                     combineValue(sd.cs, rank, flat[row].src, flat[row].token, -1, col));
+      sd.cin.reset(new DeviceBuf(sd.rows * rowBytes));
+      sd.cin->put(hin.data(), hin.size());
+    }
+    std::vector<std::unique_ptr<DeviceBuf>> y, yw, yi, cout;
+    for (int call = 0; call < kCalls; call++) {
+      const Side& sd = side[call % 2];
+      y.emplace_back(new DeviceBuf(sd.rows * rowBytes));
+      yw.emplace_back(new DeviceBuf(sd.rows * K * 4));
+      yi.emplace_back(new DeviceBuf(sd.rows * K * 4));
+      cout.emplace_back(new DeviceBuf((size_t)sd.r.numTokens[rank] * rowBytes));
+      for (DeviceBuf* b : {y.back().get(), yw.back().get(), yi.back().get(), cout.back().get()}) b->poison();
+    }
+    if (wait("alternating setup")) return 1;
+    for (int call = 0; call < kCalls; call++) {
+      const Side& sd = side[call % 2];
+      const int T = sd.r.numTokens[rank];
+      ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+      in.tokens = epTensor(sd.x->p, c.dtype, {T, c.hidden});
+      in.topk_weights = epTensor(sd.w->p, ncclFloat32, {T, K});
+      ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+      out.tokens = epTensor(y[call]->p, c.dtype, {sd.rows, c.hidden});
+      out.topk_weights = epTensor(yw[call]->p, ncclFloat32, {sd.rows, K});
+      out.topk_idx = epTensor(yi[call]->p, ncclInt32, {sd.rows, K});
+      EXPECT_OK(ncclEpDispatch(sd.h, &in, &out, nullptr, nullptr, ctx.stream));
+    }
+    for (int call = 0; call < kCalls; call++) {
+      const Side& sd = side[call % 2];
+      ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+      ci.tokens = epTensor(sd.cin->p, c.dtype, {sd.rows, c.hidden});
+      ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+      co.tokens = epTensor(cout[call]->p, c.dtype, {sd.r.numTokens[rank], c.hidden});
+      EXPECT_OK(ncclEpCombine(sd.h, &ci, &co, nullptr, ctx.stream));
+    }
+    if (wait("alternating calls")) return 1;
+    DeviceBuf noScales(16);
+    for (int call = 0; call < kCalls; call++) {
+      const Side& sd = side[call % 2];
+      const int T = sd.r.numTokens[rank];
+      checkDispatch(c, sd.r, sd.recv[rank], sd.cs, sd.rows, *y[call], *yw[call], *yi[call], noScales);
+      auto hc2 = cout[call]->get<uint8_t>((size_t)T * rowBytes);
+      for (int t = 0; t < T; t++) {
+        std::vector<char> seen(R, 0);
+        std::vector<int> owners;
+        for (int k = 0; k < K; k++) {
+          const int e = sd.r.topkIdx[rank][(size_t)t * K + k];
+          if (e >= 0 && !seen[sd.r.owner(e)]++) owners.push_back(sd.r.owner(e));
+        }
+        bool ok = true;
+        for (int col = 0; col < c.hidden && ok; col++) {
+          double ref = 0;
+          for (int d : owners) ref += combineValue(sd.cs, d, rank, t, -1, col);
+          ok = loadValue(c.dtype, hc2.data(), (size_t)t * c.hidden + col) == ref;
+        }
+        if (!ok) { bad(c, "alternating combine differs at call/token", call, t); break; }
+      }
+    }
+    for (Side& sd : side) EXPECT_OK(ncclEpHandleDestroy(sd.h));
+    return 0;
+  }
+
   // An EXACT handle whose routing holds an id >= num_experts on rank 0: that rank gets ncclInvalidArgument with
   // the element named; the collective still completes everywhere and the group stays usable.
   int runBadExpert(const Case& c) {
@@ -568,6 +669,10 @@ int main(int argc, char** argv) {
     const Case graphCase{"graph replay", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE,
                          false, 8, 512, true};
     if (!rc) rc |= run.runGraph(graphCase, seed * 7 + 1, 20);
+    Case alternating{"two handles alternating", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
+                     false, 8, 7168, true};
+    alternating.allFull = true;
+    if (!rc) rc |= run.runAlternating(alternating, seed * 11 + 3);
     if (!rc) rc |= run.runBadExpert(graphCase);
     // Agree on the outcome before the timeout test breaks the group's sequence.
     unsigned long long mine = (unsigned long long)(run.errors + rc), total = 0, *d = nullptr;
@@ -618,7 +723,8 @@ int main(int argc, char** argv) {
     }
     ncclEpGroupDestroy(group);
     const bool pass = total == 0 && timeoutOk;
-    printf("rank %d: %zu cases (%d failed), graph replays, bad expert id, timeout %s -> %s (seed %llu)\n", ctx.rank,
+    printf("rank %d: %zu cases (%d failed), graph replays, alternating handles, bad expert id, timeout %s -> %s "
+           "(seed %llu)\n", ctx.rank,
            cases.size(), failedCases, ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)",
            pass ? "PASS" : "FAIL", (unsigned long long)seed);
     if (ctx.rank == 0) {

@@ -246,7 +246,8 @@ ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const Combin
   const dim3 grid(c.nSenders + c.nReceivers), block(kThreads);
   switch (c.dtype) {
     case ncclBfloat16:
-      return ncclext::launchKernel("ht combineKernel<bf16>", combineKernel<__nv_bfloat16>, grid, block, 0, stream, g, h, c);
+      return ncclext::launchKernel("ht combineKernel<bf16>", combineKernel<__nv_bfloat16>, grid, block, 0, stream, g, h,
+                                   c);
     case ncclFloat16:
       return ncclext::launchKernel("ht combineKernel<fp16>", combineKernel<__half>, grid, block, 0, stream, g, h, c);
     case ncclFloat32:

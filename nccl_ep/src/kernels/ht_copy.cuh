@@ -15,8 +15,10 @@ namespace ncclep {
 
 template <bool kFromPeer>
 __device__ __forceinline__ int4 loadVec(const int4* p) {
-  if constexpr (kFromPeer) return __ldcg(p);
-  else return __ldg(p);
+  if constexpr (kFromPeer)
+    return __ldcg(p);
+  else
+    return __ldg(p);
 }
 
 template <bool kFromPeer>
@@ -54,7 +56,8 @@ struct Team {
   __device__ bool syncOr(bool p) const {
     int any;
     asm volatile(
-        "{\n .reg .pred in, out;\n setp.ne.s32 in, %1, 0;\n bar.red.or.pred out, %2, %3, in;\n selp.s32 %0, 1, 0, out;\n}"
+        "{\n .reg .pred in, out;\n setp.ne.s32 in, %1, 0;\n bar.red.or.pred out, %2, %3, in;\n selp.s32 %0, 1, 0, "
+        "out;\n}"
         : "=r"(any)
         : "r"((int)p), "r"(barrier), "r"(size)
         : "memory");
@@ -100,7 +103,8 @@ __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t done
   if (!last) return;
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
     if (r != g.rank)
-      ncclext::dev::storeRelease(static_cast<uint64_t*>(ncclGetLsaPointer(g.window, doneOff + (size_t)g.rank * 8, r)), seq);
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(ncclGetLsaPointer(g.window, doneOff + (size_t)g.rank * 8, r)),
+                                 seq);
 }
 
 // One warp (all lanes, warp-uniform control flow), after it wrote a row (and its metadata) into a peer's staging:

@@ -191,7 +191,8 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
       const size_t rowIndex = (size_t)s * g.maxTokens + slot;
-      const char* meta = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes));
+      const char* meta =
+          static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes));
       if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot, &sh->failed)) break;
       const bool has = lane < K;
       const int expert = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
@@ -256,8 +257,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
 
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream) {
   const int ctas = c.nReceivers > 0 ? max(c.nSenders, c.nReceivers) : (c.nSenders + 1) / 2;
-  return ncclext::launchKernel("ht dispatchKernel", dispatchKernel, dim3(ctas), dim3(2 * kThreads), 0, stream, g, h,
-                               c);
+  return ncclext::launchKernel("ht dispatchKernel", dispatchKernel, dim3(ctas), dim3(2 * kThreads), 0, stream, g, h, c);
 }
 
 }  // namespace ncclep
