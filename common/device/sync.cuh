@@ -11,7 +11,7 @@
 // - Every wait has a budget (WaitContext::timeoutNs, measured on %globaltimer, so it does not drift with the SM
 //   clock). When it runs out the waiting thread records rank, peer, expected and seen values in the error word
 //   (common/device_error.h) and returns false; it never traps. A wait also gives up early, without overwriting the
-//   word, once another thread of this rank has recorded an error.
+//   word, once another thread of this rank has recorded a timeout (not a bad-input report, which is recoverable).
 #pragma once
 
 #include <nccl_device.h>
@@ -54,8 +54,12 @@ __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
 // a >= b on a sequence that may wrap.
 __device__ __forceinline__ bool seqAtLeast(uint64_t a, uint64_t b) { return static_cast<int64_t>(a - b) >= 0; }
 
+// A failure that dooms this rank's waits (a timeout, or a wait that gave up because of one). A bad-input report
+// (an invalid expert id found by a handle kernel) is not one: the collective goes on and the group stays usable,
+// so the other waits must not give up because of it.
 __device__ __forceinline__ bool errorRecorded(const DeviceErrorWord* w) {
-  return *reinterpret_cast<const volatile uint32_t*>(&w->code) != kDeviceOk;
+  const uint32_t code = *reinterpret_cast<const volatile uint32_t*>(&w->code);
+  return code == kDeviceTimeout || code == kDeviceAborted;
 }
 
 __device__ inline void recordError(DeviceErrorWord* w, uint32_t code, int rank, int peer, uint64_t expected,
