@@ -40,12 +40,6 @@ __device__ __forceinline__ void storeRelease(uint64_t* p, uint64_t v) {
   cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
 }
 
-// Adds `v` to a counter (typically in a peer's window) with release semantics at system scope: everything this
-// thread observed before (after a barrier: everything its CTA or warp wrote or read) is ordered before the add.
-__device__ __forceinline__ void addRelease(uint64_t* p, uint64_t v) {
-  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).fetch_add(v, cuda::memory_order_release);
-}
-
 __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
   return cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*const_cast<uint64_t*>(p))
       .load(cuda::memory_order_acquire);
