@@ -1,5 +1,7 @@
-# Copied unchanged from shared/reference/baseline_torch.py (the team's baseline script) so that it travels with
-# the repository to the GPU machines; bench/run_ep_bench.sh runs it in the same session as ep_bench.
+# Copied from shared/reference/baseline_torch.py (the team's baseline script) so that it travels with the
+# repository to the GPU machines; bench/run_ep_bench.sh runs it in the same session as ep_bench. One change: the
+# world size is `--world N` (default 2, the original's), and with more than 2 ranks the 1 GiB send/recv runs
+# between ranks 0 and 1 only (the others would wait for a sender that never comes).
 """Baseline figures on a 2-GPU machine, measured with PyTorch and its bundled NCCL.
 Prints one JSON line per measurement: the practical link limit and what users would pick instead of an EP/M2N library."""
 import json, os, sys, time
@@ -58,9 +60,10 @@ def worker(rank, world, q):
     z = torch.empty(n // 2, dtype=torch.bfloat16, device='cuda').normal_()
     def sr():
         if rank == 0: dist.send(z, 1)
-        else: dist.recv(z, 0)
-    t = ev_time(sr, iters=10, warm=3)
-    res.append(dict(what='nccl_send_recv_1GiB', bytes=n, s=t, GBps=n/t/1e9))
+        elif rank == 1: dist.recv(z, 0)
+    if rank < 2:
+        t = ev_time(sr, iters=10, warm=3)
+        res.append(dict(what='nccl_send_recv_1GiB', bytes=n, s=t, GBps=n/t/1e9))
     t = ev_time(lambda: dist.broadcast(z, 0), iters=10, warm=3)
     res.append(dict(what='nccl_broadcast_1GiB', bytes=n, s=t, GBps=n/t/1e9))
     # Naive MoE dispatch/combine the way a framework without an EP library does it:
@@ -101,14 +104,14 @@ def worker(rank, world, q):
 
 if __name__ == '__main__':
     out = []
-    if torch.cuda.device_count() >= 2:
+    world = int(sys.argv[sys.argv.index('--world') + 1]) if '--world' in sys.argv else 2
+    if torch.cuda.device_count() >= max(2, world):
         out += peer_copy()
-        world = 2
         ctx = mp.get_context('spawn'); q = ctx.Queue()
         ps = [ctx.Process(target=worker, args=(r, world, q)) for r in range(world)]
         for p in ps: p.start()
         got = [q.get() for _ in ps]
         for p in ps: p.join()
         for r, res in sorted(got):
-            for x in res: x['rank'] = r; out.append(x)
+            for x in res: x['rank'] = r; x['world'] = world; out.append(x)
     for x in out: print(json.dumps(x))

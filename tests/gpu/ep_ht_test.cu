@@ -622,11 +622,12 @@ int main(int argc, char** argv) {
       if (run.errors != before) failedCases++;
       if (rc) break;
     }
-    // The limits, on a second group: 16384 tokens per rank, top-32, 512 experts per rank (1024 on 2 ranks),
-    // and rows of 16384 bf16 columns.
+    // The limits, on a second group: 16384 tokens per rank, top-32, up to 512 experts per rank and at most 1024 in
+    // all (the group's limit: 512 per rank on 1 and 2 ranks, 128 on 8), and rows of 16384 bf16 columns.
     if (!rc) {
       ncclEpGroupConfig_t big = NCCL_EP_GROUP_CONFIG_INIT;
-      big.num_experts = 512 * ctx.nRanks;
+      const int bigExpertsPerRank = std::min(512, 1024 / ctx.nRanks);
+      big.num_experts = bigExpertsPerRank * ctx.nRanks;
       big.max_tokens_per_rank = 16384;
       big.max_token_bytes = 16384 * 2;
       big.max_topk = 32;
@@ -639,7 +640,7 @@ int main(int argc, char** argv) {
         std::vector<Case> limits;
         Case full{"limits: 16384 tokens, top-32, flat", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
                   NCCL_EP_SIZING_EXACT, true, 32, 256, true};
-        full.expertsPerRank = 512;
+        full.expertsPerRank = bigExpertsPerRank;
         full.maxTokens = 16384;
         full.allFull = true;
         limits.push_back(full);
@@ -652,7 +653,7 @@ int main(int argc, char** argv) {
         limits.push_back(em);
         Case wide{"limits: hidden 16384 bf16", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
                   false, 32, 16384, true};
-        wide.expertsPerRank = 512;
+        wide.expertsPerRank = bigExpertsPerRank;
         wide.maxTokens = 48;
         limits.push_back(wide);
         Runner big2{ctx, bigGroup, seed, 0, {}};
