@@ -1,7 +1,7 @@
 # Copied from shared/reference/baseline_torch.py (the team's baseline script) so that it travels with the
-# repository to the GPU machines; bench/run_ep_bench.sh runs it in the same session as ep_bench. One change: the
-# world size is `--world N` (default 2, the original's), and with more than 2 ranks the 1 GiB send/recv runs
-# between ranks 0 and 1 only (the others would wait for a sender that never comes).
+# repository to the GPU machines; bench/run_ep_bench.sh runs it in the same session as ep_bench. Changed: the
+# world size is `--world N` (default 2, the original's) and every line says it ("world"); with more than 2 ranks
+# the 1 GiB send/recv runs between ranks 0 and 1 only (the others would wait for a sender that never comes).
 """Baseline figures on a 2-GPU machine, measured with PyTorch and its bundled NCCL.
 Prints one JSON line per measurement: the practical link limit and what users would pick instead of an EP/M2N library."""
 import json, os, sys, time
@@ -113,5 +113,5 @@ if __name__ == '__main__':
         got = [q.get() for _ in ps]
         for p in ps: p.join()
         for r, res in sorted(got):
-            for x in res: x['rank'] = r; x['world'] = world; out.append(x)
-    for x in out: print(json.dumps(x))
+            for x in res: x['rank'] = r; out.append(x)
+    for x in out: x['world'] = world; print(json.dumps(x))
