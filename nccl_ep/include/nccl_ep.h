@@ -188,7 +188,9 @@ typedef struct {
 #define NCCL_EP_COMPLETE_CONFIG_INIT {sizeof(ncclEpCompleteConfig_t), NCCL_EP_MAGIC}
 
 /* COLLECTIVE over `comm` (every rank, same config), blocking: sizes and registers the symmetric buffers once.
- * Needs a communicator with symmetric-memory support whose ranks all share one NVLink (LSA) domain. */
+ * Needs a communicator with symmetric-memory support whose ranks all share one NVLink (LSA) domain. The group's
+ * calls (handle binding, dispatch, combine) run one after another on the GPU: issue them on one stream, or order
+ * the streams with events, in the same order on every rank. Handles with different routings may alternate. */
 NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config);
 /* COLLECTIVE: waits for the group's work, then frees it. */
 NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
