@@ -22,15 +22,18 @@ constexpr int kMaxTensorDims = 8;
 constexpr int kMaxMeshDims = 8;
 constexpr int kReplicate = -1;
 
+// The product of v[0..n) (1 when n is 0): the elements of a box of that shape.
+inline int64_t product(const int64_t* v, int n) {
+  int64_t p = 1;
+  for (int d = 0; d < n; d++) p *= v[d];
+  return p;
+}
+
 struct Box {
   int ndims = 0;
   int64_t offset[kMaxTensorDims] = {};
   int64_t shape[kMaxTensorDims] = {};
-  int64_t elements() const {
-    int64_t n = 1;
-    for (int d = 0; d < ndims; d++) n *= shape[d];
-    return n;
-  }
+  int64_t elements() const { return product(shape, ndims); }
   bool empty() const { return elements() == 0; }
   bool operator==(const Box& o) const;
 };

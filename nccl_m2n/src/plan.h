@@ -53,11 +53,7 @@ struct Transfer {
   int64_t extent[kMaxTensorDims] = {};
   int64_t srcStride[kMaxTensorDims] = {};
   int64_t dstStride[kMaxTensorDims] = {};
-  int64_t elements() const {
-    int64_t n = 1;
-    for (int d = 0; d < ndims; d++) n *= extent[d];
-    return n;
-  }
+  int64_t elements() const { return product(extent, ndims); }
   // Elements per contiguous run on both sides (the innermost merged dim when both strides are 1, else 1).
   int64_t contiguousRun() const { return ndims > 0 && srcStride[ndims - 1] == 1 && dstStride[ndims - 1] == 1 ? extent[ndims - 1] : 1; }
 };

@@ -38,6 +38,11 @@ __device__ __forceinline__ int loadExpert(const HandleView& h, int t, int k) {
   return e;
 }
 
+// Expert `e` (global id, -1: none) as a local id on rank r, or -1 when r does not host it.
+__device__ __forceinline__ int localExpert(const GroupView& g, int e, int r) {
+  return e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;
+}
+
 struct Ctx {
   const GroupView& g;
   const HandleView& h;
@@ -127,9 +132,9 @@ __device__ __forceinline__ void deliverOwn(const Ctx& x, const ChunkStage* st, i
   const DispatchCall& c = x.c;
   const bool has = lane < x.h.topk;
   const int e = has ? st->expert[j][lane] : -1;
-  const int local = e >= 0 && e / g.localExperts == g.rank ? e - g.rank * g.localExperts : -1;
-  deliver<false>(x, lane, g.rank, slot, local, has ? st->w[j][lane] : 0.f, has ? st->idx[j][lane] : -1,
-                 c.tokens + (size_t)t * c.rowBytes, c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
+  deliver<false>(x, lane, g.rank, slot, localExpert(g, e, g.rank), has ? st->w[j][lane] : 0.f,
+                 has ? st->idx[j][lane] : -1, c.tokens + (size_t)t * c.rowBytes,
+                 c.scales ? c.scales + (size_t)t * c.nScales : nullptr);
 }
 
 __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int chunk, uint64_t seq) {
@@ -159,9 +164,7 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
       char* meta = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
       if (lane < K) {  // the metadata from the stage: expert ids local to r, weights, indices
-        const int e = st->expert[j][lane];
-        reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] =
-            e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;
+        reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = localExpert(g, st->expert[j][lane], r);
         reinterpret_cast<float*>(meta + g.meta.weightOff())[lane] = st->w[j][lane];
         reinterpret_cast<int*>(meta + g.meta.emIdxOff())[lane] = st->idx[j][lane];
       }
