@@ -47,7 +47,9 @@ NCCL_M2N_API const char* ncclM2nGetLastError(void);
  *               chunk is ceil(n / parts) and trailing shards may be short or empty. Several axes may shard, the
  *               same dim included; they apply in mesh-axis order (as DTensor does).
  *   boxes       instead of placements, an explicit (offset, shape) per mesh position; identical boxes are
- *               replicas. Destination boxes may overlap (each rank receives its whole box).
+ *               replicas. Destination boxes may overlap (each rank receives its whole box). Source boxes may
+ *               overlap or leave gaps, but every element of every destination box must lie in some source box:
+ *               else ncclM2nHostPlanCreate fails with ncclInvalidArgument (it would never be written).
  *   localStrides NULL (each rank's local tensor is row-major over its own box) or meshSize x ndims element
  *               strides, position-major: non-contiguous local tensors. Destination strides must not alias.
  * All arrays are borrowed for the duration of the call.

@@ -40,6 +40,33 @@ Box intersect(const Box& a, const Box& b) {
   return r;
 }
 
+void subtract(const Box& a, const Box& b, std::vector<Box>* out) {
+  if (a.empty()) return;
+  const Box x = intersect(a, b);
+  if (x.empty()) {
+    out->push_back(a);
+    return;
+  }
+  // Slabs dim by dim: below and above x in dim d, spanning x in the dims before d and all of `a` in those after.
+  Box rest = a;
+  for (int d = 0; d < a.ndims; d++) {
+    const int64_t xhi = x.offset[d] + x.shape[d], rhi = rest.offset[d] + rest.shape[d];
+    if (x.offset[d] > rest.offset[d]) {
+      Box below = rest;
+      below.shape[d] = x.offset[d] - rest.offset[d];
+      out->push_back(below);
+    }
+    if (xhi < rhi) {
+      Box above = rest;
+      above.offset[d] = xhi;
+      above.shape[d] = rhi - xhi;
+      out->push_back(above);
+    }
+    rest.offset[d] = x.offset[d];
+    rest.shape[d] = x.shape[d];
+  }
+}
+
 size_t elementSize(ncclDataType_t dtype) {
   switch (dtype) {
     case ncclInt8: case ncclUint8: return 1;
@@ -131,6 +158,8 @@ bool validateLayout(const Layout& l, int nRanks, std::string* error) {
 ShardGrid::ShardGrid(const Layout& l) : ndims_(l.ndims()) {
   const int meshSize = l.mesh.size();
   const int md = static_cast<int>(l.mesh.dims.size());
+  whole_.ndims = ndims_;
+  std::copy(l.globalShape.begin(), l.globalShape.end(), whole_.shape);
   shardOfPosition_.assign(meshSize, 0);
   if (l.boxes.empty()) {
     grid_ = true;
@@ -215,6 +244,36 @@ ShardGrid::ShardGrid(const Layout& l) : ndims_(l.ndims()) {
       }
     }
   }
+}
+
+ShardGrid::Coverage ShardGrid::coverage() const {
+  Coverage c;
+  if (grid_) return c;
+  std::vector<Box> left, next;
+  if (!whole_.empty()) left.push_back(whole_);
+  for (const Box& s : shardBoxes_) {
+    if (s.empty()) continue;
+    int64_t taken = 0;
+    next.clear();
+    for (const Box& r : left) {
+      const Box x = intersect(r, s);
+      if (x.empty()) {
+        next.push_back(r);
+        continue;
+      }
+      taken += x.elements();
+      subtract(r, x, &next);
+    }
+    left.swap(next);
+    // `left` never meets an earlier shard, so this one meets an earlier one exactly when it takes less than itself.
+    if (taken < s.elements()) c.disjoint = false;
+    if (left.empty() && !c.disjoint) break;  // nothing more to learn
+  }
+  std::sort(left.begin(), left.end(), [&](const Box& a, const Box& b) {
+    return std::lexicographical_compare(a.offset, a.offset + ndims_, b.offset, b.offset + ndims_);
+  });
+  c.holes = std::move(left);
+  return c;
 }
 
 int64_t ShardGrid::localSpan(int pos) const {

@@ -41,6 +41,9 @@ struct Box {
 // The intersection of two boxes of the same rank; empty (some shape 0) if they do not meet.
 Box intersect(const Box& a, const Box& b);
 
+// Appends the part of `a` outside `b` to `out`: at most 2 * ndims disjoint boxes, none when `b` holds all of `a`.
+void subtract(const Box& a, const Box& b, std::vector<Box>* out);
+
 struct Mesh {
   std::vector<int> dims;   // sizes of the mesh axes
   std::vector<int> ranks;  // communicator ranks, row-major, prod(dims) entries, no repeats
@@ -89,9 +92,19 @@ class ShardGrid {
   template <typename Fn>
   void forEachOverlap(const Box& box, Fn&& fn) const;
 
+  // How the shards cover the tensor. Placement layouts tile it (no holes, disjoint shards); explicit boxes may
+  // leave holes and may overlap without being replicas. Computed on each call: one subtraction per shard from the
+  // holes left so far, about linear in the shards when boxes tile the tensor in order.
+  struct Coverage {
+    std::vector<Box> holes;  // disjoint boxes that no position holds, in offset order
+    bool disjoint = true;    // no two shards meet
+  };
+  Coverage coverage() const;
+
  private:
   int ndims_ = 0;
   bool grid_ = false;
+  Box whole_;                                     // the global tensor
   std::vector<std::vector<Interval>> intervals_;  // grid: per dim, sorted leaf intervals
   std::vector<int> radix_;                        // grid: leaves per dim; shard id is mixed radix, dim 0 major
   std::vector<Box> shardBoxes_;

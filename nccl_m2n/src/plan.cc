@@ -66,6 +66,18 @@ bool stridesDoNotAlias(const Box& box, const int64_t* strides) {
   return true;
 }
 
+// "elements [3, 5) of dim 0" for 1-D boxes, else "the box at offset (1, 1) shape (2, 2)".
+std::string describe(const Box& b) {
+  if (b.ndims == 1)
+    return "elements [" + std::to_string(b.offset[0]) + ", " + std::to_string(b.offset[0] + b.shape[0]) + ") of dim 0";
+  std::string offset, shape;
+  for (int d = 0; d < b.ndims; d++) {
+    offset += (d ? ", " : "") + std::to_string(b.offset[d]);
+    shape += (d ? ", " : "") + std::to_string(b.shape[d]);
+  }
+  return "the box at offset (" + offset + ") shape (" + shape + ")";
+}
+
 struct RankState {
   std::vector<int64_t> load;  // bytes each rank was chosen to send so far (the balancing key)
 };
@@ -122,6 +134,20 @@ bool validateProblem(const Problem& p, std::string* error) {
           return bad("destination strides of mesh position " + std::to_string(pos) +
                      " map two elements to one address");
     }
+    // Placements tile the tensor, explicit source boxes may leave holes: harmless unless a destination box needs
+    // part of one, whose elements no transfer would ever write.
+    if (tp.src.boxes.empty()) continue;
+    const std::vector<Box> holes = ShardGrid(tp.src).coverage().holes;
+    if (holes.empty()) continue;
+    const ShardGrid dst(tp.dst);
+    for (int b = 0; b < dst.numShards(); b++)
+      for (const Box& hole : holes) {
+        const Box missing = intersect(dst.shardBox(b), hole);
+        if (missing.empty()) continue;
+        const int pos = dst.replicas(b)[0];
+        return bad("source boxes do not cover " + describe(missing) + ", which destination mesh position " +
+                   std::to_string(pos) + " (rank " + std::to_string(tp.dst.mesh.ranks[pos]) + ") needs");
+      }
   }
   return true;
 }
@@ -178,8 +204,9 @@ void runPlan(const Problem& p, int wantRank, std::vector<RankPlan>* out, PlanSta
   for (int r = 0; r < nRanks; r++) domain[r] = p.options.domainOf(r);
   Hasher planHash;
   std::vector<int> srcPosOfRank(nRanks, -1);
-  std::vector<int> candidates;
+  std::vector<int> candidates, overlaps;
   candidates.reserve(64);
+  std::vector<Box> missing, next;
   const bool all = wantRank == -2;
 
   const size_t nt = p.tensors.size();
@@ -191,83 +218,114 @@ void runPlan(const Problem& p, int wantRank, std::vector<RankPlan>* out, PlanSta
       srcPosOfRank[tp.src.mesh.ranks[pos]] = pos;
       s.isSource[tp.src.mesh.ranks[pos]] = 1;
     }
+    // Delivers `piece` of source shard `a` to destination position `dpos`, choosing the replica that sends it.
+    auto deliver = [&](int a, const Box& piece, int dpos) {
+      const int64_t bytes = piece.elements() * esize;
+      const std::vector<int>& sreplicas = src.replicas(a);
+      const int dRank = tp.dst.mesh.ranks[dpos];
+      // (1) The destination holds this shard itself: a local copy.
+      int spos = srcPosOfRank[dRank];
+      if (spos < 0 || src.shardOfPosition(spos) != a) {
+        // (2) Replicas in the destination's domain, else all; (3) the least loaded, then the lowest rank.
+        candidates.clear();
+        for (int q : sreplicas)
+          if (domain[tp.src.mesh.ranks[q]] == domain[dRank]) candidates.push_back(q);
+        const std::vector<int>& pool = candidates.empty() ? sreplicas : candidates;
+        spos = pool[0];
+        for (int q : pool) {
+          const int r = tp.src.mesh.ranks[q], best = tp.src.mesh.ranks[spos];
+          if (s.sendBytes[r] < s.sendBytes[best] || (s.sendBytes[r] == s.sendBytes[best] && r < best)) spos = q;
+        }
+      }
+      const int sRank = tp.src.mesh.ranks[spos];
+      planHash.add(ti);
+      planHash.add((uint64_t)sRank << 32 | (uint32_t)dRank);
+      for (int d = 0; d < piece.ndims; d++) planHash.add((uint64_t)piece.offset[d] << 24 ^ (uint64_t)piece.shape[d]);
+      s.pieces++;
+      s.totalBytes += bytes;
+      if (sRank == dRank) {
+        s.copyBytes[dRank] += bytes;
+        s.localBytes += bytes;
+      } else {
+        const bool intra = domain[sRank] == domain[dRank];
+        s.sendBytes[sRank] += bytes;
+        s.recvBytes[dRank] += bytes;
+        (intra ? s.sendIntraBytes : s.sendInterBytes)[sRank] += bytes;
+        (intra ? s.recvIntraBytes : s.recvInterBytes)[dRank] += bytes;
+        (intra ? s.intraDomainBytes : s.interDomainBytes) += bytes;
+        s.sendBoxes[sRank]++;
+        s.recvBoxes[dRank]++;
+      }
+      if (!(all || sRank == wantRank || dRank == wantRank)) return;
+      Transfer t;
+      t.tensor = (uint32_t)ti;
+      t.src = sRank;
+      t.dst = dRank;
+      t.ndims = piece.ndims;
+      const Box& sb = src.boxOfPosition(spos);
+      const Box& db = dst.boxOfPosition(dpos);
+      const int64_t* ss = src.strides(spos);
+      const int64_t* ds = dst.strides(dpos);
+      for (int d = 0; d < piece.ndims; d++) {
+        t.srcOffset += (piece.offset[d] - sb.offset[d]) * ss[d];
+        t.dstOffset += (piece.offset[d] - db.offset[d]) * ds[d];
+        t.extent[d] = piece.shape[d];
+        t.srcStride[d] = ss[d];
+        t.dstStride[d] = ds[d];
+      }
+      normalizeTransfer(&t);
+      if (all) {
+        RankPlan& sp = (*out)[sRank];
+        if (sRank == dRank) {
+          sp.copies.push_back(t);
+        } else {
+          sp.sends.push_back(t);
+          (*out)[dRank].recvs.push_back(t);
+        }
+      } else {
+        RankPlan& mine = (*out)[0];
+        if (sRank == dRank) mine.copies.push_back(t);
+        else if (sRank == wantRank) mine.sends.push_back(t);
+        else mine.recvs.push_back(t);
+      }
+    };
+    // Source shards that overlap without being replicas would deliver the elements they share twice: each
+    // destination position then takes what its box still misses shard by shard, its own shard first (a local copy).
+    const bool srcDisjoint = src.coverage().disjoint;
     for (int b = 0; b < dst.numShards(); b++) {
       const Box& dbox = dst.shardBox(b);
       if (dbox.empty()) continue;
       const std::vector<int>& dpositions = dst.replicas(b);
-      src.forEachOverlap(dbox, [&](int a) {
-        const Box piece = intersect(src.shardBox(a), dbox);
-        const int64_t bytes = piece.elements() * esize;
-        const std::vector<int>& sreplicas = src.replicas(a);
-        for (int dpos : dpositions) {
-          const int dRank = tp.dst.mesh.ranks[dpos];
-          // (1) The destination holds this shard itself: a local copy.
-          int spos = srcPosOfRank[dRank];
-          if (spos < 0 || src.shardOfPosition(spos) != a) {
-            // (2) Replicas in the destination's domain, else all; (3) the least loaded, then the lowest rank.
-            candidates.clear();
-            for (int q : sreplicas)
-              if (domain[tp.src.mesh.ranks[q]] == domain[dRank]) candidates.push_back(q);
-            const std::vector<int>& pool = candidates.empty() ? sreplicas : candidates;
-            spos = pool[0];
-            for (int q : pool) {
-              const int r = tp.src.mesh.ranks[q], best = tp.src.mesh.ranks[spos];
-              if (s.sendBytes[r] < s.sendBytes[best] || (s.sendBytes[r] == s.sendBytes[best] && r < best)) spos = q;
+      if (srcDisjoint) {
+        src.forEachOverlap(dbox, [&](int a) {
+          const Box piece = intersect(src.shardBox(a), dbox);
+          for (int dpos : dpositions) deliver(a, piece, dpos);
+        });
+        continue;
+      }
+      overlaps.clear();
+      src.forEachOverlap(dbox, [&](int a) { overlaps.push_back(a); });
+      for (int dpos : dpositions) {
+        const int own = srcPosOfRank[tp.dst.mesh.ranks[dpos]];
+        const int ownShard = own >= 0 ? src.shardOfPosition(own) : -1;
+        missing.assign(1, dbox);
+        auto take = [&](int a) {
+          next.clear();
+          for (const Box& m : missing) {
+            const Box piece = intersect(m, src.shardBox(a));
+            if (piece.empty()) {
+              next.push_back(m);
+              continue;
             }
+            deliver(a, piece, dpos);
+            subtract(m, piece, &next);
           }
-          const int sRank = tp.src.mesh.ranks[spos];
-          planHash.add(ti);
-          planHash.add((uint64_t)sRank << 32 | (uint32_t)dRank);
-          for (int d = 0; d < piece.ndims; d++) planHash.add((uint64_t)piece.offset[d] << 24 ^ (uint64_t)piece.shape[d]);
-          s.pieces++;
-          s.totalBytes += bytes;
-          if (sRank == dRank) {
-            s.copyBytes[dRank] += bytes;
-            s.localBytes += bytes;
-          } else {
-            const bool intra = domain[sRank] == domain[dRank];
-            s.sendBytes[sRank] += bytes;
-            s.recvBytes[dRank] += bytes;
-            (intra ? s.sendIntraBytes : s.sendInterBytes)[sRank] += bytes;
-            (intra ? s.recvIntraBytes : s.recvInterBytes)[dRank] += bytes;
-            (intra ? s.intraDomainBytes : s.interDomainBytes) += bytes;
-            s.sendBoxes[sRank]++;
-            s.recvBoxes[dRank]++;
-          }
-          if (!(all || sRank == wantRank || dRank == wantRank)) continue;
-          Transfer t;
-          t.tensor = (uint32_t)ti;
-          t.src = sRank;
-          t.dst = dRank;
-          t.ndims = piece.ndims;
-          const Box& sb = src.boxOfPosition(spos);
-          const Box& db = dst.boxOfPosition(dpos);
-          const int64_t* ss = src.strides(spos);
-          const int64_t* ds = dst.strides(dpos);
-          for (int d = 0; d < piece.ndims; d++) {
-            t.srcOffset += (piece.offset[d] - sb.offset[d]) * ss[d];
-            t.dstOffset += (piece.offset[d] - db.offset[d]) * ds[d];
-            t.extent[d] = piece.shape[d];
-            t.srcStride[d] = ss[d];
-            t.dstStride[d] = ds[d];
-          }
-          normalizeTransfer(&t);
-          if (all) {
-            RankPlan& sp = (*out)[sRank];
-            if (sRank == dRank) {
-              sp.copies.push_back(t);
-            } else {
-              sp.sends.push_back(t);
-              (*out)[dRank].recvs.push_back(t);
-            }
-          } else {
-            RankPlan& mine = (*out)[0];
-            if (sRank == dRank) mine.copies.push_back(t);
-            else if (sRank == wantRank) mine.sends.push_back(t);
-            else mine.recvs.push_back(t);
-          }
-        }
-      });
+          missing.swap(next);
+        };
+        if (ownShard >= 0) take(ownShard);
+        for (int a : overlaps)
+          if (a != ownShard && !missing.empty()) take(a);
+      }
     }
     for (int pos = 0; pos < tp.src.mesh.size(); pos++) srcPosOfRank[tp.src.mesh.ranks[pos]] = -1;
     if (progress && ((ti + 1) % 256 == 0 || ti + 1 == nt)) progress(ti + 1, nt);

@@ -4,7 +4,9 @@
 // rank delivers it, and emits per-rank lists of strided boxes: sends, receives and rank-local copies.
 //
 // Rules
-// - Every destination position gets each element it holds exactly once, from exactly one source replica.
+// - Every destination position gets each element it holds exactly once, from exactly one source replica. Where
+//   explicit source boxes overlap without being replicas, it takes each element from the first shard holding it,
+//   its own shard first.
 // - Replica choice, per (destination rank, overlapping source shard): the destination rank itself when it holds
 //   that shard (a local copy, never a send); else a replica in the destination's NVLink domain if any; among
 //   those, the one with the fewest bytes assigned so far (ties: lower rank). Bytes accumulate over the batch.
@@ -82,8 +84,9 @@ struct PlanStats {
   double meanSourceLoad() const;
 };
 
-// Checks every tensor pair (layouts, same global shape and dtype, destination strides that do not alias) and the
-// options. On failure: false, with the tensor's index and name in `error`.
+// Checks every tensor pair (layouts, same global shape and dtype, destination strides that do not alias, a source
+// box holding every element of every destination box) and the options. On failure: false, with the tensor's index
+// and name in `error` (for a gap: the first part of a destination box that no source holds).
 bool validateProblem(const Problem& problem, std::string* error);
 
 // 64-bit hash of everything the plan depends on.

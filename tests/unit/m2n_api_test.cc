@@ -128,4 +128,43 @@ TEST(M2nApi, RejectsBadInputWithAMessage) {
   EXPECT_EQ(ncclM2nHostPlanGetInfo(nullptr, nullptr), ncclInvalidArgument);
 }
 
+TEST(M2nApi, RejectsSourceBoxesThatLeaveADestinationElementWithoutSource) {
+  // Length 8, source boxes [0, 3) and [5, 8) on ranks 0-1, replicated on ranks 2-3: elements 3-4 have no source.
+  int dims[1] = {2}, srcRanks[2] = {0, 1}, dstRanks[2] = {2, 3}, replicate[1] = {NCCL_M2N_REPLICATE};
+  int64_t shape[1] = {8};
+  ncclM2nBox_t boxes[2] = {};
+  boxes[0].shape[0] = 3;
+  boxes[1].offset[0] = 5;
+  boxes[1].shape[0] = 3;
+  ncclM2nMesh_t srcMesh = NCCL_M2N_MESH_INITIALIZER, dstMesh = NCCL_M2N_MESH_INITIALIZER;
+  srcMesh.ndims = dstMesh.ndims = 1;
+  srcMesh.dims = dstMesh.dims = dims;
+  srcMesh.ranks = srcRanks;
+  dstMesh.ranks = dstRanks;
+  ncclM2nLayout_t src = NCCL_M2N_LAYOUT_INITIALIZER, dst = NCCL_M2N_LAYOUT_INITIALIZER;
+  for (ncclM2nLayout_t* l : {&src, &dst}) {
+    l->ndims = 1;
+    l->globalShape = shape;
+  }
+  src.mesh = &srcMesh;
+  src.boxes = boxes;
+  dst.mesh = &dstMesh;
+  dst.placements = replicate;
+  ncclM2nTensorSpec_t spec = {"w", &src, &dst};
+  ncclM2nPlanConfig_t cfg = NCCL_M2N_PLAN_CONFIG_INITIALIZER;
+  cfg.nRanks = 4;
+  EXPECT_EQ(ncclM2nLayoutValidate(&src, 4), ncclSuccess) << "a source layout alone may leave gaps";
+  ncclM2nHostPlan_t plan = nullptr;
+  EXPECT_EQ(ncclM2nHostPlanCreate(&plan, 2, 1, &spec, &cfg), ncclInvalidArgument);
+  EXPECT_TRUE(says("tensor 0 (w): source boxes do not cover elements [3, 5) of dim 0")) << ncclM2nGetLastError();
+  EXPECT_EQ(plan, nullptr);
+  boxes[1].offset[0] = 3;  // [3, 8): now they cover
+  boxes[1].shape[0] = 5;
+  ASSERT_EQ(ncclM2nHostPlanCreate(&plan, 2, 1, &spec, &cfg), ncclSuccess) << ncclM2nGetLastError();
+  ncclM2nPlanInfo_t info;
+  ASSERT_EQ(ncclM2nHostPlanGetInfo(plan, &info), ncclSuccess);
+  EXPECT_EQ(info.bytes[ncclM2nRecvs], 8 * 2);
+  EXPECT_EQ(ncclM2nHostPlanDestroy(plan), ncclSuccess);
+}
+
 }  // namespace

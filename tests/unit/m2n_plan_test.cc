@@ -11,6 +11,21 @@ using testing::layout;
 using testing::oneTensor;
 using testing::planAndSimulate;
 
+// An explicit layout on a 1-D mesh over `ranks`: boxes[i] = {offset..., shape...} of mesh position i.
+Layout boxLayout(std::vector<int64_t> shape, std::vector<int> ranks, const std::vector<std::vector<int64_t>>& boxes) {
+  Layout l = layout(std::move(shape), {(int)ranks.size()}, ranks, {});
+  for (const std::vector<int64_t>& v : boxes) {
+    Box b;
+    b.ndims = l.ndims();
+    for (int d = 0; d < b.ndims; d++) {
+      b.offset[d] = v[d];
+      b.shape[d] = v[b.ndims + d];
+    }
+    l.boxes.push_back(b);
+  }
+  return l;
+}
+
 TEST(Layout, ChunkFollowsTorchChunk) {
   // torch.chunk(arange(5), 4) -> sizes 2, 2, 1 and an empty fourth.
   EXPECT_EQ(chunkInterval({0, 5}, 4, 0).hi, 2);
@@ -90,6 +105,78 @@ TEST(Problem, RejectsMismatchesAndAliasingDestinations) {
   p = oneTensor(layout({4}, {1}, {0}, {0}), layout({4}, {1}, {1}, {0}), 2);
   p.options.domainOfRank = {0};
   EXPECT_FALSE(validateProblem(p, &why));
+}
+
+TEST(Problem, SourceBoxesMustHoldEveryDestinationElement) {
+  // [0, 3) and [5, 8) of 8 on ranks 0-1, replicated on ranks 2-3: nobody holds elements 3-4 (they were never
+  // written).
+  std::string why;
+  Problem p = oneTensor(boxLayout({8}, {0, 1}, {{0, 3}, {5, 3}}), layout({8}, {2}, {2, 3}, {kReplicate}), 4);
+  p.tensors[0].name = "w";
+  EXPECT_FALSE(validateProblem(p, &why));
+  EXPECT_NE(why.find("tensor 0 (w): source boxes do not cover elements [3, 5) of dim 0, which destination mesh "
+                     "position 0 (rank 2) needs"),
+            std::string::npos)
+      << why;
+  // A destination box touching half the gap: the message names the part it needs.
+  p.tensors[0].dst = boxLayout({8}, {2, 3}, {{0, 3}, {2, 2}});
+  EXPECT_FALSE(validateProblem(p, &why));
+  EXPECT_NE(why.find("elements [3, 4) of dim 0, which destination mesh position 1 (rank 3)"), std::string::npos) << why;
+  // The gap is harmless where no destination box needs it.
+  p.tensors[0].dst = boxLayout({8}, {2, 3}, {{0, 3}, {5, 3}});
+  SimulationResult r = planAndSimulate(p);
+  EXPECT_TRUE(r.ok) << r.firstError;
+}
+
+TEST(Problem, AHoleInTheMiddleOfA2dSourceIsReported) {
+  // A ring of four boxes around [1, 3) x [1, 3) of a [4, 4] tensor; the destination shards dim 0 over ranks 4-5.
+  const Layout ring = boxLayout({4, 4}, iota(0, 4), {{0, 0, 1, 4}, {3, 0, 1, 4}, {1, 0, 2, 1}, {1, 3, 2, 1}});
+  std::string why;
+  Problem p = oneTensor(ring, layout({4, 4}, {2}, {4, 5}, {0}), 6);
+  EXPECT_FALSE(validateProblem(p, &why));
+  EXPECT_NE(why.find("tensor 0 (t): source boxes do not cover the box at offset (1, 1) shape (1, 2), which "
+                     "destination mesh position 0 (rank 4) needs"),
+            std::string::npos)
+      << why;
+  // Rows 0 and 3 alone have every source.
+  p.tensors[0].dst = boxLayout({4, 4}, {4, 5}, {{0, 0, 1, 4}, {3, 1, 1, 3}});
+  SimulationResult r = planAndSimulate(p);
+  EXPECT_TRUE(r.ok) << r.firstError;
+}
+
+TEST(Plan, SourceBoxesMayCoverOnlyTogether) {
+  // Three boxes that are no grid tile a [4, 4] tensor: rows 0-1, then rows 2-3 split after column 0.
+  Layout src = boxLayout({4, 4}, {0, 1, 2}, {{0, 0, 2, 4}, {2, 0, 2, 1}, {2, 1, 2, 3}});
+  Problem p = oneTensor(src, layout({4, 4}, {2}, {3, 4}, {1}), 5);
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, nullptr, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_EQ(s.totalBytes, 4 * 4 * 2);
+}
+
+TEST(Plan, OverlappingSourceBoxesDeliverEachElementOnce) {
+  // Identical boxes are replicas: [0, 5) on ranks 0-1 and [5, 8) on ranks 2-3, gathered on ranks 4-5.
+  Problem p = oneTensor(boxLayout({8}, iota(0, 4), {{0, 5}, {0, 5}, {5, 3}, {5, 3}}),
+                        layout({8}, {2}, {4, 5}, {kReplicate}), 6);
+  PlanStats s;
+  SimulationResult r = planAndSimulate(p, nullptr, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_EQ(s.totalBytes, 2 * 8 * 2);
+  EXPECT_EQ(s.sendBytes, (std::vector<int64_t>{5 * 2, 5 * 2, 3 * 2, 3 * 2, 0, 0})) << "each replica serves once";
+  // Boxes that overlap without being equal: rank 0 holds everything, rank 1 [0, 5), rank 2 [3, 8). Destination
+  // Shard(0) over ranks 1-3 ([0, 3), [3, 6), [6, 8)): ranks 1 and 2 copy theirs locally, rank 3 receives once.
+  p = oneTensor(boxLayout({8}, {0, 1, 2}, {{0, 8}, {0, 5}, {3, 5}}), layout({8}, {3}, {1, 2, 3}, {0}), 4);
+  std::vector<RankPlan> plans;
+  r = planAndSimulate(p, &plans, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_EQ(s.totalBytes, 8 * 2);
+  EXPECT_EQ(s.localBytes, 6 * 2);
+  EXPECT_EQ(plans[3].recvs.size(), 1u);
+  // 2-D: rows [0, 3) and rows [2, 4) overlap in row 2; one rank gathers the whole tensor.
+  p = oneTensor(boxLayout({4, 4}, {0, 1}, {{0, 0, 3, 4}, {2, 0, 2, 4}}), layout({4, 4}, {1}, {2}, {kReplicate}), 3);
+  r = planAndSimulate(p, nullptr, &s);
+  ASSERT_TRUE(r.ok) << r.firstError;
+  EXPECT_EQ(s.totalBytes, 4 * 4 * 2);
 }
 
 TEST(Plan, Tp2ToTp4SameDimIsHandChecked) {

@@ -50,6 +50,18 @@ struct Gen {
     return out;
   }
 
+  // Any sub-box of the tensor, empty ones included.
+  Box subBox(const std::vector<int64_t>& shape) {
+    Box b;
+    b.ndims = (int)shape.size();
+    for (int d = 0; d < b.ndims; d++) {
+      const int64_t lo = uniform(0, (int)shape[d]);
+      b.offset[d] = lo;
+      b.shape[d] = uniform(0, (int)(shape[d] - lo));
+    }
+    return b;
+  }
+
   Layout layout(const std::vector<int64_t>& shape, const Mesh& m, bool allowBoxes, bool destination) {
     Layout l;
     l.globalShape = shape;
@@ -59,18 +71,9 @@ struct Gen {
     if (allowBoxes && chance(0.15)) {
       if (destination) {
         // Any sub-boxes: replicas, overlaps and gaps between destination ranks are all legal.
-        for (int pos = 0; pos < m.size(); pos++) {
-          Box b;
-          b.ndims = nd;
-          for (int d = 0; d < nd; d++) {
-            const int64_t lo = uniform(0, (int)shape[d]);
-            b.offset[d] = lo;
-            b.shape[d] = uniform(0, (int)(shape[d] - lo));
-          }
-          l.boxes.push_back(b);
-        }
+        for (int pos = 0; pos < m.size(); pos++) l.boxes.push_back(subBox(shape));
       } else {
-        // The boxes of a placement layout, listed explicitly (a source must cover the tensor).
+        // The boxes of a placement layout, listed explicitly: they cover the tensor (gaps are the next test's).
         ShardGrid g(l);
         for (int pos = 0; pos < m.size(); pos++) l.boxes.push_back(g.boxOfPosition(pos));
       }
@@ -126,6 +129,93 @@ TEST(PlannerProperty, RandomLayoutPairsAreDeliveredExactlyOnce) {
     ASSERT_EQ(sentBytes, sent * esize) << "case " << c;
   }
   EXPECT_GT(checked, 100000);
+}
+
+// Whether two mesh positions of the source hold boxes that meet without being equal (no replicas).
+bool sourceBoxesOverlap(const TensorPair& tp) {
+  const ShardGrid src(tp.src);
+  for (int a = 0; a < src.numShards(); a++)
+    for (int b = a + 1; b < src.numShards(); b++)
+      if (!intersect(src.shardBox(a), src.shardBox(b)).empty()) return true;
+  return false;
+}
+
+// Whether every element of every destination box lies in some source box, element by element.
+bool sourcesHoldEveryDestinationElement(const TensorPair& tp) {
+  const ShardGrid src(tp.src), dst(tp.dst);
+  for (int pos = 0; pos < tp.dst.mesh.size(); pos++) {
+    const Box& b = dst.boxOfPosition(pos);
+    if (b.empty()) continue;
+    int64_t idx[kMaxTensorDims];
+    for (int d = 0; d < b.ndims; d++) idx[d] = b.offset[d];
+    for (;;) {
+      bool held = false;
+      for (int q = 0; q < tp.src.mesh.size() && !held; q++) {
+        const Box& s = src.boxOfPosition(q);
+        held = true;
+        for (int d = 0; d < s.ndims; d++) held = held && idx[d] >= s.offset[d] && idx[d] < s.offset[d] + s.shape[d];
+      }
+      if (!held) return false;
+      int d = b.ndims - 1;
+      for (; d >= 0 && ++idx[d] == b.offset[d] + b.shape[d]; d--) idx[d] = b.offset[d];
+      if (d < 0) break;
+    }
+  }
+  return true;
+}
+
+TEST(PlannerProperty, SourceBoxesWithGapsOrOverlapsAreRejectedOrDeliveredExactlyOnce) {
+  // Explicit source boxes with some positions moved to a random sub-box: gaps a destination may or may not need,
+  // and boxes that overlap without being replicas. The planner must reject exactly the problems where some
+  // destination element has no source (checked element by element), and deliver every other one exactly once.
+  Gen g(4242);
+  int rejected = 0, accepted = 0, overlapping = 0;
+  for (int c = 0; c < 3000; c++) {
+    Problem p = g.problem();
+    for (TensorPair& tp : p.tensors) {
+      Layout& l = tp.src;
+      if (!g.chance(0.6)) continue;
+      const ShardGrid grid(l);
+      std::vector<Box> boxes;
+      for (int pos = 0; pos < l.mesh.size(); pos++) {
+        Box b = grid.boxOfPosition(pos);
+        if (g.chance(0.25)) {
+          b = g.subBox(l.globalShape);  // may open a gap
+        } else if (g.chance(0.25)) {
+          for (int d = 0; d < b.ndims; d++) {  // grown over its neighbours': an overlap, no gap
+            const int64_t hi = g.uniform((int)(b.offset[d] + b.shape[d]), (int)l.globalShape[d]);
+            b.offset[d] = g.uniform(0, (int)b.offset[d]);
+            b.shape[d] = hi - b.offset[d];
+          }
+        }
+        boxes.push_back(b);
+      }
+      l.boxes = boxes;
+      if (!l.strides.empty()) l.strides = g.stridesFor(ShardGrid(l), l.mesh.size(), l.ndims());
+    }
+    bool expectValid = true;
+    for (const TensorPair& tp : p.tensors) expectValid = expectValid && sourcesHoldEveryDestinationElement(tp);
+    std::string why;
+    ASSERT_EQ(validateProblem(p, &why), expectValid) << "case " << c << ": " << why;
+    if (!expectValid) {
+      EXPECT_NE(why.find("source boxes do not cover"), std::string::npos) << "case " << c << ": " << why;
+      rejected++;
+      continue;
+    }
+    SimulationResult r = testing::planAndSimulate(p);
+    ASSERT_TRUE(r.ok) << "case " << c << ": " << r.firstError;
+    accepted++;
+    for (const TensorPair& tp : p.tensors)
+      if (sourceBoxesOverlap(tp)) {
+        overlapping++;
+        break;
+      }
+  }
+  printf("source gaps/overlaps: %d problems rejected, %d planned (%d with overlapping source boxes)\n", rejected,
+         accepted, overlapping);
+  EXPECT_GT(rejected, 300);
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(overlapping, 200);
 }
 
 // Applies one mutation to the transfer `t` (and its mirror in the receiver's list); false if not applicable.
