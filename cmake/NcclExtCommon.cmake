@@ -7,6 +7,8 @@ set(NCCL_EXT_COMMON_SOURCES
   ${CMAKE_SOURCE_DIR}/common/env.cc
   ${CMAKE_SOURCE_DIR}/common/version.cc
   ${CMAKE_SOURCE_DIR}/common/topology.cc
+  ${CMAKE_SOURCE_DIR}/common/domain.cc
+  ${CMAKE_SOURCE_DIR}/common/virtual_domain.cc
   ${CMAKE_SOURCE_DIR}/common/symmetric_memory.cc
   ${CMAKE_SOURCE_DIR}/common/device_status.cc)
 

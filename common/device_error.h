@@ -2,8 +2,11 @@
 // read it while a kernel still runs (a watchdog) and after it ends. Plain C++ so that host code needs no CUDA
 // compiler to read it.
 //
-// Protocol: the first failing thread wins `claimed` by an atomic exchange, fills the fields, fences at system
-// scope and then stores `code`. The host trusts the fields only once `code` != 0.
+// Protocol: the first failing thread claims the word with a device-scope atomic on a counter in DEVICE memory (GPUs
+// attached over PCIe, our H200s among them, have no atomics on host memory: cudaDevAttrHostNativeAtomicSupported is
+// 0), then fills the fields with plain stores, fences at system scope and stores `code` last. The host trusts the
+// fields only once `code` != 0. The host re-arms the word (after reading it, while no kernel that may write it runs)
+// by clearing it and bumping `resets`: a claim succeeds when the device counter equals `resets`.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +29,7 @@ enum DeviceErrorSite : uint32_t {
 };
 
 struct DeviceErrorWord {
-  uint32_t claimed;
+  uint32_t resets;    // written by the host only
   uint32_t code;      // DeviceErrorCode, written last
   int32_t rank;       // the rank that waited
   int32_t peer;       // the rank it waited for
@@ -35,6 +38,12 @@ struct DeviceErrorWord {
   uint32_t site;      // DeviceErrorSite
   uint32_t index;     // barrier index / CTA
   uint64_t waitedNs;  // how long it waited
+};
+
+// What kernels get: the word (mapped host memory) and the claim counter (device memory).
+struct DeviceErrorSink {
+  DeviceErrorWord* word;
+  uint32_t* claim;
 };
 
 }  // namespace ncclext

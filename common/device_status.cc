@@ -49,11 +49,17 @@ ncclResult_t DeviceStatus::create(std::unique_ptr<DeviceStatus>* out) {
   void* d = nullptr;
   NCCLEXT_CUDA(cudaHostGetDevicePointer(&d, h, 0));
   s->device_ = static_cast<DeviceErrorWord*>(d);
+  NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&s->claim_), sizeof(uint32_t)));
+  // Synchronous copy from pageable memory: done before the first kernel that could claim the word is launched.
+  const uint32_t zero = 0;
+  NCCLEXT_CUDA(cudaMemcpy(s->claim_, &zero, sizeof(zero), cudaMemcpyHostToDevice));
+  NCCLEXT_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
   *out = std::move(s);
   return ncclSuccess;
 }
 
 DeviceStatus::~DeviceStatus() {
+  if (claim_) NCCLEXT_WARN_ON(cudaFree(claim_));
   if (host_) NCCLEXT_WARN_ON(cudaFreeHost(host_));
 }
 
@@ -71,13 +77,17 @@ ncclResult_t DeviceStatus::check(const char* what) const {
   return read(&w) ? describeDeviceError(w, what) : ncclSuccess;
 }
 
-void DeviceStatus::reset() { memset(host_, 0, sizeof(DeviceErrorWord)); }
+void DeviceStatus::reset() {
+  const uint32_t resets = host_->resets + 1;
+  memset(host_, 0, sizeof(DeviceErrorWord));
+  __atomic_store_n(&host_->resets, resets, __ATOMIC_RELEASE);
+}
 
 ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* what, const DeviceStatus* status) {
   const auto start = std::chrono::steady_clock::now();
   // Device waits give up after their own budget; the host allows that budget plus a margin for the kernel to
   // notice, write the word and drain.
-  const auto limit = std::chrono::duration<double>(timeoutSeconds + 5.0);
+  const auto limit = std::chrono::duration<double>(timeoutSeconds + kHostMarginSeconds);
   for (;;) {
     cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess) break;

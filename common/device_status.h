@@ -17,8 +17,8 @@ class DeviceStatus {
   DeviceStatus(const DeviceStatus&) = delete;
   DeviceStatus& operator=(const DeviceStatus&) = delete;
 
-  // The pointer kernels write through.
-  DeviceErrorWord* devicePtr() const { return device_; }
+  // What kernels write through.
+  DeviceErrorSink sink() const { return DeviceErrorSink{device_, claim_}; }
 
   // ncclSuccess while the word is clean; else ncclRemoteError (a peer did not arrive) or ncclSystemError, with a
   // message naming rank, peer, site, expected and seen values. `what` names the operation for the message.
@@ -27,17 +27,21 @@ class DeviceStatus {
   // Copies the word into `out` and returns true when an error was recorded (the fields are complete then).
   bool read(DeviceErrorWord* out) const;
 
-  // Clears the word. Only while no kernel that may write it is running.
+  // Clears and re-arms the word. Only while no kernel that may write it is running.
   void reset();
 
  private:
   DeviceStatus() = default;
   DeviceErrorWord* host_ = nullptr;
   DeviceErrorWord* device_ = nullptr;
+  uint32_t* claim_ = nullptr;  // device memory
 };
 
+// What host waits allow beyond a device budget: time for a kernel to notice its own timeout, record it and drain.
+constexpr double kHostMarginSeconds = 5.0;
+
 // Waits for `stream` on the host without blocking forever: polls the stream (and the error word, when `status` is
-// given) and gives up after `timeoutSeconds` plus a margin (ncclSystemError: a kernel is still running and the
+// given) and gives up after `timeoutSeconds` plus kHostMarginSeconds (ncclSystemError: a kernel is still running and the
 // process cannot tear down cleanly). Returns status->check(what) once the stream is done.
 ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* what,
                         const DeviceStatus* status = nullptr);

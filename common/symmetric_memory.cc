@@ -23,35 +23,18 @@ ncclDevCommRequirements makeRequirements(int lsaBarrierCount) {
   return reqs;
 }
 
-// All-gathers one 64-bit value per rank through a small device buffer.
-ncclResult_t allGatherU64(ncclComm_t comm, cudaStream_t stream, uint64_t mine, std::vector<uint64_t>* all) {
-  int nRanks = 0;
-  NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
-  uint64_t* d = nullptr;
-  NCCLEXT_CUDA(cudaMallocAsync(&d, sizeof(uint64_t) * (nRanks + 1), stream));
-  ncclResult_t res = ncclSuccess;
-  all->assign(nRanks, 0);
-  if (cudaMemcpyAsync(d, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream) != cudaSuccess ||
-      ncclAllGather(d, d + 1, 1, ncclUint64, comm, stream) != ncclSuccess ||
-      cudaMemcpyAsync(all->data(), d + 1, sizeof(uint64_t) * nRanks, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
-    res = fail(ncclSystemError, __FILE__, __LINE__, "size agreement all-gather failed: %s", ncclGetLastError(comm));
-  }
-  cudaFreeAsync(d, stream);
-  if (cudaStreamSynchronize(stream) != cudaSuccess && res == ncclSuccess) {
-    res = fail(ncclUnhandledCudaError, __FILE__, __LINE__, "size agreement all-gather: stream failed");
-  }
-  return res;
-}
-
 }  // namespace
 
-ncclResult_t SymmetricMemory::create(ncclComm_t comm, const SymmetricMemoryOptions& opts, cudaStream_t stream,
+ncclResult_t SymmetricMemory::create(Domain& domain, const SymmetricMemoryOptions& opts, cudaStream_t stream,
                                      std::unique_ptr<SymmetricMemory>* out) {
-  NCCLEXT_ARG(comm != nullptr && out != nullptr, "symmetric memory: comm or out is NULL");
+  NCCLEXT_ARG(out != nullptr, "symmetric memory: out is NULL");
   NCCLEXT_ARG(opts.bytes > 0, "symmetric memory: size 0");
   NCCLEXT_ARG(opts.lsaBarrierCount >= 0, "symmetric memory: lsaBarrierCount %d < 0", opts.lsaBarrierCount);
+  ncclComm_t comm = domain.domainComm();
+  const int nRanks = domain.topo().domainSize;
   std::unique_ptr<SymmetricMemory> m(new SymmetricMemory());
   m->comm_ = comm;
+  m->rank_ = domain.topo().domainRank;
   m->bytes_ = (opts.bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
 
   // (1) Device communicator first (see the header).
@@ -64,10 +47,16 @@ ncclResult_t SymmetricMemory::create(ncclComm_t comm, const SymmetricMemoryOptio
                 ncclGetLastError(comm));
   }
   m->haveDevComm_ = true;
+  const int wantLsa = domain.isVirtual() ? 1 : nRanks;
+  NCCLEXT_USAGE(m->devComm_.lsaSize == wantLsa,
+                "symmetric memory: the domain communicator's LSA team has %d ranks, expected %d (every rank of an "
+                "NVLink domain must reach every other by load/store)",
+                m->devComm_.lsaSize, wantLsa);
 
   // (2) Same size everywhere.
-  std::vector<uint64_t> sizes;
-  NCCLEXT_CHECK(allGatherU64(comm, stream, m->bytes_, &sizes));
+  std::vector<uint64_t> sizes(nRanks);
+  const uint64_t mine = m->bytes_;
+  NCCLEXT_CHECK(domain.allGather(&mine, sizeof(mine), sizes.data()));
   for (size_t r = 0; r < sizes.size(); r++) {
     if (sizes[r] != m->bytes_) {
       std::string list;
@@ -85,25 +74,28 @@ ncclResult_t SymmetricMemory::create(ncclComm_t comm, const SymmetricMemoryOptio
   m->window_ = nullptr;  // 2.28 leaves it untouched when it skips registration
   NCCLEXT_NCCL(ncclCommWindowRegister(comm, m->base_, m->bytes_, &m->window_, opts.windowFlags));
   NCCLEXT_USAGE(m->window_ != nullptr, "ncclCommWindowRegister returned no window (symmetric memory unsupported?)");
-  NCCLEXT_INFO("symmetric memory: %zu bytes, LSA rank %d of %d", m->bytes_, m->devComm_.lsaRank,
-               m->devComm_.lsaSize);
+
+  // (4) Virtual ranks: every rank's window address, for dev::Peers.
+  if (domain.isVirtual()) {
+    std::vector<char*> bases(nRanks);
+    char* myBase = static_cast<char*>(m->base_);
+    NCCLEXT_CHECK(domain.allGather(&myBase, sizeof(myBase), bases.data()));
+    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&m->virtualBases_), sizeof(char*) * nRanks));
+    NCCLEXT_CUDA(cudaMemcpyAsync(m->virtualBases_, bases.data(), sizeof(char*) * nRanks, cudaMemcpyHostToDevice,
+                                 stream));
+    NCCLEXT_CUDA(cudaStreamSynchronize(stream));
+  }
+  NCCLEXT_INFO("symmetric memory: %zu bytes, domain rank %d of %d%s", m->bytes_, m->rank_, nRanks,
+               domain.isVirtual() ? " (virtual ranks)" : "");
   *out = std::move(m);
   return ncclSuccess;
 }
 
 SymmetricMemory::~SymmetricMemory() {
+  if (virtualBases_) NCCLEXT_WARN_ON(cudaFree(virtualBases_));
   if (window_) NCCLEXT_WARN_ON(ncclCommWindowDeregister(comm_, window_));
   if (base_) NCCLEXT_WARN_ON(ncclMemFree(base_));
   if (haveDevComm_) NCCLEXT_WARN_ON(ncclDevCommDestroy(comm_, &devComm_));
-}
-
-ncclResult_t hostBarrier(ncclComm_t comm, cudaStream_t stream, double timeoutSeconds) {
-  int* d = nullptr;
-  NCCLEXT_CUDA(cudaMallocAsync(&d, sizeof(int), stream));
-  NCCLEXT_CUDA(cudaMemsetAsync(d, 0, sizeof(int), stream));
-  NCCLEXT_NCCL(ncclAllReduce(d, d, 1, ncclInt32, ncclSum, comm, stream));
-  NCCLEXT_CUDA(cudaFreeAsync(d, stream));
-  return waitStream(stream, timeoutSeconds, "host barrier");
 }
 
 }  // namespace ncclext

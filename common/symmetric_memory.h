@@ -1,14 +1,17 @@
-// RAII for NCCL symmetric memory: one device communicator and one window of the same size on every rank.
+// RAII for NCCL symmetric memory: one device communicator and one window of the same size on every rank of an
+// NVLink domain (common/domain.h).
 //
-// create() is COLLECTIVE over the communicator (every rank, same order as its other collective setup calls, one
-// host thread per rank). It
+// create() is COLLECTIVE over the domain (every rank, same order as its other collective setup calls, one host
+// thread per rank). It
 //   1. creates the device communicator first: on NCCL 2.28 that is the call that fails cleanly
 //      (ncclInvalidUsage) on a communicator without symmetric-memory support, where window registration would
 //      instead hand back a handle that crashes a kernel;
 //   2. checks with an all-gather that every rank asked for the same size (2.28 maps each peer with the local size)
 //      and fails on every rank with the list of sizes if not;
 //   3. allocates with ncclMemAlloc (cuMem/VMM memory; cudaMalloc memory cannot be registered), zero-fills it, and
-//      registers it as a window.
+//      registers it as a window;
+//   4. virtual ranks only: all-gathers every rank's window address into a device table, through which kernels
+//      reach their peers (dev::Peers, common/device/peers.cuh).
 // The destructor is LOCAL: the caller must make sure no peer still reads or writes this rank's window (a host
 // collective or a device barrier) before destroying it.
 #pragma once
@@ -18,6 +21,9 @@
 #include <nccl_device.h>
 
 #include <memory>
+
+#include "common/device/peers.h"
+#include "common/domain.h"
 
 namespace ncclext {
 
@@ -29,7 +35,7 @@ struct SymmetricMemoryOptions {
 
 class SymmetricMemory {
  public:
-  static ncclResult_t create(ncclComm_t comm, const SymmetricMemoryOptions& opts, cudaStream_t stream,
+  static ncclResult_t create(Domain& domain, const SymmetricMemoryOptions& opts, cudaStream_t stream,
                              std::unique_ptr<SymmetricMemory>* out);
   ~SymmetricMemory();
   SymmetricMemory(const SymmetricMemory&) = delete;
@@ -37,6 +43,8 @@ class SymmetricMemory {
 
   const ncclDevComm& devComm() const { return devComm_; }
   ncclWindow_t window() const { return window_; }  // a device pointer: pass to kernels, never dereference here
+  // How kernels reach this domain's windows (the same kernel code for real and virtual ranks).
+  dev::Peers peers() const { return dev::Peers{window_, virtualBases_, rank_}; }
   void* localPtr() const { return base_; }
   size_t bytes() const { return bytes_; }
 
@@ -48,10 +56,9 @@ class SymmetricMemory {
   void* base_ = nullptr;
   size_t bytes_ = 0;
   ncclWindow_t window_ = nullptr;
+  char** virtualBases_ = nullptr;  // device table of every virtual rank's window; NULL for real ranks
+  int rank_ = 0;                   // my rank in the domain
 };
 
-// Host barrier over the communicator with a watchdog (an all-reduce of one word on `stream`): the quiesce point
-// before local teardown. COLLECTIVE.
-ncclResult_t hostBarrier(ncclComm_t comm, cudaStream_t stream, double timeoutSeconds);
 
 }  // namespace ncclext

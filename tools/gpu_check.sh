@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every GPU test (and, as they exist, the benchmarks) on the local GPUs, for every rank count from 1 to the
-# number of GPUs, prints a summary table and writes bench/results/gpu-check-<UTC time>.json (GPU model, driver,
-# NCCL versions, git commit, date, one row per run). Assumes `make` has built $BUILDDIR.
+# number of GPUs, then at 2 and 4 ranks (GPU_CHECK_ONE_GPU_RANKS) where the machine has fewer GPUs than that, in
+# both one-GPU modes (one-GPU nodes, virtual ranks; tests/README.md), prints a summary table and writes
+# bench/results/gpu-check-<UTC time>.json (GPU model, driver, NCCL versions, git commit, date, one row per run).
+# Assumes `make` has built $BUILDDIR.
 # Exit status: 0 if every run passed (or there is no GPU: then it says so and runs nothing), 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,37 +22,58 @@ if [ "$NGPU" -eq 0 ]; then
 fi
 MAXR=${GPU_CHECK_MAX_RANKS:-$NGPU}
 
-# name | command (NRANKS and JSON are substituted) | minimum ranks
+# name | command (NRANKS and JSON are substituted) | minimum ranks | one-GPU modes it runs in
 RUNS=(
-  "symmem_smoke|$BUILDDIR/bin/symmetric_memory_test --test smoke --nranks NRANKS --json JSON|1"
-  "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1"
-  "ep_ht|$BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1"
+  "symmem_smoke|$BUILDDIR/bin/symmetric_memory_test --test smoke --nranks NRANKS --json JSON|1|nodes virtual"
+  "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1|nodes virtual"
+  "ep_ht|$BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|nodes virtual"
 )
 # The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
 if command -v mpirun >/dev/null 2>&1; then
-  RUNS+=("symmem_smoke_mpirun|mpirun --allow-run-as-root --oversubscribe -np NRANKS -x NCCL_NVLS_ENABLE=0 $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2")
+  RUNS+=("symmem_smoke_mpirun|mpirun --allow-run-as-root --oversubscribe -np NRANKS -x NCCL_NVLS_ENABLE=0 $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2|nodes")
 fi
 if command -v torchrun >/dev/null 2>&1; then
-  RUNS+=("symmem_smoke_torchrun|torchrun --standalone --nproc_per_node NRANKS --no-python $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2")
+  RUNS+=("symmem_smoke_torchrun|torchrun --standalone --nproc_per_node NRANKS --no-python $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2|nodes")
 fi
 
 : > "$RAW/runs.tsv"
+# run NAME NRANKS MODE CMD: one row of the table.
+run() {
+  local name=$1 n=$2 mode=$3 cmd=$4
+  local tag=$name
+  [ "$mode" != real ] && tag="$name[$mode]"
+  local json="$RAW/$tag.$n.jsonl" log="$RAW/$tag.$n.log"
+  : > "$json"
+  cmd=${cmd//NRANKS/$n}
+  cmd=${cmd//JSON/$json}
+  [ "$mode" != real ] && cmd="$cmd --one-gpu $mode"
+  echo "== $tag on $n rank(s): $cmd"
+  local start end rc
+  start=$(date +%s.%N)
+  timeout "${GPU_CHECK_RUN_TIMEOUT:-600}" $cmd >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  grep -E "PASS|FAIL|rank .*:|error|WARN" "$log" | head -20
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
+}
+
+# Real GPUs: every rank count the machine has.
 for n in $(seq 1 "$MAXR"); do
   for spec in "${RUNS[@]}"; do
-    IFS='|' read -r name cmd minr <<<"$spec"
+    IFS='|' read -r name cmd minr modes <<<"$spec"
     [ "$n" -lt "$minr" ] && continue
-    json="$RAW/$name.$n.jsonl"
-    : > "$json"
-    cmd=${cmd//NRANKS/$n}
-    cmd=${cmd//JSON/$json}
-    log="$RAW/$name.$n.log"
-    echo "== $name on $n rank(s): $cmd"
-    start=$(date +%s.%N)
-    timeout 900 $cmd >"$log" 2>&1
-    rc=$?
-    end=$(date +%s.%N)
-    grep -E "PASS|FAIL|rank .*:|error|WARN" "$log" | head -20
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
+    run "$name" "$n" real "$cmd"
+  done
+done
+# One GPU, many ranks (docs/ARCHITECTURE.md): the rank counts the machine lacks GPUs for, in both one-GPU modes.
+for n in ${GPU_CHECK_ONE_GPU_RANKS:-2 4}; do
+  [ "$n" -le "$NGPU" ] && [ -z "${GPU_CHECK_FORCE_ONE_GPU:-}" ] && continue
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name cmd minr modes <<<"$spec"
+    [ "$n" -lt "$minr" ] && continue
+    for mode in $modes; do
+      run "$name" "$n" "$mode" "$cmd"
+    done
   done
 done
 

@@ -36,6 +36,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", required=True, help="TSV: name, nranks, exit code, seconds, json lines, log")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kind", default="gpu-check")
     a = ap.parse_args()
     rows = []
     with open(a.runs) as f:
@@ -54,13 +55,13 @@ def main():
                     tail = "".join(lf.readlines()[-15:])
             rows.append({"name": name, "nranks": int(n), "status": status, "seconds": float(secs or 0),
                          "results": results, "log_tail": tail})
-    doc = {"kind": "gpu-check", "machine": machine(), "runs": rows}
+    doc = {"kind": a.kind, "machine": machine(), "runs": rows}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     print()
-    print("%-22s %6s %9s  %s" % ("test", "ranks", "seconds", "status"))
+    print("%-32s %6s %9s  %s" % ("test", "ranks", "seconds", "status"))
     for r in rows:
-        print("%-22s %6d %9.1f  %s" % (r["name"], r["nranks"], r["seconds"], r["status"]))
+        print("%-32s %6d %9.1f  %s" % (r["name"], r["nranks"], r["seconds"], r["status"]))
         if r["log_tail"]:
             print("    " + r["log_tail"].replace("\n", "\n    "))
     failed = [r for r in rows if not r["status"].startswith(("pass", "skipped"))]

@@ -12,6 +12,7 @@
 //   clock). When it runs out the waiting thread records rank, peer, expected and seen values in the error word
 //   (common/device_error.h) and returns false; it never traps. A wait also gives up early, without overwriting the
 //   word, once another thread of this rank has recorded a timeout (not a bad-input report, which is recoverable).
+// - Windows are reached only through dev::Peers (real ranks: NCCL's LSA mapping; virtual ranks: addresses).
 #pragma once
 
 #include <nccl_device.h>
@@ -19,13 +20,14 @@
 #include <cstdint>
 #include <cuda/atomic>
 
+#include "common/device/peers.h"
 #include "common/device_error.h"
 
 namespace ncclext {
 namespace dev {
 
 struct WaitContext {
-  DeviceErrorWord* err;  // mapped host memory
+  DeviceErrorSink err;
   uint64_t timeoutNs;
   int rank;  // my world rank, for the error word
 };
@@ -51,14 +53,18 @@ __device__ __forceinline__ bool seqAtLeast(uint64_t a, uint64_t b) { return stat
 // A failure that dooms this rank's waits (a timeout, or a wait that gave up because of one). A bad-input report
 // (an invalid expert id found by a handle kernel) is not one: the collective goes on and the group stays usable,
 // so the other waits must not give up because of it.
-__device__ __forceinline__ bool errorRecorded(const DeviceErrorWord* w) {
-  const uint32_t code = *reinterpret_cast<const volatile uint32_t*>(&w->code);
+__device__ __forceinline__ bool errorRecorded(const DeviceErrorSink& s) {
+  const uint32_t code = *reinterpret_cast<const volatile uint32_t*>(&s.word->code);
   return code == kDeviceTimeout || code == kDeviceAborted;
 }
 
-__device__ inline void recordError(DeviceErrorWord* w, uint32_t code, int rank, int peer, uint64_t expected,
+// Records the first failure of this rank (see common/device_error.h): only device-scope atomics on device memory and
+// plain stores to the mapped host word, which every GPU supports.
+__device__ inline void recordError(const DeviceErrorSink& s, uint32_t code, int rank, int peer, uint64_t expected,
                                    uint64_t seen, uint32_t site, uint32_t index, uint64_t waitedNs) {
-  if (atomicExch_system(&w->claimed, 1u) != 0) return;  // the first failure wins
+  volatile DeviceErrorWord* w = s.word;
+  const uint32_t armed = w->resets;
+  if (atomicCAS(s.claim, armed, armed + 1) != armed) return;  // the first failure since the last re-arm wins
   w->rank = rank;
   w->peer = peer;
   w->expected = expected;
@@ -66,8 +72,8 @@ __device__ inline void recordError(DeviceErrorWord* w, uint32_t code, int rank, 
   w->site = site;
   w->index = index;
   w->waitedNs = waitedNs;
-  __threadfence_system();
-  cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(w->code).store(code, cuda::memory_order_release);
+  __threadfence_system();  // the fields before the code, for a host that polls the code
+  w->code = code;
 }
 
 // The spinning part of waitFlagAtLeast, out of line so that a kernel's hot loop does not carry its registers.
@@ -105,7 +111,7 @@ __device__ __forceinline__ bool waitFlagAtLeast(const uint64_t* flag, uint64_t e
 // replays. Barrier index b must be used by one CTA at a time per rank (give each CTA its own index), and the k-th
 // sync on index b pairs with the k-th on every peer: it orders only what the same-index CTAs did.
 struct LsaBarrier {
-  ncclWindow_t window;
+  Peers peers;
   size_t flagsOffset;
   uint64_t* epochs;
   int lsaRank, lsaSize;
@@ -127,13 +133,13 @@ __device__ inline bool lsaBarrierSync(ncclCoopCta cta, const LsaBarrier& b, uint
   const size_t row = b.flagsOffset + static_cast<size_t>(index) * b.lsaSize * sizeof(uint64_t);
   // (2) Arrive: tell every peer (and myself) that I reached epoch `next`.
   for (int peer = t; peer < b.lsaSize; peer += n) {
-    uint64_t* remote = static_cast<uint64_t*>(ncclGetLsaPointer(b.window, row + b.lsaRank * sizeof(uint64_t), peer));
+    uint64_t* remote = static_cast<uint64_t*>(b.peers.at(row + b.lsaRank * sizeof(uint64_t), peer));
     storeRelease(remote, next);
   }
   // (3) Wait: every peer's flag in my window reached `next` (acquire).
   bool failed = false;
   for (int peer = t; peer < b.lsaSize; peer += n) {
-    const uint64_t* mine = static_cast<const uint64_t*>(ncclGetLocalPointer(b.window, row + peer * sizeof(uint64_t)));
+    const uint64_t* mine = static_cast<const uint64_t*>(b.peers.local(row + peer * sizeof(uint64_t)));
     if (!waitFlagAtLeast(mine, next, b.wait, b.worldRankOfLsa0 + peer, kSiteBarrier, index)) failed = true;
   }
   // (4) The CTA barrier hands the acquires to every thread and agrees on the outcome.

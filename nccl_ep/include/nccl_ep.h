@@ -50,6 +50,7 @@ NCCL_EP_API const char* ncclEpGetLastError(void);
 
 typedef struct ncclEpGroup* ncclEpGroup_t;
 typedef struct ncclEpHandle* ncclEpHandle_t;
+typedef struct ncclEpVirtualDomain* ncclEpVirtualDomain_t;
 
 typedef enum { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } ncclEpAlgorithm_t;
 
@@ -106,10 +107,12 @@ typedef struct {
   ncclEpZeroCopyMode_t zero_copy;
   ncclEpAllocConfig_t alloc;    /* for the library's non-window device buffers */
   int lsa_domain_size;          /* NCCL_EP_AUTO: NCCL's LSA team; k splits it (multi-domain paths: not yet) */
+  ncclEpVirtualDomain_t virtual_domain; /* NULL; or the one-GPU test mode: see ncclEpVirtualDomainCreate */
+  int virtual_rank;             /* with virtual_domain: this thread's rank in it */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0}
 
 typedef struct {
   unsigned int size;
@@ -187,8 +190,21 @@ typedef struct {
 } ncclEpCompleteConfig_t;
 #define NCCL_EP_COMPLETE_CONFIG_INIT {sizeof(ncclEpCompleteConfig_t), NCCL_EP_MAGIC}
 
+/* Virtual ranks: the one-GPU test mode (docs/ARCHITECTURE.md, "One GPU, many ranks"). `n_ranks` (1..8) ranks of
+ * one NVLink domain live in this process as `n_ranks` host threads on the same GPU; each thread passes its own
+ * single-rank communicator to ncclEpCreateGroup with `virtual_domain` and its `virtual_rank` in the config. The
+ * kernels are the ones real ranks run; peers' windows are reached by address instead of through NCCL's LSA mapping,
+ * host collectives meet in the process, and each rank's SM budget is capped at 1/n_ranks of the GPU so that all
+ * ranks' kernels are resident at once. It proves protocols, not cross-GPU memory ordering or link speed. Local. */
+NCCL_EP_API ncclResult_t ncclEpVirtualDomainCreate(ncclEpVirtualDomain_t* domain, int n_ranks);
+/* Local. Only after every group made on the domain has been destroyed. */
+NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain);
+
 /* COLLECTIVE over `comm` (every rank, same config), blocking: sizes and registers the symmetric buffers once.
- * Needs a communicator with symmetric-memory support whose ranks all share one NVLink (LSA) domain. The group's
+ * `comm` may span several nodes: the group derives the communicator of this rank's NVLink domain (NCCL's LSA team,
+ * or blocks of `lsa_domain_size` / NCCL_EXT_LSA_DOMAIN_SIZE ranks) and the rail communicator (the ranks with this
+ * rank's index in every domain) with ncclCommSplit, and keeps its windows on the domain communicator. Dispatch and
+ * combine across several domains are not implemented yet: such a group is refused with ncclInvalidUsage. The group's
  * calls (handle binding, dispatch, combine) run one after another on the GPU: issue them on one stream, or order
  * the streams with events, in the same order on every rank. Handles with different routings may alternate. */
 NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config);

@@ -153,22 +153,39 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
   NCCLEXT_USAGE((c.alloc.alloc_fn == nullptr) == (c.alloc.free_fn == nullptr),
                 "alloc: give both alloc_fn and free_fn, or neither");
   NCCLEXT_ARG(c.lsa_domain_size >= 0, "lsa_domain_size %d < 0", c.lsa_domain_size);
+  if (c.virtual_domain) {
+    const int n = c.virtual_domain->domain.size();
+    NCCLEXT_ARG(c.virtual_rank >= 0 && c.virtual_rank < n, "virtual_rank %d not in [0, %d) of the virtual domain",
+                c.virtual_rank, n);
+  } else {
+    NCCLEXT_ARG(c.virtual_rank == 0, "virtual_rank %d without a virtual_domain", c.virtual_rank);
+  }
   ncclEpGroup* g = nullptr;
   NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
   *group = g;
   return ncclSuccess;
 }
 
+ncclResult_t ncclEpVirtualDomainCreate(ncclEpVirtualDomain_t* domain, int n_ranks) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(domain != nullptr, "ncclEpVirtualDomainCreate: domain is NULL");
+  *domain = nullptr;
+  NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclext::VirtualDomain::kMaxRanks, "ncclEpVirtualDomainCreate: %d ranks not in [1, %d]",
+              n_ranks, ncclext::VirtualDomain::kMaxRanks);
+  *domain = new ncclEpVirtualDomain(n_ranks);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain) {
+  ncclext::clearLastError();
+  delete domain;
+  return ncclSuccess;
+}
+
 ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group) {
   ncclext::clearLastError();
   if (!group) return ncclSuccess;
-  cudaStream_t s = nullptr;
-  ncclResult_t res = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess
-                         ? ncclext::hostBarrier(group->comm, s, group->timeoutSeconds)  // no peer still writes here
-                         : ncclUnhandledCudaError;
-  if (s) cudaStreamDestroy(s);
-  delete group;
-  return res;
+  return ncclEpGroup::destroy(group);
 }
 
 ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group) {

@@ -23,8 +23,7 @@ ncclResult_t ncclEpGroup::deviceAlloc(void** ptr, size_t bytes) {
   return ncclSuccess;
 }
 
-void ncclEpGroup::deviceFree(void* ptr) {
-  if (!ptr) return;
+void ncclEpGroup::freeNow(void* ptr) {
   if (config.alloc.free_fn) {
     NCCLEXT_WARN_ON(config.alloc.free_fn(ptr, config.alloc.context));
   } else {
@@ -32,22 +31,55 @@ void ncclEpGroup::deviceFree(void* ptr) {
   }
 }
 
+void ncclEpGroup::deviceFree(void* ptr) {
+  if (!ptr) return;
+  if (domain && domain->isVirtual()) {
+    retiredDevice_.push_back(ptr);
+  } else {
+    freeNow(ptr);
+  }
+}
+
+void ncclEpGroup::hostFree(void* ptr) {
+  if (!ptr) return;
+  if (domain && domain->isVirtual()) {
+    retiredHost_.push_back(ptr);
+  } else {
+    NCCLEXT_WARN_ON(cudaFreeHost(ptr));
+  }
+}
+
 ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out) {
   std::unique_ptr<ncclEpGroup> g(new ncclEpGroup());
   g->comm = comm;
   g->config = config;
-  int rank = 0, nRanks = 0, dev = 0;
-  NCCLEXT_NCCL(ncclCommUserRank(comm, &rank));
-  NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
+  const ncclext::Env& env = ncclext::env();
+  g->timeoutSeconds = config.timeout_ns ? config.timeout_ns * 1e-9 : env.timeoutSeconds;
+  // The domain and rail communicators (collective over `comm`), then the single-domain check, which every rank
+  // reaches with the same topology.
+  ncclext::DomainOptions dopt;
+  dopt.domainSize = config.lsa_domain_size;
+  dopt.virt = config.virtual_domain ? &config.virtual_domain->domain : nullptr;
+  dopt.virtualRank = config.virtual_rank;
+  dopt.timeoutSeconds = g->timeoutSeconds;
+  NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &g->domain));
+  const ncclext::Topology& topo = g->domain->topo();
+  NCCLEXT_USAGE(topo.nDomains == 1,
+                "the %d ranks span %d NVLink domains of %d: dispatch and combine across domains (the rail hop, "
+                "issue \"nccl_ep across NVLink domains\") are not implemented yet; every rank must share one domain",
+                topo.nRanks, topo.nDomains, topo.domainSize);
+  const int rank = topo.rank, nRanks = topo.nRanks;
+  int dev = 0;
   ncclext::setLogRank(rank);
   NCCLEXT_ARG(nRanks <= ncclep::kMaxRanks, "%d ranks: at most %d", nRanks, ncclep::kMaxRanks);
   NCCLEXT_ARG(config.num_experts % nRanks == 0, "num_experts %d is not a multiple of the %d ranks",
               config.num_experts, nRanks);
   NCCLEXT_CUDA(cudaGetDevice(&dev));
   NCCLEXT_CUDA(cudaDeviceGetAttribute(&g->smCount, cudaDevAttrMultiProcessorCount, dev));
+  // Virtual ranks share the GPU: each gets its share of the SMs, so that every rank's kernels are resident at once
+  // (a rank's CTAs spin on flags that the others' CTAs write).
+  if (g->domain->isVirtual()) g->smCount = std::max(1, g->smCount / nRanks);
   g->numSms = config.num_sms > 0 ? std::min(config.num_sms, g->smCount) : std::min(64, g->smCount);
-  const ncclext::Env& env = ncclext::env();
-  g->timeoutSeconds = config.timeout_ns ? config.timeout_ns * 1e-9 : env.timeoutSeconds;
 
   // Window layout.
   ncclep::GroupView& v = g->view;
@@ -83,34 +115,31 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   off = alignUp(off + regionRows * v.rowStride, 4096);
   w.total = off;
 
-  // Symmetric memory (collective), then the single-domain check.
+  // Symmetric memory on the domain (collective).
   cudaStream_t stream = nullptr;
   NCCLEXT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   ncclext::SymmetricMemoryOptions so;
   so.bytes = w.total;
-  ncclResult_t res = ncclext::SymmetricMemory::create(comm, so, stream, &g->mem);
+  ncclResult_t res = ncclext::SymmetricMemory::create(*g->domain, so, stream, &g->mem);
+  v.peers = res == ncclSuccess ? g->mem->peers() : ncclext::dev::Peers{};
+  if (res == ncclSuccess) res = ncclext::DeviceStatus::create(&g->status);
+  if (res == ncclSuccess) {
+    v.err = g->status->sink();
+    v.timeoutNs = (uint64_t)(g->timeoutSeconds * 1e9);
+    const size_t stateBytes = 5 * sizeof(uint64_t);  // calls[2], arrivals[2], barrier epoch
+    res = g->deviceAlloc(&g->state, stateBytes);
+    if (res == ncclSuccess && (cudaMemsetAsync(g->state, 0, stateBytes, stream) != cudaSuccess ||
+                               cudaStreamSynchronize(stream) != cudaSuccess))
+      res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "group state: zero-fill failed");
+  }
   cudaStreamDestroy(stream);
   NCCLEXT_CHECK(res);
-  const ncclDevComm& dc = g->mem->devComm();
-  ncclext::Topology topo;
-  const int domainOverride = config.lsa_domain_size > 0 ? config.lsa_domain_size : env.lsaDomainSize;
-  NCCLEXT_CHECK(ncclext::makeTopology(rank, nRanks, dc.lsaRank, dc.lsaSize, domainOverride, &topo));
-  NCCLEXT_USAGE(topo.nDomains == 1,
-                "the ranks span %d NVLink domains of %d: High-Throughput across domains (rail hop) is not "
-                "implemented yet; every rank must share one LSA domain",
-                topo.nDomains, topo.domainSize);
-  v.window = g->mem->window();
-
-  NCCLEXT_CHECK(ncclext::DeviceStatus::create(&g->status));
-  v.err = g->status->devicePtr();
-  v.timeoutNs = (uint64_t)(g->timeoutSeconds * 1e9);
-  const size_t stateBytes = 5 * sizeof(uint64_t);  // calls[2], arrivals[2], barrier epoch
-  NCCLEXT_CHECK(g->deviceAlloc(&g->state, stateBytes));
-  NCCLEXT_CUDA(cudaMemset(g->state, 0, stateBytes));
-  NCCLEXT_CUDA(cudaDeviceSynchronize());
   v.calls = static_cast<uint64_t*>(g->state);
   v.arrivals = reinterpret_cast<unsigned long long*>(v.calls + 2);
   v.barrierEpoch = v.calls + 4;
+  // Virtual ranks: nobody launches a kernel of this group before every rank is done with the calls above (some of
+  // them wait for all work on the GPU).
+  if (g->domain->isVirtual()) NCCLEXT_CHECK(g->domain->barrier());
   NCCLEXT_INFO("group: %d ranks, %d experts, %d tokens x %d bytes, top-%d, %d SMs, window %zu bytes, %s",
                nRanks, config.num_experts, config.max_tokens_per_rank, config.max_token_bytes, config.max_topk,
                g->numSms, w.total, ncclext::describeEnv(env).c_str());
@@ -118,16 +147,39 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   return ncclSuccess;
 }
 
-ncclEpGroup::~ncclEpGroup() { deviceFree(state); }
+ncclEpGroup::~ncclEpGroup() {
+  if (state) freeNow(state);
+  for (void* p : retiredDevice_) freeNow(p);
+  for (void* p : retiredHost_) NCCLEXT_WARN_ON(cudaFreeHost(p));
+}
+
+ncclResult_t ncclEpGroup::destroy(ncclEpGroup* g) {
+  // (1) No peer reads or writes my window after this.
+  ncclResult_t res = g->domain->barrier();
+  ncclext::VirtualDomain* virt = g->config.virtual_domain ? &g->config.virtual_domain->domain : nullptr;
+  const int rank = g->view.rank;
+  const double timeout = g->timeoutSeconds;
+  if (res != ncclSuccess) g->domain->markBroken();
+  // (2) Free. A failed barrier means a peer is gone: the domain communicator is aborted, not finalised.
+  delete g;
+  // (3) Virtual ranks: no rank goes on to launch kernels while another still frees (a free waits for all of them).
+  if (virt && res == ncclSuccess) res = virt->barrier(rank, timeout);
+  return res;
+}
 
 ncclResult_t ncclEpGroup::asyncError(const char* what) {
   ncclext::DeviceErrorWord w;
   if (!status || !status->read(&w)) return ncclSuccess;
-  if (w.code == ncclext::kDeviceBadInput && w.site == ncclep::kSiteTopkIdx) {
+  if (w.code == ncclext::kDeviceBadInput && (w.site == ncclep::kSiteTopkIdx || w.site == ncclep::kSiteTopkRepeat)) {
     status->reset();
+    if (w.site == ncclep::kSiteTopkRepeat)
+      return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
+                           "%s: topk_idx[%u][%d] = %lld repeats topk_idx[%u][%llu]: a token names each expert at most "
+                           "once (the repeat was ignored)",
+                           what, w.index, w.peer, (long long)(int64_t)w.seen, w.index, (unsigned long long)w.expected);
     return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
-                         "%s: topk_idx element %u (row-major) = %lld is not an expert id in [-1, %llu)", what,
-                         w.index, (long long)(int64_t)w.seen, (unsigned long long)w.expected);
+                         "%s: topk_idx[%u][%d] = %lld is not an expert id in [-1, %llu) (it was ignored)", what, w.index,
+                         w.peer, (long long)(int64_t)w.seen, (unsigned long long)w.expected);
   }
   return status->check(what);
 }
@@ -193,13 +245,15 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
     NCCLEXT_CUDA(cudaHostGetDevicePointer(&dev, host, 0));
     v.hostTotals = static_cast<int64_t*>(dev);
   }
+  // Virtual ranks: no peer's route kernels may wait for mine while an allocation above waits for the GPU.
+  if (group->domain->isVirtual()) NCCLEXT_CHECK(group->domain->barrier());
   *out = h.release();
   return ncclSuccess;
 }
 
 ncclEpHandle::~ncclEpHandle() {
   group->deviceFree(block);
-  if (hostTotals) NCCLEXT_WARN_ON(cudaFreeHost(hostTotals));
+  group->hostFree(hostTotals);
 }
 
 ncclResult_t ncclEpHandle::bind(const ncclEpTensor_t& topkIdx, const ncclEpLayoutInfo_t* info, cudaStream_t stream) {

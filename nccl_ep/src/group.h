@@ -3,17 +3,28 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "common/device_status.h"
+#include "common/domain.h"
 #include "common/symmetric_memory.h"
+#include "common/virtual_domain.h"
 #include "nccl_ep/include/nccl_ep.h"
 #include "nccl_ep/src/ht.h"
+
+// The one-GPU test mode's shared object (ncclEpVirtualDomainCreate).
+struct ncclEpVirtualDomain {
+  explicit ncclEpVirtualDomain(int n) : domain(n) {}
+  ncclext::VirtualDomain domain;
+};
 
 struct ncclEpGroup {
   ncclComm_t comm = nullptr;
   ncclEpGroupConfig_t config{};
-  int smCount = 0;
+  int smCount = 0;  // SMs this rank may use (virtual ranks: its share of the GPU)
   int numSms = 0;
+  // Declared before the window so that it is destroyed after it.
+  std::unique_ptr<ncclext::Domain> domain;
   std::unique_ptr<ncclext::SymmetricMemory> mem;
   std::unique_ptr<ncclext::DeviceStatus> status;
   void* state = nullptr;  // device: sequence counters and barrier epoch
@@ -23,10 +34,20 @@ struct ncclEpGroup {
   static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out);
   ~ncclEpGroup();
   ncclResult_t deviceAlloc(void** ptr, size_t bytes);
+  // Virtual ranks: a cudaFree or cudaFreeHost waits for every kernel on the GPU, peers' kernels that wait for this
+  // rank's next call included, so handle memory is kept until the group's destruction frees it between two
+  // barriers. Real ranks free at once.
   void deviceFree(void* ptr);
+  void hostFree(void* ptr);
+  // COLLECTIVE: the quiesce point, then the teardown (ncclEpGroupDestroy).
+  static ncclResult_t destroy(ncclEpGroup* g);
   // ncclSuccess, or the error a device wait or an input check recorded, as a code and a message.
   // An invalid-input report is cleared once returned (the group stays usable); a timeout stays.
   ncclResult_t asyncError(const char* what);
+
+ private:
+  void freeNow(void* ptr);
+  std::vector<void*> retiredDevice_, retiredHost_;
 };
 
 struct ncclEpHandle {

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/device/peers.h"
 #include "common/device_error.h"
 
 namespace ncclep {
@@ -31,7 +32,9 @@ constexpr int kMaxTokens = 16384;
 constexpr int kThreads = 512;
 
 // Error-word sites of nccl_ep (common/device_error.h numbers the shared ones).
-enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1 };
+// Bad-input reports: `index` the token, `peer` the column, `seen` the id; `expected` the limit (kSiteTopkIdx) or the
+// earlier column holding the same id (kSiteTopkRepeat).
+enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1, kSiteTopkRepeat };
 
 enum CallKind { kDispatch = 0, kCombine = 1 };
 
@@ -71,14 +74,14 @@ struct DerivedLayout {
 };
 
 struct GroupView {
-  ncclWindow_t window;
+  ncclext::dev::Peers peers;  // the window of every rank (real: LSA; virtual ranks: addresses)
   WindowLayout wl;
   MetaLayout meta;
   int rank, nRanks, numExperts, localExperts, maxTokens, nChunks, rowStride;
   uint64_t* calls;               // u64 [2]: dispatch and combine calls completed on this rank
   unsigned long long* arrivals;  // [2]: CTAs of the running dispatch / combine kernel that finished
   uint64_t* barrierEpoch;
-  ncclext::DeviceErrorWord* err;
+  ncclext::DeviceErrorSink err;
   uint64_t timeoutNs;
 };
 

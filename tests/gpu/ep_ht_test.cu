@@ -10,7 +10,11 @@
 // used alternately, back to back, on one group; an invalid expert id reported by an EXACT handle; and (2+ ranks)
 // the timeout path: one rank skips a dispatch, the others get ncclRemoteError.
 //
-// Usage: ep_ht_test [--nranks N] [--seed S] [--json FILE]     Exit: 0 pass, 1 fail, 77 no GPU.
+// With several domains (--one-gpu nodes: every rank a domain of its own) group creation must refuse cleanly on every
+// rank. Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
+//
+// Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--quick] [--json FILE]
+// --quick (the sanitizer runs): a few cases, no limits group, 2 graph replays.     Exit: 0 pass, 1 fail, 77 no GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <getopt.h>
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "common/device_status.h"
+#include "common/status.h"
 #include "nccl_ep.h"
 #include "tests/harness/launcher.h"
 #include "tests/harness/ep_tensor.h"
@@ -38,7 +43,8 @@ using ncclep::ref::Routing;
 constexpr int kExpertsPerRank = 16;
 constexpr int kMaxTokens = 512;
 constexpr int kMaxRowBytes = 7168 * 2;  // a bf16 row of hidden 7168
-constexpr int kTimeoutSeconds = 3;
+// The group's device-wait budget (--timeout-s; the sanitizer runs raise it, their kernels being far slower).
+double gTimeoutSeconds = 3;
 
 enum RoutingKind { kRandom, kAllToLastRank, kOneExpert, kFirstRankEmpty };
 
@@ -123,22 +129,45 @@ double loadValue(ncclDataType_t dt, const void* base, size_t i) {
 
 using ncclext::harness::epTensor;
 
+// This rank's stream and the count of failed CUDA calls of the test itself (any fails the run). Thread-local: the
+// virtual-rank mode runs every rank as a thread of one process.
+thread_local cudaStream_t tStream = nullptr;
+thread_local int tCudaErrors = 0;
+
+bool cudaOk(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  if (tCudaErrors++ < 5) fprintf(stderr, "CUDA error in the test: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+// Device memory of the test, stream-ordered on the rank's stream: a cudaFree would wait for every kernel on the GPU,
+// which with virtual ranks includes peers' kernels that wait for this rank's next call.
 struct DeviceBuf {
   void* p = nullptr;
   size_t bytes = 0;
-  explicit DeviceBuf(size_t n) : bytes(std::max<size_t>(n, 16)) { cudaMalloc(&p, bytes); }
-  ~DeviceBuf() { cudaFree(p); }
-  // Synchronous: the kernels run on the harness's non-blocking stream, which a default-stream memset does not order.
+  explicit DeviceBuf(size_t n) : bytes(std::max<size_t>(n, 16)) {
+    cudaOk(cudaMallocAsync(&p, bytes, tStream), "cudaMallocAsync");
+  }
+  ~DeviceBuf() {
+    if (p) cudaOk(cudaFreeAsync(p, tStream), "cudaFreeAsync");
+  }
   void poison() {
-    cudaMemset(p, 0xff, bytes);
-    cudaDeviceSynchronize();
+    cudaOk(cudaMemsetAsync(p, 0xff, bytes, tStream), "poison");
+    cudaOk(cudaStreamSynchronize(tStream), "poison sync");
   }
   template <typename T> std::vector<T> get(size_t n) const {
     std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    if (n) {
+      cudaOk(cudaMemcpyAsync(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, tStream), "copy to host");
+      cudaOk(cudaStreamSynchronize(tStream), "copy to host sync");
+    }
     return v;
   }
-  void put(const void* src, size_t n) { cudaMemcpy(p, src, n, cudaMemcpyHostToDevice); }
+  void put(const void* src, size_t n) {
+    if (n == 0) return;  // an empty tensor: nothing to copy (and its host vector may have no storage)
+    cudaOk(cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, tStream), "copy to device");
+    cudaOk(cudaStreamSynchronize(tStream), "copy to device sync");
+  }
 };
 
 #define EXPECT_OK(call)                                                                                 \
@@ -163,7 +192,7 @@ struct Runner {
     lastBadCase = c.name;
   }
   int wait(const char* what) {
-    ncclResult_t r = ncclext::waitStream(ctx.stream, kTimeoutSeconds + 30, what);
+    ncclResult_t r = ncclext::waitStream(ctx.stream, gTimeoutSeconds + 30, what);
     if (r == ncclSuccess) r = ncclEpGroupGetAsyncError(group);
     if (r != ncclSuccess) fprintf(stderr, "rank %d %s: %s\n", ctx.rank, what, ncclEpGetLastError());
     return r == ncclSuccess ? 0 : 1;
@@ -173,7 +202,7 @@ struct Runner {
   void fillInputs(const Case& c, const Routing& r, uint64_t cs, DeviceBuf& x, DeviceBuf& w, DeviceBuf& sc) {
     const int me = ctx.rank, T = r.numTokens[me], K = c.topk;
     const size_t rowBytes = c.hidden * esize(c.dtype);
-    const int nScales = c.hidden / 128;
+    const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;  // scales travel with fp8 tokens only
     std::vector<uint8_t> hx(T * rowBytes);
     for (int t = 0; t < T; t++)
       for (size_t j = 0; j < rowBytes; j++) hx[t * rowBytes + j] = tokenByte(cs, me, t, (int)j);
@@ -198,7 +227,7 @@ struct Runner {
     auto hy = y.get<uint8_t>(rows * rowBytes);
     auto hw = yw.get<float>(flat ? rows * K : rows);
     auto hi = yi.get<int>(rows * K);
-    auto hs = ys.get<float>(rows * std::max(nScales, 1));
+    const auto hs = nScales ? ys.get<float>(rows * nScales) : std::vector<float>();  // ys holds scales only with fp8
     for (int64_t i = 0; i < rows; i++) {
       const uint8_t* row = &hy[i * rowBytes];
       if (i >= used) {  // past the receive count: nothing may have been written
@@ -409,7 +438,6 @@ struct Runner {
       yw.poison();
       yi.poison();
       cout.poison();
-      cudaDeviceSynchronize();
       if (cudaGraphLaunch(exec, ctx.stream) != cudaSuccess) return bad(c, "graph launch"), 1;
       if (wait("graph replay")) return 1;
       checkDispatch(c, r, rr, rs, rows, y, yw, yi, ys);
@@ -529,43 +557,95 @@ struct Runner {
     return 0;
   }
 
-  // An EXACT handle whose routing holds an id >= num_experts on rank 0: that rank gets ncclInvalidArgument with
-  // the element named; the collective still completes everywhere and the group stays usable.
+  // EXACT handles whose routing holds, on rank 0, an id >= num_experts (token 1, column 0) and then an id that
+  // an earlier column of the token already names (token 2, column 3 repeats column 1): that rank gets
+  // ncclInvalidArgument with token and column named; the collective still completes everywhere and the group stays
+  // usable.
   int runBadExpert(const Case& c) {
     const int rank = ctx.rank, K = c.topk, T = 4;
-    std::vector<int> idx(T * K, 1);
-    for (int k = 0; k < K; k++) idx[k] = k;  // distinct ids in row 0
-    if (rank == 0) idx[1 * K + 0] = kExpertsPerRank * ctx.nRanks;  // token 1, k 0
-    DeviceBuf topk(idx.size() * 4);
-    topk.put(idx.data(), idx.size() * 4);
-    ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
-    ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
-    hc.sizing = NCCL_EP_SIZING_EXACT;
-    ncclEpHandle_t h = nullptr;
-    ncclResult_t res = ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream);
-    if (rank == 0) {
-      const std::string msg = ncclEpGetLastError();
-      if (res != ncclInvalidArgument || msg.find("topk_idx element " + std::to_string(K)) == std::string::npos)
-        bad(c, ("bad expert id not reported: " + msg).c_str(), res);
-    } else if (res != ncclSuccess) {
-      bad(c, "a rank with valid routing failed", res);
+    struct Bad {
+      int token, column, value;
+      std::string message;
+    } const cases[] = {
+        {1, 0, kExpertsPerRank * ctx.nRanks, "topk_idx[1][0] = " + std::to_string(kExpertsPerRank * ctx.nRanks)},
+        {2, 3, 1, "topk_idx[2][3] = 1 repeats topk_idx[2][1]"},
+    };
+    for (const Bad& b : cases) {
+      std::vector<int> idx(T * K);
+      for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) idx[t * K + k] = k;  // distinct ids in every row
+      if (rank == 0) idx[b.token * K + b.column] = b.value;
+      DeviceBuf topk(idx.size() * 4);
+      topk.put(idx.data(), idx.size() * 4);
+      ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
+      ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+      hc.sizing = NCCL_EP_SIZING_EXACT;
+      ncclEpHandle_t h = nullptr;
+      ncclResult_t res = ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream);
+      if (rank == 0) {
+        const std::string msg = ncclEpGetLastError();
+        if (res != ncclInvalidArgument || msg.find(b.message) == std::string::npos)
+          bad(c, ("bad expert id not reported as \"" + b.message + "\": " + msg).c_str(), res);
+        if (h) bad(c, "a handle was returned for a bad routing");
+      } else if (res != ncclSuccess) {
+        bad(c, "a rank with valid routing failed", res);
+      }
+      if (h) ncclEpHandleDestroy(h);
     }
-    if (h) ncclEpHandleDestroy(h);
     return 0;
   }
 };
 
-bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json) {
+bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json, ncclext::harness::OneGpu* oneGpu,
+           bool* quick) {
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"seed", required_argument, nullptr, 's'},
-                                 {"json", required_argument, nullptr, 'j'}, {nullptr, 0, nullptr, 0}};
+                                 {"json", required_argument, nullptr, 'j'}, {"one-gpu", required_argument, nullptr, 'g'},
+                                 {"timeout-s", required_argument, nullptr, 'T'}, {"quick", no_argument, nullptr, 'q'},
+                                 {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
     if (c == 'n') *nRanks = atoi(optarg);
     else if (c == 's') *seed = strtoull(optarg, nullptr, 0);
     else if (c == 'j') *json = optarg;
+    else if (c == 'g') { if (!ncclext::harness::parseOneGpu(optarg, oneGpu)) return false; }
+    else if (c == 'T') gTimeoutSeconds = atof(optarg);
+    else if (c == 'q') *quick = true;
     else return false;
   }
-  return true;
+  return gTimeoutSeconds > 0;
+}
+
+void writeJson(const std::string& json, const char* line) {
+  printf("RESULT %s\n", line);
+  if (json.empty()) return;
+  if (FILE* f = fopen(json.c_str(), "a")) {
+    fprintf(f, "%s\n", line);
+    fclose(f);
+  }
+}
+
+// One-GPU nodes: every rank is an NVLink domain of its own. Group creation must refuse the communicator on every
+// rank with ncclInvalidUsage and a message naming the missing feature, leave nothing behind, and not hang.
+int runAcrossDomains(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg, const std::string& json) {
+  ncclEpGroup_t group = nullptr;
+  const ncclResult_t res = ncclEpCreateGroup(&group, ctx.comm, &cfg);
+  const std::string msg = ncclEpGetLastError();
+  const bool ok = res == ncclInvalidUsage && group == nullptr && msg.find("NVLink domains") != std::string::npos &&
+                  msg.find("across NVLink domains") != std::string::npos;
+  if (group) ncclEpGroupDestroy(group);
+  uint64_t bad = ok ? 0 : 1, total = 0;
+  const bool agreed = ncclext::harness::sumOverRanks(ctx, bad, &total, 60) == ncclSuccess;
+  const bool pass = agreed && total == 0;
+  printf("rank %d: group across %d one-GPU nodes -> %s: \"%s\" -> %s\n", ctx.rank, ctx.nRanks,
+         ncclGetErrorString(res), msg.c_str(), pass ? "PASS" : "FAIL");
+  if (ctx.rank == 0) {
+    char line[256];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"ep_ht\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"refused_across_domains\": %s}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", ok ? "true" : "false");
+    writeJson(json, line);
+  }
+  return pass ? 0 : 1;
 }
 
 }  // namespace
@@ -574,20 +654,36 @@ int main(int argc, char** argv) {
   int nRanks = 0;
   uint64_t seed = (uint64_t)std::chrono::system_clock::now().time_since_epoch().count();  // fresh every run
   std::string json;
-  if (!parse(argc, argv, &nRanks, &seed, &json)) {
-    fprintf(stderr, "usage: %s [--nranks N] [--seed S] [--json FILE]\n", argv[0]);
+  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
+  bool quick = false;
+  if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) {
+    fprintf(stderr,
+            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--quick] [--json FILE]\n",
+            argv[0]);
     return 2;
   }
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
-  return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+  lo.oneGpu = oneGpu;
+  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them.
+  ncclEpVirtualDomain_t virt = nullptr;
+  if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
+      ncclEpVirtualDomainCreate(&virt, nRanks > 0 ? nRanks : 2) != ncclSuccess) {
+    fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
+    return 1;
+  }
+  const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+    tStream = ctx.stream;
     ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
     cfg.num_experts = kExpertsPerRank * ctx.nRanks;
     cfg.max_tokens_per_rank = kMaxTokens;
     cfg.max_token_bytes = kMaxRowBytes;
     cfg.max_topk = 8;
     cfg.num_sms = 24;
-    cfg.timeout_ns = (uint64_t)kTimeoutSeconds * 1000000000ull;
+    cfg.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
+    cfg.virtual_domain = virt;
+    cfg.virtual_rank = virt ? ctx.rank : 0;
+    if (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) return runAcrossDomains(ctx, cfg, json);
     ncclEpGroup_t group = nullptr;
     if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpCreateGroup: %s\n", ctx.rank, ncclEpGetLastError());
@@ -615,6 +711,22 @@ int main(int argc, char** argv) {
     cases.push_back({"top-1", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT, false, 1, 2048, true});
     cases.push_back({"hidden 7168 bf16", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT, false, 8,
                      7168, true});
+    // Rows whose vector count is not a multiple of the reduction's 32 x 4 per warp step (hidden 8: 1 vector;
+    // hidden 1160: 145): combine's shuffles once left lanes out and hung.
+    cases.push_back({"hidden 8 bf16, em", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, 1, NCCL_EP_SIZING_EXACT,
+                     false, 8, 8, true});
+    cases.push_back({"hidden 8 bf16, flat", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE,
+                     false, 8, 8, true});
+    cases.push_back({"hidden 1160 bf16, em", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, 4,
+                     NCCL_EP_SIZING_EXACT, false, 8, 1160, true});
+    if (quick) {  // the sanitizer runs: one case per layout and kind of row, the short rows, no limits group
+      std::vector<Case> few;
+      for (const Case& c : cases)
+        if (c.name == "bf16/flat/exact" || c.name == "fp8/em/worst" || c.name == "fp32/em/exact" ||
+            c.name.rfind("hidden 8", 0) == 0 || c.name == "first rank empty")
+          few.push_back(c);
+      cases.swap(few);
+    }
     int failedCases = 0, rc = 0;
     for (size_t i = 0; i < cases.size(); i++) {
       const int before = run.errors;
@@ -622,16 +734,16 @@ int main(int argc, char** argv) {
       if (run.errors != before) failedCases++;
       if (rc) break;
     }
-    // The limits, on a second group: 16384 tokens per rank, top-32, up to 512 experts per rank and at most 1024 in
-    // all (the group's limit: 512 per rank on 1 and 2 ranks, 128 on 8), and rows of 16384 bf16 columns.
-    if (!rc) {
-      ncclEpGroupConfig_t big = NCCL_EP_GROUP_CONFIG_INIT;
-      const int bigExpertsPerRank = std::min(512, 1024 / ctx.nRanks);
+    // The limits, on a second group: 16384 tokens per rank, top-32, 1024 experts in all (the group's limit; all on
+    // one rank when there is one), and rows of 16384 bf16 columns.
+    if (!rc && !quick) {
+      ncclEpGroupConfig_t big = cfg;
+      const int bigExpertsPerRank = 1024 / ctx.nRanks;
       big.num_experts = bigExpertsPerRank * ctx.nRanks;
       big.max_tokens_per_rank = 16384;
       big.max_token_bytes = 16384 * 2;
       big.max_topk = 32;
-      big.timeout_ns = cfg.timeout_ns;
+      big.num_sms = NCCL_EP_AUTO;
       ncclEpGroup_t bigGroup = nullptr;
       if (ncclEpCreateGroup(&bigGroup, ctx.comm, &big) != ncclSuccess) {
         fprintf(stderr, "rank %d: ncclEpCreateGroup (limits): %s\n", ctx.rank, ncclEpGetLastError());
@@ -656,6 +768,17 @@ int main(int argc, char** argv) {
         wide.expertsPerRank = bigExpertsPerRank;
         wide.maxTokens = 48;
         limits.push_back(wide);
+        // The reported hang: every token on the last rank's experts (all 1024 of them with one rank), top-32, 257
+        // tokens, 16-byte rows.
+        for (ncclEpLayout_t layout : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_FLAT}) {
+          Case tiny{layout == NCCL_EP_LAYOUT_FLAT ? "all on the last rank, top-32, 257 x 16 B rows, flat"
+                                                   : "all on the last rank, top-32, 257 x 16 B rows, em",
+                    kAllToLastRank, ncclBfloat16, layout, 1, NCCL_EP_SIZING_EXACT, false, 32, 8, true};
+          tiny.expertsPerRank = bigExpertsPerRank;
+          tiny.maxTokens = 257;
+          tiny.allFull = true;
+          limits.push_back(tiny);
+        }
         Runner big2{ctx, bigGroup, seed, 0, {}};
         for (size_t i = 0; i < limits.size() && !rc; i++) {
           const int before = big2.errors;
@@ -664,25 +787,28 @@ int main(int argc, char** argv) {
         }
         run.errors += big2.errors;
         cases.insert(cases.end(), limits.begin(), limits.end());
-        ncclEpGroupDestroy(bigGroup);
+        if (ncclEpGroupDestroy(bigGroup) != ncclSuccess) {
+          fprintf(stderr, "rank %d: ncclEpGroupDestroy (limits): %s\n", ctx.rank, ncclEpGetLastError());
+          rc = 1;
+        }
       }
     }
     const Case graphCase{"graph replay", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE,
                          false, 8, 512, true};
-    if (!rc) rc |= run.runGraph(graphCase, seed * 7 + 1, 20);
+    const int replays = quick ? 2 : 20;
+    if (!rc) rc |= run.runGraph(graphCase, seed * 7 + 1, replays);
     Case alternating{"two handles alternating", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
-                     false, 8, 7168, true};
+                     false, 8, quick ? 512 : 7168, true};
     alternating.allFull = true;
     if (!rc) rc |= run.runAlternating(alternating, seed * 11 + 3);
     if (!rc) rc |= run.runBadExpert(graphCase);
-    // Agree on the outcome before the timeout test breaks the group's sequence.
-    unsigned long long mine = (unsigned long long)(run.errors + rc), total = 0, *d = nullptr;
-    cudaMalloc(&d, 8);
-    cudaMemcpy(d, &mine, 8, cudaMemcpyHostToDevice);
-    ncclAllReduce(d, d, 1, ncclUint64, ncclSum, ctx.comm, ctx.stream);
-    ncclext::waitStream(ctx.stream, 60, "sum");
-    cudaMemcpy(&total, d, 8, cudaMemcpyDeviceToHost);
-    cudaFree(d);
+    // Agree on the outcome before the timeout test breaks the group's sequence. A failed agreement fails the run.
+    uint64_t total = 0;
+    const int mine = run.errors + rc + tCudaErrors;
+    if (ncclext::harness::sumOverRanks(ctx, (uint64_t)mine, &total, 60) != ncclSuccess) {
+      fprintf(stderr, "rank %d: the ranks could not agree on the outcome: %s\n", ctx.rank, ncclext::lastError());
+      total = 1 + mine;
+    }
     bool timeoutOk = true;
     double waited = 0;
     if (ctx.nRanks > 1) {
@@ -708,13 +834,13 @@ int main(int argc, char** argv) {
         out.tokens = epTensor(y.p, ncclBfloat16, {rows, 512});
         const auto t0 = std::chrono::steady_clock::now();
         EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
-        ncclext::waitStream(ctx.stream, kTimeoutSeconds + 30, "timeout dispatch");
+        ncclext::waitStream(ctx.stream, gTimeoutSeconds + 30, "timeout dispatch");
         waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const ncclResult_t res = ncclEpGroupGetAsyncError(group);
         const std::string msg = ncclEpGetLastError();
         timeoutOk = res == ncclRemoteError && msg.find("timed out") != std::string::npos &&
-                    msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos && waited >= kTimeoutSeconds * 0.99 &&
-                    waited < kTimeoutSeconds + 10;
+                    msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos && waited >= gTimeoutSeconds * 0.99 &&
+                    waited < gTimeoutSeconds + 10;
         printf("rank %d: dispatch with a silent peer -> %s after %.2f s: %s\n", rank, ncclGetErrorString(res), waited,
                msg.c_str());
         // Later calls report the same error instead of hanging.
@@ -722,26 +848,26 @@ int main(int argc, char** argv) {
       }
       ncclEpHandleDestroy(h);
     }
-    ncclEpGroupDestroy(group);
-    const bool pass = total == 0 && timeoutOk;
-    printf("rank %d: %zu cases (%d failed), graph replays, alternating handles, bad expert id, timeout %s -> %s "
-           "(seed %llu)\n", ctx.rank,
-           cases.size(), failedCases, ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)",
-           pass ? "PASS" : "FAIL", (unsigned long long)seed);
+    if (ncclEpGroupDestroy(group) != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclEpGroupDestroy: %s\n", ctx.rank, ncclEpGetLastError());
+      timeoutOk = false;
+    }
+    const bool pass = total == 0 && timeoutOk && tCudaErrors == 0;
+    printf("rank %d: %zu cases (%d failed), graph replays, alternating handles, bad expert ids, timeout %s, %s, CUDA "
+           "errors in the test %d -> %s (seed %llu)\n",
+           ctx.rank, cases.size(), failedCases, ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)",
+           ncclext::harness::oneGpuName(ctx.mode), tCudaErrors, pass ? "PASS" : "FAIL", (unsigned long long)seed);
     if (ctx.rank == 0) {
       char line[512];
       snprintf(line, sizeof(line),
-               "{\"test\": \"ep_ht\", \"nranks\": %d, \"pass\": %s, \"cases\": %zu, \"graph_replays\": 20, "
-               "\"timeout_tested\": %s, \"timeout_waited_s\": %.3f, \"seed\": %llu}",
-               ctx.nRanks, pass ? "true" : "false", cases.size(), ctx.nRanks > 1 ? "true" : "false", waited,
-               (unsigned long long)seed);
-      printf("RESULT %s\n", line);
-      if (!json.empty())
-        if (FILE* f = fopen(json.c_str(), "a")) {
-          fprintf(f, "%s\n", line);
-          fclose(f);
-        }
+               "{\"test\": \"ep_ht\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %zu, "
+               "\"graph_replays\": %d, \"timeout_tested\": %s, \"timeout_waited_s\": %.3f, \"seed\": %llu}",
+               ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", cases.size(), replays,
+               ctx.nRanks > 1 ? "true" : "false", waited, (unsigned long long)seed);
+      writeJson(json, line);
     }
     return pass ? 0 : 1;
   });
+  if (virt) ncclEpVirtualDomainDestroy(virt);
+  return rc;
 }

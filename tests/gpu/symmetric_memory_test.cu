@@ -1,16 +1,21 @@
 // GPU tests of the foundation (common/): symmetric memory, LSA pushes, the flag barrier and its timeout.
 //
-//   smoke    Every rank's kernel pushes a pattern that names (iteration, source rank, destination rank, element)
-//            into its slot of every peer's window over LSA, meets the peers in the flag barrier, and checks every
-//            element of its own window; the host then copies the window back and checks every element again
-//            against a host-computed pattern. The window is poisoned before every iteration, so a missing store
-//            or a missing barrier shows up as poison or as a previous iteration's value.
-//   timeout  One rank never signals (with 1 rank: a flag nobody writes). The other ranks' waits must give up
-//            after the configured budget, come back through the host API as ncclRemoteError naming the silent
-//            peer, leave the GPU usable, and the processes must exit cleanly.
+// The windows live on the NVLink-domain communicator that ncclext::Domain splits from the world (common/domain.h).
 //
-// Usage: symmetric_memory_test [--test smoke|timeout|all] [--nranks N] [--iters I] [--ctas C] [--threads T]
-//                              [--slot-elems E] [--timeout-s S] [--json FILE] [--break store|barrier]
+//   smoke    Every rank's kernel pushes a pattern that names (iteration, source rank, destination rank, element)
+//            into its slot of every domain peer's window over LSA, meets the peers in the flag barrier, and checks
+//            every element of its own window; the host then copies the window back and checks every element again
+//            against a host-computed pattern. The window is poisoned before every iteration, so a missing store
+//            or a missing barrier shows up as poison or as a previous iteration's value. With several domains
+//            (one-GPU nodes, NCCL_EXT_LSA_DOMAIN_SIZE) every rank also sends a pattern to its peer in every other
+//            domain over the rail communicator (ncclSend/ncclRecv) and checks what it receives, poisoned first.
+//   timeout  One rank of the domain never signals (a domain of 1: a flag nobody writes). The other ranks' waits
+//            must give up after the configured budget, come back through the host API as ncclRemoteError naming
+//            the silent peer, leave the GPU usable, and the processes must exit cleanly.
+//
+// Usage: symmetric_memory_test [--test smoke|timeout|all] [--nranks N] [--one-gpu off|nodes|virtual] [--iters I]
+//                              [--ctas C] [--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S]
+//                              [--json FILE] [--break store|barrier]
 // --break store skips the kernel's stores and --break barrier skips its exit barrier: both must make the smoke test
 // FAIL (the oracle can fail); gpu-check never passes --break.
 // Exit status: 0 pass, 1 fail, 77 no GPU.
@@ -41,6 +46,8 @@ enum BreakMode : int { kBreakNone = 0, kBreakStore = 1, kBreakBarrier = 2 };
 struct Options {
   std::string test = "all";
   int nRanks = 0;
+  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
+  size_t railElems = (size_t)1 << 15;  // uint64 per rail peer: 256 KiB
   int iters = 20;
   int ctas = 16;
   int threads = 512;
@@ -78,7 +85,7 @@ __global__ void smokeKernel(SmokeParams p) {
   // (2) Push my slot into every peer (staggered so that ranks do not all hit one peer at once).
   for (int k = 0; k < n; k++) {
     const int dst = (me + k) % n;
-    uint64_t* remote = static_cast<uint64_t*>(ncclGetLsaPointer(p.bar.window, (size_t)me * p.slotElems * 8, dst));
+    uint64_t* remote = static_cast<uint64_t*>(p.bar.peers.at((size_t)me * p.slotElems * 8, dst));
     if (p.breakMode == kBreakStore) continue;
     for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) remote[i] = pattern(p.iter, me, dst, i);
   }
@@ -86,7 +93,7 @@ __global__ void smokeKernel(SmokeParams p) {
   if (p.breakMode != kBreakBarrier && !ncclext::dev::lsaBarrierSync(cta, p.bar, blockIdx.x)) return;
   // (4) Check what arrived: peers' slots first and from the top down (what a peer writes last), so that a missing
   // exit barrier is caught rather than hidden by the time my own slot takes to check.
-  const uint64_t* local = static_cast<const uint64_t*>(ncclGetLocalPointer(p.bar.window, 0));
+  const uint64_t* local = static_cast<const uint64_t*>(p.bar.peers.local(0));
   unsigned long long bad = 0;
   for (int k = n - 1; k >= 0; k--) {
     const int src = (me + k) % n;
@@ -103,7 +110,7 @@ __global__ void timeoutKernel(LsaBarrier bar, int alone) {
   ncclCoopCta cta;
   if (alone) {
     if (threadIdx.x == 0) {
-      const uint64_t* flag = static_cast<const uint64_t*>(ncclGetLocalPointer(bar.window, bar.flagsOffset));
+      const uint64_t* flag = static_cast<const uint64_t*>(bar.peers.local(bar.flagsOffset));
       ncclext::dev::waitFlagAtLeast(flag, 1, bar.wait, bar.wait.rank, ncclext::kSiteFlag, 0);
     }
     return;
@@ -120,49 +127,84 @@ __global__ void timeoutKernel(LsaBarrier bar, int alone) {
     }                                                                                  \
   } while (0)
 
-// Everything a test needs on one rank: the window with the barrier flags after `dataBytes`, epochs, the error word.
+// Everything a test needs on one rank: the domain, its window with the barrier flags after `dataBytes`, epochs, the
+// error word. Members are destroyed in reverse order: the window before the domain's communicators.
 struct Fixture {
+  std::unique_ptr<ncclext::Domain> domain;
   std::unique_ptr<ncclext::SymmetricMemory> mem;
   std::unique_ptr<ncclext::DeviceStatus> status;
-  uint64_t* epochs = nullptr;
+  uint64_t* epochs = nullptr;  // stream-ordered: a cudaFree would wait for the other virtual ranks' kernels
+  cudaStream_t stream = nullptr;
   LsaBarrier bar{};
-  ~Fixture() { cudaFree(epochs); }
+  ~Fixture() {
+    if (epochs) cudaFreeAsync(epochs, stream);
+  }
 };
 
-ncclResult_t makeFixture(ncclext::harness::RankContext& ctx, size_t dataBytes, int nBarriers, double timeoutSeconds,
-                         Fixture* f) {
+ncclResult_t makeFixture(ncclext::harness::RankContext& ctx, size_t dataBytesPerRank, int nBarriers,
+                         double timeoutSeconds, Fixture* f) {
+  ncclext::DomainOptions dopt;
+  dopt.virt = ctx.virt;
+  dopt.virtualRank = ctx.rank;
+  dopt.timeoutSeconds = 60;
+  NCCLEXT_CHECK(ncclext::Domain::create(ctx.comm, dopt, &f->domain));
+  const ncclext::Topology& t = f->domain->topo();
   NCCLEXT_CHECK(ncclext::DeviceStatus::create(&f->status));
-  int lsaSizeGuess = ctx.nRanks;  // one node: the LSA team is the world
   ncclext::SymmetricMemoryOptions o;
-  o.bytes = dataBytes + LsaBarrier::flagBytes(nBarriers, lsaSizeGuess);
-  NCCLEXT_CHECK(ncclext::SymmetricMemory::create(ctx.comm, o, ctx.stream, &f->mem));
-  const ncclDevComm& dc = f->mem->devComm();
-  NCCLEXT_USAGE(dc.lsaSize == ctx.nRanks, "these tests need all ranks in one LSA team (lsaSize %d, nRanks %d)",
-                dc.lsaSize, ctx.nRanks);
-  NCCLEXT_CUDA(cudaMalloc(&f->epochs, sizeof(uint64_t) * nBarriers));
-  NCCLEXT_CUDA(cudaMemset(f->epochs, 0, sizeof(uint64_t) * nBarriers));
-  f->bar.window = f->mem->window();
-  f->bar.flagsOffset = dataBytes;
+  o.bytes = dataBytesPerRank * t.domainSize + LsaBarrier::flagBytes(nBarriers, t.domainSize);
+  NCCLEXT_CHECK(ncclext::SymmetricMemory::create(*f->domain, o, ctx.stream, &f->mem));
+  f->stream = ctx.stream;
+  NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&f->epochs), sizeof(uint64_t) * nBarriers, ctx.stream));
+  NCCLEXT_CUDA(cudaMemsetAsync(f->epochs, 0, sizeof(uint64_t) * nBarriers, ctx.stream));
+  NCCLEXT_CUDA(cudaStreamSynchronize(ctx.stream));
+  f->bar.peers = f->mem->peers();
+  f->bar.flagsOffset = dataBytesPerRank * t.domainSize;
   f->bar.epochs = f->epochs;
-  f->bar.lsaRank = dc.lsaRank;
-  f->bar.lsaSize = dc.lsaSize;
-  f->bar.worldRankOfLsa0 = ctx.rank - dc.lsaRank;
-  f->bar.wait.err = f->status->devicePtr();
+  f->bar.lsaRank = t.domainRank;
+  f->bar.lsaSize = t.domainSize;
+  f->bar.worldRankOfLsa0 = t.rank - t.domainRank;
+  f->bar.wait.err = f->status->sink();
   f->bar.wait.timeoutNs = (uint64_t)(timeoutSeconds * 1e9);
-  f->bar.wait.rank = ctx.rank;
+  f->bar.wait.rank = t.rank;
   return ncclSuccess;
 }
 
-// Sums a per-rank count over all ranks (also a host-side quiesce point).
-ncclResult_t sumOverRanks(ncclext::harness::RankContext& ctx, unsigned long long mine, unsigned long long* total,
-                          double timeoutSeconds = 60) {
-  unsigned long long* d = nullptr;
-  NCCLEXT_CUDA(cudaMalloc(&d, sizeof(*d)));
-  NCCLEXT_CUDA(cudaMemcpy(d, &mine, sizeof(mine), cudaMemcpyHostToDevice));
-  NCCLEXT_NCCL(ncclAllReduce(d, d, 1, ncclUint64, ncclSum, ctx.comm, ctx.stream));
-  NCCLEXT_CHECK(ncclext::waitStream(ctx.stream, timeoutSeconds, "sum over ranks"));
-  NCCLEXT_CUDA(cudaMemcpy(total, d, sizeof(*total), cudaMemcpyDeviceToHost));
-  NCCLEXT_CUDA(cudaFree(d));
+using ncclext::harness::sumOverRanks;
+
+// The rail part of the smoke test: rank (domain d, index i) sends pattern(iter, d, d', j) to (d', i) for every other
+// domain d' and checks what (d', i) sent it. False on a mismatch; errors counted in *bad.
+ncclResult_t railExchange(ncclext::harness::RankContext& ctx, const Fixture& f, const Options& o, uint32_t iter,
+                          unsigned long long* bad) {
+  const ncclext::Topology& t = f.domain->topo();
+  ncclComm_t rail = f.domain->railComm();
+  if (!rail) return ncclSuccess;
+  const size_t n = o.railElems, bytes = n * sizeof(uint64_t);
+  std::vector<uint64_t> send((size_t)t.nDomains * n), recv((size_t)t.nDomains * n, kPoison);
+  for (int d = 0; d < t.nDomains; d++)
+    for (size_t i = 0; i < n; i++) send[(size_t)d * n + i] = pattern(iter, t.domainIndex, d, i);
+  uint64_t *dSend = nullptr, *dRecv = nullptr;
+  NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&dSend), bytes * t.nDomains, ctx.stream));
+  NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&dRecv), bytes * t.nDomains, ctx.stream));
+  NCCLEXT_CUDA(cudaMemcpyAsync(dSend, send.data(), bytes * t.nDomains, cudaMemcpyHostToDevice, ctx.stream));
+  NCCLEXT_CUDA(cudaMemcpyAsync(dRecv, recv.data(), bytes * t.nDomains, cudaMemcpyHostToDevice, ctx.stream));
+  NCCLEXT_NCCL(ncclGroupStart());
+  for (int d = 0; d < t.nDomains; d++) {
+    if (d == t.domainIndex) continue;
+    NCCLEXT_NCCL(ncclSend(dSend + (size_t)d * n, bytes, ncclUint8, d, rail, ctx.stream));
+    NCCLEXT_NCCL(ncclRecv(dRecv + (size_t)d * n, bytes, ncclUint8, d, rail, ctx.stream));
+  }
+  NCCLEXT_NCCL(ncclGroupEnd());
+  NCCLEXT_CUDA(cudaMemcpyAsync(recv.data(), dRecv, bytes * t.nDomains, cudaMemcpyDeviceToHost, ctx.stream));
+  NCCLEXT_CHECK(ncclext::waitStream(ctx.stream, 60, "rail exchange"));
+  cudaFreeAsync(dSend, ctx.stream);
+  cudaFreeAsync(dRecv, ctx.stream);
+  for (int d = 0; d < t.nDomains; d++) {
+    if (d == t.domainIndex) continue;
+    for (size_t i = 0; i < n; i++)
+      if (recv[(size_t)d * n + i] != pattern(iter, d, t.domainIndex, i) && (*bad)++ < 3)
+        fprintf(stderr, "rank %d: rail from domain %d elem %zu: got %016llx\n", ctx.rank, d, i,
+                (unsigned long long)recv[(size_t)d * n + i]);
+  }
   return ncclSuccess;
 }
 
@@ -177,31 +219,42 @@ void appendJson(const Options& o, const std::string& line) {
 
 int runSmoke(ncclext::harness::RankContext& ctx, const Options& o) {
   Fixture f;
-  const size_t dataBytes = (size_t)ctx.nRanks * o.slotElems * sizeof(uint64_t);
-  TEST_CHECK(makeFixture(ctx, dataBytes, o.ctas, 60.0, &f));
+  TEST_CHECK(makeFixture(ctx, o.slotElems * sizeof(uint64_t), o.ctas, 60.0, &f));
+  const ncclext::Topology& topo = f.domain->topo();
+  const int n = topo.domainSize, me = topo.domainRank;
+  const size_t dataBytes = (size_t)n * o.slotElems * sizeof(uint64_t);
   unsigned long long* dErrors = nullptr;
-  if (cudaMalloc(&dErrors, sizeof(*dErrors)) != cudaSuccess) return 1;
-  cudaMemset(dErrors, 0, sizeof(*dErrors));
+  if (cudaMallocAsync(reinterpret_cast<void**>(&dErrors), sizeof(*dErrors), ctx.stream) != cudaSuccess ||
+      cudaMemsetAsync(dErrors, 0, sizeof(*dErrors), ctx.stream) != cudaSuccess)
+    return 1;
+  unsigned long long railBad = 0;
 
   const auto t0 = std::chrono::steady_clock::now();
   for (int it = 0; it < o.iters; it++) {
-    // Poison my data, then a host collective so that no peer pushes before my poison has landed.
+    // Poison my data, then a barrier of the domain so that no peer pushes before my poison has landed.
     if (cudaMemsetAsync(f.mem->localPtr(), 0xff, dataBytes, ctx.stream) != cudaSuccess) return 1;
-    TEST_CHECK(ncclext::hostBarrier(ctx.comm, ctx.stream, 60));
+    if (cudaStreamSynchronize(ctx.stream) != cudaSuccess) return 1;
+    TEST_CHECK(f.domain->barrier());
     SmokeParams p{f.bar, o.slotElems, (uint32_t)it, dErrors, o.breakMode};
     TEST_CHECK(ncclext::launchKernel("smokeKernel", smokeKernel, dim3(o.ctas), dim3(o.threads), 0, ctx.stream, p));
     TEST_CHECK(ncclext::waitStream(ctx.stream, 60, "smoke kernel", f.status.get()));
+    TEST_CHECK(railExchange(ctx, f, o, (uint32_t)it, &railBad));
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Host oracle on the last iteration: every element of every slot.
   std::vector<uint64_t> host(dataBytes / sizeof(uint64_t));
-  if (cudaMemcpy(host.data(), f.mem->localPtr(), dataBytes, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
+  unsigned long long devBad = 0;
+  if (cudaMemcpyAsync(host.data(), f.mem->localPtr(), dataBytes, cudaMemcpyDeviceToHost, ctx.stream) != cudaSuccess ||
+      cudaMemcpyAsync(&devBad, dErrors, sizeof(devBad), cudaMemcpyDeviceToHost, ctx.stream) != cudaSuccess ||
+      cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+    return 1;
+  cudaFreeAsync(dErrors, ctx.stream);
   unsigned long long hostBad = 0, firstShown = 0;
   const uint32_t last = o.iters - 1;
-  for (int src = 0; src < ctx.nRanks; src++) {
+  for (int src = 0; src < n; src++) {
     for (size_t i = 0; i < o.slotElems; i++) {
-      const uint64_t want = pattern(last, src, ctx.rank, i), got = host[(size_t)src * o.slotElems + i];
+      const uint64_t want = pattern(last, src, me, i), got = host[(size_t)src * o.slotElems + i];
       if (got != want) {
         if (firstShown++ < 5)
           fprintf(stderr, "rank %d: slot %d elem %zu: got %016llx want %016llx%s\n", ctx.rank, src, i,
@@ -210,26 +263,27 @@ int runSmoke(ncclext::harness::RankContext& ctx, const Options& o) {
       }
     }
   }
-  unsigned long long devBad = 0;
-  cudaMemcpy(&devBad, dErrors, sizeof(devBad), cudaMemcpyDeviceToHost);
-  cudaFree(dErrors);
-  unsigned long long total = 0;
-  TEST_CHECK(sumOverRanks(ctx, hostBad + devBad, &total));
-  TEST_CHECK(ncclext::hostBarrier(ctx.comm, ctx.stream, 60));  // nobody touches a peer's window after this
+  uint64_t total = 0;
+  TEST_CHECK(sumOverRanks(ctx, hostBad + devBad + railBad, &total, 60));
+  TEST_CHECK(f.domain->barrier());  // nobody touches a peer's window after this
   const bool pass = total == 0;
-  printf("rank %d: smoke %d ranks, %d iterations, %zu B per peer: device errors %llu, host errors %llu, all ranks "
-         "%llu -> %s\n",
-         ctx.rank, ctx.nRanks, o.iters, o.slotElems * 8, devBad, hostBad, total, pass ? "PASS" : "FAIL");
+  printf("rank %d: smoke %d ranks (%s: %d domain(s) of %d), %d iterations, %zu B per LSA peer, %zu B per rail peer: "
+         "device errors %llu, host errors %llu, rail errors %llu, all ranks %llu -> %s\n",
+         ctx.rank, ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), topo.nDomains, n, o.iters, o.slotElems * 8,
+         f.domain->railComm() ? o.railElems * 8 : (size_t)0, devBad, hostBad, railBad, (unsigned long long)total,
+         pass ? "PASS" : "FAIL");
   if (ctx.rank == 0) {
     int v = 0;
     ncclGetVersion(&v);
-    char line[512];
+    char line[640];
     snprintf(line, sizeof(line),
-             "{\"test\": \"symmem_smoke\", \"nranks\": %d, \"pass\": %s, \"iters\": %d, \"ctas\": %d, "
-             "\"bytes_per_peer\": %zu, \"elements_checked_per_rank\": %zu, \"errors\": %llu, \"seconds\": %.3f, "
-             "\"nccl_runtime\": %d, \"nccl_built\": %d}",
-             ctx.nRanks, pass ? "true" : "false", o.iters, o.ctas, o.slotElems * 8,
-             (size_t)ctx.nRanks * o.slotElems, total, seconds, v, NCCL_VERSION_CODE);
+             "{\"test\": \"symmem_smoke\", \"nranks\": %d, \"mode\": \"%s\", \"domains\": %d, \"pass\": %s, "
+             "\"iters\": %d, \"ctas\": %d, \"bytes_per_peer\": %zu, \"rail_bytes_per_peer\": %zu, "
+             "\"elements_checked_per_rank\": %zu, \"errors\": %llu, \"seconds\": %.3f, \"nccl_runtime\": %d, "
+             "\"nccl_built\": %d}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), topo.nDomains, pass ? "true" : "false", o.iters,
+             o.ctas, o.slotElems * 8, f.domain->railComm() ? o.railElems * 8 : (size_t)0, (size_t)n * o.slotElems,
+             (unsigned long long)total, seconds, v, NCCL_VERSION_CODE);
     appendJson(o, line);
   }
   return pass ? 0 : 1;
@@ -238,8 +292,9 @@ int runSmoke(ncclext::harness::RankContext& ctx, const Options& o) {
 int runTimeout(ncclext::harness::RankContext& ctx, const Options& o) {
   Fixture f;
   TEST_CHECK(makeFixture(ctx, 0, 1, o.timeoutSeconds, &f));
-  const int silent = ctx.nRanks - 1;
-  const bool alone = ctx.nRanks == 1;
+  const ncclext::Topology& topo = f.domain->topo();
+  const bool alone = topo.domainSize == 1;
+  const int silent = topo.rank - topo.domainRank + topo.domainSize - 1;  // the last rank of my domain
   unsigned long long bad = 0;
   double waited = 0;
   if (alone || ctx.rank != silent) {
@@ -253,21 +308,24 @@ int runTimeout(ncclext::harness::RankContext& ctx, const Options& o) {
     const bool okCode = res == ncclRemoteError;
     const bool okMsg = msg.find("timed out") != std::string::npos && msg.find(wantPeer) != std::string::npos;
     const bool okTime = waited >= o.timeoutSeconds * 0.99 && waited <= o.timeoutSeconds + 5.0;
-    const cudaError_t sticky = cudaDeviceSynchronize();
+    // The stream, not the device: other virtual ranks' kernels share the device and may still be waiting.
+    const cudaError_t sticky = cudaStreamSynchronize(ctx.stream);
     const bool okGpu = sticky == cudaSuccess && cudaGetLastError() == cudaSuccess;
     printf("rank %d: wait returned %s after %.2f s (budget %.2f s): \"%s\"; GPU %s\n", ctx.rank,
            ncclGetErrorString(res), waited, o.timeoutSeconds, msg.c_str(), okGpu ? "usable" : "in error");
     bad = !(okCode && okMsg && okTime && okGpu);
   }
-  unsigned long long total = 0;
+  uint64_t total = 0;
   TEST_CHECK(sumOverRanks(ctx, bad, &total, o.timeoutSeconds + 60));  // the silent rank waits here meanwhile
   const bool pass = total == 0;
-  printf("rank %d: timeout %d ranks -> %s\n", ctx.rank, ctx.nRanks, pass ? "PASS" : "FAIL");
+  printf("rank %d: timeout %d ranks (%s) -> %s\n", ctx.rank, ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode),
+         pass ? "PASS" : "FAIL");
   if (ctx.rank == 0) {
-    char line[256];
+    char line[320];
     snprintf(line, sizeof(line),
-             "{\"test\": \"symmem_timeout\", \"nranks\": %d, \"pass\": %s, \"budget_s\": %.3f, \"waited_s\": %.3f}",
-             ctx.nRanks, pass ? "true" : "false", o.timeoutSeconds, waited);
+             "{\"test\": \"symmem_timeout\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"budget_s\": %.3f, "
+             "\"waited_s\": %.3f}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", o.timeoutSeconds, waited);
     appendJson(o, line);
   }
   return pass ? 0 : 1;
@@ -276,6 +334,8 @@ int runTimeout(ncclext::harness::RankContext& ctx, const Options& o) {
 bool parse(int argc, char** argv, Options* o) {
   static const option kLong[] = {{"test", required_argument, nullptr, 'x'},
                                  {"nranks", required_argument, nullptr, 'n'},
+                                 {"one-gpu", required_argument, nullptr, 'g'},
+                                 {"rail-elems", required_argument, nullptr, 'r'},
                                  {"iters", required_argument, nullptr, 'i'},
                                  {"ctas", required_argument, nullptr, 'c'},
                                  {"threads", required_argument, nullptr, 't'},
@@ -289,6 +349,10 @@ bool parse(int argc, char** argv, Options* o) {
     switch (c) {
       case 'x': o->test = optarg; break;
       case 'n': o->nRanks = atoi(optarg); break;
+      case 'g':
+        if (!ncclext::harness::parseOneGpu(optarg, &o->oneGpu)) return false;
+        break;
+      case 'r': o->railElems = strtoull(optarg, nullptr, 0); break;
       case 'i': o->iters = atoi(optarg); break;
       case 'c': o->ctas = atoi(optarg); break;
       case 't': o->threads = atoi(optarg); break;
@@ -304,7 +368,7 @@ bool parse(int argc, char** argv, Options* o) {
     }
   }
   return (o->test == "smoke" || o->test == "timeout" || o->test == "all") && o->nRanks >= 0 && o->iters >= 1 &&
-         o->ctas >= 1 && o->threads >= 32 && o->threads <= 1024 && o->slotElems >= 1 && o->timeoutSeconds > 0;
+         o->railElems >= 1 && o->ctas >= 1 && o->threads >= 32 && o->threads <= 1024 && o->slotElems >= 1 && o->timeoutSeconds > 0;
 }
 
 }  // namespace
@@ -313,13 +377,14 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o)) {
     fprintf(stderr,
-            "usage: %s [--test smoke|timeout|all] [--nranks N] [--iters I] [--ctas C] [--threads T] "
-            "[--slot-elems E] [--timeout-s S] [--json FILE]\n",
+            "usage: %s [--test smoke|timeout|all] [--nranks N] [--one-gpu off|nodes|virtual] [--iters I] [--ctas C] "
+            "[--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S] [--json FILE] [--break store|barrier]\n",
             argv[0]);
     return 2;
   }
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
+  lo.oneGpu = o.oneGpu;
   return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
     int rc = 0;
     if (o.test == "smoke" || o.test == "all") rc |= runSmoke(ctx, o);

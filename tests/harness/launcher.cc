@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/checks.h"
+#include "common/device_status.h"
 #include "common/log.h"
 #include "common/version.h"
 
@@ -39,8 +41,16 @@ void forceNvlsOff() {
   setenv("NCCL_NVLS_ENABLE", "0", 1);
 }
 
-// Creates the communicator, runs the body, tears down. `getId` fills the unique id (called after cudaSetDevice).
-int runRank(RankContext ctx, const std::function<bool(ncclUniqueId*)>& getId,
+// One GPU, many nodes: this process claims a host of its own, so NCCL sees a node with one GPU and talks to the
+// others over loopback sockets. Must run before NCCL reads its environment (the first NCCL call).
+void becomeOneGpuNode(int rank) {
+  const std::string host = "ncclext-node-" + std::to_string(rank);
+  setenv("NCCL_HOSTID", host.c_str(), 1);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+}
+
+// Creates the communicator (`init`, called after cudaSetDevice), runs the body, tears down.
+int runRank(RankContext ctx, const std::function<bool(RankContext&)>& init,
             const std::function<int(RankContext&)>& body) {
   setLogRank(ctx.rank);
   if (cudaSetDevice(ctx.device) != cudaSuccess) {
@@ -51,18 +61,15 @@ int runRank(RankContext ctx, const std::function<bool(ncclUniqueId*)>& getId,
     fprintf(stderr, "rank %d: %s\n", ctx.rank, ncclGetLastError(nullptr));
     return 1;
   }
-  ncclUniqueId id;
-  if (!getId(&id)) return 1;
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 1;
-  ncclResult_t res = ncclCommInitRankConfig(&ctx.comm, ctx.nRanks, id, ctx.rank, &cfg);
-  if (res != ncclSuccess) {
-    fprintf(stderr, "rank %d: ncclCommInitRankConfig: %s\n", ctx.rank, ncclGetErrorString(res));
-    return 1;
-  }
-  cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking);
+  if (!init(ctx)) return 1;
+  if (cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking) != cudaSuccess) return 1;
   int rc = body(ctx);
-  cudaStreamSynchronize(ctx.stream);
+  // Bounded: a body that left a kernel hanging must not hang the teardown's wait too.
+  if (waitStream(ctx.stream, 60, "end of the test body") != ncclSuccess) {
+    fprintf(stderr, "rank %d: the stream did not drain: %s\n", ctx.rank, lastError());
+    fflush(stderr);
+    _exit(1);  // cudaStreamDestroy and ncclCommDestroy would wait for the stuck kernel forever
+  }
   cudaStreamDestroy(ctx.stream);
   if (rc == 0) {
     ncclCommFinalize(ctx.comm);
@@ -70,11 +77,71 @@ int runRank(RankContext ctx, const std::function<bool(ncclUniqueId*)>& getId,
   } else {
     ncclCommAbort(ctx.comm);  // a failed body may leave peers waiting: do not wait for them
   }
+  // Any CUDA error left behind (an asynchronous fault, a failed call nobody checked) fails the rank.
+  const cudaError_t sticky = cudaDeviceSynchronize();
+  const cudaError_t last = cudaGetLastError();
+  if (sticky != cudaSuccess || last != cudaSuccess) {
+    fprintf(stderr, "rank %d: CUDA error at the end of the test: %s / %s\n", ctx.rank, cudaGetErrorString(sticky),
+            cudaGetErrorString(last));
+    rc = 1;
+  }
   return rc;
 }
 
-int launchExternal(const std::function<int(RankContext&)>& body) {
+// The world communicator from a unique id that `getId` hands over.
+std::function<bool(RankContext&)> initFromId(const std::function<bool(ncclUniqueId*)>& getId) {
+  return [getId](RankContext& ctx) {
+    ncclUniqueId id;
+    if (!getId(&id)) return false;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 1;
+    ncclResult_t res = ncclCommInitRankConfig(&ctx.comm, ctx.nRanks, id, ctx.rank, &cfg);
+    if (res != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclCommInitRankConfig: %s\n", ctx.rank, ncclGetErrorString(res));
+      return false;
+    }
+    return true;
+  };
+}
+
+// Virtual ranks: nRanks threads of this process on GPU 0, each with its own single-rank communicator.
+int runVirtual(int nRanks, const std::function<int(RankContext&)>& body) {
+  VirtualDomain domain(nRanks);
+  std::vector<int> rcs(nRanks, 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nRanks; r++) {
+    threads.emplace_back([&, r] {
+      RankContext ctx;
+      ctx.rank = r;
+      ctx.nRanks = nRanks;
+      ctx.localRank = r;
+      ctx.device = 0;
+      ctx.mode = OneGpu::kVirtual;
+      ctx.virt = &domain;
+      auto init = [](RankContext& c) {
+        int dev = 0;
+        ncclResult_t res = ncclCommInitAll(&c.comm, 1, &dev);
+        if (res != ncclSuccess) fprintf(stderr, "rank %d: ncclCommInitAll: %s\n", c.rank, ncclGetErrorString(res));
+        return res == ncclSuccess;
+      };
+      rcs[r] = runRank(ctx, init, body);
+    });
+  }
+  int rc = 0;
+  for (int r = 0; r < nRanks; r++) {
+    threads[r].join();
+    if (rcs[r] != 0 && rc == 0) rc = rcs[r];
+  }
+  return rc;
+}
+
+int launchExternal(const LaunchOptions& opts, const std::function<int(RankContext&)>& body) {
   RankContext ctx;
+  if (opts.oneGpu == OneGpu::kVirtual) {
+    fprintf(stderr, "launcher: --one-gpu virtual runs every rank in one process; do not start it under mpirun or "
+                    "torchrun\n");
+    return 1;
+  }
   int localSize = 0;
   if (getenv("OMPI_COMM_WORLD_SIZE")) {  // Open MPI
     ctx.rank = envInt("OMPI_COMM_WORLD_RANK", 0);
@@ -93,6 +160,11 @@ int launchExternal(const std::function<int(RankContext&)>& body) {
     localSize = envInt("LOCAL_WORLD_SIZE", ctx.nRanks);
   }
   ctx.device = ctx.localRank;
+  if (opts.oneGpu == OneGpu::kNodes) {
+    ctx.device = 0;
+    ctx.mode = OneGpu::kNodes;
+    becomeOneGpuNode(ctx.rank);
+  }
   if (!getenv("NCCL_COMM_ID")) {
     std::string id;
     if (getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
@@ -106,12 +178,12 @@ int launchExternal(const std::function<int(RankContext&)>& body) {
     setenv("NCCL_COMM_ID", id.c_str(), 1);
   }
   int nDev = 0;
-  if (cudaGetDeviceCount(&nDev) != cudaSuccess || nDev <= ctx.localRank) {
-    fprintf(stderr, "launcher: rank %d needs GPU %d, %d visible\n", ctx.rank, ctx.localRank, nDev);
+  if (cudaGetDeviceCount(&nDev) != cudaSuccess || nDev <= ctx.device) {
+    fprintf(stderr, "launcher: rank %d needs GPU %d, %d visible\n", ctx.rank, ctx.device, nDev);
     return kExitNoGpu;
   }
   // With NCCL_COMM_ID set, every rank derives the same id and rank 0 runs the bootstrap root.
-  return runRank(ctx, [](ncclUniqueId* id) { return ncclGetUniqueId(id) == ncclSuccess; }, body);
+  return runRank(ctx, initFromId([](ncclUniqueId* id) { return ncclGetUniqueId(id) == ncclSuccess; }), body);
 }
 
 }  // namespace
@@ -135,18 +207,65 @@ int countGpus() {
   return n;
 }
 
+bool parseOneGpu(const char* s, OneGpu* out) {
+  if (!strcmp(s, "off")) *out = OneGpu::kOff;
+  else if (!strcmp(s, "nodes")) *out = OneGpu::kNodes;
+  else if (!strcmp(s, "virtual")) *out = OneGpu::kVirtual;
+  else return false;
+  return true;
+}
+
+const char* oneGpuName(OneGpu m) {
+  switch (m) {
+    case OneGpu::kNodes: return "one-GPU nodes";
+    case OneGpu::kVirtual: return "virtual ranks";
+    default: return "real GPUs";
+  }
+}
+
+ncclResult_t sumOverRanks(RankContext& ctx, uint64_t mine, uint64_t* total, double timeoutSeconds) {
+  if (ctx.virt) {
+    std::vector<uint64_t> all(ctx.nRanks);
+    ncclResult_t res = ctx.virt->allGather(ctx.rank, &mine, sizeof(mine), all.data(), timeoutSeconds);
+    if (res != ncclSuccess) return res;
+    *total = 0;
+    for (uint64_t v : all) *total += v;
+    return ncclSuccess;
+  }
+  uint64_t* d = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(*d), ctx.stream) != cudaSuccess ||
+      cudaMemcpyAsync(d, &mine, sizeof(mine), cudaMemcpyHostToDevice, ctx.stream) != cudaSuccess)
+    return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "sumOverRanks: device buffer");
+  NCCLEXT_NCCL(ncclAllReduce(d, d, 1, ncclUint64, ncclSum, ctx.comm, ctx.stream));
+  if (cudaMemcpyAsync(total, d, sizeof(*d), cudaMemcpyDeviceToHost, ctx.stream) != cudaSuccess)
+    return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "sumOverRanks: copy back");
+  NCCLEXT_CHECK(waitStream(ctx.stream, timeoutSeconds, "sum over ranks"));
+  cudaFreeAsync(d, ctx.stream);
+  return ncclSuccess;
+}
+
+ncclResult_t barrier(RankContext& ctx, double timeoutSeconds) {
+  uint64_t total = 0;
+  return sumOverRanks(ctx, 0, &total, timeoutSeconds);
+}
+
 int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& body) {
   forceNvlsOff();
   if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || (getenv("WORLD_SIZE") && getenv("RANK")))
-    return launchExternal(body);
+    return launchExternal(opts, body);
 
   const int nGpus = countGpus();
   if (nGpus <= 0) {
     fprintf(stderr, "launcher: no GPU visible: nothing to run\n");
     return kExitNoGpu;
   }
-  const int nRanks = opts.nRanks > 0 ? opts.nRanks : nGpus;
-  if (nRanks > nGpus) {
+  const bool oneGpu = opts.oneGpu != OneGpu::kOff;
+  const int nRanks = opts.nRanks > 0 ? opts.nRanks : oneGpu ? 2 : nGpus;
+  if (opts.oneGpu == OneGpu::kVirtual && nRanks > VirtualDomain::kMaxRanks) {
+    fprintf(stderr, "launcher: at most %d virtual ranks\n", VirtualDomain::kMaxRanks);
+    return 1;
+  }
+  if (!oneGpu && nRanks > nGpus) {
     fprintf(stderr, "launcher: %d ranks asked for, %d GPUs visible (NCCL allows one rank per GPU)\n", nRanks, nGpus);
     return kExitNoGpu;
   }
@@ -161,19 +280,29 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
   fflush(stdout);
   fflush(stderr);
   std::vector<pid_t> pids;
-  for (int r = 0; r < nRanks; r++) {
+  // Virtual ranks: one child process holds them all (the parent stays the CUDA-free watchdog).
+  const int nChildren = opts.oneGpu == OneGpu::kVirtual ? 1 : nRanks;
+  for (int r = 0; r < nChildren; r++) {
     pid_t pid = fork();
     if (pid < 0) {
       perror("fork");
       for (pid_t p : pids) kill(p, SIGKILL);
       return 1;
     }
+    if (pid == 0 && opts.oneGpu == OneGpu::kVirtual) {
+      const int rc = runVirtual(nRanks, body);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
     if (pid == 0) {
       RankContext ctx;
       ctx.rank = r;
       ctx.nRanks = nRanks;
       ctx.localRank = r;
-      ctx.device = r;
+      ctx.device = oneGpu ? 0 : r;
+      ctx.mode = opts.oneGpu;
+      if (opts.oneGpu == OneGpu::kNodes) becomeOneGpuNode(r);
       auto getId = [shm, r](ncclUniqueId* id) {
         if (r == 0) {
           if (ncclGetUniqueId(&shm->id) != ncclSuccess) return false;
@@ -191,7 +320,7 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
         *id = shm->id;
         return true;
       };
-      int rc = runRank(ctx, getId, body);
+      int rc = runRank(ctx, initFromId(getId), body);
       fflush(stdout);
       fflush(stderr);
       _exit(rc);

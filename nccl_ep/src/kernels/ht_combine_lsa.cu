@@ -131,13 +131,15 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
     const int base = x.d[x.h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* dst = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.combRows + rowIndex * g.rowStride, s));
+      char* dst = static_cast<char*>(g.peers.at(g.wl.combRows + rowIndex * g.rowStride, s));
       if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
         warpCopy<false>(lane, dst, x.c.in + (size_t)(base + slot) * x.c.rowBytes, x.c.rowBytes);
       } else {
         const ExpertRows er = expertRows(x, base + slot, lane);
         const int vecs = x.c.rowBytes >> 4;
-        for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
+        // Warp-uniform trip count: addExperts shuffles across the whole warp (a lane-dependent bound left some
+        // lanes out of the shuffle and hung the warp on rows of fewer than 32 x kU vectors).
+        for (int i0 = lane; i0 - lane < vecs; i0 += 32 * kU) {
           float acc[kU][Vec<T>::kN] = {};
           addExperts<T>(x, er, i0, acc);
 #pragma unroll
@@ -145,7 +147,7 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
             if (i0 + 32 * u < vecs) reinterpret_cast<int4*>(dst)[i0 + 32 * u] = Vec<T>::pack(acc[u]);
         }
       }
-      warpPublish(lane, static_cast<uint64_t*>(ncclGetLsaPointer(g.window, g.wl.combFlags + rowIndex * 8, s)), seq);
+      warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + rowIndex * 8, s)), seq);
     }
   }
 }
@@ -162,8 +164,8 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* fa
   const int* slotRow = h.sendSlot + (size_t)t * R;
   const int slotLo = lane < R ? slotRow[lane] : -1, slotHi = lane + 32 < R ? slotRow[lane + 32] : -1;
   auto slotOf = [&](int r) { return __shfl_sync(0xffffffffu, r < 32 ? slotLo : slotHi, r & 31); };
-  const char* staging = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.combRows));
-  const uint64_t* flags = static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, g.wl.combFlags));
+  const char* staging = static_cast<const char*>(g.peers.local(g.wl.combRows));
+  const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
   for (int r = 0; r < R; r++) {
     const int slot = slotOf(r);
     if (r != me && slot >= 0 && !warpAcquire(g, flags + (size_t)r * g.maxTokens + slot, seq, r, slot, failed))
@@ -176,7 +178,7 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* fa
   const int4* mine = reinterpret_cast<const int4*>(x.c.in) + (size_t)myRow * vecs;
   const ExpertRows er = !flat && myRow >= 0 ? expertRows(x, myRow, lane) : ExpertRows{-1, 0.f};
   int4* out = reinterpret_cast<int4*>(x.c.out + (size_t)t * x.c.rowBytes);
-  for (int i0 = lane; i0 < vecs; i0 += 32 * kU) {
+  for (int i0 = lane; i0 - lane < vecs; i0 += 32 * kU) {  // warp-uniform: slotOf and addExperts shuffle
     float acc[kU][Vec<T>::kN] = {};
     int4 own[kU];
     if (flat && myRow >= 0) {

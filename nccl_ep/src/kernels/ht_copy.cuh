@@ -75,7 +75,7 @@ __device__ inline bool waitPeersConsumed(const Team& team, const GroupView& g, s
   bool ok = true;
   for (int r = team.tid; r < g.nRanks; r += team.size) {
     if (r == g.rank) continue;
-    const uint64_t* done = static_cast<const uint64_t*>(ncclGetLocalPointer(g.window, doneOff + (size_t)r * 8));
+    const uint64_t* done = static_cast<const uint64_t*>(g.peers.local(doneOff + (size_t)r * 8));
     if (!ncclext::dev::waitFlagAtLeast(done, seq - 1, {g.err, g.timeoutNs, g.rank}, r, ncclext::kSiteFlag, 0))
       ok = false;
   }
@@ -103,7 +103,7 @@ __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t done
   if (!last) return;
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
     if (r != g.rank)
-      ncclext::dev::storeRelease(static_cast<uint64_t*>(ncclGetLsaPointer(g.window, doneOff + (size_t)g.rank * 8, r)),
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(doneOff + (size_t)g.rank * 8, r)),
                                  seq);
 }
 

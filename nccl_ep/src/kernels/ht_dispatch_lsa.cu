@@ -115,10 +115,10 @@ __device__ void stageTokens(const Team& team, const Ctx& x, ChunkStage* st, int 
   for (int i = team.tid; i < n * R; i += team.size) st->slot[i / R][i % R] = h.sendSlot[(size_t)t0 * R + i];
   for (int i = team.tid; i < n * K; i += team.size) {
     const int j = i / K, k = i % K, t = t0 + j;
-    int e = loadExpert(h, t, k);
-    if (e >= g.numExperts) e = -1;  // reported by the handle kernels
-    st->expert[j][k] = e;
-    st->idx[j][k] = h.emIdx[(size_t)t * g.meta.maxTopk + k];
+    // emIdx -1 marks what routing ignored: no expert, an id out of range, a repeated id (reported at handle time).
+    const int idx = h.emIdx[(size_t)t * g.meta.maxTopk + k];
+    st->expert[j][k] = idx >= 0 ? loadExpert(h, t, k) : -1;
+    st->idx[j][k] = idx;
     st->w[j][k] = x.c.weights ? x.c.weights[(size_t)t * K + k] : 1.f;
   }
   team.sync();
@@ -160,8 +160,8 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
         continue;
       }
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* dst = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.dispRows + rowIndex * g.rowStride, r));
-      char* meta = static_cast<char*>(ncclGetLsaPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+      char* dst = static_cast<char*>(g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r));
+      char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
       if (lane < K) {  // the metadata from the stage: expert ids local to r, weights, indices
         reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = localExpert(g, st->expert[j][lane], r);
@@ -195,13 +195,13 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
       const size_t rowIndex = (size_t)s * g.maxTokens + slot;
       const char* meta =
-          static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispMeta + rowIndex * g.meta.bytes));
+          static_cast<const char*>(g.peers.local(g.wl.dispMeta + rowIndex * g.meta.bytes));
       if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot, &sh->failed)) break;
       const bool has = lane < K;
       const int expert = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
       const float w = has ? __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + lane) : 0.f;
       const int idx = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.emIdxOff()) + lane) : -1;
-      const char* row = static_cast<const char*>(ncclGetLocalPointer(g.window, g.wl.dispRows + rowIndex * g.rowStride));
+      const char* row = static_cast<const char*>(g.peers.local(g.wl.dispRows + rowIndex * g.rowStride));
       deliver<true>(x, lane, s, slot, expert, w, idx, row, reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
     }
   }

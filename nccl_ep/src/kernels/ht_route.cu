@@ -2,8 +2,9 @@
 //
 // Contract
 //   countKernel  grid = token tiles (kChunkTokens each; at least 1), block = kChunkTokens. Thread t reads token t's
-//                top-k row, checks every id (an id outside [-1, E) is reported in the error word and ignored),
-//                and counts, per tile, tokens per destination rank and (token, expert) pairs per expert.
+//                top-k row, checks every id (an id outside [-1, E), or one an earlier column of the token already
+//                names, is reported in the error word and ignored: routedExpert), and counts, per tile, tokens per
+//                destination rank and (token, expert) pairs per expert.
 //   scanKernel   one CTA per count column: exclusive prefix over tiles -> tileCount[c] = counts of tiles < c
 //                (row NC holds the totals), for c in [0, NC].
 //   slotKernel   grid = token tiles: sendSlot[t][r] = position of token t among this rank's tokens going to r (or
@@ -27,14 +28,28 @@ __device__ __forceinline__ int loadExpert(const HandleView& h, int t, int k) {
                     : static_cast<const int*>(h.topkIdx)[(size_t)t * h.topk + k];
 }
 
-// The validated expert id of (t, k): -1 for "none" and for ids out of range (reported once).
-__device__ __forceinline__ int expertOf(const GroupView& g, const HandleView& h, int t, int k, bool report) {
+// The expert id of (t, k) as routing uses it: -1 for "none", for ids outside [-1, E) and for an id that an earlier
+// column of the same token already names (O(K) loads, in the handle kernels only). With `report`, the first
+// bad id is recorded (countKernel); the other kernels see the same -1 (slotKernel writes emIdx -1, which dispatch
+// reads as "none"), so counts, slots and rows stay consistent whatever the input.
+__device__ __forceinline__ int routedExpert(const GroupView& g, const HandleView& h, int t, int k, bool report) {
   const int e = loadExpert(h, t, k);
-  if (e >= -1 && e < g.numExperts) return e;
-  if (report)
-    ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, g.rank, -1, (uint64_t)g.numExperts, (uint64_t)(int64_t)e, kSiteTopkIdx,
-                              (uint32_t)(t * h.topk + k), 0);
-  return -1;
+  if (e == -1) return -1;
+  if (e < -1 || e >= g.numExperts) {
+    if (report)
+      ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, g.rank, k, (uint64_t)g.numExperts,
+                                (uint64_t)(int64_t)e, kSiteTopkIdx, (uint32_t)t, 0);
+    return -1;
+  }
+  for (int j = 0; j < k; j++) {
+    if (loadExpert(h, t, j) == e) {  // the raw id: a repeat of a repeat still names the first column
+      if (report)
+        ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, g.rank, k, (uint64_t)j, (uint64_t)e,
+                                  kSiteTopkRepeat, (uint32_t)t, 0);
+      return -1;
+    }
+  }
+  return e;
 }
 
 __global__ void countKernel(GroupView g, HandleView h) {
@@ -46,7 +61,7 @@ __global__ void countKernel(GroupView g, HandleView h) {
   if (t < h.numTokens) {
     uint64_t mask = 0;
     for (int k = 0; k < h.topk; k++) {
-      const int e = expertOf(g, h, t, k, true);
+      const int e = routedExpert(g, h, t, k, true);
       if (e < 0) continue;
       atomicAdd(&counts[g.nRanks + e], 1);
       mask |= 1ull << (e / g.localExperts);
@@ -58,7 +73,6 @@ __global__ void countKernel(GroupView g, HandleView h) {
   for (int i = threadIdx.x; i < cols; i += blockDim.x) h.tileCount[(size_t)blockIdx.x * cols + i] = counts[i];
 }
 
-// One CTA per count column: a block-wide exclusive scan over the tiles (Hillis-Steele in shared memory).
 __global__ void scanKernel(GroupView g, HandleView h, int usedTiles) {
   __shared__ int buf[2][kMaxTokens / kChunkTokens + 1];
   const int cols = g.nRanks + g.numExperts, col = blockIdx.x, n = g.nChunks + 1;
@@ -81,7 +95,7 @@ __global__ void slotKernel(GroupView g, HandleView h) {
   const bool valid = t < h.numTokens;
   uint64_t mask = 0;
   for (int k = 0; k < h.topk; k++) {
-    const int e = valid ? expertOf(g, h, t, k, false) : -1;
+    const int e = valid ? routedExpert(g, h, t, k, false) : -1;
     tileExperts[i * h.topk + k] = e;
     if (e >= 0) mask |= 1ull << (e / g.localExperts);
   }
@@ -117,15 +131,15 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info) {
   // (1) My row into every rank's exchange area.
   for (int r = 0; r < R; r++) {
     int* row = static_cast<int*>(
-        ncclGetLsaPointer(g.window, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
+        g.peers.at(g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
     for (int i = threadIdx.x; i < R + E; i += blockDim.x) row[i] = totals[i];
     for (int c = threadIdx.x; c <= NC; c += blockDim.x) row[R + E + c] = h.tileCount[(size_t)c * cols + r];
   }
   // (2) Meet every rank (its stores released, theirs acquired).
-  ncclext::dev::LsaBarrier bar{g.window, g.wl.barrierFlags, g.barrierEpoch, me, R, 0, {g.err, g.timeoutNs, me}};
+  ncclext::dev::LsaBarrier bar{g.peers, g.wl.barrierFlags, g.barrierEpoch, me, R, 0, {g.err, g.timeoutNs, me}};
   if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
   // (3) Derive my receive layout.
-  const int* rows = static_cast<const int*>(ncclGetLocalPointer(g.window, g.wl.exchange));
+  const int* rows = static_cast<const int*>(g.peers.local(g.wl.exchange));
   const DerivedLayout& dl = h.dl;
   int* d = h.derived;
   if (threadIdx.x == 0) {

@@ -1,0 +1,149 @@
+#include "common/domain.h"
+
+#include <nccl_device.h>
+
+#include <string>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/device_status.h"
+#include "common/env.h"
+
+namespace ncclext {
+namespace {
+
+// What every rank learns about every other before anything is split: all ranks then reach the same verdict.
+struct RankInfo {
+  int32_t lsaSize, lsaRank, lsaStride, domainSize;
+};
+
+ncclResult_t splitComm(ncclComm_t comm, int color, int key, ncclComm_t* out) {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 1;
+  NCCLEXT_NCCL(ncclCommSplit(comm, color, key, out, &cfg));
+  return ncclSuccess;
+}
+
+void destroyComm(ncclComm_t c, bool abort) {
+  if (!c) return;
+  if (abort) {
+    NCCLEXT_WARN_ON(ncclCommAbort(c));
+  } else {
+    NCCLEXT_WARN_ON(ncclCommFinalize(c));
+    NCCLEXT_WARN_ON(ncclCommDestroy(c));
+  }
+}
+
+}  // namespace
+
+ncclResult_t ncclAllGatherHost(ncclComm_t comm, cudaStream_t stream, const void* mine, size_t bytes, void* all,
+                               double timeoutSeconds) {
+  int nRanks = 0;
+  NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
+  char* d = nullptr;
+  NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&d), bytes * (nRanks + 1), stream));
+  ncclResult_t res = ncclSuccess;
+  if (cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
+    res = fail(ncclUnhandledCudaError, __FILE__, __LINE__, "host all-gather: copy to the device failed");
+  } else if (ncclAllGather(d, d + bytes, bytes, ncclUint8, comm, stream) != ncclSuccess) {
+    res = fail(ncclSystemError, __FILE__, __LINE__, "host all-gather: ncclAllGather failed: %s",
+               ncclGetLastError(comm));
+  } else if (cudaMemcpyAsync(all, d + bytes, bytes * nRanks, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
+    res = fail(ncclUnhandledCudaError, __FILE__, __LINE__, "host all-gather: copy to the host failed");
+  }
+  // A peer that never arrives leaves the all-gather running: waitStream gives up after the budget.
+  const ncclResult_t waited = waitStream(stream, timeoutSeconds, "host all-gather");
+  if (res == ncclSuccess) res = waited;
+  if (waited == ncclSuccess) cudaFreeAsync(d, stream);  // else the kernel may still write it: leak it
+  return res;
+}
+
+ncclResult_t Domain::create(ncclComm_t comm, const DomainOptions& opts, std::unique_ptr<Domain>* out) {
+  NCCLEXT_ARG(comm != nullptr && out != nullptr, "domain: comm or out is NULL");
+  std::unique_ptr<Domain> d(new Domain());
+  d->world_ = comm;
+  d->timeoutSeconds_ = opts.timeoutSeconds;
+  const int domainSize = opts.domainSize > 0 ? opts.domainSize : env().lsaDomainSize;
+  if (opts.virt) {
+    int commRanks = 0;
+    NCCLEXT_NCCL(ncclCommCount(comm, &commRanks));
+    const int n = opts.virt->size();
+    NCCLEXT_USAGE(commRanks == 1, "virtual ranks: each virtual rank passes its own single-rank communicator (got %d "
+                  "ranks)", commRanks);
+    NCCLEXT_ARG(opts.virtualRank >= 0 && opts.virtualRank < n, "virtual rank %d not in [0, %d)", opts.virtualRank, n);
+    NCCLEXT_USAGE(domainSize == 0 || domainSize == n,
+                  "virtual ranks form one NVLink domain of %d: an LSA domain size of %d needs the rail, which the "
+                  "virtual mode has not (use one-GPU nodes for across-domain paths)",
+                  n, domainSize);
+    d->virt_ = opts.virt;
+    d->domain_ = comm;
+    NCCLEXT_CHECK(makeTopology(opts.virtualRank, n, opts.virtualRank, n, 0, &d->topo_));
+    NCCLEXT_CHECK(d->barrier());  // every virtual rank is here, with the same idea of the domain
+    *out = std::move(d);
+    return ncclSuccess;
+  }
+
+  int rank = 0, nRanks = 0;
+  NCCLEXT_NCCL(ncclCommUserRank(comm, &rank));
+  NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
+  const ncclTeam_t lsa = ncclTeamLsa(comm);
+  NCCLEXT_CUDA(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking));
+  const RankInfo mine{lsa.nRanks, lsa.rank, lsa.stride, domainSize};
+  std::vector<RankInfo> all(nRanks);
+  NCCLEXT_CHECK(ncclAllGatherHost(comm, d->stream_, &mine, sizeof(mine), all.data(), opts.timeoutSeconds));
+  // The same checks on every rank's view of every rank: a bad topology fails everywhere, before any split.
+  for (int r = 0; r < nRanks; r++) {
+    const RankInfo& i = all[r];
+    NCCLEXT_USAGE(i.domainSize == all[0].domainSize,
+                  "ranks disagree on the NVLink domain size (rank 0: %d, rank %d: %d): set NCCL_EXT_LSA_DOMAIN_SIZE "
+                  "or the config field alike everywhere",
+                  all[0].domainSize, r, i.domainSize);
+    NCCLEXT_USAGE(i.lsaStride == 1 || i.lsaSize == 1,
+                  "rank %d: its NVLink (LSA) team is not a block of consecutive ranks (stride %d); order the ranks "
+                  "node by node",
+                  r, i.lsaStride);
+    NCCLEXT_USAGE(i.lsaSize == all[0].lsaSize, "NVLink (LSA) teams of different sizes (rank 0: %d, rank %d: %d)",
+                  all[0].lsaSize, r, i.lsaSize);
+    Topology t;
+    NCCLEXT_CHECK(makeTopology(r, nRanks, i.lsaRank, i.lsaSize, i.domainSize, &t));
+  }
+  NCCLEXT_CHECK(makeTopology(rank, nRanks, lsa.rank, lsa.nRanks, domainSize, &d->topo_));
+  const Topology& t = d->topo_;
+  NCCLEXT_CHECK(splitComm(comm, t.domainIndex, t.domainRank, &d->domain_));
+  d->ownDomain_ = true;
+  if (t.nDomains > 1) NCCLEXT_CHECK(splitComm(comm, t.domainRank, t.domainIndex, &d->rail_));
+  int got = 0;
+  NCCLEXT_NCCL(ncclCommCount(d->domain_, &got));
+  NCCLEXT_USAGE(got == t.domainSize, "the domain communicator has %d ranks, expected %d", got, t.domainSize);
+  NCCLEXT_INFO("domain: rank %d of %d, domain %d of %d (rank %d of %d), LSA team %d", rank, nRanks, t.domainIndex,
+               t.nDomains, t.domainRank, t.domainSize, t.lsaSize);
+  *out = std::move(d);
+  return ncclSuccess;
+}
+
+Domain::~Domain() {
+  destroyComm(rail_, broken_);
+  if (ownDomain_) destroyComm(domain_, broken_);
+  if (stream_) NCCLEXT_WARN_ON(cudaStreamDestroy(stream_));
+}
+
+ncclResult_t Domain::allGather(const void* mine, size_t bytes, void* all) {
+  ncclResult_t res = virt_ ? virt_->allGather(topo_.domainRank, mine, bytes, all, timeoutSeconds_ + kHostMarginSeconds)
+                           : ncclAllGatherHost(domain_, stream_, mine, bytes, all, timeoutSeconds_);
+  if (res != ncclSuccess) broken_ = true;
+  return res;
+}
+
+ncclResult_t Domain::barrier() {
+  if (virt_) {
+    // The margin waitStream gives real ranks: a peer may first sit out a device wait of the full budget.
+    ncclResult_t res = virt_->barrier(topo_.domainRank, timeoutSeconds_ + kHostMarginSeconds);
+    if (res != ncclSuccess) broken_ = true;
+    return res;
+  }
+  int one = 1;
+  std::vector<int> all(topo_.domainSize);
+  return allGather(&one, sizeof(one), all.data());
+}
+
+}  // namespace ncclext
