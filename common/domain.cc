@@ -124,7 +124,19 @@ ncclResult_t Domain::create(ncclComm_t comm, const DomainOptions& opts, std::uni
 Domain::~Domain() {
   destroyComm(rail_, broken_);
   if (ownDomain_) destroyComm(domain_, broken_);
-  if (stream_) NCCLEXT_WARN_ON(cudaStreamDestroy(stream_));
+  // A stream whose all-gather never finished cannot be destroyed without waiting for it; an aborted communicator's
+  // kernels end, but leave the stream to the process's exit rather than risk the wait.
+  if (stream_ && !broken_) NCCLEXT_WARN_ON(cudaStreamDestroy(stream_));
+}
+
+bool Domain::abort() {
+  broken_ = true;
+  destroyComm(rail_, true);
+  rail_ = nullptr;
+  if (!ownDomain_) return false;
+  destroyComm(domain_, true);
+  ownDomain_ = false;
+  return true;
 }
 
 ncclResult_t Domain::allGather(const void* mine, size_t bytes, void* all) {

@@ -46,8 +46,12 @@ class Domain {
   // Host collectives over the domain's ranks, bounded by the timeout. COLLECTIVE over the domain.
   ncclResult_t allGather(const void* mine, size_t bytes, void* all);
   ncclResult_t barrier();
-  // Marks the derived communicators for abort at destruction (a peer is gone: finalising would wait for it).
-  void markBroken() { broken_ = true; }
+  // A peer is gone (a host collective failed): aborts the derived communicators now, which also stops any NCCL
+  // kernel of theirs still waiting for the peer. Windows registered on them must then be abandoned, not deregistered
+  // (SymmetricMemory::abandon) when this returns true; the virtual mode's communicator is the caller's and is never
+  // aborted here (false). Local.
+  bool abort();
+  bool broken() const { return broken_; }
 
  private:
   Domain() = default;

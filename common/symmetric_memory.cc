@@ -93,9 +93,9 @@ ncclResult_t SymmetricMemory::create(Domain& domain, const SymmetricMemoryOption
 
 SymmetricMemory::~SymmetricMemory() {
   if (virtualBases_) NCCLEXT_WARN_ON(cudaFree(virtualBases_));
-  if (window_) NCCLEXT_WARN_ON(ncclCommWindowDeregister(comm_, window_));
+  if (window_ && !abandoned_) NCCLEXT_WARN_ON(ncclCommWindowDeregister(comm_, window_));
   if (base_) NCCLEXT_WARN_ON(ncclMemFree(base_));
-  if (haveDevComm_) NCCLEXT_WARN_ON(ncclDevCommDestroy(comm_, &devComm_));
+  if (haveDevComm_ && !abandoned_) NCCLEXT_WARN_ON(ncclDevCommDestroy(comm_, &devComm_));
 }
 
 }  // namespace ncclext

@@ -46,6 +46,10 @@ class SymmetricMemory {
   // How kernels reach this domain's windows (the same kernel code for real and virtual ranks).
   dev::Peers peers() const { return dev::Peers{window_, virtualBases_, rank_}; }
   void* localPtr() const { return base_; }
+  // The domain communicator was aborted (a peer is gone): the destructor then frees the memory without
+  // deregistering the window or destroying the device communicator, which the abort already released and which
+  // would otherwise wait for the dead peer.
+  void abandon() { abandoned_ = true; }
   size_t bytes() const { return bytes_; }
 
  private:
@@ -58,6 +62,7 @@ class SymmetricMemory {
   ncclWindow_t window_ = nullptr;
   char** virtualBases_ = nullptr;  // device table of every virtual rank's window; NULL for real ranks
   int rank_ = 0;                   // my rank in the domain
+  bool abandoned_ = false;
 };
 
 

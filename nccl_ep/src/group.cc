@@ -159,8 +159,9 @@ ncclResult_t ncclEpGroup::destroy(ncclEpGroup* g) {
   ncclext::VirtualDomain* virt = g->config.virtual_domain ? &g->config.virtual_domain->domain : nullptr;
   const int rank = g->view.rank;
   const double timeout = g->timeoutSeconds;
-  if (res != ncclSuccess) g->domain->markBroken();
-  // (2) Free. A failed barrier means a peer is gone: the domain communicator is aborted, not finalised.
+  // (2) Free. A failed barrier means a peer is gone: the domain communicator is aborted first (no teardown call may
+  // wait for the dead peer), and the window is then freed without its collective deregistration.
+  if (res != ncclSuccess && g->domain->abort() && g->mem) g->mem->abandon();
   delete g;
   // (3) Virtual ranks: no rank goes on to launch kernels while another still frees (a free waits for all of them).
   if (virt && res == ncclSuccess) res = virt->barrier(rank, timeout);

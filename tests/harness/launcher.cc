@@ -71,7 +71,7 @@ int runRank(RankContext ctx, const std::function<bool(RankContext&)>& init,
     _exit(1);  // cudaStreamDestroy and ncclCommDestroy would wait for the stuck kernel forever
   }
   cudaStreamDestroy(ctx.stream);
-  if (rc == 0) {
+  if (rc == 0 && !ctx.peerDied) {
     ncclCommFinalize(ctx.comm);
     ncclCommDestroy(ctx.comm);
   } else {
@@ -337,7 +337,10 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       left--;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      const bool expectedDeath = opts.mayDie >= 0 && opts.mayDie < (int)pids.size() && pid == pids[opts.mayDie] &&
+                                 WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      if (expectedDeath) fprintf(stderr, "launcher: rank %d was killed, as the test wanted\n", opts.mayDie);
+      const bool ok = expectedDeath || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (!ok && rc == 0) {
         rc = WIFEXITED(status) && WEXITSTATUS(status) == kExitNoGpu ? kExitNoGpu : 1;
         fprintf(stderr, "launcher: a rank failed (pid %d, status 0x%x); stopping the others\n", (int)pid, status);

@@ -40,12 +40,14 @@ struct RankContext {
   cudaStream_t stream = nullptr;
   OneGpu mode = OneGpu::kOff;
   VirtualDomain* virt = nullptr;  // virtual ranks: the in-process domain (host collectives of the harness's copy)
+  bool peerDied = false;          // set by a body that saw a peer die: the communicator is aborted, not finalised
 };
 
 struct LaunchOptions {
   int nRanks = 0;                // 0: every visible GPU (fork mode)
   double timeoutSeconds = 600;   // the parent kills all children after this long
   OneGpu oneGpu = OneGpu::kOff;
+  int mayDie = -1;               // fork mode: this rank may end by SIGKILL (the dead-peer test); the others go on
 };
 
 // Host collectives for test bodies, in every mode (NCCL on ctx.comm, or the in-process domain), bounded by

@@ -156,7 +156,7 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
 // lane per step; the own FLAT row's loads are issued with the first peer's; EXPERT_MAJOR adds the local experts'
 // rows weighted) and writes the output dtype. False after a failed wait.
 template <typename T>
-__device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* failed) {
+__device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const GroupView& g = x.g;
   const HandleView& h = x.h;
   const int me = g.rank, R = g.nRanks;
@@ -168,7 +168,7 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane, int* fa
   const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
   for (int r = 0; r < R; r++) {
     const int slot = slotOf(r);
-    if (r != me && slot >= 0 && !warpAcquire(g, flags + (size_t)r * g.maxTokens + slot, seq, r, slot, failed))
+    if (r != me && slot >= 0 && !warpAcquire(g, flags + (size_t)r * g.maxTokens + slot, seq, r, slot))
       return false;
   }
   const int mySlot = slotOf(me);
@@ -222,24 +222,20 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
   const bool sender = (int)blockIdx.x < c.nSenders;
   const int first = sender ? blockIdx.x : blockIdx.x - c.nSenders, stride = sender ? c.nSenders : c.nReceivers;
   const uint64_t seq = callNumber(g, kCombine);
-  __shared__ int failed;
-  if (threadIdx.x == 0) failed = 0;
-  __syncthreads();
+  bool ok = true;  // this thread's outcome; finishCall agrees on the CTA's
   if (sender) {
-    if (waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq))
+    ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);
+    if (ok)
       for (int chunk = first; chunk < x.d[h.dl.peerChunks]; chunk += stride)
         sendChunk<T>(x, chunk, seq, warp, nWarps, lane);
-    else
-      failed = 1;
   } else {
     const int chunks = (h.numTokens + kChunkTokens - 1) / kChunkTokens;
-    bool ok = true;
     for (int chunk = first; chunk < chunks && ok; chunk += stride) {
       const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
-      for (int t = t0 + warp; t < t1 && ok; t += nWarps) ok = reduceToken<T>(x, t, seq, lane, &failed);
+      for (int t = t0 + warp; t < t1 && ok; t += nWarps) ok = reduceToken<T>(x, t, seq, lane);
     }
   }
-  finishCall(g, kCombine, g.wl.combDone, seq, failed);
+  finishCall(g, kCombine, g.wl.combDone, seq, !ok);
 }
 
 }  // namespace

@@ -88,8 +88,8 @@ __device__ inline bool waitPeersConsumed(const Team& team, const GroupView& g, s
 // the peers may overwrite them. A CTA in which a wait failed does not arrive: the group then reports the error and
 // its counters stop.
 __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t doneOff, uint64_t seq, bool failed) {
-  __shared__ int last;
   if (__syncthreads_or(failed)) return;
+  bool last = false;
   if (threadIdx.x == 0) {
     __threadfence_system();
     last = atomicAdd(&g.arrivals[kind], 1ull) == gridDim.x - 1;
@@ -99,8 +99,9 @@ __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t done
       g.calls[kind] = seq;
     }
   }
-  __syncthreads();
-  if (!last) return;
+  // The barrier hands thread 0's answer to the CTA (no shared variable: racecheck reported one written here and read
+  // after __syncthreads in kernels whose halves had synchronised on named barriers a different number of times).
+  if (!__syncthreads_or(last)) return;
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
     if (r != g.rank)
       ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(doneOff + (size_t)g.rank * 8, r)),
@@ -115,13 +116,14 @@ __device__ __forceinline__ void warpPublish(int lane, uint64_t* remoteFlag, uint
 }
 
 // One warp: every lane acquires the row's flag in my window (one coalesced load per poll), so each lane's later
-// reads of the row are ordered after it. False after a timeout (recorded; `failed` set).
-__device__ __forceinline__ bool warpAcquire(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer, int row,
-                                            int* failed) {
-  if (ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, peer, ncclext::kSiteFlag, (uint32_t)row))
-    return true;
-  *failed = 1;
-  return false;
+// reads of the row are ordered after it. False on every lane after a timeout (recorded) on any lane: the answer is
+// warp-uniform, since the warp's next steps shuffle across all lanes. Callers keep the outcome in a register and
+// agree on it at their team barrier (racecheck flagged a shared failure flag written here and read by other warps
+// before that barrier).
+__device__ __forceinline__ bool warpAcquire(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer, int row) {
+  const bool ok =
+      ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, peer, ncclext::kSiteFlag, (uint32_t)row);
+  return __all_sync(0xffffffffu, ok);
 }
 
 __device__ __forceinline__ void warpZero(int lane, void* dst, int bytes) {

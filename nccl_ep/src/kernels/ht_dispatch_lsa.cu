@@ -104,7 +104,6 @@ struct ChunkStage {
 // What one team (half a CTA) keeps in shared memory.
 struct TeamShared {
   ChunkStage stage;
-  int failed;
 };
 
 // All threads of the team: stages my tokens [t0, t0 + n).
@@ -188,7 +187,8 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
   stageTokens(team, x, st, t0, n);
   for (int j = warp; j < n; j += nWarps) deliverOwn(x, st, lane, j, t0 + j);
   // Every source's rows of chunk c, one warp per row, each as soon as its flag says it landed.
-  for (int k = 1; k < R; k++) {
+  bool failed = false;  // this thread's outcome (warp-uniform); the team agrees on it below
+  for (int k = 1; k < R && !failed; k++) {
     const int s = (me + k) % R;
     const int* prefix = x.d + h.dl.chunkPrefix + s * (NC + 1);
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
@@ -196,7 +196,10 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
       const size_t rowIndex = (size_t)s * g.maxTokens + slot;
       const char* meta =
           static_cast<const char*>(g.peers.local(g.wl.dispMeta + rowIndex * g.meta.bytes));
-      if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot, &sh->failed)) break;
+      if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot)) {
+        failed = true;
+        break;
+      }
       const bool has = lane < K;
       const int expert = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
       const float w = has ? __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + lane) : 0.f;
@@ -205,7 +208,7 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
       deliver<true>(x, lane, s, slot, expert, w, idx, row, reinterpret_cast<const float*>(meta + g.meta.scaleOff()));
     }
   }
-  return !team.syncOr(sh->failed);
+  return !team.syncOr(failed);
 }
 
 // One role of one team; false when a wait failed.
@@ -248,7 +251,6 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
   const int half = threadIdx.x >= kThreads;
   const Team team = Team::halfCta(half);
   TeamShared* sh = &shared[half];
-  if (team.tid == 0) sh->failed = 0;
   const bool sender = c.nReceivers == 0 || half == 0;
   const int j = c.nReceivers == 0 ? 2 * blockIdx.x + half : blockIdx.x;
   bool ok = true;
