@@ -1,9 +1,12 @@
 # Thin wrapper: the build is CMake (CMakeLists.txt). Outputs land in $(BUILDDIR)/{lib,include,bin}.
 #   make [all]            build both libraries, tests, benchmarks
 #   make nccl_ep.build    build libnccl_ep only        make nccl_m2n.build   build libnccl_m2n only
-#   make test             build, then run the host tests (ctest; no GPU needed)
+#   make test             build, then run the host tests (ctest; no GPU needed), then test-asan
+#   make test-asan        build only the C API fuzz target with AddressSanitizer + LeakSanitizer, in its own
+#                         tree $(BUILDDIR)-asan, and run it (no GPU needed)
 #   make demo             the main job: the demo/benchmark on local GPUs, or what can be done without them
 #   make gpu-check        build and run every GPU test and benchmark on the local GPUs; results in bench/results/
+#   make gpu-sanitize     build and run every GPU test under compute-sanitizer (memcheck, racecheck, synccheck)
 #   make install PREFIX=/opt/nccl_ext
 #   make clean
 # Variables: BUILDDIR (build), NCCL_HOME (else the CUDA toolkit, else PyTorch's nvidia.nccl wheel),
@@ -25,8 +28,12 @@ endif
 ifdef CMAKE_EXTRA
 CMAKE_ARGS += $(CMAKE_EXTRA)
 endif
+# The sanitizer tree: the same configuration in its own folder, with ASan + LSan and debug info for the reports.
+ASAN_BUILDDIR := $(BUILDDIR)-asan
+ASAN_ARGS := $(patsubst $(BUILDDIR),$(ASAN_BUILDDIR),$(CMAKE_ARGS)) -DNCCL_EXT_SANITIZE=address \
+             -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNCCL_EXT_BUILD_BENCH=OFF
 
-.PHONY: all configure nccl_ep.build nccl_m2n.build test demo gpu-check install clean
+.PHONY: all configure nccl_ep.build nccl_m2n.build test test-asan demo gpu-check gpu-sanitize install clean
 
 all: configure
 	cmake --build $(BUILDDIR) -j $(JOBS)
@@ -42,6 +49,13 @@ nccl_m2n.build: configure
 
 test: all
 	ctest --test-dir $(BUILDDIR) --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory test-asan
+
+# Only the fuzz target (and the libraries it links) is built in the sanitizer tree; -L fuzz runs only its tests.
+test-asan:
+	cmake $(ASAN_ARGS)
+	cmake --build $(ASAN_BUILDDIR) -j $(JOBS) --target api_fuzz
+	ctest --test-dir $(ASAN_BUILDDIR) -L fuzz --output-on-failure -j $(JOBS)
 
 demo: all
 	BUILDDIR=$(BUILDDIR) tools/demo.sh
@@ -49,8 +63,11 @@ demo: all
 gpu-check: all
 	BUILDDIR=$(BUILDDIR) tools/gpu_check.sh
 
+gpu-sanitize: all
+	BUILDDIR=$(BUILDDIR) tools/gpu_sanitize.sh
+
 install: all
 	cmake --install $(BUILDDIR) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILDDIR)
+	rm -rf $(BUILDDIR) $(ASAN_BUILDDIR)

@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <exception>
+#include <new>
+
 #include "common/log.h"
 #include "common/status.h"
 
@@ -50,3 +53,22 @@
     auto res_ = (call);                                                        \
     if (res_ != decltype(res_)(0)) NCCLEXT_WARN("%s failed (%d)", #call, (int)res_); \
   } while (0)
+
+namespace ncclext {
+
+// The C boundary of a function that allocates on the host: runs `body` (returning ncclResult_t) and turns any C++
+// exception, std::bad_alloc above all, into an error code with a message: nothing escapes the ABI.
+template <typename Body>
+ncclResult_t guardAbi(const char* function, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(ncclSystemError, __FILE__, __LINE__, "%s: out of host memory", function);
+  } catch (const std::exception& e) {
+    return fail(ncclInternalError, __FILE__, __LINE__, "%s: %s", function, e.what());
+  } catch (...) {
+    return fail(ncclInternalError, __FILE__, __LINE__, "%s: unexpected exception", function);
+  }
+}
+
+}  // namespace ncclext

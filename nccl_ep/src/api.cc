@@ -52,13 +52,20 @@ ncclResult_t checkTensor(const ncclEpTensor_t& t, const char* what, unsigned ndi
   for (ncclDataType_t d : types) typeOk |= t.datatype == d;
   NCCLEXT_ARG(typeOk, "%s: dtype %s (%d) not accepted here", what, dtypeName(t.datatype), (int)t.datatype);
   int64_t elems = 1;
+  bool overflow = false;  // a product past int64 must not wrap to "empty" (and so skip the data check)
   unsigned i = 0;
   for (int64_t want : sizes) {
     NCCLEXT_ARG(t.sizes[i] >= 0, "%s: sizes[%u] = %lld < 0", what, i, (long long)t.sizes[i]);
     NCCLEXT_ARG(want < 0 || t.sizes[i] == want, "%s: sizes[%u] = %lld, expected %lld", what, i, (long long)t.sizes[i],
                 (long long)want);
-    elems *= t.sizes[i];
+    overflow |= __builtin_mul_overflow(elems, t.sizes[i], &elems);
     i++;
+  }
+  if (overflow) {  // an empty tensor stays empty (some size is 0); anything else has more elements than int64 holds
+    bool empty = false;
+    for (unsigned d = 0; d < ndim; d++) empty |= t.sizes[d] == 0;
+    NCCLEXT_ARG(empty, "%s: sizes whose product overflows 64 bits", what);
+    elems = 0;
   }
   NCCLEXT_ARG(elems == 0 || t.data != nullptr, "%s: data is NULL for a non-empty tensor", what);
   return ncclSuccess;
@@ -208,8 +215,9 @@ ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncc
                                 const ncclEpTensor_t* topk_idx, const ncclEpLayoutInfo_t* layout_info,
                                 const ncclEpHandleConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr && group != nullptr, "ncclEpCreateHandle: handle or group is NULL");
+  NCCLEXT_ARG(handle != nullptr, "ncclEpCreateHandle: handle is NULL");
   *handle = nullptr;
+  NCCLEXT_ARG(group != nullptr, "ncclEpCreateHandle: group is NULL");
   NCCLEXT_CHECK(group->asyncError("ncclEpCreateHandle"));
   NCCLEXT_USAGE(layout != NCCL_EP_LAYOUT_RANK_MAJOR, "layout RANK_MAJOR belongs to the Low-Latency mode");
   NCCLEXT_ARG(layout == NCCL_EP_LAYOUT_FLAT || layout == NCCL_EP_LAYOUT_EXPERT_MAJOR,
@@ -290,6 +298,8 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}, {T, -1}));
   const int64_t H = x.sizes[1];
+  NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
+              g->config.max_token_bytes);  // before the product below, which could wrap
   const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
   NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0, "inputs.tokens: a row of %lld bytes is not a positive multiple of 16",
               (long long)rowBytes);
@@ -371,6 +381,8 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
   const int64_t H = x.sizes[1];
+  NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
+              g->config.max_token_bytes);  // before the product below, which could wrap
   const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
   NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0 && rowBytes <= g->config.max_token_bytes,
               "inputs.tokens: a row of %lld bytes must be a multiple of 16 in [16, max_token_bytes %d]",

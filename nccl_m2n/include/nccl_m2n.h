@@ -97,7 +97,7 @@ typedef struct {
 typedef struct {
   size_t size;        /* sizeof(ncclM2nPlanConfig_t) */
   unsigned int magic; /* NCCL_M2N_MAGIC */
-  int nRanks;               /* communicator size; every mesh rank is below it */
+  int nRanks;               /* communicator size, 1..2^20; every mesh rank is below it */
   int ranksPerDomain;       /* NVLink domain of rank r = r / ranksPerDomain; 0 = one domain */
   const int* domainOfRank;  /* NULL, or nRanks entries (wins over ranksPerDomain) */
 } ncclM2nPlanConfig_t;
@@ -138,7 +138,9 @@ typedef struct {
   double maxSourceLoad, meanSourceLoad; /* bytes sent per source rank */
 } ncclM2nPlanInfo_t;
 
-/* Plans `nTensors` tensors for `rank` (which need not be in any mesh). Local; may take a while for big batches. */
+/* Plans `nTensors` tensors for `rank` (which need not be in any mesh). Local; may take a while for big batches.
+ * A batch whose destinations receive more than 2^62 bytes in all (the plan's int64 byte counts) is refused; out of
+ * host memory is ncclSystemError. */
 NCCL_M2N_API ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTensors,
                                                 const ncclM2nTensorSpec_t* tensors,
                                                 const ncclM2nPlanConfig_t* config);

@@ -1,6 +1,7 @@
 // The only file that touches nccl_m2n.h's public structs: validate, translate, call, record the last error.
 #include "nccl_m2n/include/nccl_m2n.h"
 
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -16,14 +17,22 @@ struct ncclM2nHostPlan {
 
 namespace {
 
+// The planner keeps O(nRanks) state per plan (about 80 bytes a rank) even for an empty batch: an unbounded nRanks
+// (INT_MAX) would allocate ~170 GB. 2^20 ranks is beyond any communicator and costs ~80 MB.
+constexpr int kMaxPlanRanks = 1 << 20;
+// The plan's byte counts (info.bytes, totalBytes, interDomainBytes, per-rank loads) are int64 sums of what the
+// destination positions receive, each at most its whole tensor: a batch whose sum of (destination positions x
+// tensor bytes) stays within this bound cannot overflow any of them.
+constexpr int64_t kMaxPlanBytes = int64_t(1) << 62;
+
 ncclResult_t translateLayout(const ncclM2nLayout_t* in, const char* side, ncclm2n::Layout* out) {
   NCCLEXT_ARG(in != nullptr, "%s layout is NULL", side);
   NCCLEXT_ARG(in->size == sizeof(ncclM2nLayout_t) && in->magic == NCCL_M2N_MAGIC,
               "%s layout: size %zu / magic 0x%x do not match this library (%zu / 0x%x); use "
               "NCCL_M2N_LAYOUT_INITIALIZER",
               side, in->size, in->magic, sizeof(ncclM2nLayout_t), NCCL_M2N_MAGIC);
-  NCCLEXT_ARG(in->ndims >= 1 && in->ndims <= NCCL_M2N_MAX_TENSOR_DIMS, "%s layout: tensor rank %d not in [1, %d]",
-              side, in->ndims, NCCL_M2N_MAX_TENSOR_DIMS);
+  NCCLEXT_ARG(in->ndims >= 1 && in->ndims <= NCCL_M2N_MAX_TENSOR_DIMS, "%s layout: tensor rank %d not in [1, %d]", side,
+              in->ndims, NCCL_M2N_MAX_TENSOR_DIMS);
   NCCLEXT_ARG(in->globalShape != nullptr, "%s layout: globalShape is NULL", side);
   const ncclM2nMesh_t* m = in->mesh;
   NCCLEXT_ARG(m != nullptr, "%s layout: mesh is NULL", side);
@@ -107,67 +116,83 @@ const char* ncclM2nGetLastError(void) { return ncclext::lastError(); }
 
 ncclResult_t ncclM2nLayoutValidate(const ncclM2nLayout_t* layout, int nRanks) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(nRanks >= 0, "ncclM2nLayoutValidate: nRanks %d < 0", nRanks);
-  ncclm2n::Layout l;
-  NCCLEXT_CHECK(translateLayout(layout, "ncclM2nLayoutValidate", &l));
-  return checkLayout(l, nRanks, "ncclM2nLayoutValidate");
+  return ncclext::guardAbi("ncclM2nLayoutValidate", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(nRanks >= 0, "ncclM2nLayoutValidate: nRanks %d < 0", nRanks);
+    ncclm2n::Layout l;
+    NCCLEXT_CHECK(translateLayout(layout, "ncclM2nLayoutValidate", &l));
+    return checkLayout(l, nRanks, "ncclM2nLayoutValidate");
+  });
 }
 
 ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTensors, const ncclM2nTensorSpec_t* tensors,
                                    const ncclM2nPlanConfig_t* config) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(plan != nullptr, "ncclM2nHostPlanCreate: plan is NULL");
-  *plan = nullptr;
-  NCCLEXT_ARG(config != nullptr, "ncclM2nHostPlanCreate: config is NULL");
-  NCCLEXT_ARG(config->size == sizeof(ncclM2nPlanConfig_t) && config->magic == NCCL_M2N_MAGIC,
-              "ncclM2nHostPlanCreate: config size/magic do not match; use NCCL_M2N_PLAN_CONFIG_INITIALIZER");
-  NCCLEXT_ARG(config->nRanks >= 1, "ncclM2nHostPlanCreate: nRanks %d < 1", config->nRanks);
-  NCCLEXT_ARG(rank >= 0 && rank < config->nRanks, "ncclM2nHostPlanCreate: rank %d not in [0, %d)", rank,
-              config->nRanks);
-  NCCLEXT_ARG(config->ranksPerDomain >= 0, "ncclM2nHostPlanCreate: ranksPerDomain %d < 0", config->ranksPerDomain);
-  NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nHostPlanCreate: %d tensors at %p",
-              nTensors, (const void*)tensors);
-  ncclm2n::Problem p;
-  p.nRanks = config->nRanks;
-  p.options.ranksPerDomain = config->ranksPerDomain;
-  if (config->domainOfRank) p.options.domainOfRank.assign(config->domainOfRank, config->domainOfRank + config->nRanks);
-  p.tensors.resize(nTensors);
-  for (int t = 0; t < nTensors; t++) {
-    ncclm2n::TensorPair& tp = p.tensors[t];
-    tp.name = tensors[t].name ? tensors[t].name : "";
-    char side[96];
-    snprintf(side, sizeof(side), "tensor %d (%s) source", t, tp.name.c_str());
-    NCCLEXT_CHECK(translateLayout(tensors[t].src, side, &tp.src));
-    snprintf(side, sizeof(side), "tensor %d (%s) destination", t, tp.name.c_str());
-    NCCLEXT_CHECK(translateLayout(tensors[t].dst, side, &tp.dst));
-  }
-  std::string why;
-  NCCLEXT_ARG(ncclm2n::validateProblem(p, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
-
-  ncclm2n::RankPlan mine;
-  ncclm2n::PlanStats stats;
-  ncclm2n::planRank(p, rank, &mine, &stats);
-  ncclM2nHostPlan* hp = new (std::nothrow) ncclM2nHostPlan();
-  NCCLEXT_USAGE(hp != nullptr, "ncclM2nHostPlanCreate: out of host memory");
-  const std::vector<ncclm2n::Transfer>* lists[3] = {&mine.sends, &mine.recvs, &mine.copies};
-  ncclM2nPlanInfo_t& info = hp->info;
-  info = ncclM2nPlanInfo_t();
-  for (int k = 0; k < 3; k++) {
-    hp->lists[k].reserve(lists[k]->size());
-    for (const ncclm2n::Transfer& t : *lists[k]) {
-      hp->lists[k].push_back(toPublic(t));
-      info.bytes[k] += t.elements() * (int64_t)ncclm2n::elementSize(p.tensors[t.tensor].src.dtype);
+  // Planning allocates in proportion to the batch: std::bad_alloc becomes ncclSystemError (guardAbi).
+  return ncclext::guardAbi("ncclM2nHostPlanCreate", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(plan != nullptr, "ncclM2nHostPlanCreate: plan is NULL");
+    *plan = nullptr;
+    NCCLEXT_ARG(config != nullptr, "ncclM2nHostPlanCreate: config is NULL");
+    NCCLEXT_ARG(config->size == sizeof(ncclM2nPlanConfig_t) && config->magic == NCCL_M2N_MAGIC,
+                "ncclM2nHostPlanCreate: config size/magic do not match; use NCCL_M2N_PLAN_CONFIG_INITIALIZER");
+    NCCLEXT_ARG(config->nRanks >= 1 && config->nRanks <= kMaxPlanRanks,
+                "ncclM2nHostPlanCreate: nRanks %d not in [1, %d]", config->nRanks, kMaxPlanRanks);
+    NCCLEXT_ARG(rank >= 0 && rank < config->nRanks, "ncclM2nHostPlanCreate: rank %d not in [0, %d)", rank,
+                config->nRanks);
+    NCCLEXT_ARG(config->ranksPerDomain >= 0, "ncclM2nHostPlanCreate: ranksPerDomain %d < 0", config->ranksPerDomain);
+    NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nHostPlanCreate: %d tensors at %p",
+                nTensors, (const void*)tensors);
+    ncclm2n::Problem p;
+    p.nRanks = config->nRanks;
+    p.options.ranksPerDomain = config->ranksPerDomain;
+    if (config->domainOfRank)
+      p.options.domainOfRank.assign(config->domainOfRank, config->domainOfRank + config->nRanks);
+    p.tensors.resize(nTensors);
+    for (int t = 0; t < nTensors; t++) {
+      ncclm2n::TensorPair& tp = p.tensors[t];
+      tp.name = tensors[t].name ? tensors[t].name : "";
+      char side[96];
+      snprintf(side, sizeof(side), "tensor %d (%s) source", t, tp.name.c_str());
+      NCCLEXT_CHECK(translateLayout(tensors[t].src, side, &tp.src));
+      snprintf(side, sizeof(side), "tensor %d (%s) destination", t, tp.name.c_str());
+      NCCLEXT_CHECK(translateLayout(tensors[t].dst, side, &tp.dst));
     }
-    info.counts[k] = (int64_t)lists[k]->size();
-  }
-  info.metadataHash = stats.metadataHash;
-  info.planHash = stats.planHash;
-  info.totalBytes = stats.totalBytes;
-  info.interDomainBytes = stats.interDomainBytes;
-  info.maxSourceLoad = stats.maxSourceLoad();
-  info.meanSourceLoad = stats.meanSourceLoad();
-  *plan = hp;
-  return ncclSuccess;
+    std::string why;
+    NCCLEXT_ARG(ncclm2n::validateProblem(p, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
+    __int128 batchBytes = 0;  // valid layouts: < 2^62 elements x 8 bytes x 2^24 positions per tensor
+    for (const ncclm2n::TensorPair& tp : p.tensors) {
+      __int128 elements = 1;
+      for (int64_t n : tp.dst.globalShape) elements *= n;
+      batchBytes += elements * (int64_t)ncclm2n::elementSize(tp.dst.dtype) * tp.dst.mesh.size();
+      NCCLEXT_ARG(batchBytes <= kMaxPlanBytes,
+                  "ncclM2nHostPlanCreate: the batch delivers more than 2^62 bytes (up to tensor %d (%s)): its byte "
+                  "counts would overflow",
+                  (int)(&tp - p.tensors.data()), tp.name.c_str());
+    }
+
+    ncclm2n::RankPlan mine;
+    ncclm2n::PlanStats stats;
+    ncclm2n::planRank(p, rank, &mine, &stats);
+    std::unique_ptr<ncclM2nHostPlan> hp(new ncclM2nHostPlan());
+    const std::vector<ncclm2n::Transfer>* lists[3] = {&mine.sends, &mine.recvs, &mine.copies};
+    ncclM2nPlanInfo_t& info = hp->info;
+    info = ncclM2nPlanInfo_t();
+    for (int k = 0; k < 3; k++) {
+      hp->lists[k].reserve(lists[k]->size());
+      for (const ncclm2n::Transfer& t : *lists[k]) {
+        hp->lists[k].push_back(toPublic(t));
+        info.bytes[k] += t.elements() * (int64_t)ncclm2n::elementSize(p.tensors[t.tensor].src.dtype);
+      }
+      info.counts[k] = (int64_t)lists[k]->size();
+    }
+    info.metadataHash = stats.metadataHash;
+    info.planHash = stats.planHash;
+    info.totalBytes = stats.totalBytes;
+    info.interDomainBytes = stats.interDomainBytes;
+    info.maxSourceLoad = stats.maxSourceLoad();
+    info.meanSourceLoad = stats.meanSourceLoad();
+    *plan = hp.release();
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclM2nHostPlanGetInfo(ncclM2nHostPlan_t plan, ncclM2nPlanInfo_t* info) {

@@ -130,7 +130,7 @@ bool validateLayout(const Layout& l, int nRanks, std::string* error) {
       const Box& b = l.boxes[p];
       if (b.ndims != nd) return failWith(error, "box %lld has rank %lld, tensor rank %lld", p, b.ndims, nd);
       for (int d = 0; d < nd; d++)
-        if (b.offset[d] < 0 || b.shape[d] < 0 || b.offset[d] + b.shape[d] > l.globalShape[d])
+        if (b.offset[d] < 0 || b.shape[d] < 0 || b.shape[d] > l.globalShape[d] - b.offset[d])
           return failWith(error, "box %lld leaves the tensor at dim %lld (global size %lld)", p, d, l.globalShape[d]);
     }
   }
