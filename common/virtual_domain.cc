@@ -39,7 +39,10 @@ ncclResult_t VirtualDomain::allGather(int rank, const void* mine, size_t bytes, 
   } else {
     const auto budget = std::chrono::duration<double>(timeoutSeconds);
     const bool done = cv_.wait_for(lock, budget, [&] { return generation_ != round || broken_; });
-    if (!done || generation_ == round) {
+    if (done && generation_ == round)  // woken by a peer that failed this collective
+      return fail(ncclRemoteError, __FILE__, __LINE__,
+                  "virtual domain: rank %d gave up a host collective: another virtual rank failed in it", rank);
+    if (!done) {
       std::string absent;
       for (int r = 0; r < n_; r++)
         if (!present_[r]) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
@@ -47,7 +50,7 @@ ncclResult_t VirtualDomain::allGather(int rank, const void* mine, size_t bytes, 
       cv_.notify_all();
       return fail(ncclRemoteError, __FILE__, __LINE__,
                   "virtual domain: rank %d waited %.1f s in a host collective for virtual rank(s) %s", rank,
-                  timeoutSeconds, absent.empty() ? "(a peer failed)" : absent.c_str());
+                  timeoutSeconds, absent.c_str());
     }
   }
   if (bytes && all) memcpy(all, out_.data(), (size_t)n_ * bytes);

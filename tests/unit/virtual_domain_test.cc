@@ -1,0 +1,100 @@
+// The virtual-rank mode's in-process host collectives (common/virtual_domain.h): results in rank order over many
+// rounds of changing sizes, and the failures a dead or misbehaving virtual rank must produce (a timeout naming the
+// absent ranks, a broken domain afterwards, a size mismatch), never a hang.
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/status.h"
+#include "common/virtual_domain.h"
+
+namespace ncclext {
+namespace {
+
+TEST(VirtualDomain, AllGatherInRankOrderOverManyRounds) {
+  constexpr int kRanks = 4, kRounds = 2000;
+  VirtualDomain d(kRanks);
+  std::vector<int> bad(kRanks, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; r++) {
+    threads.emplace_back([&, r] {
+      for (int round = 0; round < kRounds; round++) {
+        const int n = 1 + round % 5;  // the size changes every round, the same on every rank
+        std::vector<uint64_t> mine(n), all(n * kRanks, 0);
+        for (int i = 0; i < n; i++) mine[i] = (uint64_t)round << 32 | (uint64_t)r << 8 | (uint64_t)i;
+        if (d.allGather(r, mine.data(), n * sizeof(uint64_t), all.data(), 10) != ncclSuccess) {
+          bad[r]++;
+          return;
+        }
+        for (int s = 0; s < kRanks; s++)
+          for (int i = 0; i < n; i++)
+            bad[r] += all[s * n + i] != ((uint64_t)round << 32 | (uint64_t)s << 8 | (uint64_t)i);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; r++) EXPECT_EQ(bad[r], 0) << "rank " << r;
+}
+
+TEST(VirtualDomain, AnAbsentRankTimesOutNamedAndBreaksTheDomain) {
+  VirtualDomain d(4);
+  std::vector<ncclResult_t> res(3);
+  std::vector<std::string> msg(3);
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 3; r++) {  // rank 3 never comes
+    threads.emplace_back([&, r] {
+      res[r] = d.barrier(r, 0.2);
+      msg[r] = lastError();
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 5.0);
+  int named = 0;
+  for (int r = 0; r < 3; r++) {
+    EXPECT_EQ(res[r], ncclRemoteError) << msg[r];
+    named += msg[r].find("virtual rank(s) 3") != std::string::npos;
+  }
+  EXPECT_GE(named, 1) << "the first rank to give up names the absent one";
+  // Broken: every later call fails at once, the absent rank's too.
+  EXPECT_EQ(d.barrier(3, 10), ncclRemoteError);
+  EXPECT_NE(std::string(lastError()).find("earlier host collective failed"), std::string::npos) << lastError();
+}
+
+TEST(VirtualDomain, DifferentSizesAreAUsageError) {
+  VirtualDomain d(2);
+  ncclResult_t r0 = ncclSuccess, r1 = ncclSuccess;
+  double waited0 = 0;
+  std::thread a([&] {
+    uint32_t v = 1;
+    uint32_t all[2];
+    const auto t0 = std::chrono::steady_clock::now();
+    r0 = d.allGather(0, &v, sizeof(v), all, 30);
+    waited0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  std::thread b([&] {
+    uint64_t v = 2;
+    uint64_t all[2];
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // rank 0 sets the round's size first
+    r1 = d.allGather(1, &v, sizeof(v), all, 2);
+  });
+  a.join();
+  b.join();
+  EXPECT_EQ(r1, ncclInvalidUsage);
+  EXPECT_EQ(r0, ncclRemoteError);  // woken by the broken domain, not left waiting for its timeout
+  EXPECT_LT(waited0, 10.0);
+}
+
+TEST(VirtualDomain, RankOutOfRange) {
+  VirtualDomain d(2);
+  EXPECT_EQ(d.barrier(2, 1), ncclInvalidArgument);
+  EXPECT_EQ(d.barrier(-1, 1), ncclInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ncclext
