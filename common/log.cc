@@ -11,7 +11,9 @@
 
 namespace ncclext {
 namespace {
+// The rank of the thread's library objects (virtual ranks are threads of one process), else the last one set.
 std::atomic<int> gRank{-1};
+thread_local int tRank = -1;
 
 const char* baseName(const char* path) {
   const char* slash = strrchr(path, '/');
@@ -19,8 +21,11 @@ const char* baseName(const char* path) {
 }
 }  // namespace
 
-void setLogRank(int rank) { gRank.store(rank, std::memory_order_relaxed); }
-int logRank() { return gRank.load(std::memory_order_relaxed); }
+void setLogRank(int rank) {
+  tRank = rank;
+  gRank.store(rank, std::memory_order_relaxed);
+}
+int logRank() { return tRank >= 0 ? tRank : gRank.load(std::memory_order_relaxed); }
 
 bool logEnabled(LogLevel level) { return level != LogLevel::kNone && level <= env().logLevel; }
 

@@ -6,7 +6,8 @@
 
 namespace ncclext {
 
-// The communicator rank printed in every line; -1 until a library object learns it.
+// The communicator rank printed in every line: the calling thread's (virtual ranks are threads of one process), else
+// the last one any thread set; -1 until a library object learns it.
 void setLogRank(int rank);
 int logRank();
 
