@@ -40,24 +40,7 @@ const ncclDataType_t kAllDtypes[] = {ncclInt8,    ncclUint8,    ncclInt32,      
                                      ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 const int kBadEnums[] = {-1, 4, 5, 12, 100, INT_MIN, INT_MAX};
 
-int64_t dtypeBytes(ncclDataType_t t) {
-  switch (t) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    default:
-      return 8;
-  }
-}
+using fuzz::dtypeBytes;
 
 // A comm that faults on any use.
 ncclComm_t fakeComm() {

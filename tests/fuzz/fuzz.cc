@@ -179,6 +179,25 @@ void Campaign::expectRejected(ncclResult_t r, const char* function, const char* 
        poison + ")");
 }
 
+int64_t dtypeBytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    default:
+      return 8;
+  }
+}
+
 }  // namespace fuzz
 
 #if defined(__SANITIZE_ADDRESS__)

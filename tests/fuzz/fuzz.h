@@ -45,6 +45,9 @@ class Rng {
   uint64_t s_;
 };
 
+// Bytes per element of a valid dtype (8 for anything else): the fuzzers' own oracle, independent of the libraries'.
+int64_t dtypeBytes(ncclDataType_t t);
+
 uint64_t seed();
 int64_t scaled(int64_t iterations);
 bool gpuVisible();  // a CUDA device is visible (or assumed): fake objects must never reach a kernel launch

@@ -54,25 +54,6 @@ const ncclDataType_t kDtypes[] = {ncclInt8,    ncclUint8,   ncclInt32,   ncclUin
                                   ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 const int kBadDtypes[] = {ncclNumTypes, ncclNumTypes + 1, 64, 255, -1, INT_MIN, INT_MAX};
 
-int64_t elementBytes(ncclDataType_t t) {
-  switch (t) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
 // torch.chunk: the extent of chunk `i` of `n` cut into `parts` (in 128 bits: n may be a broken INT64_MAX).
 int64_t chunkExtent(int64_t n, int parts, int i) {
   const __int128 c = ((__int128)n + parts - 1) / parts;
@@ -660,7 +641,7 @@ void makeBatch(Rng& rng, int nRanks, int n, Batch* b) {
     const LayoutArgs& d = b->pairs[t].dst;
     b->setPoison(b->pairs[t].src.poison);
     b->setPoison(d.poison);
-    bytes += (__int128)elements(d) * elementBytes(d.dtype) * d.positions();
+    bytes += (__int128)elements(d) * fuzz::dtypeBytes(d.dtype) * d.positions();
   }
   if (bytes > kMaxPlanBytes) b->setPoison("the batch delivers more than 2^62 bytes");
 }
@@ -715,7 +696,7 @@ void checkPlan(Campaign& c, const Batch& b, ncclM2nHostPlan_t plan) {
                std::to_string(t.ndims) + " (rank " + std::to_string(b.rank) + ")");
         break;
       }
-      bytes += e * elementBytes(b.pairs[t.tensor].src.dtype);
+      bytes += e * fuzz::dtypeBytes(b.pairs[t.tensor].src.dtype);
     }
     if (bytes != (__int128)info.bytes[k])
       c.fail("kind " + std::to_string(k) + ": transfers hold " + std::to_string((long long)bytes) +
