@@ -251,7 +251,14 @@ ShardGrid::Coverage ShardGrid::coverage() const {
   if (grid_) return c;
   std::vector<Box> left, next;
   if (!whole_.empty()) left.push_back(whole_);
-  for (const Box& s : shardBoxes_) {
+  // Largest boxes first: they leave the fewest pieces behind (a box over the whole tensor leaves none, whatever
+  // holes the small ones would have cut first). Neither answer depends on the order.
+  std::vector<const Box*> order;
+  for (const Box& s : shardBoxes_) order.push_back(&s);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Box* a, const Box* b) { return a->elements() > b->elements(); });
+  for (const Box* sp : order) {
+    const Box& s = *sp;
     if (s.empty()) continue;
     int64_t taken = 0;
     next.clear();
@@ -265,6 +272,10 @@ ShardGrid::Coverage ShardGrid::coverage() const {
       subtract(r, x, &next);
     }
     left.swap(next);
+    if (left.size() > kMaxCoveragePieces) {
+      c.tooFragmented = true;
+      return c;
+    }
     // `left` never meets an earlier shard, so this one meets an earlier one exactly when it takes less than itself.
     if (taken < s.elements()) c.disjoint = false;
     if (left.empty() && !c.disjoint) break;  // nothing more to learn

@@ -93,12 +93,16 @@ class ShardGrid {
   void forEachOverlap(const Box& box, Fn&& fn) const;
 
   // How the shards cover the tensor. Placement layouts tile it (no holes, disjoint shards); explicit boxes may
-  // leave holes and may overlap without being replicas. Computed on each call: one subtraction per shard from the
-  // holes left so far, about linear in the shards when boxes tile the tensor in order.
+  // leave holes and may overlap without being replicas. Computed on each call: one subtraction per shard, largest
+  // first, from the holes left so far, about linear in the shards when boxes tile the tensor.
   struct Coverage {
     std::vector<Box> holes;  // disjoint boxes that no position holds, in offset order
     bool disjoint = true;    // no two shards meet
+    // The holes fragmented past kMaxCoveragePieces (explicit boxes with many holes in many dims fragment as
+    // k^ndims: seen taking 30 s and 4 GB on one 8-D tensor) and the answer was given up: treat as an error.
+    bool tooFragmented = false;
   };
+  static constexpr size_t kMaxCoveragePieces = size_t(1) << 18;
   Coverage coverage() const;
 
  private:

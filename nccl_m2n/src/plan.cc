@@ -137,7 +137,11 @@ bool validateProblem(const Problem& p, std::string* error) {
     // Placements tile the tensor, explicit source boxes may leave holes: harmless unless a destination box needs
     // part of one, whose elements no transfer would ever write.
     if (tp.src.boxes.empty()) continue;
-    const std::vector<Box> holes = ShardGrid(tp.src).coverage().holes;
+    const ShardGrid::Coverage cover = ShardGrid(tp.src).coverage();
+    if (cover.tooFragmented)
+      return bad("its explicit source boxes leave more than " + std::to_string(ShardGrid::kMaxCoveragePieces) +
+                 " disjoint uncovered pieces: too fragmented to check that every destination element has a source");
+    const std::vector<Box>& holes = cover.holes;
     if (holes.empty()) continue;
     const ShardGrid dst(tp.dst);
     for (int b = 0; b < dst.numShards(); b++)
