@@ -135,11 +135,13 @@ bool Domain::abort() {
   rail_ = nullptr;
   if (!ownDomain_) return false;
   destroyComm(domain_, true);
+  domain_ = nullptr;
   ownDomain_ = false;
   return true;
 }
 
 ncclResult_t Domain::allGather(const void* mine, size_t bytes, void* all) {
+  // Virtual ranks get the margin waitStream gives real ranks: a peer may first sit out a device wait of the budget.
   ncclResult_t res = virt_ ? virt_->allGather(topo_.domainRank, mine, bytes, all, timeoutSeconds_ + kHostMarginSeconds)
                            : ncclAllGatherHost(domain_, stream_, mine, bytes, all, timeoutSeconds_);
   if (res != ncclSuccess) broken_ = true;
@@ -147,12 +149,6 @@ ncclResult_t Domain::allGather(const void* mine, size_t bytes, void* all) {
 }
 
 ncclResult_t Domain::barrier() {
-  if (virt_) {
-    // The margin waitStream gives real ranks: a peer may first sit out a device wait of the full budget.
-    ncclResult_t res = virt_->barrier(topo_.domainRank, timeoutSeconds_ + kHostMarginSeconds);
-    if (res != ncclSuccess) broken_ = true;
-    return res;
-  }
   int one = 1;
   std::vector<int> all(topo_.domainSize);
   return allGather(&one, sizeof(one), all.data());
