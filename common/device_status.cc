@@ -109,4 +109,14 @@ ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* 
   return status ? status->check(what) : ncclSuccess;
 }
 
+ncclResult_t copyToHostAfter(cudaStream_t stream, void* dst, const void* src, size_t bytes, double timeoutSeconds,
+                             const char* what) {
+  NCCLEXT_CHECK(waitStream(stream, timeoutSeconds, what));
+  if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess)
+    return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "%s: copy to the host failed: %s", what,
+                cudaGetErrorString(cudaGetLastError()));
+  return ncclSuccess;
+}
+
 }  // namespace ncclext

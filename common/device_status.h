@@ -46,6 +46,12 @@ constexpr double kHostMarginSeconds = 5.0;
 ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* what,
                         const DeviceStatus* status = nullptr);
 
+// Copies `bytes` from device memory to (pageable) host memory once `stream` has drained, within waitStream's budget.
+// A device-to-pageable cudaMemcpyAsync returns only when the copy is done: queued behind a collective whose peer is
+// gone it would block the thread forever, so the bounded wait comes first and the copy runs on an idle stream.
+ncclResult_t copyToHostAfter(cudaStream_t stream, void* dst, const void* src, size_t bytes, double timeoutSeconds,
+                             const char* what);
+
 // Turns a filled error word into a result code and a last-error text. Pure host code, unit-tested.
 ncclResult_t describeDeviceError(const DeviceErrorWord& w, const char* what);
 

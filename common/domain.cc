@@ -43,17 +43,19 @@ ncclResult_t ncclAllGatherHost(ncclComm_t comm, cudaStream_t stream, const void*
   char* d = nullptr;
   NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&d), bytes * (nRanks + 1), stream));
   ncclResult_t res = ncclSuccess;
+  // The stream is idle here (every earlier all-gather on it finished, or its domain is broken and never comes back),
+  // so the copy from pageable memory does not wait for anything.
   if (cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
     res = fail(ncclUnhandledCudaError, __FILE__, __LINE__, "host all-gather: copy to the device failed");
   } else if (ncclAllGather(d, d + bytes, bytes, ncclUint8, comm, stream) != ncclSuccess) {
     res = fail(ncclSystemError, __FILE__, __LINE__, "host all-gather: ncclAllGather failed: %s",
                ncclGetLastError(comm));
-  } else if (cudaMemcpyAsync(all, d + bytes, bytes * nRanks, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
-    res = fail(ncclUnhandledCudaError, __FILE__, __LINE__, "host all-gather: copy to the host failed");
   }
-  // A peer that never arrives leaves the all-gather running: waitStream gives up after the budget.
+  // A peer that never arrives leaves the all-gather running: the wait gives up after the budget, before any copy
+  // to the host could block behind it.
   const ncclResult_t waited = waitStream(stream, timeoutSeconds, "host all-gather");
   if (res == ncclSuccess) res = waited;
+  if (res == ncclSuccess) res = copyToHostAfter(stream, all, d + bytes, bytes * nRanks, timeoutSeconds, "host all-gather");
   if (waited == ncclSuccess) cudaFreeAsync(d, stream);  // else the kernel may still write it: leak it
   return res;
 }
@@ -141,6 +143,11 @@ bool Domain::abort() {
 }
 
 ncclResult_t Domain::allGather(const void* mine, size_t bytes, void* all) {
+  // After a failed collective the communicators may still run it (a peer is gone): nothing more is queued behind it.
+  if (broken_)
+    return fail(ncclRemoteError, __FILE__, __LINE__,
+                "domain: an earlier host collective of this domain failed (a peer is gone or disagreed); its "
+                "communicators are unusable: destroy and recreate");
   // Virtual ranks get the margin waitStream gives real ranks: a peer may first sit out a device wait of the budget.
   ncclResult_t res = virt_ ? virt_->allGather(topo_.domainRank, mine, bytes, all, timeoutSeconds_ + kHostMarginSeconds)
                            : ncclAllGatherHost(domain_, stream_, mine, bytes, all, timeoutSeconds_);

@@ -27,6 +27,7 @@ RUNS=(
   "symmem_smoke|$BUILDDIR/bin/symmetric_memory_test --test smoke --nranks NRANKS --json JSON|1|nodes virtual"
   "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1|nodes virtual"
   "ep_ht|$BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|nodes virtual"
+  "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|virtual"
 )
 # The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
@@ -51,11 +52,13 @@ run() {
   echo "== $tag on $n rank(s): $cmd"
   local start end rc
   start=$(date +%s.%N)
-  timeout "${GPU_CHECK_RUN_TIMEOUT:-600}" $cmd >"$log" 2>&1
+  timeout "${GPU_CHECK_RUN_TIMEOUT:-300}" $cmd >"$log" 2>&1
   rc=$?
   end=$(date +%s.%N)
   grep -E "PASS|FAIL|rank .*:|error|WARN" "$log" | head -20
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
+  # GPU_CHECK_KEEP_LOGS=DIR: the whole log of every failed run is kept there.
+  [ -n "${GPU_CHECK_KEEP_LOGS:-}" ] && [ $rc -ne 0 ] && cp "$log" "$GPU_CHECK_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.$n.log"
 }
 
 # Real GPUs: every rank count the machine has.

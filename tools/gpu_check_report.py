@@ -46,11 +46,13 @@ def main():
             if os.path.exists(jpath):
                 with open(jpath) as jf:
                     results = [json.loads(x) for x in jf if x.strip()]
-            status = {0: "pass", 77: "skipped (no GPU)"}.get(int(rc), "FAIL (exit %s)" % rc)
+            status = {0: "pass", 77: "skipped (no GPU)", 125: "FAIL: not run (time budget spent)",
+                      98: "inconclusive (virtual ranks under the sanitizer: a device wait timed out or the run was "
+                          "killed, nothing of ours reported)"}.get(int(rc), "FAIL (exit %s)" % rc)
             if int(rc) == 0 and (not results or not all(r.get("pass") for r in results)):
                 status = "FAIL (no passing result line)"
             tail = ""
-            if not status.startswith(("pass", "skipped")) and os.path.exists(log):
+            if not status.startswith(("pass", "skipped")) and os.path.exists(log):  # failed or inconclusive
                 with open(log, errors="replace") as lf:
                     tail = "".join(lf.readlines()[-15:])
             rows.append({"name": name, "nranks": int(n), "status": status, "seconds": float(secs or 0),
@@ -64,8 +66,9 @@ def main():
         print("%-32s %6d %9.1f  %s" % (r["name"], r["nranks"], r["seconds"], r["status"]))
         if r["log_tail"]:
             print("    " + r["log_tail"].replace("\n", "\n    "))
-    failed = [r for r in rows if not r["status"].startswith(("pass", "skipped"))]
-    print("\n%d passed, %d failed" % (len(rows) - len(failed), len(failed)))
+    failed = [r for r in rows if not r["status"].startswith(("pass", "skipped", "inconclusive"))]
+    unsure = [r for r in rows if r["status"].startswith("inconclusive")]
+    print("\n%d passed, %d failed, %d inconclusive" % (len(rows) - len(failed) - len(unsure), len(failed), len(unsure)))
     print("results: %s" % a.out)
     return 1 if failed else 0
 

@@ -13,8 +13,10 @@
 // With several domains (--one-gpu nodes: every rank a domain of its own) group creation must refuse cleanly on every
 // rank. Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
 //
-// Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--quick] [--json FILE]
-// --quick (the sanitizer runs): a few cases, no limits group, 2 graph replays.     Exit: 0 pass, 1 fail, 77 no GPU.
+// Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S]
+//                   [--quick] [--json FILE]
+// --quick (the sanitizer runs): a few cases, no limits group, 2 graph replays. --silent-peer-s: the timeout test's
+// budget, on a group of its own (default: --timeout-s, on the test's group).     Exit: 0 pass, 1 fail, 77 no GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <getopt.h>
@@ -45,6 +47,7 @@ constexpr int kMaxTokens = 512;
 constexpr int kMaxRowBytes = 7168 * 2;  // a bf16 row of hidden 7168
 // The group's device-wait budget (--timeout-s; the sanitizer runs raise it, their kernels being far slower).
 double gTimeoutSeconds = 3;
+double gSilentPeerSeconds = 0;  // the timeout test's budget (--silent-peer-s; 0: the group's --timeout-s)
 
 enum RoutingKind { kRandom, kAllToLastRank, kOneExpert, kFirstRankEmpty };
 
@@ -601,7 +604,7 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"seed", required_argument, nullptr, 's'},
                                  {"json", required_argument, nullptr, 'j'}, {"one-gpu", required_argument, nullptr, 'g'},
                                  {"timeout-s", required_argument, nullptr, 'T'}, {"quick", no_argument, nullptr, 'q'},
-                                 {nullptr, 0, nullptr, 0}};
+                                 {"silent-peer-s", required_argument, nullptr, 'S'}, {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
     if (c == 'n') *nRanks = atoi(optarg);
@@ -610,8 +613,10 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
     else if (c == 'g') { if (!ncclext::harness::parseOneGpu(optarg, oneGpu)) return false; }
     else if (c == 'T') gTimeoutSeconds = atof(optarg);
     else if (c == 'q') *quick = true;
+    else if (c == 'S') gSilentPeerSeconds = atof(optarg);
     else return false;
   }
+  if (gSilentPeerSeconds <= 0) gSilentPeerSeconds = gTimeoutSeconds;
   return gTimeoutSeconds > 0;
 }
 
@@ -812,9 +817,19 @@ int main(int argc, char** argv) {
     bool timeoutOk = true;
     double waited = 0;
     if (ctx.nRanks > 1) {
-      // One rank skips a dispatch: the others' waits give up after the group's budget with ncclRemoteError.
+      // One rank skips a dispatch: the others' waits give up after the group's budget with ncclRemoteError. With
+      // --silent-peer-s (the sanitizer runs: long budgets for slow instrumented kernels, a short one here) on a group
+      // of its own.
       const Case c = graphCase;
       const int rank = ctx.rank;
+      ncclEpGroup_t silent = group;
+      if (gSilentPeerSeconds != gTimeoutSeconds) {
+        ncclEpGroupConfig_t scfg = cfg;
+        scfg.timeout_ns = (uint64_t)(gSilentPeerSeconds * 1e9);
+        silent = nullptr;
+        EXPECT_OK(ncclEpCreateGroup(&silent, ctx.comm, &scfg));
+      }
+      const double budget = gSilentPeerSeconds;
       const int K = 8, T = 64;
       std::vector<int> idx(T * K);
       for (int t = 0; t < T; t++)
@@ -823,7 +838,7 @@ int main(int argc, char** argv) {
       topk.put(idx.data(), idx.size() * 4);
       ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
       ncclEpHandle_t h = nullptr;
-      EXPECT_OK(ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream));
+      EXPECT_OK(ncclEpCreateHandle(&h, silent, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream));
       int64_t rows = 0;
       ncclEpHandleGetMaxRecvRows(h, &rows);
       DeviceBuf y(rows * 512 * 2);
@@ -834,19 +849,23 @@ int main(int argc, char** argv) {
         out.tokens = epTensor(y.p, ncclBfloat16, {rows, 512});
         const auto t0 = std::chrono::steady_clock::now();
         EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
-        ncclext::waitStream(ctx.stream, gTimeoutSeconds + 30, "timeout dispatch");
+        ncclext::waitStream(ctx.stream, budget + 30, "timeout dispatch");
         waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const ncclResult_t res = ncclEpGroupGetAsyncError(group);
+        const ncclResult_t res = ncclEpGroupGetAsyncError(silent);
         const std::string msg = ncclEpGetLastError();
         timeoutOk = res == ncclRemoteError && msg.find("timed out") != std::string::npos &&
-                    msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos && waited >= gTimeoutSeconds * 0.99 &&
-                    waited < gTimeoutSeconds + 10;
+                    msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos && waited >= budget * 0.99 &&
+                    waited < budget + 10;
         printf("rank %d: dispatch with a silent peer -> %s after %.2f s: %s\n", rank, ncclGetErrorString(res), waited,
                msg.c_str());
         // Later calls report the same error instead of hanging.
         timeoutOk &= ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream) == ncclRemoteError;
       }
       ncclEpHandleDestroy(h);
+      if (silent != group && ncclEpGroupDestroy(silent) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpGroupDestroy (silent peer): %s\n", ctx.rank, ncclEpGetLastError());
+        timeoutOk = false;
+      }
     }
     if (ncclEpGroupDestroy(group) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpGroupDestroy: %s\n", ctx.rank, ncclEpGetLastError());

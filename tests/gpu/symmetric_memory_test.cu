@@ -12,21 +12,32 @@
 //   timeout  One rank of the domain never signals (a domain of 1: a flag nobody writes). The other ranks' waits
 //            must give up after the configured budget, come back through the host API as ncclRemoteError naming
 //            the silent peer, leave the GPU usable, and the processes must exit cleanly.
+//   dead-peer  A loop of smoke iterations (LSA pushes and barriers inside the domain, and the rail exchange across
+//            domains) in which the last rank dies after `--die-at` iterations: SIGKILL of its process (real GPUs,
+//            one-GPU nodes), or its thread making no more calls (virtual ranks). Every survivor must get
+//            ncclRemoteError or ncclSystemError within the budget (--timeout-s) plus the host margin, abort its
+//            domain, free its window without the collective deregistration, and exit cleanly. With one-GPU nodes
+//            this is the rail's path (NCCL over sockets) to a killed process; inside a domain the flag barrier's.
 //
-// Usage: symmetric_memory_test [--test smoke|timeout|all] [--nranks N] [--one-gpu off|nodes|virtual] [--iters I]
-//                              [--ctas C] [--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S]
-//                              [--json FILE] [--break store|barrier]
+// Usage: symmetric_memory_test [--test smoke|timeout|dead-peer|all] [--nranks N] [--one-gpu off|nodes|virtual]
+//                              [--iters I] [--ctas C] [--threads T] [--slot-elems E] [--rail-elems E]
+//                              [--timeout-s S] [--die-at K] [--json FILE] [--break store|barrier]
+// (`all` is smoke and timeout.)
 // --break store skips the kernel's stores and --break barrier skips its exit barrier: both must make the smoke test
 // FAIL (the oracle can fail); gpu-check never passes --break.
 // Exit status: 0 pass, 1 fail, 77 no GPU.
 #include <getopt.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/checks.h"
@@ -53,6 +64,7 @@ struct Options {
   int threads = 512;
   size_t slotElems = (size_t)1 << 20;  // uint64 per (source, destination): 8 MiB
   double timeoutSeconds = 2.0;
+  int dieAt = 3;  // dead-peer: iterations the last rank completes before it dies
   std::string json;
   int breakMode = kBreakNone;
 };
@@ -174,7 +186,7 @@ using ncclext::harness::sumOverRanks;
 // The rail part of the smoke test: rank (domain d, index i) sends pattern(iter, d, d', j) to (d', i) for every other
 // domain d' and checks what (d', i) sent it. False on a mismatch; errors counted in *bad.
 ncclResult_t railExchange(ncclext::harness::RankContext& ctx, const Fixture& f, const Options& o, uint32_t iter,
-                          unsigned long long* bad) {
+                          unsigned long long* bad, double budgetSeconds = 60) {
   const ncclext::Topology& t = f.domain->topo();
   ncclComm_t rail = f.domain->railComm();
   if (!rail) return ncclSuccess;
@@ -194,8 +206,9 @@ ncclResult_t railExchange(ncclext::harness::RankContext& ctx, const Fixture& f, 
     NCCLEXT_NCCL(ncclRecv(dRecv + (size_t)d * n, bytes, ncclUint8, d, rail, ctx.stream));
   }
   NCCLEXT_NCCL(ncclGroupEnd());
-  NCCLEXT_CUDA(cudaMemcpyAsync(recv.data(), dRecv, bytes * t.nDomains, cudaMemcpyDeviceToHost, ctx.stream));
-  NCCLEXT_CHECK(ncclext::waitStream(ctx.stream, 60, "rail exchange"));
+  // Bounded wait first: a copy to pageable memory queued behind a peer that is gone would block for ever.
+  NCCLEXT_CHECK(ncclext::copyToHostAfter(ctx.stream, recv.data(), dRecv, bytes * t.nDomains, budgetSeconds,
+                                         "rail exchange"));
   cudaFreeAsync(dSend, ctx.stream);
   cudaFreeAsync(dRecv, ctx.stream);
   for (int d = 0; d < t.nDomains; d++) {
@@ -331,6 +344,101 @@ int runTimeout(ncclext::harness::RankContext& ctx, const Options& o) {
   return pass ? 0 : 1;
 }
 
+// Virtual ranks (threads of one process): survivors that have seen the death and drained their stream. Nobody frees
+// a window before every survivor's kernels have stopped touching it.
+std::atomic<int> gSurvivorsDrained{0};
+
+bool waitForSurvivors(int survivors, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (gSurvivorsDrained.load() < survivors) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
+  const int victim = ctx.nRanks - 1;
+  const bool virt = ctx.virt != nullptr;
+  Fixture f;
+  TEST_CHECK(makeFixture(ctx, o.slotElems * sizeof(uint64_t), o.ctas, o.timeoutSeconds, &f));
+  unsigned long long* dErrors = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&dErrors), sizeof(*dErrors), ctx.stream) != cudaSuccess ||
+      cudaMemsetAsync(dErrors, 0, sizeof(*dErrors), ctx.stream) != cudaSuccess)
+    return 1;
+  using Clock = std::chrono::steady_clock;
+  auto lastOk = Clock::now();
+  ncclResult_t seen = ncclSuccess;
+  std::string msg;
+  unsigned long long railBad = 0;
+  int it = 0;
+  for (; it < o.iters; it++) {
+    if (ctx.rank == victim && it == o.dieAt) {
+      if (!virt) {
+        fprintf(stderr, "rank %d: dying now (iteration %d)\n", ctx.rank, it);
+        fflush(stderr);
+        kill(getpid(), SIGKILL);
+      }
+      // A dead thread makes no more calls; its window stays until every survivor has drained.
+      const bool drained = waitForSurvivors(ctx.nRanks - 1, 4 * o.timeoutSeconds + 60);
+      cudaFreeAsync(dErrors, ctx.stream);
+      ctx.peerDied = true;
+      printf("rank %d: the victim (stopped at iteration %d); survivors drained: %s\n", ctx.rank, it,
+             drained ? "yes" : "NO");
+      return drained ? 0 : 1;
+    }
+    SmokeParams p{f.bar, o.slotElems, (uint32_t)it, dErrors, kBreakNone};
+    ncclResult_t r = ncclext::launchKernel("smokeKernel", smokeKernel, dim3(o.ctas), dim3(o.threads), 0, ctx.stream, p);
+    if (r == ncclSuccess) r = ncclext::waitStream(ctx.stream, o.timeoutSeconds, "dead-peer smoke kernel", f.status.get());
+    if (r == ncclSuccess) r = railExchange(ctx, f, o, (uint32_t)it, &railBad, o.timeoutSeconds);
+    if (r != ncclSuccess) {
+      seen = r;
+      msg = ncclext::lastError();
+      break;
+    }
+    lastOk = Clock::now();
+  }
+  const double noticed = std::chrono::duration<double>(Clock::now() - lastOk).count();
+  // Teardown: the domain (and rail) communicators aborted first, which ends NCCL's kernels that wait for the dead
+  // peer; then my kernels have ended too (every wait of theirs is bounded by the budget).
+  const auto t0 = Clock::now();
+  if (f.domain->abort()) f.mem->abandon();
+  const ncclResult_t drained = ncclext::waitStream(ctx.stream, o.timeoutSeconds + ncclext::kHostMarginSeconds,
+                                                   "dead-peer teardown");
+  printf("rank %d: noticed %s after %.2f s; domain aborted, stream %s\n", ctx.rank, ncclGetErrorString(seen),
+         noticed, drained == ncclSuccess ? "drained" : "NOT drained");
+  fflush(stdout);
+  if (virt) gSurvivorsDrained.fetch_add(1);
+  const bool allDrained = !virt || waitForSurvivors(ctx.nRanks - 1, 2 * o.timeoutSeconds + 30);
+  if (drained == ncclSuccess && allDrained) {  // else a kernel may still touch them: leave them to the exit
+    cudaFreeAsync(dErrors, ctx.stream);
+    f.mem.reset();
+    f.domain.reset();
+  } else {
+    f.mem.release();
+    f.domain.release();
+  }
+  const double teardown = std::chrono::duration<double>(Clock::now() - t0).count();
+  ctx.peerDied = true;
+  const double bound = o.timeoutSeconds + ncclext::kHostMarginSeconds + 2;
+  const bool ok = (seen == ncclRemoteError || seen == ncclSystemError) && it == o.dieAt && noticed <= bound &&
+                  drained == ncclSuccess && allDrained && railBad == 0;
+  printf("rank %d: dead peer (%s, %d ranks): after iteration %d -> %s %.2f s after the last good one (bound %.1f s): "
+         "\"%s\"; torn down in %.2f s -> %s\n",
+         ctx.rank, ncclext::harness::oneGpuName(ctx.mode), ctx.nRanks, it, ncclGetErrorString(seen), noticed, bound,
+         msg.c_str(), teardown, ok ? "PASS" : "FAIL");
+  if (ctx.rank == 0) {
+    char line[320];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"symmem_dead_peer\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"die_at\": %d, "
+             "\"noticed_s\": %.3f, \"teardown_s\": %.3f, \"budget_s\": %.3f}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", o.dieAt, noticed, teardown,
+             o.timeoutSeconds);
+    appendJson(o, line);
+  }
+  return ok ? 0 : 1;
+}
+
 bool parse(int argc, char** argv, Options* o) {
   static const option kLong[] = {{"test", required_argument, nullptr, 'x'},
                                  {"nranks", required_argument, nullptr, 'n'},
@@ -343,6 +451,7 @@ bool parse(int argc, char** argv, Options* o) {
                                  {"timeout-s", required_argument, nullptr, 'T'},
                                  {"json", required_argument, nullptr, 'j'},
                                  {"break", required_argument, nullptr, 'b'},
+                                 {"die-at", required_argument, nullptr, 'd'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
@@ -359,6 +468,7 @@ bool parse(int argc, char** argv, Options* o) {
       case 'e': o->slotElems = strtoull(optarg, nullptr, 0); break;
       case 'T': o->timeoutSeconds = atof(optarg); break;
       case 'j': o->json = optarg; break;
+      case 'd': o->dieAt = atoi(optarg); break;
       case 'b':
         if (!strcmp(optarg, "store")) o->breakMode = kBreakStore;
         else if (!strcmp(optarg, "barrier")) o->breakMode = kBreakBarrier;
@@ -367,7 +477,9 @@ bool parse(int argc, char** argv, Options* o) {
       default: return false;
     }
   }
-  return (o->test == "smoke" || o->test == "timeout" || o->test == "all") && o->nRanks >= 0 && o->iters >= 1 &&
+  if (o->test == "dead-peer" && (o->nRanks < 2 || o->dieAt < 0 || o->dieAt >= o->iters)) return false;
+  return (o->test == "smoke" || o->test == "timeout" || o->test == "dead-peer" || o->test == "all") &&
+         o->nRanks >= 0 && o->iters >= 1 &&
          o->railElems >= 1 && o->ctas >= 1 && o->threads >= 32 && o->threads <= 1024 && o->slotElems >= 1 && o->timeoutSeconds > 0;
 }
 
@@ -377,15 +489,18 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o)) {
     fprintf(stderr,
-            "usage: %s [--test smoke|timeout|all] [--nranks N] [--one-gpu off|nodes|virtual] [--iters I] [--ctas C] "
-            "[--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S] [--json FILE] [--break store|barrier]\n",
+            "usage: %s [--test smoke|timeout|dead-peer|all] [--nranks N] [--one-gpu off|nodes|virtual] [--iters I] "
+            "[--ctas C] [--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S] [--die-at K<I (dead-peer, "
+            "N>=2)] [--json FILE] [--break store|barrier]\n",
             argv[0]);
     return 2;
   }
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;
+  if (o.test == "dead-peer") lo.mayDie = o.nRanks - 1;
   return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+    if (o.test == "dead-peer") return runDeadPeer(ctx, o);
     int rc = 0;
     if (o.test == "smoke" || o.test == "all") rc |= runSmoke(ctx, o);
     if (o.test == "timeout" || o.test == "all") rc |= runTimeout(ctx, o);

@@ -237,9 +237,7 @@ ncclResult_t sumOverRanks(RankContext& ctx, uint64_t mine, uint64_t* total, doub
       cudaMemcpyAsync(d, &mine, sizeof(mine), cudaMemcpyHostToDevice, ctx.stream) != cudaSuccess)
     return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "sumOverRanks: device buffer");
   NCCLEXT_NCCL(ncclAllReduce(d, d, 1, ncclUint64, ncclSum, ctx.comm, ctx.stream));
-  if (cudaMemcpyAsync(total, d, sizeof(*d), cudaMemcpyDeviceToHost, ctx.stream) != cudaSuccess)
-    return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "sumOverRanks: copy back");
-  NCCLEXT_CHECK(waitStream(ctx.stream, timeoutSeconds, "sum over ranks"));
+  NCCLEXT_CHECK(copyToHostAfter(ctx.stream, total, d, sizeof(*d), timeoutSeconds, "sum over ranks"));
   cudaFreeAsync(d, ctx.stream);
   return ncclSuccess;
 }

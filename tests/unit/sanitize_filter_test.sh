@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/sanitize_filter.py on hand-written compute-sanitizer logs: an API error raised inside libnccl is attributed
-# to NCCL (exit 0); one raised by our code, a kernel report and a race report are ours (exit 1, each listed).
+# to NCCL (exit 0); one raised by our code, a kernel report and a race report are ours (exit 1, each listed). Then
+# tools/gpu_check_report.py's verdicts: an inconclusive run (98) fails nothing, a failed one fails the report.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -36,5 +37,15 @@ if python3 "$root/tools/sanitize_filter.py" "$root/tools/sanitize_suppressions.t
   echo "FAIL: reports of ours were filtered"; cat "$tmp/b"; fail=1
 fi
 grep -q "ours: 3" "$tmp/b" || { echo "FAIL: want 3 reports of ours"; cat "$tmp/b"; fail=1; }
-[ $fail -eq 0 ] && echo "sanitize_filter: 2 logs, verdicts as expected"
+for rc in 0 98; do echo '{"pass": true}' > "$tmp/r$rc.jsonl"; echo "log $rc" > "$tmp/r$rc.log"; done
+printf 'a\t1\t0\t1.0\t%s\t%s\nb[memcheck,virtual]\t2\t98\t9.0\t%s\t%s\n' "$tmp/r0.jsonl" "$tmp/r0.log" \
+  "$tmp/r98.jsonl" "$tmp/r98.log" > "$tmp/runs.tsv"
+python3 "$root/tools/gpu_check_report.py" --runs "$tmp/runs.tsv" --out "$tmp/r.json" --kind gpu-sanitize > "$tmp/c" ||
+  { echo "FAIL: an inconclusive run failed the report"; cat "$tmp/c"; fail=1; }
+grep -q "1 passed, 0 failed, 1 inconclusive" "$tmp/c" || { echo "FAIL: report summary"; cat "$tmp/c"; fail=1; }
+printf 'c\t2\t1\t2.0\t%s\t%s\n' "$tmp/r0.jsonl" "$tmp/r0.log" >> "$tmp/runs.tsv"
+if python3 "$root/tools/gpu_check_report.py" --runs "$tmp/runs.tsv" --out "$tmp/r.json" > "$tmp/d"; then
+  echo "FAIL: a failed run passed the report"; cat "$tmp/d"; fail=1
+fi
+[ $fail -eq 0 ] && echo "sanitize_filter: 2 logs, verdicts as expected; report: inconclusive and failed runs told apart"
 exit $fail
