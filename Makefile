@@ -1,9 +1,10 @@
 # Thin wrapper: the build is CMake (CMakeLists.txt). Outputs land in $(BUILDDIR)/{lib,include,bin}.
 #   make [all]            build both libraries, tests, benchmarks
 #   make nccl_ep.build    build libnccl_ep only        make nccl_m2n.build   build libnccl_m2n only
-#   make test             build, then run the host tests (ctest; no GPU needed), then test-asan
+#   make test             build, then run the host tests (ctest; no GPU needed), then test-asan and test-python
 #   make test-asan        build only the C API fuzz target with AddressSanitizer + LeakSanitizer, in its own
 #                         tree $(BUILDDIR)-asan, and run it (no GPU needed)
+#   make test-python      build the wheel (pip wheel .), install it in a fresh venv with torch, run tests/python
 #   make demo             the main job: the demo/benchmark on local GPUs, or what can be done without them
 #   make gpu-check        build and run every GPU test and benchmark on the local GPUs; results in bench/results/
 #   make gpu-sanitize     build and run every GPU test under compute-sanitizer (memcheck, racecheck, synccheck)
@@ -33,7 +34,7 @@ ASAN_BUILDDIR := $(BUILDDIR)-asan
 ASAN_ARGS := $(patsubst $(BUILDDIR),$(ASAN_BUILDDIR),$(CMAKE_ARGS)) -DNCCL_EXT_SANITIZE=address \
              -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNCCL_EXT_BUILD_BENCH=OFF
 
-.PHONY: all configure nccl_ep.build nccl_m2n.build test test-asan demo gpu-check gpu-sanitize install clean
+.PHONY: all configure nccl_ep.build nccl_m2n.build test test-asan test-python demo gpu-check gpu-sanitize install clean
 
 all: configure
 	cmake --build $(BUILDDIR) -j $(JOBS)
@@ -50,12 +51,16 @@ nccl_m2n.build: configure
 test: all
 	ctest --test-dir $(BUILDDIR) --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory test-python
 
 # Only the fuzz target (and the libraries it links) is built in the sanitizer tree; -L fuzz runs only its tests.
 test-asan:
 	cmake $(ASAN_ARGS)
 	cmake --build $(ASAN_BUILDDIR) -j $(JOBS) --target api_fuzz
 	ctest --test-dir $(ASAN_BUILDDIR) -L fuzz --output-on-failure -j $(JOBS)
+
+test-python:
+	BUILDDIR=$(BUILDDIR) tools/python_test.sh
 
 demo: all
 	BUILDDIR=$(BUILDDIR) tools/demo.sh
@@ -70,4 +75,4 @@ install: all
 	cmake --install $(BUILDDIR) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILDDIR) $(ASAN_BUILDDIR)
+	rm -rf $(BUILDDIR) $(ASAN_BUILDDIR) $(BUILDDIR)-py

@@ -30,6 +30,11 @@ RUNS=(
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|virtual"
 )
+# The Python package's GPU tests (1 rank; several ranks on one GPU need EP across domains), on the build tree's
+# libraries and python/ (make test-python tests the wheel itself, on any machine).
+if python3 -c "import torch" >/dev/null 2>&1; then
+  RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider tests/python --json JSON|1|")
+fi
 # The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
 if command -v mpirun >/dev/null 2>&1; then
   RUNS+=("symmem_smoke_mpirun|mpirun --allow-run-as-root --oversubscribe -np NRANKS -x NCCL_NVLS_ENABLE=0 $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2|nodes")
@@ -66,6 +71,7 @@ for n in $(seq 1 "$MAXR"); do
   for spec in "${RUNS[@]}"; do
     IFS='|' read -r name cmd minr modes <<<"$spec"
     [ "$n" -lt "$minr" ] && continue
+    [ "$n" -gt 1 ] && [[ $cmd != *NRANKS* ]] && continue  # a run that takes no rank count runs once
     run "$name" "$n" real "$cmd"
   done
 done

@@ -1,0 +1,144 @@
+"""Finds and loads libnccl_ep.so / libnccl_m2n.so and the libnccl.so.2 and libcudart.so.13 they need.
+
+One libnccl per process: a Device API kernel runs only on the NCCL release it was compiled against, and a process
+that imported torch already holds torch's copy (the `nvidia-nccl-cu13` wheel). So a library already loaded is used
+as it is; otherwise the first of these is loaded (RTLD_GLOBAL, so that our libraries' DT_NEEDED resolves to it):
+  NCCL_EXT_NCCL_LIBRARY (a file), NCCL_HOME/lib, the nvidia-nccl-cu13 wheel, the NCCL the wheel was built against,
+  CUDA_HOME/lib64, /usr/local/cuda/lib64, then the dynamic loader's own search.
+Our libraries come from the package (nccl/_lib) or NCCL_EXT_LIB_DIR (a build tree's lib/, for development).
+The versions are then checked (ncclEpCheckNcclRuntime): a different NCCL release is refused with a message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+from .errors import NcclInvalidUsage
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL] = {}
+
+
+def _build_info():
+    try:
+        from . import _build_info  # written by CMake into the wheel
+        return _build_info
+    except ImportError:  # a source tree (NCCL_EXT_LIB_DIR): no record
+        return None
+
+
+def _already_loaded(soname: str) -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+
+
+def _wheel_dir(module: str, sub: str) -> list[Path]:
+    try:
+        m = __import__(module, fromlist=["__path__"])
+    except ImportError:
+        return []
+    return [Path(p) / sub for p in getattr(m, "__path__", [])]
+
+
+def _first_loadable(soname: str, dirs: list[Path], explicit: str | None) -> ctypes.CDLL:
+    tried = []
+    if explicit:
+        return ctypes.CDLL(explicit, mode=ctypes.RTLD_GLOBAL)  # asked for by name: its error is the answer
+    for d in dirs:
+        f = d / soname
+        if f.is_file():
+            try:
+                return ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:  # e.g. a wrong architecture: say so if nothing else works
+                tried.append("%s (%s)" % (f, e))
+    try:
+        return ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        looked = ", ".join(str(d) for d in dirs) or "nowhere else"
+        raise OSError("%s not found: looked in %s, then the loader's search path (%s)%s. Install the NCCL wheel "
+                      "(pip install 'nccl-ext[cu13]') or set NCCL_HOME / CUDA_HOME"
+                      % (soname, looked, e, "; failed: " + "; ".join(tried) if tried else "")) from None
+
+
+def _cuda_dirs() -> list[Path]:
+    dirs = _wheel_dir("nvidia.cu13", "lib") + _wheel_dir("nvidia.cuda_runtime", "lib")
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            dirs += [Path(root) / "lib64", Path(root) / "lib"]
+    return dirs
+
+
+def _nccl_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("NCCL_HOME"):
+        dirs += [Path(os.environ["NCCL_HOME"]) / "lib", Path(os.environ["NCCL_HOME"]) / "lib64"]
+    dirs += _wheel_dir("nvidia.nccl", "lib")
+    info = _build_info()
+    if info is not None and info.nccl_library_dir:
+        dirs.append(Path(info.nccl_library_dir))
+    return dirs + _cuda_dirs()
+
+
+def nccl() -> ctypes.CDLL:
+    """libnccl.so.2 as this process uses it (loading it first if nothing has)."""
+    with _lock:
+        lib = _libs.get("nccl")
+        if lib is None:
+            lib = _already_loaded("libnccl.so.2") or _first_loadable(
+                "libnccl.so.2", _nccl_dirs(), os.environ.get("NCCL_EXT_NCCL_LIBRARY"))
+            _libs["nccl"] = lib
+        return lib
+
+
+def library_dir() -> Path:
+    return Path(os.environ.get("NCCL_EXT_LIB_DIR") or Path(__file__).resolve().parent.parent / "_lib")
+
+
+def load(name: str) -> ctypes.CDLL:
+    """libnccl_<name>.so ("ep" or "m2n"), loaded once, after cudart and NCCL."""
+    nccl()
+    with _lock:
+        lib = _libs.get(name)
+        if lib is not None:
+            return lib
+        if _already_loaded("libcudart.so.13") is None:
+            _first_loadable("libcudart.so.13", _cuda_dirs(), None)
+        path = library_dir() / ("libnccl_%s.so" % name)
+        if not path.is_file():
+            raise OSError("%s is missing: this package was not built with its libraries (pip install . builds them; "
+                          "NCCL_EXT_LIB_DIR points at a build tree's lib/)" % path)
+        lib = ctypes.CDLL(str(path))
+        _libs[name] = lib
+        return lib
+
+
+def check_nccl_runtime(lib: ctypes.CDLL, prefix: str) -> tuple[int, int]:
+    """(built, loaded) NCCL version codes; NcclInvalidUsage when they are different releases."""
+    fn = getattr(lib, "nccl%sCheckNcclRuntime" % prefix)
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    built, loaded = ctypes.c_int(0), ctypes.c_int(0)
+    rc = fn(ctypes.byref(built), ctypes.byref(loaded))
+    if rc != 0:
+        err = getattr(lib, "nccl%sGetLastError" % prefix)
+        err.restype = ctypes.c_char_p
+        raise NcclInvalidUsage("%s (the NCCL in this process: %s; pip install 'nccl-ext[cu13]' pins the release this "
+                               "package was built for)" % (err().decode(errors="replace"), nccl_path()))
+    return built.value, loaded.value
+
+
+def nccl_path() -> str:
+    """The file of the libnccl.so.2 this process uses (from /proc/self/maps), or "unknown"."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libnccl.so" in line:
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return "unknown"

@@ -1,0 +1,85 @@
+"""NCCL communicators for the libraries, made from torch.distributed process groups."""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import _loader
+from .errors import NcclInvalidArgument, error_for
+
+
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]  # NCCL_UNIQUE_ID_BYTES
+
+
+def _nccl_call(name: str, *args) -> None:
+    lib = _loader.nccl()
+    fn = getattr(lib, name)
+    fn.restype = ctypes.c_int
+    rc = fn(*args)
+    if rc != 0:
+        text = getattr(lib, "ncclGetErrorString")
+        text.restype = ctypes.c_char_p
+        raise error_for(rc, "%s: %s" % (name, text(rc).decode(errors="replace")))
+
+
+class Communicator:
+    """An NCCL communicator of our own over the ranks of a torch ProcessGroup (None: the default group), in the
+    group's rank order, on the current CUDA device (or `device`).
+
+    COLLECTIVE: every rank of the group constructs it at the same point. Rank 0 makes a unique id and broadcasts it
+    over the group itself (torch.distributed.broadcast_object_list), so any backend the group has will do. Release
+    with close() (collective) or abort() (local, after a peer failed), or use it as a context manager.
+    """
+
+    def __init__(self, group=None, device=None):
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise NcclInvalidArgument("Communicator: torch.distributed is not initialised (init_process_group first)")
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise NcclInvalidArgument("Communicator: this process is not a member of the group")
+        uid = _UniqueId()
+        if self.rank == 0:
+            _nccl_call("ncclGetUniqueId", ctypes.byref(uid))
+        box = [bytes(uid.internal) if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        ctypes.memmove(uid.internal, box[0], 128)
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index)
+        self._comm = ctypes.c_void_p()
+        with torch.cuda.device(self.device):
+            _nccl_call("ncclCommInitRank", ctypes.byref(self._comm), ctypes.c_int(self.size), uid,
+                       ctypes.c_int(self.rank))
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The ncclComm_t (for the C APIs); invalid after close()."""
+        if not self._comm:
+            raise NcclInvalidArgument("Communicator: used after close()")
+        return self._comm
+
+    def close(self) -> None:
+        """COLLECTIVE: finalises and destroys the communicator (every rank calls it). Idempotent."""
+        if self._comm:
+            c, self._comm = self._comm, ctypes.c_void_p()
+            _nccl_call("ncclCommFinalize", c)
+            _nccl_call("ncclCommDestroy", c)
+
+    def abort(self) -> None:
+        """Local: frees the communicator without waiting for peers (after a peer failed). Idempotent."""
+        if self._comm:
+            c, self._comm = self._comm, ctypes.c_void_p()
+            _nccl_call("ncclCommAbort", c)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False

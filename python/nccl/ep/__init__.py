@@ -1,0 +1,366 @@
+"""nccl.ep: MoE dispatch and combine (libnccl_ep) on torch tensors and process groups.
+
+    import torch, torch.distributed as dist
+    import nccl.ep as ep
+
+    group = ep.Group(num_experts=256, max_tokens_per_rank=4096, hidden=7168)   # collective; default process group
+    recv = group.dispatch(x, topk_idx, topk_weights)          # x [T, H] bf16, topk_idx [T, K] int64/int32
+    y = experts(recv.tokens, recv.topk_idx, recv.topk_weights)  # rows grouped by source rank (FLAT layout)
+    out = group.combine(y, recv.handle)                       # [T, H], each token's rows summed in fp32
+    recv.handle.close(); group.close()                        # collective
+
+Every call runs on the current torch CUDA stream (or `stream=`), asynchronously, like a torch collective. Failures
+raise nccl.ep.NcclError subclasses carrying the library's text; a device wait that timed out (a peer gone) is raised
+by the next call or by Group.check(). The High-Throughput mode (inside one NVLink domain) is what the C library has
+today; the Low-Latency mode, autograd functions, torch.library ops and the DeepEP drop-in are not here yet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from .._ext import _loader
+from .._ext.comm import Communicator
+from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
+                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError, error_for)
+from .._ext.tensor import CTensor, absent, describe
+
+__all__ = ["Group", "Handle", "DispatchResult", "Communicator", "version", "NcclError", "NcclUnhandledCudaError",
+           "NcclSystemError", "NcclInternalError", "NcclInvalidArgument", "NcclInvalidUsage", "NcclRemoteError",
+           "NcclInProgress"]
+
+_MAGIC = 0x65703031  # NCCL_EP_MAGIC
+_ALGO = {"low_latency": 0, "high_throughput": 1}
+_LAYOUT = {"expert_major": 1, "rank_major": 2, "flat": 3}
+_SIZING = {"worst_case": 0, "exact": 1}
+
+
+class _Header(ctypes.Structure):
+    """The {size, magic} start of every C struct passed by pointer; new() fills it as the *_INIT macros do."""
+
+    @classmethod
+    def new(cls, **fields):
+        s = cls()
+        s.size = ctypes.sizeof(cls)
+        s.magic = _MAGIC
+        for name, ctype in cls._fields_:
+            if ctype is CTensor:
+                setattr(s, name, absent())
+        for k, v in fields.items():
+            setattr(s, k, v)
+        return s
+
+
+class _AllocConfig(ctypes.Structure):
+    _fields_ = [("alloc_fn", ctypes.c_void_p), ("free_fn", ctypes.c_void_p), ("context", ctypes.c_void_p)]
+
+
+class _GroupConfig(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("algorithm", ctypes.c_int),
+                ("num_experts", ctypes.c_int), ("max_tokens_per_rank", ctypes.c_int),
+                ("max_token_bytes", ctypes.c_int), ("max_topk", ctypes.c_int), ("num_sms", ctypes.c_int),
+                ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
+                ("lsa_domain_size", ctypes.c_int), ("virtual_domain", ctypes.c_void_p), ("virtual_rank", ctypes.c_int)]
+
+
+class _HandleConfig(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint),
+                ("dispatch_output_per_expert_alignment", ctypes.c_int), ("sizing", ctypes.c_int)]
+
+
+class _LayoutInfo(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("expert_counters", CTensor),
+                ("src_rank_counters", CTensor), ("expert_offsets", CTensor), ("recv_total_counter", CTensor)]
+
+
+class _DispatchInputs(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor),
+                ("scales", CTensor)]
+
+
+class _DispatchOutputs(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor),
+                ("topk_idx", CTensor), ("scales", CTensor)]
+
+
+class _CallConfig(_Header):  # ncclEpDispatchConfig_t and ncclEpCombineConfig_t
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int)]
+
+
+class _CombineTensors(_Header):  # ncclEpCombineInputs_t and ncclEpCombineOutputs_t
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor)]
+
+
+_P = ctypes.c_void_p
+_SIGNATURES = {
+    "ncclEpGetVersion": [ctypes.POINTER(ctypes.c_int)],
+    "ncclEpCreateGroup": [ctypes.POINTER(_P), _P, ctypes.POINTER(_GroupConfig)],
+    "ncclEpGroupDestroy": [_P],
+    "ncclEpGroupGetAsyncError": [_P],
+    "ncclEpCreateHandle": [ctypes.POINTER(_P), _P, ctypes.c_int, ctypes.POINTER(CTensor),
+                           ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_HandleConfig), _P],
+    "ncclEpUpdateHandle": [_P, ctypes.POINTER(CTensor), ctypes.POINTER(_LayoutInfo), _P],
+    "ncclEpHandleDestroy": [_P],
+    "ncclEpHandleGetRecvRows": [_P, ctypes.POINTER(ctypes.c_int64)],
+    "ncclEpHandleGetMaxRecvRows": [_P, ctypes.POINTER(ctypes.c_int64)],
+    "ncclEpDispatch": [_P, ctypes.POINTER(_DispatchInputs), ctypes.POINTER(_DispatchOutputs),
+                       ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_CallConfig), _P],
+    "ncclEpCombine": [_P, ctypes.POINTER(_CombineTensors), ctypes.POINTER(_CombineTensors),
+                      ctypes.POINTER(_CallConfig), _P],
+}
+
+
+def _lib() -> ctypes.CDLL:
+    lib = _loader.load("ep")
+    if not getattr(lib, "_nccl_ext_ready", False):
+        for name, args in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
+        lib.ncclEpGetLastError.restype = ctypes.c_char_p
+        lib.ncclEpGetLastError.argtypes = []
+        _loader.check_nccl_runtime(lib, "Ep")
+        lib._nccl_ext_ready = True
+    return lib
+
+
+def _call(name: str, *args) -> None:
+    lib = _lib()
+    rc = getattr(lib, name)(*args)
+    if rc != 0:
+        text = lib.ncclEpGetLastError().decode(errors="replace")
+        raise error_for(rc, text or "%s failed" % name)
+
+
+def version() -> tuple[int, int, int]:
+    """libnccl_ep's (major, minor, patch)."""
+    v = ctypes.c_int(0)
+    _call("ncclEpGetVersion", ctypes.byref(v))
+    return v.value // 10000, v.value // 100 % 100, v.value % 100
+
+
+def _stream(stream):
+    import torch
+
+    s = torch.cuda.current_stream() if stream is None else stream
+    return ctypes.c_void_p(s.cuda_stream)
+
+
+def _choice(table: dict, value: str, name: str) -> int:
+    if value not in table:
+        raise NcclInvalidArgument("%s=%r: expected one of %s" % (name, value, ", ".join(sorted(table))))
+    return table[value]
+
+
+class Group:
+    """A dispatch/combine group over the ranks of a process group (COLLECTIVE, blocking): sizes and registers the
+    symmetric buffers once, for tokens of up to `max_tokens_per_rank` rows of `hidden` elements of `dtype` (or
+    `max_token_bytes`) and up to `max_topk` experts each. `group` is a torch ProcessGroup (None: the default group)
+    or a Communicator. The group's calls run one after another, in the same order on every rank."""
+
+    def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
+                 dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
+                 timeout_s: float | None = None, algorithm: str = "high_throughput"):
+        import torch
+
+        if max_token_bytes is None:
+            if hidden is None:
+                raise NcclInvalidArgument("Group: give hidden (with dtype, default bfloat16) or max_token_bytes")
+            # Rows of `dtype`; a combine of wider rows (fp32 expert outputs) needs max_token_bytes instead.
+            max_token_bytes = torch.empty((), dtype=dtype or torch.bfloat16).element_size() * hidden
+        self._owns_comm = not isinstance(group, Communicator)
+        self.comm = Communicator(group) if self._owns_comm else group
+        cfg = _GroupConfig.new(algorithm=_choice(_ALGO, algorithm, "algorithm"), num_experts=num_experts,
+                               max_tokens_per_rank=max_tokens_per_rank, max_token_bytes=max_token_bytes,
+                               max_topk=max_topk, num_sms=num_sms,
+                               timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9))
+        self.num_experts, self.rank, self.size = num_experts, self.comm.rank, self.comm.size
+        self.local_experts = num_experts // max(1, self.size)
+        self._g = ctypes.c_void_p()
+        try:
+            _call("ncclEpCreateGroup", ctypes.byref(self._g), self.comm.handle, ctypes.byref(cfg))
+        except NcclError:
+            if self._owns_comm:
+                self.comm.abort()
+            raise
+
+    def _handle(self):
+        if not self._g:
+            raise NcclInvalidUsage("Group: used after close()")
+        return self._g
+
+    def check(self) -> None:
+        """Raises the error of a device wait of this group that timed out (local, never blocks)."""
+        _call("ncclEpGroupGetAsyncError", self._handle())
+
+    def create_handle(self, topk_idx, layout: str = "flat", sizing: str = "worst_case", alignment: int = 1,
+                      stream=None) -> "Handle":
+        """COLLECTIVE, stream-ordered: binds the routing topk_idx [T, K] (int32/int64, -1: none). See Handle."""
+        return Handle(self, topk_idx, layout, sizing, alignment, stream)
+
+    def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
+                 layout: str = "flat", sizing: str = "worst_case", num_sms: int = 0, stream=None) -> "DispatchResult":
+        """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
+        [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it) or a
+        handle made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine needs
+        them)."""
+        import torch
+
+        if handle is None:
+            if topk_idx is None:
+                raise NcclInvalidArgument("dispatch: give topk_idx or handle")
+            handle = Handle(self, topk_idx, layout, sizing, 1, stream)
+        elif topk_idx is not None and topk_idx is not handle.topk_idx:
+            handle.update(topk_idx, stream)
+        xin = describe(x, "x", ndim=2)
+        if x.shape[0] != handle.num_tokens:
+            raise NcclInvalidArgument("x has %d tokens but the routing has %d" % (x.shape[0], handle.num_tokens))
+        rows, hdim, k = handle.output_rows(), x.shape[1], handle.topk
+        inputs = _DispatchInputs.new(tokens=xin)
+        out = DispatchResult(tokens=torch.empty((rows, hdim), dtype=x.dtype, device=x.device), handle=handle,
+                             expert_counts=handle.expert_counts, rank_counts=handle.rank_counts)
+        outputs = _DispatchOutputs.new(tokens=describe(out.tokens, "tokens"))
+        if topk_weights is not None:
+            inputs.topk_weights = describe(topk_weights, "topk_weights", dtypes=(torch.float32,), ndim=2)
+            shape = (rows, k) if handle.layout == "flat" else (rows,)
+            out.topk_weights = torch.empty(shape, dtype=torch.float32, device=x.device)
+            outputs.topk_weights = describe(out.topk_weights, "topk_weights")
+        if handle.layout == "flat":
+            out.topk_idx = torch.empty((rows, k), dtype=torch.int32, device=x.device)
+            outputs.topk_idx = describe(out.topk_idx, "topk_idx")
+        if scales is not None:
+            inputs.scales = describe(scales, "scales", dtypes=(torch.float32,), ndim=2)
+            out.scales = torch.empty((rows, scales.shape[1]), dtype=torch.float32, device=x.device)
+            outputs.scales = describe(out.scales, "scales")
+        cfg = _CallConfig.new(num_sms=num_sms)
+        _call("ncclEpDispatch", handle._handle(), ctypes.byref(inputs), ctypes.byref(outputs), None,
+              ctypes.byref(cfg), _stream(stream))
+        handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
+        return out
+
+    def combine(self, y, handle: "Handle", *, out=None, num_sms: int = 0, stream=None):
+        """COLLECTIVE, stream-ordered: returns the rows y (the dispatch output's shape and layout; bf16, fp16 or
+        fp32) to their tokens' owners, summed in fp32 (EXPERT_MAJOR: weighted by the dispatched top-k weights).
+        Returns [T, H] (`out` if given)."""
+        import torch
+
+        yin = describe(y, "y", ndim=2)
+        if out is None:
+            out = torch.empty((handle.num_tokens, y.shape[1]), dtype=y.dtype, device=y.device)
+        inputs = _CombineTensors.new(tokens=yin)
+        outputs = _CombineTensors.new(tokens=describe(out, "out", ndim=2))
+        cfg = _CallConfig.new(num_sms=num_sms)
+        _call("ncclEpCombine", handle._handle(), ctypes.byref(inputs), ctypes.byref(outputs), ctypes.byref(cfg),
+              _stream(stream))
+        handle._inputs_alive = (y,)
+        return out
+
+    def close(self) -> None:
+        """COLLECTIVE: waits for the group's work, frees it, and (if the group made it) its communicator."""
+        if self._g:
+            g, self._g = self._g, ctypes.c_void_p()
+            try:
+                _call("ncclEpGroupDestroy", g)
+            finally:
+                if self._owns_comm:
+                    self.comm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+
+class Handle:
+    """A routing bound to a group (COLLECTIVE, stream-ordered; ncclEpCreateHandle): topk_idx [T, K] int32/int64.
+    layout "flat" (one row per (token, destination rank), grouped by source rank) or "expert_major" (one row per
+    (token, local expert), grouped by expert, zones aligned to `alignment` rows). sizing "worst_case" (outputs hold
+    the most rows any routing can produce; nothing waits on the host, so it can be graph-captured) or "exact" (waits
+    for the receive count; outputs are that size). expert_counts [local experts] and rank_counts [ranks] (int32,
+    device) say how many rows each local expert and each source rank sent."""
+
+    def __init__(self, group: Group, topk_idx, layout: str, sizing: str, alignment: int, stream):
+        import torch
+
+        self.group, self.layout, self.sizing = group, layout, sizing
+        _choice(_LAYOUT, layout, "layout")
+        if layout == "rank_major":
+            raise NcclInvalidUsage("layout='rank_major' is the Low-Latency mode's (not implemented yet)")
+        dev = topk_idx.device if isinstance(topk_idx, torch.Tensor) else None
+        self.expert_counts = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
+        self.rank_counts = torch.zeros(group.size, dtype=torch.int32, device=dev)
+        self.expert_offsets = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
+        self.recv_total = torch.zeros(1, dtype=torch.int32, device=dev)
+        ti = self._routing(topk_idx)
+        cfg = _HandleConfig.new(dispatch_output_per_expert_alignment=alignment,
+                                sizing=_choice(_SIZING, sizing, "sizing"))
+        self._h = ctypes.c_void_p()
+        _call("ncclEpCreateHandle", ctypes.byref(self._h), group._handle(), _LAYOUT[layout], ctypes.byref(ti),
+              ctypes.byref(self._layout_info()), ctypes.byref(cfg), _stream(stream))
+        self._inputs_alive = None
+
+    def _routing(self, topk_idx) -> CTensor:
+        import torch
+
+        ti = describe(topk_idx, "topk_idx", dtypes=(torch.int32, torch.int64), ndim=2)
+        self.topk_idx, self.num_tokens, self.topk = topk_idx, topk_idx.shape[0], topk_idx.shape[1]
+        return ti
+
+    def _layout_info(self) -> _LayoutInfo:
+        return _LayoutInfo.new(expert_counters=describe(self.expert_counts, "expert_counts"),
+                               src_rank_counters=describe(self.rank_counts, "rank_counts"),
+                               expert_offsets=describe(self.expert_offsets, "expert_offsets"),
+                               recv_total_counter=describe(self.recv_total, "recv_total"))
+
+    def _handle(self):
+        if not self._h:
+            raise NcclInvalidUsage("Handle: used after close()")
+        return self._h
+
+    def update(self, topk_idx, stream=None) -> None:
+        """COLLECTIVE, stream-ordered: the same handle with a new routing (same layout, sizing and top-k)."""
+        ti = self._routing(topk_idx)
+        _call("ncclEpUpdateHandle", self._handle(), ctypes.byref(ti), ctypes.byref(self._layout_info()),
+              _stream(stream))
+
+    def output_rows(self) -> int:
+        """Rows of a dispatch output: the receive count (exact) or the worst case."""
+        rows = ctypes.c_int64(0)
+        fn = "ncclEpHandleGetRecvRows" if self.sizing == "exact" else "ncclEpHandleGetMaxRecvRows"
+        _call(fn, self._handle(), ctypes.byref(rows))
+        return rows.value
+
+    def close(self) -> None:
+        """Local: the handle must not be in use by queued work (synchronise its stream first). Idempotent."""
+        if self._h:
+            h, self._h = self._h, ctypes.c_void_p()
+            _call("ncclEpHandleDestroy", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+
+@dataclass
+class DispatchResult:
+    """What dispatch returns. tokens [rows, H]; topk_idx (FLAT: [rows, K] int32 local expert ids, -1 where the
+    expert is elsewhere); topk_weights (FLAT: [rows, K]; EXPERT_MAJOR: [rows]) when weights were given; scales with
+    fp8 tokens; expert_counts / rank_counts (the handle's, int32, device). With worst-case sizing, rows past the
+    received ones are left as they were."""
+
+    tokens: object
+    handle: Handle
+    expert_counts: object
+    rank_counts: object
+    topk_idx: object = None
+    topk_weights: object = None
+    scales: object = None
+
+
+_lib()  # at import: the libraries load and the NCCL in this process is the release they were built for

@@ -1,0 +1,81 @@
+"""nccl.ep on a GPU, 1 rank (a single-process torch.distributed group made here when none exists; under torchrun
+the launcher's). Against a torch reference on fresh random data, outputs poisoned by the library's own contract
+(rows past the receive count untouched). Several ranks on one GPU need EP across NVLink domains (issue 12)."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import nccl.ep as ep  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def group():
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    g = ep.Group(num_experts=16 * dist.get_world_size(), max_tokens_per_rank=512, hidden=1024, max_topk=8,
+                 num_sms=16, timeout_s=20)
+    yield g
+    g.close()
+
+
+def _routing(T, K, E, seed):
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    idx[torch.rand(T, K, generator=gen) < 0.1] = -1  # some slots without an expert
+    w = torch.rand(T, K, generator=gen)
+    return idx.cuda(), w.cuda()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_flat_dispatch_combine_one_rank(group, dtype):
+    T, K, H = 300, 8, 1024
+    idx, w = _routing(T, K, group.num_experts, 1)
+    x = torch.randn(T, H, device="cuda").to(dtype)
+    recv = group.dispatch(x, idx, w)
+    torch.cuda.synchronize()
+    sent = (idx >= 0).any(dim=1)  # a token with no expert goes nowhere
+    n = int(sent.sum())
+    assert torch.equal(recv.tokens[:n], x[sent])
+    assert torch.equal(recv.topk_idx[:n].long(), idx[sent])  # one rank: local ids are the global ids
+    assert torch.equal(recv.topk_weights[:n], torch.where(idx[sent] >= 0, w[sent], torch.zeros_like(w[sent])))
+    assert int(recv.rank_counts[0]) == n
+    counts = torch.bincount(idx[idx >= 0].flatten(), minlength=group.local_experts)
+    assert torch.equal(recv.expert_counts.long().cpu(), counts.cpu())
+    y = recv.tokens * 3
+    out = group.combine(y, recv.handle)
+    torch.cuda.synchronize()
+    assert torch.equal(out[sent], (x[sent].float() * 3).to(dtype))
+    recv.handle.close()
+
+
+def test_expert_major_weights_at_combine(group):
+    T, K, H = 200, 4, 1024
+    idx, w = _routing(T, K, group.num_experts, 2)
+    x = torch.randn(T, H, device="cuda")
+    recv = group.dispatch(x, idx, w, layout="expert_major", sizing="exact")
+    assert recv.tokens.shape[0] == int((idx >= 0).sum())
+    out = group.combine(recv.tokens, recv.handle)
+    torch.cuda.synchronize()
+    ref = x * torch.where(idx >= 0, w, torch.zeros_like(w)).sum(dim=1, keepdim=True)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
+    recv.handle.close()
+
+
+def test_errors_come_back_as_exceptions(group):
+    # A group of its own: the device error it records stays with the group.
+    with ep.Group(num_experts=group.num_experts, max_tokens_per_rank=64, hidden=1024, timeout_s=20) as g:
+        x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+        bad = torch.full((4, 2), g.num_experts, dtype=torch.int64, device="cuda")  # not an expert id
+        with pytest.raises(ep.NcclError) as e:
+            g.dispatch(x, bad, sizing="exact")
+            g.check()
+        assert "expert" in str(e.value)
