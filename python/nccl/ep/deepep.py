@@ -1,0 +1,346 @@
+"""DeepEP's Python surface (V1 `deep_ep.Buffer`, intranode High-Throughput path) on nccl.ep:
+
+    import nccl.ep.deepep as deep_ep
+
+Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` (constructor, `get_dispatch_layout`,
+`dispatch` - plain, fp8 with scales, cached, `num_worst_tokens` - and `combine`, with the `previous_event`,
+`async_finish` and `allocate_on_comm_stream` flags), `Config`, `EventOverlap`, `topk_idx_t`. What it does not
+implement raises NotImplementedError naming the argument or method: the Low-Latency mode and its methods, mpi4py
+communicators, several NVLink domains, and the internals of the dispatch handle. docs/COMPATIBILITY.md has the table.
+
+How it differs inside (none of it changes results):
+- nccl.ep has no communication stream: calls run on the current stream, which `previous_event` is waited on first;
+  with `async_finish` the returned EventOverlap is recorded after the call on that stream.
+- The nccl.ep group is sized at the first dispatch, collectively (one all-reduce of the largest token count, row
+  size and top-k over the ranks): at least `Buffer.max_tokens_per_rank` tokens (default 4096) and the largest rows
+  and top-k seen then. A later call beyond them raises with the numbers; raise the class attributes before it.
+- Strided (e.g. column-major) fp8 scales are made contiguous, a copy of [T, H/128] floats.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import Group, NcclInvalidArgument
+
+__all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
+__version__ = "1.2.1"  # the DeepEP release whose API this mirrors
+
+topk_idx_t = torch.int64
+
+_KNOWN_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+
+
+def _unsupported(what: str) -> NotImplementedError:
+    return NotImplementedError("nccl.ep.deepep: %s is not implemented by nccl.ep yet (High-Throughput dispatch and "
+                               "combine inside one NVLink domain are)" % what)
+
+
+class EventOverlap:
+    """An optional CUDA event and the tensors it keeps alive; `with ev:` and `ev.current_stream_wait()` make the
+    current stream wait for it (a no-op without an event)."""
+
+    def __init__(self, event=None, extra_tensors=None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+
+    def current_stream_wait(self) -> None:
+        if self.event is None:
+            raise ValueError("EventOverlap.current_stream_wait: no event (the call was not async_finish)")
+        torch.cuda.current_stream().wait_event(self.event)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.event is not None:
+            self.current_stream_wait()
+        return False
+
+
+class Config:
+    """DeepEP's tuning record. nccl.ep uses `num_sms` (the SMs of the call); the chunk sizes are checked as DeepEP
+    checks them and otherwise unused (nccl.ep has no chunked NVLink ring)."""
+
+    def __init__(self, num_sms: int = 20, num_max_nvl_chunked_send_tokens: int = 6,
+                 num_max_nvl_chunked_recv_tokens: int = 256, num_max_rdma_chunked_send_tokens: int = 6,
+                 num_max_rdma_chunked_recv_tokens: int = 256):
+        if not num_max_nvl_chunked_send_tokens < num_max_nvl_chunked_recv_tokens:
+            raise ValueError("Config: num_max_nvl_chunked_send_tokens must be below num_max_nvl_chunked_recv_tokens")
+        if not num_max_rdma_chunked_send_tokens <= num_max_rdma_chunked_recv_tokens // 2:
+            raise ValueError("Config: num_max_rdma_chunked_send_tokens must be at most half of "
+                             "num_max_rdma_chunked_recv_tokens")
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
+        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
+        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
+        rs = num_max_rdma_chunked_send_tokens
+        self.num_max_rdma_chunked_recv_tokens = -(-num_max_rdma_chunked_recv_tokens // rs) * rs
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """Bytes of a receive window for Buffer.max_tokens_per_rank rows of `hidden_bytes` from every rank (the
+        nccl.ep group sizes itself; the value is for code that passes it to Buffer)."""
+        return Buffer.max_tokens_per_rank * num_ranks * hidden_bytes
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        return 0  # one NVLink domain: no RDMA buffer
+
+
+class _DispatchHandle(tuple):
+    """What dispatch returns as `handle`: pass it back to combine or to a cached dispatch. Its DeepEP internals
+    (prefix matrices, source indices, send heads) are not computed: indexing it raises."""
+
+    def __new__(cls, ep_handle, is_token_in_rank, rows_returned):
+        h = super().__new__(cls, ())
+        h.ep_handle, h.is_token_in_rank, h.rows_returned = ep_handle, is_token_in_rank, rows_returned
+        return h
+
+    def __getitem__(self, i):
+        raise _unsupported("indexing the dispatch handle (its prefix matrices and source indices)")
+
+    def __len__(self):
+        return 6  # DeepEP's intranode handle has six entries
+
+
+class Buffer:
+    num_sms: int = 20
+    # The nccl.ep group's capacity, fixed at the first dispatch (see the module's docstring).
+    max_tokens_per_rank: int = int(os.environ.get("NCCL_EP_DEEPEP_MAX_TOKENS", "4096"))
+    max_token_bytes: int = 0
+    max_topk: int = 8
+
+    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
+                 allow_mnnvl: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
+                 comm=None):
+        if low_latency_mode:
+            raise _unsupported("Buffer(low_latency_mode=True)")
+        if group is None:
+            raise _unsupported("Buffer(group=None, comm=<mpi4py communicator>)")
+        if allow_mnnvl:
+            raise _unsupported("Buffer(allow_mnnvl=True)")
+        if enable_shrink:
+            raise _unsupported("Buffer(enable_shrink=True)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
+        self.low_latency_mode, self.explicitly_destroy = low_latency_mode, explicitly_destroy
+        self._ep = None  # the nccl.ep Group, made at the first dispatch
+        self._num_experts = None
+
+    # -- static helpers ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        if new_num_sms % 2 != 0:
+            raise ValueError("Buffer.set_num_sms: the SM count must be even")
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream())
+        return EventOverlap(event)
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        return True
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        if num_ranks not in _KNOWN_RANKS:
+            raise ValueError("Buffer.get_dispatch_config: no config for %d ranks" % num_ranks)
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        if num_ranks not in _KNOWN_RANKS:
+            raise ValueError("Buffer.get_combine_config: no config for %d ranks" % num_ranks)
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
+        raise _unsupported("Buffer.get_low_latency_rdma_size_hint (the Low-Latency mode)")
+
+    # -- not provided -----------------------------------------------------------------------------------------------
+    def low_latency_dispatch(self, *args, **kwargs):
+        raise _unsupported("Buffer.low_latency_dispatch (the Low-Latency mode)")
+
+    def low_latency_combine(self, *args, **kwargs):
+        raise _unsupported("Buffer.low_latency_combine (the Low-Latency mode)")
+
+    def clean_low_latency_buffer(self, *args, **kwargs):
+        raise _unsupported("Buffer.clean_low_latency_buffer (the Low-Latency mode)")
+
+    def get_next_low_latency_combine_buffer(self, *args, **kwargs):
+        raise _unsupported("Buffer.get_next_low_latency_combine_buffer (the Low-Latency mode)")
+
+    def get_local_buffer_tensor(self, *args, **kwargs):
+        raise _unsupported("Buffer.get_local_buffer_tensor (nccl.ep's buffers are not exposed)")
+
+    def get_comm_stream(self):
+        raise _unsupported("Buffer.get_comm_stream (nccl.ep runs on the caller's stream)")
+
+    # -- layout -----------------------------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event=None, async_finish: bool = False,
+                            allocate_on_comm_stream: bool = False):
+        """Local (no communication): (num_tokens_per_rank [R] int32, None, num_tokens_per_expert [E] int32,
+        is_token_in_rank [T, R] bool, event). A token counts once per rank however many of its experts are there."""
+        self._wait(previous_event)
+        if topk_idx.dim() != 2:
+            raise NcclInvalidArgument("get_dispatch_layout: topk_idx must be [num_tokens, num_topk]")
+        if num_experts % self.group_size != 0:
+            raise NcclInvalidArgument("get_dispatch_layout: %d experts do not divide among %d ranks"
+                                      % (num_experts, self.group_size))
+        valid = topk_idx >= 0
+        rank_of = torch.where(valid, topk_idx // (num_experts // self.group_size), -1)
+        ranks = torch.arange(self.group_size, device=topk_idx.device)
+        is_token_in_rank = (rank_of.unsqueeze(-1) == ranks).any(dim=1)
+        num_tokens_per_rank = is_token_in_rank.sum(dim=0, dtype=torch.int32)
+        num_tokens_per_expert = torch.bincount(topk_idx[valid], minlength=num_experts).to(torch.int32)
+        return num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, self._event(async_finish)
+
+    # -- dispatch / combine -----------------------------------------------------------------------------------------
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Config | None = None,
+                 previous_event=None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event), as DeepEP's
+        intranode dispatch: rows grouped by source rank in source-token order; local expert ids (int64), -1 for
+        experts elsewhere; weights 0 there; the per-expert list (a host sync) rounded up to `expert_alignment`.
+        With `num_worst_tokens` nothing waits on the host: outputs have that many rows, the list is empty and the
+        rows past the received ones have expert -1. A cached dispatch (handle given) returns recv_x and the event."""
+        self._wait(previous_event)
+        x, scales = x if isinstance(x, tuple) else (x, None)
+        if scales is not None and not scales.is_contiguous():
+            scales = scales.contiguous()
+        num_sms = (config if config is not None else Config(Buffer.num_sms)).num_sms
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise NcclInvalidArgument("dispatch: a cached dispatch (handle given) takes no topk_idx/topk_weights")
+            if not isinstance(handle, _DispatchHandle):
+                raise NcclInvalidArgument("dispatch: handle must come from this module's dispatch")
+            recv = self._ep.dispatch(x, handle=handle.ep_handle, scales=scales, num_sms=self._sms(num_sms))
+            return self._x_out(recv, handle.rows_returned, scales), None, None, None, None, self._event(async_finish)
+        if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
+            raise NcclInvalidArgument("dispatch: without a handle, num_tokens_per_rank, is_token_in_rank and "
+                                      "num_tokens_per_expert are required (get_dispatch_layout)")
+        if (topk_idx is None) != (topk_weights is None):
+            raise NcclInvalidArgument("dispatch: give topk_idx and topk_weights together, or neither")
+        if num_worst_tokens and topk_idx is None:
+            raise NcclInvalidArgument("dispatch: num_worst_tokens needs topk_idx")
+        num_experts = num_tokens_per_expert.numel()
+        routing = topk_idx if topk_idx is not None else self._routing_by_rank(is_token_in_rank, num_experts)
+        self._ensure_group(x, routing, num_experts)
+        recv = self._ep.dispatch(x, routing, topk_weights, scales=scales,
+                                 sizing="worst_case" if num_worst_tokens else "exact", num_sms=self._sms(num_sms))
+        rows = num_worst_tokens if num_worst_tokens else recv.tokens.shape[0]
+        h = _DispatchHandle(recv.handle, is_token_in_rank, rows)
+        counts = [] if num_worst_tokens else [-(-c // expert_alignment) * expert_alignment
+                                              for c in recv.expert_counts.tolist()]
+        if topk_idx is None:  # the rows carry no experts: the list comes from every rank's num_tokens_per_expert
+            total = num_tokens_per_expert.clone()
+            dist.all_reduce(total, group=self.group)
+            local = num_experts // self.group_size
+            counts = [-(-c // expert_alignment) * expert_alignment
+                      for c in total[self.rank * local:(self.rank + 1) * local].tolist()]
+            return self._x_out(recv, rows, scales), None, None, counts, h, self._event(async_finish)
+        recv_idx = recv.topk_idx[:rows].to(torch.int64)
+        recv_w = recv.topk_weights[:rows]
+        if num_worst_tokens:  # rows past the received ones (left as they were) carry no expert and no weight
+            received = (torch.arange(rows, device=x.device) < recv.rank_counts.sum()).unsqueeze(1)
+            recv_idx = torch.where(received, recv_idx, torch.full_like(recv_idx, -1))
+            recv_w = torch.where(received, recv_w, torch.zeros_like(recv_w))
+        return self._x_out(recv, rows, scales), recv_idx, recv_w, counts, h, self._event(async_finish)
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config: Config | None = None, previous_event=None,
+                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """(combined_x [T, H], combined_topk_weights [T, K] or None, event): each token's rows summed, unweighted,
+        over the ranks it went to (DeepEP's intranode combine); topk_weights [rows, K] summed alike; `bias` (a
+        tensor or two) added."""
+        self._wait(previous_event)
+        if not isinstance(handle, _DispatchHandle):
+            raise NcclInvalidArgument("combine: handle must come from this module's dispatch")
+        num_sms = self._sms(config.num_sms if config is not None else Buffer.num_sms)
+        ep_handle = handle.ep_handle
+        out = self._ep.combine(self._combine_input(x, ep_handle), ep_handle, num_sms=num_sms)
+        combined_w = None
+        if topk_weights is not None:
+            k = topk_weights.shape[1]
+            kp = -(-k // 4) * 4  # fp32 rows of a multiple of 16 bytes
+            w = topk_weights.float()
+            if kp != k:
+                w = torch.nn.functional.pad(w, (0, kp - k))
+            combined_w = self._ep.combine(self._combine_input(w.contiguous(), ep_handle), ep_handle,
+                                          num_sms=num_sms)[:, :k]
+        if bias is not None:
+            for b in (bias if isinstance(bias, tuple) else (bias,)):
+                out = out + b
+        return out, combined_w, self._event(async_finish)
+
+    def destroy(self) -> None:
+        """COLLECTIVE (explicitly_destroy=True buffers): frees the nccl.ep group."""
+        if not self.explicitly_destroy:
+            raise ValueError("Buffer.destroy: only for explicitly_destroy=True buffers")
+        if self._ep is not None:
+            self._ep.close()
+            self._ep = None
+
+    # -- internals --------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _wait(previous_event) -> None:
+        if previous_event is not None and previous_event.event is not None:
+            torch.cuda.current_stream().wait_event(previous_event.event)
+
+    @staticmethod
+    def _event(async_finish: bool) -> EventOverlap:
+        return Buffer.capture() if async_finish else EventOverlap()
+
+    @staticmethod
+    def _rows(t, rows):
+        return None if t is None else t[:rows]
+
+    def _routing_by_rank(self, is_token_in_rank, num_experts):
+        """A routing of one pseudo-expert (the first local one) per destination rank: the rows DeepEP sends when
+        dispatch gets no top-k."""
+        per_rank = num_experts // self.group_size
+        ranks = torch.arange(self.group_size, device=is_token_in_rank.device, dtype=torch.int64) * per_rank
+        return torch.where(is_token_in_rank, ranks, torch.full_like(ranks, -1))
+
+    def _x_out(self, recv, rows, scales):
+        return (recv.tokens[:rows], recv.scales[:rows]) if scales is not None else recv.tokens[:rows]
+
+    def _sms(self, num_sms: int) -> int:
+        return max(1, min(num_sms, self._caps[3]))
+
+    def _combine_input(self, x, ep_handle):
+        """x with at least the rows the handle's dispatch output has (worst-case sizing: num_worst_tokens may be
+        fewer than nccl.ep's worst case; the missing rows are zeros, a copy of x)."""
+        need = ep_handle.output_rows()
+        if x.shape[0] >= need:
+            return x
+        return torch.cat([x, x.new_zeros((need - x.shape[0],) + tuple(x.shape[1:]))])
+
+    def _ensure_group(self, x, routing, num_experts) -> None:
+        row_bytes = x.shape[1] * x.element_size()
+        if self._ep is None:  # collective: every rank's first dispatch
+            need = torch.tensor([x.shape[0], row_bytes, routing.shape[1]], dtype=torch.int64, device=x.device)
+            dist.all_reduce(need, op=dist.ReduceOp.MAX, group=self.group)
+            t_max, b_max, k_max = (int(v) for v in need.tolist())
+            self._caps = (max(Buffer.max_tokens_per_rank, t_max), max(Buffer.max_token_bytes, b_max, 16),
+                          max(Buffer.max_topk, k_max), max(Buffer.num_sms, 2))
+            self._ep = Group(self.group, num_experts=num_experts, max_tokens_per_rank=self._caps[0],
+                             max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3])
+            self._num_experts = num_experts
+        for what, value, cap in (("tokens", x.shape[0], self._caps[0]), ("row bytes", row_bytes, self._caps[1]),
+                                 ("top-k", routing.shape[1], self._caps[2])):
+            if value > cap:
+                raise NcclInvalidArgument(
+                    "dispatch: %d %s exceed the nccl.ep group's %d, fixed at the first dispatch; set "
+                    "Buffer.max_tokens_per_rank / max_token_bytes / max_topk before it" % (value, what, cap))
+        if num_experts != self._num_experts:
+            raise NcclInvalidArgument("dispatch: %d experts, but the group was made for %d"
+                                      % (num_experts, self._num_experts))
