@@ -289,5 +289,96 @@ TEST(PlannerProperty, MutatedPlansAreCaught) {
   EXPECT_EQ(caught, tried);
 }
 
+// Every rank's schedule for a plan, with chunks of `chunk` bytes (the cap chunkBytesFor splits into them).
+std::vector<RankSchedule> schedulesFor(const Problem& p, const std::vector<RankPlan>& plans, int64_t chunk) {
+  ScheduleOptions o;
+  o.stagingCapBytes = chunk * 4 * std::max(1, p.nRanks - 1);
+  o.maxChunkBytes = chunk;
+  std::vector<RankSchedule> out(plans.size());
+  for (size_t r = 0; r < plans.size(); r++) {
+    std::string why;
+    EXPECT_TRUE(buildSchedule(p, plans[r], o, &out[r], &why)) << why;
+    EXPECT_EQ(out[r].chunkBytes, chunk);
+    EXPECT_LE(out[r].stagingBytes, o.stagingCapBytes);
+  }
+  return out;
+}
+
+TEST(ScheduleProperty, RandomLayoutPairsThroughWireStreamsAreDeliveredExactlyOnce) {
+  // Mixed dtypes (1, 2, 4 and 8 bytes) in one batch, chunks from 16 bytes (one element of the widest dtype per
+  // vector: most items cross chunk bounds) to 256, every send packed and unpacked by the two sides' own views.
+  Gen g(20261201);
+  const ncclDataType_t dtypes[] = {ncclInt8, ncclBfloat16, ncclFloat32, ncclInt64};
+  const int64_t chunks[] = {16, 48, 256};
+  int64_t checked = 0, streams = 0, crossing = 0;
+  for (int c = 0; c < 2000; c++) {
+    Problem p = g.problem();
+    for (TensorPair& tp : p.tensors) tp.src.dtype = tp.dst.dtype = dtypes[g.uniform(0, 3)];
+    std::string why;
+    if (!validateProblem(p, &why)) continue;
+    std::vector<RankPlan> plans;
+    PlanStats stats;
+    planAll(p, &plans, &stats);
+    const int64_t chunk = chunks[g.uniform(0, 2)];
+    std::vector<RankSchedule> sched = schedulesFor(p, plans, chunk);
+    for (const RankSchedule& rs : sched)
+      for (const WireStream& w : rs.sends) {
+        streams++;
+        crossing += w.chunks(rs.chunkBytes) > 1;
+        for (const StreamItem& i : w.items) ASSERT_EQ(i.offset % kStreamAlign, 0) << "case " << c;
+      }
+    SimulationResult r = simulateWire(p, plans, sched);
+    ASSERT_TRUE(r.ok) << "case " << c << " (chunk " << chunk << "): " << r.firstError;
+    checked += r.elementsChecked;
+  }
+  printf("wire streams %lld (%lld of several chunks), destination elements checked %lld\n", (long long)streams,
+         (long long)crossing, (long long)checked);
+  EXPECT_GT(streams, 1000);
+  EXPECT_GT(crossing, 500);
+}
+
+TEST(ScheduleProperty, ReceiversThatDisagreeWithTheirSendersAreCaught) {
+  // A receive stream whose items are in another order than the sender's (what sorting by a rank-local key would
+  // give), or one item shorter: the wire simulation must fail.
+  Gen g(7);
+  int tried = 0, caught = 0;
+  for (int c = 0; c < 3000 && tried < 300; c++) {
+    Problem p = g.problem();
+    std::string why;
+    if (!validateProblem(p, &why)) continue;
+    std::vector<RankPlan> plans;
+    PlanStats stats;
+    planAll(p, &plans, &stats);
+    std::vector<RankSchedule> sched = schedulesFor(p, plans, 48);
+    for (RankSchedule& rs : sched)
+      for (WireStream& w : rs.recvs) {
+        if (w.items.size() < 2 || w.items[0].bytes == 0) continue;
+        if (tried % 2 == 0) std::swap(w.items[0].transfer, w.items[1].transfer);
+        else w.bytes -= 1;
+        tried++;
+        caught += !simulateWire(p, plans, sched).ok;
+        goto next;
+      }
+  next:;
+  }
+  printf("schedule mutations tried %d, caught %d\n", tried, caught);
+  EXPECT_GT(tried, 50);
+  EXPECT_EQ(caught, tried);
+}
+
+TEST(Schedule, ChunkSizeIsTheSameOnEveryRankAndFitsTheCap) {
+  ScheduleOptions o;  // 256 MiB, chunks up to 4 MiB
+  std::string why;
+  EXPECT_EQ(chunkBytesFor(2, o, &why), 4ll << 20);
+  EXPECT_EQ(chunkBytesFor(1, o, &why), 4ll << 20);
+  const int64_t c = chunkBytesFor(1024, o, &why);  // 4 slots per peer, 1023 peers
+  EXPECT_EQ(c % kStreamAlign, 0);
+  EXPECT_LE(c * 4 * 1023, o.stagingCapBytes);
+  EXPECT_GT((c + kStreamAlign) * 4 * 1023, o.stagingCapBytes);
+  o.stagingCapBytes = 1000;
+  EXPECT_EQ(chunkBytesFor(64, o, &why), 0);
+  EXPECT_NE(why.find("staging cap of 1000 bytes cannot hold 252 chunks"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace ncclm2n

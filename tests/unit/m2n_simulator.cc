@@ -59,7 +59,19 @@ Key keyOf(const Transfer& t) {
 
 }  // namespace
 
-SimulationResult simulate(const Problem& p, const std::vector<RankPlan>& plans) {
+namespace {
+SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const std::vector<RankSchedule>* wire);
+}
+
+SimulationResult simulate(const Problem& p, const std::vector<RankPlan>& plans) { return run(p, plans, nullptr); }
+
+SimulationResult simulateWire(const Problem& p, const std::vector<RankPlan>& plans,
+                              const std::vector<RankSchedule>& schedules) {
+  return run(p, plans, &schedules);
+}
+
+namespace {
+SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const std::vector<RankSchedule>* wire) {
   SimulationResult res;
   auto error = [&](const std::string& what) {
     if (res.errors++ == 0) res.firstError = what;
@@ -139,8 +151,76 @@ SimulationResult simulate(const Problem& p, const std::vector<RankPlan>& plans) 
       if (d < 0) return;
     }
   };
-  for (const RankPlan& rp : plans) {
-    for (const Transfer& t : rp.sends) execute(t);
+  // One element of transfer t: read at the source offset, or write at the destination offset (false: an error).
+  auto readSource = [&](const Transfer& t, int64_t so, uint64_t* v) {
+    const int sp = t.tensor < nt ? b.srcPos[t.tensor][t.src] : -1;
+    if (sp < 0) return error("wire: a send of a tensor its source holds no part of"), false;
+    const std::vector<uint64_t>& in = b.srcData[t.tensor][sp];
+    if (so < 0 || so >= (int64_t)in.size() || in[so] == kHole) return error("wire: a pack reads no source element"), false;
+    *v = in[so];
+    return true;
+  };
+  auto writeDestination = [&](const Transfer& t, int64_t doff, uint64_t v) {
+    const int dp = t.tensor < nt ? b.dstPos[t.tensor][t.dst] : -1;
+    if (dp < 0) return error("wire: a receive of a tensor its destination holds no part of");
+    std::vector<uint64_t>& out = b.dstData[t.tensor][dp];
+    if (doff < 0 || doff >= (int64_t)out.size()) return error("wire: an unpack writes outside the destination");
+    out[doff] = v;
+    if (b.dstWrites[t.tensor][dp][doff] < 255) b.dstWrites[t.tensor][dp][doff]++;
+  };
+  constexpr uint64_t kUnpacked = 0x5a5a5a5a5a5a5a5aull;
+  // Sender s packs chunk c of its stream to d; receiver d unpacks it with its own view of the stream from s.
+  auto transmit = [&](int s, const WireStream& out, const RankSchedule& rs, const RankSchedule& rd) {
+    const int d = out.peer;
+    const auto in = std::find_if(rd.recvs.begin(), rd.recvs.end(), [&](const WireStream& w) { return w.peer == s; });
+    const std::string pair = std::to_string(s) + "->" + std::to_string(d);
+    if (in == rd.recvs.end()) return error("wire " + pair + ": the receiver has no stream from the sender");
+    if (in->bytes != out.bytes || rs.chunkBytes != rd.chunkBytes)
+      return error("wire " + pair + ": the two sides' streams differ in length or chunking");
+    if (out.slotOffset < 0 || out.slotOffset + 2 * rs.chunkBytes > rs.stagingBytes)
+      return error("wire " + pair + ": the send slots lie outside the sender's staging");
+    if (in->interDomain && (in->slotOffset < 0 || in->slotOffset + 2 * rd.chunkBytes > rd.stagingBytes))
+      return error("wire " + pair + ": the receive slots lie outside the receiver's staging");
+    std::vector<uint64_t> stage(rs.chunkBytes);
+    for (int64_t c = 0; c < out.chunks(rs.chunkBytes); c++) {
+      std::fill(stage.begin(), stage.end(), kUnpacked);
+      for (const Segment& g : chunkSegments(p, plans[s].sends, out, rs.chunkBytes, c)) {
+        const Transfer& t = plans[s].sends[g.transfer];
+        const int64_t eb = (int64_t)elementSize(p.tensors[t.tensor].src.dtype);
+        for (int64_t i = 0; i < g.elements; i++) {
+          int64_t so, unused;
+          elementOffsets(t, g.firstElement + i, &so, &unused);
+          if (g.chunkOffset + i * eb >= rs.chunkBytes) return error("wire " + pair + ": a pack past the chunk");
+          if (!readSource(t, so, &stage[g.chunkOffset + i * eb])) return;
+        }
+      }
+      for (const Segment& g : chunkSegments(p, plans[d].recvs, *in, rd.chunkBytes, c)) {
+        const Transfer& t = plans[d].recvs[g.transfer];
+        const int64_t eb = (int64_t)elementSize(p.tensors[t.tensor].src.dtype);
+        for (int64_t i = 0; i < g.elements; i++) {
+          int64_t unused, doff;
+          elementOffsets(t, g.firstElement + i, &unused, &doff);
+          const int64_t at = g.chunkOffset + i * eb;
+          if (at >= rd.chunkBytes || stage[at] == kUnpacked)
+            return error("wire " + pair + ": an unpack reads a chunk byte that was never packed");
+          writeDestination(t, doff, stage[at]);
+        }
+      }
+    }
+  };
+  for (size_t r = 0; r < plans.size(); r++) {
+    const RankPlan& rp = plans[r];
+    if (wire) {
+      const RankSchedule& rs = (*wire)[r];
+      size_t items = 0;
+      for (const WireStream& w : rs.sends) {
+        items += w.items.size();
+        transmit((int)r, w, rs, (*wire)[w.peer]);
+      }
+      if (items != rp.sends.size()) error("wire: rank " + std::to_string(r) + "'s streams do not hold all its sends");
+    } else {
+      for (const Transfer& t : rp.sends) execute(t);
+    }
     for (const Transfer& t : rp.copies) execute(t);
   }
 
@@ -166,5 +246,6 @@ SimulationResult simulate(const Problem& p, const std::vector<RankPlan>& plans) 
   }
   return res;
 }
+}  // namespace
 
 }  // namespace ncclm2n

@@ -7,6 +7,11 @@
 //   - write only inside the destination buffer, at slots of destination elements,
 // and afterwards every destination element must hold its own value, written exactly once. The simulator also
 // checks that the receive lists mirror the send lists exactly (a pull executor reads them).
+//
+// With schedules (simulateWire), the sends do not go straight from source to destination: each sender packs every
+// chunk of every send stream into a staging buffer from its own lists and segments, and the receiver unpacks it
+// from its own receive lists and segments, as the executor's kernels do. A chunk byte unpacked that was never
+// packed, streams of different lengths on the two sides, or a staging slot outside the rank's staging, fail it.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "nccl_m2n/src/plan.h"
+#include "nccl_m2n/src/schedule.h"
 
 namespace ncclm2n {
 
@@ -25,5 +31,7 @@ struct SimulationResult {
 };
 
 SimulationResult simulate(const Problem& problem, const std::vector<RankPlan>& plans);
+SimulationResult simulateWire(const Problem& problem, const std::vector<RankPlan>& plans,
+                              const std::vector<RankSchedule>& schedules);
 
 }  // namespace ncclm2n

@@ -1,0 +1,87 @@
+// M2N execution schedule (pure host C++): how one rank's plan moves through wire streams, chunks and staging.
+//
+// Wire streams. For every ordered pair (source rank s, destination rank d != s) with traffic, both ranks put the
+// pair's transfers in one canonical order (tensor, source offset, destination offset, shape: every field of the
+// Transfer, which both ranks' plans hold alike) and lay their elements end to end, each transfer's box in row-major
+// order at its dtype's size, each transfer starting at a multiple of kStreamAlign bytes. The sender's stream to d and
+// the receiver's stream from s are then the same bytes, which is what lets a sender pack and a receiver unpack
+// independently: neither needs the other's lists.
+//
+// Chunks. Every stream is cut into chunks of chunkBytes (the last one shorter). chunkBytes is the same on every rank
+// (it depends only on the rank count and the options), a multiple of kStreamAlign, so that every chunk starts on an
+// element of every dtype. Chunk c of a stream uses staging slot c % 2 of that stream: double buffering, the sender
+// filling one slot while the receiver drains the other.
+//
+// Staging. Rank r's staging window holds two slots of chunkBytes for each stream it sends (it packs there; a peer of
+// its NVLink domain reads the slot over LSA, a peer elsewhere gets it by ncclSend) and two for each stream it receives
+// from another domain (ncclRecv lands there); streams inside the domain need no receive slots. Slots are laid out in
+// that order, peers ascending. Everything fits in stagingCapBytes whatever the model size: larger models only make
+// more chunks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nccl_m2n/src/plan.h"
+
+namespace ncclm2n {
+
+constexpr int64_t kStreamAlign = 16;  // bytes: 16-byte vectors in pack/unpack, and every dtype's element divides it
+
+struct ScheduleOptions {
+  int64_t stagingCapBytes = 256ll << 20;  // the rank's staging window may not exceed this
+  int64_t maxChunkBytes = 4ll << 20;      // chunks stop growing here (more chunks pipeline better)
+};
+
+// One transfer's place in a stream.
+struct StreamItem {
+  uint32_t transfer = 0;  // index into the rank's plan list (sends for a send stream, recvs for a receive stream)
+  int64_t offset = 0;     // bytes from the stream's start (a multiple of kStreamAlign)
+  int64_t bytes = 0;      // elements x element size
+};
+
+struct WireStream {
+  int peer = -1;             // the destination (send stream) or the source (receive stream)
+  bool interDomain = false;  // the peer is in another NVLink domain: ncclSend/ncclRecv, else LSA
+  int64_t bytes = 0;         // the stream's length (the last item's end)
+  int64_t slotOffset = -1;   // staging bytes of slot 0 on this rank (slot 1 follows); -1: no slots here
+  std::vector<StreamItem> items;
+  int64_t chunks(int64_t chunkBytes) const { return (bytes + chunkBytes - 1) / chunkBytes; }
+};
+
+// A run of one transfer's elements inside one chunk.
+struct Segment {
+  uint32_t transfer = 0;    // as StreamItem::transfer
+  int64_t firstElement = 0; // row-major index of the run's first element in the transfer's box
+  int64_t elements = 0;
+  int64_t chunkOffset = 0;  // bytes from the chunk's start
+};
+
+struct RankSchedule {
+  int rank = -1;
+  int64_t chunkBytes = 0;
+  int64_t stagingBytes = 0;       // slots of this rank, all streams
+  std::vector<WireStream> sends;  // by peer ascending
+  std::vector<WireStream> recvs;  // by peer ascending
+};
+
+// The chunk size every rank uses for a communicator of `nRanks` ranks: the cap split into the most slots any rank
+// can need (two per peer for sends and two per peer for receives), rounded down to kStreamAlign, at most
+// maxChunkBytes. 0 (with `error`) when the cap cannot hold a chunk of kStreamAlign bytes.
+int64_t chunkBytesFor(int nRanks, const ScheduleOptions& options, std::string* error);
+
+// Builds the schedule of `plan` (one rank's lists from planRank/planAll for `problem`). False with `error` when the
+// options cannot hold it.
+bool buildSchedule(const Problem& problem, const RankPlan& plan, const ScheduleOptions& options, RankSchedule* out,
+                   std::string* error);
+
+// The runs of chunk `chunk` of `stream`, in stream order. `list` is the plan list the stream's items index (sends or
+// recvs) and `problem` gives the element sizes.
+std::vector<Segment> chunkSegments(const Problem& problem, const std::vector<Transfer>& list,
+                                   const WireStream& stream, int64_t chunkBytes, int64_t chunk);
+
+// Source and destination element offsets (in each side's local tensor) of element `e` (row-major) of `t`'s box.
+void elementOffsets(const Transfer& t, int64_t e, int64_t* srcOffset, int64_t* dstOffset);
+
+}  // namespace ncclm2n
