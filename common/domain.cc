@@ -55,7 +55,8 @@ ncclResult_t ncclAllGatherHost(ncclComm_t comm, cudaStream_t stream, const void*
   // to the host could block behind it.
   const ncclResult_t waited = waitStream(stream, timeoutSeconds, "host all-gather");
   if (res == ncclSuccess) res = waited;
-  if (res == ncclSuccess) res = copyToHostAfter(stream, all, d + bytes, bytes * nRanks, timeoutSeconds, "host all-gather");
+  if (res == ncclSuccess)
+    res = copyToHostAfter(stream, all, d + bytes, bytes * nRanks, timeoutSeconds, "host all-gather");
   if (waited == ncclSuccess) cudaFreeAsync(d, stream);  // else the kernel may still write it: leak it
   return res;
 }

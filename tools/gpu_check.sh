@@ -32,8 +32,10 @@ RUNS=(
 )
 # The Python package's GPU tests (1 rank; several ranks on one GPU need EP across domains), on the build tree's
 # libraries and python/ (make test-python tests the wheel itself, on any machine).
-if python3 -c "import torch" >/dev/null 2>&1; then
+if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider tests/python --json JSON|1|")
+else
+  echo "gpu-check: no torch or no pytest for python3 here: the Python tests (tests/python) do not run"
 fi
 # The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
 if command -v mpirun >/dev/null 2>&1; then

@@ -21,7 +21,9 @@ bool canonicalLess(const Transfer& a, const Transfer& b) {
   return false;
 }
 
-int64_t elementBytes(const Problem& p, const Transfer& t) { return (int64_t)elementSize(p.tensors[t.tensor].src.dtype); }
+int64_t elementBytes(const Problem& p, const Transfer& t) {
+  return (int64_t)elementSize(p.tensors[t.tensor].src.dtype);
+}
 
 // Streams of one direction: list[i] goes to (sends) or comes from (recvs) peerOf(list[i]).
 template <typename PeerOf>
@@ -67,8 +69,10 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
   s.rank = plan.rank;
   s.chunkBytes = chunkBytesFor(p.nRanks, o, error);
   if (s.chunkBytes == 0) return false;
-  s.sends = streamsOf(p, plan.sends, [](const Transfer& t) { return t.dst; }, plan.rank);
-  s.recvs = streamsOf(p, plan.recvs, [](const Transfer& t) { return t.src; }, plan.rank);
+  s.sends = streamsOf(
+      p, plan.sends, [](const Transfer& t) { return t.dst; }, plan.rank);
+  s.recvs = streamsOf(
+      p, plan.recvs, [](const Transfer& t) { return t.src; }, plan.rank);
   int64_t at = 0;
   for (WireStream& w : s.sends) {
     w.slotOffset = at;

@@ -52,8 +52,8 @@ struct WireStream {
 
 // A run of one transfer's elements inside one chunk.
 struct Segment {
-  uint32_t transfer = 0;    // as StreamItem::transfer
-  int64_t firstElement = 0; // row-major index of the run's first element in the transfer's box
+  uint32_t transfer = 0;     // as StreamItem::transfer
+  int64_t firstElement = 0;  // row-major index of the run's first element in the transfer's box
   int64_t elements = 0;
   int64_t chunkOffset = 0;  // bytes from the chunk's start
 };
@@ -78,8 +78,8 @@ bool buildSchedule(const Problem& problem, const RankPlan& plan, const ScheduleO
 
 // The runs of chunk `chunk` of `stream`, in stream order. `list` is the plan list the stream's items index (sends or
 // recvs) and `problem` gives the element sizes.
-std::vector<Segment> chunkSegments(const Problem& problem, const std::vector<Transfer>& list,
-                                   const WireStream& stream, int64_t chunkBytes, int64_t chunk);
+std::vector<Segment> chunkSegments(const Problem& problem, const std::vector<Transfer>& list, const WireStream& stream,
+                                   int64_t chunkBytes, int64_t chunk);
 
 // Source and destination element offsets (in each side's local tensor) of element `e` (row-major) of `t`'s box.
 void elementOffsets(const Transfer& t, int64_t e, int64_t* srcOffset, int64_t* dstOffset);

@@ -854,8 +854,8 @@ int main(int argc, char** argv) {
         const ncclResult_t res = ncclEpGroupGetAsyncError(silent);
         const std::string msg = ncclEpGetLastError();
         timeoutOk = res == ncclRemoteError && msg.find("timed out") != std::string::npos &&
-                    msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos && waited >= budget * 0.99 &&
-                    waited < budget + 10;
+                    msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos &&
+                    waited >= budget * 0.99 && waited < budget + 10;
         printf("rank %d: dispatch with a silent peer -> %s after %.2f s: %s\n", rank, ncclGetErrorString(res), waited,
                msg.c_str());
         // Later calls report the same error instead of hanging.

@@ -389,7 +389,8 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
     }
     SmokeParams p{f.bar, o.slotElems, (uint32_t)it, dErrors, kBreakNone};
     ncclResult_t r = ncclext::launchKernel("smokeKernel", smokeKernel, dim3(o.ctas), dim3(o.threads), 0, ctx.stream, p);
-    if (r == ncclSuccess) r = ncclext::waitStream(ctx.stream, o.timeoutSeconds, "dead-peer smoke kernel", f.status.get());
+    if (r == ncclSuccess)
+      r = ncclext::waitStream(ctx.stream, o.timeoutSeconds, "dead-peer smoke kernel", f.status.get());
     if (r == ncclSuccess) r = railExchange(ctx, f, o, (uint32_t)it, &railBad, o.timeoutSeconds);
     if (r != ncclSuccess) {
       seen = r;

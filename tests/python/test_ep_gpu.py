@@ -16,7 +16,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def group():
-    if not dist.is_initialized():
+    made = not dist.is_initialized()  # under torchrun the launcher's group; else one of our own, destroyed after
+    if made:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
         dist.init_process_group("gloo", rank=0, world_size=1)
@@ -25,6 +26,8 @@ def group():
                  num_sms=16, timeout_s=20)
     yield g
     g.close()
+    if made:
+        dist.destroy_process_group()
 
 
 def _routing(T, K, E, seed):

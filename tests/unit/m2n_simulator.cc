@@ -156,7 +156,8 @@ SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const
     const int sp = t.tensor < nt ? b.srcPos[t.tensor][t.src] : -1;
     if (sp < 0) return error("wire: a send of a tensor its source holds no part of"), false;
     const std::vector<uint64_t>& in = b.srcData[t.tensor][sp];
-    if (so < 0 || so >= (int64_t)in.size() || in[so] == kHole) return error("wire: a pack reads no source element"), false;
+    if (so < 0 || so >= (int64_t)in.size() || in[so] == kHole)
+      return error("wire: a pack reads no source element"), false;
     *v = in[so];
     return true;
   };

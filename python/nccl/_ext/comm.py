@@ -48,7 +48,8 @@ class Communicator:
         box = [bytes(uid.internal) if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         ctypes.memmove(uid.internal, box[0], 128)
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index)
+        index = torch.cuda.current_device() if device is None else torch.device(device).index
+        self.device = torch.device("cuda", index)
         self._comm = ctypes.c_void_p()
         with torch.cuda.device(self.device):
             _nccl_call("ncclCommInitRank", ctypes.byref(self._comm), ctypes.c_int(self.size), uid,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class NcclError(RuntimeError):
-    """A failed call of libnccl_ep / libnccl_m2n / libnccl. `code` is the ncclResult_t, `message` the last-error text."""
+    """A failed call of libnccl_ep / libnccl_m2n / libnccl: `code` is the ncclResult_t, `message` the library's text."""
 
     code = -1
 
