@@ -1,0 +1,98 @@
+// Number formats the libraries convert between, as plain inline functions that host code (references, tests) and
+// device code (kernels: M2N's conversions in flight, the Low-Latency mode's FP8 dispatch) share, so that a kernel
+// and its host reference cannot round differently. No CUDA header needed: bits in, bits out.
+//
+// - bf16: the top 16 bits of an fp32, rounded to nearest even; NaN stays a (quiet) NaN.
+// - fp8 e4m3 ("e4m3fn", as torch.float8_e4m3fn and cuda_fp8.h's __NV_E4M3): 1 sign, 4 exponent (bias 7), 3 mantissa
+//   bits, no infinities, 0x7f / 0xff NaN, largest finite 448. Conversion rounds to nearest even and saturates to
+//   +-448, as cuda_fp8.h's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3); NaN gives 0x7f (sign kept).
+// - Block scales (DeepSeek-V3's recipe, one fp32 scale per 128 elements): scale = amax / 448 with amax at least
+//   kFp8MinAmax, so that x / scale fits e4m3 and dequantisation is q * scale; with pow2 (UE8M0) the scale is
+//   rounded up to a power of two, 2^ceil(log2(amax / 448)).
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define NCCLEXT_HD __host__ __device__ __forceinline__
+#else
+#define NCCLEXT_HD inline
+#endif
+
+namespace ncclext {
+
+constexpr float kFp8E4m3Max = 448.0f;
+constexpr float kFp8MinAmax = 1e-4f;  // a block of zeros gets a tiny scale, not a division by zero
+constexpr int kFp8BlockElems = 128;
+
+NCCLEXT_HD uint32_t floatBits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+NCCLEXT_HD float bitsFloat(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+NCCLEXT_HD uint16_t floatToBf16(float f) {
+  const uint32_t u = floatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // NaN: keep it a quiet NaN
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+NCCLEXT_HD float bf16ToFloat(uint16_t b) { return bitsFloat((uint32_t)b << 16); }
+
+NCCLEXT_HD float e4m3ToFloat(uint8_t v) {
+  const uint32_t sign = (uint32_t)(v & 0x80) << 24;
+  const int exp = (v >> 3) & 0xf, man = v & 0x7;
+  if (exp == 0xf && man == 0x7) return bitsFloat(sign | 0x7fc00000u);  // NaN
+  float mag;
+  if (exp == 0) {
+    mag = (float)man * 0.001953125f;  // subnormal: man / 8 * 2^-6
+  } else {
+    mag = bitsFloat((uint32_t)(exp - 7 + 127) << 23 | (uint32_t)man << 20);
+  }
+  return bitsFloat(floatBits(mag) | sign);
+}
+
+NCCLEXT_HD uint8_t floatToE4m3(float f) {
+  const uint32_t u = floatBits(f);
+  const uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint8_t)(sign | 0x7f);  // NaN
+  if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7e);  // >= 448 (and infinity): saturate
+  const int e = (int)(a >> 23) - 127;                   // unbiased exponent of |f|
+  if (e < -6) {
+    // Subnormal range of e4m3 (or zero): the value in units of 2^-9, rounded to nearest even. 2^-6 * 7/8 rounds up
+    // to the smallest normal (0x08), which the same integer arithmetic gives.
+    const float units = bitsFloat(a) * 512.0f;  // exact: a power-of-two scale
+    uint32_t q = (uint32_t)units;
+    const float rest = units - (float)q;
+    if (rest > 0.5f || (rest == 0.5f && (q & 1u))) q++;
+    return (uint8_t)(sign | q);  // q <= 8: 8 is exponent 1, mantissa 0
+  }
+  // Normal: keep 3 mantissa bits, round to nearest even on the 20 dropped bits.
+  uint32_t m = a & 0x7fffffu;
+  uint32_t q = ((uint32_t)(e + 7) << 3) | (m >> 20);
+  const uint32_t dropped = m & 0xfffffu;
+  if (dropped > 0x80000u || (dropped == 0x80000u && (q & 1u))) q++;
+  if (q > 0x7e) q = 0x7e;  // rounding past 448 saturates
+  return (uint8_t)(sign | q);
+}
+
+// The scale of a block whose largest magnitude is `amax` (see the header comment).
+NCCLEXT_HD float fp8BlockScale(float amax, bool pow2) {
+  const float s = (amax > kFp8MinAmax ? amax : kFp8MinAmax) / kFp8E4m3Max;
+  if (!pow2) return s;
+  // 2^ceil(log2(s)): s's exponent, one up unless s is already a power of two.
+  const uint32_t u = floatBits(s);
+  uint32_t e = u >> 23;
+  if (u & 0x7fffffu) e++;
+  return bitsFloat(e << 23);
+}
+
+}  // namespace ncclext

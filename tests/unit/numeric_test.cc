@@ -1,0 +1,130 @@
+// common/numeric.h against brute force: every e4m3 code decoded and re-encoded, random floats encoded to the
+// nearest e4m3 value (ties to even, saturating at 448) and to the nearest bf16, and the FP8 block scales.
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "common/numeric.h"
+
+namespace ncclext {
+namespace {
+
+bool isNan(float f) { return f != f; }
+
+TEST(Numeric, E4m3DecodesItsKnownValues) {
+  EXPECT_EQ(e4m3ToFloat(0x00), 0.0f);
+  EXPECT_EQ(e4m3ToFloat(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(e4m3ToFloat(0x07), 7 * std::ldexp(1.0f, -9));
+  EXPECT_EQ(e4m3ToFloat(0x08), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(e4m3ToFloat(0x38), 1.0f);
+  EXPECT_EQ(e4m3ToFloat(0x3c), 1.5f);
+  EXPECT_EQ(e4m3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(e4m3ToFloat(0xfe), -448.0f);
+  EXPECT_TRUE(std::signbit(e4m3ToFloat(0x80)) && e4m3ToFloat(0x80) == 0.0f);
+  EXPECT_TRUE(isNan(e4m3ToFloat(0x7f)) && isNan(e4m3ToFloat(0xff)));
+}
+
+TEST(Numeric, E4m3RoundTripsEveryCode) {
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN
+    EXPECT_EQ(floatToE4m3(e4m3ToFloat((uint8_t)c)), c) << "code " << c;
+  }
+}
+
+// The nearest finite e4m3 code of x by brute force (ties: the even code), saturating beyond 448.
+uint8_t nearestE4m3(float x) {
+  int best = -1;
+  double bestErr = 0;
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f) continue;
+    if (std::signbit(e4m3ToFloat((uint8_t)c)) != std::signbit(x)) continue;
+    const double err = std::fabs((double)e4m3ToFloat((uint8_t)c) - (double)x);
+    if (best < 0 || err < bestErr || (err == bestErr && (c & 1) == 0)) {
+      best = c;
+      bestErr = err;
+    }
+  }
+  return (uint8_t)best;
+}
+
+TEST(Numeric, E4m3EncodesToTheNearestValueTiesToEven) {
+  std::mt19937 rng(20261201);
+  std::uniform_real_distribution<float> expo(-14.0f, 10.0f), unit(0.0f, 1.0f);
+  int checked = 0;
+  for (int i = 0; i < 200000; i++) {
+    // Magnitudes from far below the smallest subnormal to beyond 448, both signs; every 8th an exact midpoint.
+    float x = std::ldexp(1.0f + unit(rng), (int)std::floor(expo(rng)));
+    if (i % 8 == 0) {
+      const uint8_t c = (uint8_t)(rng() % 0x7e);
+      x = (e4m3ToFloat(c) + e4m3ToFloat((uint8_t)(c + 1))) / 2;  // between two neighbours (same sign)
+    }
+    if (i % 2) x = -x;
+    ASSERT_EQ(floatToE4m3(x), nearestE4m3(x)) << "x = " << x;
+    checked++;
+  }
+  EXPECT_EQ(checked, 200000);
+}
+
+TEST(Numeric, E4m3SaturatesAndKeepsNan) {
+  EXPECT_EQ(floatToE4m3(1e6f), 0x7e);
+  EXPECT_EQ(floatToE4m3(-INFINITY), 0xfe);
+  EXPECT_EQ(floatToE4m3(INFINITY), 0x7e);
+  EXPECT_EQ(floatToE4m3(464.0f), 0x7e);
+  EXPECT_EQ(floatToE4m3(NAN), 0x7f);
+  EXPECT_EQ(floatToE4m3(-NAN) | 0x80, 0xff);
+  EXPECT_EQ(floatToE4m3(std::ldexp(1.0f, -11)), 0x00);  // a quarter of the smallest subnormal rounds to zero
+  EXPECT_EQ(floatToE4m3(std::ldexp(1.0f, -10)), 0x00);  // half of it: a tie, to the even code 0
+  EXPECT_EQ(floatToE4m3(std::ldexp(3.0f, -10)), 0x02);  // 1.5 units: a tie, to 2
+}
+
+TEST(Numeric, Bf16RoundsToNearestEven) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; i++) {
+    uint32_t u = (uint32_t)rng();
+    if ((u & 0x7f800000u) == 0x7f800000u) continue;  // inf / NaN below
+    const float x = bitsFloat(u);
+    const uint16_t b = floatToBf16(x);
+    if ((b & 0x7fff) == 0x7f80) {  // overflow to infinity: only from at least halfway past the largest bf16
+      ASSERT_GE(std::fabs(x), bitsFloat(0x7f7f8000u)) << "x = " << x;
+      continue;
+    }
+    const double err = std::fabs((double)bf16ToFloat(b) - x);
+    for (int d : {-1, 1}) {
+      const uint16_t n = (uint16_t)(b + d);
+      if ((n & 0x7f80) == 0x7f80 || (n & 0x8000) != (b & 0x8000)) continue;
+      const double nerr = std::fabs((double)bf16ToFloat(n) - x);
+      ASSERT_TRUE(err < nerr || (err == nerr && (b & 1) == 0)) << "x = " << x;
+    }
+  }
+  EXPECT_TRUE(isNan(bf16ToFloat(floatToBf16(NAN))));
+  EXPECT_EQ(floatToBf16(INFINITY), 0x7f80);
+  EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
+}
+
+TEST(Numeric, Fp8BlockScales) {
+  EXPECT_EQ(fp8BlockScale(448.0f, false), 1.0f);
+  EXPECT_EQ(fp8BlockScale(0.0f, false), kFp8MinAmax / kFp8E4m3Max);
+  EXPECT_EQ(fp8BlockScale(448.0f * 3, true), 4.0f);
+  EXPECT_EQ(fp8BlockScale(448.0f * 4, true), 4.0f);
+  EXPECT_EQ(fp8BlockScale(448.0f / 3, true), 0.5f);
+  // A quantised block never saturates and dequantises within half an e4m3 step of each value.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int pow2 = 0; pow2 < 2; pow2++) {
+    for (int b = 0; b < 200; b++) {
+      float x[kFp8BlockElems], amax = 0;
+      for (float& v : x) amax = std::fmax(amax, std::fabs(v = nd(rng) * (b % 7 + 1)));
+      const float s = fp8BlockScale(amax, pow2);
+      for (float v : x) {
+        const float q = v / s;
+        ASSERT_LE(std::fabs(q), kFp8E4m3Max * (1 + 1e-6f));
+        const float back = e4m3ToFloat(floatToE4m3(q)) * s;
+        ASSERT_LE(std::fabs(back - v), std::fabs(v) / 16 + s * std::ldexp(1.0f, -10)) << v;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ncclext
