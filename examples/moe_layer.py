@@ -1,6 +1,6 @@
 """A Mixture-of-Experts layer on nccl.ep, trained for a few steps and compared with the same layer on one GPU.
 
-    torchrun --nproc_per_node N examples/moe_layer.py [--steps 5] [--tokens 256] [--hidden 512]
+    torchrun --nproc_per_node N examples/moe_layer.py [--steps 5] [--tokens 256] [--hidden 512] [--json FILE]
     python examples/moe_layer.py                       # 1 rank, no launcher
 
 Each rank holds E/N experts (a two-layer MLP each) and a shared router. Forward: the router picks top-k experts per
@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--experts-per-rank", type=int, default=4)
     ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--json", default=None, help="append a result line (make gpu-check)")
     a = ap.parse_args()
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29611")
@@ -125,6 +126,11 @@ def main():
     if rank == 0:
         print("moe_layer: %d ranks, %d steps -> %s (largest difference %.2e)" % (world, a.steps,
                                                                               "PASS" if ok else "FAIL", worst))
+        if a.json:
+            import json
+            with open(a.json, "a") as f:
+                f.write(json.dumps({"test": "moe_layer", "pass": ok, "ranks": world, "steps": a.steps,
+                                    "largest_difference": worst}) + "\n")
     dist.destroy_process_group()
     return 0 if ok else 1
 

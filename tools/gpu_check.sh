@@ -34,6 +34,7 @@ RUNS=(
 # libraries and python/ (make test-python tests the wheel itself, on any machine).
 if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider tests/python --json JSON|1|")
+  RUNS+=("moe_example|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 examples/moe_layer.py --json JSON|1|")
 else
   echo "gpu-check: no torch or no pytest for python3 here: the Python tests (tests/python) do not run"
 fi
