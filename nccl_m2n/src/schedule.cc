@@ -79,7 +79,7 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
     at += 2 * s.chunkBytes;
   }
   for (WireStream& w : s.recvs) {
-    if (!w.interDomain) continue;  // read from the sender's slots over LSA
+    if (o.lsa && !w.interDomain) continue;  // read from the sender's slots over LSA
     w.slotOffset = at;
     at += 2 * s.chunkBytes;
   }

@@ -32,6 +32,7 @@ constexpr int64_t kStreamAlign = 16;  // bytes: 16-byte vectors in pack/unpack, 
 struct ScheduleOptions {
   int64_t stagingCapBytes = 256ll << 20;  // the rank's staging window may not exceed this
   int64_t maxChunkBytes = 4ll << 20;      // chunks stop growing here (more chunks pipeline better)
+  bool lsa = true;                        // false: every stream goes by ncclSend/ncclRecv (receive slots for all)
 };
 
 // One transfer's place in a stream.
@@ -46,6 +47,7 @@ struct WireStream {
   bool interDomain = false;  // the peer is in another NVLink domain: ncclSend/ncclRecv, else LSA
   int64_t bytes = 0;         // the stream's length (the last item's end)
   int64_t slotOffset = -1;   // staging bytes of slot 0 on this rank (slot 1 follows); -1: no slots here
+                             // (a receive stream read over LSA from the sender's slots)
   std::vector<StreamItem> items;
   int64_t chunks(int64_t chunkBytes) const { return (bytes + chunkBytes - 1) / chunkBytes; }
 };

@@ -249,4 +249,154 @@ SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const
 }
 }  // namespace
 
+namespace {
+
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>& tables) {
+  SimulationResult res;
+  auto error = [&](const std::string& what) {
+    if (res.errors++ == 0) res.firstError = what;
+    res.ok = false;
+  };
+  const size_t nt = p.tensors.size(), nr = tables.size();
+  std::vector<std::unique_ptr<ShardGrid>> sg, dg;
+  // [rank][tensor] local buffers (bytes), and the destination's write counts per element slot.
+  std::vector<std::vector<std::vector<char>>> src(nr, std::vector<std::vector<char>>(nt)),
+      dst(nr, std::vector<std::vector<char>>(nt));
+  std::vector<std::vector<std::vector<uint8_t>>> writes(nr, std::vector<std::vector<uint8_t>>(nt));
+  auto value = [](uint32_t t, int64_t linear) { return mix((uint64_t)t << 40 ^ (uint64_t)linear); };
+  for (size_t t = 0; t < nt; t++) {
+    const TensorPair& tp = p.tensors[t];
+    const int64_t eb = (int64_t)elementSize(tp.src.dtype);
+    sg.emplace_back(new ShardGrid(tp.src));
+    dg.emplace_back(new ShardGrid(tp.dst));
+    for (int pos = 0; pos < tp.src.mesh.size(); pos++) {
+      std::vector<char>& b = src[tp.src.mesh.ranks[pos]][t];
+      b.assign(sg[t]->localSpan(pos) * eb, (char)0xee);
+      forEachElement(*sg[t], pos, tp.src.ndims(), [&](const int64_t* gi, int64_t off) {
+        const uint64_t v = value((uint32_t)t, globalLinear(tp.src, gi));
+        memcpy(&b[off * eb], &v, eb);
+      });
+    }
+    for (int pos = 0; pos < tp.dst.mesh.size(); pos++) {
+      const int r = tp.dst.mesh.ranks[pos];
+      dst[r][t].assign(dg[t]->localSpan(pos) * eb, (char)0xff);
+      writes[r][t].assign(dg[t]->localSpan(pos), 0);
+    }
+  }
+  std::vector<std::vector<const char*>> srcPtr(nr, std::vector<const char*>(nt, nullptr));
+  std::vector<std::vector<char*>> dstPtr(nr, std::vector<char*>(nt, nullptr));
+  std::vector<std::vector<char>> stage(nr);
+  for (size_t r = 0; r < nr; r++) {
+    for (size_t t = 0; t < nt; t++) {
+      if (!src[r][t].empty()) srcPtr[r][t] = src[r][t].data();
+      if (!dst[r][t].empty()) dstPtr[r][t] = dst[r][t].data();
+    }
+    stage[r].assign(tables[r].stagingBytes, (char)0xcd);
+  }
+  // Bounds of one element move, checked before the shared function touches memory.
+  auto inside = [&](size_t r, const MoveDesc& d, int64_t e, bool fromSource, bool toDest) {
+    int64_t s, t;
+    moveOffsets(d, e, &s, &t);
+    if (d.tensor < 0 || (size_t)d.tensor >= nt) return false;
+    if (fromSource && (s < 0 || (s + 1) * d.elemBytes > (int64_t)src[r][d.tensor].size())) return false;
+    if (toDest && (t < 0 || (t + 1) * d.elemBytes > (int64_t)dst[r][d.tensor].size())) return false;
+    return true;
+  };
+  auto countWrite = [&](size_t r, const MoveDesc& d, int64_t e) {
+    int64_t s, t;
+    moveOffsets(d, e, &s, &t);
+    if (writes[r][d.tensor][t] < 255) writes[r][d.tensor][t]++;
+  };
+  for (size_t r = 0; r < nr; r++)
+    for (const MoveDesc& d : tables[r].copies) {
+      const int64_t n = product(d.extent, d.ndims);
+      for (int64_t e = 0; e < n; e++) {
+        if (!inside(r, d, e, true, true)) return error("rank " + std::to_string(r) + ": a local copy out of bounds"), res;
+        copyLocalElement(d, e, srcPtr[r].data(), dstPtr[r].data());
+        countWrite(r, d, e);
+      }
+    }
+  size_t rounds = 0;
+  for (const ExecTables& x : tables) rounds = std::max(rounds, x.rounds.size());
+  for (size_t k = 0; k < rounds; k++) {
+    for (size_t r = 0; r < nr; r++) {
+      if (k >= tables[r].rounds.size()) continue;
+      const ExecRound& R = tables[r].rounds[k];
+      for (uint32_t i = R.packBegin; i < R.packEnd; i++) {
+        const MoveSegment& g = tables[r].pack[i];
+        const MoveDesc& d = tables[r].sends[g.desc];
+        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)stage[r].size())
+          return error("rank " + std::to_string(r) + ": a pack outside the staging"), res;
+        for (int64_t e = 0; e < g.elements; e++) {
+          if (!inside(r, d, g.firstElement + e, true, false)) return error("a pack reads outside its source"), res;
+          packElement(tables[r].sends.data(), g, e, srcPtr[r].data(), stage[r].data());
+        }
+      }
+    }
+    // The round's sends and receives, matched per (sender, receiver) as NCCL matches them (in order).
+    for (size_t r = 0; r < nr; r++) {
+      if (k >= tables[r].rounds.size()) continue;
+      const ExecRound& R = tables[r].rounds[k];
+      for (uint32_t i = R.opBegin; i < R.opEnd; i++) {
+        const P2pOp& op = tables[r].ops[i];
+        if (!op.send) continue;
+        const std::string pair = std::to_string(r) + "->" + std::to_string(op.peer) + " round " + std::to_string(k);
+        if (op.peer < 0 || (size_t)op.peer >= nr || k >= tables[op.peer].rounds.size())
+          return error("send " + pair + ": the receiver has no such round"), res;
+        const ExecRound& Q = tables[op.peer].rounds[k];
+        const P2pOp* match = nullptr;
+        for (uint32_t j = Q.opBegin; j < Q.opEnd; j++) {
+          const P2pOp& o = tables[op.peer].ops[j];
+          if (!o.send && o.peer == (int)r) match = &o;
+        }
+        if (!match || match->bytes != op.bytes) return error("send " + pair + ": no receive of the same size"), res;
+        if (op.stageOffset + op.bytes > (int64_t)stage[r].size() ||
+            match->stageOffset + match->bytes > (int64_t)stage[op.peer].size())
+          return error("send " + pair + ": outside a staging buffer"), res;
+        memcpy(&stage[op.peer][match->stageOffset], &stage[r][op.stageOffset], op.bytes);
+      }
+    }
+    for (size_t r = 0; r < nr; r++) {
+      if (k >= tables[r].rounds.size()) continue;
+      const ExecRound& R = tables[r].rounds[k];
+      for (uint32_t i = R.unpackBegin; i < R.unpackEnd; i++) {
+        const MoveSegment& g = tables[r].unpack[i];
+        const MoveDesc& d = tables[r].recvs[g.desc];
+        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)stage[r].size())
+          return error("rank " + std::to_string(r) + ": an unpack outside the staging"), res;
+        for (int64_t e = 0; e < g.elements; e++) {
+          if (!inside(r, d, g.firstElement + e, false, true)) return error("an unpack writes outside its tensor"), res;
+          unpackElement(tables[r].recvs.data(), g, e, stage[r].data(), dstPtr[r].data());
+          countWrite(r, d, g.firstElement + e);
+        }
+      }
+    }
+  }
+  for (size_t t = 0; t < nt; t++) {
+    const TensorPair& tp = p.tensors[t];
+    const int64_t eb = (int64_t)elementSize(tp.src.dtype);
+    for (int pos = 0; pos < tp.dst.mesh.size(); pos++) {
+      const int r = tp.dst.mesh.ranks[pos];
+      forEachElement(*dg[t], pos, tp.dst.ndims(), [&](const int64_t* gi, int64_t off) {
+        res.elementsChecked++;
+        const uint64_t want = value((uint32_t)t, globalLinear(tp.dst, gi));
+        if (memcmp(&dst[r][t][off * eb], &want, eb) != 0 || writes[r][t][off] != 1)
+          error("tensor " + std::to_string(t) + " rank " + std::to_string(r) + " offset " + std::to_string(off) +
+                (writes[r][t][off] == 1 ? ": wrong value" : ": written " + std::to_string(writes[r][t][off]) +
+                                                                 " times"));
+      });
+    }
+  }
+  return res;
+}
+
 }  // namespace ncclm2n

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "nccl_m2n/src/exec_tables.h"
 #include "nccl_m2n/src/plan.h"
 #include "nccl_m2n/src/schedule.h"
 
@@ -33,5 +34,12 @@ struct SimulationResult {
 SimulationResult simulate(const Problem& problem, const std::vector<RankPlan>& plans);
 SimulationResult simulateWire(const Problem& problem, const std::vector<RankPlan>& plans,
                               const std::vector<RankSchedule>& schedules);
+
+// The executor as its tables drive it (exec_tables.h), on host bytes with the real element sizes: the local copies,
+// then every round's packs (move.h's packElement, as the kernels call it), its ncclSend/ncclRecv pairs matched up
+// and copied between the ranks' staging buffers, and its unpacks. A send without its receive (or of another size),
+// a staging access outside the staging, or any destination element not written exactly once with its own value
+// fails it.
+SimulationResult emulateExecute(const Problem& problem, const std::vector<ExecTables>& tables);
 
 }  // namespace ncclm2n

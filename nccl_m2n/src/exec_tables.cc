@@ -1,0 +1,77 @@
+#include "nccl_m2n/src/exec_tables.h"
+
+#include <algorithm>
+
+namespace ncclm2n {
+
+MoveDesc moveDescOf(const Problem& p, const Transfer& t) {
+  MoveDesc d;
+  d.tensor = (int32_t)t.tensor;
+  d.ndims = t.ndims;
+  d.elemBytes = (int32_t)elementSize(p.tensors[t.tensor].src.dtype);
+  d.srcOffset = t.srcOffset;
+  d.dstOffset = t.dstOffset;
+  for (int k = 0; k < t.ndims; k++) {
+    d.extent[k] = t.extent[k];
+    d.srcStride[k] = t.srcStride[k];
+    d.dstStride[k] = t.dstStride[k];
+  }
+  return d;
+}
+
+bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule& s, ExecTables* out,
+                     std::string* error) {
+  ExecTables x;
+  x.chunkBytes = s.chunkBytes;
+  x.stagingBytes = s.stagingBytes;
+  for (const Transfer& t : plan.copies) {
+    x.copies.push_back(moveDescOf(p, t));
+    x.copyElements += t.elements();
+  }
+  for (const Transfer& t : plan.sends) x.sends.push_back(moveDescOf(p, t));
+  for (const Transfer& t : plan.recvs) x.recvs.push_back(moveDescOf(p, t));
+  for (const WireStream& w : s.recvs)
+    if (w.slotOffset < 0) {
+      if (error) *error = "receive stream from rank " + std::to_string(w.peer) + " has no staging slots (LSA)";
+      return false;
+    }
+  int64_t rounds = 0;
+  for (const auto* list : {&s.sends, &s.recvs})
+    for (const WireStream& w : *list) rounds = std::max(rounds, w.chunks(s.chunkBytes));
+  for (int64_t k = 0; k < rounds; k++) {
+    ExecRound r;
+    r.packBegin = (uint32_t)x.pack.size();
+    r.opBegin = (uint32_t)x.ops.size();
+    for (const WireStream& w : s.sends) {
+      if (k >= w.chunks(s.chunkBytes)) continue;
+      const int64_t slot = w.slotOffset + (k % 2) * s.chunkBytes;
+      for (const Segment& g : chunkSegments(p, plan.sends, w, s.chunkBytes, k)) {
+        x.pack.push_back({g.transfer, 0, g.firstElement, g.elements, slot + g.chunkOffset});
+        r.packElements += g.elements;
+      }
+      x.ops.push_back({w.peer, 1, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
+    }
+    r.packEnd = (uint32_t)x.pack.size();
+    r.unpackBegin = (uint32_t)x.unpack.size();
+    for (const WireStream& w : s.recvs) {
+      if (k >= w.chunks(s.chunkBytes)) continue;
+      const int64_t slot = w.slotOffset + (k % 2) * s.chunkBytes;
+      for (const Segment& g : chunkSegments(p, plan.recvs, w, s.chunkBytes, k)) {
+        x.unpack.push_back({g.transfer, 0, g.firstElement, g.elements, slot + g.chunkOffset});
+        r.unpackElements += g.elements;
+      }
+      x.ops.push_back({w.peer, 0, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
+    }
+    r.unpackEnd = (uint32_t)x.unpack.size();
+    r.opEnd = (uint32_t)x.ops.size();
+    x.rounds.push_back(r);
+  }
+  if (x.pack.size() > UINT32_MAX || x.unpack.size() > UINT32_MAX || x.ops.size() > UINT32_MAX) {
+    if (error) *error = "the plan has more than 2^32 segments on one rank";
+    return false;
+  }
+  *out = std::move(x);
+  return true;
+}
+
+}  // namespace ncclm2n

@@ -1,0 +1,52 @@
+// The M2N executor's tables: one rank's plan and schedule flattened into what the kernels and the NCCL calls of an
+// execute read, built once at plan time (pure host C++).
+//
+// An execute runs the local copies, then rounds k = 0, 1, ...: in round k every stream with a chunk k takes part -
+// the sender packs chunk k into its send slot k % 2, the pair moves it (ncclSend from the sender's slot into the
+// receiver's slot k % 2; or, with LSA, the receiver reads the sender's slot), and the receiver unpacks it. A rank's
+// rounds end with its longest stream; its peers' streams with it end at the same chunk count on both sides.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nccl_m2n/src/move.h"
+#include "nccl_m2n/src/plan.h"
+#include "nccl_m2n/src/schedule.h"
+
+namespace ncclm2n {
+
+// One ncclSend or ncclRecv of a round.
+struct P2pOp {
+  int32_t peer = -1;
+  int32_t send = 0;         // 1: ncclSend from the staging, 0: ncclRecv into it
+  int64_t stageOffset = 0;  // bytes
+  int64_t bytes = 0;
+};
+
+struct ExecRound {
+  uint32_t packBegin = 0, packEnd = 0;      // ExecTables::pack[packBegin, packEnd)
+  uint32_t unpackBegin = 0, unpackEnd = 0;  // ExecTables::unpack[...]
+  uint32_t opBegin = 0, opEnd = 0;          // ExecTables::ops[...]
+  int64_t packElements = 0, unpackElements = 0;
+};
+
+struct ExecTables {
+  std::vector<MoveDesc> copies, sends, recvs;  // from the plan's lists, in their order
+  std::vector<MoveSegment> pack, unpack;       // indexing sends / recvs
+  std::vector<P2pOp> ops;
+  std::vector<ExecRound> rounds;
+  int64_t copyElements = 0;
+  int64_t stagingBytes = 0;
+  int64_t chunkBytes = 0;
+};
+
+MoveDesc moveDescOf(const Problem& problem, const Transfer& t);
+
+// Flattens `plan` (this rank's lists) and its schedule (built with the same problem). Every stream goes by P2P
+// operations here (the schedule must have receive slots for all streams: ScheduleOptions::lsa = false).
+bool buildExecTables(const Problem& problem, const RankPlan& plan, const RankSchedule& schedule, ExecTables* out,
+                     std::string* error);
+
+}  // namespace ncclm2n
