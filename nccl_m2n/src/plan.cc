@@ -171,6 +171,14 @@ uint64_t metadataHash(const Problem& p) {
   return h.done();
 }
 
+uint64_t tensorHash(const TensorPair& tp) {
+  Hasher h;
+  h.add(tp.name);
+  hashLayout(&h, tp.src);
+  hashLayout(&h, tp.dst);
+  return h.done();
+}
+
 void normalizeTransfer(Transfer* t) {
   int n = 0;
   for (int d = 0; d < t->ndims; d++) {

@@ -91,6 +91,8 @@ bool validateProblem(const Problem& problem, std::string* error);
 
 // 64-bit hash of everything the plan depends on.
 uint64_t metadataHash(const Problem& problem);
+// 64-bit hash of one tensor pair (name and both layouts): what ranks compare to name the tensor they disagree on.
+uint64_t tensorHash(const TensorPair& tensor);
 
 using ProgressFn = std::function<void(size_t tensorsDone, size_t tensorsTotal)>;
 
