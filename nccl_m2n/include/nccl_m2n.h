@@ -150,6 +150,38 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanGetTransfers(ncclM2nHostPlan_t plan, nc
                                                       const ncclM2nTransfer_t** transfers, int64_t* count);
 NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
 
+/* ------------------------------------------------------------------------------------------------------------
+ * Execution plans: the executor that moves the bytes of a planned batch.
+ *
+ * ncclM2nPlanCreate is COLLECTIVE over `comm` and blocking: every rank of the communicator calls it (also ranks in
+ * neither mesh) with the same batch. The ranks compare their metadata first; when it differs, every rank fails with
+ * ncclInvalidArgument and the same message naming the first differing tensor and rank. It then plans this rank's
+ * part, its schedule (docs/ARCHITECTURE.md, nccl_m2n) and allocates the staging (at most `stagingBytes`) and the
+ * tables an execute reads. ncclM2nExecute is COLLECTIVE and stream-ordered: src[t] / dst[t] are this rank's local
+ * pointers of tensor t (NULL where it holds no part of that side; its layout's strides and dtype), and the call
+ * enqueues the local copies and the exchanges on `stream`. It may be captured in a CUDA graph and replayed.
+ *
+ * This first executor moves everything between ranks with ncclSend/ncclRecv through the staging, inside an NVLink
+ * domain too (NCCL's own NVLink path); LSA and zero-copy paths, dtype conversion and timeouts on the exchanges
+ * (a peer that never executes leaves NCCL waiting) are not implemented yet.
+ * ------------------------------------------------------------------------------------------------------------ */
+typedef struct ncclM2nPlan* ncclM2nPlan_t;
+
+typedef struct {
+  size_t size;           /* sizeof(ncclM2nExecConfig_t) */
+  unsigned int magic;    /* NCCL_M2N_MAGIC */
+  size_t stagingBytes;   /* staging cap per rank; 0: 256 MiB */
+  double timeoutSeconds; /* budget of plan creation's host collectives; 0: NCCL_EXT_TIMEOUT_S */
+} ncclM2nExecConfig_t;
+#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0}
+
+NCCL_M2N_API ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors,
+                                            const ncclM2nTensorSpec_t* tensors, const ncclM2nExecConfig_t* config);
+NCCL_M2N_API ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* src, void* const* dst,
+                                         cudaStream_t stream);
+/* Local: after every execute of the plan has finished (it frees device memory). */
+NCCL_M2N_API ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

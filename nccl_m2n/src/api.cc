@@ -8,6 +8,8 @@
 
 #include "common/checks.h"
 #include "common/version.h"
+#include "common/env.h"
+#include "nccl_m2n/src/executor.h"
 #include "nccl_m2n/src/plan.h"
 
 struct ncclM2nHostPlan {
@@ -95,6 +97,38 @@ ncclM2nTransfer_t toPublic(const ncclm2n::Transfer& t) {
   return o;
 }
 
+// The public batch as the planner's Problem (tensors only). Structural errors (NULL, sizes, magic) fail here.
+ncclResult_t translateBatch(int nTensors, const ncclM2nTensorSpec_t* tensors, ncclm2n::Problem* p) {
+  p->tensors.resize(nTensors);
+  for (int t = 0; t < nTensors; t++) {
+    ncclm2n::TensorPair& tp = p->tensors[t];
+    tp.name = tensors[t].name ? tensors[t].name : "";
+    char side[96];
+    snprintf(side, sizeof(side), "tensor %d (%s) source", t, tp.name.c_str());
+    NCCLEXT_CHECK(translateLayout(tensors[t].src, side, &tp.src));
+    snprintf(side, sizeof(side), "tensor %d (%s) destination", t, tp.name.c_str());
+    NCCLEXT_CHECK(translateLayout(tensors[t].dst, side, &tp.dst));
+  }
+  return ncclSuccess;
+}
+
+// The batch's meaning: layouts, coverage, and a total size the plan's byte counts can hold. False with `why`.
+bool checkBatch(const ncclm2n::Problem& p, std::string* why) {
+  if (!ncclm2n::validateProblem(p, why)) return false;
+  __int128 batchBytes = 0;  // valid layouts: < 2^62 elements x 8 bytes x 2^24 positions per tensor
+  for (const ncclm2n::TensorPair& tp : p.tensors) {
+    __int128 elements = 1;
+    for (int64_t n : tp.dst.globalShape) elements *= n;
+    batchBytes += elements * (int64_t)ncclm2n::elementSize(tp.dst.dtype) * tp.dst.mesh.size();
+    if (batchBytes > kMaxPlanBytes) {
+      *why = "the batch delivers more than 2^62 bytes (up to tensor " +
+             std::to_string((int)(&tp - p.tensors.data())) + " (" + tp.name + ")): its byte counts would overflow";
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -146,28 +180,9 @@ ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTenso
     p.options.ranksPerDomain = config->ranksPerDomain;
     if (config->domainOfRank)
       p.options.domainOfRank.assign(config->domainOfRank, config->domainOfRank + config->nRanks);
-    p.tensors.resize(nTensors);
-    for (int t = 0; t < nTensors; t++) {
-      ncclm2n::TensorPair& tp = p.tensors[t];
-      tp.name = tensors[t].name ? tensors[t].name : "";
-      char side[96];
-      snprintf(side, sizeof(side), "tensor %d (%s) source", t, tp.name.c_str());
-      NCCLEXT_CHECK(translateLayout(tensors[t].src, side, &tp.src));
-      snprintf(side, sizeof(side), "tensor %d (%s) destination", t, tp.name.c_str());
-      NCCLEXT_CHECK(translateLayout(tensors[t].dst, side, &tp.dst));
-    }
+    NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p));
     std::string why;
-    NCCLEXT_ARG(ncclm2n::validateProblem(p, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
-    __int128 batchBytes = 0;  // valid layouts: < 2^62 elements x 8 bytes x 2^24 positions per tensor
-    for (const ncclm2n::TensorPair& tp : p.tensors) {
-      __int128 elements = 1;
-      for (int64_t n : tp.dst.globalShape) elements *= n;
-      batchBytes += elements * (int64_t)ncclm2n::elementSize(tp.dst.dtype) * tp.dst.mesh.size();
-      NCCLEXT_ARG(batchBytes <= kMaxPlanBytes,
-                  "ncclM2nHostPlanCreate: the batch delivers more than 2^62 bytes (up to tensor %d (%s)): its byte "
-                  "counts would overflow",
-                  (int)(&tp - p.tensors.data()), tp.name.c_str());
-    }
+    NCCLEXT_ARG(checkBatch(p, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
 
     ncclm2n::RankPlan mine;
     ncclm2n::PlanStats stats;
@@ -217,6 +232,47 @@ ncclResult_t ncclM2nHostPlanGetTransfers(ncclM2nHostPlan_t plan, ncclM2nTransfer
 ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan) {
   ncclext::clearLastError();
   delete plan;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors, const ncclM2nTensorSpec_t* tensors,
+                               const ncclM2nExecConfig_t* config) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nPlanCreate", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(plan != nullptr, "ncclM2nPlanCreate: plan is NULL");
+    *plan = nullptr;
+    NCCLEXT_ARG(comm != nullptr, "ncclM2nPlanCreate: comm is NULL");
+    NCCLEXT_ARG(config == nullptr || (config->size == sizeof(ncclM2nExecConfig_t) && config->magic == NCCL_M2N_MAGIC),
+                "ncclM2nPlanCreate: config size/magic do not match; use NCCL_M2N_EXEC_CONFIG_INITIALIZER");
+    NCCLEXT_ARG(config == nullptr || config->timeoutSeconds >= 0, "ncclM2nPlanCreate: timeoutSeconds < 0");
+    NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nPlanCreate: %d tensors at %p",
+                nTensors, (const void*)tensors);
+    NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
+    int nRanks = 0;
+    NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
+    ncclm2n::Problem p;
+    p.nRanks = nRanks;
+    NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p));
+    std::string why;
+    if (!checkBatch(p, &why) && why.empty()) why = "invalid batch";
+    ncclm2n::ExecOptions o;
+    if (config && config->stagingBytes) o.stagingBytes = (int64_t)config->stagingBytes;
+    o.timeoutSeconds = config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
+    return ncclm2n::createPlan(comm, std::move(p), why, o, plan);
+  });
+}
+
+ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* src, void* const* dst, cudaStream_t stream) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nExecute", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(plan != nullptr, "ncclM2nExecute: plan is NULL");
+    return ncclm2n::execute(plan, src, dst, stream);
+  });
+}
+
+ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan) {
+  ncclext::clearLastError();
+  ncclm2n::destroyPlan(plan);
   return ncclSuccess;
 }
 

@@ -862,4 +862,31 @@ TEST(M2nFuzz, VersionAndErrors) {
   });
 }
 
+TEST(M2nFuzz, ExecutionPlanArguments) {
+  // The executor's entry points with what the CPU can give them: NULL outputs, communicators and plans, and
+  // configs of the wrong size or magic. Each must be refused before any communicator is touched.
+  Campaign c("M2nFuzz.ExecutionPlanArguments", 2000);
+  c.run([&](Rng& rng, int64_t) {
+    ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+    const int kind = (int)rng.range(0, 4);
+    if (kind == 1) cfg.size = (size_t)rng.range(0, 200);
+    if (kind == 2) cfg.magic ^= 1u << rng.range(0, 31);
+    if (kind == 3) cfg.timeoutSeconds = -1;
+    const bool nullPlan = rng.chance(1, 3);
+    ncclM2nPlan_t plan = reinterpret_cast<ncclM2nPlan_t>(0x1);
+    // A communicator is never passed (none exists without a GPU): NULL, so the call must refuse it or the config.
+    c.describe([&] { return "config kind " + std::to_string(kind) + (nullPlan ? ", plan NULL" : ""); });
+    const ncclResult_t r = c.call(Lib::kM2n, "ncclM2nPlanCreate", [&] {
+      return ncclM2nPlanCreate(nullPlan ? nullptr : &plan, nullptr, 0, nullptr, &cfg);
+    });
+    c.expectRejected(r, "ncclM2nPlanCreate", "comm NULL");
+    if (!nullPlan && plan != nullptr) c.fail("ncclM2nPlanCreate left *plan set on failure");
+    const ncclResult_t e =
+        c.call(Lib::kM2n, "ncclM2nExecute", [&] { return ncclM2nExecute(nullptr, nullptr, nullptr, nullptr); });
+    c.expectRejected(e, "ncclM2nExecute", "plan NULL");
+    if (c.call(Lib::kM2n, "ncclM2nPlanDestroy", [&] { return ncclM2nPlanDestroy(nullptr); }) != ncclSuccess)
+      c.fail("ncclM2nPlanDestroy(NULL) failed");
+  });
+}
+
 }  // namespace

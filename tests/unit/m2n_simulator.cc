@@ -320,7 +320,8 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
     for (const MoveDesc& d : tables[r].copies) {
       const int64_t n = product(d.extent, d.ndims);
       for (int64_t e = 0; e < n; e++) {
-        if (!inside(r, d, e, true, true)) return error("rank " + std::to_string(r) + ": a local copy out of bounds"), res;
+        if (!inside(r, d, e, true, true))
+          return error("rank " + std::to_string(r) + ": a local copy out of bounds"), res;
         copyLocalElement(d, e, srcPtr[r].data(), dstPtr[r].data());
         countWrite(r, d, e);
       }

@@ -1,0 +1,225 @@
+#include "nccl_m2n/src/executor.h"
+
+#include <cuda_runtime.h>
+#include <nccl_device.h>
+
+#include <cstring>
+#include <memory>
+
+#include "common/checks.h"
+#include "common/device_status.h"
+#include "common/domain.h"
+#include "nccl_m2n/src/agree.h"
+#include "nccl_m2n/src/exec_kernels.h"
+#include "nccl_m2n/src/schedule.h"
+
+struct ncclM2nPlan {
+  ncclComm_t comm = nullptr;
+  int rank = 0, nRanks = 0;
+  int nTensors = 0;
+  std::vector<std::string> names;
+  std::vector<char> needSrc, needDst;  // this rank holds part of tensor t's source / destination
+  ncclm2n::ExecTables tables;
+  std::vector<ncclm2n::MoveSegment> copySegs;
+  // Device memory (one allocation each, freed by destroyPlan).
+  ncclm2n::MoveDesc *copies = nullptr, *sends = nullptr, *recvs = nullptr;
+  ncclm2n::MoveSegment *copySegsDev = nullptr, *pack = nullptr, *unpack = nullptr;
+  char* staging = nullptr;
+  const void** src = nullptr;  // [nTensors] the call's pointers, set by each execute
+  void** dst = nullptr;
+};
+
+namespace ncclm2n {
+namespace {
+
+constexpr int64_t kCopySegmentElements = 1 << 16;
+
+// The first rank of my NVLink (LSA) team: the same number on every rank of the team.
+int domainIdOf(ncclComm_t comm, int rank) {
+  const ncclTeam_t lsa = ncclTeamLsa(comm);
+  return rank - lsa.rank * lsa.stride;
+}
+
+template <typename T>
+ncclResult_t upload(const std::vector<T>& host, T** dev) {
+  *dev = nullptr;
+  if (host.empty()) return ncclSuccess;
+  NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(dev), host.size() * sizeof(T)));
+  NCCLEXT_CUDA(cudaMemcpy(*dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return ncclSuccess;
+}
+
+struct Round1 {
+  int32_t domain = 0;
+  int32_t valid = 1;
+  Digest digest;
+};
+
+// Which ranks hold a non-empty part of each tensor's source and destination.
+void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<char>* dst) {
+  src->assign(p.tensors.size(), 0);
+  dst->assign(p.tensors.size(), 0);
+  for (size_t t = 0; t < p.tensors.size(); t++) {
+    const TensorPair& tp = p.tensors[t];
+    const ShardGrid sg(tp.src), dg(tp.dst);
+    for (int pos = 0; pos < tp.src.mesh.size(); pos++)
+      if (tp.src.mesh.ranks[pos] == rank && !sg.boxOfPosition(pos).empty()) (*src)[t] = 1;
+    for (int pos = 0; pos < tp.dst.mesh.size(); pos++)
+      if (tp.dst.mesh.ranks[pos] == rank && !dg.boxOfPosition(pos).empty()) (*dst)[t] = 1;
+  }
+}
+
+}  // namespace
+
+std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements) {
+  std::vector<MoveSegment> out;
+  for (size_t i = 0; i < copies.size(); i++) {
+    const int64_t n = product(copies[i].extent, copies[i].ndims);
+    for (int64_t first = 0; first < n; first += maxElements)
+      out.push_back({(uint32_t)i, 0, first, std::min(maxElements, n - first), 0});
+  }
+  return out;
+}
+
+ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localError, const ExecOptions& o,
+                        ncclM2nPlan** out) {
+  std::unique_ptr<ncclM2nPlan> plan(new ncclM2nPlan());
+  plan->comm = comm;
+  NCCLEXT_NCCL(ncclCommUserRank(comm, &plan->rank));
+  NCCLEXT_NCCL(ncclCommCount(comm, &plan->nRanks));
+  const int rank = plan->rank, n = plan->nRanks;
+  cudaStream_t stream = nullptr;
+  NCCLEXT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    bool leak = false;
+    ~StreamGuard() {
+      if (!leak) cudaStreamDestroy(s);
+    }
+  } guard{stream};
+
+  // Round 1: every rank's domain, validity and digest.
+  std::vector<uint64_t> hashes(p.tensors.size());
+  for (size_t t = 0; t < p.tensors.size(); t++) hashes[t] = tensorHash(p.tensors[t]);
+  Round1 mine;
+  mine.domain = domainIdOf(comm, rank);
+  mine.valid = localError.empty();
+  mine.digest = digestOf(hashes);
+  std::vector<Round1> all(n);
+  ncclResult_t res = ncclext::ncclAllGatherHost(comm, stream, &mine, sizeof(mine), all.data(), o.timeoutSeconds);
+  if (res != ncclSuccess) {
+    guard.leak = true;  // the all-gather may still run: leave its stream to the process
+    return res;
+  }
+  std::vector<Digest> digests;
+  for (const Round1& r : all) digests.push_back(r.digest);
+  const Agreement a = compareDigests(digests);
+  if (!a.agree) {
+    std::string msg = a.message;
+    if (msg.empty()) {  // round 2: the hashes of the first differing group
+      int64_t lo, hi;
+      digestGroup((int64_t)hashes.size(), a.group, &lo, &hi);
+      std::vector<uint64_t> groupAll((size_t)(hi - lo) * n);
+      res = ncclext::ncclAllGatherHost(comm, stream, hashes.data() + lo, (size_t)(hi - lo) * sizeof(uint64_t),
+                                       groupAll.data(), o.timeoutSeconds);
+      if (res != ncclSuccess) {
+        guard.leak = true;
+        return res;
+      }
+      std::vector<std::vector<uint64_t>> per(n);
+      for (int r = 0; r < n; r++)
+        per[r].assign(groupAll.begin() + (size_t)r * (hi - lo), groupAll.begin() + (size_t)(r + 1) * (hi - lo));
+      std::vector<std::string> names;
+      for (const TensorPair& tp : p.tensors) names.push_back(tp.name);
+      msg = firstDifference(per, lo, names);
+    }
+    return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
+                         "ncclM2nPlanCreate: the ranks disagree on the batch: %s", msg.c_str());
+  }
+  if (!localError.empty())
+    return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "ncclM2nPlanCreate: %s", localError.c_str());
+  for (int r = 0; r < n; r++)
+    if (!all[r].valid)
+      return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
+                  "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
+
+  // The same batch everywhere: plan this rank's part with the NVLink domains NCCL found.
+  p.options.domainOfRank.resize(n);
+  for (int r = 0; r < n; r++) p.options.domainOfRank[r] = all[r].domain;
+  RankPlan rp;
+  PlanStats stats;
+  planRank(p, rank, &rp, &stats);
+  ScheduleOptions so;
+  so.stagingCapBytes = o.stagingBytes;
+  so.lsa = false;  // this executor: every stream by ncclSend/ncclRecv
+  RankSchedule sched;
+  std::string why;
+  NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
+  NCCLEXT_ARG(buildExecTables(p, rp, sched, &plan->tables, &why), "ncclM2nPlanCreate: %s", why.c_str());
+  plan->copySegs = copySegments(plan->tables.copies, kCopySegmentElements);
+  plan->nTensors = (int)p.tensors.size();
+  for (const TensorPair& tp : p.tensors) plan->names.push_back(tp.name);
+  holdings(p, rank, &plan->needSrc, &plan->needDst);
+
+  const ExecTables& x = plan->tables;
+  NCCLEXT_CHECK(upload(x.copies, &plan->copies));
+  NCCLEXT_CHECK(upload(x.sends, &plan->sends));
+  NCCLEXT_CHECK(upload(x.recvs, &plan->recvs));
+  NCCLEXT_CHECK(upload(plan->copySegs, &plan->copySegsDev));
+  NCCLEXT_CHECK(upload(x.pack, &plan->pack));
+  NCCLEXT_CHECK(upload(x.unpack, &plan->unpack));
+  if (x.stagingBytes > 0) NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->staging), x.stagingBytes));
+  if (plan->nTensors > 0) {
+    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->src), sizeof(void*) * plan->nTensors));
+    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->dst), sizeof(void*) * plan->nTensors));
+  }
+  *out = plan.release();
+  return ncclSuccess;
+}
+
+ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst, cudaStream_t stream) {
+  for (int t = 0; t < plan->nTensors; t++) {
+    NCCLEXT_ARG(!plan->needSrc[t] || (src && src[t]),
+                "ncclM2nExecute: rank %d holds part of tensor %d (%s)'s source, but its src pointer is NULL",
+                plan->rank, t, plan->names[t].c_str());
+    NCCLEXT_ARG(!plan->needDst[t] || (dst && dst[t]),
+                "ncclM2nExecute: rank %d holds part of tensor %d (%s)'s destination, but its dst pointer is NULL",
+                plan->rank, t, plan->names[t].c_str());
+  }
+  const ExecTables& x = plan->tables;
+  NCCLEXT_CHECK(launchSetPointers(plan->src, src, plan->nTensors, stream));
+  NCCLEXT_CHECK(launchSetPointers(const_cast<const void**>(plan->dst), const_cast<const void* const*>(dst),
+                                  plan->nTensors, stream));
+  const char* const* s = reinterpret_cast<const char* const*>(plan->src);
+  char* const* d = reinterpret_cast<char* const*>(plan->dst);
+  NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, (int64_t)plan->copySegs.size(), s, d, stream));
+  for (const ExecRound& r : x.rounds) {
+    NCCLEXT_CHECK(
+        launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, plan->staging, stream));
+    NCCLEXT_NCCL(ncclGroupStart());
+    ncclResult_t res = ncclSuccess;
+    for (uint32_t i = r.opBegin; i < r.opEnd && res == ncclSuccess; i++) {
+      const P2pOp& op = x.ops[i];
+      char* at = plan->staging + op.stageOffset;
+      res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, plan->comm, stream)
+                    : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, plan->comm, stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (res != ncclSuccess || ended != ncclSuccess)
+      return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                           "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(plan->comm));
+    NCCLEXT_CHECK(launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, plan->staging,
+                               d, stream));
+  }
+  return ncclSuccess;
+}
+
+void destroyPlan(ncclM2nPlan* plan) {
+  if (!plan) return;
+  for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,
+                  (void*)plan->pack, (void*)plan->unpack, (void*)plan->staging, (void*)plan->src, (void*)plan->dst})
+    if (p) cudaFree(p);
+  delete plan;
+}
+
+}  // namespace ncclm2n

@@ -1,0 +1,35 @@
+// The M2N executor (ncclM2nPlanCreate / Execute / PlanDestroy): plan creation's agreement and planning, the
+// device tables, and an execute's sequence of kernels and NCCL point-to-point calls. api.cc validates the public
+// arguments and builds the Problem; everything here is behind that.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nccl_m2n/src/exec_tables.h"
+#include "nccl_m2n/src/plan.h"
+
+struct ncclM2nPlan;
+
+namespace ncclm2n {
+
+struct ExecOptions {
+  int64_t stagingBytes = 256ll << 20;
+  double timeoutSeconds = 100;
+};
+
+// COLLECTIVE over comm. `problem` holds the batch (nRanks set, options empty: the domains come from NCCL's LSA
+// teams); `localError` is non-empty when this rank's batch failed validation (the ranks still meet, so that all of
+// them fail together).
+ncclResult_t createPlan(ncclComm_t comm, Problem&& problem, const std::string& localError, const ExecOptions& options,
+                        ncclM2nPlan** out);
+ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst, cudaStream_t stream);
+void destroyPlan(ncclM2nPlan* plan);
+
+// Segments of at most `maxElements` elements covering every local copy (the copy kernel's unit of work).
+std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements);
+
+}  // namespace ncclm2n
