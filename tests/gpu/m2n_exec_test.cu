@@ -1,0 +1,352 @@
+// GPU test of the nccl_m2n executor (ncclM2nPlanCreate / Execute / PlanDestroy) on random batches.
+//
+// Every rank draws the same batches (tests/unit/m2n_random.h: disjoint, overlapping and co-located meshes, uneven
+// shards, several sharded axes, explicit boxes, strided locals; dtypes of 1, 2, 4 and 8 bytes) from one seed.
+// Source slots hold a value that names (tensor, global element); the slots between a strided tensor's elements hold
+// a hole marker; destinations are poisoned. After the execute every destination element must hold its own value
+// and every other destination byte its poison. The staging cap is small, so that streams take many chunks. Then:
+// a CUDA graph of one execute, replayed with fresh source values; and a batch that one rank names differently,
+// which every rank must refuse with a message naming that tensor.
+//
+// Usage: m2n_exec_test [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE]
+// Exit: 0 pass, 1 fail, 77 no GPU. (Virtual ranks: the executor needs NCCL point-to-point between ranks.)
+#include <getopt.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/device_status.h"
+#include "common/status.h"
+#include "nccl_m2n.h"
+#include "tests/harness/launcher.h"
+#include "tests/unit/m2n_random.h"
+
+namespace {
+
+using namespace ncclm2n;
+
+struct Options {
+  int nRanks = 0, cases = 120;
+  uint64_t seed = 0;
+  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
+  std::string json;
+};
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t valueOf(uint64_t round, size_t t, int64_t linear) { return mix(round << 56 ^ (uint64_t)t << 40 ^ linear); }
+
+int64_t globalLinear(const Layout& l, const int64_t* idx) {
+  int64_t lin = 0;
+  for (int d = 0; d < l.ndims(); d++) lin = lin * l.globalShape[d] + idx[d];
+  return lin;
+}
+
+// fn(global index, local element offset) for every element of position pos.
+template <typename Fn>
+void forEach(const ShardGrid& g, int pos, int nd, Fn&& fn) {
+  const Box& b = g.boxOfPosition(pos);
+  if (b.empty()) return;
+  const int64_t* st = g.strides(pos);
+  int64_t idx[kMaxTensorDims] = {}, gi[kMaxTensorDims];
+  for (;;) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; d++) {
+      gi[d] = b.offset[d] + idx[d];
+      off += idx[d] * st[d];
+    }
+    fn(gi, off);
+    int d = nd - 1;
+    while (d >= 0 && ++idx[d] == b.shape[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+// The public descriptors of one side of a tensor, with the arrays they point into.
+struct CLayout {
+  std::vector<int> dims, ranks, placements;
+  std::vector<int64_t> shape, strides;
+  std::vector<ncclM2nBox_t> boxes;
+  ncclM2nMesh_t mesh = NCCL_M2N_MESH_INITIALIZER;
+  ncclM2nLayout_t layout = NCCL_M2N_LAYOUT_INITIALIZER;
+  void from(const Layout& l) {
+    dims = l.mesh.dims;
+    ranks = l.mesh.ranks;
+    placements = l.placements;
+    shape = l.globalShape;
+    strides = l.strides;
+    boxes.clear();
+    for (const Box& b : l.boxes) {
+      ncclM2nBox_t c = {};
+      for (int d = 0; d < b.ndims; d++) {
+        c.offset[d] = b.offset[d];
+        c.shape[d] = b.shape[d];
+      }
+      boxes.push_back(c);
+    }
+    mesh.ndims = (int)dims.size();
+    mesh.dims = dims.data();
+    mesh.ranks = ranks.data();
+    layout.ndims = (int)shape.size();
+    layout.globalShape = shape.data();
+    layout.dtype = l.dtype;
+    layout.mesh = &mesh;
+    layout.placements = placements.data();
+    layout.boxes = boxes.empty() ? nullptr : boxes.data();
+    layout.localStrides = strides.empty() ? nullptr : strides.data();
+  }
+};
+
+struct Batch {
+  Problem p;
+  std::vector<std::unique_ptr<CLayout>> src, dst;
+  std::vector<ncclM2nTensorSpec_t> specs;
+  void build() {
+    for (const TensorPair& tp : p.tensors) {
+      src.emplace_back(new CLayout());
+      src.back()->from(tp.src);
+      dst.emplace_back(new CLayout());
+      dst.back()->from(tp.dst);
+    }
+    for (size_t t = 0; t < p.tensors.size(); t++)
+      specs.push_back({p.tensors[t].name.c_str(), &src[t]->layout, &dst[t]->layout});
+  }
+};
+
+// This rank's local tensors of a batch: host images and device copies.
+struct Locals {
+  std::vector<std::vector<char>> srcHost, dstHost;
+  std::vector<void*> srcDev, dstDev;
+  cudaStream_t stream = nullptr;
+  ~Locals() {
+    for (void* p : srcDev) if (p) cudaFreeAsync(p, stream);
+    for (void* p : dstDev) if (p) cudaFreeAsync(p, stream);
+  }
+};
+
+int positionOf(const Mesh& m, int rank) {
+  for (int i = 0; i < m.size(); i++)
+    if (m.ranks[i] == rank) return i;
+  return -1;
+}
+
+bool fillSources(const Problem& p, int rank, uint64_t round, Locals* L) {
+  for (size_t t = 0; t < p.tensors.size(); t++) {
+    const TensorPair& tp = p.tensors[t];
+    const int pos = positionOf(tp.src.mesh, rank);
+    if (pos < 0) continue;
+    const ShardGrid g(tp.src);
+    const int64_t eb = (int64_t)elementSize(tp.src.dtype);
+    std::vector<char>& h = L->srcHost[t];
+    h.assign(std::max<int64_t>(g.localSpan(pos), 1) * eb, (char)0xee);
+    forEach(g, pos, tp.src.ndims(), [&](const int64_t* gi, int64_t off) {
+      const uint64_t v = valueOf(round, t, globalLinear(tp.src, gi));
+      memcpy(&h[off * eb], &v, eb);
+    });
+    if (!L->srcDev[t] && cudaMallocAsync(&L->srcDev[t], h.size(), L->stream) != cudaSuccess) return false;
+    if (cudaMemcpyAsync(L->srcDev[t], h.data(), h.size(), cudaMemcpyHostToDevice, L->stream) != cudaSuccess)
+      return false;
+  }
+  return true;
+}
+
+bool poisonDestinations(const Problem& p, int rank, Locals* L) {
+  for (size_t t = 0; t < p.tensors.size(); t++) {
+    const TensorPair& tp = p.tensors[t];
+    const int pos = positionOf(tp.dst.mesh, rank);
+    if (pos < 0) continue;
+    const ShardGrid g(tp.dst);
+    const size_t bytes = std::max<int64_t>(g.localSpan(pos), 1) * elementSize(tp.dst.dtype);
+    if (!L->dstDev[t] && cudaMallocAsync(&L->dstDev[t], bytes, L->stream) != cudaSuccess) return false;
+    if (cudaMemsetAsync(L->dstDev[t], 0xff, bytes, L->stream) != cudaSuccess) return false;
+    L->dstHost[t].assign(bytes, 0);
+  }
+  return true;
+}
+
+// Errors in this rank's destinations (printing the first few).
+int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L, const char* what) {
+  int64_t bad = 0;
+  for (size_t t = 0; t < p.tensors.size(); t++) {
+    const TensorPair& tp = p.tensors[t];
+    const int pos = positionOf(tp.dst.mesh, rank);
+    if (pos < 0) continue;
+    std::vector<char>& h = L->dstHost[t];
+    if (cudaMemcpy(h.data(), L->dstDev[t], h.size(), cudaMemcpyDeviceToHost) != cudaSuccess) return bad + 1;
+    const ShardGrid g(tp.dst);
+    const int64_t eb = (int64_t)elementSize(tp.dst.dtype);
+    std::vector<char> isElement(h.size() / eb, 0);
+    forEach(g, pos, tp.dst.ndims(), [&](const int64_t* gi, int64_t off) {
+      isElement[off] = 1;
+      const uint64_t v = valueOf(round, t, globalLinear(tp.dst, gi));
+      if (memcmp(&h[off * eb], &v, eb) != 0 && bad++ < 5)
+        fprintf(stderr, "rank %d [%s] tensor %zu (%s) element offset %lld: wrong value\n", rank, what, t,
+                tp.name.c_str(), (long long)off);
+    });
+    for (size_t e = 0; e < isElement.size(); e++)
+      for (int64_t k = 0; k < eb && !isElement[e]; k++)
+        if ((unsigned char)h[e * eb + k] != 0xff && bad++ < 5)
+          fprintf(stderr, "rank %d [%s] tensor %zu: a write between the elements at slot %zu\n", rank, what, t, e);
+  }
+  return bad;
+}
+
+int body(ncclext::harness::RankContext& ctx, const Options& o) {
+  const ncclDataType_t dtypes[] = {ncclInt8, ncclBfloat16, ncclFloat32, ncclInt64};
+  int64_t errors = 0, cases = 0, elements = 0;
+  bool graphDone = false, graphOk = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int c = 0; c < o.cases; c++) {
+    testing::Gen g(o.seed * 1000003 + (uint64_t)c);
+    Batch b;
+    b.p = g.problem(ctx.nRanks);
+    for (TensorPair& tp : b.p.tensors) tp.src.dtype = tp.dst.dtype = dtypes[g.uniform(0, 3)];
+    std::string why;
+    if (!validateProblem(b.p, &why)) continue;  // every rank skips the same cases
+    b.build();
+    ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+    const int64_t chunk = (int64_t)16 << g.uniform(0, 8);  // 16 B .. 4 KiB chunks
+    cfg.stagingBytes = (size_t)(chunk * 4 * std::max(1, ctx.nRanks - 1));
+    cfg.timeoutSeconds = 60;
+    ncclM2nPlan_t plan = nullptr;
+    if (ncclM2nPlanCreate(&plan, ctx.comm, (int)b.specs.size(), b.specs.data(), &cfg) != ncclSuccess) {
+      fprintf(stderr, "rank %d case %d: ncclM2nPlanCreate: %s\n", ctx.rank, c, ncclM2nGetLastError());
+      return 1;
+    }
+    Locals L;
+    L.stream = ctx.stream;
+    const size_t nt = b.p.tensors.size();
+    L.srcHost.resize(nt);
+    L.dstHost.resize(nt);
+    L.srcDev.assign(nt, nullptr);
+    L.dstDev.assign(nt, nullptr);
+    if (!fillSources(b.p, ctx.rank, 1, &L) || !poisonDestinations(b.p, ctx.rank, &L)) return 1;
+    if (ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(), ctx.stream) !=
+        ncclSuccess) {
+      fprintf(stderr, "rank %d case %d: ncclM2nExecute: %s\n", ctx.rank, c, ncclM2nGetLastError());
+      return 1;
+    }
+    if (ncclext::waitStream(ctx.stream, 60, "m2n execute") != ncclSuccess) {
+      fprintf(stderr, "rank %d case %d: %s\n", ctx.rank, c, ncclext::lastError());
+      return 1;
+    }
+    errors += checkDestinations(b.p, ctx.rank, 1, &L, "execute");
+    for (const TensorPair& tp : b.p.tensors) {
+      const ShardGrid dg(tp.dst);
+      for (int pos = 0; pos < tp.dst.mesh.size(); pos++) elements += dg.boxOfPosition(pos).elements();
+    }
+    cases++;
+    // Once: the same execute captured in a graph and replayed with fresh source values.
+    if (!graphDone && !b.p.tensors.empty()) {
+      graphDone = true;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      bool ok = cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+      ok = ok && ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(),
+                                ctx.stream) == ncclSuccess;
+      ok = cudaStreamEndCapture(ctx.stream, &graph) == cudaSuccess && ok;
+      ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+      for (uint64_t round = 2; ok && round < 4; round++) {
+        ok = fillSources(b.p, ctx.rank, round, &L) && poisonDestinations(b.p, ctx.rank, &L) &&
+             cudaGraphLaunch(exec, ctx.stream) == cudaSuccess &&
+             ncclext::waitStream(ctx.stream, 60, "m2n graph replay") == ncclSuccess;
+        if (ok) errors += checkDestinations(b.p, ctx.rank, round, &L, "graph replay");
+      }
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      if (!ok) {
+        fprintf(stderr, "rank %d: graph capture/replay failed: %s / %s\n", ctx.rank, ncclM2nGetLastError(),
+                cudaGetErrorString(cudaGetLastError()));
+        graphOk = false;
+      }
+    }
+    cudaStreamSynchronize(ctx.stream);
+    ncclM2nPlanDestroy(plan);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Metadata that differs on one rank: every rank refuses the batch, naming the tensor.
+  bool mismatchOk = true;
+  if (ctx.nRanks > 1) {
+    testing::Gen g(o.seed + 99);
+    Batch b;
+    std::string why;
+    do {
+      b = Batch();
+      b.p = g.problem(ctx.nRanks);
+    } while (b.p.tensors.size() < 2 || !validateProblem(b.p, &why));
+    const size_t bad = b.p.tensors.size() - 1;
+    if (ctx.rank == ctx.nRanks - 1) b.p.tensors[bad].name += "_other";
+    b.build();
+    ncclM2nPlan_t plan = nullptr;
+    ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+    cfg.timeoutSeconds = 60;
+    const ncclResult_t r = ncclM2nPlanCreate(&plan, ctx.comm, (int)b.specs.size(), b.specs.data(), &cfg);
+    const std::string msg = ncclM2nGetLastError();
+    mismatchOk = r == ncclInvalidArgument && plan == nullptr &&
+                 msg.find("tensor " + std::to_string(bad)) != std::string::npos &&
+                 msg.find("rank " + std::to_string(ctx.nRanks - 1)) != std::string::npos;
+    printf("rank %d: a batch named differently on rank %d -> %s: \"%s\"\n", ctx.rank, ctx.nRanks - 1,
+           ncclGetErrorString(r), msg.c_str());
+    if (plan) ncclM2nPlanDestroy(plan);
+  }
+  uint64_t total = 0;
+  const uint64_t mine = (uint64_t)errors + (graphOk ? 0 : 1) + (mismatchOk ? 0 : 1);
+  if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = mine + 1;
+  const bool pass = total == 0 && cases > 0;
+  printf("rank %d: %lld batches executed (%lld destination elements in all), graph replays %s, mismatch %s, "
+         "errors %lld (all ranks %llu), %.1f s -> %s (seed %llu)\n",
+         ctx.rank, (long long)cases, (long long)elements, graphOk ? "ok" : "FAILED", mismatchOk ? "ok" : "FAILED",
+         (long long)errors, (unsigned long long)total, seconds, pass ? "PASS" : "FAIL", (unsigned long long)o.seed);
+  if (ctx.rank == 0 && !o.json.empty()) {
+    if (FILE* f = fopen(o.json.c_str(), "a")) {
+      fprintf(f,
+              "{\"test\": \"m2n_exec\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %lld, "
+              "\"elements\": %lld, \"seconds\": %.3f, \"seed\": %llu}\n",
+              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", (long long)cases,
+              (long long)elements, seconds, (unsigned long long)o.seed);
+      fclose(f);
+    }
+  }
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  o.seed = (uint64_t)std::chrono::system_clock::now().time_since_epoch().count();
+  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
+                                 {"one-gpu", required_argument, nullptr, 'g'},
+                                 {"cases", required_argument, nullptr, 'c'},
+                                 {"seed", required_argument, nullptr, 's'},
+                                 {"json", required_argument, nullptr, 'j'},
+                                 {nullptr, 0, nullptr, 0}};
+  int c;
+  bool ok = true;
+  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
+    if (c == 'n') o.nRanks = atoi(optarg);
+    else if (c == 'g') ok = ncclext::harness::parseOneGpu(optarg, &o.oneGpu) && ok;
+    else if (c == 'c') o.cases = atoi(optarg);
+    else if (c == 's') o.seed = strtoull(optarg, nullptr, 0);
+    else if (c == 'j') o.json = optarg;
+    else ok = false;
+  }
+  if (!ok || o.cases < 1 || o.oneGpu == ncclext::harness::OneGpu::kVirtual) {
+    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE]\n", argv[0]);
+    return 2;
+  }
+  printf("m2n_exec_test: seed %llu\n", (unsigned long long)o.seed);
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = o.nRanks;
+  lo.oneGpu = o.oneGpu;
+  return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) { return body(ctx, o); });
+}
