@@ -83,7 +83,8 @@ std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64
 
 ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localError, const ExecOptions& o,
                         ncclM2nPlan** out) {
-  std::unique_ptr<ncclM2nPlan> plan(new ncclM2nPlan());
+  // Any failure below frees what was allocated so far (destroyPlan frees the device memory, then the plan).
+  std::unique_ptr<ncclM2nPlan, void (*)(ncclM2nPlan*)> plan(new ncclM2nPlan(), destroyPlan);
   plan->comm = comm;
   NCCLEXT_NCCL(ncclCommUserRank(comm, &plan->rank));
   NCCLEXT_NCCL(ncclCommCount(comm, &plan->nRanks));
@@ -141,7 +142,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
   for (int r = 0; r < n; r++)
     if (!all[r].valid)
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
-                  "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
+                           "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
 
   // The same batch everywhere: plan this rank's part with the NVLink domains NCCL found.
   p.options.domainOfRank.resize(n);
