@@ -38,30 +38,27 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
   int64_t rounds = 0;
   for (const auto* list : {&s.sends, &s.recvs})
     for (const WireStream& w : *list) rounds = std::max(rounds, w.chunks(s.chunkBytes));
+  // Chunk k of every stream of one direction: its segments (into `segs`) and its P2P operation.
+  auto addChunks = [&](const std::vector<WireStream>& streams, const std::vector<Transfer>& list, bool send,
+                       int64_t k, std::vector<MoveSegment>* segs, int64_t* elements) {
+    for (const WireStream& w : streams) {
+      if (k >= w.chunks(s.chunkBytes)) continue;
+      const int64_t slot = w.slotOffset + (k % 2) * s.chunkBytes;
+      for (const Segment& g : chunkSegments(p, list, w, s.chunkBytes, k)) {
+        segs->push_back({g.transfer, 0, g.firstElement, g.elements, slot + g.chunkOffset});
+        *elements += g.elements;
+      }
+      x.ops.push_back({w.peer, send ? 1 : 0, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
+    }
+  };
   for (int64_t k = 0; k < rounds; k++) {
     ExecRound r;
-    r.packBegin = (uint32_t)x.pack.size();
     r.opBegin = (uint32_t)x.ops.size();
-    for (const WireStream& w : s.sends) {
-      if (k >= w.chunks(s.chunkBytes)) continue;
-      const int64_t slot = w.slotOffset + (k % 2) * s.chunkBytes;
-      for (const Segment& g : chunkSegments(p, plan.sends, w, s.chunkBytes, k)) {
-        x.pack.push_back({g.transfer, 0, g.firstElement, g.elements, slot + g.chunkOffset});
-        r.packElements += g.elements;
-      }
-      x.ops.push_back({w.peer, 1, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
-    }
+    r.packBegin = (uint32_t)x.pack.size();
+    addChunks(s.sends, plan.sends, true, k, &x.pack, &r.packElements);
     r.packEnd = (uint32_t)x.pack.size();
     r.unpackBegin = (uint32_t)x.unpack.size();
-    for (const WireStream& w : s.recvs) {
-      if (k >= w.chunks(s.chunkBytes)) continue;
-      const int64_t slot = w.slotOffset + (k % 2) * s.chunkBytes;
-      for (const Segment& g : chunkSegments(p, plan.recvs, w, s.chunkBytes, k)) {
-        x.unpack.push_back({g.transfer, 0, g.firstElement, g.elements, slot + g.chunkOffset});
-        r.unpackElements += g.elements;
-      }
-      x.ops.push_back({w.peer, 0, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
-    }
+    addChunks(s.recvs, plan.recvs, false, k, &x.unpack, &r.unpackElements);
     r.unpackEnd = (uint32_t)x.unpack.size();
     r.opEnd = (uint32_t)x.ops.size();
     x.rounds.push_back(r);

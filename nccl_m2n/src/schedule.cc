@@ -109,16 +109,4 @@ std::vector<Segment> chunkSegments(const Problem& p, const std::vector<Transfer>
   return out;
 }
 
-void elementOffsets(const Transfer& t, int64_t e, int64_t* so, int64_t* dof) {
-  int64_t s = t.srcOffset, d = t.dstOffset;
-  for (int k = t.ndims - 1; k >= 0; k--) {
-    const int64_t i = e % t.extent[k];
-    e /= t.extent[k];
-    s += i * t.srcStride[k];
-    d += i * t.dstStride[k];
-  }
-  *so = s;
-  *dof = d;
-}
-
 }  // namespace ncclm2n

@@ -83,7 +83,4 @@ bool buildSchedule(const Problem& problem, const RankPlan& plan, const ScheduleO
 std::vector<Segment> chunkSegments(const Problem& problem, const std::vector<Transfer>& list, const WireStream& stream,
                                    int64_t chunkBytes, int64_t chunk);
 
-// Source and destination element offsets (in each side's local tensor) of element `e` (row-major) of `t`'s box.
-void elementOffsets(const Transfer& t, int64_t e, int64_t* srcOffset, int64_t* dstOffset);
-
 }  // namespace ncclm2n

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "nccl_m2n.h"
 #include "tests/harness/launcher.h"
+#include "tests/unit/m2n_elements.h"
 #include "tests/unit/m2n_random.h"
 
 namespace {
@@ -36,39 +37,10 @@ struct Options {
   std::string json;
 };
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-uint64_t valueOf(uint64_t round, size_t t, int64_t linear) { return mix(round << 56 ^ (uint64_t)t << 40 ^ linear); }
+using testing::forEachElement;
+using testing::globalLinear;
 
-int64_t globalLinear(const Layout& l, const int64_t* idx) {
-  int64_t lin = 0;
-  for (int d = 0; d < l.ndims(); d++) lin = lin * l.globalShape[d] + idx[d];
-  return lin;
-}
-
-// fn(global index, local element offset) for every element of position pos.
-template <typename Fn>
-void forEach(const ShardGrid& g, int pos, int nd, Fn&& fn) {
-  const Box& b = g.boxOfPosition(pos);
-  if (b.empty()) return;
-  const int64_t* st = g.strides(pos);
-  int64_t idx[kMaxTensorDims] = {}, gi[kMaxTensorDims];
-  for (;;) {
-    int64_t off = 0;
-    for (int d = 0; d < nd; d++) {
-      gi[d] = b.offset[d] + idx[d];
-      off += idx[d] * st[d];
-    }
-    fn(gi, off);
-    int d = nd - 1;
-    while (d >= 0 && ++idx[d] == b.shape[d]) idx[d--] = 0;
-    if (d < 0) return;
-  }
-}
+uint64_t valueOf(uint64_t round, size_t t, int64_t linear) { return testing::elementValue(round, t, linear); }
 
 // The public descriptors of one side of a tensor, with the arrays they point into.
 struct CLayout {
@@ -147,7 +119,7 @@ bool fillSources(const Problem& p, int rank, uint64_t round, Locals* L) {
     const int64_t eb = (int64_t)elementSize(tp.src.dtype);
     std::vector<char>& h = L->srcHost[t];
     h.assign(std::max<int64_t>(g.localSpan(pos), 1) * eb, (char)0xee);
-    forEach(g, pos, tp.src.ndims(), [&](const int64_t* gi, int64_t off) {
+    forEachElement(g, pos, tp.src.ndims(), [&](const int64_t* gi, int64_t off) {
       const uint64_t v = valueOf(round, t, globalLinear(tp.src, gi));
       memcpy(&h[off * eb], &v, eb);
     });
@@ -184,7 +156,7 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
     const ShardGrid g(tp.dst);
     const int64_t eb = (int64_t)elementSize(tp.dst.dtype);
     std::vector<char> isElement(h.size() / eb, 0);
-    forEach(g, pos, tp.dst.ndims(), [&](const int64_t* gi, int64_t off) {
+    forEachElement(g, pos, tp.dst.ndims(), [&](const int64_t* gi, int64_t off) {
       isElement[off] = 1;
       const uint64_t v = valueOf(round, t, globalLinear(tp.dst, gi));
       if (memcmp(&h[off * eb], &v, eb) != 0 && bad++ < 5)

@@ -5,6 +5,8 @@
 #include <memory>
 #include <tuple>
 
+#include "tests/unit/m2n_elements.h"
+
 namespace ncclm2n {
 namespace {
 
@@ -13,31 +15,8 @@ constexpr uint64_t kPoison = 0xffffffffffffffffull;
 
 uint64_t encode(uint32_t tensor, int64_t linear) { return (uint64_t)(tensor + 1) << 40 | (uint64_t)linear; }
 
-int64_t globalLinear(const Layout& l, const int64_t* idx) {
-  int64_t lin = 0;
-  for (int d = 0; d < l.ndims(); d++) lin = lin * l.globalShape[d] + idx[d];
-  return lin;
-}
-
-// Calls fn(globalIndex, localOffset) for every element of position `pos`'s box.
-template <typename Fn>
-void forEachElement(const ShardGrid& g, int pos, int ndims, Fn&& fn) {
-  const Box& b = g.boxOfPosition(pos);
-  if (b.empty()) return;
-  const int64_t* st = g.strides(pos);
-  int64_t idx[kMaxTensorDims] = {}, gi[kMaxTensorDims];
-  for (;;) {
-    int64_t off = 0;
-    for (int d = 0; d < ndims; d++) {
-      gi[d] = b.offset[d] + idx[d];
-      off += idx[d] * st[d];
-    }
-    fn(gi, off);
-    int d = ndims - 1;
-    while (d >= 0 && ++idx[d] == b.shape[d]) idx[d--] = 0;
-    if (d < 0) return;
-  }
-}
+using testing::forEachElement;
+using testing::globalLinear;
 
 struct Buffers {
   std::vector<std::unique_ptr<ShardGrid>> src, dst;
@@ -187,20 +166,22 @@ SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const
       std::fill(stage.begin(), stage.end(), kUnpacked);
       for (const Segment& g : chunkSegments(p, plans[s].sends, out, rs.chunkBytes, c)) {
         const Transfer& t = plans[s].sends[g.transfer];
-        const int64_t eb = (int64_t)elementSize(p.tensors[t.tensor].src.dtype);
+        const MoveDesc md = moveDescOf(p, t);
+        const int64_t eb = md.elemBytes;
         for (int64_t i = 0; i < g.elements; i++) {
           int64_t so, unused;
-          elementOffsets(t, g.firstElement + i, &so, &unused);
+          moveOffsets(md, g.firstElement + i, &so, &unused);
           if (g.chunkOffset + i * eb >= rs.chunkBytes) return error("wire " + pair + ": a pack past the chunk");
           if (!readSource(t, so, &stage[g.chunkOffset + i * eb])) return;
         }
       }
       for (const Segment& g : chunkSegments(p, plans[d].recvs, *in, rd.chunkBytes, c)) {
         const Transfer& t = plans[d].recvs[g.transfer];
-        const int64_t eb = (int64_t)elementSize(p.tensors[t.tensor].src.dtype);
+        const MoveDesc md = moveDescOf(p, t);
+        const int64_t eb = md.elemBytes;
         for (int64_t i = 0; i < g.elements; i++) {
           int64_t unused, doff;
-          elementOffsets(t, g.firstElement + i, &unused, &doff);
+          moveOffsets(md, g.firstElement + i, &unused, &doff);
           const int64_t at = g.chunkOffset + i * eb;
           if (at >= rd.chunkBytes || stage[at] == kUnpacked)
             return error("wire " + pair + ": an unpack reads a chunk byte that was never packed");
@@ -249,17 +230,6 @@ SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const
 }
 }  // namespace
 
-namespace {
-
-uint64_t mix(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>& tables) {
   SimulationResult res;
   auto error = [&](const std::string& what) {
@@ -272,7 +242,7 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
   std::vector<std::vector<std::vector<char>>> src(nr, std::vector<std::vector<char>>(nt)),
       dst(nr, std::vector<std::vector<char>>(nt));
   std::vector<std::vector<std::vector<uint8_t>>> writes(nr, std::vector<std::vector<uint8_t>>(nt));
-  auto value = [](uint32_t t, int64_t linear) { return mix((uint64_t)t << 40 ^ (uint64_t)linear); };
+  auto value = [](uint32_t t, int64_t linear) { return testing::elementValue(0, t, linear); };
   for (size_t t = 0; t < nt; t++) {
     const TensorPair& tp = p.tensors[t];
     const int64_t eb = (int64_t)elementSize(tp.src.dtype);

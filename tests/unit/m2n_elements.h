@@ -1,0 +1,49 @@
+// Walking a layout's local elements, for the M2N oracles (the CPU simulator and the GPU executor test): the global
+// row-major index of an element, every element of a mesh position with its local offset, and a value that names
+// (round, tensor, element) and fills any element size.
+#pragma once
+
+#include <cstdint>
+
+#include "nccl_m2n/src/layout.h"
+
+namespace ncclm2n {
+namespace testing {
+
+inline int64_t globalLinear(const Layout& l, const int64_t* idx) {
+  int64_t lin = 0;
+  for (int d = 0; d < l.ndims(); d++) lin = lin * l.globalShape[d] + idx[d];
+  return lin;
+}
+
+// Calls fn(globalIndex, localOffset) for every element of position `pos`'s box.
+template <typename Fn>
+void forEachElement(const ShardGrid& g, int pos, int ndims, Fn&& fn) {
+  const Box& b = g.boxOfPosition(pos);
+  if (b.empty()) return;
+  const int64_t* st = g.strides(pos);
+  int64_t idx[kMaxTensorDims] = {}, gi[kMaxTensorDims];
+  for (;;) {
+    int64_t off = 0;
+    for (int d = 0; d < ndims; d++) {
+      gi[d] = b.offset[d] + idx[d];
+      off += idx[d] * st[d];
+    }
+    fn(gi, off);
+    int d = ndims - 1;
+    while (d >= 0 && ++idx[d] == b.shape[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+// splitmix64 of (round, tensor, element): the low bytes of it name the element in any dtype.
+inline uint64_t elementValue(uint64_t round, uint64_t tensor, int64_t linear) {
+  uint64_t x = round << 56 ^ tensor << 40 ^ (uint64_t)linear;
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace testing
+}  // namespace ncclm2n
