@@ -106,6 +106,12 @@ typedef struct {
 /* Checks one layout; ncclInvalidArgument with a message naming the problem. nRanks 0: ranks unbounded. Local. */
 NCCL_M2N_API ncclResult_t ncclM2nLayoutValidate(const ncclM2nLayout_t* layout, int nRanks);
 
+/* The part of the global tensor that `rank` holds in a (valid) layout: offset[d] and shape[d] for d < ndims, in
+ * global elements (its local tensor's extent); *holds 0 (offset and shape zero) when the rank is not in the mesh.
+ * A shard may be empty (trailing torch.chunk shards): shape then has a zero. Local. */
+NCCL_M2N_API ncclResult_t ncclM2nLayoutLocalBox(const ncclM2nLayout_t* layout, int rank, int64_t* offset,
+                                                int64_t* shape, int* holds);
+
 /* ------------------------------------------------------------------------------------------------------------
  * Host plans: the transfer plan of a batch of tensors as seen by one rank, computed on the host alone (local, no
  * communication, no GPU). Every rank that passes the same metadata computes the same global decisions (one

@@ -158,6 +158,33 @@ ncclResult_t ncclM2nLayoutValidate(const ncclM2nLayout_t* layout, int nRanks) {
   });
 }
 
+ncclResult_t ncclM2nLayoutLocalBox(const ncclM2nLayout_t* layout, int rank, int64_t* offset, int64_t* shape,
+                                   int* holds) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nLayoutLocalBox", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(offset != nullptr && shape != nullptr && holds != nullptr,
+                "ncclM2nLayoutLocalBox: offset, shape or holds is NULL");
+    NCCLEXT_ARG(rank >= 0, "ncclM2nLayoutLocalBox: rank %d < 0", rank);
+    ncclm2n::Layout l;
+    NCCLEXT_CHECK(translateLayout(layout, "ncclM2nLayoutLocalBox", &l));
+    NCCLEXT_CHECK(checkLayout(l, 0, "ncclM2nLayoutLocalBox"));
+    const ncclm2n::ShardGrid g(l);
+    *holds = 0;
+    for (int d = 0; d < l.ndims(); d++) offset[d] = shape[d] = 0;
+    for (int pos = 0; pos < l.mesh.size(); pos++) {
+      if (l.mesh.ranks[pos] != rank) continue;
+      const ncclm2n::Box& b = g.boxOfPosition(pos);
+      for (int d = 0; d < l.ndims(); d++) {
+        offset[d] = b.offset[d];
+        shape[d] = b.shape[d];
+      }
+      *holds = 1;
+      break;
+    }
+    return ncclSuccess;
+  });
+}
+
 ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTensors, const ncclM2nTensorSpec_t* tensors,
                                    const ncclM2nPlanConfig_t* config) {
   ncclext::clearLastError();

@@ -526,6 +526,20 @@ TEST(M2nFuzz, LayoutValidate) {
     const ncclResult_t r =
         c.call(Lib::kM2n, "ncclM2nLayoutValidate", [&] { return ncclM2nLayoutValidate(t.src.get(), bound); });
     c.expectRejected(r, "ncclM2nLayoutValidate", poison);
+    // The local box of a layout: refused exactly when the layout is (ranks unbounded), never written past ndims.
+    if (bound == 0) {
+      int64_t off[NCCL_M2N_MAX_TENSOR_DIMS + 1], shp[NCCL_M2N_MAX_TENSOR_DIMS + 1];
+      off[NCCL_M2N_MAX_TENSOR_DIMS] = shp[NCCL_M2N_MAX_TENSOR_DIMS] = 0x5a5a;
+      int holds = -1;
+      const int rank = (int)rng.range(0, 70000);
+      const ncclResult_t b = c.call(Lib::kM2n, "ncclM2nLayoutLocalBox",
+                                    [&] { return ncclM2nLayoutLocalBox(t.src.get(), rank, off, shp, &holds); });
+      if ((b == ncclSuccess) != (r == ncclSuccess))
+        c.fail("ncclM2nLayoutLocalBox and ncclM2nLayoutValidate disagree on the layout");
+      if (b == ncclSuccess && (holds < 0 || holds > 1)) c.fail("ncclM2nLayoutLocalBox: holds not 0 or 1");
+      if (off[NCCL_M2N_MAX_TENSOR_DIMS] != 0x5a5a || shp[NCCL_M2N_MAX_TENSOR_DIMS] != 0x5a5a)
+        c.fail("ncclM2nLayoutLocalBox wrote past its arrays");
+    }
   });
 }
 

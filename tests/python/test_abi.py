@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import nccl.ep as ep
+import nccl.m2n as m2n
 from nccl._ext.tensor import CTensor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +26,18 @@ STRUCTS = {
     "ncclEpCombineConfig_t": ep._CallConfig,
     "ncclEpCombineInputs_t": ep._CombineTensors,
     "ncclEpCombineOutputs_t": ep._CombineTensors,
+    "ncclM2nMesh_t": m2n._Mesh,
+    "ncclM2nBox_t": m2n._Box,
+    "ncclM2nLayout_t": m2n._Layout,
+    "ncclM2nTensorSpec_t": m2n._TensorSpec,
+    "ncclM2nPlanConfig_t": m2n._PlanConfig,
+    "ncclM2nTransfer_t": m2n._Transfer,
+    "ncclM2nPlanInfo_t": m2n._PlanInfo,
 }
 
 
 def _include_dirs():
-    dirs = [ROOT / "nccl_ep" / "include"]
+    dirs = [ROOT / "nccl_ep" / "include", ROOT / "nccl_m2n" / "include"]
     for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
         if root:
             dirs.append(Path(root) / "include")
@@ -46,7 +54,8 @@ def c_layout(tmp_path_factory):
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc or not (ROOT / "nccl_ep" / "include" / "nccl_ep.h").is_file():
         pytest.skip("no C compiler or no source tree")
-    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "nccl_ep.h"', "int main(void) {",
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "nccl_ep.h"', '#include "nccl_m2n.h"',
+             "int main(void) {",
              '  printf("{");']
     first = True
     for cname, cls in STRUCTS.items():

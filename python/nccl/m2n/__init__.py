@@ -1,7 +1,15 @@
 """nccl.m2n: resharding tensors between layouts and groups of GPUs (libnccl_m2n).
 
-Today this module loads the library and checks its NCCL; the planner and executor bindings (layouts from DTensor,
-Plan, reshard, the RL weight-sync helper) arrive with the issue "Python package, part 2" once the C executor exists.
+    import nccl.m2n as m2n
+    src = m2n.Layout.from_device_mesh(mesh, [Shard(0)], (16384, 16384), torch.bfloat16)   # DTensor placements
+    dst = m2n.Layout((16384, 16384), torch.bfloat16, mesh=[0, 1], placements=[m2n.shard(1)])
+    src.local_box(rank)                        # (offset, shape) this rank holds, or None
+    plan = m2n.HostPlan([("w", src, dst)], rank=rank, n_ranks=2)   # the host planner: what this rank moves
+    plan.info, plan.transfers("sends")
+
+Layouts come from torch (a DeviceMesh and DTensor placements: Shard, Replicate) or are given directly (a mesh of
+ranks, placements or explicit boxes, local strides). The host planner runs on the CPU. The executor's Python API
+(Plan, reshard, the RL weight-sync helper) is the rest of issue "Python package, part 2".
 """
 
 from __future__ import annotations
@@ -9,30 +17,273 @@ from __future__ import annotations
 import ctypes
 
 from .._ext import _loader
-from .._ext.errors import NcclError, error_for
+from .._ext.errors import NcclError, NcclInvalidArgument, error_for
 
-__all__ = ["version", "NcclError"]
+__all__ = ["Layout", "HostPlan", "shard", "REPLICATE", "version", "NcclError"]
+
+_MAGIC = 0x6d326e31  # NCCL_M2N_MAGIC
+MAX_DIMS = 8
+REPLICATE = -1
+
+
+def shard(dim: int) -> int:
+    """The placement that shards tensor dim `dim` over a mesh axis (NCCL_M2N_SHARD)."""
+    return dim
+
+
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_IP = ctypes.POINTER(ctypes.c_int)
+
+
+class _Mesh(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("ndims", ctypes.c_int), ("dims", _IP),
+                ("ranks", _IP)]
+
+
+class _Box(ctypes.Structure):
+    _fields_ = [("offset", ctypes.c_int64 * MAX_DIMS), ("shape", ctypes.c_int64 * MAX_DIMS)]
+
+
+class _Layout(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("ndims", ctypes.c_int),
+                ("globalShape", _I64P), ("dtype", ctypes.c_int), ("mesh", ctypes.POINTER(_Mesh)),
+                ("placements", _IP), ("boxes", ctypes.POINTER(_Box)), ("localStrides", _I64P)]
+
+
+class _TensorSpec(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("src", ctypes.POINTER(_Layout)), ("dst", ctypes.POINTER(_Layout))]
+
+
+class _PlanConfig(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("nRanks", ctypes.c_int),
+                ("ranksPerDomain", ctypes.c_int), ("domainOfRank", _IP)]
+
+
+class _Transfer(ctypes.Structure):
+    _fields_ = [("tensor", ctypes.c_int), ("srcRank", ctypes.c_int), ("dstRank", ctypes.c_int),
+                ("srcOffset", ctypes.c_int64), ("dstOffset", ctypes.c_int64), ("ndims", ctypes.c_int),
+                ("extent", ctypes.c_int64 * MAX_DIMS), ("srcStride", ctypes.c_int64 * MAX_DIMS),
+                ("dstStride", ctypes.c_int64 * MAX_DIMS)]
+
+
+class _PlanInfo(ctypes.Structure):
+    _fields_ = [("metadataHash", ctypes.c_uint64), ("planHash", ctypes.c_uint64), ("counts", ctypes.c_int64 * 3),
+                ("bytes", ctypes.c_int64 * 3), ("totalBytes", ctypes.c_int64), ("interDomainBytes", ctypes.c_int64),
+                ("maxSourceLoad", ctypes.c_double), ("meanSourceLoad", ctypes.c_double)]
+
+
+_P = ctypes.c_void_p
+_SIGNATURES = {
+    "ncclM2nGetVersion": [ctypes.POINTER(ctypes.c_int)],
+    "ncclM2nLayoutValidate": [ctypes.POINTER(_Layout), ctypes.c_int],
+    "ncclM2nLayoutLocalBox": [ctypes.POINTER(_Layout), ctypes.c_int, _I64P, _I64P, _IP],
+    "ncclM2nHostPlanCreate": [ctypes.POINTER(_P), ctypes.c_int, ctypes.c_int, ctypes.POINTER(_TensorSpec),
+                              ctypes.POINTER(_PlanConfig)],
+    "ncclM2nHostPlanGetInfo": [_P, ctypes.POINTER(_PlanInfo)],
+    "ncclM2nHostPlanGetTransfers": [_P, ctypes.c_int, ctypes.POINTER(ctypes.POINTER(_Transfer)),
+                                    ctypes.POINTER(ctypes.c_int64)],
+    "ncclM2nHostPlanDestroy": [_P],
+}
 
 
 def _lib() -> ctypes.CDLL:
     lib = _loader.load("m2n")
     if not getattr(lib, "_nccl_ext_ready", False):
-        lib.ncclM2nGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
-        lib.ncclM2nGetVersion.restype = ctypes.c_int
+        for name, args in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
         lib.ncclM2nGetLastError.restype = ctypes.c_char_p
+        lib.ncclM2nGetLastError.argtypes = []
         _loader.check_nccl_runtime(lib, "M2n")
         lib._nccl_ext_ready = True
     return lib
 
 
+def _call(name: str, *args) -> None:
+    lib = _lib()
+    rc = getattr(lib, name)(*args)
+    if rc != 0:
+        raise error_for(rc, lib.ncclM2nGetLastError().decode(errors="replace") or "%s failed" % name)
+
+
 def version() -> tuple[int, int, int]:
     """libnccl_m2n's (major, minor, patch)."""
-    lib = _lib()
     v = ctypes.c_int(0)
-    rc = lib.ncclM2nGetVersion(ctypes.byref(v))
-    if rc != 0:
-        raise error_for(rc, lib.ncclM2nGetLastError().decode(errors="replace"))
+    _call("ncclM2nGetVersion", ctypes.byref(v))
     return v.value // 10000, v.value // 100 % 100, v.value % 100
+
+
+def _nested_shape_and_flat(mesh):
+    """(dims, flat ranks) of a nested list / tuple / tensor of ranks."""
+    if hasattr(mesh, "tolist"):
+        mesh = mesh.tolist()
+    if isinstance(mesh, int):
+        return [1], [mesh]
+    dims, level = [], mesh
+    while isinstance(level, (list, tuple)):
+        dims.append(len(level))
+        level = level[0] if level else 0
+    flat = []
+
+    def walk(x, depth):
+        if depth == len(dims):
+            flat.append(int(x))
+            return
+        if not isinstance(x, (list, tuple)) or len(x) != dims[depth]:
+            raise NcclInvalidArgument("mesh: a ragged nesting (expected %d entries at depth %d)" % (dims[depth], depth))
+        for y in x:
+            walk(y, depth + 1)
+
+    walk(mesh, 0)
+    return dims, flat
+
+
+def _dtype_code(dtype) -> int:
+    if isinstance(dtype, int):
+        return dtype
+    from .._ext.tensor import nccl_dtype
+
+    return nccl_dtype(dtype)
+
+
+class Layout:
+    """Which part of a global tensor each rank holds: `mesh` (a nested list, tuple or tensor of communicator ranks),
+    and `placements` (one per mesh axis: shard(dim) or REPLICATE, applied in axis order like DTensor's) or `boxes`
+    (one (offset, shape) per mesh position, row-major over the mesh). `local_strides`: one stride tuple per mesh
+    position (element strides of that rank's local tensor), or None for row-major locals."""
+
+    def __init__(self, global_shape, dtype, mesh, placements=None, boxes=None, local_strides=None):
+        self.global_shape = tuple(int(s) for s in global_shape)
+        self.dtype = _dtype_code(dtype)
+        self.mesh_dims, self.mesh_ranks = _nested_shape_and_flat(mesh)
+        if (placements is None) == (boxes is None):
+            raise NcclInvalidArgument("Layout: give placements or boxes (one of them)")
+        self.placements = None if placements is None else [int(p) for p in placements]
+        self.boxes = None if boxes is None else [(tuple(o), tuple(s)) for o, s in boxes]
+        self.local_strides = None if local_strides is None else [tuple(s) for s in local_strides]
+        self._build()
+
+    def _build(self):
+        nd, n = len(self.global_shape), len(self.mesh_ranks)
+        self._shape = (ctypes.c_int64 * max(1, nd))(*self.global_shape)
+        self._dims = (ctypes.c_int * len(self.mesh_dims))(*self.mesh_dims)
+        self._ranks = (ctypes.c_int * n)(*self.mesh_ranks)
+        self._mesh = _Mesh(ctypes.sizeof(_Mesh), _MAGIC, len(self.mesh_dims), self._dims, self._ranks)
+        c = _Layout()
+        c.size, c.magic, c.ndims, c.globalShape, c.dtype = ctypes.sizeof(_Layout), _MAGIC, nd, self._shape, self.dtype
+        c.mesh = ctypes.pointer(self._mesh)
+        if self.placements is not None:
+            self._placements = (ctypes.c_int * max(1, len(self.placements)))(*self.placements)
+            c.placements = self._placements
+        else:
+            if len(self.boxes) != n:
+                raise NcclInvalidArgument("Layout: %d boxes for %d mesh positions" % (len(self.boxes), n))
+            self._boxes = (_Box * n)()
+            for i, (o, s) in enumerate(self.boxes):
+                for d in range(nd):
+                    self._boxes[i].offset[d], self._boxes[i].shape[d] = o[d], s[d]
+            c.boxes = self._boxes
+        if self.local_strides is not None:
+            flat = [int(x) for st in self.local_strides for x in st]
+            if len(flat) != n * nd:
+                raise NcclInvalidArgument("Layout: local_strides needs %d positions x %d dims" % (n, nd))
+            self._strides = (ctypes.c_int64 * len(flat))(*flat)
+            c.localStrides = self._strides
+        self._c = c
+
+    def validate(self, n_ranks: int = 0) -> "Layout":
+        """Raises NcclInvalidArgument naming what is wrong (n_ranks 0: ranks unbounded)."""
+        _call("ncclM2nLayoutValidate", ctypes.byref(self._c), n_ranks)
+        return self
+
+    def local_box(self, rank: int):
+        """(offset, shape) of the part `rank` holds (a shape may hold a 0: an empty shard), or None."""
+        nd = len(self.global_shape)
+        off, shp, holds = (ctypes.c_int64 * MAX_DIMS)(), (ctypes.c_int64 * MAX_DIMS)(), ctypes.c_int(0)
+        _call("ncclM2nLayoutLocalBox", ctypes.byref(self._c), rank, off, shp, ctypes.byref(holds))
+        return (tuple(off[:nd]), tuple(shp[:nd])) if holds.value else None
+
+    @classmethod
+    def from_device_mesh(cls, device_mesh, placements, global_shape, dtype, local_strides=None) -> "Layout":
+        """A DTensor's layout: its DeviceMesh (the global ranks of `device_mesh.mesh`) and placements (Shard,
+        Replicate). Partial (a pending reduction) and _StridedShard (FSDP2 + TP) raise NotImplementedError."""
+        from torch.distributed.tensor import Partial, Replicate, Shard
+
+        nd = len(global_shape)
+        out = []
+        for p in placements:
+            if type(p).__name__ == "_StridedShard":
+                raise NotImplementedError("nccl.m2n: _StridedShard placements (FSDP2 + TP) are not supported yet")
+            if isinstance(p, Partial):
+                raise NotImplementedError("nccl.m2n: a Partial placement is a pending reduction, not a layout: "
+                                          "redistribute it to Replicate or Shard first")
+            if isinstance(p, Shard):
+                out.append(shard(p.dim % nd if nd else p.dim))
+            elif isinstance(p, Replicate):
+                out.append(REPLICATE)
+            else:
+                raise NotImplementedError("nccl.m2n: placement %r is not supported" % (p,))
+        return cls(global_shape, dtype, device_mesh.mesh, placements=out, local_strides=local_strides)
+
+    @classmethod
+    def from_dtensor(cls, dt) -> "Layout":
+        """The layout of a DTensor (row-major locals; a strided local tensor needs from_device_mesh's
+        local_strides from every rank)."""
+        return cls.from_device_mesh(dt.device_mesh, dt.placements, tuple(dt.shape), dt.dtype)
+
+
+_KINDS = {"sends": 0, "recvs": 1, "copies": 2}
+
+
+class HostPlan:
+    """The host planner (ncclM2nHostPlanCreate; local, CPU only): what `rank` sends, receives and copies to move
+    every tensor of `tensors` ((name, source Layout, destination Layout) triples) in a communicator of `n_ranks`."""
+
+    def __init__(self, tensors, rank: int, n_ranks: int, ranks_per_domain: int = 0):
+        self._layouts = [(s, d) for _, s, d in tensors]  # kept alive with their C structs
+        self._names = [n.encode() for n, _, _ in tensors]
+        specs = (_TensorSpec * max(1, len(tensors)))()
+        for i, (s, d) in enumerate(self._layouts):
+            specs[i].name = self._names[i]
+            specs[i].src = ctypes.pointer(s._c)
+            specs[i].dst = ctypes.pointer(d._c)
+        cfg = _PlanConfig(ctypes.sizeof(_PlanConfig), _MAGIC, n_ranks, ranks_per_domain, None)
+        self._h = ctypes.c_void_p()
+        _call("ncclM2nHostPlanCreate", ctypes.byref(self._h), rank, len(tensors), specs, ctypes.byref(cfg))
+        info = _PlanInfo()
+        _call("ncclM2nHostPlanGetInfo", self._h, ctypes.byref(info))
+        self.info = {"metadata_hash": info.metadataHash, "plan_hash": info.planHash,
+                     "counts": dict(zip(_KINDS, info.counts)), "bytes": dict(zip(_KINDS, info.bytes)),
+                     "total_bytes": info.totalBytes, "inter_domain_bytes": info.interDomainBytes,
+                     "max_source_load": info.maxSourceLoad, "mean_source_load": info.meanSourceLoad}
+
+    def transfers(self, kind: str):
+        """This rank's list of `kind` ("sends", "recvs", "copies"): dicts of tensor, src_rank, dst_rank, offsets
+        (elements of each side's local tensor) and the box's extents and strides."""
+        if kind not in _KINDS:
+            raise NcclInvalidArgument("HostPlan.transfers: kind %r: expected sends, recvs or copies" % (kind,))
+        arr, n = ctypes.POINTER(_Transfer)(), ctypes.c_int64(0)
+        _call("ncclM2nHostPlanGetTransfers", self._h, _KINDS[kind], ctypes.byref(arr), ctypes.byref(n))
+        out = []
+        for i in range(n.value):
+            t = arr[i]
+            out.append({"tensor": t.tensor, "src_rank": t.srcRank, "dst_rank": t.dstRank,
+                        "src_offset": t.srcOffset, "dst_offset": t.dstOffset, "extent": tuple(t.extent[:t.ndims]),
+                        "src_stride": tuple(t.srcStride[:t.ndims]), "dst_stride": tuple(t.dstStride[:t.ndims])})
+        return out
+
+    def close(self) -> None:
+        if self._h:
+            h, self._h = self._h, ctypes.c_void_p()
+            _call("ncclM2nHostPlanDestroy", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
 
 
 _lib()  # at import, as nccl.ep

@@ -1,0 +1,113 @@
+"""nccl.m2n on the CPU: layouts from DTensor placements against DTensor's own local shapes and offsets (torch's
+fake process group, every rank of every mesh), explicit layouts, the host planner through Python, refusals."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.tensor import Partial, Replicate, Shard  # noqa: E402
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
+
+import nccl.m2n as m2n  # noqa: E402
+
+WORLD = 8
+MESHES = [[0, 1, 2, 3, 4, 5, 6, 7], [[0, 1, 2, 3], [4, 5, 6, 7]], [[[0, 1], [2, 3]], [[4, 5], [6, 7]]],
+          [[7, 3], [5, 1]], [2, 6, 4]]
+SHAPES = [(7, 5), (16, 3, 4), (1, 9), (13,)]
+
+
+def _placement_sets(mesh_ndim, nd):
+    opts = [Replicate()] + [Shard(d) for d in range(nd)]
+    sets = [[]]
+    for _ in range(mesh_ndim):
+        sets = [s + [o] for s in sets for o in opts]
+    return sets
+
+
+def _as_rank(rank):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
+
+
+@pytest.fixture(scope="module")
+def fake_world():
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised (torchrun)")
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_local_boxes_match_dtensor(fake_world):
+    checked = 0
+    for rank in range(WORLD):
+        _as_rank(rank)
+        for mesh in MESHES:
+            dm = DeviceMesh("cpu", torch.tensor(mesh))
+            for shape in SHAPES:
+                for placements in _placement_sets(dm.ndim, len(shape)):
+                    layout = m2n.Layout.from_device_mesh(dm, placements, shape, torch.bfloat16).validate(WORLD)
+                    box = layout.local_box(rank)
+                    if dm.get_coordinate() is None:  # not in this mesh
+                        assert box is None, (mesh, shape, placements, rank)
+                        continue
+                    local_shape, offset = compute_local_shape_and_global_offset(shape, dm, placements)
+                    assert box is not None
+                    assert box[1] == tuple(local_shape), (mesh, shape, placements, rank, box, local_shape)
+                    if all(s > 0 for s in local_shape):
+                        assert box[0] == tuple(offset), (mesh, shape, placements, rank, box, offset)
+                    checked += 1
+    assert checked > 1500  # (rank, mesh, shape, placements) combinations where the rank is in the mesh
+
+
+def test_unsupported_placements_are_named(fake_world):
+    _as_rank(0)
+    dm = DeviceMesh("cpu", torch.arange(WORLD))
+    with pytest.raises(NotImplementedError, match="Partial placement"):
+        m2n.Layout.from_device_mesh(dm, [Partial()], (8, 8), torch.float32)
+
+
+def test_explicit_layouts_and_refusals():
+    boxes = [((0, 0), (4, 6)), ((4, 0), (4, 6))]
+    lay = m2n.Layout((8, 6), torch.float32, mesh=[5, 2], boxes=boxes)
+    assert lay.local_box(2) == ((4, 0), (4, 6)) and lay.local_box(0) is None
+    with pytest.raises(m2n.NcclError):
+        m2n.Layout((8, 6), torch.float32, mesh=[0, 0], placements=[m2n.shard(0)]).validate()  # a rank twice
+    with pytest.raises(m2n.NcclError, match="placements or boxes"):
+        m2n.Layout((8, 6), torch.float32, mesh=[0, 1])
+    with pytest.raises(m2n.NcclError, match="ragged"):
+        m2n.Layout((8, 6), torch.float32, mesh=[[0, 1], [2]], placements=[0, 1])
+
+
+def test_host_plan_through_python():
+    # TP2 rows -> TP2 columns on ranks 0 and 1, 8 x 6 bf16: each rank keeps a quarter, sends and receives one.
+    src = m2n.Layout((8, 6), torch.bfloat16, mesh=[0, 1], placements=[m2n.shard(0)])
+    dst = m2n.Layout((8, 6), torch.bfloat16, mesh=[0, 1], placements=[m2n.shard(1)])
+    for rank in (0, 1):
+        with m2n.HostPlan([("w", src, dst)], rank=rank, n_ranks=2) as plan:
+            elems = {k: sum(_n(t["extent"]) for t in plan.transfers(k)) for k in ("sends", "recvs", "copies")}
+            assert elems == {"sends": 12, "recvs": 12, "copies": 12}, (rank, elems)
+            assert plan.info["bytes"] == {"sends": 24, "recvs": 24, "copies": 24}
+            assert plan.info["total_bytes"] == 8 * 6 * 2
+            for t in plan.transfers("sends"):
+                assert (t["src_rank"], t["dst_rank"]) == (rank, 1 - rank)
+    with pytest.raises(m2n.NcclError, match="kind"):
+        m2n.HostPlan([("w", src, dst)], rank=0, n_ranks=2).transfers("everything")
+
+
+def test_host_plan_refuses_a_gap():
+    src = m2n.Layout((8,), torch.float32, mesh=[0, 1], boxes=[((0,), (3,)), ((5,), (3,))])
+    dst = m2n.Layout((8,), torch.float32, mesh=[2], placements=[m2n.REPLICATE])
+    with pytest.raises(m2n.NcclError, match="w"):
+        m2n.HostPlan([("w", src, dst)], rank=2, n_ranks=3)
+
+
+def _n(extent):
+    p = 1
+    for e in extent:
+        p *= e
+    return p
