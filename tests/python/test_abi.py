@@ -33,6 +33,7 @@ STRUCTS = {
     "ncclM2nPlanConfig_t": m2n._PlanConfig,
     "ncclM2nTransfer_t": m2n._Transfer,
     "ncclM2nPlanInfo_t": m2n._PlanInfo,
+    "ncclM2nExecConfig_t": m2n._ExecConfig,
 }
 
 

@@ -19,7 +19,7 @@ import ctypes
 from .._ext import _loader
 from .._ext.errors import NcclError, NcclInvalidArgument, error_for
 
-__all__ = ["Layout", "HostPlan", "shard", "REPLICATE", "version", "NcclError"]
+__all__ = ["Layout", "HostPlan", "Plan", "shard", "REPLICATE", "version", "NcclError"]
 
 _MAGIC = 0x6d326e31  # NCCL_M2N_MAGIC
 MAX_DIMS = 8
@@ -66,6 +66,11 @@ class _Transfer(ctypes.Structure):
                 ("dstStride", ctypes.c_int64 * MAX_DIMS)]
 
 
+class _ExecConfig(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("stagingBytes", ctypes.c_size_t),
+                ("timeoutSeconds", ctypes.c_double)]
+
+
 class _PlanInfo(ctypes.Structure):
     _fields_ = [("metadataHash", ctypes.c_uint64), ("planHash", ctypes.c_uint64), ("counts", ctypes.c_int64 * 3),
                 ("bytes", ctypes.c_int64 * 3), ("totalBytes", ctypes.c_int64), ("interDomainBytes", ctypes.c_int64),
@@ -83,6 +88,10 @@ _SIGNATURES = {
     "ncclM2nHostPlanGetTransfers": [_P, ctypes.c_int, ctypes.POINTER(ctypes.POINTER(_Transfer)),
                                     ctypes.POINTER(ctypes.c_int64)],
     "ncclM2nHostPlanDestroy": [_P],
+    "ncclM2nPlanCreate": [ctypes.POINTER(_P), _P, ctypes.c_int, ctypes.POINTER(_TensorSpec),
+                          ctypes.POINTER(_ExecConfig)],
+    "ncclM2nExecute": [_P, ctypes.POINTER(_P), ctypes.POINTER(_P), _P],
+    "ncclM2nPlanDestroy": [_P],
 }
 
 
@@ -241,16 +250,11 @@ class HostPlan:
     every tensor of `tensors` ((name, source Layout, destination Layout) triples) in a communicator of `n_ranks`."""
 
     def __init__(self, tensors, rank: int, n_ranks: int, ranks_per_domain: int = 0):
-        self._layouts = [(s, d) for _, s, d in tensors]  # kept alive with their C structs
-        self._names = [n.encode() for n, _, _ in tensors]
-        specs = (_TensorSpec * max(1, len(tensors)))()
-        for i, (s, d) in enumerate(self._layouts):
-            specs[i].name = self._names[i]
-            specs[i].src = ctypes.pointer(s._c)
-            specs[i].dst = ctypes.pointer(d._c)
+        self._tensors = list(tensors)  # the layouts' C structs stay alive with them
+        specs, self._names = _specs(self._tensors)
         cfg = _PlanConfig(ctypes.sizeof(_PlanConfig), _MAGIC, n_ranks, ranks_per_domain, None)
         self._h = ctypes.c_void_p()
-        _call("ncclM2nHostPlanCreate", ctypes.byref(self._h), rank, len(tensors), specs, ctypes.byref(cfg))
+        _call("ncclM2nHostPlanCreate", ctypes.byref(self._h), rank, len(self._tensors), specs, ctypes.byref(cfg))
         info = _PlanInfo()
         _call("ncclM2nHostPlanGetInfo", self._h, ctypes.byref(info))
         self.info = {"metadata_hash": info.metadataHash, "plan_hash": info.planHash,
@@ -277,6 +281,101 @@ class HostPlan:
         if self._h:
             h, self._h = self._h, ctypes.c_void_p()
             _call("ncclM2nHostPlanDestroy", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+
+def _specs(tensors):
+    specs = (_TensorSpec * max(1, len(tensors)))()
+    names = [n.encode() for n, _, _ in tensors]
+    for i, (_, s, d) in enumerate(tensors):
+        specs[i].name = names[i]
+        specs[i].src = ctypes.pointer(s._c)
+        specs[i].dst = ctypes.pointer(d._c)
+    return specs, names
+
+
+class Plan:
+    """An execution plan (ncclM2nPlanCreate; COLLECTIVE over `group`, a torch ProcessGroup, None for the default,
+    or a nccl.ep Communicator): `tensors` is a list of (name, source Layout, destination Layout), the same on every
+    rank. execute() moves them, as often as wanted (NOT YET RUN on a GPU: see docs/M2N.md for what the executor
+    does not do yet)."""
+
+    def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0):
+        from .._ext.comm import Communicator
+
+        self._owns_comm = not isinstance(group, Communicator)
+        self.comm = Communicator(group) if self._owns_comm else group
+        self.tensors = list(tensors)
+        self._specs, self._names = _specs(self.tensors)
+        cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, staging_bytes, timeout_s)
+        self._h = ctypes.c_void_p()
+        try:
+            _call("ncclM2nPlanCreate", ctypes.byref(self._h), self.comm.handle, len(self.tensors), self._specs,
+                  ctypes.byref(cfg))
+        except NcclError:
+            if self._owns_comm:
+                self.comm.abort()
+            raise
+        rank = self.comm.rank
+        self._src_shapes = [s.local_box(rank) for _, s, _ in self.tensors]
+        self._dst_shapes = [d.local_box(rank) for _, _, d in self.tensors]
+
+    def _pointers(self, tensors, boxes, layouts, side):
+        import torch
+
+        arr = (ctypes.c_void_p * max(1, len(self.tensors)))()
+        if isinstance(tensors, dict):
+            tensors = [tensors.get(name) for name, _, _ in self.tensors]
+        if len(tensors) != len(self.tensors):
+            raise NcclInvalidArgument("execute: %d %s tensors for a plan of %d" % (len(tensors), side,
+                                                                                  len(self.tensors)))
+        for i, t in enumerate(tensors):
+            box, lay = boxes[i], layouts[i]
+            if t is None:
+                continue
+            name = self.tensors[i][0]
+            if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+                raise NcclInvalidArgument("execute: %s tensor %r must be a CUDA tensor" % (side, name))
+            if box is not None and tuple(t.shape) != box[1]:
+                raise NcclInvalidArgument("execute: %s tensor %r has shape %s; this rank holds %s" %
+                                          (side, name, tuple(t.shape), box[1]))
+            if lay.local_strides is None and not t.is_contiguous():
+                raise NcclInvalidArgument("execute: %s tensor %r is not contiguous and its layout gives no "
+                                          "local_strides (no copy is made)" % (side, name))
+            if lay.local_strides is not None:
+                want = lay.local_strides[lay.mesh_ranks.index(self.comm.rank)]
+                if tuple(t.stride()) != tuple(want):
+                    raise NcclInvalidArgument("execute: %s tensor %r has strides %s; its layout says %s" %
+                                              (side, name, tuple(t.stride()), tuple(want)))
+            arr[i] = t.data_ptr()
+        return arr
+
+    def execute(self, src, dst, stream=None) -> None:
+        """COLLECTIVE, stream-ordered (the current stream): src / dst are lists (plan order) or dicts (by name) of
+        this rank's local tensors, None where it holds no part."""
+        import torch
+
+        if not self._h:
+            raise NcclInvalidArgument("Plan: used after close()")
+        s = self._pointers(src, self._src_shapes, [x for _, x, _ in self.tensors], "source")
+        d = self._pointers(dst, self._dst_shapes, [x for _, _, x in self.tensors], "destination")
+        st = torch.cuda.current_stream() if stream is None else stream
+        _call("ncclM2nExecute", self._h, s, d, ctypes.c_void_p(st.cuda_stream))
+        self._alive = (src, dst)
+
+    def close(self) -> None:
+        """Local (after the executes finished), then the communicator this plan made (collective)."""
+        if self._h:
+            h, self._h = self._h, ctypes.c_void_p()
+            _call("ncclM2nPlanDestroy", h)
+            if self._owns_comm:
+                self.comm.close()
 
     def __enter__(self):
         return self
