@@ -239,15 +239,17 @@ class Buffer:
                                  sizing="worst_case" if num_worst_tokens else "exact", num_sms=self._sms(num_sms))
         rows = num_worst_tokens if num_worst_tokens else recv.tokens.shape[0]
         h = _DispatchHandle(recv.handle, is_token_in_rank, rows)
-        counts = [] if num_worst_tokens else [-(-c // expert_alignment) * expert_alignment
-                                              for c in recv.expert_counts.tolist()]
+
+        def aligned(counts):  # the per-expert list (a host sync), each rounded up to expert_alignment
+            return [-(-c // expert_alignment) * expert_alignment for c in counts.tolist()]
+
         if topk_idx is None:  # the rows carry no experts: the list comes from every rank's num_tokens_per_expert
             total = num_tokens_per_expert.clone()
             dist.all_reduce(total, group=self.group)
             local = num_experts // self.group_size
-            counts = [-(-c // expert_alignment) * expert_alignment
-                      for c in total[self.rank * local:(self.rank + 1) * local].tolist()]
+            counts = aligned(total[self.rank * local:(self.rank + 1) * local])
             return self._x_out(recv, rows, scales), None, None, counts, h, self._event(async_finish)
+        counts = [] if num_worst_tokens else aligned(recv.expert_counts)
         recv_idx = recv.topk_idx[:rows].to(torch.int64)
         recv_w = recv.topk_weights[:rows]
         if num_worst_tokens:  # rows past the received ones (left as they were) carry no expert and no weight
