@@ -16,7 +16,7 @@ import os
 import threading
 from pathlib import Path
 
-from .errors import NcclInvalidUsage
+from .errors import NcclInvalidUsage, error_for
 
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}
@@ -115,6 +115,31 @@ def load(name: str) -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
         _libs[name] = lib
         return lib
+
+
+def bind(name: str, prefix: str, signatures: dict) -> ctypes.CDLL:
+    """libnccl_<name>, once: every function of `signatures` (name -> argtypes) returning an int result, the
+    last-error function, and the NCCL release checked (check_nccl_runtime)."""
+    lib = load(name)
+    if not getattr(lib, "_nccl_ext_ready", False):
+        for fn_name, args in signatures.items():
+            fn = getattr(lib, fn_name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
+        err = getattr(lib, "nccl%sGetLastError" % prefix)
+        err.restype = ctypes.c_char_p
+        err.argtypes = []
+        check_nccl_runtime(lib, prefix)
+        lib._nccl_ext_ready = True
+    return lib
+
+
+def call(lib: ctypes.CDLL, prefix: str, name: str, *args) -> None:
+    """Calls lib.<name>(*args); a non-zero result raises its exception class with the library's last-error text."""
+    rc = getattr(lib, name)(*args)
+    if rc != 0:
+        text = getattr(lib, "nccl%sGetLastError" % prefix)().decode(errors="replace")
+        raise error_for(rc, text or "%s failed" % name)
 
 
 def check_nccl_runtime(lib: ctypes.CDLL, prefix: str) -> tuple[int, int]:

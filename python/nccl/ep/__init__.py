@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .._ext import _loader
 from .._ext.comm import Communicator
 from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
-                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError, error_for)
+                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
 from .._ext.tensor import CTensor, absent, describe
 
 __all__ = ["Group", "Handle", "DispatchResult", "Communicator", "version", "NcclError", "NcclUnhandledCudaError",
@@ -113,25 +113,11 @@ _SIGNATURES = {
 
 
 def _lib() -> ctypes.CDLL:
-    lib = _loader.load("ep")
-    if not getattr(lib, "_nccl_ext_ready", False):
-        for name, args in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes = args
-            fn.restype = ctypes.c_int
-        lib.ncclEpGetLastError.restype = ctypes.c_char_p
-        lib.ncclEpGetLastError.argtypes = []
-        _loader.check_nccl_runtime(lib, "Ep")
-        lib._nccl_ext_ready = True
-    return lib
+    return _loader.bind("ep", "Ep", _SIGNATURES)
 
 
 def _call(name: str, *args) -> None:
-    lib = _lib()
-    rc = getattr(lib, name)(*args)
-    if rc != 0:
-        text = lib.ncclEpGetLastError().decode(errors="replace")
-        raise error_for(rc, text or "%s failed" % name)
+    _loader.call(_lib(), "Ep", name, *args)
 
 
 def version() -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 
 from .._ext import _loader
-from .._ext.errors import NcclError, NcclInvalidArgument, error_for
+from .._ext.errors import NcclError, NcclInvalidArgument
 
 __all__ = ["Layout", "HostPlan", "Plan", "shard", "REPLICATE", "version", "NcclError"]
 
@@ -96,24 +96,11 @@ _SIGNATURES = {
 
 
 def _lib() -> ctypes.CDLL:
-    lib = _loader.load("m2n")
-    if not getattr(lib, "_nccl_ext_ready", False):
-        for name, args in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes = args
-            fn.restype = ctypes.c_int
-        lib.ncclM2nGetLastError.restype = ctypes.c_char_p
-        lib.ncclM2nGetLastError.argtypes = []
-        _loader.check_nccl_runtime(lib, "M2n")
-        lib._nccl_ext_ready = True
-    return lib
+    return _loader.bind("m2n", "M2n", _SIGNATURES)
 
 
 def _call(name: str, *args) -> None:
-    lib = _lib()
-    rc = getattr(lib, name)(*args)
-    if rc != 0:
-        raise error_for(rc, lib.ncclM2nGetLastError().decode(errors="replace") or "%s failed" % name)
+    _loader.call(_lib(), "M2n", name, *args)
 
 
 def version() -> tuple[int, int, int]:
