@@ -172,7 +172,6 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
 }
 
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
-  const ncclDataType_t dtypes[] = {ncclInt8, ncclBfloat16, ncclFloat32, ncclInt64};
   int64_t errors = 0, cases = 0, elements = 0;
   bool graphDone = false, graphOk = true;
   const auto t0 = std::chrono::steady_clock::now();
@@ -180,7 +179,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     testing::Gen g(o.seed * 1000003 + (uint64_t)c);
     Batch b;
     b.p = g.problem(ctx.nRanks);
-    for (TensorPair& tp : b.p.tensors) tp.src.dtype = tp.dst.dtype = dtypes[g.uniform(0, 3)];
+    g.mixDtypes(&b.p);
     std::string why;
     if (!validateProblem(b.p, &why)) continue;  // every rank skips the same cases
     b.build();

@@ -6,6 +6,26 @@ import json
 import pytest
 
 
+@pytest.fixture(scope="module")
+def one_rank_world():
+    """A torch.distributed group for a GPU test module: the launcher's under torchrun, else a single-process gloo
+    group of our own, destroyed after the module (the CPU tests that follow expect none). Sets the CUDA device."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    made = not dist.is_initialized()
+    if made:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    yield
+    if made:
+        dist.destroy_process_group()
+
+
 def pytest_addoption(parser):
     parser.addoption("--json", default=None, help="append a result line for make gpu-check")
 

@@ -2,8 +2,6 @@
 one GPU need EP across NVLink domains, several GPUs the 2-GPU runs): layout, dispatch (plain, cached, worst-case),
 combine, events, against torch on fresh random data."""
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,19 +13,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def buffer():
-    made = not dist.is_initialized()  # under torchrun the launcher's group; else one of our own, destroyed after
-    if made:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(30500 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+def buffer(one_rank_world):
     deep_ep.Buffer.max_tokens_per_rank = 1024
     buf = deep_ep.Buffer(dist.group.WORLD, int(1e9), 0, explicitly_destroy=True)
     yield buf
     buf.destroy()
-    if made:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("async_finish", [False, True])

@@ -2,8 +2,6 @@
 the launcher's). Against a torch reference on fresh random data, outputs poisoned by the library's own contract
 (rows past the receive count untouched). Several ranks on one GPU need EP across NVLink domains (issue 12)."""
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,19 +13,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def group():
-    made = not dist.is_initialized()  # under torchrun the launcher's group; else one of our own, destroyed after
-    if made:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+def group(one_rank_world):
     g = ep.Group(num_experts=16 * dist.get_world_size(), max_tokens_per_rank=512, hidden=1024, max_topk=8,
                  num_sms=16, timeout_s=20)
     yield g
     g.close()
-    if made:
-        dist.destroy_process_group()
 
 
 def _routing(T, K, E, seed):

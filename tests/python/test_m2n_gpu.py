@@ -2,32 +2,15 @@
 torch, destinations poisoned first; a wrongly shaped tensor refused. (Several ranks: one-GPU nodes under torchrun,
 once the C executor has run there.)"""
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-
 import nccl.m2n as m2n  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def world():
-    made = not dist.is_initialized()
-    if made:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(31500 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    yield
-    if made:
-        dist.destroy_process_group()
-
-
-def test_transposing_local_reshard(world):
+def test_transposing_local_reshard(one_rank_world):
     R, C = 37, 53
     src = m2n.Layout((R, C), torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE])
     dst = m2n.Layout((R, C), torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE], local_strides=[(1, R)])
@@ -39,7 +22,7 @@ def test_transposing_local_reshard(world):
     assert torch.equal(y.t(), x)
 
 
-def test_a_batch_by_name(world):
+def test_a_batch_by_name(one_rank_world):
     shapes = {"a": (64, 32), "b": (7,), "c": (5, 3, 2)}
     tensors = [(n, m2n.Layout(s, torch.float32, mesh=[0], placements=[m2n.REPLICATE]),
                 m2n.Layout(s, torch.float32, mesh=[0], placements=[m2n.REPLICATE])) for n, s in shapes.items()]

@@ -193,6 +193,17 @@ TEST(PlannerProperty, MutatedPlansAreCaught) {
   EXPECT_EQ(caught, tried);
 }
 
+// A random batch (with mixed dtypes if asked) and every rank's plan; false when the batch is invalid (skip it).
+bool drawPlanned(Gen& g, bool mixedDtypes, Problem* p, std::vector<RankPlan>* plans) {
+  *p = g.problem();
+  if (mixedDtypes) g.mixDtypes(p);
+  std::string why;
+  if (!validateProblem(*p, &why)) return false;
+  PlanStats stats;
+  planAll(*p, plans, &stats);
+  return true;
+}
+
 // Every rank's schedule for a plan, with chunks of `chunk` bytes (the cap chunkBytesFor splits into them).
 std::vector<RankSchedule> schedulesFor(const Problem& p, const std::vector<RankPlan>& plans, int64_t chunk) {
   ScheduleOptions o;
@@ -212,17 +223,12 @@ TEST(ScheduleProperty, RandomLayoutPairsThroughWireStreamsAreDeliveredExactlyOnc
   // Mixed dtypes (1, 2, 4 and 8 bytes) in one batch, chunks from 16 bytes (one element of the widest dtype per
   // vector: most items cross chunk bounds) to 256, every send packed and unpacked by the two sides' own views.
   Gen g(20261201);
-  const ncclDataType_t dtypes[] = {ncclInt8, ncclBfloat16, ncclFloat32, ncclInt64};
   const int64_t chunks[] = {16, 48, 256};
   int64_t checked = 0, streams = 0, crossing = 0;
   for (int c = 0; c < 2000; c++) {
-    Problem p = g.problem();
-    for (TensorPair& tp : p.tensors) tp.src.dtype = tp.dst.dtype = dtypes[g.uniform(0, 3)];
-    std::string why;
-    if (!validateProblem(p, &why)) continue;
+    Problem p;
     std::vector<RankPlan> plans;
-    PlanStats stats;
-    planAll(p, &plans, &stats);
+    if (!drawPlanned(g, true, &p, &plans)) continue;
     const int64_t chunk = chunks[g.uniform(0, 2)];
     std::vector<RankSchedule> sched = schedulesFor(p, plans, chunk);
     for (const RankSchedule& rs : sched)
@@ -247,12 +253,9 @@ TEST(ScheduleProperty, ReceiversThatDisagreeWithTheirSendersAreCaught) {
   Gen g(7);
   int tried = 0, caught = 0;
   for (int c = 0; c < 3000 && tried < 300; c++) {
-    Problem p = g.problem();
-    std::string why;
-    if (!validateProblem(p, &why)) continue;
+    Problem p;
     std::vector<RankPlan> plans;
-    PlanStats stats;
-    planAll(p, &plans, &stats);
+    if (!drawPlanned(g, false, &p, &plans)) continue;
     std::vector<RankSchedule> sched = schedulesFor(p, plans, 48);
     for (RankSchedule& rs : sched)
       for (WireStream& w : rs.recvs) {
@@ -289,17 +292,12 @@ std::vector<ExecTables> execTablesFor(const Problem& p, const std::vector<RankPl
 TEST(ExecTablesProperty, RandomLayoutPairsExecutedFromTheTablesAreDeliveredExactlyOnce) {
   // The executor's tables driven as the kernels and NCCL calls will drive them, on real element sizes.
   Gen g(20261202);
-  const ncclDataType_t dtypes[] = {ncclInt8, ncclBfloat16, ncclFloat32, ncclInt64};
   const int64_t chunks[] = {16, 64, 1024};
   int64_t checked = 0, rounds = 0, cases = 0;
   for (int c = 0; c < 1500; c++) {
-    Problem p = g.problem();
-    for (TensorPair& tp : p.tensors) tp.src.dtype = tp.dst.dtype = dtypes[g.uniform(0, 3)];
-    std::string why;
-    if (!validateProblem(p, &why)) continue;
+    Problem p;
     std::vector<RankPlan> plans;
-    PlanStats stats;
-    planAll(p, &plans, &stats);
+    if (!drawPlanned(g, true, &p, &plans)) continue;
     std::vector<ExecTables> t = execTablesFor(p, plans, chunks[g.uniform(0, 2)]);
     for (const ExecTables& x : t) rounds += (int64_t)x.rounds.size();
     SimulationResult r = emulateExecute(p, t);
@@ -318,12 +316,9 @@ TEST(ExecTablesProperty, BrokenTablesAreCaught) {
   Gen g(11);
   int tried = 0, caught = 0;
   for (int c = 0; c < 4000 && tried < 300; c++) {
-    Problem p = g.problem();
-    std::string why;
-    if (!validateProblem(p, &why)) continue;
+    Problem p;
     std::vector<RankPlan> plans;
-    PlanStats stats;
-    planAll(p, &plans, &stats);
+    if (!drawPlanned(g, false, &p, &plans)) continue;
     std::vector<ExecTables> t = execTablesFor(p, plans, 64);
     for (ExecTables& x : t) {
       if (x.pack.empty() || x.unpack.empty()) continue;

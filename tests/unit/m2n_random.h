@@ -95,6 +95,12 @@ struct Gen {
     return l;
   }
 
+  // Every tensor one dtype of 1, 2, 4 or 8 bytes (the same on both sides), one draw per tensor.
+  void mixDtypes(Problem* p) {
+    const ncclDataType_t dtypes[] = {ncclInt8, ncclBfloat16, ncclFloat32, ncclInt64};
+    for (TensorPair& tp : p->tensors) tp.src.dtype = tp.dst.dtype = dtypes[uniform(0, 3)];
+  }
+
   // maxRanks: the communicator size is drawn from [1, maxRanks] (0: [1, 12]).
   Problem problem(int maxRanks = 0) {
     Problem p;

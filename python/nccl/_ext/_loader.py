@@ -142,6 +142,13 @@ def call(lib: ctypes.CDLL, prefix: str, name: str, *args) -> None:
         raise error_for(rc, text or "%s failed" % name)
 
 
+def version(lib: ctypes.CDLL, prefix: str) -> tuple[int, int, int]:
+    """(major, minor, patch) from nccl<prefix>GetVersion's major * 10000 + minor * 100 + patch."""
+    v = ctypes.c_int(0)
+    call(lib, prefix, "nccl%sGetVersion" % prefix, ctypes.byref(v))
+    return v.value // 10000, v.value // 100 % 100, v.value % 100
+
+
 def check_nccl_runtime(lib: ctypes.CDLL, prefix: str) -> tuple[int, int]:
     """(built, loaded) NCCL version codes; NcclInvalidUsage when they are different releases."""
     fn = getattr(lib, "nccl%sCheckNcclRuntime" % prefix)

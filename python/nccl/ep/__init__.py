@@ -122,9 +122,7 @@ def _call(name: str, *args) -> None:
 
 def version() -> tuple[int, int, int]:
     """libnccl_ep's (major, minor, patch)."""
-    v = ctypes.c_int(0)
-    _call("ncclEpGetVersion", ctypes.byref(v))
-    return v.value // 10000, v.value // 100 % 100, v.value % 100
+    return _loader.version(_lib(), "Ep")
 
 
 def _stream(stream):

@@ -105,9 +105,7 @@ def _call(name: str, *args) -> None:
 
 def version() -> tuple[int, int, int]:
     """libnccl_m2n's (major, minor, patch)."""
-    v = ctypes.c_int(0)
-    _call("ncclM2nGetVersion", ctypes.byref(v))
-    return v.value // 10000, v.value // 100 % 100, v.value % 100
+    return _loader.version(_lib(), "M2n")
 
 
 def _nested_shape_and_flat(mesh):
