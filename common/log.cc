@@ -27,6 +27,13 @@ void setLogRank(int rank) {
 }
 int logRank() { return tRank >= 0 ? tRank : gRank.load(std::memory_order_relaxed); }
 
+const char* rankPrefix(char (&buf)[32], const char* sep) {
+  const int r = logRank();
+  if (r < 0) return "";  // no library object has told us its rank yet
+  snprintf(buf, sizeof(buf), "rank %d%s", r, sep);
+  return buf;
+}
+
 bool logEnabled(LogLevel level) { return level != LogLevel::kNone && level <= env().logLevel; }
 
 void logMessage(LogLevel level, const char* file, int line, const char* fmt, ...) {
@@ -37,10 +44,11 @@ void logMessage(LogLevel level, const char* file, int line, const char* fmt, ...
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   // One fprintf per line so that lines of concurrent ranks do not interleave mid-line.
+  char tag[32];
   if (level == LogLevel::kWarn) {
-    fprintf(stderr, "[" NCCL_EXT_LIB_TAG "] rank %d WARN %s:%d %s\n", logRank(), baseName(file), line, msg);
+    fprintf(stderr, "[" NCCL_EXT_LIB_TAG "] %sWARN %s:%d %s\n", rankPrefix(tag, " "), baseName(file), line, msg);
   } else {
-    fprintf(stderr, "[" NCCL_EXT_LIB_TAG "] rank %d %s %s\n", logRank(), logLevelName(level), msg);
+    fprintf(stderr, "[" NCCL_EXT_LIB_TAG "] %s%s %s\n", rankPrefix(tag, " "), logLevelName(level), msg);
   }
 }
 

@@ -1,4 +1,5 @@
-// The one logger. Lines go to stderr as "[<library>] rank <r> <LEVEL> [file:line] message"; the level comes from
+// The one logger. Lines go to stderr as "[<library>] rank <r> <LEVEL> [file:line] message" ("rank <r> " left out
+// until a library object knows its rank); the level comes from
 // NCCL_EXT_LOG (common/env.h).
 #pragma once
 
@@ -10,6 +11,8 @@ namespace ncclext {
 // the last one any thread set; -1 until a library object learns it.
 void setLogRank(int rank);
 int logRank();
+// "rank <r><sep>" in buf, or "" while the rank is unknown (-1).
+const char* rankPrefix(char (&buf)[32], const char* sep);
 
 bool logEnabled(LogLevel level);
 void logMessage(LogLevel level, const char* file, int line, const char* fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -16,7 +16,8 @@ ncclResult_t fail(ncclResult_t code, const char* file, int line, const char* fmt
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  snprintf(tLastError, sizeof(tLastError), "[" NCCL_EXT_LIB_TAG "] rank %d: %s", logRank(), msg);
+  char tag[32];
+  snprintf(tLastError, sizeof(tLastError), "[" NCCL_EXT_LIB_TAG "] %s%s", rankPrefix(tag, ": "), msg);
   logMessage(LogLevel::kWarn, file, line, "%s (%s)", msg, ncclGetErrorString(code));
   return code;
 }

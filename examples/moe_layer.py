@@ -95,9 +95,9 @@ def main():
         handle.close()
         # Gradients of the shared router are summed over ranks, as data parallelism would.
         for p in router.parameters():
-            p.grad = p.grad.cpu()
-            dist.all_reduce(p.grad)
-            p.grad = p.grad.to(dev)
+            g = p.grad.cpu()  # the group may be gloo (a CPU backend)
+            dist.all_reduce(g)
+            p.grad.copy_(g)
         opt.step()
         # Reference: the whole layer on one GPU, every rank's tokens, the same loss summed over ranks.
         ref_loss_total = 0

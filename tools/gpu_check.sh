@@ -36,6 +36,9 @@ RUNS=(
 if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider tests/python --json JSON|1|")
   RUNS+=("moe_example|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 examples/moe_layer.py --json JSON|1|")
+  # nccl.m2n on several ranks (torchrun; on one GPU as one-GPU nodes: conftest's --one-gpu nodes).
+  command -v torchrun >/dev/null 2>&1 &&
+    RUNS+=("python_m2n|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --nproc_per_node NRANKS -m pytest -q -p no:cacheprovider tests/python/test_m2n_gpu.py --json JSON|2|nodes")
 else
   echo "gpu-check: no torch or no pytest for python3 here: the Python tests (tests/python) do not run"
 fi
@@ -53,6 +56,8 @@ run() {
   local name=$1 n=$2 mode=$3 cmd=$4
   local tag=$name
   [ "$mode" != real ] && tag="$name[$mode]"
+  # GPU_CHECK_ONLY=REGEX: only the runs whose name matches (e.g. 'm2n|python').
+  [ -n "${GPU_CHECK_ONLY:-}" ] && ! [[ $name =~ ${GPU_CHECK_ONLY} ]] && return 0
   local json="$RAW/$tag.$n.jsonl" log="$RAW/$tag.$n.log"
   : > "$json"
   cmd=${cmd//NRANKS/$n}

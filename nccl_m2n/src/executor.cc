@@ -9,6 +9,7 @@
 #include "common/checks.h"
 #include "common/device_status.h"
 #include "common/domain.h"
+#include "common/log.h"
 #include "nccl_m2n/src/agree.h"
 #include "nccl_m2n/src/exec_kernels.h"
 #include "nccl_m2n/src/schedule.h"
@@ -88,6 +89,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
   plan->comm = comm;
   NCCLEXT_NCCL(ncclCommUserRank(comm, &plan->rank));
   NCCLEXT_NCCL(ncclCommCount(comm, &plan->nRanks));
+  ncclext::setLogRank(plan->rank);
   const int rank = plan->rank, n = plan->nRanks;
   cudaStream_t stream = nullptr;
   NCCLEXT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -7,9 +7,11 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def one_rank_world():
-    """A torch.distributed group for a GPU test module: the launcher's under torchrun, else a single-process gloo
-    group of our own, destroyed after the module (the CPU tests that follow expect none). Sets the CUDA device."""
+def world():
+    """A torch.distributed group for a GPU test module: under a launcher (torchrun: WORLD_SIZE set) a gloo group of
+    its ranks, else a single-process gloo group of our own; destroyed after the module (the CPU tests that follow
+    expect none). Sets the CUDA device: LOCAL_RANK's, or 0 for every rank with --one-gpu nodes. Yields
+    (rank, size)."""
     import os
 
     import torch
@@ -17,21 +19,42 @@ def one_rank_world():
 
     made = not dist.is_initialized()
     if made:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    yield
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group("gloo")
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+            dist.init_process_group("gloo", rank=0, world_size=1)
+    one_gpu = os.environ.get("NCCL_EXT_TEST_ONE_GPU") == "nodes"
+    torch.cuda.set_device(0 if one_gpu else int(os.environ.get("LOCAL_RANK", 0)))
+    yield dist.get_rank(), dist.get_world_size()
     if made:
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def one_rank_world(world):
+    """world, for a module written for one rank: skipped under a launcher with several."""
+    if world[1] != 1:
+        pytest.skip("written for 1 rank (%d here): several ranks need EP across NVLink domains (issue 12) on one "
+                    "GPU, and their own tests" % world[1])
+    yield world
+
+
 def pytest_addoption(parser):
     parser.addoption("--json", default=None, help="append a result line for make gpu-check")
+    parser.addoption("--one-gpu", default=None, choices=["nodes"],
+                     help="every rank of the launcher on GPU 0, each its own NCCL node (tests/README.md)")
 
 
 def pytest_configure(config):
+    import os
+
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (make gpu-check runs these)")
+    if config.getoption("--one-gpu") == "nodes":  # before any NCCL call reads the environment
+        os.environ["NCCL_EXT_TEST_ONE_GPU"] = "nodes"
+        os.environ["NCCL_HOSTID"] = "ncclext-node-%s" % os.environ.get("RANK", "0")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 def _have_gpu():
@@ -52,12 +75,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import os
+
     path = session.config.getoption("--json")
-    if not path:
+    if not path or os.environ.get("RANK", "0") != "0":  # one line per run: rank 0's
         return
     rep = session.config.pluginmanager.get_plugin("terminalreporter")
     counts = {k: len(rep.stats.get(k, [])) for k in ("passed", "failed", "error", "skipped")} if rep else {}
-    line = {"test": "python", "pass": exitstatus == 0 and counts.get("passed", 0) > 0, "gpu": _have_gpu()}
+    line = {"test": "python", "ranks": int(os.environ.get("WORLD_SIZE", "1")),
+            "pass": exitstatus == 0 and counts.get("passed", 0) > 0, "gpu": _have_gpu()}
     line.update(counts)
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")

@@ -1,10 +1,14 @@
-"""nccl.m2n.Plan on a GPU, 1 rank: a transposing local reshard (destination strides) and a batch by name, against
-torch, destinations poisoned first; a wrongly shaped tensor refused. (Several ranks: one-GPU nodes under torchrun,
-once the C executor has run there.)"""
+"""nccl.m2n.Plan on a GPU. Any rank count (1; several under torchrun, on one GPU with --one-gpu nodes): random
+batches between random layouts (meshes of any ranks, 1-D and 2-D, Shard and Replicate, column-major destinations)
+against slices of the global tensor, destinations poisoned first; a captured execute replayed on new data; metadata
+that differs on one rank refused on every rank; DTensor.redistribute on a CPU mesh. 1 rank only: a transposing local
+reshard and a batch by name with a wrongly shaped tensor refused."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
 import nccl.m2n as m2n  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -37,3 +41,164 @@ def test_a_batch_by_name(one_rank_world):
             assert all(torch.equal(src[n], dst[n]) for n in shapes)
         with pytest.raises(m2n.NcclError, match="has shape"):
             plan.execute(src, {**dst, "a": torch.empty(3, 3, device="cuda")})
+
+
+# -- any rank count ---------------------------------------------------------------------------------------------------
+DTYPES = [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.uint8]
+
+
+def _shared_seed(rank):
+    box = [int(torch.randint(0, 2**31, (1,))) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _poison(shape, dtype):
+    return torch.full(shape, float("nan") if dtype.is_floating_point else 123, dtype=dtype, device="cuda")
+
+
+def _random_layout(gen, shape, dtype, size, column_major=False):
+    """A mesh of a random subset of the ranks (1-D, or 2-D when it has an even count of at least 4) and one random
+    placement per mesh axis."""
+    k = int(torch.randint(1, size + 1, (1,), generator=gen))
+    ranks = torch.randperm(size, generator=gen)[:k].tolist()
+    mesh = [ranks[:k // 2], ranks[k // 2:]] if k >= 4 and k % 2 == 0 and bool(torch.rand(1, generator=gen) < 0.5) \
+        else ranks
+    axes = 2 if isinstance(mesh[0], list) else 1
+    placements = [m2n.REPLICATE if bool(torch.rand(1, generator=gen) < 0.3)
+                  else m2n.shard(int(torch.randint(0, len(shape), (1,), generator=gen))) for _ in range(axes)]
+    lay = m2n.Layout(shape, dtype, mesh=mesh, placements=placements)
+    if not column_major or len(shape) != 2:
+        return lay
+    strides = []
+    for r in lay.mesh_ranks:  # each position's local shape (a, b) stored column-major: strides (1, a)
+        _, (a, _) = lay.local_box(r)
+        strides.append((1, max(1, a)))
+    return m2n.Layout(shape, dtype, mesh=mesh, placements=placements, local_strides=strides)
+
+
+def _local(t, box):
+    off, shp = box
+    return t[tuple(slice(o, o + n) for o, n in zip(off, shp))]
+
+
+def _draw_batch(gen, size, n_tensors):
+    batch = []
+    for i in range(n_tensors):
+        nd = int(torch.randint(1, 4, (1,), generator=gen))
+        shape = tuple(int(torch.randint(1, 24, (1,), generator=gen)) for _ in range(nd))
+        dtype = DTYPES[int(torch.randint(0, len(DTYPES), (1,), generator=gen))]
+        src = _random_layout(gen, shape, dtype, size)
+        dst = _random_layout(gen, shape, dtype, size, column_major=bool(torch.rand(1, generator=gen) < 0.3))
+        batch.append(("t%d" % i, src, dst, shape, dtype))
+    return batch
+
+
+def _globals(gen, batch):
+    out = []
+    for _, _, _, shape, dtype in batch:
+        g = torch.randn(shape, generator=gen) * 100
+        out.append(g.to(dtype) if dtype.is_floating_point else g.abs().to(dtype))
+    return out
+
+
+def _sides(rank, batch, globals_):
+    """This rank's source tensors (slices of the globals) and poisoned destinations (with the layout's strides)."""
+    srcs, dsts = [], []
+    for (_, s, d, _, dtype), g in zip(batch, globals_):
+        sb, db = s.local_box(rank), d.local_box(rank)
+        srcs.append(None if sb is None else _local(g, sb).contiguous().cuda())
+        if db is None:
+            dsts.append(None)
+        elif d.local_strides is not None:  # column-major: the transpose of a row-major [b, a]
+            a, b = db[1]
+            dsts.append(_poison((b, a), dtype).t())
+        else:
+            dsts.append(_poison(db[1], dtype))
+    return srcs, dsts
+
+
+def _check(rank, batch, globals_, dsts):
+    for (name, _, d, _, _), g, y in zip(batch, globals_, dsts):
+        if y is not None:
+            want = _local(g, d.local_box(rank))
+            assert torch.equal(y.cpu(), want), "%s on rank %d" % (name, rank)
+
+
+@pytest.fixture(scope="module")
+def comm(world):
+    """One communicator for the many plans of a test (a Plan given a torch group makes its own)."""
+    with m2n.Communicator() as c:
+        yield c
+
+
+def test_random_batches_against_the_global_tensor(world, comm):
+    rank, size = world
+    gen = torch.Generator().manual_seed(_shared_seed(rank))
+    moved = 0
+    for _ in range(25):
+        batch = _draw_batch(gen, size, int(torch.randint(1, 5, (1,), generator=gen)))
+        globals_ = _globals(gen, batch)
+        srcs, dsts = _sides(rank, batch, globals_)
+        with m2n.Plan([(n, s, d) for n, s, d, _, _ in batch], comm, timeout_s=20) as plan:
+            plan.execute(srcs, dsts)
+            torch.cuda.synchronize()
+        _check(rank, batch, globals_, dsts)
+        moved += sum(y.numel() for y in dsts if y is not None)
+    assert moved > 0
+
+
+def test_a_captured_execute_replays_on_new_data(world, comm):
+    rank, size = world
+    gen = torch.Generator().manual_seed(_shared_seed(rank) + 1)
+    batch = _draw_batch(gen, size, 3)
+    with m2n.Plan([(n, s, d) for n, s, d, _, _ in batch], comm, timeout_s=20) as plan:
+        globals_ = _globals(gen, batch)
+        srcs, dsts = _sides(rank, batch, globals_)
+        plan.execute(srcs, dsts)  # warm-up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            plan.execute(srcs, dsts)
+        for _ in range(3):
+            globals_ = _globals(gen, batch)
+            fresh, _ = _sides(rank, batch, globals_)
+            for x, f in zip(srcs, fresh):
+                if x is not None:
+                    x.copy_(f)
+            for y, (_, _, _, _, dtype) in zip(dsts, batch):
+                if y is not None:
+                    y.fill_(float("nan") if dtype.is_floating_point else 123)
+            graph.replay()
+            torch.cuda.synchronize()
+            _check(rank, batch, globals_, dsts)
+
+
+def test_metadata_differing_on_one_rank_is_refused_everywhere(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("one rank cannot differ from another")
+    lay = m2n.Layout((8, 8), torch.float32, mesh=list(range(size)), placements=[m2n.shard(0)])
+    name = "w_other" if rank == size - 1 else "w"
+    with pytest.raises(m2n.NcclError, match="disagree"):
+        m2n.Plan([(name, lay, lay)], timeout_s=20)
+
+
+@pytest.mark.parametrize("src_p,dst_p", [("S0", "S1"), ("S0", "R"), ("R", "S0"), ("S1", "S0")])
+def test_dtensor_redistribute_agrees(world, src_p, dst_p):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    rank, size = world
+    place = {"S0": Shard(0), "S1": Shard(1), "R": Replicate()}
+    mesh = init_device_mesh("cpu", (size,))
+    gen = torch.Generator().manual_seed(_shared_seed(rank) + 2)
+    full = torch.randn(37, 53, generator=gen).to(torch.bfloat16)
+    a = distribute_tensor(full, mesh, [place[src_p]])
+    b = a.redistribute(mesh, [place[dst_p]])
+    src, dst = m2n.Layout.from_dtensor(a), m2n.Layout.from_dtensor(b)
+    y = _poison(tuple(b.to_local().shape), torch.bfloat16)
+    with m2n.Plan([("w", src, dst)], timeout_s=20) as plan:
+        plan.execute([a.to_local().contiguous().cuda()], [y])
+        torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), b.to_local())

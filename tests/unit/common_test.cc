@@ -5,6 +5,7 @@
 
 #include "common/checks.h"
 #include "common/device_status.h"
+#include "common/log.h"
 #include "common/topology.h"
 #include "common/version.h"
 
@@ -25,12 +26,17 @@ ncclResult_t cudaFailure() {
 }
 
 TEST(Status, ArgumentCheckSetsCodeAndText) {
+  setLogRank(-1);
   clearLastError();
   EXPECT_EQ(propagate(3), ncclSuccess);
   EXPECT_STREQ(lastError(), "");
   EXPECT_EQ(propagate(-7), ncclInvalidArgument);
   EXPECT_NE(std::string(lastError()).find("x = -7 < 0"), std::string::npos) << lastError();
-  EXPECT_EQ(std::string(lastError()).rfind("[test] rank", 0), 0u) << lastError();
+  EXPECT_EQ(std::string(lastError()).rfind("[test] x = -7", 0), 0u) << lastError();  // no rank known yet
+  setLogRank(3);
+  EXPECT_EQ(propagate(-7), ncclInvalidArgument);
+  EXPECT_EQ(std::string(lastError()).rfind("[test] rank 3: x = -7", 0), 0u) << lastError();
+  setLogRank(-1);
 }
 
 TEST(Status, CudaErrorBecomesUnhandledCudaError) {

@@ -9,13 +9,35 @@ from .errors import NcclInvalidArgument, error_for
 
 
 class _UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * 128)]  # NCCL_UNIQUE_ID_BYTES
+    _fields_ = [("internal", ctypes.c_ubyte * 128)]  # NCCL_UNIQUE_ID_BYTES
+
+
+_P = ctypes.c_void_p
+_SIGNATURES = {
+    "ncclGetUniqueId": [ctypes.POINTER(_UniqueId)],
+    "ncclCommInitRank": [ctypes.POINTER(_P), ctypes.c_int, _UniqueId, ctypes.c_int],
+    "ncclCommFinalize": [_P],
+    "ncclCommDestroy": [_P],
+    "ncclCommAbort": [_P],
+}
+
+
+def id_to_bytes(uid: _UniqueId) -> bytes:
+    """The id's raw bytes (never uid.internal of a c_char array: that reads as a copy cut at the first NUL)."""
+    return bytes(uid)
+
+
+def id_from_bytes(raw) -> _UniqueId:
+    if not isinstance(raw, bytes) or len(raw) != ctypes.sizeof(_UniqueId):
+        raise NcclInvalidArgument("Communicator: rank 0 sent no NCCL unique id of %d bytes" % ctypes.sizeof(_UniqueId))
+    return _UniqueId.from_buffer_copy(raw)
 
 
 def _nccl_call(name: str, *args) -> None:
     lib = _loader.nccl()
     fn = getattr(lib, name)
     fn.restype = ctypes.c_int
+    fn.argtypes = _SIGNATURES[name]
     rc = fn(*args)
     if rc != 0:
         text = getattr(lib, "ncclGetErrorString")
@@ -45,15 +67,14 @@ class Communicator:
         uid = _UniqueId()
         if self.rank == 0:
             _nccl_call("ncclGetUniqueId", ctypes.byref(uid))
-        box = [bytes(uid.internal) if self.rank == 0 else None]
+        box = [id_to_bytes(uid) if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-        ctypes.memmove(uid.internal, box[0], 128)
+        uid = id_from_bytes(box[0])
         index = torch.cuda.current_device() if device is None else torch.device(device).index
         self.device = torch.device("cuda", index)
         self._comm = ctypes.c_void_p()
         with torch.cuda.device(self.device):
-            _nccl_call("ncclCommInitRank", ctypes.byref(self._comm), ctypes.c_int(self.size), uid,
-                       ctypes.c_int(self.rank))
+            _nccl_call("ncclCommInitRank", ctypes.byref(self._comm), self.size, uid, self.rank)
 
     @property
     def handle(self) -> ctypes.c_void_p:

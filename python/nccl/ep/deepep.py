@@ -14,6 +14,8 @@ How it differs inside (none of it changes results):
 - The nccl.ep group is sized at the first dispatch, collectively (one all-reduce of the largest token count, row
   size and top-k over the ranks): at least `Buffer.max_tokens_per_rank` tokens (default 4096) and the largest rows
   and top-k seen then. A later call beyond them raises with the numbers; raise the class attributes before it.
+  An nccl.ep group serves one expert count: the first dispatch with another count makes another group of the same
+  capacity (collectively; each count holds its own buffers until destroy()).
 - Strided (e.g. column-major) fp8 scales are made contiguous, a copy of [T, H/128] floats.
 """
 
@@ -129,8 +131,8 @@ class Buffer:
         self.group_size = dist.get_world_size(group)
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode, self.explicitly_destroy = low_latency_mode, explicitly_destroy
-        self._ep = None  # the nccl.ep Group, made at the first dispatch
-        self._num_experts = None
+        self._groups = {}  # num_experts -> nccl.ep Group, each made at the first dispatch with that expert count
+        self._caps = None  # (tokens, row bytes, top-k, SMs) of every group, fixed at the first dispatch
 
     # -- static helpers ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -223,7 +225,8 @@ class Buffer:
                 raise NcclInvalidArgument("dispatch: a cached dispatch (handle given) takes no topk_idx/topk_weights")
             if not isinstance(handle, _DispatchHandle):
                 raise NcclInvalidArgument("dispatch: handle must come from this module's dispatch")
-            recv = self._ep.dispatch(x, handle=handle.ep_handle, scales=scales, num_sms=self._sms(num_sms))
+            recv = handle.ep_handle.group.dispatch(x, handle=handle.ep_handle, scales=scales,
+                                                   num_sms=self._sms(num_sms))
             return self._x_out(recv, handle.rows_returned, scales), None, None, None, None, self._event(async_finish)
         if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
             raise NcclInvalidArgument("dispatch: without a handle, num_tokens_per_rank, is_token_in_rank and "
@@ -234,8 +237,8 @@ class Buffer:
             raise NcclInvalidArgument("dispatch: num_worst_tokens needs topk_idx")
         num_experts = num_tokens_per_expert.numel()
         routing = topk_idx if topk_idx is not None else self._routing_by_rank(is_token_in_rank, num_experts)
-        self._ensure_group(x, routing, num_experts)
-        recv = self._ep.dispatch(x, routing, topk_weights, scales=scales,
+        group = self._group_for(x, routing, num_experts)
+        recv = group.dispatch(x, routing, topk_weights, scales=scales,
                                  sizing="worst_case" if num_worst_tokens else "exact", num_sms=self._sms(num_sms))
         rows = num_worst_tokens if num_worst_tokens else recv.tokens.shape[0]
         h = _DispatchHandle(recv.handle, is_token_in_rank, rows)
@@ -268,7 +271,8 @@ class Buffer:
             raise NcclInvalidArgument("combine: handle must come from this module's dispatch")
         num_sms = self._sms(config.num_sms if config is not None else Buffer.num_sms)
         ep_handle = handle.ep_handle
-        out = self._ep.combine(self._combine_input(x, ep_handle), ep_handle, num_sms=num_sms)
+        group = ep_handle.group
+        out = group.combine(self._combine_input(x, ep_handle), ep_handle, num_sms=num_sms)
         combined_w = None
         if topk_weights is not None:
             k = topk_weights.shape[1]
@@ -276,7 +280,7 @@ class Buffer:
             w = topk_weights.float()
             if kp != k:
                 w = torch.nn.functional.pad(w, (0, kp - k))
-            combined_w = self._ep.combine(self._combine_input(w.contiguous(), ep_handle), ep_handle,
+            combined_w = group.combine(self._combine_input(w.contiguous(), ep_handle), ep_handle,
                                           num_sms=num_sms)[:, :k]
         if bias is not None:
             for b in (bias if isinstance(bias, tuple) else (bias,)):
@@ -284,12 +288,12 @@ class Buffer:
         return out, combined_w, self._event(async_finish)
 
     def destroy(self) -> None:
-        """COLLECTIVE (explicitly_destroy=True buffers): frees the nccl.ep group."""
+        """COLLECTIVE (explicitly_destroy=True buffers): frees the nccl.ep groups."""
         if not self.explicitly_destroy:
             raise ValueError("Buffer.destroy: only for explicitly_destroy=True buffers")
-        if self._ep is not None:
-            self._ep.close()
-            self._ep = None
+        groups, self._groups = self._groups, {}
+        for g in groups.values():
+            g.close()
 
     # -- internals --------------------------------------------------------------------------------------------------
     @staticmethod
@@ -326,23 +330,25 @@ class Buffer:
             return x
         return torch.cat([x, x.new_zeros((need - x.shape[0],) + tuple(x.shape[1:]))])
 
-    def _ensure_group(self, x, routing, num_experts) -> None:
+    def _group_for(self, x, routing, num_experts) -> Group:
+        """The nccl.ep group for `num_experts` (a group is made for one expert count; DeepEP's Buffer takes any):
+        made collectively at the first dispatch with that count, sized by the capacity fixed at the very first."""
         row_bytes = x.shape[1] * x.element_size()
-        if self._ep is None:  # collective: every rank's first dispatch
+        if self._caps is None:  # collective: every rank's first dispatch
             need = torch.tensor([x.shape[0], row_bytes, routing.shape[1]], dtype=torch.int64, device=x.device)
             dist.all_reduce(need, op=dist.ReduceOp.MAX, group=self.group)
             t_max, b_max, k_max = (int(v) for v in need.tolist())
             self._caps = (max(Buffer.max_tokens_per_rank, t_max), max(Buffer.max_token_bytes, b_max, 16),
                           max(Buffer.max_topk, k_max), max(Buffer.num_sms, 2))
-            self._ep = Group(self.group, num_experts=num_experts, max_tokens_per_rank=self._caps[0],
-                             max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3])
-            self._num_experts = num_experts
         for what, value, cap in (("tokens", x.shape[0], self._caps[0]), ("row bytes", row_bytes, self._caps[1]),
                                  ("top-k", routing.shape[1], self._caps[2])):
             if value > cap:
                 raise NcclInvalidArgument(
                     "dispatch: %d %s exceed the nccl.ep group's %d, fixed at the first dispatch; set "
                     "Buffer.max_tokens_per_rank / max_token_bytes / max_topk before it" % (value, what, cap))
-        if num_experts != self._num_experts:
-            raise NcclInvalidArgument("dispatch: %d experts, but the group was made for %d"
-                                      % (num_experts, self._num_experts))
+        group = self._groups.get(num_experts)
+        if group is None:  # collective: every rank dispatches with the same expert counts in the same order
+            group = Group(self.group, num_experts=num_experts, max_tokens_per_rank=self._caps[0],
+                          max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3])
+            self._groups[num_experts] = group
+        return group

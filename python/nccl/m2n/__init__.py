@@ -6,10 +6,12 @@
     src.local_box(rank)                        # (offset, shape) this rank holds, or None
     plan = m2n.HostPlan([("w", src, dst)], rank=rank, n_ranks=2)   # the host planner: what this rank moves
     plan.info, plan.transfers("sends")
+    with m2n.Plan([("w", src, dst)]) as p:     # collective (the default group); reusable, graph-capturable
+        p.execute([x_local], [y_local])        # this rank's local tensors (None where it holds no part)
 
 Layouts come from torch (a DeviceMesh and DTensor placements: Shard, Replicate) or are given directly (a mesh of
-ranks, placements or explicit boxes, local strides). The host planner runs on the CPU. The executor's Python API
-(Plan, reshard, the RL weight-sync helper) is the rest of issue "Python package, part 2".
+ranks, placements or explicit boxes, local strides). The host planner runs on the CPU; Plan runs the C executor.
+reshard and the RL weight-sync helper are the rest of issue "Python package, part 2".
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import ctypes
 
 from .._ext import _loader
+from .._ext.comm import Communicator
 from .._ext.errors import NcclError, NcclInvalidArgument
 
-__all__ = ["Layout", "HostPlan", "Plan", "shard", "REPLICATE", "version", "NcclError"]
+__all__ = ["Layout", "HostPlan", "Plan", "Communicator", "shard", "REPLICATE", "version", "NcclError"]
 
 _MAGIC = 0x6d326e31  # NCCL_M2N_MAGIC
 MAX_DIMS = 8
@@ -287,13 +290,10 @@ def _specs(tensors):
 
 class Plan:
     """An execution plan (ncclM2nPlanCreate; COLLECTIVE over `group`, a torch ProcessGroup, None for the default,
-    or a nccl.ep Communicator): `tensors` is a list of (name, source Layout, destination Layout), the same on every
-    rank. execute() moves them, as often as wanted (NOT YET RUN on a GPU: see docs/M2N.md for what the executor
-    does not do yet)."""
+    or a Communicator, which many plans may share): `tensors` is a list of (name, source Layout, destination Layout), the same on every
+    rank. execute() moves them, as often as wanted (docs/M2N.md says what the executor does not do yet)."""
 
     def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0):
-        from .._ext.comm import Communicator
-
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
         self.tensors = list(tensors)
