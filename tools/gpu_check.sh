@@ -37,8 +37,14 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider tests/python --json JSON|1|")
   RUNS+=("moe_example|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 examples/moe_layer.py --json JSON|1|")
   # nccl.m2n on several ranks (torchrun; on one GPU as one-GPU nodes: conftest's --one-gpu nodes).
-  command -v torchrun >/dev/null 2>&1 &&
-    RUNS+=("python_m2n|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --nproc_per_node NRANKS -m pytest -q -p no:cacheprovider tests/python/test_m2n_gpu.py --json JSON|2|nodes")
+  # The Python overhead of Plan.execute on a whole Qwen3-32B-like model (a benchmark: 128 GB of GPU memory).
+  RUNS+=("m2n_overhead|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 bench/m2n_python_overhead.py --json JSON|1|")
+  if command -v torchrun >/dev/null 2>&1; then
+    PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --nproc_per_node NRANKS"
+    RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider tests/python/test_m2n_gpu.py --json JSON|2|nodes")
+    RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
+    RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
+  fi
 else
   echo "gpu-check: no torch or no pytest for python3 here: the Python tests (tests/python) do not run"
 fi

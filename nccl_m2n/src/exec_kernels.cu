@@ -7,7 +7,7 @@
 namespace ncclm2n {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = kMoveThreads;
 constexpr int kMaxCtas = 1024;
 constexpr int kPointersPerLaunch = 480;  // 480 x 8 bytes of parameters, under the classic 4 KB limit
 
@@ -21,29 +21,12 @@ __global__ void setPointersKernel(const void** arr, PointerBatch b) {
   for (int i = threadIdx.x; i < b.count; i += blockDim.x) arr[b.first + i] = b.p[i];
 }
 
-// One CTA per segment at a time; the CTA's threads take its elements.
-__global__ void copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
-                           char* const* dst) {
-  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
-    const MoveSegment g = segs[s];
-    const MoveDesc& d = descs[g.desc];
-    for (int64_t i = threadIdx.x; i < g.elements; i += blockDim.x) copyLocalElement(d, g.firstElement + i, src, dst);
-  }
-}
-
-__global__ void packKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
-                           char* stage) {
-  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
-    const MoveSegment g = segs[s];
-    for (int64_t i = threadIdx.x; i < g.elements; i += blockDim.x) packElement(descs, g, i, src, stage);
-  }
-}
-
-__global__ void unpackKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* stage,
-                             char* const* dst) {
-  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
-    const MoveSegment g = segs[s];
-    for (int64_t i = threadIdx.x; i < g.elements; i += blockDim.x) unpackElement(descs, g, i, stage, dst);
+// One CTA per segment at a time, each thread its share (move.h).
+template <int K>
+__global__ void moveKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m) {
+  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+    const MoveSegment g = segs[si];
+    moveSegmentShare<K>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
   }
 }
 
@@ -65,22 +48,31 @@ ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_
 ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
                           char* const* dst, cudaStream_t stream) {
   if (n == 0) return ncclSuccess;
-  return ncclext::launchKernel("m2n copy", copyKernel, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs, segs, n,
-                               src, dst);
+  MoveEnds m;
+  m.src = src;
+  m.dst = dst;
+  return ncclext::launchKernel("m2n copy", moveKernel<kMoveCopy>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
+                               segs, n, m);
 }
 
 ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
                         char* stage, cudaStream_t stream) {
   if (n == 0) return ncclSuccess;
-  return ncclext::launchKernel("m2n pack", packKernel, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs, segs, n,
-                               src, stage);
+  MoveEnds m;
+  m.src = src;
+  m.stageOut = stage;
+  return ncclext::launchKernel("m2n pack", moveKernel<kMovePack>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
+                               segs, n, m);
 }
 
 ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* stage,
                           char* const* dst, cudaStream_t stream) {
   if (n == 0) return ncclSuccess;
-  return ncclext::launchKernel("m2n unpack", unpackKernel, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
-                               segs, n, stage, dst);
+  MoveEnds m;
+  m.dst = dst;
+  m.stageIn = stage;
+  return ncclext::launchKernel("m2n unpack", moveKernel<kMoveUnpack>, dim3(gridFor(n)), dim3(kThreads), 0, stream,
+                               descs, segs, n, m);
 }
 
 }  // namespace ncclm2n

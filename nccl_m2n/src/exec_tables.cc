@@ -16,7 +16,47 @@ MoveDesc moveDescOf(const Problem& p, const Transfer& t) {
     d.srcStride[k] = t.srcStride[k];
     d.dstStride[k] = t.dstStride[k];
   }
+  coalesce(&d);
   return d;
+}
+
+void coalesce(MoveDesc* d) {
+  for (int k = 0; k < d->ndims; k++)
+    if (d->extent[k] == 0) return;  // an empty box stays as it is
+  MoveDesc out = *d;
+  int n = 0;
+  for (int k = 0; k < d->ndims; k++) {
+    if (d->extent[k] == 1) continue;  // contributes no index
+    if (n > 0 && out.srcStride[n - 1] == d->extent[k] * d->srcStride[k] &&
+        out.dstStride[n - 1] == d->extent[k] * d->dstStride[k]) {
+      out.extent[n - 1] *= d->extent[k];  // dim k continues dim n-1 on both sides: one dim
+      out.srcStride[n - 1] = d->srcStride[k];
+      out.dstStride[n - 1] = d->dstStride[k];
+      continue;
+    }
+    out.extent[n] = d->extent[k];
+    out.srcStride[n] = d->srcStride[k];
+    out.dstStride[n] = d->dstStride[k];
+    n++;
+  }
+  if (n == 0) {  // a single element
+    out.extent[0] = 1;
+    out.srcStride[0] = out.dstStride[0] = 1;
+    n = 1;
+  }
+  for (int k = n; k < kMoveMaxDims; k++) out.extent[k] = out.srcStride[k] = out.dstStride[k] = 0;
+  out.ndims = n;
+  *d = out;
+}
+
+std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements) {
+  std::vector<MoveSegment> out;
+  for (size_t i = 0; i < copies.size(); i++) {
+    const int64_t n = product(copies[i].extent, copies[i].ndims);
+    for (int64_t first = 0; first < n; first += maxElements)
+      out.push_back({(uint32_t)i, 0, first, std::min(maxElements, n - first), 0});
+  }
+  return out;
 }
 
 bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule& s, ExecTables* out,

@@ -43,6 +43,11 @@ struct ExecTables {
 };
 
 MoveDesc moveDescOf(const Problem& problem, const Transfer& t);
+// Fewest dims for the same elements in the same row-major order: drops extent-1 dims and merges a dim into the
+// one before it where both sides continue it contiguously (a dense box becomes one dim: one run of bytes).
+void coalesce(MoveDesc* d);
+// The local copies cut into segments of at most maxElements (the copy kernel's unit of work, one CTA each).
+std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements);
 
 // Flattens `plan` (this rank's lists) and its schedule (built with the same problem). Every stream goes by P2P
 // operations here (the schedule must have receive slots for all streams: ScheduleOptions::lsa = false).

@@ -33,8 +33,6 @@ struct ncclM2nPlan {
 namespace ncclm2n {
 namespace {
 
-constexpr int64_t kCopySegmentElements = 1 << 16;
-
 // The first rank of my NVLink (LSA) team: the same number on every rank of the team.
 int domainIdOf(ncclComm_t comm, int rank) {
   const ncclTeam_t lsa = ncclTeamLsa(comm);
@@ -71,16 +69,6 @@ void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<ch
 }
 
 }  // namespace
-
-std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements) {
-  std::vector<MoveSegment> out;
-  for (size_t i = 0; i < copies.size(); i++) {
-    const int64_t n = product(copies[i].extent, copies[i].ndims);
-    for (int64_t first = 0; first < n; first += maxElements)
-      out.push_back({(uint32_t)i, 0, first, std::min(maxElements, n - first), 0});
-  }
-  return out;
-}
 
 ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localError, const ExecOptions& o,
                         ncclM2nPlan** out) {

@@ -29,7 +29,5 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& problem, const std::string& l
 ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst, cudaStream_t stream);
 void destroyPlan(ncclM2nPlan* plan);
 
-// Segments of at most `maxElements` elements covering every local copy (the copy kernel's unit of work).
-std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements);
 
 }  // namespace ncclm2n

@@ -1,5 +1,6 @@
 // The element moves of the M2N executor, shared by its kernels and by the host emulator that tests the tables they
-// read (tests/unit/m2n_exec_emulator): one strided box per MoveDesc, elements addressed by their row-major index.
+// read (tests/unit/m2n_simulator: emulateExecute): one strided box per MoveDesc, elements addressed by their
+// row-major index; a kernel's CTA runs moveSegmentShare for each of its threads, the emulator for each in turn.
 #pragma once
 
 #include <stdint.h>
@@ -14,6 +15,8 @@
 namespace ncclm2n {
 
 constexpr int kMoveMaxDims = 8;
+constexpr int kMoveThreads = 512;                 // threads of a move kernel's CTA (and of the emulator's teams)
+constexpr int64_t kCopySegmentElements = 1 << 16;  // a local copy is cut into segments of this many elements
 
 // One transfer of the plan, as the executor reads it (a Transfer plus what it needs to address bytes).
 struct MoveDesc {
@@ -58,29 +61,85 @@ NCCLM2N_HD void copyElement(const char* from, char* to, int bytes) {
   }
 }
 
-// Element i of segment g: pack copies it from the source tensor into the staging buffer, unpack from the staging
-// buffer into the destination tensor. `tensors` holds the call's local pointers, indexed by MoveDesc::tensor.
-NCCLM2N_HD void packElement(const MoveDesc* descs, const MoveSegment& g, int64_t i, const char* const* tensors,
-                            char* stage) {
-  const MoveDesc& d = descs[g.desc];
-  int64_t s, t;
-  moveOffsets(d, g.firstElement + i, &s, &t);
-  copyElement(tensors[d.tensor] + s * d.elemBytes, stage + g.stageOffset + i * d.elemBytes, d.elemBytes);
+// 16 bytes moved as one (a 128-bit load and store on the GPU).
+struct alignas(16) MoveVec16 {
+  uint64_t lo, hi;
+};
+
+// Thread `lane` of `lanes` copies its share of `bytes` contiguous bytes: 16-byte vectors when both ends share their
+// alignment mod 16 (the common case: tensors and staging are 256-byte aligned and runs start at element boundaries),
+// 4-byte words when they share it mod 4, else bytes. The threads write disjoint bytes.
+NCCLM2N_HD void groupCopy(int64_t lane, int64_t lanes, const char* from, char* to, int64_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(from), b = reinterpret_cast<uintptr_t>(to);
+  const int vec = ((a ^ b) & 15) == 0 ? 16 : ((a ^ b) & 3) == 0 ? 4 : 1;
+  int64_t head = (int64_t)((vec - (a & (vec - 1))) & (vec - 1));
+  if (head > bytes) head = bytes;
+  for (int64_t i = lane; i < head; i += lanes) to[i] = from[i];
+  const int64_t n = vec > 1 ? (bytes - head) / vec : 0, body = head + n * vec;  // vec 1: all in the tail loop
+  if (vec == 16) {
+    const MoveVec16* f = reinterpret_cast<const MoveVec16*>(from + head);
+    MoveVec16* t = reinterpret_cast<MoveVec16*>(to + head);
+    for (int64_t i = lane; i < n; i += lanes) t[i] = f[i];
+  } else if (vec == 4) {
+    const uint32_t* f = reinterpret_cast<const uint32_t*>(from + head);
+    uint32_t* t = reinterpret_cast<uint32_t*>(to + head);
+    for (int64_t i = lane; i < n; i += lanes) t[i] = f[i];
+  }
+  for (int64_t i = body + lane; i < bytes; i += lanes) to[i] = from[i];
 }
 
-NCCLM2N_HD void unpackElement(const MoveDesc* descs, const MoveSegment& g, int64_t i, const char* stage,
-                              char* const* tensors) {
-  const MoveDesc& d = descs[g.desc];
-  int64_t s, t;
-  moveOffsets(d, g.firstElement + i, &s, &t);
-  copyElement(stage + g.stageOffset + i * d.elemBytes, tensors[d.tensor] + t * d.elemBytes, d.elemBytes);
-}
+// The three moves: a local copy (source box to destination box), a pack (source box to its staging run) and an
+// unpack (staging run to destination box).
+enum MoveKind { kMoveCopy = 0, kMovePack = 1, kMoveUnpack = 2 };
 
-// Element e of local copy d: source tensor straight into destination tensor.
-NCCLM2N_HD void copyLocalElement(const MoveDesc& d, int64_t e, const char* const* src, char* const* dst) {
+// The memory of one move: the call's local tensor pointers (indexed by MoveDesc::tensor) and the staging buffer.
+struct MoveEnds {
+  const char* const* src = nullptr;
+  char* const* dst = nullptr;
+  const char* stageIn = nullptr;  // unpack
+  char* stageOut = nullptr;       // pack
+};
+
+// Where element e of segment g moves from and to.
+template <int K>
+NCCLM2N_HD void moveEnds(const MoveDesc& d, const MoveSegment& g, int64_t e, const MoveEnds& m, const char** from,
+                         char** to) {
   int64_t s, t;
   moveOffsets(d, e, &s, &t);
-  copyElement(src[d.tensor] + s * d.elemBytes, dst[d.tensor] + t * d.elemBytes, d.elemBytes);
+  const int64_t eb = d.elemBytes, stage = g.stageOffset + (e - g.firstElement) * eb;
+  *from = K == kMoveUnpack ? m.stageIn + stage : m.src[d.tensor] + s * eb;
+  *to = K == kMovePack ? m.stageOut + stage : m.dst[d.tensor] + t * eb;
+}
+
+// Thread `tid`'s share (of a team of `nThreads`, a multiple of 32: a CTA) of segment g of box d. When the box's
+// innermost dim is contiguous on its strided side(s) (after coalesce(), a dense box is one such dim), the segment
+// is a list of byte runs, one per row: runs of at least 4 KB take the whole team each, shorter ones a warp each.
+// Otherwise the threads take single elements. The threads write disjoint bytes, so the host emulator may run the
+// shares one after another.
+template <int K>
+NCCLM2N_HD void moveSegmentShare(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, int tid, int nThreads) {
+  const int last = d.ndims - 1;
+  const int64_t end = g.firstElement + g.elements;
+  const bool runs = last >= 0 && (K == kMoveUnpack || d.srcStride[last] == 1) &&
+                    (K == kMovePack || d.dstStride[last] == 1);
+  const char* from;
+  char* to;
+  if (!runs) {
+    for (int64_t e = g.firstElement + tid; e < end; e += nThreads) {
+      moveEnds<K>(d, g, e, m, &from, &to);
+      copyElement(from, to, d.elemBytes);
+    }
+    return;
+  }
+  const int lane = tid & 31, warp = tid >> 5, warps = nThreads >> 5;
+  const int64_t ext = d.extent[last], firstRow = g.firstElement / ext, nRuns = (end - 1) / ext - firstRow + 1;
+  const bool wide = ext * d.elemBytes >= 4096;
+  for (int64_t j = wide ? 0 : warp; j < nRuns; j += wide ? 1 : warps) {
+    const int64_t start = j == 0 ? g.firstElement : (firstRow + j) * ext;
+    const int64_t rowEnd = (firstRow + j + 1) * ext, stop = rowEnd < end ? rowEnd : end;
+    moveEnds<K>(d, g, start, m, &from, &to);
+    groupCopy(wide ? tid : lane, wide ? nThreads : 32, from, to, (stop - start) * d.elemBytes);
+  }
 }
 
 }  // namespace ncclm2n

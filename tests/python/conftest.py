@@ -12,6 +12,7 @@ def world():
     its ranks, else a single-process gloo group of our own; destroyed after the module (the CPU tests that follow
     expect none). Sets the CUDA device: LOCAL_RANK's, or 0 for every rank with --one-gpu nodes. Yields
     (rank, size)."""
+    import datetime
     import os
 
     import torch
@@ -19,12 +20,14 @@ def world():
 
     made = not dist.is_initialized()
     if made:
+        # A bounded wait: a rank that fails alone must not leave the others in a collective for gloo's 30 minutes.
+        timeout = datetime.timedelta(seconds=60)
         if "WORLD_SIZE" in os.environ:
-            dist.init_process_group("gloo")
+            dist.init_process_group("gloo", timeout=timeout)
         else:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-            dist.init_process_group("gloo", rank=0, world_size=1)
+            dist.init_process_group("gloo", rank=0, world_size=1, timeout=timeout)
     one_gpu = os.environ.get("NCCL_EXT_TEST_ONE_GPU") == "nodes"
     torch.cuda.set_device(0 if one_gpu else int(os.environ.get("LOCAL_RANK", 0)))
     yield dist.get_rank(), dist.get_world_size()

@@ -41,6 +41,13 @@ def test_a_batch_by_name(one_rank_world):
             assert all(torch.equal(src[n], dst[n]) for n in shapes)
         with pytest.raises(m2n.NcclError, match="has shape"):
             plan.execute(src, {**dst, "a": torch.empty(3, 3, device="cuda")})
+        # New tensors on a used plan (the repeat path must not keep the old pointers).
+        src2 = {n: torch.randn(s, device="cuda") for n, s in shapes.items()}
+        dst2 = {n: torch.full(s, float("nan"), device="cuda") for n, s in shapes.items()}
+        plan.execute(src2, dst2)
+        torch.cuda.synchronize()
+        assert all(torch.equal(src2[n], dst2[n]) for n in shapes)
+        assert all(torch.equal(src[n], dst[n]) for n in shapes)  # the old destinations untouched
 
 
 # -- any rank count ---------------------------------------------------------------------------------------------------
@@ -118,11 +125,18 @@ def _sides(rank, batch, globals_):
     return srcs, dsts
 
 
+def _everywhere(bad):
+    """Asserts on every rank that no rank found anything `bad` (a rank failing alone would leave the others in the
+    next collective)."""
+    n = torch.tensor([len(bad)])
+    dist.all_reduce(n)
+    assert int(n) == 0, "%d mismatches on all ranks; here: %s" % (int(n), bad[:5])
+
+
 def _check(rank, batch, globals_, dsts):
-    for (name, _, d, _, _), g, y in zip(batch, globals_, dsts):
-        if y is not None:
-            want = _local(g, d.local_box(rank))
-            assert torch.equal(y.cpu(), want), "%s on rank %d" % (name, rank)
+    bad = [name for (name, _, d, _, _), g, y in zip(batch, globals_, dsts)
+           if y is not None and not torch.equal(y.cpu(), _local(g, d.local_box(rank)))]
+    _everywhere(bad)
 
 
 @pytest.fixture(scope="module")
@@ -201,4 +215,57 @@ def test_dtensor_redistribute_agrees(world, src_p, dst_p):
     with m2n.Plan([("w", src, dst)], timeout_s=20) as plan:
         plan.execute([a.to_local().contiguous().cuda()], [y])
         torch.cuda.synchronize()
-    assert torch.equal(y.cpu(), b.to_local())
+    _everywhere([] if torch.equal(y.cpu(), b.to_local()) else [(src_p, dst_p)])
+
+
+def test_reshard_one_tensor_and_a_dtensor(world, comm):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    rank, size = world
+    gen = torch.Generator().manual_seed(_shared_seed(rank) + 3)
+    full = (torch.randn(29, 19, generator=gen) * 10).to(torch.bfloat16)
+    src = m2n.Layout(full.shape, torch.bfloat16, mesh=list(range(size)), placements=[m2n.shard(0)])
+    dst = m2n.Layout(full.shape, torch.bfloat16, mesh=list(reversed(range(size))), placements=[m2n.shard(1)])
+    y = m2n.reshard(_local(full, src.local_box(rank)).contiguous().cuda(), dst, src_layout=src, group=comm)
+    _everywhere([] if torch.equal(y.cpu(), _local(full, dst.local_box(rank))) else ["reshard"])
+    # A DTensor in, (DeviceMesh, placements) out: a DTensor back, on this rank's part of the new placement.
+    mesh = DeviceMesh("cuda", list(range(size)))
+    dt = DTensor.from_local(_local(full, src.local_box(rank)).contiguous().cuda(), mesh, [Shard(0)], run_check=False,
+                            shape=full.shape, stride=full.stride())
+    out = m2n.reshard(dt, (mesh, [Shard(1)]), group=comm)
+    assert isinstance(out, DTensor) and out.placements == (Shard(1),) and tuple(out.shape) == tuple(full.shape)
+    want = m2n.Layout(full.shape, torch.bfloat16, mesh=list(range(size)), placements=[m2n.shard(1)])
+    _everywhere([] if torch.equal(out.to_local().cpu(), _local(full, want.local_box(rank))) else ["dtensor"])
+
+
+@pytest.mark.parametrize("colocated", [False, True])
+def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated):
+    rank, size = world
+    if size == 1 and not colocated:
+        pytest.skip("disjoint trainer and inference ranks need two ranks")
+    half = max(1, size // 2)
+    trainer_ranks = list(range(size)) if colocated else list(range(half))
+    infer_ranks = list(range(size)) if colocated else list(range(half, size))
+    shapes = {"embed": (50, 16), "layers.0.qkv": (48, 16), "layers.0.o": (16, 16), "layers.0.norm": (16,)}
+    gen = torch.Generator().manual_seed(_shared_seed(rank) + 4)
+    fulls = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
+    trainer, inference = {}, {}
+    for n, full in fulls.items():
+        src = m2n.Layout(full.shape, torch.float32, mesh=trainer_ranks, placements=[m2n.shard(0)])
+        p = m2n.REPLICATE if full.dim() == 1 else m2n.shard(1 if n.endswith(".o") else 0)  # vLLM-style TP
+        dst = m2n.Layout(full.shape, torch.float32, mesh=infer_ranks, placements=[p])
+        if rank in trainer_ranks:
+            trainer["model." + n] = (_local(full, src.local_box(rank)).contiguous().cuda(), src)
+        if rank in infer_ranks:
+            inference[n] = (_poison(dst.local_box(rank)[1], torch.float32), dst)
+    with m2n.WeightSync(comm, timeout_s=20) as ws:
+        ws.plan(trainer=trainer, inference=inference, name_map=lambda n: "model." + n)
+        assert ws.names == sorted(shapes)
+        for step in range(2):
+            ws.sync()
+            torch.cuda.synchronize()
+            _everywhere([(n, step) for n, (y, dst) in inference.items()
+                         if not torch.equal(y.cpu(), _local(fulls[n] + step, dst.local_box(rank)))])
+            for n, (x, _) in trainer.items():  # a training step: the trainer's weights change in place
+                x.add_(1)

@@ -356,5 +356,49 @@ TEST(Schedule, ChunkSizeIsTheSameOnEveryRankAndFitsTheCap) {
   EXPECT_NE(why.find("staging cap of 1000 bytes cannot hold 252 chunks"), std::string::npos) << why;
 }
 
+MoveDesc box(std::vector<int64_t> extent, std::vector<int64_t> src, std::vector<int64_t> dst) {
+  MoveDesc d;
+  d.ndims = (int)extent.size();
+  d.elemBytes = 2;
+  for (int k = 0; k < d.ndims; k++) {
+    d.extent[k] = extent[k];
+    d.srcStride[k] = src[k];
+    d.dstStride[k] = dst[k];
+  }
+  return d;
+}
+std::vector<int64_t> dims(const MoveDesc& d, const int64_t* a) { return std::vector<int64_t>(a, a + d.ndims); }
+
+TEST(ExecTables, CoalesceMergesWhatBothSidesContinue) {
+  MoveDesc dense = box({4, 6, 8}, {48, 8, 1}, {48, 8, 1});
+  coalesce(&dense);
+  EXPECT_EQ(dims(dense, dense.extent), std::vector<int64_t>({192}));
+  EXPECT_EQ(dims(dense, dense.srcStride), std::vector<int64_t>({1}));
+  MoveDesc rows = box({8, 1, 4}, {8, 99, 1}, {4, 7, 1});  // a column block of a row-major matrix; a unit dim
+  coalesce(&rows);
+  EXPECT_EQ(dims(rows, rows.extent), std::vector<int64_t>({8, 4}));
+  EXPECT_EQ(dims(rows, rows.srcStride), std::vector<int64_t>({8, 1}));
+  EXPECT_EQ(dims(rows, rows.dstStride), std::vector<int64_t>({4, 1}));
+  MoveDesc transposed = box({3, 5}, {5, 1}, {1, 3});  // nothing continues on the destination side
+  coalesce(&transposed);
+  EXPECT_EQ(transposed.ndims, 2);
+  MoveDesc one = box({1, 1}, {9, 9}, {3, 3});
+  coalesce(&one);
+  EXPECT_EQ(one.ndims, 1);
+  EXPECT_EQ(one.extent[0], 1);
+  // The same elements in the same order: every element's offsets agree before and after.
+  MoveDesc before = box({2, 3, 4, 5}, {60, 20, 5, 1}, {120, 40, 10, 1});
+  MoveDesc after = before;
+  coalesce(&after);
+  EXPECT_LT(after.ndims, before.ndims);
+  for (int64_t e = 0; e < 120; e++) {
+    int64_t s0, t0, s1, t1;
+    moveOffsets(before, e, &s0, &t0);
+    moveOffsets(after, e, &s1, &t1);
+    ASSERT_EQ(s0, s1) << e;
+    ASSERT_EQ(t0, t1) << e;
+  }
+}
+
 }  // namespace
 }  // namespace ncclm2n

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 
 #include "tests/unit/m2n_elements.h"
 
@@ -230,6 +231,8 @@ SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const
 }
 }  // namespace
 
+constexpr int64_t kEmulatorCopySegment = 13;
+
 SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>& tables) {
   SimulationResult res;
   auto error = [&](const std::string& what) {
@@ -286,16 +289,28 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
     moveOffsets(d, e, &s, &t);
     if (writes[r][d.tensor][t] < 255) writes[r][d.tensor][t]++;
   };
-  for (size_t r = 0; r < nr; r++)
-    for (const MoveDesc& d : tables[r].copies) {
-      const int64_t n = product(d.extent, d.ndims);
-      for (int64_t e = 0; e < n; e++) {
+  // Every thread's share of a segment, as a kernel's CTA runs them (move.h), one thread after another.
+  auto team = [](auto kind, const MoveDesc& d, const MoveSegment& g, const MoveEnds& m) {
+    for (int tid = 0; tid < kMoveThreads; tid++) moveSegmentShare<decltype(kind)::value>(d, g, m, tid, kMoveThreads);
+  };
+  using Copy = std::integral_constant<int, kMoveCopy>;
+  using Pack = std::integral_constant<int, kMovePack>;
+  using Unpack = std::integral_constant<int, kMoveUnpack>;
+  for (size_t r = 0; r < nr; r++) {
+    // Segments far smaller than the executor's, so that they also start and end inside rows.
+    const std::vector<MoveSegment> segs = copySegments(tables[r].copies, kEmulatorCopySegment);
+    MoveEnds m;
+    m.src = srcPtr[r].data();
+    m.dst = dstPtr[r].data();
+    for (const MoveSegment& g : segs) {
+      const MoveDesc& d = tables[r].copies[g.desc];
+      for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++)
         if (!inside(r, d, e, true, true))
           return error("rank " + std::to_string(r) + ": a local copy out of bounds"), res;
-        copyLocalElement(d, e, srcPtr[r].data(), dstPtr[r].data());
-        countWrite(r, d, e);
-      }
+      team(Copy(), d, g, m);
+      for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) countWrite(r, d, e);
     }
+  }
   size_t rounds = 0;
   for (const ExecTables& x : tables) rounds = std::max(rounds, x.rounds.size());
   for (size_t k = 0; k < rounds; k++) {
@@ -307,10 +322,12 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
         const MoveDesc& d = tables[r].sends[g.desc];
         if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)stage[r].size())
           return error("rank " + std::to_string(r) + ": a pack outside the staging"), res;
-        for (int64_t e = 0; e < g.elements; e++) {
+        for (int64_t e = 0; e < g.elements; e++)
           if (!inside(r, d, g.firstElement + e, true, false)) return error("a pack reads outside its source"), res;
-          packElement(tables[r].sends.data(), g, e, srcPtr[r].data(), stage[r].data());
-        }
+        MoveEnds m;
+        m.src = srcPtr[r].data();
+        m.stageOut = stage[r].data();
+        team(Pack(), d, g, m);
       }
     }
     // The round's sends and receives, matched per (sender, receiver) as NCCL matches them (in order).
@@ -344,11 +361,13 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
         const MoveDesc& d = tables[r].recvs[g.desc];
         if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)stage[r].size())
           return error("rank " + std::to_string(r) + ": an unpack outside the staging"), res;
-        for (int64_t e = 0; e < g.elements; e++) {
+        for (int64_t e = 0; e < g.elements; e++)
           if (!inside(r, d, g.firstElement + e, false, true)) return error("an unpack writes outside its tensor"), res;
-          unpackElement(tables[r].recvs.data(), g, e, stage[r].data(), dstPtr[r].data());
-          countWrite(r, d, g.firstElement + e);
-        }
+        MoveEnds m;
+        m.dst = dstPtr[r].data();
+        m.stageIn = stage[r].data();
+        team(Unpack(), d, g, m);
+        for (int64_t e = 0; e < g.elements; e++) countWrite(r, d, g.firstElement + e);
       }
     }
   }

@@ -60,6 +60,7 @@ class Communicator:
 
         if not dist.is_initialized():
             raise NcclInvalidArgument("Communicator: torch.distributed is not initialised (init_process_group first)")
+        self.group = group  # the torch group (None: the default one)
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         if self.rank < 0:

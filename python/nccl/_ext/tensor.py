@@ -21,16 +21,22 @@ class CTensor(ctypes.Structure):
                 ("sizes", ctypes.c_int64 * MAX_DIMS)]
 
 
-def nccl_dtype(dtype) -> int:
-    import torch
+_TABLE = {}
 
-    table = {torch.bfloat16: NCCL_BFLOAT16, torch.float16: NCCL_FLOAT16, torch.float32: NCCL_FLOAT32,
-             torch.int32: NCCL_INT32, torch.int64: NCCL_INT64, torch.uint8: NCCL_UINT8, torch.int8: NCCL_INT8}
-    if hasattr(torch, "float8_e4m3fn"):
-        table[torch.float8_e4m3fn] = NCCL_FLOAT8E4M3
-    if dtype not in table:
+
+def nccl_dtype(dtype) -> int:
+    if not _TABLE:  # built once: execute checks hundreds of tensors a call
+        import torch
+
+        _TABLE.update({torch.bfloat16: NCCL_BFLOAT16, torch.float16: NCCL_FLOAT16, torch.float32: NCCL_FLOAT32,
+                       torch.int32: NCCL_INT32, torch.int64: NCCL_INT64, torch.uint8: NCCL_UINT8,
+                       torch.int8: NCCL_INT8})
+        if hasattr(torch, "float8_e4m3fn"):
+            _TABLE[torch.float8_e4m3fn] = NCCL_FLOAT8E4M3
+    code = _TABLE.get(dtype)
+    if code is None:
         raise NcclInvalidArgument("dtype %s has no NCCL equivalent" % dtype)
-    return table[dtype]
+    return code
 
 
 def describe(t, name: str, dtypes=None, ndim: int | None = None, require_cuda: bool = True) -> CTensor:

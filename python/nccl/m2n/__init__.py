@@ -11,7 +11,8 @@
 
 Layouts come from torch (a DeviceMesh and DTensor placements: Shard, Replicate) or are given directly (a mesh of
 ranks, placements or explicit boxes, local strides). The host planner runs on the CPU; Plan runs the C executor.
-reshard and the RL weight-sync helper are the rest of issue "Python package, part 2".
+reshard (one tensor, one call) and WeightSync (a trainer's named weights to inference ranks, planned once and
+synced every step) are in nccl.m2n.sync.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import ctypes
 from .._ext import _loader
 from .._ext.comm import Communicator
 from .._ext.errors import NcclError, NcclInvalidArgument
+from .._ext.tensor import nccl_dtype
 
-__all__ = ["Layout", "HostPlan", "Plan", "Communicator", "shard", "REPLICATE", "version", "NcclError"]
+__all__ = ["Layout", "HostPlan", "Plan", "Communicator", "WeightSync", "reshard", "shard", "REPLICATE", "version",
+           "NcclError"]
 
 _MAGIC = 0x6d326e31  # NCCL_M2N_MAGIC
 MAX_DIMS = 8
@@ -137,11 +140,7 @@ def _nested_shape_and_flat(mesh):
 
 
 def _dtype_code(dtype) -> int:
-    if isinstance(dtype, int):
-        return dtype
-    from .._ext.tensor import nccl_dtype
-
-    return nccl_dtype(dtype)
+    return dtype if isinstance(dtype, int) else nccl_dtype(dtype)
 
 
 class Layout:
@@ -223,6 +222,35 @@ class Layout:
                 raise NotImplementedError("nccl.m2n: placement %r is not supported" % (p,))
         return cls(global_shape, dtype, device_mesh.mesh, placements=out, local_strides=local_strides)
 
+    def to_dict(self) -> dict:
+        """Plain data (for torch.distributed's object collectives); Layout.from_dict(d) makes it again."""
+        return {"global_shape": list(self.global_shape), "dtype": self.dtype, "mesh_dims": list(self.mesh_dims),
+                "mesh_ranks": list(self.mesh_ranks), "placements": self.placements,
+                "boxes": None if self.boxes is None else [[list(o), list(sh)] for o, sh in self.boxes],
+                "local_strides": None if self.local_strides is None else [list(st) for st in self.local_strides]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Layout":
+        mesh = list(d["mesh_ranks"])
+        for n in reversed(d["mesh_dims"][1:]):  # nest the flat ranks back, innermost axis first
+            mesh = [mesh[i:i + n] for i in range(0, len(mesh), n)]
+        return cls(d["global_shape"], d["dtype"], mesh, placements=d["placements"], boxes=d["boxes"],
+                   local_strides=d["local_strides"])
+
+    def with_ranks(self, rank_of) -> "Layout":
+        """The same layout with every mesh rank r replaced by rank_of(r) (e.g. global ranks to a group's)."""
+        d = self.to_dict()
+        d["mesh_ranks"] = [int(rank_of(r)) for r in d["mesh_ranks"]]
+        return Layout.from_dict(d)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Layout) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        what = "placements=%s" % self.placements if self.placements is not None else "boxes=%s" % self.boxes
+        return "Layout(%s, dtype=%d, mesh=%s %s, %s)" % (self.global_shape, self.dtype, self.mesh_dims,
+                                                        self.mesh_ranks, what)
+
     @classmethod
     def from_dtensor(cls, dt) -> "Layout":
         """The layout of a DTensor (row-major locals; a strided local tensor needs from_device_mesh's
@@ -288,10 +316,36 @@ def _specs(tensors):
     return specs, names
 
 
+def _local_of(t):
+    """A DTensor's local tensor (the attribute, not to_local(): that is an autograd call, ~10 us a tensor), else t."""
+    local = getattr(t, "_local_tensor", None)
+    return local if local is not None else t
+
+
+class _Side:
+    """What execute checks of one side (source or destination) of every tensor on this rank, precomputed: the
+    local shape (None: holds no part) and the strides it must have (None: contiguous)."""
+
+    def __init__(self, tensors, which, rank):
+        self.name = "source" if which == 1 else "destination"
+        self.shapes, self.strides = [], []
+        self.dtypes = [t[which].dtype for t in tensors]
+        for t in tensors:
+            lay = t[which]
+            box = lay.local_box(rank)
+            self.shapes.append(None if box is None else box[1])
+            st = None
+            if box is not None and lay.local_strides is not None:
+                st = tuple(lay.local_strides[lay.mesh_ranks.index(rank)])
+            self.strides.append(st)
+        self.last = None  # (the tensors of the last call, their pointers' array): a repeat skips the checks
+
+
 class Plan:
     """An execution plan (ncclM2nPlanCreate; COLLECTIVE over `group`, a torch ProcessGroup, None for the default,
-    or a Communicator, which many plans may share): `tensors` is a list of (name, source Layout, destination Layout), the same on every
-    rank. execute() moves them, as often as wanted (docs/M2N.md says what the executor does not do yet)."""
+    or a Communicator, which many plans may share): `tensors` is a list of (name, source Layout, destination
+    Layout), the same on every rank. execute() moves them, as often as wanted, and may be captured in a CUDA graph
+    (docs/M2N.md says what the executor does not do yet)."""
 
     def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0):
         self._owns_comm = not isinstance(group, Communicator)
@@ -307,49 +361,61 @@ class Plan:
             if self._owns_comm:
                 self.comm.abort()
             raise
-        rank = self.comm.rank
-        self._src_shapes = [s.local_box(rank) for _, s, _ in self.tensors]
-        self._dst_shapes = [d.local_box(rank) for _, _, d in self.tensors]
+        self._index = {name: i for i, (name, _, _) in enumerate(self.tensors)}
+        self._sides = (_Side(self.tensors, 1, self.comm.rank), _Side(self.tensors, 2, self.comm.rank))
 
-    def _pointers(self, tensors, boxes, layouts, side):
+    def _pointers(self, tensors, side: _Side):
         import torch
 
-        arr = (ctypes.c_void_p * max(1, len(self.tensors)))()
+        n = len(self.tensors)
         if isinstance(tensors, dict):
+            unknown = [k for k in tensors if k not in self._index]
+            if unknown:
+                raise NcclInvalidArgument("execute: %s tensor %r is not in the plan" % (side.name, unknown[0]))
             tensors = [tensors.get(name) for name, _, _ in self.tensors]
-        if len(tensors) != len(self.tensors):
-            raise NcclInvalidArgument("execute: %d %s tensors for a plan of %d" % (len(tensors), side,
-                                                                                  len(self.tensors)))
+        else:
+            tensors = list(tensors)
+        if len(tensors) != n:
+            raise NcclInvalidArgument("execute: %d %s tensors for a plan of %d" % (len(tensors), side.name, n))
+        tensors = [None if t is None else _local_of(t) for t in tensors]
+        ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+        last = side.last
+        if last is not None and last[2] == ptrs and all(a is b for a, b in zip(last[0], tensors)):
+            return last[1]  # the same tensors at the same addresses: checked last time
         for i, t in enumerate(tensors):
-            box, lay = boxes[i], layouts[i]
             if t is None:
                 continue
-            name = self.tensors[i][0]
+            name, shape, strides = self.tensors[i][0], side.shapes[i], side.strides[i]
             if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
-                raise NcclInvalidArgument("execute: %s tensor %r must be a CUDA tensor" % (side, name))
-            if box is not None and tuple(t.shape) != box[1]:
+                raise NcclInvalidArgument("execute: %s tensor %r must be a CUDA tensor" % (side.name, name))
+            if shape is None:
+                continue  # this rank holds no part: the pointer is not used
+            if tuple(t.shape) != shape:
                 raise NcclInvalidArgument("execute: %s tensor %r has shape %s; this rank holds %s" %
-                                          (side, name, tuple(t.shape), box[1]))
-            if lay.local_strides is None and not t.is_contiguous():
+                                          (side.name, name, tuple(t.shape), shape))
+            if strides is None and not t.is_contiguous():
                 raise NcclInvalidArgument("execute: %s tensor %r is not contiguous and its layout gives no "
-                                          "local_strides (no copy is made)" % (side, name))
-            if lay.local_strides is not None:
-                want = lay.local_strides[lay.mesh_ranks.index(self.comm.rank)]
-                if tuple(t.stride()) != tuple(want):
-                    raise NcclInvalidArgument("execute: %s tensor %r has strides %s; its layout says %s" %
-                                              (side, name, tuple(t.stride()), tuple(want)))
-            arr[i] = t.data_ptr()
+                                          "local_strides (no copy is made)" % (side.name, name))
+            if strides is not None and tuple(t.stride()) != strides:
+                raise NcclInvalidArgument("execute: %s tensor %r has strides %s; its layout says %s" %
+                                          (side.name, name, tuple(t.stride()), strides))
+            if nccl_dtype(t.dtype) != side.dtypes[i]:
+                raise NcclInvalidArgument("execute: %s tensor %r has dtype %s; its layout has NCCL type %d" %
+                                          (side.name, name, t.dtype, side.dtypes[i]))
+        arr = (ctypes.c_void_p * max(1, n))(*ptrs)
+        side.last = (tensors, arr, ptrs)
         return arr
 
     def execute(self, src, dst, stream=None) -> None:
         """COLLECTIVE, stream-ordered (the current stream): src / dst are lists (plan order) or dicts (by name) of
-        this rank's local tensors, None where it holds no part."""
+        this rank's local tensors (DTensors: their local tensors), None where it holds no part. A call with the
+        very tensors of the previous one skips the Python checks."""
         import torch
 
         if not self._h:
             raise NcclInvalidArgument("Plan: used after close()")
-        s = self._pointers(src, self._src_shapes, [x for _, x, _ in self.tensors], "source")
-        d = self._pointers(dst, self._dst_shapes, [x for _, _, x in self.tensors], "destination")
+        s = self._pointers(src, self._sides[0])
+        d = self._pointers(dst, self._sides[1])
         st = torch.cuda.current_stream() if stream is None else stream
         _call("ncclM2nExecute", self._h, s, d, ctypes.c_void_p(st.cuda_stream))
         self._alive = (src, dst)
@@ -358,6 +424,7 @@ class Plan:
         """Local (after the executes finished), then the communicator this plan made (collective)."""
         if self._h:
             h, self._h = self._h, ctypes.c_void_p()
+            self._sides = None
             _call("ncclM2nPlanDestroy", h)
             if self._owns_comm:
                 self.comm.close()
@@ -369,5 +436,7 @@ class Plan:
         self.close()
         return False
 
+
+from .sync import WeightSync, reshard  # noqa: E402  (they build on the classes above)
 
 _lib()  # at import, as nccl.ep

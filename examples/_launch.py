@@ -1,0 +1,48 @@
+"""What the examples share: start torch.distributed from torchrun's environment (or as one process), optionally as
+one-GPU nodes (every rank on GPU 0, each its own NCCL host: how one GPU runs several ranks), and time CUDA work."""
+
+import os
+
+
+def start(one_gpu_nodes: bool, backend: str = "cpu:gloo,cuda:nccl"):
+    """(rank, world size, device). Call before any NCCL use."""
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(29600 + os.getpid() % 300))
+    if one_gpu_nodes:  # before NCCL reads its environment
+        os.environ["NCCL_HOSTID"] = "ncclext-node-%s" % os.environ["RANK"]
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    device = torch.device("cuda", 0 if one_gpu_nodes else int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group(backend, device_id=device if "nccl" in backend else None)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def median_us(fn, iters: int, warmup: int = 3) -> float:
+    """Median of `iters` CUDA-event timings of fn() on the current stream, in microseconds, after `warmup` calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def append_json(path, line: dict) -> None:
+    if path:
+        import json
+
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")

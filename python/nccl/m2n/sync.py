@@ -1,0 +1,195 @@
+"""One-call resharding (reshard) and the RL weight-sync helper (WeightSync), on nccl.m2n.Plan.
+
+Layouts on a communicator are numbered by the communicator's ranks: the ranks of the torch group it was made
+from. DTensor meshes hold global ranks; both helpers translate them to the group's.
+"""
+
+from __future__ import annotations
+
+from . import Communicator, Layout, NcclInvalidArgument, Plan
+
+
+def _group_rank(group):
+    """global rank -> rank in `group` (None: the default group, where they are equal)."""
+    import torch.distributed as dist
+
+    if group is None or group is dist.group.WORLD:
+        return lambda r: r
+    return lambda r: dist.get_group_rank(group, r)
+
+
+def _is_dtensor(t) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return isinstance(t, DTensor)
+
+
+def _layout_of(t, given, group, what):
+    if given is not None:
+        return given
+    if _is_dtensor(t):
+        return Layout.from_dtensor(t).with_ranks(_group_rank(group))
+    raise NcclInvalidArgument("%s: a plain tensor (or None) needs its Layout" % what)
+
+
+def reshard(src, dst, *, src_layout: Layout | None = None, out=None, group=None, timeout_s: float = 0):
+    """COLLECTIVE over `group` (a torch ProcessGroup, None for the default, or a Communicator): moves one tensor
+    from its layout to `dst` and returns this rank's destination part (None where it holds none).
+
+    `src` is a DTensor (its layout is read from it) or this rank's local tensor / None with `src_layout`. `dst` is a
+    Layout, or (DeviceMesh, placements): then a rank of that mesh gets a DTensor. `out` is an optional destination
+    tensor (else one is allocated). Every rank passes the same layouts. Each call plans once (and makes a
+    communicator when given a torch group): a reshard repeated with the same layouts belongs in a Plan."""
+    import torch
+
+    comm_group = group.group if isinstance(group, Communicator) else group
+    s_lay = _layout_of(src, src_layout, comm_group, "reshard")
+    mesh = placements = None
+    if isinstance(dst, tuple):
+        mesh, placements = dst
+        dst = Layout.from_device_mesh(mesh, placements, s_lay.global_shape, s_lay.dtype).with_ranks(
+            _group_rank(comm_group))
+    if not isinstance(dst, Layout):
+        raise NcclInvalidArgument("reshard: dst must be a Layout or (DeviceMesh, placements)")
+    with Plan([("reshard", s_lay, dst)], group, timeout_s=timeout_s) as plan:
+        box = dst.local_box(plan.comm.rank)
+        if box is not None and out is None:
+            out = torch.empty(box[1], dtype=_torch_dtype(dst.dtype), device=plan.comm.device)
+        plan.execute([src], [out if box is not None else None])
+    if box is None:
+        return None
+    if mesh is not None:
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(out, mesh, placements, run_check=False, shape=torch.Size(s_lay.global_shape),
+                                  stride=torch.empty(s_lay.global_shape, device="meta").stride())
+    return out
+
+
+def _torch_dtype(code: int):
+    import torch
+
+    from .._ext.tensor import nccl_dtype
+
+    for d in (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8, torch.int8,
+              getattr(torch, "float8_e4m3fn", None)):
+        if d is not None and nccl_dtype(d) == code:
+            return d
+    raise NcclInvalidArgument("reshard: NCCL type %d has no torch dtype here" % code)
+
+
+def _merge(everyone, side):
+    out = {}
+    for r, m in enumerate(everyone):
+        for name, d in m[side].items():
+            if name in out and out[name] != d:
+                raise NcclInvalidArgument("WeightSync.plan: ranks describe %s tensor %r differently (rank %d)"
+                                          % ("trainer" if side == "src" else "inference", name, r))
+            out[name] = d
+    return out
+
+
+def match(everyone, name_map=None) -> list:
+    """The batch of WeightSync.plan from every rank's {"src": {name: layout dict}, "dst": {...}} (in rank order):
+    (inference name, trainer name, source Layout, destination Layout), sorted by inference name. Raises naming
+    what does not match (the same on every rank, as every rank has the same input)."""
+    src, dst = _merge(everyone, "src"), _merge(everyone, "dst")
+    mapped = name_map if callable(name_map) else (lambda n: (name_map or {}).get(n, n))
+    tensors, problems = [], []
+    for name in sorted(dst):
+        tname = mapped(name)
+        if tname not in src:
+            problems.append("inference tensor %r has no trainer tensor %r" % (name, tname))
+            continue
+        s, d = src[tname], dst[name]
+        if s["global_shape"] != d["global_shape"] or s["dtype"] != d["dtype"]:
+            problems.append("%r: trainer %s type %d, inference %s type %d" % (
+                name, tuple(s["global_shape"]), s["dtype"], tuple(d["global_shape"]), d["dtype"]))
+            continue
+        tensors.append((name, tname, Layout.from_dict(s), Layout.from_dict(d)))
+    if problems:
+        raise NcclInvalidArgument("WeightSync.plan: %d problem(s): %s" % (len(problems), "; ".join(problems[:5])))
+    return tensors
+
+
+class WeightSync:
+    """Weights from trainer ranks to inference ranks (disjoint or co-located) in one process group, matched by
+    name, once per training step:
+
+        sync = WeightSync(group)                          # every rank of the group
+        sync.plan(trainer=trainer_params, inference=inference_params)   # COLLECTIVE, once
+        sync.sync()                                       # COLLECTIVE, every step (the current stream)
+
+    `trainer` (on trainer ranks; None elsewhere): name -> DTensor, or (local tensor or None, Layout). `inference`
+    (on inference ranks): name -> (local tensor, Layout), or DTensor. A rank on both sides passes both. The layouts
+    are exchanged in plan() (one all_gather_object), so no rank needs the other side's. `name_map` maps an inference
+    name to its trainer name (a dict or a callable; default: the same name). Every inference tensor needs a trainer
+    tensor of the same global shape and dtype (else plan() raises on every rank, naming it); trainer tensors no
+    inference rank asks for are not moved. sync() reads the tensors given to plan() (or `trainer=` / `inference=`
+    dicts of new ones: their local tensors, in place)."""
+
+    def __init__(self, group=None, *, timeout_s: float = 0, staging_bytes: int = 0):
+        self.group = group
+        self.timeout_s, self.staging_bytes = timeout_s, staging_bytes
+        self._plan = None
+
+    def plan(self, trainer: dict | None = None, inference: dict | None = None, name_map=None) -> None:
+        import torch.distributed as dist
+
+        comm_group = self.group.group if isinstance(self.group, Communicator) else self.group
+        rank_of = _group_rank(comm_group)
+        mine = {"src": {}, "dst": {}, "error": None}
+        self._src_local, self._dst_local = {}, {}
+        try:  # a bad entry on one rank must reach every rank (they all wait in the all-gather below)
+            for side, entries, store in (("src", trainer, self._src_local), ("dst", inference, self._dst_local)):
+                for name, v in (entries or {}).items():
+                    if _is_dtensor(v):
+                        t, lay = v, Layout.from_dtensor(v).with_ranks(rank_of)
+                    elif isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], Layout):
+                        t, lay = v
+                    else:
+                        raise NcclInvalidArgument("%s %r: give a DTensor or (tensor, Layout)" %
+                                                  ("trainer" if side == "src" else "inference", name))
+                    mine[side][name] = lay.to_dict()
+                    store[name] = t
+        except (NcclInvalidArgument, NotImplementedError) as e:
+            mine = {"src": {}, "dst": {}, "error": str(e)}
+        everyone = [None] * dist.get_world_size(comm_group)
+        dist.all_gather_object(everyone, mine, group=comm_group)
+        bad = [(r, m["error"]) for r, m in enumerate(everyone) if m["error"]]
+        if bad:
+            raise NcclInvalidArgument("WeightSync.plan: rank %d: %s" % bad[0])
+        tensors = match(everyone, name_map)
+        self.close()
+        self._tensors = tensors
+        self._plan = Plan([(n, s, d) for n, _, s, d in tensors], self.group, staging_bytes=self.staging_bytes,
+                          timeout_s=self.timeout_s)
+
+    def sync(self, trainer: dict | None = None, inference: dict | None = None, stream=None) -> None:
+        """COLLECTIVE, stream-ordered: one execute of the planned batch."""
+        if self._plan is None:
+            raise NcclInvalidArgument("WeightSync.sync: plan() first")
+        src_local = self._src_local if trainer is None else trainer
+        dst_local = self._dst_local if inference is None else inference
+        src = [src_local.get(tname) for _, tname, _, _ in self._tensors]
+        dst = [dst_local.get(name) for name, _, _, _ in self._tensors]
+        self._plan.execute(src, dst, stream=stream)
+
+    @property
+    def names(self) -> list:
+        """The inference names the plan moves, in its order."""
+        return [n for n, _, _, _ in self._tensors] if self._plan is not None else []
+
+    def close(self) -> None:
+        if self._plan is not None:
+            p, self._plan = self._plan, None
+            p.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
