@@ -87,7 +87,9 @@ typedef struct {
 } ncclM2nLayout_t;
 #define NCCL_M2N_LAYOUT_INITIALIZER {sizeof(ncclM2nLayout_t), NCCL_M2N_MAGIC, 0, NULL, ncclBfloat16, NULL, NULL, NULL, NULL}
 
-/* One tensor of a batch: the same global shape and dtype on both sides. */
+/* One tensor of a batch: the same global shape on both sides, and the same dtype or one the executor converts to
+ * (fp32 -> bf16, bf16 -> fp32; converted where the source is read). Byte counts below are of destination-typed
+ * elements, as the wire carries them. */
 typedef struct {
   const char* name;             /* for messages; may be NULL */
   const ncclM2nLayout_t* src;
@@ -168,8 +170,8 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
  * enqueues the local copies and the exchanges on `stream`. It may be captured in a CUDA graph and replayed.
  *
  * This first executor moves everything between ranks with ncclSend/ncclRecv through the staging, inside an NVLink
- * domain too (NCCL's own NVLink path); LSA and zero-copy paths, dtype conversion and timeouts on the exchanges
- * (a peer that never executes leaves NCCL waiting) are not implemented yet.
+ * domain too (NCCL's own NVLink path); LSA and zero-copy paths, fp8 conversion with block scales and timeouts on
+ * the exchanges (a peer that never executes leaves NCCL waiting) are not implemented yet.
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nPlan* ncclM2nPlan_t;
 

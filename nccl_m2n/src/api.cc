@@ -222,7 +222,7 @@ ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTenso
       hp->lists[k].reserve(lists[k]->size());
       for (const ncclm2n::Transfer& t : *lists[k]) {
         hp->lists[k].push_back(toPublic(t));
-        info.bytes[k] += t.elements() * (int64_t)ncclm2n::elementSize(p.tensors[t.tensor].src.dtype);
+        info.bytes[k] += t.elements() * (int64_t)ncclm2n::elementSize(p.tensors[t.tensor].dst.dtype);
       }
       info.counts[k] = (int64_t)lists[k]->size();
     }

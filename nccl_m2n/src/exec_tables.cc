@@ -8,7 +8,9 @@ MoveDesc moveDescOf(const Problem& p, const Transfer& t) {
   MoveDesc d;
   d.tensor = (int32_t)t.tensor;
   d.ndims = t.ndims;
-  d.elemBytes = (int32_t)elementSize(p.tensors[t.tensor].src.dtype);
+  const TensorPair& tp = p.tensors[t.tensor];
+  d.elemBytes = (int32_t)elementSize(tp.dst.dtype);
+  d.convert = conversionOf(tp.src.dtype, tp.dst.dtype);  // checked at plan time: >= 0
   d.srcOffset = t.srcOffset;
   d.dstOffset = t.dstOffset;
   for (int k = 0; k < t.ndims; k++) {

@@ -1,5 +1,7 @@
 #include "nccl_m2n/src/layout.h"
 
+#include "nccl_m2n/src/move.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -78,6 +80,13 @@ size_t elementSize(ncclDataType_t dtype) {
     case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
     default: return 0;
   }
+}
+
+int conversionOf(ncclDataType_t src, ncclDataType_t dst) {
+  if (src == dst) return kConvertNone;
+  if (src == ncclFloat32 && dst == ncclBfloat16) return kConvertF32ToBf16;
+  if (src == ncclBfloat16 && dst == ncclFloat32) return kConvertBf16ToF32;
+  return -1;
 }
 
 Interval chunkInterval(Interval whole, int parts, int i) {

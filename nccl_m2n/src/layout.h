@@ -62,6 +62,9 @@ struct Layout {
 
 // Bytes of one element of `dtype`; 0 for an unknown type.
 size_t elementSize(ncclDataType_t dtype);
+// The executor's conversion from `src` to `dst` elements (move.h's MoveConvert: kConvertNone for the same dtype), or
+// -1 when it has none.
+int conversionOf(ncclDataType_t src, ncclDataType_t dst);
 
 // Checks a layout; on failure returns false and says why in `error`. `nRanks` bounds the ranks (0: no bound).
 bool validateLayout(const Layout& layout, int nRanks, std::string* error);

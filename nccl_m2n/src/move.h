@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/numeric.h"
+
 #if defined(__CUDACC__)
 #define NCCLM2N_HD __host__ __device__ __forceinline__
 #else
@@ -18,12 +20,16 @@ constexpr int kMoveMaxDims = 8;
 constexpr int kMoveThreads = 512;                 // threads of a move kernel's CTA (and of the emulator's teams)
 constexpr int64_t kCopySegmentElements = 1 << 16;  // a local copy is cut into segments of this many elements
 
+// A conversion in flight: done where the source is read (local copy, pack), so that the wire and the staging carry
+// destination-typed elements.
+enum MoveConvert : int32_t { kConvertNone = 0, kConvertF32ToBf16 = 1, kConvertBf16ToF32 = 2 };
+
 // One transfer of the plan, as the executor reads it (a Transfer plus what it needs to address bytes).
 struct MoveDesc {
   int32_t tensor = 0;  // index in the batch: the execute call's pointer arrays are indexed by it
   int32_t ndims = 0;
-  int32_t elemBytes = 1;
-  int32_t pad = 0;
+  int32_t elemBytes = 1;  // of the destination (and of the wire)
+  int32_t convert = kConvertNone;
   int64_t srcOffset = 0, dstOffset = 0;  // elements
   int64_t extent[kMoveMaxDims] = {};
   int64_t srcStride[kMoveMaxDims] = {};
@@ -58,6 +64,28 @@ NCCLM2N_HD void copyElement(const char* from, char* to, int bytes) {
     case 4: *reinterpret_cast<uint32_t*>(to) = *reinterpret_cast<const uint32_t*>(from); break;
     case 8: *reinterpret_cast<uint64_t*>(to) = *reinterpret_cast<const uint64_t*>(from); break;
     default: memcpy(to, from, bytes);
+  }
+}
+
+// Bytes of a source element.
+NCCLM2N_HD int sourceBytes(const MoveDesc& d) {
+  return d.convert == kConvertF32ToBf16 ? 4 : d.convert == kConvertBf16ToF32 ? 2 : d.elemBytes;
+}
+
+// One element from a source-typed `from` to a destination-typed `to`.
+NCCLM2N_HD void convertElement(const char* from, char* to, int convert, int bytes) {
+  if (convert == kConvertF32ToBf16) {
+    float f;
+    memcpy(&f, from, 4);
+    const uint16_t b = ncclext::floatToBf16(f);
+    memcpy(to, &b, 2);
+  } else if (convert == kConvertBf16ToF32) {
+    uint16_t b;
+    memcpy(&b, from, 2);
+    const float f = ncclext::bf16ToFloat(b);
+    memcpy(to, &f, 4);
+  } else {
+    copyElement(from, to, bytes);
   }
 }
 
@@ -107,27 +135,28 @@ NCCLM2N_HD void moveEnds(const MoveDesc& d, const MoveSegment& g, int64_t e, con
   int64_t s, t;
   moveOffsets(d, e, &s, &t);
   const int64_t eb = d.elemBytes, stage = g.stageOffset + (e - g.firstElement) * eb;
-  *from = K == kMoveUnpack ? m.stageIn + stage : m.src[d.tensor] + s * eb;
+  *from = K == kMoveUnpack ? m.stageIn + stage : m.src[d.tensor] + s * sourceBytes(d);
   *to = K == kMovePack ? m.stageOut + stage : m.dst[d.tensor] + t * eb;
 }
 
 // Thread `tid`'s share (of a team of `nThreads`, a multiple of 32: a CTA) of segment g of box d. When the box's
-// innermost dim is contiguous on its strided side(s) (after coalesce(), a dense box is one such dim), the segment
-// is a list of byte runs, one per row: runs of at least 4 KB take the whole team each, shorter ones a warp each.
-// Otherwise the threads take single elements. The threads write disjoint bytes, so the host emulator may run the
+// innermost dim is contiguous on its strided side(s) (after coalesce(), a dense box is one such dim) and nothing is
+// converted, the segment is a list of byte runs, one per row: runs of at least 4 KB take the whole team each,
+// shorter ones a warp each. Otherwise the threads take single elements (converting them). The threads write disjoint bytes, so the host emulator may run the
 // shares one after another.
 template <int K>
 NCCLM2N_HD void moveSegmentShare(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, int tid, int nThreads) {
   const int last = d.ndims - 1;
   const int64_t end = g.firstElement + g.elements;
-  const bool runs = last >= 0 && (K == kMoveUnpack || d.srcStride[last] == 1) &&
+  const int convert = K == kMoveUnpack ? (int)kConvertNone : d.convert;  // the staging holds converted elements
+  const bool runs = last >= 0 && convert == kConvertNone && (K == kMoveUnpack || d.srcStride[last] == 1) &&
                     (K == kMovePack || d.dstStride[last] == 1);
   const char* from;
   char* to;
   if (!runs) {
     for (int64_t e = g.firstElement + tid; e < end; e += nThreads) {
       moveEnds<K>(d, g, e, m, &from, &to);
-      copyElement(from, to, d.elemBytes);
+      convertElement(from, to, convert, d.elemBytes);
     }
     return;
   }

@@ -126,7 +126,10 @@ bool validateProblem(const Problem& p, std::string* error) {
     if (!validateLayout(tp.src, p.nRanks, &why)) return bad("source layout: " + why);
     if (!validateLayout(tp.dst, p.nRanks, &why)) return bad("destination layout: " + why);
     if (tp.src.globalShape != tp.dst.globalShape) return bad("source and destination global shapes differ");
-    if (tp.src.dtype != tp.dst.dtype) return bad("source and destination dtypes differ (no conversion yet)");
+    if (conversionOf(tp.src.dtype, tp.dst.dtype) < 0)
+      return bad("no conversion from NCCL type " + std::to_string((int)tp.src.dtype) + " to " +
+                 std::to_string((int)tp.dst.dtype) +
+                 " (the executor converts fp32 -> bf16 and bf16 -> fp32; fp8 with block scales: not yet)");
     if (!tp.dst.strides.empty()) {
       ShardGrid g(tp.dst);
       for (int pos = 0; pos < tp.dst.mesh.size(); pos++)
@@ -225,7 +228,7 @@ void runPlan(const Problem& p, int wantRank, std::vector<RankPlan>* out, PlanSta
   for (size_t ti = 0; ti < nt; ti++) {
     const TensorPair& tp = p.tensors[ti];
     const ShardGrid src(tp.src), dst(tp.dst);
-    const int64_t esize = (int64_t)elementSize(tp.src.dtype);
+    const int64_t esize = (int64_t)elementSize(tp.dst.dtype);  // bytes as the wire carries them (converted)
     for (int pos = 0; pos < tp.src.mesh.size(); pos++) {
       srcPosOfRank[tp.src.mesh.ranks[pos]] = pos;
       s.isSource[tp.src.mesh.ranks[pos]] = 1;

@@ -21,8 +21,9 @@ bool canonicalLess(const Transfer& a, const Transfer& b) {
   return false;
 }
 
+// The wire carries destination-typed elements (a conversion happens where the source is read).
 int64_t elementBytes(const Problem& p, const Transfer& t) {
-  return (int64_t)elementSize(p.tensors[t.tensor].src.dtype);
+  return (int64_t)elementSize(p.tensors[t.tensor].dst.dtype);
 }
 
 // Streams of one direction: list[i] goes to (sends) or comes from (recvs) peerOf(list[i]).

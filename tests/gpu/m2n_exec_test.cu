@@ -1,7 +1,8 @@
 // GPU test of the nccl_m2n executor (ncclM2nPlanCreate / Execute / PlanDestroy) on random batches.
 //
 // Every rank draws the same batches (tests/unit/m2n_random.h: disjoint, overlapping and co-located meshes, uneven
-// shards, several sharded axes, explicit boxes, strided locals; dtypes of 1, 2, 4 and 8 bytes) from one seed.
+// shards, several sharded axes, explicit boxes, strided locals; dtypes of 1, 2, 4 and 8 bytes; every third batch
+// converts fp32 <-> bf16 in flight, checked against move.h's host conversion) from one seed.
 // Source slots hold a value that names (tensor, global element); the slots between a strided tensor's elements hold
 // a hole marker; destinations are poisoned. After the execute every destination element must hold its own value
 // and every other destination byte its poison. The staging cap is small, so that streams take many chunks. Then:
@@ -22,6 +23,8 @@
 #include "common/device_status.h"
 #include "common/status.h"
 #include "nccl_m2n.h"
+#include "nccl_m2n/src/layout.h"
+#include "nccl_m2n/src/move.h"
 #include "tests/harness/launcher.h"
 #include "tests/unit/m2n_elements.h"
 #include "tests/unit/m2n_random.h"
@@ -155,11 +158,14 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
     if (cudaMemcpy(h.data(), L->dstDev[t], h.size(), cudaMemcpyDeviceToHost) != cudaSuccess) return bad + 1;
     const ShardGrid g(tp.dst);
     const int64_t eb = (int64_t)elementSize(tp.dst.dtype);
+    const int convert = conversionOf(tp.src.dtype, tp.dst.dtype);
     std::vector<char> isElement(h.size() / eb, 0);
     forEachElement(g, pos, tp.dst.ndims(), [&](const int64_t* gi, int64_t off) {
       isElement[off] = 1;
       const uint64_t v = valueOf(round, t, globalLinear(tp.dst, gi));
-      if (memcmp(&h[off * eb], &v, eb) != 0 && bad++ < 5)
+      uint64_t want = 0;  // the source element converted on the host (move.h, as the kernels convert)
+      convertElement(reinterpret_cast<const char*>(&v), reinterpret_cast<char*>(&want), convert, (int)eb);
+      if (memcmp(&h[off * eb], &want, eb) != 0 && bad++ < 5)
         fprintf(stderr, "rank %d [%s] tensor %zu (%s) element offset %lld: wrong value\n", rank, what, t,
                 tp.name.c_str(), (long long)off);
     });
@@ -179,7 +185,10 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     testing::Gen g(o.seed * 1000003 + (uint64_t)c);
     Batch b;
     b.p = g.problem(ctx.nRanks);
-    g.mixDtypes(&b.p);
+    if (c % 3 == 2)
+      g.conversionDtypes(&b.p);  // fp32 <-> bf16 in flight
+    else
+      g.mixDtypes(&b.p);
     std::string why;
     if (!validateProblem(b.p, &why)) continue;  // every rank skips the same cases
     b.build();

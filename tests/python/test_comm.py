@@ -29,3 +29,26 @@ def test_a_real_id_round_trips():
 def test_a_wrong_id_is_refused(bad):
     with pytest.raises(NcclInvalidArgument, match="unique id of 128 bytes"):
         comm.id_from_bytes(bad)
+
+
+@pytest.fixture
+def one_process_gloo():
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29900 + os.getpid() % 90))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_bytes_cross_a_group_whole(one_process_gloo):
+    pytest.importorskip("torch")
+    from nccl._ext.objects import all_gather_bytes, broadcast_bytes
+
+    raw = bytes([0, 255, 0, 7]) + bytes(range(256))
+    assert broadcast_bytes(raw, len(raw)) == raw
+    assert all_gather_bytes(raw) == [raw]
+    assert all_gather_bytes(b"") == [b""]

@@ -239,8 +239,9 @@ def test_reshard_one_tensor_and_a_dtensor(world, comm):
     _everywhere([] if torch.equal(out.to_local().cpu(), _local(full, want.local_box(rank))) else ["dtensor"])
 
 
-@pytest.mark.parametrize("colocated", [False, True])
-def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated):
+@pytest.mark.parametrize("colocated,convert", [(False, False), (True, False), (False, True), (True, True)])
+def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated, convert):
+    """fp32 trainer weights; inference tensors fp32, or bf16 (convert: converted on the way, as torch rounds)."""
     rank, size = world
     if size == 1 and not colocated:
         pytest.skip("disjoint trainer and inference ranks need two ranks")
@@ -254,11 +255,12 @@ def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated):
     for n, full in fulls.items():
         src = m2n.Layout(full.shape, torch.float32, mesh=trainer_ranks, placements=[m2n.shard(0)])
         p = m2n.REPLICATE if full.dim() == 1 else m2n.shard(1 if n.endswith(".o") else 0)  # vLLM-style TP
-        dst = m2n.Layout(full.shape, torch.float32, mesh=infer_ranks, placements=[p])
+        idt = torch.bfloat16 if convert else torch.float32
+        dst = m2n.Layout(full.shape, idt, mesh=infer_ranks, placements=[p])
         if rank in trainer_ranks:
             trainer["model." + n] = (_local(full, src.local_box(rank)).contiguous().cuda(), src)
         if rank in infer_ranks:
-            inference[n] = (_poison(dst.local_box(rank)[1], torch.float32), dst)
+            inference[n] = (_poison(dst.local_box(rank)[1], idt), dst)
     with m2n.WeightSync(comm, timeout_s=20) as ws:
         ws.plan(trainer=trainer, inference=inference, name_map=lambda n: "model." + n)
         assert ws.names == sorted(shapes)
@@ -266,6 +268,6 @@ def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated):
             ws.sync()
             torch.cuda.synchronize()
             _everywhere([(n, step) for n, (y, dst) in inference.items()
-                         if not torch.equal(y.cpu(), _local(fulls[n] + step, dst.local_box(rank)))])
+                         if not torch.equal(y.cpu(), _local(fulls[n] + step, dst.local_box(rank)).to(y.dtype))])
             for n, (x, _) in trainer.items():  # a training step: the trainer's weights change in place
                 x.add_(1)

@@ -67,13 +67,21 @@ def test_match_by_name_with_a_map():
     assert [n for n, *_ in sync.match(everyone, {"w": "model.w", "b": "model.b"})] == ["b", "w"]
 
 
+def test_match_takes_the_conversions_the_executor_does():
+    for a, b in ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        everyone = [_rank(src={"w": _lay((4, 2), [0], m2n.REPLICATE, a)}),
+                    _rank(dst={"w": _lay((4, 2), [1], m2n.shard(0), b)})]
+        (name, _, s, d), = sync.match(everyone)
+        assert name == "w" and s.dtype != d.dtype
+
+
 @pytest.mark.parametrize("everyone,message", [
     ([_rank(src={"a": _lay((4,), [0], m2n.REPLICATE)}), _rank(dst={"b": _lay((4,), [1], m2n.REPLICATE)})],
      "inference tensor 'b' has no trainer tensor 'b'"),
     ([_rank(src={"a": _lay((4,), [0], m2n.REPLICATE)}), _rank(dst={"a": _lay((5,), [1], m2n.REPLICATE)})],
      r"'a': trainer \(4,\) type 9, inference \(5,\) type 9"),
-    ([_rank(src={"a": _lay((4,), [0], m2n.REPLICATE, torch.float32)}),
-      _rank(dst={"a": _lay((4,), [1], m2n.REPLICATE)})], "trainer .* type 7, inference .* type 9"),
+    ([_rank(src={"a": _lay((4,), [0], m2n.REPLICATE, torch.int32)}),
+      _rank(dst={"a": _lay((4,), [1], m2n.REPLICATE)})], "trainer .* type 2, inference .* type 9"),
     ([_rank(src={"a": _lay((4,), [0, 1], m2n.shard(0))}), _rank(src={"a": _lay((4,), [0, 1], m2n.REPLICATE)})],
      "ranks describe trainer tensor 'a' differently"),
 ])

@@ -96,9 +96,16 @@ TEST(Problem, RejectsMismatchesAndAliasingDestinations) {
   Problem p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}), layout({4, 5}, {2}, {0, 1}, {1}), 2);
   EXPECT_FALSE(validateProblem(p, &why));
   EXPECT_NE(why.find("global shapes differ"), std::string::npos) << why;
-  p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}), layout({4, 4}, {2}, {0, 1}, {1}, ncclFloat32), 2);
+  p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}), layout({4, 4}, {2}, {0, 1}, {1}, ncclInt32), 2);
   EXPECT_FALSE(validateProblem(p, &why));
-  EXPECT_NE(why.find("dtypes differ"), std::string::npos) << why;
+  EXPECT_NE(why.find("no conversion from NCCL type 9 to 2"), std::string::npos) << why;
+  p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}), layout({4, 4}, {2}, {0, 1}, {1}, ncclFloat32), 2);
+  EXPECT_TRUE(validateProblem(p, &why)) << why;  // bf16 -> fp32: converted in flight
+  p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}, ncclFloat32), layout({4, 4}, {2}, {0, 1}, {1}), 2);
+  EXPECT_TRUE(validateProblem(p, &why)) << why;  // fp32 -> bf16: converted in flight
+  p = oneTensor(layout({4, 4}, {2}, {0, 1}, {0}, ncclInt32), layout({4, 4}, {2}, {0, 1}, {1}, ncclFloat32), 2);
+  EXPECT_FALSE(validateProblem(p, &why));
+  EXPECT_NE(why.find("no conversion from NCCL type 2 to 7"), std::string::npos) << why;
   Layout dst = layout({4, 4}, {1}, {1}, {kReplicate});
   dst.strides = {1, 1};  // element (i, j) and (i+1, j-1) collide
   p = oneTensor(layout({4, 4}, {1}, {0}, {kReplicate}), dst, 2);

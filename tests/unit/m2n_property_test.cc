@@ -194,9 +194,11 @@ TEST(PlannerProperty, MutatedPlansAreCaught) {
 }
 
 // A random batch (with mixed dtypes if asked) and every rank's plan; false when the batch is invalid (skip it).
-bool drawPlanned(Gen& g, bool mixedDtypes, Problem* p, std::vector<RankPlan>* plans) {
+// dtypes: 0 the generator's, 1 mixed (the same on both sides), 2 conversions in flight (fp32 <-> bf16, or none).
+bool drawPlanned(Gen& g, int dtypes, Problem* p, std::vector<RankPlan>* plans) {
   *p = g.problem();
-  if (mixedDtypes) g.mixDtypes(p);
+  if (dtypes == 1) g.mixDtypes(p);
+  if (dtypes == 2) g.conversionDtypes(p);
   std::string why;
   if (!validateProblem(*p, &why)) return false;
   PlanStats stats;
@@ -309,6 +311,40 @@ TEST(ExecTablesProperty, RandomLayoutPairsExecutedFromTheTablesAreDeliveredExact
          (long long)rounds, (long long)checked);
   EXPECT_GT(rounds, 2000);
   EXPECT_GT(checked, 100000);
+}
+
+TEST(ExecTablesProperty, ConversionsInFlightAreDeliveredExactlyOnce) {
+  // fp32 -> bf16 and bf16 -> fp32, converted where the source is read (copies and packs), the wire carrying
+  // destination-typed elements; a descriptor whose conversion is dropped must fail.
+  Gen g(20261203);
+  int64_t checked = 0, converted = 0;
+  int broken = 0, caught = 0;
+  for (int c = 0; c < 800; c++) {
+    Problem p;
+    std::vector<RankPlan> plans;
+    if (!drawPlanned(g, 2, &p, &plans)) continue;
+    std::vector<ExecTables> t = execTablesFor(p, plans, 64);
+    SimulationResult r = emulateExecute(p, t);
+    ASSERT_TRUE(r.ok) << "case " << c << ": " << r.firstError;
+    checked += r.elementsChecked;
+    for (const TensorPair& tp : p.tensors) converted += tp.src.dtype != tp.dst.dtype;
+    for (ExecTables& x : t) {
+      MoveDesc* d = nullptr;
+      for (auto* list : {&x.copies, &x.sends})
+        for (MoveDesc& m : *list)
+          if (!d && m.convert != kConvertNone) d = &m;
+      if (!d) continue;
+      d->convert = kConvertNone;
+      broken++;
+      caught += !emulateExecute(p, t).ok;
+      break;
+    }
+  }
+  printf("conversions: %lld tensors converted, %lld destination elements checked; %d of %d broken caught\n",
+         (long long)converted, (long long)checked, caught, broken);
+  EXPECT_GT(converted, 500);
+  EXPECT_GT(broken, 100);
+  EXPECT_EQ(caught, broken);
 }
 
 TEST(ExecTablesProperty, BrokenTablesAreCaught) {

@@ -101,6 +101,15 @@ struct Gen {
     for (TensorPair& tp : p->tensors) tp.src.dtype = tp.dst.dtype = dtypes[uniform(0, 3)];
   }
 
+  // Every tensor a conversion the executor does in flight (fp32 -> bf16 or bf16 -> fp32), or none.
+  void conversionDtypes(Problem* p) {
+    for (TensorPair& tp : p->tensors) {
+      const int k = uniform(0, 2);
+      tp.src.dtype = k == 1 ? ncclBfloat16 : ncclFloat32;
+      tp.dst.dtype = k == 0 ? ncclBfloat16 : k == 1 ? ncclFloat32 : ncclFloat32;
+    }
+  }
+
   // maxRanks: the communicator size is drawn from [1, maxRanks] (0: [1, 12]).
   Problem problem(int maxRanks = 0) {
     Problem p;

@@ -261,7 +261,7 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
     }
     for (int pos = 0; pos < tp.dst.mesh.size(); pos++) {
       const int r = tp.dst.mesh.ranks[pos];
-      dst[r][t].assign(dg[t]->localSpan(pos) * eb, (char)0xff);
+      dst[r][t].assign(dg[t]->localSpan(pos) * (int64_t)elementSize(tp.dst.dtype), (char)0xff);
       writes[r][t].assign(dg[t]->localSpan(pos), 0);
     }
   }
@@ -280,7 +280,7 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
     int64_t s, t;
     moveOffsets(d, e, &s, &t);
     if (d.tensor < 0 || (size_t)d.tensor >= nt) return false;
-    if (fromSource && (s < 0 || (s + 1) * d.elemBytes > (int64_t)src[r][d.tensor].size())) return false;
+    if (fromSource && (s < 0 || (s + 1) * sourceBytes(d) > (int64_t)src[r][d.tensor].size())) return false;
     if (toDest && (t < 0 || (t + 1) * d.elemBytes > (int64_t)dst[r][d.tensor].size())) return false;
     return true;
   };
@@ -373,12 +373,16 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
   }
   for (size_t t = 0; t < nt; t++) {
     const TensorPair& tp = p.tensors[t];
-    const int64_t eb = (int64_t)elementSize(tp.src.dtype);
+    const int64_t eb = (int64_t)elementSize(tp.dst.dtype);
+    const int convert = conversionOf(tp.src.dtype, tp.dst.dtype);
     for (int pos = 0; pos < tp.dst.mesh.size(); pos++) {
       const int r = tp.dst.mesh.ranks[pos];
       forEachElement(*dg[t], pos, tp.dst.ndims(), [&](const int64_t* gi, int64_t off) {
         res.elementsChecked++;
-        const uint64_t want = value((uint32_t)t, globalLinear(tp.dst, gi));
+        // The source element's bytes, converted as numeric.h converts (its own tests check the rounding).
+        const uint64_t v = value((uint32_t)t, globalLinear(tp.dst, gi));
+        uint64_t want = 0;
+        convertElement(reinterpret_cast<const char*>(&v), reinterpret_cast<char*>(&want), convert, (int)eb);
         if (memcmp(&dst[r][t][off * eb], &want, eb) != 0 || writes[r][t][off] != 1)
           error("tensor " + std::to_string(t) + " rank " + std::to_string(r) + " offset " + std::to_string(off) +
                 (writes[r][t][off] == 1 ? ": wrong value" : ": written " + std::to_string(writes[r][t][off]) +

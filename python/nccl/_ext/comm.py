@@ -6,6 +6,7 @@ import ctypes
 
 from . import _loader
 from .errors import NcclInvalidArgument, error_for
+from .objects import broadcast_bytes
 
 
 class _UniqueId(ctypes.Structure):
@@ -50,7 +51,7 @@ class Communicator:
     group's rank order, on the current CUDA device (or `device`).
 
     COLLECTIVE: every rank of the group constructs it at the same point. Rank 0 makes a unique id and broadcasts it
-    over the group itself (torch.distributed.broadcast_object_list), so any backend the group has will do. Release
+    over the group itself (a uint8 tensor on the group's device), so any backend the group has will do. Release
     with close() (collective) or abort() (local, after a peer failed), or use it as a context manager.
     """
 
@@ -68,9 +69,8 @@ class Communicator:
         uid = _UniqueId()
         if self.rank == 0:
             _nccl_call("ncclGetUniqueId", ctypes.byref(uid))
-        box = [id_to_bytes(uid) if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-        uid = id_from_bytes(box[0])
+        raw = broadcast_bytes(id_to_bytes(uid) if self.rank == 0 else None, ctypes.sizeof(_UniqueId), group)
+        uid = id_from_bytes(raw)
         index = torch.cuda.current_device() if device is None else torch.device(device).index
         self.device = torch.device("cuda", index)
         self._comm = ctypes.c_void_p()

@@ -6,6 +6,9 @@ from. DTensor meshes hold global ranks; both helpers translate them to the group
 
 from __future__ import annotations
 
+import pickle
+
+from .._ext.objects import all_gather_bytes
 from . import Communicator, Layout, NcclInvalidArgument, Plan
 
 
@@ -34,13 +37,14 @@ def _layout_of(t, given, group, what):
     raise NcclInvalidArgument("%s: a plain tensor (or None) needs its Layout" % what)
 
 
-def reshard(src, dst, *, src_layout: Layout | None = None, out=None, group=None, timeout_s: float = 0):
+def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None, group=None, timeout_s: float = 0):
     """COLLECTIVE over `group` (a torch ProcessGroup, None for the default, or a Communicator): moves one tensor
     from its layout to `dst` and returns this rank's destination part (None where it holds none).
 
     `src` is a DTensor (its layout is read from it) or this rank's local tensor / None with `src_layout`. `dst` is a
-    Layout, or (DeviceMesh, placements): then a rank of that mesh gets a DTensor. `out` is an optional destination
-    tensor (else one is allocated). Every rank passes the same layouts. Each call plans once (and makes a
+    Layout, or (DeviceMesh, placements): then a rank of that mesh gets a DTensor, of `dtype` (default the
+    source's; fp32 <-> bf16 is converted on the way). `out` is an optional destination tensor (else one is
+    allocated). Every rank passes the same layouts. Each call plans once (and makes a
     communicator when given a torch group): a reshard repeated with the same layouts belongs in a Plan."""
     import torch
 
@@ -49,8 +53,8 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, group=None,
     mesh = placements = None
     if isinstance(dst, tuple):
         mesh, placements = dst
-        dst = Layout.from_device_mesh(mesh, placements, s_lay.global_shape, s_lay.dtype).with_ranks(
-            _group_rank(comm_group))
+        dst = Layout.from_device_mesh(mesh, placements, s_lay.global_shape,
+                                      s_lay.dtype if dtype is None else dtype).with_ranks(_group_rank(comm_group))
     if not isinstance(dst, Layout):
         raise NcclInvalidArgument("reshard: dst must be a Layout or (DeviceMesh, placements)")
     with Plan([("reshard", s_lay, dst)], group, timeout_s=timeout_s) as plan:
@@ -80,6 +84,11 @@ def _torch_dtype(code: int):
     raise NcclInvalidArgument("reshard: NCCL type %d has no torch dtype here" % code)
 
 
+# (source, destination) NCCL types the executor takes: the same type, or a conversion it does in flight
+# (fp32 -> bf16, bf16 -> fp32; libnccl_m2n decides, and refuses the rest at plan time).
+_CONVERTIBLE = {(c, c) for c in range(16)} | {(7, 9), (9, 7)}
+
+
 def _merge(everyone, side):
     out = {}
     for r, m in enumerate(everyone):
@@ -104,7 +113,7 @@ def match(everyone, name_map=None) -> list:
             problems.append("inference tensor %r has no trainer tensor %r" % (name, tname))
             continue
         s, d = src[tname], dst[name]
-        if s["global_shape"] != d["global_shape"] or s["dtype"] != d["dtype"]:
+        if s["global_shape"] != d["global_shape"] or (s["dtype"], d["dtype"]) not in _CONVERTIBLE:
             problems.append("%r: trainer %s type %d, inference %s type %d" % (
                 name, tuple(s["global_shape"]), s["dtype"], tuple(d["global_shape"]), d["dtype"]))
             continue
@@ -116,7 +125,7 @@ def match(everyone, name_map=None) -> list:
 
 class WeightSync:
     """Weights from trainer ranks to inference ranks (disjoint or co-located) in one process group, matched by
-    name, once per training step:
+    name, once per training step (fp32 trainer weights into bf16 inference tensors are converted on the way):
 
         sync = WeightSync(group)                          # every rank of the group
         sync.plan(trainer=trainer_params, inference=inference_params)   # COLLECTIVE, once
@@ -124,7 +133,7 @@ class WeightSync:
 
     `trainer` (on trainer ranks; None elsewhere): name -> DTensor, or (local tensor or None, Layout). `inference`
     (on inference ranks): name -> (local tensor, Layout), or DTensor. A rank on both sides passes both. The layouts
-    are exchanged in plan() (one all_gather_object), so no rank needs the other side's. `name_map` maps an inference
+    are exchanged in plan() (one all-gather of their plain-data form), so no rank needs the other side's. `name_map` maps an inference
     name to its trainer name (a dict or a callable; default: the same name). Every inference tensor needs a trainer
     tensor of the same global shape and dtype (else plan() raises on every rank, naming it); trainer tensors no
     inference rank asks for are not moved. sync() reads the tensors given to plan() (or `trainer=` / `inference=`
@@ -136,8 +145,6 @@ class WeightSync:
         self._plan = None
 
     def plan(self, trainer: dict | None = None, inference: dict | None = None, name_map=None) -> None:
-        import torch.distributed as dist
-
         comm_group = self.group.group if isinstance(self.group, Communicator) else self.group
         rank_of = _group_rank(comm_group)
         mine = {"src": {}, "dst": {}, "error": None}
@@ -156,8 +163,7 @@ class WeightSync:
                     store[name] = t
         except (NcclInvalidArgument, NotImplementedError) as e:
             mine = {"src": {}, "dst": {}, "error": str(e)}
-        everyone = [None] * dist.get_world_size(comm_group)
-        dist.all_gather_object(everyone, mine, group=comm_group)
+        everyone = [pickle.loads(b) for b in all_gather_bytes(pickle.dumps(mine), comm_group)]
         bad = [(r, m["error"]) for r, m in enumerate(everyone) if m["error"]]
         if bad:
             raise NcclInvalidArgument("WeightSync.plan: rank %d: %s" % bad[0])
