@@ -190,6 +190,14 @@ NCCL_M2N_API ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* 
 /* Local: after every execute of the plan has finished (it frees device memory). */
 NCCL_M2N_API ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan);
 
+/* One tensor, one call: COLLECTIVE over `comm` and blocking. Plans `spec` as ncclM2nPlanCreate plans a batch of one,
+ * executes it on `stream` (src / dst: this rank's local pointers, NULL where it holds no part), waits for the stream
+ * (at most the config's timeoutSeconds; 0: NCCL_EXT_TIMEOUT_S) and frees the plan. A wait that runs out returns
+ * ncclRemoteError and leaves the plan's memory to the process (its kernels may still run). Not capturable in a CUDA
+ * graph (it waits); a reshard repeated with the same layouts belongs in a plan. `config` may be NULL. */
+NCCL_M2N_API ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, const void* src,
+                                         void* dst, const ncclM2nExecConfig_t* config, cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/device_status.h"
 #include "common/version.h"
 #include "common/env.h"
 #include "nccl_m2n/src/executor.h"
@@ -301,6 +302,28 @@ ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan) {
   ncclext::clearLastError();
   ncclm2n::destroyPlan(plan);
   return ncclSuccess;
+}
+
+ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, const void* src, void* dst,
+                            const ncclM2nExecConfig_t* config, cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(spec != nullptr, "ncclM2nReshard: spec is NULL");
+  ncclM2nPlan_t plan = nullptr;
+  NCCLEXT_CHECK(ncclM2nPlanCreate(&plan, comm, 1, spec, config));  // validates comm, config and the spec
+  return ncclext::guardAbi("ncclM2nReshard", [&]() -> ncclResult_t {
+    const ncclResult_t run = ncclm2n::execute(plan, &src, &dst, stream);
+    const double budget =
+        config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
+    // Even a failed execute may have queued work: wait before freeing. A run-out wait keeps the plan (its kernels
+    // may still read it) and reports ncclRemoteError.
+    const ncclResult_t waited = ncclext::waitStream(stream, budget, "ncclM2nReshard");
+    if (waited != ncclSuccess)
+      return ncclext::fail(ncclRemoteError, __FILE__, __LINE__,
+                           "ncclM2nReshard: the reshard did not finish within %.1f s (a peer that never called?): "
+                           "its plan is left to the process", budget);
+    ncclm2n::destroyPlan(plan);
+    return run;
+  });
 }
 
 }  // extern "C"

@@ -903,6 +903,14 @@ TEST(M2nFuzz, ExecutionPlanArguments) {
     c.expectRejected(e, "ncclM2nExecute", "plan NULL");
     if (c.call(Lib::kM2n, "ncclM2nPlanDestroy", [&] { return ncclM2nPlanDestroy(nullptr); }) != ncclSuccess)
       c.fail("ncclM2nPlanDestroy(NULL) failed");
+    // The one-shot reshard: a NULL spec, or (with a spec) the NULL communicator or the bad config, refused.
+    ncclM2nTensorSpec_t spec = {"t", nullptr, nullptr};
+    const bool nullSpec = rng.chance(1, 2);
+    const ncclResult_t o = c.call(Lib::kM2n, "ncclM2nReshard", [&] {
+      return ncclM2nReshard(nullptr, nullSpec ? nullptr : &spec, nullptr, nullptr, rng.chance(1, 2) ? &cfg : nullptr,
+                            nullptr);
+    });
+    c.expectRejected(o, "ncclM2nReshard", nullSpec ? "spec NULL" : "comm NULL");
   });
 }
 

@@ -7,7 +7,8 @@
 // a hole marker; destinations are poisoned. After the execute every destination element must hold its own value
 // and every other destination byte its poison. The staging cap is small, so that streams take many chunks. Then:
 // a CUDA graph of one execute, replayed with fresh source values; and a batch that one rank names differently,
-// which every rank must refuse with a message naming that tensor.
+// which every rank must refuse with a message naming that tensor. Every fifth batch's first tensor also goes through
+// the one-shot ncclM2nReshard.
 //
 // Usage: m2n_exec_test [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE]
 // Exit: 0 pass, 1 fail, 77 no GPU. (Virtual ranks: the executor needs NCCL point-to-point between ranks.)
@@ -178,7 +179,7 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
 }
 
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
-  int64_t errors = 0, cases = 0, elements = 0;
+  int64_t errors = 0, cases = 0, elements = 0, oneShots = 0;
   bool graphDone = false, graphOk = true;
   const auto t0 = std::chrono::steady_clock::now();
   for (int c = 0; c < o.cases; c++) {
@@ -219,6 +220,18 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       return 1;
     }
     errors += checkDestinations(b.p, ctx.rank, 1, &L, "execute");
+    // Every fifth batch: its first tensor again, alone, through the one-shot ncclM2nReshard.
+    if (c % 5 == 4 && !b.p.tensors.empty()) {
+      Problem one = b.p;
+      one.tensors.resize(1);
+      if (!poisonDestinations(one, ctx.rank, &L)) return 1;
+      if (ncclM2nReshard(ctx.comm, &b.specs[0], L.srcDev[0], L.dstDev[0], &cfg, ctx.stream) != ncclSuccess) {
+        fprintf(stderr, "rank %d case %d: ncclM2nReshard: %s\n", ctx.rank, c, ncclM2nGetLastError());
+        return 1;
+      }
+      errors += checkDestinations(one, ctx.rank, 1, &L, "one-shot reshard");
+      oneShots++;
+    }
     for (const TensorPair& tp : b.p.tensors) {
       const ShardGrid dg(tp.dst);
       for (int pos = 0; pos < tp.dst.mesh.size(); pos++) elements += dg.boxOfPosition(pos).elements();
@@ -282,9 +295,10 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   const uint64_t mine = (uint64_t)errors + (graphOk ? 0 : 1) + (mismatchOk ? 0 : 1);
   if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = mine + 1;
   const bool pass = total == 0 && cases > 0;
-  printf("rank %d: %lld batches executed (%lld destination elements in all), graph replays %s, mismatch %s, "
-         "errors %lld (all ranks %llu), %.1f s -> %s (seed %llu)\n",
-         ctx.rank, (long long)cases, (long long)elements, graphOk ? "ok" : "FAILED", mismatchOk ? "ok" : "FAILED",
+  printf("rank %d: %lld batches executed (%lld destination elements in all), %lld one-shot reshards, graph replays "
+         "%s, mismatch %s, errors %lld (all ranks %llu), %.1f s -> %s (seed %llu)\n",
+         ctx.rank, (long long)cases, (long long)elements, (long long)oneShots, graphOk ? "ok" : "FAILED",
+         mismatchOk ? "ok" : "FAILED",
          (long long)errors, (unsigned long long)total, seconds, pass ? "PASS" : "FAIL", (unsigned long long)o.seed);
   if (ctx.rank == 0 && !o.json.empty()) {
     if (FILE* f = fopen(o.json.c_str(), "a")) {
