@@ -95,4 +95,19 @@ NCCLEXT_HD float fp8BlockScale(float amax, bool pow2) {
   return bitsFloat(e << 23);
 }
 
+// One row of `n` floats (n a multiple of kFp8BlockElems) quantised block by block: scales[b] = fp8BlockScale of the
+// block's largest magnitude, q[i] = e4m3(x[i] / scales[b]) (an IEEE division on both sides: no reciprocal).
+NCCLEXT_HD void fp8QuantizeRow(const float* x, int n, bool pow2, uint8_t* q, float* scales) {
+  for (int b = 0; b < n / kFp8BlockElems; b++) {
+    float amax = 0.0f;
+    for (int i = 0; i < kFp8BlockElems; i++) {
+      const float a = x[b * kFp8BlockElems + i] < 0 ? -x[b * kFp8BlockElems + i] : x[b * kFp8BlockElems + i];
+      amax = a > amax ? a : amax;  // a NaN never wins (NaN > amax is false)
+    }
+    const float s = fp8BlockScale(amax, pow2);
+    scales[b] = s;
+    for (int i = 0; i < kFp8BlockElems; i++) q[b * kFp8BlockElems + i] = floatToE4m3(x[b * kFp8BlockElems + i] / s);
+  }
+}
+
 }  // namespace ncclext
