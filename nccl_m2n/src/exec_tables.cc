@@ -1,6 +1,7 @@
 #include "nccl_m2n/src/exec_tables.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace ncclm2n {
 
@@ -72,6 +73,14 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
   }
   for (const Transfer& t : plan.sends) x.sends.push_back(moveDescOf(p, t));
   for (const Transfer& t : plan.recvs) x.recvs.push_back(moveDescOf(p, t));
+  for (const auto& [list, idx, send] : {std::make_tuple(&plan.sends, &s.directSends, 1),
+                                        std::make_tuple(&plan.recvs, &s.directRecvs, 0)})
+    for (uint32_t i : *idx) {
+      const Transfer& t = (*list)[i];
+      const MoveDesc& d = send ? x.sends[i] : x.recvs[i];
+      x.direct.push_back({send ? t.dst : t.src, send, i, (int32_t)t.tensor, send ? t.srcOffset : t.dstOffset,
+                          t.elements() * d.elemBytes});
+    }
   for (const WireStream& w : s.recvs)
     if (w.slotOffset < 0) {
       if (error) *error = "receive stream from rank " + std::to_string(w.peer) + " has no staging slots (LSA)";

@@ -4,7 +4,8 @@
 // An execute runs the local copies, then rounds k = 0, 1, ...: in round k every stream with a chunk k takes part -
 // the sender packs chunk k into its send slot k % 2, the pair moves it (ncclSend from the sender's slot into the
 // receiver's slot k % 2; or, with LSA, the receiver reads the sender's slot), and the receiver unpacks it. A rank's
-// rounds end with its longest stream; its peers' streams with it end at the same chunk count on both sides.
+// rounds end with its longest stream; its peers' streams with it end at the same chunk count on both sides. Direct
+// transfers (schedule.h) are issued before the rounds, in one NCCL group.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,16 @@ struct P2pOp {
   int64_t bytes = 0;
 };
 
+// A direct transfer's ncclSend (from the source tensor) or ncclRecv (into the destination tensor).
+struct DirectOp {
+  int32_t peer = -1;
+  int32_t send = 0;
+  uint32_t desc = 0;      // index into ExecTables::sends (send) or ::recvs (receive)
+  int32_t tensor = 0;
+  int64_t offset = 0;     // elements from the local tensor's start (the run's first element)
+  int64_t bytes = 0;
+};
+
 struct ExecRound {
   uint32_t packBegin = 0, packEnd = 0;      // ExecTables::pack[packBegin, packEnd)
   uint32_t unpackBegin = 0, unpackEnd = 0;  // ExecTables::unpack[...]
@@ -37,6 +48,7 @@ struct ExecTables {
   std::vector<MoveSegment> pack, unpack;       // indexing sends / recvs
   std::vector<P2pOp> ops;
   std::vector<ExecRound> rounds;
+  std::vector<DirectOp> direct;                // sends then receives, issued in one group before the rounds
   int64_t copyElements = 0;
   int64_t stagingBytes = 0;
   int64_t chunkBytes = 0;

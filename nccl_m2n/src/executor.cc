@@ -142,7 +142,8 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
   planRank(p, rank, &rp, &stats);
   ScheduleOptions so;
   so.stagingCapBytes = o.stagingBytes;
-  so.lsa = false;  // this executor: every stream by ncclSend/ncclRecv
+  so.lsa = false;    // this executor: every stream by ncclSend/ncclRecv
+  so.direct = true;  // contiguous transfers straight between the tensors
   RankSchedule sched;
   std::string why;
   NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
@@ -184,6 +185,22 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
   char* const* d = reinterpret_cast<char* const*>(plan->dst);
   NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, (int64_t)plan->copySegs.size(), s, d, stream));
+  if (!x.direct.empty()) {  // straight from and into the tensors (host pointers: the call's own arrays)
+    NCCLEXT_NCCL(ncclGroupStart());
+    ncclResult_t res = ncclSuccess;
+    for (size_t i = 0; i < x.direct.size() && res == ncclSuccess; i++) {
+      const DirectOp& op = x.direct[i];
+      const MoveDesc& md = op.send ? x.sends[op.desc] : x.recvs[op.desc];
+      res = op.send ? ncclSend(static_cast<const char*>(src[op.tensor]) + op.offset * md.elemBytes,
+                               (size_t)op.bytes, ncclUint8, op.peer, plan->comm, stream)
+                    : ncclRecv(static_cast<char*>(dst[op.tensor]) + op.offset * md.elemBytes, (size_t)op.bytes,
+                               ncclUint8, op.peer, plan->comm, stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (res != ncclSuccess || ended != ncclSuccess)
+      return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                           "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(plan->comm));
+  }
   for (const ExecRound& r : x.rounds) {
     NCCLEXT_CHECK(
         launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, plan->staging, stream));

@@ -26,14 +26,24 @@ int64_t elementBytes(const Problem& p, const Transfer& t) {
   return (int64_t)elementSize(p.tensors[t.tensor].dst.dtype);
 }
 
-// Streams of one direction: list[i] goes to (sends) or comes from (recvs) peerOf(list[i]).
+// Streams of one direction: list[i] goes to (sends) or comes from (recvs) peerOf(list[i]). With `direct`, the direct
+// transfers go to *directOut instead (by peer, then canonical order).
 template <typename PeerOf>
-std::vector<WireStream> streamsOf(const Problem& p, const std::vector<Transfer>& list, PeerOf peerOf, int me) {
-  std::map<int, std::vector<uint32_t>> byPeer;
-  for (size_t i = 0; i < list.size(); i++) byPeer[peerOf(list[i])].push_back((uint32_t)i);
+std::vector<WireStream> streamsOf(const Problem& p, const std::vector<Transfer>& list, PeerOf peerOf, int me,
+                                  bool direct, std::vector<uint32_t>* directOut) {
+  std::map<int, std::vector<uint32_t>> byPeer, directByPeer;
+  for (size_t i = 0; i < list.size(); i++)
+    (direct && directTransfer(p, list[i]) ? directByPeer : byPeer)[peerOf(list[i])].push_back((uint32_t)i);
+  auto canonical = [&](std::vector<uint32_t>* idx) {
+    std::stable_sort(idx->begin(), idx->end(), [&](uint32_t a, uint32_t b) { return canonicalLess(list[a], list[b]); });
+  };
+  for (auto& [peer, idx] : directByPeer) {
+    canonical(&idx);
+    directOut->insert(directOut->end(), idx.begin(), idx.end());
+  }
   std::vector<WireStream> out;
   for (auto& [peer, idx] : byPeer) {
-    std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return canonicalLess(list[a], list[b]); });
+    canonical(&idx);
     WireStream s;
     s.peer = peer;
     s.interDomain = p.options.domainOf(peer) != p.options.domainOf(me);
@@ -51,6 +61,18 @@ std::vector<WireStream> streamsOf(const Problem& p, const std::vector<Transfer>&
 }
 
 }  // namespace
+
+bool directTransfer(const Problem& p, const Transfer& t) {
+  const TensorPair& tp = p.tensors[t.tensor];
+  if (tp.src.dtype != tp.dst.dtype) return false;
+  int64_t run = 1;  // elements of the dims inside d, contiguous on both sides so far
+  for (int d = t.ndims - 1; d >= 0; d--) {
+    if (t.extent[d] == 1) continue;  // contributes no index
+    if (t.srcStride[d] != run || t.dstStride[d] != run) return false;
+    run *= t.extent[d];
+  }
+  return true;
+}
 
 int64_t chunkBytesFor(int nRanks, const ScheduleOptions& o, std::string* error) {
   const int64_t slots = 4 * (int64_t)std::max(1, nRanks - 1);
@@ -71,9 +93,9 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
   s.chunkBytes = chunkBytesFor(p.nRanks, o, error);
   if (s.chunkBytes == 0) return false;
   s.sends = streamsOf(
-      p, plan.sends, [](const Transfer& t) { return t.dst; }, plan.rank);
+      p, plan.sends, [](const Transfer& t) { return t.dst; }, plan.rank, o.direct, &s.directSends);
   s.recvs = streamsOf(
-      p, plan.recvs, [](const Transfer& t) { return t.src; }, plan.rank);
+      p, plan.recvs, [](const Transfer& t) { return t.src; }, plan.rank, o.direct, &s.directRecvs);
   int64_t at = 0;
   for (WireStream& w : s.sends) {
     w.slotOffset = at;

@@ -17,6 +17,11 @@
 // from another domain (ncclRecv lands there); streams inside the domain need no receive slots. Slots are laid out in
 // that order, peers ascending. Everything fits in stagingCapBytes whatever the model size: larger models only make
 // more chunks.
+//
+// Direct transfers (ScheduleOptions::direct). A transfer whose box is one contiguous run on both sides and needs no
+// conversion skips the streams: one ncclSend straight from the source tensor and one ncclRecv straight into the
+// destination tensor. Both ranks list a pair's direct transfers in the canonical order, and an execute issues them
+// in one NCCL group before the rounds, so that NCCL matches each send with its receive.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,7 @@ struct ScheduleOptions {
   int64_t stagingCapBytes = 256ll << 20;  // the rank's staging window may not exceed this
   int64_t maxChunkBytes = 4ll << 20;      // chunks stop growing here (more chunks pipeline better)
   bool lsa = true;                        // false: every stream goes by ncclSend/ncclRecv (receive slots for all)
+  bool direct = false;                    // true: contiguous transfers go straight between the tensors
 };
 
 // One transfer's place in a stream.
@@ -66,7 +72,11 @@ struct RankSchedule {
   int64_t stagingBytes = 0;       // slots of this rank, all streams
   std::vector<WireStream> sends;  // by peer ascending
   std::vector<WireStream> recvs;  // by peer ascending
+  std::vector<uint32_t> directSends, directRecvs;  // plan list indices: by peer ascending, then canonical order
 };
+
+// The transfer is one contiguous run on both sides and needs no conversion (see "Direct transfers").
+bool directTransfer(const Problem& problem, const Transfer& t);
 
 // The chunk size every rank uses for a communicator of `nRanks` ranks: the cap split into the most slots any rank
 // can need (two per peer for sends and two per peer for receives), rounded down to kStreamAlign, at most

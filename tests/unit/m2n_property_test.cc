@@ -276,11 +276,13 @@ TEST(ScheduleProperty, ReceiversThatDisagreeWithTheirSendersAreCaught) {
 }
 
 // Every rank's executor tables with every stream by ncclSend/ncclRecv and chunks of `chunk` bytes.
-std::vector<ExecTables> execTablesFor(const Problem& p, const std::vector<RankPlan>& plans, int64_t chunk) {
+std::vector<ExecTables> execTablesFor(const Problem& p, const std::vector<RankPlan>& plans, int64_t chunk,
+                                      bool direct = true) {
   ScheduleOptions o;
   o.stagingCapBytes = chunk * 4 * std::max(1, p.nRanks - 1);
   o.maxChunkBytes = chunk;
   o.lsa = false;
+  o.direct = direct;  // as the executor
   std::vector<ExecTables> out(plans.size());
   for (size_t r = 0; r < plans.size(); r++) {
     RankSchedule s;
@@ -295,20 +297,21 @@ TEST(ExecTablesProperty, RandomLayoutPairsExecutedFromTheTablesAreDeliveredExact
   // The executor's tables driven as the kernels and NCCL calls will drive them, on real element sizes.
   Gen g(20261202);
   const int64_t chunks[] = {16, 64, 1024};
-  int64_t checked = 0, rounds = 0, cases = 0;
+  int64_t checked = 0, rounds = 0, cases = 0, direct = 0;
   for (int c = 0; c < 1500; c++) {
     Problem p;
     std::vector<RankPlan> plans;
     if (!drawPlanned(g, true, &p, &plans)) continue;
-    std::vector<ExecTables> t = execTablesFor(p, plans, chunks[g.uniform(0, 2)]);
-    for (const ExecTables& x : t) rounds += (int64_t)x.rounds.size();
+    std::vector<ExecTables> t = execTablesFor(p, plans, chunks[g.uniform(0, 2)], c % 4 != 3);
+    for (const ExecTables& x : t) rounds += (int64_t)x.rounds.size(), direct += (int64_t)x.direct.size();
     SimulationResult r = emulateExecute(p, t);
     ASSERT_TRUE(r.ok) << "case " << c << ": " << r.firstError;
     checked += r.elementsChecked;
     cases++;
   }
-  printf("executed %lld cases, %lld rounds, %lld destination elements checked\n", (long long)cases,
-         (long long)rounds, (long long)checked);
+  printf("executed %lld cases, %lld rounds, %lld direct sends and receives, %lld destination elements checked\n",
+         (long long)cases, (long long)rounds, (long long)direct, (long long)checked);
+  EXPECT_GT(direct, 1000);
   EXPECT_GT(rounds, 2000);
   EXPECT_GT(checked, 100000);
 }
@@ -345,6 +348,46 @@ TEST(ExecTablesProperty, ConversionsInFlightAreDeliveredExactlyOnce) {
   EXPECT_GT(converted, 500);
   EXPECT_GT(broken, 100);
   EXPECT_EQ(caught, broken);
+}
+
+TEST(ExecTablesProperty, BrokenDirectTransfersAreCaught) {
+  // A direct receive moved by one element, shrunk, or dropped; two of a pair's sends swapped: each must fail.
+  Gen g(13);
+  int tried = 0, caught = 0;
+  for (int c = 0; c < 6000 && tried < 300; c++) {
+    Problem p;
+    std::vector<RankPlan> plans;
+    if (!drawPlanned(g, true, &p, &plans)) continue;
+    std::vector<ExecTables> t = execTablesFor(p, plans, 64);
+    for (ExecTables& x : t) {
+      std::vector<size_t> recvs, sends;
+      for (size_t i = 0; i < x.direct.size(); i++) (x.direct[i].send ? sends : recvs).push_back(i);
+      if (recvs.empty()) continue;
+      const int kind = tried % 4;
+      DirectOp& r = x.direct[recvs[0]];
+      if (kind == 0) r.offset += 1;
+      if (kind == 1) r.bytes -= 1;
+      if (kind == 2) x.direct.erase(x.direct.begin() + recvs[0]);
+      if (kind == 3) {
+        size_t a = sends.size(), b = sends.size();
+        for (size_t i = 0; i < sends.size() && b == sends.size(); i++)
+          for (size_t j = i + 1; j < sends.size(); j++)
+            if (x.direct[sends[i]].peer == x.direct[sends[j]].peer &&
+                x.direct[sends[i]].bytes != x.direct[sends[j]].bytes) {
+              a = i, b = j;
+              break;
+            }
+        if (b == sends.size()) continue;  // no two sends to one peer of different sizes here
+        std::swap(x.direct[sends[a]], x.direct[sends[b]]);
+      }
+      tried++;
+      caught += !emulateExecute(p, t).ok;
+      break;
+    }
+  }
+  printf("direct mutations tried %d, caught %d\n", tried, caught);
+  EXPECT_GT(tried, 100);
+  EXPECT_EQ(caught, tried);
 }
 
 TEST(ExecTablesProperty, BrokenTablesAreCaught) {

@@ -311,6 +311,40 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
       for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) countWrite(r, d, e);
     }
   }
+  // Direct transfers: the i-th send of s to d meets the i-th receive of d from s, as NCCL matches them in a group.
+  for (size_t s = 0; s < nr; s++) {
+    std::vector<size_t> next(nr, 0);  // per receiver: its receives from s matched so far
+    for (const DirectOp& op : tables[s].direct) {
+      if (!op.send) continue;
+      const std::string pair = std::to_string(s) + "->" + std::to_string(op.peer) + " (direct)";
+      if (op.peer < 0 || (size_t)op.peer >= nr) return error("send " + pair + ": no such receiver"), res;
+      const DirectOp* match = nullptr;
+      size_t seen = 0;
+      for (const DirectOp& o : tables[op.peer].direct)
+        if (!o.send && o.peer == (int)s && seen++ == next[op.peer]) {
+          match = &o;
+          break;
+        }
+      next[op.peer]++;
+      if (!match || match->bytes != op.bytes) return error("send " + pair + ": no receive of the same size"), res;
+      const MoveDesc& sd = tables[s].sends[op.desc];
+      const MoveDesc& rd = tables[op.peer].recvs[match->desc];
+      const std::vector<char>& from = src[s][op.tensor];
+      std::vector<char>& to = dst[op.peer][match->tensor];
+      if (op.offset < 0 || op.offset * sd.elemBytes + op.bytes > (int64_t)from.size())
+        return error("send " + pair + ": outside its source tensor"), res;
+      if (match->offset < 0 || match->offset * rd.elemBytes + match->bytes > (int64_t)to.size())
+        return error("receive " + pair + ": outside its destination tensor"), res;
+      memcpy(&to[match->offset * rd.elemBytes], &from[op.offset * sd.elemBytes], op.bytes);
+      for (int64_t e = 0; e < product(rd.extent, rd.ndims); e++) countWrite(op.peer, rd, e);
+    }
+    for (size_t d = 0; d < nr; d++) {  // every receive from s matched
+      size_t want = 0;
+      for (const DirectOp& o : tables[d].direct) want += !o.send && o.peer == (int)s;
+      if (want != next[d]) return error("rank " + std::to_string(d) + ": a direct receive from " +
+                                        std::to_string(s) + " that no send meets"), res;
+    }
+  }
   size_t rounds = 0;
   for (const ExecTables& x : tables) rounds = std::max(rounds, x.rounds.size());
   for (size_t k = 0; k < rounds; k++) {
