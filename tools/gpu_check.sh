@@ -44,6 +44,9 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
     RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider tests/python/test_m2n_gpu.py --json JSON|2|nodes")
     RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
     RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
+    # A whole Qwen3-32B-like model rank 0 -> rank 1 beside per-tensor broadcast, at 1/64 of its weights' size (the
+    # full size on two GPUs: bench/m2n_model_bench.py without --scale).
+    RUNS+=("m2n_model|$PYRUN bench/m2n_model_bench.py --scale 8 --iters 3 --json JSON|2|nodes")
   fi
 else
   echo "gpu-check: no torch or no pytest for python3 here: the Python tests (tests/python) do not run"
