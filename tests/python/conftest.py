@@ -44,6 +44,21 @@ def one_rank_world(world):
     yield world
 
 
+@pytest.fixture
+def one_process_gloo():
+    """A single-process gloo group for one CPU test (torch's object-free collectives work on it)."""
+    import os
+
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29800 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 def pytest_addoption(parser):
     parser.addoption("--json", default=None, help="append a result line for make gpu-check")
     parser.addoption("--one-gpu", default=None, choices=["nodes"],

@@ -31,21 +31,7 @@ def test_a_wrong_id_is_refused(bad):
         comm.id_from_bytes(bad)
 
 
-@pytest.fixture
-def one_process_gloo():
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29900 + os.getpid() % 90))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_bytes_cross_a_group_whole(one_process_gloo):
-    pytest.importorskip("torch")
     from nccl._ext.objects import all_gather_bytes, broadcast_bytes
 
     raw = bytes([0, 255, 0, 7]) + bytes(range(256))

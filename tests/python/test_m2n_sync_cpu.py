@@ -5,7 +5,6 @@ others (a single-process gloo group)."""
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
 import nccl.m2n as m2n  # noqa: E402
 from nccl.m2n import sync  # noqa: E402
@@ -88,17 +87,6 @@ def test_match_takes_the_conversions_the_executor_does():
 def test_match_refusals(everyone, message):
     with pytest.raises(m2n.NcclError, match=message):
         sync.match(everyone)
-
-
-@pytest.fixture
-def one_process_gloo():
-    import os
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29800 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_a_bad_entry_is_raised_after_the_exchange(one_process_gloo):

@@ -350,75 +350,68 @@ TEST(ExecTablesProperty, ConversionsInFlightAreDeliveredExactlyOnce) {
   EXPECT_EQ(caught, broken);
 }
 
-TEST(ExecTablesProperty, BrokenDirectTransfersAreCaught) {
-  // A direct receive moved by one element, shrunk, or dropped; two of a pair's sends swapped: each must fail.
-  Gen g(13);
+// Draws planned batches (dtypes as drawPlanned) until `want` of them took a mutation: mutate(tables, k) breaks one
+// rank's tables with the k-th mutation tried (returning false when that rank has nothing to break), and the
+// emulator must then fail. Prints and checks that every mutation was caught.
+template <typename Mutate>
+void expectMutationsCaught(const char* what, uint64_t seed, int dtypes, int draws, int want, Mutate mutate) {
+  Gen g(seed);
   int tried = 0, caught = 0;
-  for (int c = 0; c < 6000 && tried < 300; c++) {
+  for (int c = 0; c < draws && tried < want; c++) {
     Problem p;
     std::vector<RankPlan> plans;
-    if (!drawPlanned(g, true, &p, &plans)) continue;
+    if (!drawPlanned(g, dtypes, &p, &plans)) continue;
     std::vector<ExecTables> t = execTablesFor(p, plans, 64);
     for (ExecTables& x : t) {
-      std::vector<size_t> recvs, sends;
-      for (size_t i = 0; i < x.direct.size(); i++) (x.direct[i].send ? sends : recvs).push_back(i);
-      if (recvs.empty()) continue;
-      const int kind = tried % 4;
-      DirectOp& r = x.direct[recvs[0]];
-      if (kind == 0) r.offset += 1;
-      if (kind == 1) r.bytes -= 1;
-      if (kind == 2) x.direct.erase(x.direct.begin() + recvs[0]);
-      if (kind == 3) {
-        size_t a = sends.size(), b = sends.size();
-        for (size_t i = 0; i < sends.size() && b == sends.size(); i++)
-          for (size_t j = i + 1; j < sends.size(); j++)
-            if (x.direct[sends[i]].peer == x.direct[sends[j]].peer &&
-                x.direct[sends[i]].bytes != x.direct[sends[j]].bytes) {
-              a = i, b = j;
-              break;
-            }
-        if (b == sends.size()) continue;  // no two sends to one peer of different sizes here
-        std::swap(x.direct[sends[a]], x.direct[sends[b]]);
-      }
+      if (!mutate(&x, tried)) continue;
       tried++;
       caught += !emulateExecute(p, t).ok;
       break;
     }
   }
-  printf("direct mutations tried %d, caught %d\n", tried, caught);
+  printf("%s mutations tried %d, caught %d\n", what, tried, caught);
   EXPECT_GT(tried, 100);
   EXPECT_EQ(caught, tried);
 }
 
+TEST(ExecTablesProperty, BrokenDirectTransfersAreCaught) {
+  // A direct receive moved by one element, shrunk, or dropped; two of a pair's sends swapped: each must fail.
+  expectMutationsCaught("direct", 13, 1, 6000, 300, [](ExecTables* x, int k) {
+    std::vector<size_t> recvs, sends;
+    for (size_t i = 0; i < x->direct.size(); i++) (x->direct[i].send ? sends : recvs).push_back(i);
+    if (recvs.empty()) return false;
+    DirectOp& r = x->direct[recvs[0]];
+    if (k % 4 == 0) r.offset += 1;
+    if (k % 4 == 1) r.bytes -= 1;
+    if (k % 4 == 2) x->direct.erase(x->direct.begin() + recvs[0]);
+    if (k % 4 == 3) {  // two sends to one peer of different sizes, swapped
+      for (size_t i = 0; i < sends.size(); i++)
+        for (size_t j = i + 1; j < sends.size(); j++)
+          if (x->direct[sends[i]].peer == x->direct[sends[j]].peer &&
+              x->direct[sends[i]].bytes != x->direct[sends[j]].bytes) {
+            std::swap(x->direct[sends[i]], x->direct[sends[j]]);
+            return true;
+          }
+      return false;
+    }
+    return true;
+  });
+}
+
 TEST(ExecTablesProperty, BrokenTablesAreCaught) {
   // A pack segment moved in the staging, a receive of another size, an unpack dropped: each must fail.
-  Gen g(11);
-  int tried = 0, caught = 0;
-  for (int c = 0; c < 4000 && tried < 300; c++) {
-    Problem p;
-    std::vector<RankPlan> plans;
-    if (!drawPlanned(g, false, &p, &plans)) continue;
-    std::vector<ExecTables> t = execTablesFor(p, plans, 64);
-    for (ExecTables& x : t) {
-      if (x.pack.empty() || x.unpack.empty()) continue;
-      const int kind = tried % 3;
-      if (kind == 0) x.pack[0].stageOffset += 16;
-      if (kind == 1) {
-        for (P2pOp& op : x.ops)
-          if (!op.send) {
-            op.bytes -= 1;
-            break;
-          }
-      }
-      if (kind == 2) x.unpack[0].elements = 0;
-      tried++;
-      caught += !emulateExecute(p, t).ok;
-      break;
-    }
-  }
-  printf("table mutations tried %d, caught %d\n", tried, caught);
-  EXPECT_GT(tried, 100);
-  EXPECT_EQ(caught, tried);
+  expectMutationsCaught("table", 11, 0, 4000, 300, [](ExecTables* x, int k) {
+    if (x->pack.empty() || x->unpack.empty()) return false;
+    if (k % 3 == 0) x->pack[0].stageOffset += 16;
+    if (k % 3 == 1)
+      for (P2pOp& op : x->ops)
+        if (!op.send) {
+          op.bytes -= 1;
+          break;
+        }
+    if (k % 3 == 2) x->unpack[0].elements = 0;
+    return true;
+  });
 }
 
 TEST(Schedule, ChunkSizeIsTheSameOnEveryRankAndFitsTheCap) {
