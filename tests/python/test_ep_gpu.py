@@ -1,7 +1,8 @@
 """nccl.ep on a GPU, 1 rank (a single-process torch.distributed group made here when none exists; under torchrun
 the launcher's). Against a torch reference on fresh random data, outputs poisoned by the library's own contract
 (rows past the receive count untouched); a CUDA graph of handle update + dispatch + combine replayed with new
-routings (NOT YET RUN on a GPU). Several ranks on one GPU need EP across NVLink domains (issue 12)."""
+routings, and the torch.library ops compiled (fullgraph) against eager with their gradients (both NOT YET RUN on a
+GPU). Several ranks on one GPU need EP across NVLink domains (issue 12)."""
 
 import pytest
 
@@ -136,3 +137,34 @@ def test_a_captured_update_dispatch_combine_replays_with_new_routings(group):
         counts = torch.bincount(idx_buf[idx_buf >= 0].flatten(), minlength=group.local_experts)
         assert torch.equal(h.expert_counts.long(), counts)
     h.close()
+
+
+def test_custom_ops_compile_fullgraph_and_differentiate(group):
+    import nccl.ep.ops as epops
+
+    T, K, H = 64, 4, 1024
+    idx, w = _routing(T, K, group.num_experts, 30)
+    h = group.create_handle(idx, layout="flat", sizing="worst_case")
+    hid = epops.register(h)
+    try:
+        def layer(x, idx, w):
+            tokens, ids, rw, counts = torch.ops.nccl_ep.dispatch(hid, x, idx, w)
+            return torch.ops.nccl_ep.combine(hid, tokens * 3), counts
+
+        x = torch.randn(T, H, device="cuda")
+        eager, counts = layer(x, idx, w)
+        compiled, _ = torch.compile(layer, fullgraph=True)(x, idx, w)
+        torch.cuda.synchronize()
+        sent = (idx >= 0).any(dim=1)
+        assert torch.equal(eager[sent], x[sent] * 3) and torch.equal(compiled[sent], eager[sent])
+        assert torch.equal(counts.long(), torch.bincount(idx[idx >= 0].flatten(), minlength=group.local_experts))
+        # Gradients through the ops: d out / d x = 3 on every sent token (one row each at one rank).
+        xg = x.clone().requires_grad_()
+        out, _ = layer(xg, idx, w)
+        out.sum().backward()
+        assert torch.equal(xg.grad[sent], torch.full_like(xg.grad[sent], 3.0))
+        torch.library.opcheck(torch.ops.nccl_ep.combine.default,
+                              (hid, torch.randn(h.output_rows(), H, device="cuda")))
+    finally:
+        epops.unregister(hid)
+        h.close()

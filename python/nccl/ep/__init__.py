@@ -12,8 +12,8 @@
 Every call runs on the current torch CUDA stream (or `stream=`), asynchronously, like a torch collective. Failures
 raise nccl.ep.NcclError subclasses carrying the library's text; a device wait that timed out (a peer gone) is raised
 by the next call or by Group.check(). The High-Throughput mode (inside one NVLink domain) is what the C library has
-today. nccl.ep.autograd has differentiable dispatch/combine (FLAT), nccl.ep.deepep DeepEP's Buffer API; the
-Low-Latency mode and torch.library ops are not here yet.
+today. nccl.ep.autograd has differentiable dispatch/combine (FLAT), nccl.ep.ops the same as torch.library custom
+ops (torch.compile), nccl.ep.deepep DeepEP's Buffer API; the Low-Latency mode is not here yet.
 """
 
 from __future__ import annotations
