@@ -39,6 +39,7 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   # nccl.m2n on several ranks (torchrun; on one GPU as one-GPU nodes: conftest's --one-gpu nodes).
   # The Python overhead of Plan.execute on a whole Qwen3-32B-like model (a benchmark: 128 GB of GPU memory).
   RUNS+=("m2n_overhead|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 bench/m2n_python_overhead.py --json JSON|1|")
+  RUNS+=("ep_overhead|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 bench/ep_python_overhead.py --json JSON|1|")
   if command -v torchrun >/dev/null 2>&1; then
     PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --nproc_per_node NRANKS"
     RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider tests/python/test_m2n_gpu.py --json JSON|2|nodes")

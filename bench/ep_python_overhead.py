@@ -1,0 +1,134 @@
+"""Python overhead of nccl.ep's dispatch + combine over the C calls, at decode-like and prefill-like sizes, 1 rank.
+
+    python bench/ep_python_overhead.py [--tokens 128,4096] [--hidden 7168] [--topk 8] [--experts 256] [--json FILE]
+
+For each token count, the median of --iters CUDA-synchronised dispatch + combine pairs (bf16, FLAT layout,
+worst-case sizing, a handle bound once) after warm-ups, and the host time of enqueueing them alone:
+  c        ncclEpDispatch + ncclEpCombine through ctypes with their structs and output tensors built once (the floor
+           any binding pays);
+  python   Group.dispatch(x, handle=h) + Group.combine(y, h) (descriptors and output tensors made per call);
+  ops      torch.ops.nccl_ep.dispatch + combine (nccl.ep.ops; the routing is bound again in every call).
+Overhead = (python - c) / c of the synchronised time. At 1 rank the kernels move no byte over a link: the GPU time
+is local copies, so the overhead is measured against the smallest GPU time it will ever be added to.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="128,4096")
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    import torch
+    import torch.distributed as dist
+
+    import nccl.ep as ep
+    import nccl.ep.ops as epops
+    from nccl._ext.tensor import describe
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29688")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    counts = [int(t) for t in a.tokens.split(",")]
+    H, K, E = a.hidden, a.topk, a.experts
+    group = ep.Group(num_experts=E, max_tokens_per_rank=max(counts), hidden=H, max_topk=K)
+    stream = torch.cuda.current_stream()
+    rows_out = []
+
+    def timed(fn):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        walls, hosts = [], []
+        for _ in range(a.iters):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - t0) * 1e6)
+            hosts.append((t1 - t0) * 1e6)
+        return statistics.median(walls), statistics.median(hosts)
+
+    ok = True
+    for T in counts:
+        gen = torch.Generator(device="cuda").manual_seed(T)
+        idx = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(T)])
+        x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+        w = torch.rand(T, K, device="cuda", generator=gen)
+        h = group.create_handle(idx, layout="flat", sizing="worst_case")
+        # The C floor: every struct and output built once.
+        rows = h.output_rows()
+        out_tokens = torch.empty((rows, H), dtype=torch.bfloat16, device="cuda")
+        out_idx = torch.empty((rows, K), dtype=torch.int32, device="cuda")
+        combined = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
+        d_in = ep._DispatchInputs.new(tokens=describe(x, "x"))
+        d_out = ep._DispatchOutputs.new(tokens=describe(out_tokens, "tokens"), topk_idx=describe(out_idx, "idx"))
+        c_in = ep._CombineTensors.new(tokens=describe(out_tokens, "y"))
+        c_out = ep._CombineTensors.new(tokens=describe(combined, "out"))
+        d_cfg, c_cfg = ep._CallConfig.new(num_sms=0), ep._CallConfig.new(num_sms=0)
+        lib = ep._lib()
+        s = ctypes.c_void_p(stream.cuda_stream)
+
+        def c_pair():
+            if lib.ncclEpDispatch(h._h, ctypes.byref(d_in), ctypes.byref(d_out), None, ctypes.byref(d_cfg), s) or \
+                    lib.ncclEpCombine(h._h, ctypes.byref(c_in), ctypes.byref(c_out), ctypes.byref(c_cfg), s):
+                raise RuntimeError(lib.ncclEpGetLastError().decode())
+
+        def python_pair():
+            recv = group.dispatch(x, handle=h)
+            return group.combine(recv.tokens, h)
+
+        hid = epops.register(h)
+
+        def ops_pair():
+            tokens, _, _, _ = torch.ops.nccl_ep.dispatch(hid, x, idx, w)
+            return torch.ops.nccl_ep.combine(hid, tokens)
+
+        row = {"tokens": T}
+        for name, fn in (("c", c_pair), ("python", python_pair), ("ops", ops_pair)):
+            wall, host = timed(fn)
+            row[name] = {"wall_us": wall, "enqueue_us": host}
+        sent = (idx >= 0).any(dim=1)
+        # Each path once more on poisoned outputs: at 1 rank each sent token's one row comes back as it went.
+        combined.fill_(float("nan"))
+        c_pair()
+        for out in (combined, python_pair(), ops_pair()):
+            torch.cuda.synchronize()
+            ok = ok and torch.equal(out[sent], x[sent])
+        row["overhead_python"] = (row["python"]["wall_us"] - row["c"]["wall_us"]) / row["c"]["wall_us"]
+        row["overhead_ops"] = (row["ops"]["wall_us"] - row["c"]["wall_us"]) / row["c"]["wall_us"]
+        rows_out.append(row)
+        epops.unregister(hid)
+        h.close()
+        print("ep_python_overhead: T %5d: c %8.1f us (enqueue %6.1f), python %8.1f us (%+.1f%%, enqueue %6.1f), "
+              "ops %8.1f us (%+.1f%%, enqueue %6.1f)" % (
+                  T, row["c"]["wall_us"], row["c"]["enqueue_us"], row["python"]["wall_us"],
+                  100 * row["overhead_python"], row["python"]["enqueue_us"], row["ops"]["wall_us"],
+                  100 * row["overhead_ops"], row["ops"]["enqueue_us"]))
+    group.close()
+    result = {"test": "ep_python_overhead", "pass": ok, "gpu": torch.cuda.get_device_name(0), "ranks": 1,
+              "hidden": H, "topk": K, "experts": E, "iters": a.iters, "rows": rows_out}
+    print("ep_python_overhead: results %s" % ("equal" if ok else "DIFFER"))
+    if a.json:
+        with open(a.json, "a") as f:
+            f.write(json.dumps(result) + "\n")
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
