@@ -111,3 +111,36 @@ def _n(extent):
     for e in extent:
         p *= e
     return p
+
+
+def test_execute_argument_checks_without_a_gpu():
+    """Plan.execute's Python checks (the C plan is not needed for them): every refusal names the tensor."""
+    import unittest.mock as um
+
+    from nccl.m2n import Plan, _Side
+
+    lay = m2n.Layout((4, 6), torch.float32, mesh=[0], placements=[m2n.REPLICATE])
+    strided = m2n.Layout((4, 6), torch.float32, mesh=[0], placements=[m2n.REPLICATE], local_strides=[(1, 4)])
+    batch = [("a", lay, lay), ("b", lay, strided)]
+    plan = Plan.__new__(Plan)  # the checks only: no communicator, no C plan
+    plan.tensors, plan._index = batch, {"a": 0, "b": 1}
+    src, dst = _Side(batch, 1, 0), _Side(batch, 2, 0)
+    good = torch.zeros(4, 6)
+    with pytest.raises(m2n.NcclError, match="source tensor 'a' must be a CUDA tensor"):
+        plan._pointers([good, good], src)  # a CPU tensor
+    with um.patch.object(torch.Tensor, "is_cuda", new=property(lambda self: True)):
+        assert len(plan._pointers([good, good], src)) == 2
+        cases = [
+            ([[1, 2], good], src, "source tensor 'a' must be a CUDA tensor"),
+            ([torch.zeros(4, 5), good], src, r"source tensor 'a' has shape \(4, 5\); this rank holds \(4, 6\)"),
+            ([good.t().contiguous().t(), good], src, "source tensor 'a' is not contiguous"),
+            ([torch.zeros(4, 6, dtype=torch.bfloat16), good], src, "source tensor 'a' has dtype torch.bfloat16"),
+            ([good, good], dst, r"destination tensor 'b' has strides \(6, 1\); its layout says \(1, 4\)"),
+            ([good], src, "1 source tensors for a plan of 2"),
+            ({"a": good, "c": good}, src, "source tensor 'c' is not in the plan"),
+        ]
+        for tensors, side, message in cases:
+            with pytest.raises(m2n.NcclError, match=message):
+                plan._pointers(tensors, side)
+        ok = plan._pointers([good, torch.zeros(6, 4).t()], dst)  # column-major storage, as the layout says
+        assert ok[1] is not None

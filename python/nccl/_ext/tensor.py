@@ -24,7 +24,7 @@ class CTensor(ctypes.Structure):
 _TABLE = {}
 
 
-def nccl_dtype(dtype) -> int:
+def _table() -> dict:
     if not _TABLE:  # built once: execute checks hundreds of tensors a call
         import torch
 
@@ -33,10 +33,22 @@ def nccl_dtype(dtype) -> int:
                        torch.int8: NCCL_INT8})
         if hasattr(torch, "float8_e4m3fn"):
             _TABLE[torch.float8_e4m3fn] = NCCL_FLOAT8E4M3
-    code = _TABLE.get(dtype)
+    return _TABLE
+
+
+def nccl_dtype(dtype) -> int:
+    code = _table().get(dtype)
     if code is None:
         raise NcclInvalidArgument("dtype %s has no NCCL equivalent" % dtype)
     return code
+
+
+def torch_dtype(code: int):
+    """The torch dtype of NCCL type `code`, or None."""
+    for dtype, c in _table().items():
+        if c == code:
+            return dtype
+    return None
 
 
 def describe(t, name: str, dtypes=None, ndim: int | None = None, require_cuda: bool = True) -> CTensor:

@@ -327,13 +327,18 @@ class _Side:
     local shape (None: holds no part) and the strides it must have (None: contiguous)."""
 
     def __init__(self, tensors, which, rank):
+        import torch
+
+        from .._ext.tensor import torch_dtype
+
         self.name = "source" if which == 1 else "destination"
         self.shapes, self.strides = [], []
         self.dtypes = [t[which].dtype for t in tensors]
+        self.torch_dtypes = [torch_dtype(code) for code in self.dtypes]  # None: compared by NCCL type instead
         for t in tensors:
             lay = t[which]
             box = lay.local_box(rank)
-            self.shapes.append(None if box is None else box[1])
+            self.shapes.append(None if box is None else torch.Size(box[1]))
             st = None
             if box is not None and lay.local_strides is not None:
                 st = tuple(lay.local_strides[lay.mesh_ranks.index(rank)])
@@ -378,28 +383,33 @@ class Plan:
         if len(tensors) != n:
             raise NcclInvalidArgument("execute: %d %s tensors for a plan of %d" % (len(tensors), side.name, n))
         tensors = [None if t is None else _local_of(t) for t in tensors]
-        ptrs = [0 if t is None else t.data_ptr() for t in tensors]
         last = side.last
-        if last is not None and last[2] == ptrs and all(a is b for a, b in zip(last[0], tensors)):
-            return last[1]  # the same tensors at the same addresses: checked last time
+        if last is not None and all(a is b for a, b in zip(last[0], tensors)):
+            ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+            if ptrs == last[2]:
+                return last[1]  # the same tensors at the same addresses: checked last time
+        # The checks, cheapest forms first (~1 us a tensor: this runs for every tensor of a model on a new call).
+        ptrs = [0] * n
         for i, t in enumerate(tensors):
             if t is None:
                 continue
             name, shape, strides = self.tensors[i][0], side.shapes[i], side.strides[i]
-            if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+            if not isinstance(t, torch.Tensor) or not t.is_cuda:
                 raise NcclInvalidArgument("execute: %s tensor %r must be a CUDA tensor" % (side.name, name))
+            ptrs[i] = t.data_ptr()
             if shape is None:
                 continue  # this rank holds no part: the pointer is not used
-            if tuple(t.shape) != shape:
+            if t.shape != shape:
                 raise NcclInvalidArgument("execute: %s tensor %r has shape %s; this rank holds %s" %
-                                          (side.name, name, tuple(t.shape), shape))
+                                          (side.name, name, tuple(t.shape), tuple(shape)))
             if strides is None and not t.is_contiguous():
                 raise NcclInvalidArgument("execute: %s tensor %r is not contiguous and its layout gives no "
                                           "local_strides (no copy is made)" % (side.name, name))
             if strides is not None and tuple(t.stride()) != strides:
                 raise NcclInvalidArgument("execute: %s tensor %r has strides %s; its layout says %s" %
                                           (side.name, name, tuple(t.stride()), strides))
-            if nccl_dtype(t.dtype) != side.dtypes[i]:
+            want = side.torch_dtypes[i]
+            if (t.dtype is not want) if want is not None else nccl_dtype(t.dtype) != side.dtypes[i]:
                 raise NcclInvalidArgument("execute: %s tensor %r has dtype %s; its layout has NCCL type %d" %
                                           (side.name, name, t.dtype, side.dtypes[i]))
         arr = (ctypes.c_void_p * max(1, n))(*ptrs)

@@ -73,15 +73,12 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None,
 
 
 def _torch_dtype(code: int):
-    import torch
+    from .._ext.tensor import torch_dtype
 
-    from .._ext.tensor import nccl_dtype
-
-    for d in (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8, torch.int8,
-              getattr(torch, "float8_e4m3fn", None)):
-        if d is not None and nccl_dtype(d) == code:
-            return d
-    raise NcclInvalidArgument("reshard: NCCL type %d has no torch dtype here" % code)
+    d = torch_dtype(code)
+    if d is None:
+        raise NcclInvalidArgument("reshard: NCCL type %d has no torch dtype here" % code)
+    return d
 
 
 # (source, destination) NCCL types the executor takes: the same type, or a conversion it does in flight
