@@ -10,13 +10,14 @@ set(NCCL_EXT_COMMON_SOURCES
   ${CMAKE_SOURCE_DIR}/common/domain.cc
   ${CMAKE_SOURCE_DIR}/common/virtual_domain.cc
   ${CMAKE_SOURCE_DIR}/common/symmetric_memory.cc
-  ${CMAKE_SOURCE_DIR}/common/device_status.cc)
+  ${CMAKE_SOURCE_DIR}/common/device_status.cc
+  ${CMAKE_SOURCE_DIR}/common/watchdog.cc)
 
 function(ncclext_add_common target tag)
   add_library(${target} STATIC ${NCCL_EXT_COMMON_SOURCES})
   target_include_directories(${target} PUBLIC ${CMAKE_SOURCE_DIR})
   target_compile_definitions(${target} PUBLIC NCCL_EXT_LIB_TAG="${tag}")
-  target_link_libraries(${target} PUBLIC NCCL::nccl CUDA::cudart)
+  target_link_libraries(${target} PUBLIC NCCL::nccl CUDA::cudart Threads::Threads)
 endfunction()
 
 # Copies a public header into build/include so that build/ alone is a usable install tree.

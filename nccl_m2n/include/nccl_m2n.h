@@ -169,9 +169,11 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
  * pointers of tensor t (NULL where it holds no part of that side; its layout's strides and dtype), and the call
  * enqueues the local copies and the exchanges on `stream`. It may be captured in a CUDA graph and replayed.
  *
- * This first executor moves everything between ranks with ncclSend/ncclRecv through the staging, inside an NVLink
- * domain too (NCCL's own NVLink path); LSA and zero-copy paths, fp8 conversion with block scales and timeouts on
- * the exchanges (a peer that never executes leaves NCCL waiting) are not implemented yet.
+ * This first executor moves everything between ranks with ncclSend/ncclRecv (contiguous pieces straight between the
+ * tensors, the rest through the staging) on a communicator of its own split from `comm` at creation, inside an
+ * NVLink domain too (NCCL's own NVLink path). Every execute's exchanges are watched: past the timeout the plan's
+ * communicator is aborted (ncclM2nPlanGetAsyncError). LSA and zero-copy paths and fp8 conversion with block
+ * scales are not implemented yet.
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nPlan* ncclM2nPlan_t;
 
@@ -179,7 +181,8 @@ typedef struct {
   size_t size;           /* sizeof(ncclM2nExecConfig_t) */
   unsigned int magic;    /* NCCL_M2N_MAGIC */
   size_t stagingBytes;   /* staging cap per rank; 0: 256 MiB */
-  double timeoutSeconds; /* budget of plan creation's host collectives; 0: NCCL_EXT_TIMEOUT_S */
+  double timeoutSeconds; /* budget of plan creation's host collectives, of connecting to the plan's peers and of each
+                            execute's exchanges; 0: NCCL_EXT_TIMEOUT_S */
 } ncclM2nExecConfig_t;
 #define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0}
 
@@ -189,6 +192,11 @@ NCCL_M2N_API ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* 
                                          cudaStream_t stream);
 /* Local: after every execute of the plan has finished (it frees device memory). */
 NCCL_M2N_API ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan);
+/* ncclSuccess, or ncclRemoteError with a message once an execute's exchanges outlived the config's timeoutSeconds
+ * (a peer that died or never executes): the plan's own communicator was then aborted (the caller's is untouched),
+ * the destinations may hold partial data, and every later execute fails the same way; destroy the plan. Executes
+ * captured in a CUDA graph are not watched. Local, never blocks. */
+NCCL_M2N_API ncclResult_t ncclM2nPlanGetAsyncError(ncclM2nPlan_t plan);
 
 /* One tensor, one call: COLLECTIVE over `comm` and blocking. Plans `spec` as ncclM2nPlanCreate plans a batch of one,
  * executes it on `stream` (src / dst: this rank's local pointers, NULL where it holds no part), waits for the stream

@@ -304,6 +304,12 @@ ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan) {
   return ncclSuccess;
 }
 
+ncclResult_t ncclM2nPlanGetAsyncError(ncclM2nPlan_t plan) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(plan != nullptr, "ncclM2nPlanGetAsyncError: plan is NULL");
+  return ncclm2n::asyncError(plan);
+}
+
 ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, const void* src, void* dst,
                             const ncclM2nExecConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
@@ -316,13 +322,15 @@ ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, co
         config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
     // Even a failed execute may have queued work: wait before freeing. A run-out wait keeps the plan (its kernels
     // may still read it) and reports ncclRemoteError.
-    const ncclResult_t waited = ncclext::waitStream(stream, budget, "ncclM2nReshard");
+    // The watchdog ends the exchanges within the budget; the wait allows the budget twice over.
+    const ncclResult_t waited = ncclext::waitStream(stream, 2 * budget, "ncclM2nReshard");
     if (waited != ncclSuccess)
       return ncclext::fail(ncclRemoteError, __FILE__, __LINE__,
                            "ncclM2nReshard: the reshard did not finish within %.1f s (a peer that never called?): "
-                           "its plan is left to the process", budget);
+                           "its plan is left to the process", 2 * budget);
+    const ncclResult_t exchanged = run == ncclSuccess ? ncclm2n::asyncError(plan) : run;
     ncclm2n::destroyPlan(plan);
-    return run;
+    return exchanged;
   });
 }
 

@@ -3,19 +3,30 @@
 #include <cuda_runtime.h>
 #include <nccl_device.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "common/checks.h"
 #include "common/device_status.h"
 #include "common/domain.h"
 #include "common/log.h"
+#include "common/watchdog.h"
 #include "nccl_m2n/src/agree.h"
 #include "nccl_m2n/src/exec_kernels.h"
 #include "nccl_m2n/src/schedule.h"
 
 struct ncclM2nPlan {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // the caller's
+  // The plan's own communicator for its exchanges (split from `comm` at creation), so that the watchdog can abort
+  // it when an exchange outlives the budget (a peer that died or never executes) without touching the caller's.
+  ncclComm_t p2p = nullptr;
+  int device = 0;
+  double timeoutSeconds = 0;
+  std::mutex mu;                     // an execute's enqueue against the watchdog's abort
+  std::atomic<bool> aborted{false};  // p2p is gone: every later call fails with `why`
+  std::string why;
   int rank = 0, nRanks = 0;
   int nTensors = 0;
   std::vector<std::string> names;
@@ -66,6 +77,86 @@ void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<ch
     for (int pos = 0; pos < tp.dst.mesh.size(); pos++)
       if (tp.dst.mesh.ranks[pos] == rank && !dg.boxOfPosition(pos).empty()) (*dst)[t] = 1;
   }
+}
+
+// The watchdog's action: the exchanges of `plan` did not finish in time. Aborting the plan's communicator ends its
+// NCCL kernels (and a host call blocked inside NCCL); the plan then refuses every call.
+void abortExchanges(ncclM2nPlan* plan, const char* what) {
+  std::lock_guard<std::mutex> lock(plan->mu);
+  if (plan->aborted) return;
+  char msg[512];
+  snprintf(msg, sizeof(msg),
+           "%s: the plan's exchanges did not finish within %.1f s (a peer that died or never executes): its "
+           "communicator was aborted, destination tensors may hold partial data; destroy the plan",
+           what, plan->timeoutSeconds);
+  plan->why = msg;
+  plan->aborted = true;
+  cudaSetDevice(plan->device);
+  ncclCommAbort(plan->p2p);
+}
+
+// NCCL connects a pair at its first point-to-point call, and that call blocks the host until the peer takes part.
+// One byte each way with every peer of the plan, now, under the watchdog: a dead peer ends plan creation with an
+// error within the budget, and an execute never connects (its enqueue never waits for a peer).
+ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream);
+
+// Watches the work enqueued on `stream` so far: done when an event recorded now completes.
+void watchStream(ncclM2nPlan* plan, cudaStream_t stream, const char* what) {
+  cudaEvent_t ev = nullptr;
+  if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(ev, stream) != cudaSuccess) {
+    if (ev) cudaEventDestroy(ev);
+    return;  // nothing to watch with; the stream's own error reaches the caller
+  }
+  struct Event {
+    cudaEvent_t e;
+    int device;
+    ~Event() {
+      cudaSetDevice(device);
+      cudaEventDestroy(e);
+    }
+  };
+  std::shared_ptr<Event> event(new Event{ev, plan->device});  // destroyed with the watch's last probe
+  ncclext::Watchdog::instance().add(
+      plan, plan->timeoutSeconds,
+      [event] {
+        cudaSetDevice(event->device);
+        return cudaEventQuery(event->e) != cudaErrorNotReady;  // done, or failed: nothing left to wait for
+      },
+      [plan, what] { abortExchanges(plan, what); });
+}
+
+ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream) {
+  std::vector<char> sendTo(plan->nRanks, 0), recvFrom(plan->nRanks, 0);
+  for (const DirectOp& op : plan->tables.direct) (op.send ? sendTo : recvFrom)[op.peer] = 1;
+  for (const P2pOp& op : plan->tables.ops) (op.send ? sendTo : recvFrom)[op.peer] = 1;
+  bool any = false;
+  for (int r = 0; r < plan->nRanks; r++) any = any || sendTo[r] || recvFrom[r];
+  if (!any) return ncclSuccess;
+  char* bytes = nullptr;
+  NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * (size_t)plan->nRanks, stream));
+  const uint64_t watch = ncclext::Watchdog::instance().add(
+      plan, plan->timeoutSeconds, [] { return false; },
+      [plan] { abortExchanges(plan, "ncclM2nPlanCreate (connecting to the plan's peers)"); });
+  ncclResult_t res = ncclGroupStart();
+  for (int r = 0; r < plan->nRanks && res == ncclSuccess; r++) {
+    if (sendTo[r]) res = ncclSend(bytes + r, 1, ncclUint8, r, plan->p2p, stream);
+    if (recvFrom[r] && res == ncclSuccess) res = ncclRecv(bytes + plan->nRanks + r, 1, ncclUint8, r, plan->p2p, stream);
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  // The host call returned: the rest is device work, which the stream wait bounds.
+  ncclext::Watchdog::instance().setProbe(watch, [] { return true; });
+  if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+  if (res != ncclSuccess || ended != ncclSuccess)
+    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                         "ncclM2nPlanCreate: connecting to the plan's peers: %s", ncclGetLastError(plan->p2p));
+  const ncclResult_t waited = ncclext::waitStream(stream, plan->timeoutSeconds, "ncclM2nPlanCreate (connecting)");
+  if (waited != ncclSuccess) {
+    abortExchanges(plan, "ncclM2nPlanCreate (connecting to the plan's peers)");  // its kernels must not outlive it
+    return waited;
+  }
+  cudaFreeAsync(bytes, stream);
+  return ncclSuccess;
 }
 
 }  // namespace
@@ -134,6 +225,13 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
                            "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
 
+  // Every rank agreed: the plan's own communicator (blocking, whatever the caller's is).
+  plan->timeoutSeconds = o.timeoutSeconds;
+  NCCLEXT_CUDA(cudaGetDevice(&plan->device));
+  ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
+  splitConfig.blocking = 1;
+  NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &plan->p2p, &splitConfig));
+
   // The same batch everywhere: plan this rank's part with the NVLink domains NCCL found.
   p.options.domainOfRank.resize(n);
   for (int r = 0; r < n; r++) p.options.domainOfRank[r] = all[r].domain;
@@ -165,6 +263,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
     NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->src), sizeof(void*) * plan->nTensors));
     NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->dst), sizeof(void*) * plan->nTensors));
   }
+  NCCLEXT_CHECK(connectPeers(plan.get(), stream));
   *out = plan.release();
   return ncclSuccess;
 }
@@ -178,6 +277,10 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
                 "ncclM2nExecute: rank %d holds part of tensor %d (%s)'s destination, but its dst pointer is NULL",
                 plan->rank, t, plan->names[t].c_str());
   }
+  // The watchdog aborts p2p under the same lock: no NCCL call of ours meets a freed communicator. The enqueue does
+  // not wait for peers (plan creation connected them), so the lock is held only as long as the launches take.
+  std::lock_guard<std::mutex> lock(plan->mu);
+  if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
   const ExecTables& x = plan->tables;
   NCCLEXT_CHECK(launchSetPointers(plan->src, src, plan->nTensors, stream));
   NCCLEXT_CHECK(launchSetPointers(const_cast<const void**>(plan->dst), const_cast<const void* const*>(dst),
@@ -185,6 +288,18 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
   char* const* d = reinterpret_cast<char* const*>(plan->dst);
   NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, (int64_t)plan->copySegs.size(), s, d, stream));
+  if (x.direct.empty() && x.rounds.empty()) return ncclSuccess;  // local copies only: nothing to watch
+  // Whatever happens below, what was enqueued is watched (a capture is not: its replays run later, unwatched).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capture);
+  struct Watch {
+    ncclM2nPlan* plan;
+    cudaStream_t stream;
+    bool on;
+    ~Watch() {
+      if (on) watchStream(plan, stream, "ncclM2nExecute");
+    }
+  } watch{plan, stream, capture == cudaStreamCaptureStatusNone};
   if (!x.direct.empty()) {  // straight from and into the tensors (host pointers: the call's own arrays)
     NCCLEXT_NCCL(ncclGroupStart());
     ncclResult_t res = ncclSuccess;
@@ -192,14 +307,14 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
       const DirectOp& op = x.direct[i];
       const MoveDesc& md = op.send ? x.sends[op.desc] : x.recvs[op.desc];
       res = op.send ? ncclSend(static_cast<const char*>(src[op.tensor]) + op.offset * md.elemBytes,
-                               (size_t)op.bytes, ncclUint8, op.peer, plan->comm, stream)
+                               (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream)
                     : ncclRecv(static_cast<char*>(dst[op.tensor]) + op.offset * md.elemBytes, (size_t)op.bytes,
-                               ncclUint8, op.peer, plan->comm, stream);
+                               ncclUint8, op.peer, plan->p2p, stream);
     }
     const ncclResult_t ended = ncclGroupEnd();
     if (res != ncclSuccess || ended != ncclSuccess)
       return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                           "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(plan->comm));
+                           "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(plan->p2p));
   }
   for (const ExecRound& r : x.rounds) {
     NCCLEXT_CHECK(
@@ -209,21 +324,28 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     for (uint32_t i = r.opBegin; i < r.opEnd && res == ncclSuccess; i++) {
       const P2pOp& op = x.ops[i];
       char* at = plan->staging + op.stageOffset;
-      res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, plan->comm, stream)
-                    : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, plan->comm, stream);
+      res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream)
+                    : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream);
     }
     const ncclResult_t ended = ncclGroupEnd();
     if (res != ncclSuccess || ended != ncclSuccess)
       return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                           "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(plan->comm));
+                           "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(plan->p2p));
     NCCLEXT_CHECK(launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, plan->staging,
                                d, stream));
   }
   return ncclSuccess;
 }
 
+ncclResult_t asyncError(ncclM2nPlan* plan) {
+  if (!plan->aborted) return ncclSuccess;
+  return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+}
+
 void destroyPlan(ncclM2nPlan* plan) {
   if (!plan) return;
+  ncclext::Watchdog::instance().removeOwner(plan);  // after it, no action of the watchdog touches the plan
+  if (plan->p2p && !plan->aborted) ncclCommDestroy(plan->p2p);  // an aborted one is gone already
   for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,
                   (void*)plan->pack, (void*)plan->unpack, (void*)plan->staging, (void*)plan->src, (void*)plan->dst})
     if (p) cudaFree(p);

@@ -28,6 +28,8 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& problem, const std::string& l
                         ncclM2nPlan** out);
 ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst, cudaStream_t stream);
 void destroyPlan(ncclM2nPlan* plan);
+// ncclSuccess, or ncclRemoteError (with the text) once the watchdog aborted the plan's exchanges.
+ncclResult_t asyncError(ncclM2nPlan* plan);
 
 
 }  // namespace ncclm2n

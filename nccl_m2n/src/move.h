@@ -142,8 +142,8 @@ NCCLM2N_HD void moveEnds(const MoveDesc& d, const MoveSegment& g, int64_t e, con
 // Thread `tid`'s share (of a team of `nThreads`, a multiple of 32: a CTA) of segment g of box d. When the box's
 // innermost dim is contiguous on its strided side(s) (after coalesce(), a dense box is one such dim) and nothing is
 // converted, the segment is a list of byte runs, one per row: runs of at least 4 KB take the whole team each,
-// shorter ones a warp each. Otherwise the threads take single elements (converting them). The threads write disjoint bytes, so the host emulator may run the
-// shares one after another.
+// shorter ones a warp each. Otherwise the threads take single elements (converting them). The threads write
+// disjoint bytes, so the host emulator may run the shares one after another.
 template <int K>
 NCCLM2N_HD void moveSegmentShare(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, int tid, int nThreads) {
   const int last = d.ndims - 1;

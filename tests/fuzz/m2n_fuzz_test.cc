@@ -903,6 +903,8 @@ TEST(M2nFuzz, ExecutionPlanArguments) {
     c.expectRejected(e, "ncclM2nExecute", "plan NULL");
     if (c.call(Lib::kM2n, "ncclM2nPlanDestroy", [&] { return ncclM2nPlanDestroy(nullptr); }) != ncclSuccess)
       c.fail("ncclM2nPlanDestroy(NULL) failed");
+    c.expectRejected(c.call(Lib::kM2n, "ncclM2nPlanGetAsyncError", [&] { return ncclM2nPlanGetAsyncError(nullptr); }),
+                     "ncclM2nPlanGetAsyncError", "plan NULL");
     // The one-shot reshard: a NULL spec, or (with a spec) the NULL communicator or the bad config, refused.
     ncclM2nTensorSpec_t spec = {"t", nullptr, nullptr};
     const bool nullSpec = rng.chance(1, 2);

@@ -10,15 +10,21 @@
 // which every rank must refuse with a message naming that tensor. Every fifth batch's first tensor also goes through
 // the one-shot ncclM2nReshard.
 //
+// --dead-peer: see runDeadPeer (the watchdog that bounds an execute whose peer died).
+//
 // Usage: m2n_exec_test [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE]
+//                      [--dead-peer --timeout-s S]
 // Exit: 0 pass, 1 fail, 77 no GPU. (Virtual ranks: the executor needs NCCL point-to-point between ranks.)
 #include <getopt.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/device_status.h"
@@ -36,6 +42,8 @@ using namespace ncclm2n;
 
 struct Options {
   int nRanks = 0, cases = 120;
+  bool deadPeer = false;
+  double timeoutSeconds = 3;  // --dead-peer: the plan's budget
   uint64_t seed = 0;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   std::string json;
@@ -313,6 +321,80 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   return pass ? 0 : 1;
 }
 
+// --dead-peer: the last rank, the only source of a tensor every rank receives a part of, dies (SIGKILL) right after
+// plan creation. Each survivor's execute must end within the budget: the watchdog aborts the plan's communicator,
+// ncclM2nPlanGetAsyncError says so, the stream drains and the plan is destroyed; the caller's communicator stays.
+int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
+  const int victim = ctx.nRanks - 1;
+  Batch b;
+  TensorPair tp;
+  tp.name = "w";
+  tp.src.globalShape = tp.dst.globalShape = {256, 64};
+  tp.src.dtype = tp.dst.dtype = ncclFloat32;
+  tp.src.mesh.dims = {1};
+  tp.src.mesh.ranks = {victim};
+  tp.src.placements = {kReplicate};
+  tp.dst.mesh.dims = {ctx.nRanks};
+  for (int r = 0; r < ctx.nRanks; r++) tp.dst.mesh.ranks.push_back(r);
+  tp.dst.placements = {0};
+  b.p.nRanks = ctx.nRanks;
+  b.p.tensors.push_back(tp);
+  b.build();
+  ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+  cfg.timeoutSeconds = o.timeoutSeconds;
+  ncclM2nPlan_t plan = nullptr;
+  if (ncclM2nPlanCreate(&plan, ctx.comm, 1, b.specs.data(), &cfg) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
+    return 1;
+  }
+  Locals L;
+  L.stream = ctx.stream;
+  L.srcHost.resize(1);
+  L.dstHost.resize(1);
+  L.srcDev.assign(1, nullptr);
+  L.dstDev.assign(1, nullptr);
+  if (!fillSources(b.p, ctx.rank, 1, &L) || !poisonDestinations(b.p, ctx.rank, &L)) return 1;
+  if (ctx.rank == victim) {
+    fprintf(stderr, "rank %d: dying now, after plan creation\n", ctx.rank);
+    fflush(stderr);
+    kill(getpid(), SIGKILL);
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const ncclResult_t enq =
+      ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(), ctx.stream);
+  ncclResult_t seen = enq;
+  const double bound = o.timeoutSeconds + ncclext::kHostMarginSeconds + 2;
+  while (seen == ncclSuccess && std::chrono::duration<double>(Clock::now() - t0).count() < bound) {
+    seen = ncclM2nPlanGetAsyncError(plan);
+    if (seen == ncclSuccess) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double noticed = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string msg = ncclM2nGetLastError();
+  const ncclResult_t drained = ncclext::waitStream(ctx.stream, o.timeoutSeconds, "m2n dead-peer teardown");
+  const ncclResult_t again = ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(),
+                                            ctx.stream);  // refused at once: the plan is broken
+  if (drained == ncclSuccess) ncclM2nPlanDestroy(plan);
+  ctx.peerDied = true;
+  const bool ok = enq == ncclSuccess && seen == ncclRemoteError && noticed <= bound && drained == ncclSuccess &&
+                  again == ncclRemoteError && msg.find("aborted") != std::string::npos;
+  printf("rank %d: dead peer (%s, %d ranks): %s after %.2f s (budget %.1f s, bound %.1f s): \"%s\"; stream %s; "
+         "a later execute -> %s -> %s\n",
+         ctx.rank, ncclext::harness::oneGpuName(ctx.mode), ctx.nRanks, ncclGetErrorString(seen), noticed,
+         o.timeoutSeconds, bound, msg.c_str(), drained == ncclSuccess ? "drained" : "NOT drained",
+         ncclGetErrorString(again), ok ? "PASS" : "FAIL");
+  if (ctx.rank == 0 && !o.json.empty()) {
+    if (FILE* f = fopen(o.json.c_str(), "a")) {
+      fprintf(f,
+              "{\"test\": \"m2n_dead_peer\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, "
+              "\"noticed_s\": %.3f, \"budget_s\": %.3f}\n",
+              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", noticed, o.timeoutSeconds);
+      fclose(f);
+    }
+  }
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -323,6 +405,8 @@ int main(int argc, char** argv) {
                                  {"cases", required_argument, nullptr, 'c'},
                                  {"seed", required_argument, nullptr, 's'},
                                  {"json", required_argument, nullptr, 'j'},
+                                 {"dead-peer", no_argument, nullptr, 'd'},
+                                 {"timeout-s", required_argument, nullptr, 't'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
   bool ok = true;
@@ -332,15 +416,21 @@ int main(int argc, char** argv) {
     else if (c == 'c') o.cases = atoi(optarg);
     else if (c == 's') o.seed = strtoull(optarg, nullptr, 0);
     else if (c == 'j') o.json = optarg;
+    else if (c == 'd') o.deadPeer = true;
+    else if (c == 't') o.timeoutSeconds = atof(optarg);
     else ok = false;
   }
-  if (!ok || o.cases < 1 || o.oneGpu == ncclext::harness::OneGpu::kVirtual) {
-    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE]\n", argv[0]);
+  if (!ok || o.cases < 1 || o.oneGpu == ncclext::harness::OneGpu::kVirtual || (o.deadPeer && o.nRanks < 2) ||
+      o.timeoutSeconds <= 0) {
+    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE] "
+            "[--dead-peer --timeout-s S (N >= 2)]\n", argv[0]);
     return 2;
   }
   printf("m2n_exec_test: seed %llu\n", (unsigned long long)o.seed);
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;
-  return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) { return body(ctx, o); });
+  if (o.deadPeer) lo.mayDie = o.nRanks - 1;
+  return ncclext::harness::launch(
+      lo, [&](ncclext::harness::RankContext& ctx) { return o.deadPeer ? runDeadPeer(ctx, o) : body(ctx, o); });
 }

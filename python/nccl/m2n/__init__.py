@@ -98,6 +98,7 @@ _SIGNATURES = {
                           ctypes.POINTER(_ExecConfig)],
     "ncclM2nExecute": [_P, ctypes.POINTER(_P), ctypes.POINTER(_P), _P],
     "ncclM2nPlanDestroy": [_P],
+    "ncclM2nPlanGetAsyncError": [_P],
 }
 
 
@@ -429,6 +430,13 @@ class Plan:
         st = torch.cuda.current_stream() if stream is None else stream
         _call("ncclM2nExecute", self._h, s, d, ctypes.c_void_p(st.cuda_stream))
         self._alive = (src, dst)
+
+    def check(self) -> None:
+        """Raises NcclRemoteError once an execute's exchanges outlived the plan's timeout (a peer that died or never
+        executes): the plan's own communicator was aborted, destinations may hold partial data. Local, never blocks."""
+        if not self._h:
+            raise NcclInvalidArgument("Plan: used after close()")
+        _call("ncclM2nPlanGetAsyncError", self._h)
 
     def close(self) -> None:
         """Local (after the executes finished), then the communicator this plan made (collective)."""
