@@ -4,6 +4,7 @@
 #include <nccl_device.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -24,7 +25,7 @@ struct ncclM2nPlan {
   ncclComm_t p2p = nullptr;
   int device = 0;
   double timeoutSeconds = 0;
-  std::mutex mu;                     // an execute's enqueue against the watchdog's abort
+  std::timed_mutex mu;               // one NCCL group's enqueue against the watchdog's abort
   std::atomic<bool> aborted{false};  // p2p is gone: every later call fails with `why`
   std::string why;
   int rank = 0, nRanks = 0;
@@ -82,7 +83,10 @@ void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<ch
 // The watchdog's action: the exchanges of `plan` did not finish in time. Aborting the plan's communicator ends its
 // NCCL kernels (and a host call blocked inside NCCL); the plan then refuses every call.
 void abortExchanges(ncclM2nPlan* plan, const char* what) {
-  std::lock_guard<std::mutex> lock(plan->mu);
+  // An enqueue holds the lock for one NCCL group. If it does not let go within a second, it is blocked inside NCCL
+  // on this communicator, which is what ncclCommAbort from another thread is for: abort without the lock.
+  std::unique_lock<std::timed_mutex> lock(plan->mu, std::defer_lock);
+  (void)lock.try_lock_for(std::chrono::seconds(1));
   if (plan->aborted) return;
   char msg[512];
   snprintf(msg, sizeof(msg),
@@ -277,9 +281,6 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
                 "ncclM2nExecute: rank %d holds part of tensor %d (%s)'s destination, but its dst pointer is NULL",
                 plan->rank, t, plan->names[t].c_str());
   }
-  // The watchdog aborts p2p under the same lock: no NCCL call of ours meets a freed communicator. The enqueue does
-  // not wait for peers (plan creation connected them), so the lock is held only as long as the launches take.
-  std::lock_guard<std::mutex> lock(plan->mu);
   if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
   const ExecTables& x = plan->tables;
   NCCLEXT_CHECK(launchSetPointers(plan->src, src, plan->nTensors, stream));
@@ -300,7 +301,11 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
       if (on) watchStream(plan, stream, "ncclM2nExecute");
     }
   } watch{plan, stream, capture == cudaStreamCaptureStatusNone};
+  // Each NCCL group is enqueued under the plan's lock, which the watchdog takes to abort p2p: no group of ours
+  // starts on a freed communicator. Plan creation connected every peer, so an enqueue does not wait for one.
   if (!x.direct.empty()) {  // straight from and into the tensors (host pointers: the call's own arrays)
+    std::lock_guard<std::timed_mutex> group(plan->mu);
+    if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
     NCCLEXT_NCCL(ncclGroupStart());
     ncclResult_t res = ncclSuccess;
     for (size_t i = 0; i < x.direct.size() && res == ncclSuccess; i++) {
@@ -319,18 +324,22 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   for (const ExecRound& r : x.rounds) {
     NCCLEXT_CHECK(
         launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, plan->staging, stream));
-    NCCLEXT_NCCL(ncclGroupStart());
-    ncclResult_t res = ncclSuccess;
-    for (uint32_t i = r.opBegin; i < r.opEnd && res == ncclSuccess; i++) {
-      const P2pOp& op = x.ops[i];
-      char* at = plan->staging + op.stageOffset;
-      res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream)
-                    : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream);
+    {
+      std::lock_guard<std::timed_mutex> group(plan->mu);
+      if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+      NCCLEXT_NCCL(ncclGroupStart());
+      ncclResult_t res = ncclSuccess;
+      for (uint32_t i = r.opBegin; i < r.opEnd && res == ncclSuccess; i++) {
+        const P2pOp& op = x.ops[i];
+        char* at = plan->staging + op.stageOffset;
+        res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream)
+                      : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream);
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      if (res != ncclSuccess || ended != ncclSuccess)
+        return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                             "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(plan->p2p));
     }
-    const ncclResult_t ended = ncclGroupEnd();
-    if (res != ncclSuccess || ended != ncclSuccess)
-      return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                           "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(plan->p2p));
     NCCLEXT_CHECK(launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, plan->staging,
                                d, stream));
   }
