@@ -14,11 +14,14 @@ is local copies, so the overhead is measured against the smallest GPU time it wi
 
 import argparse
 import ctypes
-import json
 import os
-import statistics
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+from _launch import append_json, start  # noqa: E402
+from _timing import host_and_wall  # noqa: E402
 
 
 def main():
@@ -30,7 +33,7 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    start(False, backend="gloo")  # one process, GPU 0
     import torch
     import torch.distributed as dist
 
@@ -38,30 +41,11 @@ def main():
     import nccl.ep.ops as epops
     from nccl._ext.tensor import describe
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29688")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(0)
     counts = [int(t) for t in a.tokens.split(",")]
     H, K, E = a.hidden, a.topk, a.experts
     group = ep.Group(num_experts=E, max_tokens_per_rank=max(counts), hidden=H, max_topk=K)
     stream = torch.cuda.current_stream()
     rows_out = []
-
-    def timed(fn):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        walls, hosts = [], []
-        for _ in range(a.iters):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            walls.append((time.perf_counter() - t0) * 1e6)
-            hosts.append((t1 - t0) * 1e6)
-        return statistics.median(walls), statistics.median(hosts)
 
     ok = True
     for T in counts:
@@ -100,7 +84,7 @@ def main():
 
         row = {"tokens": T}
         for name, fn in (("c", c_pair), ("python", python_pair), ("ops", ops_pair)):
-            wall, host = timed(fn)
+            wall, host = host_and_wall(fn, a.iters, warmup=5)
             row[name] = {"wall_us": wall, "enqueue_us": host}
         sent = (idx >= 0).any(dim=1)
         # Each path once more on poisoned outputs: at 1 rank each sent token's one row comes back as it went.
@@ -123,9 +107,7 @@ def main():
     result = {"test": "ep_python_overhead", "pass": ok, "gpu": torch.cuda.get_device_name(0), "ranks": 1,
               "hidden": H, "topk": K, "experts": E, "iters": a.iters, "rows": rows_out}
     print("ep_python_overhead: results %s" % ("equal" if ok else "DIFFER"))
-    if a.json:
-        with open(a.json, "a") as f:
-            f.write(json.dumps(result) + "\n")
+    append_json(a.json, result)
     dist.destroy_process_group()
     return 0 if ok else 1
 

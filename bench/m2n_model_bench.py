@@ -17,15 +17,14 @@ transport, not NVLink (the 2-GPU issue owns the NVLink numbers). Rank 0 prints o
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from _launch import append_json, start  # noqa: E402
+from _timing import host_and_wall  # noqa: E402
 from m2n_python_overhead import expand  # noqa: E402
 
 
@@ -58,18 +57,8 @@ def main():
             local[name] = torch.full(shape, float("nan"), device=device, dtype=torch.bfloat16)
     total = sum(torch.Size(shape).numel() * 2 for _, shape in tensors)
 
-    def timed(fn):
-        fn()  # warm-up
-        torch.cuda.synchronize()
-        dist.barrier()
-        times = []
-        for _ in range(a.iters):
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            dist.barrier()
-        return statistics.median(times)
+    def timed(fn):  # seconds, median; every rank starts each repetition together
+        return host_and_wall(fn, a.iters, warmup=1, between=dist.barrier)[0] / 1e6
 
     batch = [(name, m2n.Layout(shape, torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE]),
               m2n.Layout(shape, torch.bfloat16, mesh=[1], placements=[m2n.REPLICATE])) for name, shape in tensors]

@@ -9,7 +9,7 @@ Times, each the median of --iters CUDA-synchronised calls after 2 warm-ups:
   checked   Plan.execute with new list objects of new tensor views every call (every shape, stride and dtype
             checked again);
   torch_copy the baseline: dst.copy_(src) for every tensor (torch's device copies);
-and the host time of enqueueing alone (no synchronisation) for each. Overhead = (python - c) / c. The result
+and the host time of enqueueing each call on an idle GPU (bench/_timing.py). Overhead = (python - c) / c. The result
 checked (every tensor, bit-exact) is one execute's into NaN-poisoned destinations. `--scale k`
 divides every dimension above 1024 by k (a smaller GPU). Bytes: each tensor's bytes once (read once, written once).
 """
@@ -18,11 +18,14 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+from _launch import append_json, start  # noqa: E402
+from _timing import host_and_wall  # noqa: E402
 
 
 def expand(config, scale):
@@ -35,24 +38,6 @@ def expand(config, scale):
     return out
 
 
-def timed(fn, iters, sync):
-    import torch
-
-    walls, hosts = [], []
-    for i in range(iters + 2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        if sync:
-            torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        if i >= 2:
-            walls.append((t2 - t0) * 1e6)
-            hosts.append((t1 - t0) * 1e6)
-    return statistics.median(walls), statistics.median(hosts)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=os.path.join(ROOT, "bench", "configs", "qwen3-32b.json"))
@@ -60,16 +45,12 @@ def main():
     ap.add_argument("--scale", type=int, default=1)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    start(False, backend="gloo")  # one process, GPU 0
     import torch
     import torch.distributed as dist
 
     import nccl.m2n as m2n
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29677")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(0)
     config = json.load(open(a.config))
     tensors = expand(config, a.scale)
     src, dst, batch = {}, {}, []
@@ -103,8 +84,7 @@ def main():
         rows = {}
         for what, fn in (("c", c_call), ("python", lambda: plan.execute(src, dst)), ("checked", checked_call),
                          ("torch_copy", torch_copy)):
-            wall, _ = timed(fn, a.iters, sync=True)
-            _, host = timed(fn, a.iters, sync=False)
+            wall, host = host_and_wall(fn, a.iters)
             rows[what] = {"wall_us": wall, "enqueue_us": host}
         for k in names:  # poison, then one execute: the result checked is the executor's, not torch's copy
             dst[k].fill_(float("nan"))
@@ -125,9 +105,7 @@ def main():
     print("  overhead: python %+.2f%%, checked %+.2f%%; copy %.0f GB/s (torch's copy_ %.0f GB/s); results %s" % (
         100 * result["overhead_python"], 100 * result["overhead_checked"], result["copy_GBps"],
         result["torch_copy_GBps"], "equal" if ok else "DIFFER"))
-    if a.json:
-        with open(a.json, "a") as f:
-            f.write(json.dumps(result) + "\n")
+    append_json(a.json, result)
     dist.destroy_process_group()
     return 0 if ok else 1
 
