@@ -10,8 +10,10 @@ With 8 or more ranks the sides are disjoint, with 4 to 7 co-located; ranks past 
 Trainer placements: dim 0 sharded over the FSDP axis, then the TP axis shards column-parallel weights (q, k, v,
 gate, up, embeddings, lm_head) by rows and row-parallel ones (o, down) by columns; norms are replicated over TP.
 (FSDP2 itself writes such a nesting as _StridedShard, which nccl.m2n refuses for now.) Inference: column-parallel
-weights Shard(0), row-parallel Shard(1), norms Replicate, over 4 ranks. Every rank builds the same full weights
-from one seed; after each sync every inference shard must equal its slice of the trainer's current full weights.
+weights Shard(0), row-parallel Shard(1), norms Replicate, over 4 ranks; q, k, v and gate, up are row blocks of one
+fused parameter per layer (qkv_proj, gate_up_proj), as vLLM holds them: each part's destination is a view of it.
+Every rank builds the same full weights from one seed; after each sync every inference shard must equal its slice
+of the trainer's current full weights, and no fused parameter may keep a poisoned row.
 A "training step" adds the step number to every trainer weight in place. Exits 0 when every check passes.
 """
 
@@ -54,6 +56,42 @@ def kind(name):
     return "column" if any(k in name for k in COLUMN) else "row" if any(k in name for k in ROW) else "norm"
 
 
+FUSED = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
+
+
+def fused_place(name):
+    """(the fused parameter's name, this part's place in it) for a part of one, else (None, -1)."""
+    for fused_as, parts in FUSED:
+        for i, part in enumerate(parts):
+            if "." + part + "." in name:
+                return name.replace(part, fused_as), i
+    return None, -1
+
+
+def fuse(shapes_and_layouts, device):
+    """The inference side's tensors: q/k/v of a layer as row blocks of one qkv_proj parameter and gate/up as row
+    blocks of one gate_up_proj (as vLLM holds them), every other tensor on its own; all NaN-poisoned. Returns
+    ({name: (tensor or view, layout)}, {fused name: parameter})."""
+    out, groups = {}, {}
+    for name, (shape, lay) in shapes_and_layouts.items():
+        fused_name, place = fused_place(name)
+        if fused_name is None:
+            out[name] = (torch.full(shape, float("nan"), dtype=torch.bfloat16, device=device), lay)
+        else:
+            groups.setdefault(fused_name, []).append((place, name, shape, lay))
+    fused = {}
+    for fused_name, parts in groups.items():
+        parts.sort()
+        param = torch.full((sum(shape[0] for _, _, shape, _ in parts), parts[0][2][1]), float("nan"),
+                           dtype=torch.bfloat16, device=device)
+        fused[fused_name] = param
+        at = 0
+        for _, name, shape, lay in parts:
+            out[name] = (param[at:at + shape[0]], lay)  # a contiguous row block, written in place
+            at += shape[0]
+    return out, fused
+
+
 def local_slice(full, layout, rank):
     off, shp = layout.local_box(rank)
     return full[tuple(slice(o, o + n) for o, n in zip(off, shp))]
@@ -93,8 +131,10 @@ def main():
         if rank in infer_ranks:  # vLLM names without the "model." prefix; its own TP layout
             ip = [Shard(0)] if k == "column" else [Shard(1)] if k == "row" else [Replicate()]
             lay = m2n.Layout.from_device_mesh(imesh, ip, full.shape, torch.bfloat16)
-            y = torch.full(lay.local_box(rank)[1], float("nan"), dtype=torch.bfloat16, device=device)
-            inference[name.removeprefix("model.")] = (y, lay)
+            inference[name.removeprefix("model.")] = (lay.local_box(rank)[1], lay)
+    fused = {}
+    if rank in infer_ranks:  # vLLM fuses q, k, v and gate, up into one parameter: each part is a view of it
+        inference, fused = fuse(inference, device)
 
     ok = True
     with m2n.WeightSync(timeout_s=60) as ws:
@@ -110,6 +150,7 @@ def main():
             bad = [n for n, (y, lay) in inference.items()
                    if not torch.equal(y.cpu(), local_slice(fulls[n if n.startswith("lm_head") else "model." + n],
                                                            lay, rank))]
+            bad += [n for n, param in fused.items() if bool(torch.isnan(param).any())]  # every row block written
             flag = torch.tensor([len(bad)], device=device)
             dist.all_reduce(flag)
             ok = ok and int(flag) == 0
