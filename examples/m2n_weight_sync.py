@@ -7,9 +7,9 @@ FSDP(2) x TP(2) mesh sends its weights after every step to inference ranks holdi
 
 With 8 or more ranks the sides are disjoint, with 4 to 7 co-located; ranks past them hold nothing and take part.
 
-Trainer placements: dim 0 sharded over the FSDP axis, then the TP axis shards column-parallel weights (q, k, v,
-gate, up, embeddings, lm_head) by rows and row-parallel ones (o, down) by columns; norms are replicated over TP.
-(FSDP2 itself writes such a nesting as _StridedShard, which nccl.m2n refuses for now.) Inference: column-parallel
+Trainer placements, as FSDP2 + TP writes them: TP shards column-parallel weights (q, k, v, gate, up, embeddings,
+lm_head) by rows and FSDP then shards each TP shard by rows again ([_StridedShard(0, split_factor=2), Shard(0)]);
+row-parallel weights (o, down) are [Shard(0), Shard(1)]; norms [Shard(0), Replicate()]. Inference: column-parallel
 weights Shard(0), row-parallel Shard(1), norms Replicate, over 4 ranks; q, k, v and gate, up are row blocks of one
 fused parameter per layer (qkv_proj, gate_up_proj), as vLLM holds them: each part's destination is a view of it.
 Every rank builds the same full weights from one seed; after each sync every inference shard must equal its slice
@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
+from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 
 import nccl.m2n as m2n  # noqa: E402
 from _launch import append_json, start  # noqa: E402
@@ -122,11 +123,12 @@ def main():
     trainer, inference = {}, {}
     for name, full in fulls.items():
         k = kind(name)
-        tp = Shard(0) if k == "column" else Shard(1) if k == "row" else Replicate()
+        placements = ([_StridedShard(0, split_factor=2), Shard(0)] if k == "column" else
+                      [Shard(0), Shard(1)] if k == "row" else [Shard(0), Replicate()])
         if rank in trainer_ranks:
-            lay = m2n.Layout.from_device_mesh(tmesh, [Shard(0), tp], full.shape, torch.bfloat16)
+            lay = m2n.Layout.from_device_mesh(tmesh, placements, full.shape, torch.bfloat16)
             local = local_slice(full, lay, rank).contiguous().to(device)
-            trainer[name] = DTensor.from_local(local, tmesh, [Shard(0), tp], run_check=False, shape=full.shape,
+            trainer[name] = DTensor.from_local(local, tmesh, placements, run_check=False, shape=full.shape,
                                                stride=full.stride())
         if rank in infer_ranks:  # vLLM names without the "model." prefix; its own TP layout
             ip = [Shard(0)] if k == "column" else [Shard(1)] if k == "row" else [Replicate()]

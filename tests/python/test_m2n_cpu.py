@@ -65,10 +65,53 @@ def test_local_boxes_match_dtensor(fake_world):
 
 
 def test_unsupported_placements_are_named(fake_world):
+    from torch.distributed.tensor.placement_types import _StridedShard
+
     _as_rank(0)
     dm = DeviceMesh("cpu", torch.arange(WORLD))
     with pytest.raises(NotImplementedError, match="Partial placement"):
         m2n.Layout.from_device_mesh(dm, [Partial()], (8, 8), torch.float32)
+    dm2 = DeviceMesh("cpu", torch.arange(WORLD).view(2, 4))
+    for placements in ([_StridedShard(0, split_factor=2), Shard(0)],  # split factor is not the later axis' size
+                       [_StridedShard(0, split_factor=4), Shard(1)],  # the later axis shards another dim
+                       [Shard(0), _StridedShard(0, split_factor=4)]):  # no later axis completes it
+        with pytest.raises(NotImplementedError, match="_StridedShard"):
+            m2n.Layout.from_device_mesh(dm2, placements, (8, 8), torch.float32)
+
+
+def test_fsdp2_tp_strided_shards_match_dtensor(fake_world):
+    """FSDP2 + TP (and HSDP + TP) write dim-0 sharding as _StridedShard(0, split_factor=tp) on the FSDP axis and
+    Shard(0) on the TP axis: every rank's box against DTensor's own, even and uneven sizes."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    cases = [((2, 4), [_StridedShard(0, split_factor=4), Shard(0)]),
+             ((4, 2), [_StridedShard(0, split_factor=2), Shard(0)]),
+             ((2, 4), [_StridedShard(1, split_factor=4), Shard(1)]),
+             ((2, 2, 2), [Replicate(), _StridedShard(0, split_factor=2), Shard(0)]),
+             ((2, 2, 2), [_StridedShard(0, split_factor=2), Replicate(), Shard(0)]),
+             ((2, 2, 2), [_StridedShard(0, split_factor=2), Shard(0), Shard(1)])]
+    checked = 0
+    for rank in range(WORLD):
+        _as_rank(rank)
+        for sizes, placements in cases:
+            dm = DeviceMesh("cpu", torch.arange(WORLD).view(sizes))
+            for shape in [(16, 8), (13, 7), (5, 11), (3, 3)]:
+                lay = m2n.Layout.from_device_mesh(dm, placements, shape, torch.float32)
+                local_shape, offset = compute_local_shape_and_global_offset(shape, dm, placements)
+                box = lay.local_box(rank)
+                assert box is not None and box[1] == tuple(local_shape), (sizes, placements, shape, rank, box)
+                if all(n > 0 for n in local_shape):
+                    assert box[0] == tuple(offset), (sizes, placements, shape, rank, box, offset)
+                checked += 1
+    assert checked == WORLD * len(cases) * 4
+    # Local strides are given per position of the DeviceMesh; they follow the ranks through the reordering.
+    dm = DeviceMesh("cpu", torch.arange(WORLD).view(2, 4))
+    strides = [(r + 1, 1) for r in range(WORLD)]
+    lay = m2n.Layout.from_device_mesh(dm, [_StridedShard(0, split_factor=4), Shard(0)], (16, 8), torch.float32,
+                                      local_strides=strides)
+    assert lay.mesh_ranks != list(range(WORLD))  # reordered
+    for r in range(WORLD):
+        assert lay.local_strides[lay.mesh_ranks.index(r)] == (r + 1, 1)
 
 
 def test_explicit_layouts_and_refusals():

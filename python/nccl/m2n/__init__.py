@@ -140,6 +140,43 @@ def _nested_shape_and_flat(mesh):
     return dims, flat
 
 
+def torch_arange_like(mesh):
+    """The mesh positions 0..n-1 in the mesh's shape (a tensor)."""
+    import torch
+
+    return torch.arange(mesh.numel()).view(tuple(mesh.shape))
+
+
+def _right_to_left(placements, sizes):
+    """(mesh axis order, placements) with FSDP2 + TP's _StridedShard rewritten: _StridedShard(d, split_factor=s) on
+    axis a, with Shard(d) on a later axis b of size s, means that DTensor shards d on b first and then on a (right to
+    left). Moving axis a just after b, with Shard(d) on both, gives the same box to every rank (checked against
+    DTensor's compute_local_shape_and_global_offset in tests/python/test_m2n_cpu.py). Any other _StridedShard raises
+    NotImplementedError."""
+    from torch.distributed.tensor import Shard
+
+    strided = [i for i, p in enumerate(placements) if type(p).__name__ == "_StridedShard"]
+    order = list(range(len(placements)))
+    if not strided:
+        return order, placements
+    if len(strided) > 1:
+        raise NotImplementedError("nccl.m2n: more than one _StridedShard placement (%s)" % (placements,))
+    a = strided[0]
+    d, s = placements[a].dim, placements[a].split_factor
+    later = [b for b in range(a + 1, len(placements)) if type(placements[b]) is Shard and placements[b].dim == d]
+    if len(later) != 1 or sizes[later[0]] != s or any(
+            getattr(placements[i], "dim", None) == d for i in range(a + 1, later[0])):
+        raise NotImplementedError("nccl.m2n: a _StridedShard placement other than FSDP2 + TP's (a later mesh axis "
+                                  "of size split_factor sharding the same dim): %s on mesh sizes %s"
+                                  % (placements, sizes))
+    b = later[0]
+    order.remove(a)
+    order.insert(order.index(b) + 1, a)
+    out = list(placements)
+    out[a] = Shard(d)
+    return order, [out[i] for i in order]
+
+
 def _dtype_code(dtype) -> int:
     return dtype if isinstance(dtype, int) else nccl_dtype(dtype)
 
@@ -204,14 +241,20 @@ class Layout:
     @classmethod
     def from_device_mesh(cls, device_mesh, placements, global_shape, dtype, local_strides=None) -> "Layout":
         """A DTensor's layout: its DeviceMesh (the global ranks of `device_mesh.mesh`) and placements (Shard,
-        Replicate). Partial (a pending reduction) and _StridedShard (FSDP2 + TP) raise NotImplementedError."""
+        Replicate, and FSDP2 + TP's _StridedShard where a later axis' Shard of the same dim completes it). Partial (a
+        pending reduction) raises NotImplementedError, and so does any other _StridedShard."""
         from torch.distributed.tensor import Partial, Replicate, Shard
 
         nd = len(global_shape)
+        mesh = device_mesh.mesh
+        order, placements = _right_to_left(list(placements), list(mesh.shape))
+        if order != list(range(len(order))):
+            mesh = mesh.permute(order)
+            if local_strides is not None:  # one per position, row-major over the mesh: follow the permutation
+                positions = torch_arange_like(device_mesh.mesh).permute(order).flatten().tolist()
+                local_strides = [local_strides[i] for i in positions]
         out = []
         for p in placements:
-            if type(p).__name__ == "_StridedShard":
-                raise NotImplementedError("nccl.m2n: _StridedShard placements (FSDP2 + TP) are not supported yet")
             if isinstance(p, Partial):
                 raise NotImplementedError("nccl.m2n: a Partial placement is a pending reduction, not a layout: "
                                           "redistribute it to Replicate or Shard first")
@@ -221,7 +264,7 @@ class Layout:
                 out.append(REPLICATE)
             else:
                 raise NotImplementedError("nccl.m2n: placement %r is not supported" % (p,))
-        return cls(global_shape, dtype, device_mesh.mesh, placements=out, local_strides=local_strides)
+        return cls(global_shape, dtype, mesh, placements=out, local_strides=local_strides)
 
     def to_dict(self) -> dict:
         """Plain data (for torch.distributed's object collectives); Layout.from_dict(d) makes it again."""
