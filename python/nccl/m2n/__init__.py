@@ -140,7 +140,7 @@ def _nested_shape_and_flat(mesh):
     return dims, flat
 
 
-def torch_arange_like(mesh):
+def _positions_like(mesh):
     """The mesh positions 0..n-1 in the mesh's shape (a tensor)."""
     import torch
 
@@ -251,7 +251,7 @@ class Layout:
         if order != list(range(len(order))):
             mesh = mesh.permute(order)
             if local_strides is not None:  # one per position, row-major over the mesh: follow the permutation
-                positions = torch_arange_like(device_mesh.mesh).permute(order).flatten().tolist()
+                positions = _positions_like(device_mesh.mesh).permute(order).flatten().tolist()
                 local_strides = [local_strides[i] for i in positions]
         out = []
         for p in placements:
