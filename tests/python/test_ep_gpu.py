@@ -1,8 +1,8 @@
 """nccl.ep on a GPU, 1 rank (a single-process torch.distributed group made here when none exists; under torchrun
 the launcher's). Against a torch reference on fresh random data, outputs poisoned by the library's own contract
 (rows past the receive count untouched); a CUDA graph of handle update + dispatch + combine replayed with new
-routings, and the torch.library ops compiled (fullgraph) against eager with their gradients (both NOT YET RUN on a
-GPU). Several ranks on one GPU need EP across NVLink domains (issue 12)."""
+routings, the torch.library ops compiled (fullgraph) against eager with their gradients, and fp8 rows with their
+scales forwarded byte-exact (these three NOT YET RUN on a GPU). Several ranks on one GPU need EP across NVLink domains (issue 12)."""
 
 import pytest
 
@@ -168,3 +168,20 @@ def test_custom_ops_compile_fullgraph_and_differentiate(group):
     finally:
         epops.unregister(hid)
         h.close()
+
+
+def test_fp8_rows_and_their_scales_are_forwarded_byte_exact(group):
+    T, K, H = 96, 4, 1024
+    idx, w = _routing(T, K, group.num_experts, 40)
+    bits = torch.randint(0, 256, (T, H), dtype=torch.uint8, device="cuda")
+    bits[bits == 0x7f] = 0  # keep NaN codes out: the comparison is by bytes anyway
+    x = bits.view(torch.float8_e4m3fn)
+    scales = torch.rand(T, H // 128, device="cuda") + 0.5
+    recv = group.dispatch(x, idx, w, scales=scales, sizing="exact")
+    torch.cuda.synchronize()
+    sent = (idx >= 0).any(dim=1)
+    n = int(sent.sum())
+    assert recv.tokens.dtype == torch.float8_e4m3fn and recv.tokens.shape[0] == n
+    assert torch.equal(recv.tokens.view(torch.uint8), bits[sent])
+    assert torch.equal(recv.scales, scales[sent])
+    recv.handle.close()
