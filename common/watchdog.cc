@@ -60,18 +60,15 @@ struct Watchdog::State {
   }
 };
 
+Watchdog::Watchdog() : s_(*new State()) {}  // the state outlives the object: its thread never stops
+
 Watchdog& Watchdog::instance() {
   static Watchdog* w = new Watchdog();  // never destroyed: its thread may outlive static destruction
   return *w;
 }
 
-Watchdog::State& Watchdog::state() {
-  static State* s = new State();
-  return *s;
-}
-
 uint64_t Watchdog::add(const void* owner, double seconds, std::function<bool()> done, std::function<void()> expire) {
-  State& s = state();
+  State& s = s_;
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.started) {
     s.started = true;
@@ -85,7 +82,7 @@ uint64_t Watchdog::add(const void* owner, double seconds, std::function<bool()> 
 }
 
 bool Watchdog::setProbe(uint64_t id, std::function<bool()> done) {
-  State& s = state();
+  State& s = s_;
   std::lock_guard<std::mutex> lock(s.mu);
   for (Watch& w : s.watches)
     if (w.id == id) {
@@ -96,7 +93,7 @@ bool Watchdog::setProbe(uint64_t id, std::function<bool()> done) {
 }
 
 void Watchdog::removeOwner(const void* owner) {
-  State& s = state();
+  State& s = s_;
   std::unique_lock<std::mutex> lock(s.mu);
   s.idle.wait(lock, [&] { return s.running != owner; });
   for (size_t i = 0; i < s.watches.size();)
@@ -107,7 +104,7 @@ void Watchdog::removeOwner(const void* owner) {
 }
 
 size_t Watchdog::size() {
-  State& s = state();
+  State& s = s_;
   std::lock_guard<std::mutex> lock(s.mu);
   return s.watches.size();
 }

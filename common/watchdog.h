@@ -26,9 +26,9 @@ class Watchdog {
   size_t size();
 
  private:
-  Watchdog() = default;
   struct State;
-  State& state();
+  Watchdog();
+  State& s_;
 };
 
 }  // namespace ncclext

@@ -32,6 +32,14 @@ __global__ void moveKernel(const MoveDesc* descs, const MoveSegment* segs, int64
 
 unsigned gridFor(int64_t segments) { return (unsigned)std::max<int64_t>(1, std::min<int64_t>(segments, kMaxCtas)); }
 
+// One launch of the move kernel K over n segments (none: nothing to launch).
+template <int K>
+ncclResult_t launchMove(const char* name, const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m,
+                        cudaStream_t stream) {
+  if (n == 0) return ncclSuccess;
+  return ncclext::launchKernel(name, moveKernel<K>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs, segs, n, m);
+}
+
 }  // namespace
 
 ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_t n, cudaStream_t stream) {
@@ -47,32 +55,17 @@ ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_
 
 ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
                           char* const* dst, cudaStream_t stream) {
-  if (n == 0) return ncclSuccess;
-  MoveEnds m;
-  m.src = src;
-  m.dst = dst;
-  return ncclext::launchKernel("m2n copy", moveKernel<kMoveCopy>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
-                               segs, n, m);
+  return launchMove<kMoveCopy>("m2n copy", descs, segs, n, MoveEnds{src, dst, nullptr, nullptr}, stream);
 }
 
 ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
                         char* stage, cudaStream_t stream) {
-  if (n == 0) return ncclSuccess;
-  MoveEnds m;
-  m.src = src;
-  m.stageOut = stage;
-  return ncclext::launchKernel("m2n pack", moveKernel<kMovePack>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
-                               segs, n, m);
+  return launchMove<kMovePack>("m2n pack", descs, segs, n, MoveEnds{src, nullptr, nullptr, stage}, stream);
 }
 
 ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* stage,
                           char* const* dst, cudaStream_t stream) {
-  if (n == 0) return ncclSuccess;
-  MoveEnds m;
-  m.dst = dst;
-  m.stageIn = stage;
-  return ncclext::launchKernel("m2n unpack", moveKernel<kMoveUnpack>, dim3(gridFor(n)), dim3(kThreads), 0, stream,
-                               descs, segs, n, m);
+  return launchMove<kMoveUnpack>("m2n unpack", descs, segs, n, MoveEnds{nullptr, dst, stage, nullptr}, stream);
 }
 
 }  // namespace ncclm2n
