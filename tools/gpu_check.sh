@@ -35,15 +35,18 @@ RUNS=(
 # The Python package's GPU tests (1 rank; several ranks on one GPU need EP across domains), on the build tree's
 # libraries and python/ (make test-python tests the wheel itself, on any machine).
 if python3 -c "import torch, pytest" >/dev/null 2>&1; then
-  RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider tests/python --json JSON|1|")
+  # A test that hangs prints every thread's Python stack before the run's timeout ends it (torchrun: per rank, its
+  # lines prefixed with the rank by --tee).
+  PYTEST_HANG="-o faulthandler_timeout=$(( ${GPU_CHECK_RUN_TIMEOUT:-300} * 3 / 4 ))"
+  RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python --json JSON|1|")
   RUNS+=("moe_example|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 examples/moe_layer.py --json JSON|1|")
   # nccl.m2n on several ranks (torchrun; on one GPU as one-GPU nodes: conftest's --one-gpu nodes).
   # The Python overhead of Plan.execute on a whole Qwen3-32B-like model (a benchmark: 128 GB of GPU memory).
   RUNS+=("m2n_overhead|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 bench/m2n_python_overhead.py --json JSON|1|")
   RUNS+=("ep_overhead|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 bench/ep_python_overhead.py --json JSON|1|")
   if command -v torchrun >/dev/null 2>&1; then
-    PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --nproc_per_node NRANKS"
-    RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider tests/python/test_m2n_gpu.py --json JSON|2|nodes")
+    PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --tee 3 --nproc_per_node NRANKS"
+    RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_m2n_gpu.py --json JSON|2|nodes")
     RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
     RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
     # A whole Qwen3-32B-like model rank 0 -> rank 1 beside per-tensor broadcast, at 1/64 of its weights' size (the

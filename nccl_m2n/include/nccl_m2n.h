@@ -170,10 +170,11 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
  * enqueues the local copies and the exchanges on `stream`. It may be captured in a CUDA graph and replayed.
  *
  * This first executor moves everything between ranks with ncclSend/ncclRecv (contiguous pieces straight between the
- * tensors, the rest through the staging) on a communicator of its own split from `comm` at creation, inside an
- * NVLink domain too (NCCL's own NVLink path). Every execute's exchanges are watched: past the timeout the plan's
- * communicator is aborted (ncclM2nPlanGetAsyncError). LSA and zero-copy paths and fp8 conversion with block
- * scales are not implemented yet.
+ * tensors, the rest through the staging) on a communicator split from `comm` (by the first plan on `comm`; shared
+ * by the plans created while one lives), inside an NVLink domain too (NCCL's own NVLink path). Every execute's
+ * exchanges are watched: past the timeout that communicator is aborted (ncclM2nPlanGetAsyncError). A plan may be
+ * destroyed before the CUDA graphs that captured its execute (not replayed after). LSA and zero-copy paths and fp8
+ * conversion with block scales are not implemented yet.
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nPlan* ncclM2nPlan_t;
 
@@ -193,8 +194,9 @@ NCCL_M2N_API ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* 
 /* Local: after every execute of the plan has finished (it frees device memory). */
 NCCL_M2N_API ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan);
 /* ncclSuccess, or ncclRemoteError with a message once an execute's exchanges outlived the config's timeoutSeconds
- * (a peer that died or never executes): the plan's own communicator was then aborted (the caller's is untouched),
- * the destinations may hold partial data, and every later execute fails the same way; destroy the plan. Executes
+ * (a peer that died or never executes): the plans' exchange communicator was then aborted (the caller's is
+ * untouched), the destinations may hold partial data, and every later execute of a plan on it fails the same way;
+ * destroy those plans. Executes
  * captured in a CUDA graph are not watched. Local, never blocks. */
 NCCL_M2N_API ncclResult_t ncclM2nPlanGetAsyncError(ncclM2nPlan_t plan);
 

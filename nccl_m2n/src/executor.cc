@@ -3,11 +3,14 @@
 #include <cuda_runtime.h>
 #include <nccl_device.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "common/checks.h"
 #include "common/device_status.h"
@@ -18,16 +21,30 @@
 #include "nccl_m2n/src/exec_kernels.h"
 #include "nccl_m2n/src/schedule.h"
 
+namespace ncclm2n {
+
+// The communicator that carries the plans' exchanges: split from a caller's communicator by the first plan made on
+// it and shared by every later plan on it while one of them lives, so that only that first plan (or
+// ncclM2nReshard call) pays for the split. The watchdog aborts it when an exchange outlives its budget (a peer that
+// died or never executes), without touching the caller's communicator; every plan on it then fails.
+struct ExchangeComm {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  uint64_t generation = 0;             // the same on every rank (see createPlan)
+  std::timed_mutex mu;                 // one NCCL group's enqueue against the watchdog's abort
+  std::atomic<bool> aborted{false};    // comm is gone: every later call of its plans fails with `why`
+  std::atomic<bool> captured{false};   // an execute on it was captured in a CUDA graph
+  std::string why;                     // written once, before `aborted` is set
+  ~ExchangeComm();
+};
+
+}  // namespace ncclm2n
+
 struct ncclM2nPlan {
   ncclComm_t comm = nullptr;  // the caller's
-  // The plan's own communicator for its exchanges (split from `comm` at creation), so that the watchdog can abort
-  // it when an exchange outlives the budget (a peer that died or never executes) without touching the caller's.
-  ncclComm_t p2p = nullptr;
+  std::shared_ptr<ncclm2n::ExchangeComm> x;  // the exchanges' (shared with the other plans on `comm`)
   int device = 0;
   double timeoutSeconds = 0;
-  std::timed_mutex mu;               // one NCCL group's enqueue against the watchdog's abort
-  std::atomic<bool> aborted{false};  // p2p is gone: every later call fails with `why`
-  std::string why;
   int rank = 0, nRanks = 0;
   int nTensors = 0;
   std::vector<std::string> names;
@@ -51,6 +68,44 @@ int domainIdOf(ncclComm_t comm, int rank) {
   return rank - lsa.rank * lsa.stride;
 }
 
+// NCCL's ncclCommDestroy and ncclCommAbort wait until every CUDA graph that captured work on the communicator is
+// destroyed. A communicator that was captured is therefore released on a thread of its own: destroying a plan
+// (or the watchdog's abort) never waits for the caller's graphs, and the communicator goes once they do.
+void releaseComm(ncclComm_t comm, int device, bool abort, bool captured) {
+  auto release = [comm, device, abort] {
+    cudaSetDevice(device);
+    if (abort)
+      ncclCommAbort(comm);
+    else
+      ncclCommDestroy(comm);
+  };
+  if (captured)
+    std::thread(release).detach();
+  else
+    release();
+}
+
+}  // namespace
+
+ExchangeComm::~ExchangeComm() {
+  if (comm && !aborted) releaseComm(comm, device, /*abort=*/false, captured);  // an aborted one is released already
+}
+
+namespace {
+
+// The exchange communicators split so far, by the caller's communicator: how many splits it has seen (the
+// largest count over the ranks numbers the next split, so that every rank gives it the same generation) and the
+// latest one, while a plan holds it.
+struct SplitRecord {
+  uint64_t splits = 0;
+  std::weak_ptr<ExchangeComm> latest;
+};
+std::mutex splitsMu;
+std::map<ncclComm_t, SplitRecord>& splitRecords() {
+  static auto* records = new std::map<ncclComm_t, SplitRecord>();  // never destroyed: plans may outlive statics
+  return *records;
+}
+
 template <typename T>
 ncclResult_t upload(const std::vector<T>& host, T** dev) {
   *dev = nullptr;
@@ -64,6 +119,8 @@ struct Round1 {
   int32_t domain = 0;
   int32_t valid = 1;
   Digest digest;
+  uint64_t reuse = 0;   // the generation of the exchange communicator this rank could reuse; 0: none
+  uint64_t splits = 0;  // how many this rank split from the caller's communicator
 };
 
 // Which ranks hold a non-empty part of each tensor's source and destination.
@@ -80,23 +137,24 @@ void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<ch
   }
 }
 
-// The watchdog's action: the exchanges of `plan` did not finish in time. Aborting the plan's communicator ends its
-// NCCL kernels (and a host call blocked inside NCCL); the plan then refuses every call.
+// The watchdog's action: the exchanges of `plan` did not finish in time. Aborting the exchange communicator ends
+// its NCCL kernels (and a host call blocked inside NCCL); every plan on it then refuses every call.
 void abortExchanges(ncclM2nPlan* plan, const char* what) {
+  ExchangeComm& x = *plan->x;
   // An enqueue holds the lock for one NCCL group. If it does not let go within a second, it is blocked inside NCCL
   // on this communicator, which is what ncclCommAbort from another thread is for: abort without the lock.
-  std::unique_lock<std::timed_mutex> lock(plan->mu, std::defer_lock);
+  std::unique_lock<std::timed_mutex> lock(x.mu, std::defer_lock);
   (void)lock.try_lock_for(std::chrono::seconds(1));
-  if (plan->aborted) return;
+  if (x.aborted) return;
   char msg[512];
   snprintf(msg, sizeof(msg),
-           "%s: the plan's exchanges did not finish within %.1f s (a peer that died or never executes): its "
-           "communicator was aborted, destination tensors may hold partial data; destroy the plan",
+           "%s: the plan's exchanges did not finish within %.1f s (a peer that died or never executes): the "
+           "communicator of the plans on this communicator was aborted, destination tensors may hold partial data; "
+           "destroy those plans",
            what, plan->timeoutSeconds);
-  plan->why = msg;
-  plan->aborted = true;
-  cudaSetDevice(plan->device);
-  ncclCommAbort(plan->p2p);
+  x.why = msg;
+  x.aborted = true;
+  releaseComm(x.comm, x.device, /*abort=*/true, x.captured);
 }
 
 // NCCL connects a pair at its first point-to-point call, and that call blocks the host until the peer takes part.
@@ -124,6 +182,12 @@ void watchStream(ncclM2nPlan* plan, cudaStream_t stream, const char* what) {
   ncclext::Watchdog::instance().add(
       plan, plan->timeoutSeconds,
       [event] {
+        // This thread's queries must not invalidate a capture that another thread began in the global mode.
+        static thread_local bool relaxed = [] {
+          cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+          return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+        }();
+        (void)relaxed;
         cudaSetDevice(event->device);
         return cudaEventQuery(event->e) != cudaErrorNotReady;  // done, or failed: nothing left to wait for
       },
@@ -144,16 +208,17 @@ ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream) {
       [plan] { abortExchanges(plan, "ncclM2nPlanCreate (connecting to the plan's peers)"); });
   ncclResult_t res = ncclGroupStart();
   for (int r = 0; r < plan->nRanks && res == ncclSuccess; r++) {
-    if (sendTo[r]) res = ncclSend(bytes + r, 1, ncclUint8, r, plan->p2p, stream);
-    if (recvFrom[r] && res == ncclSuccess) res = ncclRecv(bytes + plan->nRanks + r, 1, ncclUint8, r, plan->p2p, stream);
+    if (sendTo[r]) res = ncclSend(bytes + r, 1, ncclUint8, r, plan->x->comm, stream);
+    if (recvFrom[r] && res == ncclSuccess)
+      res = ncclRecv(bytes + plan->nRanks + r, 1, ncclUint8, r, plan->x->comm, stream);
   }
   const ncclResult_t ended = ncclGroupEnd();
   // The host call returned: the rest is device work, which the stream wait bounds.
   ncclext::Watchdog::instance().setProbe(watch, [] { return true; });
-  if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+  if (plan->x->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->x->why.c_str());
   if (res != ncclSuccess || ended != ncclSuccess)
     return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                         "ncclM2nPlanCreate: connecting to the plan's peers: %s", ncclGetLastError(plan->p2p));
+                         "ncclM2nPlanCreate: connecting to the plan's peers: %s", ncclGetLastError(plan->x->comm));
   const ncclResult_t waited = ncclext::waitStream(stream, plan->timeoutSeconds, "ncclM2nPlanCreate (connecting)");
   if (waited != ncclSuccess) {
     abortExchanges(plan, "ncclM2nPlanCreate (connecting to the plan's peers)");  // its kernels must not outlive it
@@ -191,6 +256,15 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
   mine.domain = domainIdOf(comm, rank);
   mine.valid = localError.empty();
   mine.digest = digestOf(hashes);
+  std::shared_ptr<ExchangeComm> reusable;
+  {
+    std::lock_guard<std::mutex> lock(splitsMu);
+    SplitRecord& rec = splitRecords()[comm];
+    reusable = rec.latest.lock();
+    if (reusable && reusable->aborted) reusable.reset();
+    mine.reuse = reusable ? reusable->generation : 0;
+    mine.splits = rec.splits;
+  }
   std::vector<Round1> all(n);
   ncclResult_t res = ncclext::ncclAllGatherHost(comm, stream, &mine, sizeof(mine), all.data(), o.timeoutSeconds);
   if (res != ncclSuccess) {
@@ -229,12 +303,33 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
                            "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
 
-  // Every rank agreed: the plan's own communicator (blocking, whatever the caller's is).
+  // Every rank agreed. The exchange communicator: the one of the earlier plans where every rank still has it,
+  // else a new split (blocking, whatever the caller's communicator is), numbered past every rank's count.
   plan->timeoutSeconds = o.timeoutSeconds;
   NCCLEXT_CUDA(cudaGetDevice(&plan->device));
-  ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
-  splitConfig.blocking = 1;
-  NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &plan->p2p, &splitConfig));
+  bool reuse = true;
+  uint64_t splits = 0;
+  for (const Round1& r : all) {
+    reuse = reuse && r.reuse != 0 && r.reuse == all[0].reuse;
+    splits = std::max(splits, r.splits);
+  }
+  if (n == 1) {
+    plan->x = std::make_shared<ExchangeComm>();  // one rank exchanges nothing: no communicator to split
+  } else if (reuse) {
+    plan->x = std::move(reusable);
+  } else {
+    auto x = std::make_shared<ExchangeComm>();
+    x->device = plan->device;
+    x->generation = splits + 1;
+    ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
+    splitConfig.blocking = 1;
+    NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &x->comm, &splitConfig));
+    std::lock_guard<std::mutex> lock(splitsMu);
+    SplitRecord& rec = splitRecords()[comm];
+    rec.splits = x->generation;
+    rec.latest = x;
+    plan->x = std::move(x);
+  }
 
   // The same batch everywhere: plan this rank's part with the NVLink domains NCCL found.
   p.options.domainOfRank.resize(n);
@@ -281,7 +376,8 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
                 "ncclM2nExecute: rank %d holds part of tensor %d (%s)'s destination, but its dst pointer is NULL",
                 plan->rank, t, plan->names[t].c_str());
   }
-  if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+  ExchangeComm& xc = *plan->x;
+  if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
   const ExecTables& x = plan->tables;
   NCCLEXT_CHECK(launchSetPointers(plan->src, src, plan->nTensors, stream));
   NCCLEXT_CHECK(launchSetPointers(const_cast<const void**>(plan->dst), const_cast<const void* const*>(dst),
@@ -301,44 +397,45 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
       if (on) watchStream(plan, stream, "ncclM2nExecute");
     }
   } watch{plan, stream, capture == cudaStreamCaptureStatusNone};
-  // Each NCCL group is enqueued under the plan's lock, which the watchdog takes to abort p2p: no group of ours
+  if (capture != cudaStreamCaptureStatusNone) xc.captured = true;
+  // Each NCCL group is enqueued under the communicator's lock, which the watchdog takes to abort it: no group of ours
   // starts on a freed communicator. Plan creation connected every peer, so an enqueue does not wait for one.
   if (!x.direct.empty()) {  // straight from and into the tensors (host pointers: the call's own arrays)
-    std::lock_guard<std::timed_mutex> group(plan->mu);
-    if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+    std::lock_guard<std::timed_mutex> group(xc.mu);
+    if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
     NCCLEXT_NCCL(ncclGroupStart());
     ncclResult_t res = ncclSuccess;
     for (size_t i = 0; i < x.direct.size() && res == ncclSuccess; i++) {
       const DirectOp& op = x.direct[i];
       const MoveDesc& md = op.send ? x.sends[op.desc] : x.recvs[op.desc];
       res = op.send ? ncclSend(static_cast<const char*>(src[op.tensor]) + op.offset * md.elemBytes,
-                               (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream)
+                               (size_t)op.bytes, ncclUint8, op.peer, xc.comm, stream)
                     : ncclRecv(static_cast<char*>(dst[op.tensor]) + op.offset * md.elemBytes, (size_t)op.bytes,
-                               ncclUint8, op.peer, plan->p2p, stream);
+                               ncclUint8, op.peer, xc.comm, stream);
     }
     const ncclResult_t ended = ncclGroupEnd();
     if (res != ncclSuccess || ended != ncclSuccess)
       return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                           "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(plan->p2p));
+                           "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(xc.comm));
   }
   for (const ExecRound& r : x.rounds) {
     NCCLEXT_CHECK(
         launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, plan->staging, stream));
     {
-      std::lock_guard<std::timed_mutex> group(plan->mu);
-      if (plan->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+      std::lock_guard<std::timed_mutex> group(xc.mu);
+      if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
       NCCLEXT_NCCL(ncclGroupStart());
       ncclResult_t res = ncclSuccess;
       for (uint32_t i = r.opBegin; i < r.opEnd && res == ncclSuccess; i++) {
         const P2pOp& op = x.ops[i];
         char* at = plan->staging + op.stageOffset;
-        res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream)
-                      : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, plan->p2p, stream);
+        res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, xc.comm, stream)
+                      : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, xc.comm, stream);
       }
       const ncclResult_t ended = ncclGroupEnd();
       if (res != ncclSuccess || ended != ncclSuccess)
         return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                             "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(plan->p2p));
+                             "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(xc.comm));
     }
     NCCLEXT_CHECK(launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, plan->staging,
                                d, stream));
@@ -347,14 +444,14 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
 }
 
 ncclResult_t asyncError(ncclM2nPlan* plan) {
-  if (!plan->aborted) return ncclSuccess;
-  return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->why.c_str());
+  if (!plan->x || !plan->x->aborted) return ncclSuccess;
+  return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->x->why.c_str());
 }
 
 void destroyPlan(ncclM2nPlan* plan) {
   if (!plan) return;
   ncclext::Watchdog::instance().removeOwner(plan);  // after it, no action of the watchdog touches the plan
-  if (plan->p2p && !plan->aborted) ncclCommDestroy(plan->p2p);  // an aborted one is gone already
+  plan->x.reset();  // the exchange communicator goes with the last plan on it
   for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,
                   (void*)plan->pack, (void*)plan->unpack, (void*)plan->staging, (void*)plan->src, (void*)plan->dst})
     if (p) cudaFree(p);

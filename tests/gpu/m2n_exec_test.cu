@@ -189,6 +189,8 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
   int64_t errors = 0, cases = 0, elements = 0, oneShots = 0;
   bool graphDone = false, graphOk = true;
+  cudaGraph_t heldGraph = nullptr;
+  cudaGraphExec_t heldExec = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   for (int c = 0; c < o.cases; c++) {
     testing::Gen g(o.seed * 1000003 + (uint64_t)c);
@@ -261,8 +263,8 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
              ncclext::waitStream(ctx.stream, 60, "m2n graph replay") == ncclSuccess;
         if (ok) errors += checkDestinations(b.p, ctx.rank, round, &L, "graph replay");
       }
-      if (exec) cudaGraphExecDestroy(exec);
-      if (graph) cudaGraphDestroy(graph);
+      heldExec = exec;  // destroyed after the plan (below)
+      heldGraph = graph;
       if (!ok) {
         fprintf(stderr, "rank %d: graph capture/replay failed: %s / %s\n", ctx.rank, ncclM2nGetLastError(),
                 cudaGetErrorString(cudaGetLastError()));
@@ -271,6 +273,12 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     }
     cudaStreamSynchronize(ctx.stream);
     ncclM2nPlanDestroy(plan);
+    // The graph outlives its plan, as Python's garbage collection may order it: destroying the plan must not wait
+    // for the graph (NCCL's communicator destruction does; a hang here ends the run at its timeout).
+    if (heldExec) cudaGraphExecDestroy(heldExec);
+    if (heldGraph) cudaGraphDestroy(heldGraph);
+    heldExec = nullptr;
+    heldGraph = nullptr;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
