@@ -7,8 +7,15 @@ worst-case sizing, a handle bound once) after warm-ups, and the host time of enq
   c        ncclEpDispatch + ncclEpCombine through ctypes with their structs and output tensors built once (the floor
            any binding pays);
   python   Group.dispatch(x, handle=h) + Group.combine(y, h) (descriptors and output tensors made per call);
-  ops      torch.ops.nccl_ep.dispatch + combine (nccl.ep.ops; the routing is bound again in every call).
-Overhead = (python - c) / c of the synchronised time. At 1 rank the kernels move no byte over a link: the GPU time
+  alloc    the torch.empty calls of `python`'s outputs alone (tokens, their expert ids, the combined tokens): what
+           any API that returns new tensors pays, inside `python`'s overhead;
+  ops      torch.ops.nccl_ep.dispatch + combine (nccl.ep.ops), which also bind the routing again (ncclEpUpdateHandle),
+           send the weights and copy the counts, beside
+  ops_work the same work through Group (handle.update, dispatch with weights, counts.clone(), combine): ops - ops_work
+           is torch.library's own cost;
+  graph_c, graph_python: replays of CUDA graphs that captured `c` and `python` (inside a graph the layer costs
+           nothing: the same kernels replay).
+Overhead = python - c (microseconds, synchronised time and enqueue time), and (python - c) / c. At 1 rank the kernels move no byte over a link: the GPU time
 is local copies, so the overhead is measured against the smallest GPU time it will ever be added to.
 """
 
@@ -67,7 +74,7 @@ def main():
         lib = ep._lib()
         s = ctypes.c_void_p(stream.cuda_stream)
 
-        def c_pair():
+        def c_pair(s=s):
             if lib.ncclEpDispatch(h._h, ctypes.byref(d_in), ctypes.byref(d_out), None, ctypes.byref(d_cfg), s) or \
                     lib.ncclEpCombine(h._h, ctypes.byref(c_in), ctypes.byref(c_out), ctypes.byref(c_cfg), s):
                 raise RuntimeError(lib.ncclEpGetLastError().decode())
@@ -82,10 +89,38 @@ def main():
             tokens, _, _, _ = torch.ops.nccl_ep.dispatch(hid, x, idx, w)
             return torch.ops.nccl_ep.combine(hid, tokens)
 
+        def alloc():
+            return (torch.empty((rows, H), dtype=torch.bfloat16, device="cuda"),
+                    torch.empty((rows, K), dtype=torch.int32, device="cuda"),
+                    torch.empty((T, H), dtype=torch.bfloat16, device="cuda"))
+
+        def ops_work():
+            h.update(idx)
+            recv = group.dispatch(x, handle=h, topk_weights=w)
+            h.expert_counts.clone()
+            return group.combine(recv.tokens, h)
+
+        graphs = {}
+        capture = torch.cuda.Stream()  # the C floor's calls name their stream: the capture's
+        for name, fn in (("c", lambda: c_pair(ctypes.c_void_p(capture.cuda_stream))), ("python", python_pair)):
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=capture):
+                fn()
+            graphs[name] = g
+
         row = {"tokens": T}
-        for name, fn in (("c", c_pair), ("python", python_pair), ("ops", ops_pair)):
+        for name, fn in (("c", c_pair), ("python", python_pair), ("alloc", alloc), ("ops", ops_pair),
+                         ("ops_work", ops_work), ("graph_c", graphs["c"].replay),
+                         ("graph_python", graphs["python"].replay)):
             wall, host = host_and_wall(fn, a.iters, warmup=5)
             row[name] = {"wall_us": wall, "enqueue_us": host}
+        row["overhead_python_us"] = row["python"]["wall_us"] - row["c"]["wall_us"]
+        row["overhead_python_enqueue_us"] = row["python"]["enqueue_us"] - row["c"]["enqueue_us"]
+        row["overhead_graph_us"] = row["graph_python"]["wall_us"] - row["graph_c"]["wall_us"]
+        row["torch_library_us"] = row["ops"]["wall_us"] - row["ops_work"]["wall_us"]
+        del graphs
         sent = (idx >= 0).any(dim=1)
         # Each path once more on poisoned outputs: at 1 rank each sent token's one row comes back as it went.
         combined.fill_(float("nan"))
@@ -98,11 +133,13 @@ def main():
         rows_out.append(row)
         epops.unregister(hid)
         h.close()
-        print("ep_python_overhead: T %5d: c %8.1f us (enqueue %6.1f), python %8.1f us (%+.1f%%, enqueue %6.1f), "
-              "ops %8.1f us (%+.1f%%, enqueue %6.1f)" % (
+        print("ep_python_overhead: T %5d: c %7.1f us (enqueue %5.1f), python %7.1f us (+%.1f us; enqueue %5.1f, "
+              "+%.1f us; of it alloc %.1f), graph c %.1f / python %.1f us, ops %.1f us (same work through Group "
+              "%.1f us)" % (
                   T, row["c"]["wall_us"], row["c"]["enqueue_us"], row["python"]["wall_us"],
-                  100 * row["overhead_python"], row["python"]["enqueue_us"], row["ops"]["wall_us"],
-                  100 * row["overhead_ops"], row["ops"]["enqueue_us"]))
+                  row["overhead_python_us"], row["python"]["enqueue_us"], row["overhead_python_enqueue_us"],
+                  row["alloc"]["enqueue_us"], row["graph_c"]["wall_us"], row["graph_python"]["wall_us"],
+                  row["ops"]["wall_us"], row["ops_work"]["wall_us"]))
     group.close()
     result = {"test": "ep_python_overhead", "pass": ok, "gpu": torch.cuda.get_device_name(0), "ranks": 1,
               "hidden": H, "topk": K, "experts": E, "iters": a.iters, "rows": rows_out}

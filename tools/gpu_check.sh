@@ -85,8 +85,9 @@ run() {
   end=$(date +%s.%N)
   grep -E "PASS|FAIL|rank .*:|error|WARN" "$log" | head -20
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
-  # GPU_CHECK_KEEP_LOGS=DIR: the whole log of every failed run is kept there.
-  [ -n "${GPU_CHECK_KEEP_LOGS:-}" ] && [ $rc -ne 0 ] && cp "$log" "$GPU_CHECK_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.$n.log"
+  # GPU_CHECK_KEEP_LOGS=DIR: the whole log of every failed run is kept there (of every run: GPU_CHECK_KEEP_ALL_LOGS=1).
+  [ -n "${GPU_CHECK_KEEP_LOGS:-}" ] && { [ $rc -ne 0 ] || [ -n "${GPU_CHECK_KEEP_ALL_LOGS:-}" ]; } &&
+    cp "$log" "$GPU_CHECK_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.$n.log"
 }
 
 # Real GPUs: every rank count the machine has.
@@ -99,7 +100,7 @@ for n in $(seq 1 "$MAXR"); do
   done
 done
 # One GPU, many ranks (docs/ARCHITECTURE.md): the rank counts the machine lacks GPUs for, in both one-GPU modes.
-for n in ${GPU_CHECK_ONE_GPU_RANKS:-2 4}; do
+for n in ${GPU_CHECK_ONE_GPU_RANKS-2 4}; do  # set and empty: none
   [ "$n" -le "$NGPU" ] && [ -z "${GPU_CHECK_FORCE_ONE_GPU:-}" ] && continue
   for spec in "${RUNS[@]}"; do
     IFS='|' read -r name cmd minr modes <<<"$spec"

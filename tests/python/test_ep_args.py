@@ -30,6 +30,29 @@ def test_empty_tensor_has_no_pointer():
     assert d.data is None and list(d.sizes)[:2] == [0, 8]
 
 
+def test_a_prepared_call_points_its_structs_at_each_calls_tensors():
+    """Group.dispatch / combine's cached structs: each call's inputs and new outputs land in the very structs the C
+    call reads (descriptors are views into them), shapes and dtypes from the signature."""
+    x = torch.zeros((4, 8), dtype=torch.bfloat16)
+    inputs = ep._DispatchInputs.new(tokens=T.describe(x, "x", require_cuda=False))
+    outputs = ep._DispatchOutputs.new(tokens=T.descriptor((6, 8), torch.bfloat16),
+                                      topk_idx=T.descriptor((6, 2), torch.int32))
+    prep = ep._Prepared("ncclEpDispatch", inputs, outputs, ep._CallConfig.new(), [(inputs.tokens, True)],
+                        [(outputs.tokens, (6, 8), torch.bfloat16), (outputs.topk_idx, (6, 2), torch.int32)],
+                        torch.device("cpu"))
+    for _ in range(2):  # a second call: new tensors, the same structs
+        x = torch.ones((4, 8), dtype=torch.bfloat16)
+        tokens, idx = prep.fill((x,))
+        assert inputs.tokens.data == x.data_ptr()
+        assert (outputs.tokens.data, outputs.topk_idx.data) == (tokens.data_ptr(), idx.data_ptr())
+        assert (tokens.shape, tokens.dtype, idx.shape, idx.dtype) == ((6, 8), torch.bfloat16, (6, 2), torch.int32)
+        assert list(outputs.topk_idx.sizes)[:2] == [6, 2] and outputs.topk_idx.datatype == T.NCCL_INT32
+    empty = ep._Prepared("ncclEpCombine", ep._CombineTensors.new(), ep._CombineTensors.new(), ep._CallConfig.new(),
+                         [], [(ep._CombineTensors.new().tokens, (0, 8), torch.float32)], torch.device("cpu"))
+    (out,) = empty.fill(())
+    assert out.shape == (0, 8)
+
+
 @pytest.mark.parametrize("make,kwargs,text", [
     (lambda: [1, 2], {}, "x must be a torch.Tensor, not list"),
     (lambda: torch.zeros(4, 4, dtype=torch.float64), {}, "float64 has no NCCL equivalent"),

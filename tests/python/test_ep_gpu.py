@@ -2,7 +2,7 @@
 the launcher's). Against a torch reference on fresh random data, outputs poisoned by the library's own contract
 (rows past the receive count untouched); a CUDA graph of handle update + dispatch + combine replayed with new
 routings, the torch.library ops compiled (fullgraph) against eager with their gradients, and fp8 rows with their
-scales forwarded byte-exact (these three NOT YET RUN on a GPU). Several ranks on one GPU need EP across NVLink domains (issue 12)."""
+scales forwarded byte-exact. Several ranks on one GPU need EP across NVLink domains (issue 12)."""
 
 import pytest
 

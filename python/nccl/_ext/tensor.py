@@ -77,6 +77,16 @@ def describe(t, name: str, dtypes=None, ndim: int | None = None, require_cuda: b
     return d
 
 
+def descriptor(shape, dtype) -> CTensor:
+    """The descriptor of a dense tensor of `shape` and `dtype` still to be allocated (data set later)."""
+    d = CTensor()
+    d.ndim = len(shape)
+    d.datatype = nccl_dtype(dtype)
+    for i, s in enumerate(shape):
+        d.sizes[i] = s
+    return d
+
+
 def absent() -> CTensor:
     """An unset optional tensor (data NULL), as NCCL_EP_TENSOR_INIT."""
     d = CTensor()

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from .._ext import _loader
 from .._ext.comm import Communicator
 from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
-                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
-from .._ext.tensor import CTensor, absent, describe
+                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError, error_for)
+from .._ext.tensor import CTensor, absent, describe, descriptor
 
 __all__ = ["Group", "Handle", "DispatchResult", "Communicator", "version", "NcclError", "NcclUnhandledCudaError",
            "NcclSystemError", "NcclInternalError", "NcclInvalidArgument", "NcclInvalidUsage", "NcclRemoteError",
@@ -132,6 +132,59 @@ def _stream(stream):
     return ctypes.c_void_p(s.cuda_stream)
 
 
+def _raw_stream(stream, device_index: int):
+    """The cudaStream_t of `stream` (None: the current stream of device `device_index`), as an int: the hot path's
+    cheaper form of _stream."""
+    import torch
+
+    if stream is not None:
+        return stream.cuda_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _meta(t):
+    """What a cached call's signature holds of an optional tensor: None, or (dtype, shape, device index)."""
+    return None if t is None else (t.dtype, t.shape, t.get_device())
+
+
+class _Prepared:
+    """A dispatch or combine of one signature on one handle (the dtypes, shapes and devices of its tensors, and
+    num_sms): checked in full once, its C structs built once. A call of a known signature checks only what tensors
+    of one signature can still differ in (contiguity), allocates its outputs and sets the data pointers; the
+    per-call cost of this layer is what bench/ep_python_overhead.py measures."""
+
+    __slots__ = ("fn", "structs", "refs", "given", "made", "device", "device_index")
+
+    def __init__(self, fn_name, inputs, outputs, cfg, given, made, device):
+        self.fn = getattr(_lib(), fn_name)
+        self.structs = (inputs, outputs, cfg)  # kept alive: refs point into them
+        self.refs = (ctypes.byref(inputs), ctypes.byref(outputs), ctypes.byref(cfg))
+        self.given = given  # per tensor the caller passes: its descriptor (a view into a struct) or None, non-empty
+        self.made = made    # per output this call allocates: (descriptor, shape, dtype)
+        self.device, self.device_index = device, device.index or 0
+
+    def fill(self, tensors):
+        """Points the descriptors at the caller's tensors and at new outputs (returned, in `made` order)."""
+        import torch
+
+        for (d, nonempty), t in zip(self.given, tensors):
+            if d is not None:
+                d.data = t.data_ptr() if nonempty else None
+        outs = []
+        for d, shape, dtype in self.made:
+            t = torch.empty(shape, dtype=dtype, device=self.device)
+            d.data = t.data_ptr() if t.numel() else None
+            outs.append(t)
+        return outs
+
+    def invoke(self, *args) -> None:
+        rc = self.fn(*args)
+        if rc != 0:
+            text = _lib().ncclEpGetLastError().decode(errors="replace")
+            raise error_for(rc, text or "%s failed" % self.fn.__name__)
+
+
 def _choice(table: dict, value: str, name: str) -> int:
     if value not in table:
         raise NcclInvalidArgument("%s=%r: expected one of %s" % (name, value, ", ".join(sorted(table))))
@@ -190,56 +243,103 @@ class Group:
         [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it) or a
         handle made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine needs
         them)."""
-        import torch
-
         if handle is None:
             if topk_idx is None:
                 raise NcclInvalidArgument("dispatch: give topk_idx or handle")
             handle = Handle(self, topk_idx, layout, sizing, 1, stream)
         elif topk_idx is not None and topk_idx is not handle.topk_idx:
             handle.update(topk_idx, stream)
+        try:
+            key = (x.dtype, x.shape, x.get_device(), _meta(topk_weights), _meta(scales), num_sms)
+        except (AttributeError, TypeError):  # not tensors: the full checks say so
+            key = None
+        prep = handle._prepared.get(key)
+        if prep is None or not (x.is_contiguous() and (topk_weights is None or topk_weights.is_contiguous())
+                                and (scales is None or scales.is_contiguous())):
+            prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms)
+        outs = prep.fill((x, topk_weights, scales))
+        prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], None, prep.refs[2],
+                    _raw_stream(stream, prep.device_index))
+        handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
+        out = DispatchResult(tokens=outs[0], handle=handle, expert_counts=handle.expert_counts,
+                             rank_counts=handle.rank_counts)
+        i = 1
+        if topk_weights is not None:
+            out.topk_weights, i = outs[i], i + 1
+        if handle.layout == "flat":
+            out.topk_idx, i = outs[i], i + 1
+        if scales is not None:
+            out.scales = outs[i]
+        return out
+
+    def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms) -> _Prepared:
+        """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
+        import torch
+
         xin = describe(x, "x", ndim=2)
         if x.shape[0] != handle.num_tokens:
             raise NcclInvalidArgument("x has %d tokens but the routing has %d" % (x.shape[0], handle.num_tokens))
         rows, hdim, k = handle.output_rows(), x.shape[1], handle.topk
         inputs = _DispatchInputs.new(tokens=xin)
-        out = DispatchResult(tokens=torch.empty((rows, hdim), dtype=x.dtype, device=x.device), handle=handle,
-                             expert_counts=handle.expert_counts, rank_counts=handle.rank_counts)
-        outputs = _DispatchOutputs.new(tokens=describe(out.tokens, "tokens"))
+        outputs = _DispatchOutputs.new(tokens=descriptor((rows, hdim), x.dtype))
+        given = [(inputs.tokens, x.numel() > 0)]
+        made = [(outputs.tokens, (rows, hdim), x.dtype)]
         if topk_weights is not None:
             inputs.topk_weights = describe(topk_weights, "topk_weights", dtypes=(torch.float32,), ndim=2)
             shape = (rows, k) if handle.layout == "flat" else (rows,)
-            out.topk_weights = torch.empty(shape, dtype=torch.float32, device=x.device)
-            outputs.topk_weights = describe(out.topk_weights, "topk_weights")
+            outputs.topk_weights = descriptor(shape, torch.float32)
+            given.append((inputs.topk_weights, topk_weights.numel() > 0))
+            made.append((outputs.topk_weights, shape, torch.float32))
+        else:
+            given.append((None, False))
         if handle.layout == "flat":
-            out.topk_idx = torch.empty((rows, k), dtype=torch.int32, device=x.device)
-            outputs.topk_idx = describe(out.topk_idx, "topk_idx")
+            outputs.topk_idx = descriptor((rows, k), torch.int32)
+            made.append((outputs.topk_idx, (rows, k), torch.int32))
         if scales is not None:
             inputs.scales = describe(scales, "scales", dtypes=(torch.float32,), ndim=2)
-            out.scales = torch.empty((rows, scales.shape[1]), dtype=torch.float32, device=x.device)
-            outputs.scales = describe(out.scales, "scales")
-        cfg = _CallConfig.new(num_sms=num_sms)
-        _call("ncclEpDispatch", handle._handle(), ctypes.byref(inputs), ctypes.byref(outputs), None,
-              ctypes.byref(cfg), _stream(stream))
-        handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
-        return out
+            shape = (rows, scales.shape[1])
+            outputs.scales = descriptor(shape, torch.float32)
+            given.append((inputs.scales, scales.numel() > 0))
+            made.append((outputs.scales, shape, torch.float32))
+        else:
+            given.append((None, False))
+        prep = _Prepared("ncclEpDispatch", inputs, outputs, _CallConfig.new(num_sms=num_sms), given, made, x.device)
+        handle._prepared[key] = prep
+        return prep
 
     def combine(self, y, handle: "Handle", *, out=None, num_sms: int = 0, stream=None):
         """COLLECTIVE, stream-ordered: returns the rows y (the dispatch output's shape and layout; bf16, fp16 or
         fp32) to their tokens' owners, summed in fp32 (EXPERT_MAJOR: weighted by the dispatched top-k weights).
         Returns [T, H] (`out` if given)."""
-        import torch
-
-        yin = describe(y, "y", ndim=2)
-        if out is None:
-            out = torch.empty((handle.num_tokens, y.shape[1]), dtype=y.dtype, device=y.device)
-        inputs = _CombineTensors.new(tokens=yin)
-        outputs = _CombineTensors.new(tokens=describe(out, "out", ndim=2))
-        cfg = _CallConfig.new(num_sms=num_sms)
-        _call("ncclEpCombine", handle._handle(), ctypes.byref(inputs), ctypes.byref(outputs), ctypes.byref(cfg),
-              _stream(stream))
+        try:
+            key = ("combine", y.dtype, y.shape, y.get_device(), _meta(out), num_sms)
+        except (AttributeError, TypeError):
+            key = None
+        prep = handle._prepared.get(key)
+        if prep is None or not (y.is_contiguous() and (out is None or out.is_contiguous())):
+            prep = self._prepare_combine(handle, key, y, out, num_sms)
+        made = prep.fill((y, out))
+        prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2], _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (y,)
-        return out
+        return made[0] if out is None else out
+
+    def _prepare_combine(self, handle, key, y, out, num_sms) -> _Prepared:
+        """Every check of a combine, and its structs (cached on the handle by `key`)."""
+        yin = describe(y, "y", ndim=2)
+        shape = (handle.num_tokens, y.shape[1])
+        inputs = _CombineTensors.new(tokens=yin)
+        given = [(inputs.tokens, y.numel() > 0)]
+        if out is None:
+            outputs = _CombineTensors.new(tokens=descriptor(shape, y.dtype))
+            given.append((None, False))
+            made = [(outputs.tokens, shape, y.dtype)]
+        else:
+            outputs = _CombineTensors.new(tokens=describe(out, "out", ndim=2))
+            given.append((outputs.tokens, out.numel() > 0))
+            made = []
+        prep = _Prepared("ncclEpCombine", inputs, outputs, _CallConfig.new(num_sms=num_sms), given, made, y.device)
+        handle._prepared[key] = prep
+        return prep
 
     def close(self) -> None:
         """COLLECTIVE: waits for the group's work, frees it, and (if the group made it) its communicator."""
@@ -286,6 +386,7 @@ class Handle:
         _call("ncclEpCreateHandle", ctypes.byref(self._h), group._handle(), _LAYOUT[layout], ctypes.byref(ti),
               ctypes.byref(self._layout_info()), ctypes.byref(cfg), _stream(stream))
         self._inputs_alive = None
+        self._prepared = {}  # call signature -> _Prepared (Group.dispatch / combine)
 
     def _routing(self, topk_idx) -> CTensor:
         import torch
@@ -307,7 +408,10 @@ class Handle:
 
     def update(self, topk_idx, stream=None) -> None:
         """COLLECTIVE, stream-ordered: the same handle with a new routing (same layout, sizing and top-k)."""
+        tokens, rows = self.num_tokens, self._prepared and self.sizing == "exact"
         ti = self._routing(topk_idx)
+        if rows or self.num_tokens != tokens:  # the prepared calls' token or row counts changed
+            self._prepared.clear()
         _call("ncclEpUpdateHandle", self._handle(), ctypes.byref(ti), ctypes.byref(self._layout_info()),
               _stream(stream))
 
