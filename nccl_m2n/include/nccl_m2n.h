@@ -200,6 +200,13 @@ NCCL_M2N_API ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan);
  * captured in a CUDA graph are not watched. Local, never blocks. */
 NCCL_M2N_API ncclResult_t ncclM2nPlanGetAsyncError(ncclM2nPlan_t plan);
 
+/* The exchange communicator that plans on `comm` share is split by the first plan and lives while one of them
+ * does. ncclM2nCommRetain (COLLECTIVE over comm, blocking, within the config's timeoutSeconds) keeps one alive
+ * between plans too, so that plans and ncclM2nReshard calls made one after another on `comm` split nothing.
+ * ncclM2nCommRelease (local) lets it go with the last plan on it; call it before destroying `comm`. */
+NCCL_M2N_API ncclResult_t ncclM2nCommRetain(ncclComm_t comm, const ncclM2nExecConfig_t* config);
+NCCL_M2N_API ncclResult_t ncclM2nCommRelease(ncclComm_t comm);
+
 /* One tensor, one call: COLLECTIVE over `comm` and blocking. Plans `spec` as ncclM2nPlanCreate plans a batch of one,
  * executes it on `stream` (src / dst: this rank's local pointers, NULL where it holds no part), waits for the stream
  * (at most the config's timeoutSeconds; 0: NCCL_EXT_TIMEOUT_S) and frees the plan. A wait that runs out returns

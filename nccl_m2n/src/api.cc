@@ -310,6 +310,29 @@ ncclResult_t ncclM2nPlanGetAsyncError(ncclM2nPlan_t plan) {
   return ncclm2n::asyncError(plan);
 }
 
+ncclResult_t ncclM2nCommRetain(ncclComm_t comm, const ncclM2nExecConfig_t* config) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nCommRetain", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(comm != nullptr, "ncclM2nCommRetain: comm is NULL");
+    NCCLEXT_ARG(config == nullptr || (config->size == sizeof(ncclM2nExecConfig_t) && config->magic == NCCL_M2N_MAGIC),
+                "ncclM2nCommRetain: config size/magic do not match; use NCCL_M2N_EXEC_CONFIG_INITIALIZER");
+    NCCLEXT_ARG(config == nullptr || config->timeoutSeconds >= 0, "ncclM2nCommRetain: timeoutSeconds < 0");
+    NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
+    const double budget =
+        config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
+    return ncclm2n::retainExchange(comm, budget);
+  });
+}
+
+ncclResult_t ncclM2nCommRelease(ncclComm_t comm) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nCommRelease", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(comm != nullptr, "ncclM2nCommRelease: comm is NULL");
+    ncclm2n::releaseExchange(comm);
+    return ncclSuccess;
+  });
+}
+
 ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, const void* src, void* dst,
                             const ncclM2nExecConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();

@@ -99,11 +99,65 @@ namespace {
 struct SplitRecord {
   uint64_t splits = 0;
   std::weak_ptr<ExchangeComm> latest;
+  std::shared_ptr<ExchangeComm> retained;  // ncclM2nCommRetain's: the latest, kept alive between plans
 };
 std::mutex splitsMu;
 std::map<ncclComm_t, SplitRecord>& splitRecords() {
   static auto* records = new std::map<ncclComm_t, SplitRecord>();  // never destroyed: plans may outlive statics
   return *records;
+}
+
+// What a rank says of the exchange communicator it could reuse on a caller's communicator: the generation of the
+// latest one still alive and not aborted (0: none) and how many it split there.
+struct ExchangeVote {
+  uint64_t reuse = 0;
+  uint64_t splits = 0;
+};
+
+ExchangeVote voteFor(ncclComm_t comm, std::shared_ptr<ExchangeComm>* reusable) {
+  std::lock_guard<std::mutex> lock(splitsMu);
+  SplitRecord& rec = splitRecords()[comm];
+  *reusable = rec.latest.lock();
+  if (*reusable && (*reusable)->aborted) reusable->reset();
+  ExchangeVote v;
+  v.reuse = *reusable ? (*reusable)->generation : 0;
+  v.splits = rec.splits;
+  return v;
+}
+
+// Every rank's vote known: the candidate where all ranks hold the same one, else a new split (blocking, whatever
+// the caller's communicator is), numbered past every rank's count so that all give it one generation.
+ncclResult_t chooseExchange(ncclComm_t comm, int rank, int device, const std::vector<ExchangeVote>& votes,
+                            std::shared_ptr<ExchangeComm> reusable, std::shared_ptr<ExchangeComm>* out) {
+  bool reuse = true;
+  uint64_t splits = 0;
+  for (const ExchangeVote& v : votes) {
+    reuse = reuse && v.reuse != 0 && v.reuse == votes[0].reuse;
+    splits = std::max(splits, v.splits);
+  }
+  if (reuse) {
+    *out = std::move(reusable);
+    return ncclSuccess;
+  }
+  auto x = std::make_shared<ExchangeComm>();
+  x->device = device;
+  x->generation = splits + 1;
+  ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
+  splitConfig.blocking = 1;
+  NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &x->comm, &splitConfig));
+  std::shared_ptr<ExchangeComm> dropped;  // a retained older one goes outside the lock
+  {
+    std::lock_guard<std::mutex> lock(splitsMu);
+    SplitRecord& rec = splitRecords()[comm];
+    rec.splits = x->generation;
+    rec.latest = x;
+    if (rec.retained) {
+      dropped = std::move(rec.retained);
+      rec.retained = x;
+    }
+  }
+  *out = std::move(x);
+  return ncclSuccess;
 }
 
 template <typename T>
@@ -119,8 +173,7 @@ struct Round1 {
   int32_t domain = 0;
   int32_t valid = 1;
   Digest digest;
-  uint64_t reuse = 0;   // the generation of the exchange communicator this rank could reuse; 0: none
-  uint64_t splits = 0;  // how many this rank split from the caller's communicator
+  ExchangeVote exchange;
 };
 
 // Which ranks hold a non-empty part of each tensor's source and destination.
@@ -257,14 +310,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
   mine.valid = localError.empty();
   mine.digest = digestOf(hashes);
   std::shared_ptr<ExchangeComm> reusable;
-  {
-    std::lock_guard<std::mutex> lock(splitsMu);
-    SplitRecord& rec = splitRecords()[comm];
-    reusable = rec.latest.lock();
-    if (reusable && reusable->aborted) reusable.reset();
-    mine.reuse = reusable ? reusable->generation : 0;
-    mine.splits = rec.splits;
-  }
+  mine.exchange = voteFor(comm, &reusable);
   std::vector<Round1> all(n);
   ncclResult_t res = ncclext::ncclAllGatherHost(comm, stream, &mine, sizeof(mine), all.data(), o.timeoutSeconds);
   if (res != ncclSuccess) {
@@ -303,32 +349,15 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
                            "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
 
-  // Every rank agreed. The exchange communicator: the one of the earlier plans where every rank still has it,
-  // else a new split (blocking, whatever the caller's communicator is), numbered past every rank's count.
+  // Every rank agreed. The exchange communicator (none for one rank, which exchanges nothing).
   plan->timeoutSeconds = o.timeoutSeconds;
   NCCLEXT_CUDA(cudaGetDevice(&plan->device));
-  bool reuse = true;
-  uint64_t splits = 0;
-  for (const Round1& r : all) {
-    reuse = reuse && r.reuse != 0 && r.reuse == all[0].reuse;
-    splits = std::max(splits, r.splits);
-  }
   if (n == 1) {
-    plan->x = std::make_shared<ExchangeComm>();  // one rank exchanges nothing: no communicator to split
-  } else if (reuse) {
-    plan->x = std::move(reusable);
+    plan->x = std::make_shared<ExchangeComm>();
   } else {
-    auto x = std::make_shared<ExchangeComm>();
-    x->device = plan->device;
-    x->generation = splits + 1;
-    ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
-    splitConfig.blocking = 1;
-    NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &x->comm, &splitConfig));
-    std::lock_guard<std::mutex> lock(splitsMu);
-    SplitRecord& rec = splitRecords()[comm];
-    rec.splits = x->generation;
-    rec.latest = x;
-    plan->x = std::move(x);
+    std::vector<ExchangeVote> votes;
+    for (const Round1& r : all) votes.push_back(r.exchange);
+    NCCLEXT_CHECK(chooseExchange(comm, rank, plan->device, votes, std::move(reusable), &plan->x));
   }
 
   // The same batch everywhere: plan this rank's part with the NVLink domains NCCL found.
@@ -446,6 +475,36 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
 ncclResult_t asyncError(ncclM2nPlan* plan) {
   if (!plan->x || !plan->x->aborted) return ncclSuccess;
   return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->x->why.c_str());
+}
+
+ncclResult_t retainExchange(ncclComm_t comm, double timeoutSeconds) {
+  int rank = 0, n = 0, device = 0;
+  NCCLEXT_NCCL(ncclCommUserRank(comm, &rank));
+  NCCLEXT_NCCL(ncclCommCount(comm, &n));
+  if (n == 1) return ncclSuccess;  // one rank exchanges nothing
+  NCCLEXT_CUDA(cudaGetDevice(&device));
+  cudaStream_t stream = nullptr;
+  NCCLEXT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::shared_ptr<ExchangeComm> reusable;
+  const ExchangeVote mine = voteFor(comm, &reusable);
+  std::vector<ExchangeVote> votes(n);
+  const ncclResult_t res = ncclext::ncclAllGatherHost(comm, stream, &mine, sizeof(mine), votes.data(), timeoutSeconds);
+  if (res != ncclSuccess) return res;  // the all-gather may still run: its stream is left to the process
+  cudaStreamDestroy(stream);
+  std::shared_ptr<ExchangeComm> x;
+  NCCLEXT_CHECK(chooseExchange(comm, rank, device, votes, std::move(reusable), &x));
+  std::shared_ptr<ExchangeComm> dropped;
+  std::lock_guard<std::mutex> lock(splitsMu);
+  dropped = std::move(splitRecords()[comm].retained);
+  splitRecords()[comm].retained = std::move(x);
+  return ncclSuccess;
+}
+
+void releaseExchange(ncclComm_t comm) {
+  std::shared_ptr<ExchangeComm> dropped;  // destroyed (with the last plan on it) outside the lock
+  std::lock_guard<std::mutex> lock(splitsMu);
+  auto it = splitRecords().find(comm);
+  if (it != splitRecords().end()) dropped = std::move(it->second.retained);
 }
 
 void destroyPlan(ncclM2nPlan* plan) {

@@ -30,6 +30,9 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
 void destroyPlan(ncclM2nPlan* plan);
 // ncclSuccess, or ncclRemoteError (with the text) once the watchdog aborted the plan's exchanges.
 ncclResult_t asyncError(ncclM2nPlan* plan);
+// ncclM2nCommRetain (COLLECTIVE over comm) / ncclM2nCommRelease (local).
+ncclResult_t retainExchange(ncclComm_t comm, double timeoutSeconds);
+void releaseExchange(ncclComm_t comm);
 
 
 }  // namespace ncclm2n

@@ -913,6 +913,13 @@ TEST(M2nFuzz, ExecutionPlanArguments) {
                             nullptr);
     });
     c.expectRejected(o, "ncclM2nReshard", nullSpec ? "spec NULL" : "comm NULL");
+    // Keeping the exchange communicator: the NULL communicator refused, with or without the bad config.
+    const ncclResult_t k = c.call(Lib::kM2n, "ncclM2nCommRetain", [&] {
+      return ncclM2nCommRetain(nullptr, rng.chance(1, 2) ? &cfg : nullptr);
+    });
+    c.expectRejected(k, "ncclM2nCommRetain", "comm NULL");
+    c.expectRejected(c.call(Lib::kM2n, "ncclM2nCommRelease", [&] { return ncclM2nCommRelease(nullptr); }),
+                     "ncclM2nCommRelease", "comm NULL");
   });
 }
 

@@ -192,7 +192,16 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   cudaGraph_t heldGraph = nullptr;
   cudaGraphExec_t heldExec = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
+  // Plan creation's host time, in the first half of the cases (each plan splits its exchange communicator: the
+  // previous plan is gone) and in the second (ncclM2nCommRetain keeps one); reported, never asserted.
+  double createSeconds[2] = {0, 0};
+  int64_t creates[2] = {0, 0};
+  const int retainAt = o.cases / 2;
   for (int c = 0; c < o.cases; c++) {
+    if (c == retainAt && ncclM2nCommRetain(ctx.comm, nullptr) != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclM2nCommRetain: %s\n", ctx.rank, ncclM2nGetLastError());
+      return 1;
+    }
     testing::Gen g(o.seed * 1000003 + (uint64_t)c);
     Batch b;
     b.p = g.problem(ctx.nRanks);
@@ -208,10 +217,13 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     cfg.stagingBytes = (size_t)(chunk * 4 * std::max(1, ctx.nRanks - 1));
     cfg.timeoutSeconds = 60;
     ncclM2nPlan_t plan = nullptr;
+    const auto created = std::chrono::steady_clock::now();
     if (ncclM2nPlanCreate(&plan, ctx.comm, (int)b.specs.size(), b.specs.data(), &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d case %d: ncclM2nPlanCreate: %s\n", ctx.rank, c, ncclM2nGetLastError());
       return 1;
     }
+    createSeconds[c >= retainAt] += std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
+    creates[c >= retainAt]++;
     Locals L;
     L.stream = ctx.stream;
     const size_t nt = b.p.tensors.size();
@@ -307,6 +319,12 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
            ncclGetErrorString(r), msg.c_str());
     if (plan) ncclM2nPlanDestroy(plan);
   }
+  ncclM2nCommRelease(ctx.comm);  // before the harness destroys the communicator
+  const double createMs[2] = {creates[0] ? 1e3 * createSeconds[0] / creates[0] : 0,
+                              creates[1] ? 1e3 * createSeconds[1] / creates[1] : 0};
+  printf("rank %d: plan creation %.1f ms a plan (%lld plans), %.1f ms with the exchange communicator retained "
+         "(%lld)\n",
+         ctx.rank, createMs[0], (long long)creates[0], createMs[1], (long long)creates[1]);
   uint64_t total = 0;
   const uint64_t mine = (uint64_t)errors + (graphOk ? 0 : 1) + (mismatchOk ? 0 : 1);
   if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = mine + 1;
@@ -320,9 +338,10 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     if (FILE* f = fopen(o.json.c_str(), "a")) {
       fprintf(f,
               "{\"test\": \"m2n_exec\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %lld, "
-              "\"elements\": %lld, \"seconds\": %.3f, \"seed\": %llu}\n",
+              "\"elements\": %lld, \"seconds\": %.3f, \"seed\": %llu, \"plan_create_ms\": %.2f, "
+              "\"plan_create_retained_ms\": %.2f}\n",
               ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", (long long)cases,
-              (long long)elements, seconds, (unsigned long long)o.seed);
+              (long long)elements, seconds, (unsigned long long)o.seed, createMs[0], createMs[1]);
       fclose(f);
     }
   }

@@ -239,6 +239,33 @@ def test_reshard_one_tensor_and_a_dtensor(world, comm):
     _everywhere([] if torch.equal(out.to_local().cpu(), _local(full, want.local_box(rank))) else ["dtensor"])
 
 
+def test_reshards_on_a_group_share_one_communicator(world, comm):
+    """reshard on a torch group makes its communicator once (retained); on a Communicator, retain() spares each
+    call a split. Results against slices of the global tensor either way."""
+    from nccl.m2n import sync
+
+    rank, size = world
+    gen = torch.Generator().manual_seed(_shared_seed(rank) + 5)
+    src = m2n.Layout((24, 40), torch.float32, mesh=list(range(size)), placements=[m2n.shard(0)])
+    dst = m2n.Layout((24, 40), torch.float32, mesh=list(range(size)), placements=[m2n.shard(1)])
+    bad, made = [], []
+    m2n.retain(comm)
+    try:
+        for i in range(3):
+            full = torch.randn(24, 40, generator=gen)
+            x = _local(full, src.local_box(rank)).contiguous().cuda()
+            y = m2n.reshard(x, dst, src_layout=src, group=None if i < 2 else comm)
+            if not torch.equal(y.cpu(), _local(full, dst.local_box(rank))):
+                bad.append(i)
+            made.append(dict(sync._COMMUNICATORS))
+    finally:
+        m2n.release(comm)
+    _everywhere(bad)
+    assert len(made[0]) == 1 and made[0] == made[1] == made[2]  # the torch group's, made once
+    m2n.release_communicators()
+    assert not sync._COMMUNICATORS
+
+
 @pytest.mark.parametrize("colocated,convert", [(False, False), (True, False), (False, True), (True, True)])
 def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated, convert):
     """fp32 trainer weights; inference tensors fp32, or bf16 (convert: converted on the way, as torch rounds)."""

@@ -173,7 +173,7 @@ class _Prepared:
                 d.data = t.data_ptr() if nonempty else None
         outs = []
         for d, shape, dtype in self.made:
-            t = torch.empty(shape, dtype=dtype, device=self.device)
+            t = torch.empty(*shape, dtype=dtype, device=self.device)  # ints, not a tuple: half the parsing
             d.data = t.data_ptr() if t.numel() else None
             outs.append(t)
         return outs

@@ -24,8 +24,8 @@ from .._ext.comm import Communicator
 from .._ext.errors import NcclError, NcclInvalidArgument
 from .._ext.tensor import nccl_dtype
 
-__all__ = ["Layout", "HostPlan", "Plan", "Communicator", "WeightSync", "reshard", "shard", "REPLICATE", "version",
-           "NcclError"]
+__all__ = ["Layout", "HostPlan", "Plan", "Communicator", "WeightSync", "reshard", "release_communicators", "retain",
+           "release", "shard", "REPLICATE", "version", "NcclError"]
 
 _MAGIC = 0x6d326e31  # NCCL_M2N_MAGIC
 MAX_DIMS = 8
@@ -99,6 +99,8 @@ _SIGNATURES = {
     "ncclM2nExecute": [_P, ctypes.POINTER(_P), ctypes.POINTER(_P), _P],
     "ncclM2nPlanDestroy": [_P],
     "ncclM2nPlanGetAsyncError": [_P],
+    "ncclM2nCommRetain": [_P, ctypes.POINTER(_ExecConfig)],
+    "ncclM2nCommRelease": [_P],
 }
 
 
@@ -498,6 +500,19 @@ class Plan:
         return False
 
 
-from .sync import WeightSync, reshard  # noqa: E402  (they build on the classes above)
+def retain(comm: Communicator, timeout_s: float = 0) -> None:
+    """COLLECTIVE over `comm`: keeps the communicator that plans on `comm` exchange over alive between plans
+    (ncclM2nCommRetain), so that plans and reshards made one after another on it split nothing. release() it
+    before closing `comm`."""
+    cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, 0, timeout_s)
+    _call("ncclM2nCommRetain", comm.handle, ctypes.byref(cfg))
+
+
+def release(comm: Communicator) -> None:
+    """Local: undoes retain() (the exchange communicator goes with the last plan on it)."""
+    _call("ncclM2nCommRelease", comm.handle)
+
+
+from .sync import WeightSync, release_communicators, reshard  # noqa: E402  (they build on the classes above)
 
 _lib()  # at import, as nccl.ep

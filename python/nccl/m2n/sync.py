@@ -9,7 +9,33 @@ from __future__ import annotations
 import pickle
 
 from .._ext.objects import all_gather_bytes
-from . import Communicator, Layout, NcclInvalidArgument, Plan
+from . import Communicator, Layout, NcclInvalidArgument, Plan, release, retain
+
+# reshard's communicators: torch group (the default group's object for None) -> Communicator, retained.
+_COMMUNICATORS: dict = {}
+
+
+def _communicator_for(group) -> Communicator:
+    """The Communicator reshard uses on a torch group: made, its exchange communicator retained, at the group's
+    first reshard; the same one after (like the NCCL communicator torch keeps for a group)."""
+    import torch.distributed as dist
+
+    key = dist.group.WORLD if group is None else group
+    comm = _COMMUNICATORS.get(key)
+    if comm is None:
+        comm = Communicator(group)
+        retain(comm)
+        _COMMUNICATORS[key] = comm
+    return comm
+
+
+def release_communicators() -> None:
+    """COLLECTIVE over each group reshard has used: closes the communicators it keeps (before destroying those
+    torch groups, or to free their memory)."""
+    while _COMMUNICATORS:
+        _, comm = _COMMUNICATORS.popitem()
+        release(comm)
+        comm.close()
 
 
 def _group_rank(group):
@@ -44,8 +70,9 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None,
     `src` is a DTensor (its layout is read from it) or this rank's local tensor / None with `src_layout`. `dst` is a
     Layout, or (DeviceMesh, placements): then a rank of that mesh gets a DTensor, of `dtype` (default the
     source's; fp32 <-> bf16 is converted on the way). `out` is an optional destination tensor (else one is
-    allocated). Every rank passes the same layouts. Each call plans once (and makes a
-    communicator when given a torch group): a reshard repeated with the same layouts belongs in a Plan."""
+    allocated). Every rank passes the same layouts. Each call plans once: a reshard repeated with the same layouts
+    belongs in a Plan. On a torch group, the first call makes a communicator that later calls on the group reuse
+    (release_communicators() closes it); on a Communicator, retain() it to spare each call a communicator split."""
     import torch
 
     comm_group = group.group if isinstance(group, Communicator) else group
@@ -57,7 +84,8 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None,
                                       s_lay.dtype if dtype is None else dtype).with_ranks(_group_rank(comm_group))
     if not isinstance(dst, Layout):
         raise NcclInvalidArgument("reshard: dst must be a Layout or (DeviceMesh, placements)")
-    with Plan([("reshard", s_lay, dst)], group, timeout_s=timeout_s) as plan:
+    comm = group if isinstance(group, Communicator) else _communicator_for(group)
+    with Plan([("reshard", s_lay, dst)], comm, timeout_s=timeout_s) as plan:
         box = dst.local_box(plan.comm.rank)
         if box is not None and out is None:
             out = torch.empty(box[1], dtype=_torch_dtype(dst.dtype), device=plan.comm.device)
