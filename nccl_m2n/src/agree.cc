@@ -60,4 +60,16 @@ std::string firstDifference(const std::vector<std::vector<uint64_t>>& all, int64
   return "the ranks' metadata hashes differ, but no tensor of the group does (a hash collision?)";
 }
 
+ExchangeDecision decideExchange(const std::vector<ExchangeVote>& votes) {
+  ExchangeDecision d;
+  d.reuse = !votes.empty();
+  uint64_t splits = 0;
+  for (const ExchangeVote& v : votes) {
+    d.reuse = d.reuse && v.reuse != 0 && v.reuse == votes[0].reuse;
+    splits = std::max(splits, v.splits);
+  }
+  d.generation = d.reuse ? votes[0].reuse : splits + 1;
+  return d;
+}
+
 }  // namespace ncclm2n

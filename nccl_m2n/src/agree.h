@@ -41,4 +41,20 @@ Agreement compareDigests(const std::vector<Digest>& all);
 std::string firstDifference(const std::vector<std::vector<uint64_t>>& all, int64_t lo,
                             const std::vector<std::string>& names);
 
+// Which exchange communicator a plan on a caller's communicator takes (executor.cc's ExchangeComm). Each rank votes
+// the generation of the one it could reuse (0: none) and how many it split from that communicator; every rank
+// decides the same from all votes: reuse when all name the same non-zero generation, else split a new one numbered
+// past every rank's count (so that the ranks' numbers agree again even where their counts drifted).
+struct ExchangeVote {
+  uint64_t reuse = 0;
+  uint64_t splits = 0;
+};
+
+struct ExchangeDecision {
+  bool reuse = false;
+  uint64_t generation = 0;  // the reused one's, or the new split's
+};
+
+ExchangeDecision decideExchange(const std::vector<ExchangeVote>& votes);
+
 }  // namespace ncclm2n

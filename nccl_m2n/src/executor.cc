@@ -107,13 +107,8 @@ std::map<ncclComm_t, SplitRecord>& splitRecords() {
   return *records;
 }
 
-// What a rank says of the exchange communicator it could reuse on a caller's communicator: the generation of the
-// latest one still alive and not aborted (0: none) and how many it split there.
-struct ExchangeVote {
-  uint64_t reuse = 0;
-  uint64_t splits = 0;
-};
-
+// A rank's vote: the latest exchange communicator of `comm` still alive and not aborted (its generation; 0: none)
+// and how many it split there.
 ExchangeVote voteFor(ncclComm_t comm, std::shared_ptr<ExchangeComm>* reusable) {
   std::lock_guard<std::mutex> lock(splitsMu);
   SplitRecord& rec = splitRecords()[comm];
@@ -125,23 +120,18 @@ ExchangeVote voteFor(ncclComm_t comm, std::shared_ptr<ExchangeComm>* reusable) {
   return v;
 }
 
-// Every rank's vote known: the candidate where all ranks hold the same one, else a new split (blocking, whatever
-// the caller's communicator is), numbered past every rank's count so that all give it one generation.
+// Every rank's vote known (agree.h: decideExchange): the candidate all ranks hold, else a new split (blocking,
+// whatever the caller's communicator is).
 ncclResult_t chooseExchange(ncclComm_t comm, int rank, int device, const std::vector<ExchangeVote>& votes,
                             std::shared_ptr<ExchangeComm> reusable, std::shared_ptr<ExchangeComm>* out) {
-  bool reuse = true;
-  uint64_t splits = 0;
-  for (const ExchangeVote& v : votes) {
-    reuse = reuse && v.reuse != 0 && v.reuse == votes[0].reuse;
-    splits = std::max(splits, v.splits);
-  }
-  if (reuse) {
+  const ExchangeDecision decided = decideExchange(votes);
+  if (decided.reuse) {
     *out = std::move(reusable);
     return ncclSuccess;
   }
   auto x = std::make_shared<ExchangeComm>();
   x->device = device;
-  x->generation = splits + 1;
+  x->generation = decided.generation;
   ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
   splitConfig.blocking = 1;
   NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &x->comm, &splitConfig));

@@ -66,5 +66,31 @@ TEST(M2nAgree, GroupsCoverTheBatchOnce) {
   }
 }
 
+// The exchange communicator's vote: reuse only when every rank names the same live one; otherwise every rank
+// numbers the new split alike, past the largest count, so that the next vote can agree.
+TEST(M2nAgree, ExchangeVotesReuseOnlyWhatEveryRankHolds) {
+  auto decide = [](std::vector<ExchangeVote> v) { return decideExchange(v); };
+  EXPECT_FALSE(decide({}).reuse);
+  ExchangeDecision d = decide({{0, 0}, {0, 0}});  // the first plan: a split, generation 1
+  EXPECT_FALSE(d.reuse);
+  EXPECT_EQ(d.generation, 1u);
+  d = decide({{1, 1}, {1, 1}, {1, 1}});  // all hold generation 1
+  EXPECT_TRUE(d.reuse);
+  EXPECT_EQ(d.generation, 1u);
+  d = decide({{1, 1}, {0, 1}});  // one rank let it go
+  EXPECT_FALSE(d.reuse);
+  EXPECT_EQ(d.generation, 2u);
+  d = decide({{3, 3}, {2, 3}});  // they hold different ones
+  EXPECT_FALSE(d.reuse);
+  EXPECT_EQ(d.generation, 4u);
+  d = decide({{0, 7}, {0, 2}, {0, 5}});  // counts that drifted apart: numbered past the largest
+  EXPECT_FALSE(d.reuse);
+  EXPECT_EQ(d.generation, 8u);
+  // A generation every rank then records as its count: the next vote agrees.
+  d = decide({{8, 8}, {8, 8}, {8, 8}});
+  EXPECT_TRUE(d.reuse);
+  EXPECT_EQ(d.generation, 8u);
+}
+
 }  // namespace
 }  // namespace ncclm2n
