@@ -15,8 +15,9 @@ worst-case sizing, a handle bound once) after warm-ups, and the host time of enq
            is torch.library's own cost;
   graph_c, graph_python: replays of CUDA graphs that captured `c` and `python` (inside a graph the layer costs
            nothing: the same kernels replay).
-Overhead = python - c (microseconds, synchronised time and enqueue time), and (python - c) / c. At 1 rank the kernels move no byte over a link: the GPU time
-is local copies, so the overhead is measured against the smallest GPU time it will ever be added to.
+Overhead = python - c (microseconds, synchronised time and enqueue time), and (python - c) / c. At 1 rank the
+kernels move no byte over a link: the GPU time is local copies, so the overhead is measured against the smallest
+GPU time it will ever be added to.
 """
 
 import argparse

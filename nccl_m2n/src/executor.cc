@@ -24,13 +24,14 @@
 namespace ncclm2n {
 
 // The communicator that carries the plans' exchanges: split from a caller's communicator by the first plan made on
-// it and shared by every later plan on it while one of them lives, so that only that first plan (or
-// ncclM2nReshard call) pays for the split. The watchdog aborts it when an exchange outlives its budget (a peer that
-// died or never executes), without touching the caller's communicator; every plan on it then fails.
+// it and shared by every later plan on it while one of them lives (or while ncclM2nCommRetain keeps it), so that
+// only that first plan (or ncclM2nReshard call) pays for the split. The watchdog aborts it when an exchange
+// outlives its budget (a peer that died or never executes), without touching the caller's communicator; every
+// plan on it then fails.
 struct ExchangeComm {
   ncclComm_t comm = nullptr;
   int device = 0;
-  uint64_t generation = 0;             // the same on every rank (see createPlan)
+  uint64_t generation = 0;             // the same on every rank (agree.h: decideExchange)
   std::timed_mutex mu;                 // one NCCL group's enqueue against the watchdog's abort
   std::atomic<bool> aborted{false};    // comm is gone: every later call of its plans fails with `why`
   std::atomic<bool> captured{false};   // an execute on it was captured in a CUDA graph

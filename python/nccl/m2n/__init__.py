@@ -478,7 +478,8 @@ class Plan:
 
     def check(self) -> None:
         """Raises NcclRemoteError once an execute's exchanges outlived the plan's timeout (a peer that died or never
-        executes): the plan's exchange communicator was aborted, destinations may hold partial data. Local, never blocks."""
+        executes): the plan's exchange communicator was aborted, destinations may hold partial data. Local, never
+        blocks."""
         if not self._h:
             raise NcclInvalidArgument("Plan: used after close()")
         _call("ncclM2nPlanGetAsyncError", self._h)
