@@ -89,7 +89,14 @@ typedef struct {
 
 /* One tensor of a batch: the same global shape on both sides, and the same dtype or one the executor converts to
  * (fp32 -> bf16, bf16 -> fp32; converted where the source is read). Byte counts below are of destination-typed
- * elements, as the wire carries them. */
+ * elements, as the wire carries them.
+ * fp8: a bf16 or fp32 source with an ncclFloat8e4m3 destination is quantised with one fp32 scale per block of 128
+ * columns of the last dim (the block's largest magnitude / 448, at least 1e-4 / 448; values divided by it, rounded
+ * to nearest even, saturating). The next entry of the batch must then have src and dst both NULL: its scales, a
+ * destination tensor [..., ceil(C / 128)] fp32 on the destination's mesh, each rank's part the blocks of its
+ * columns, dense (its execute pointers: src NULL, dst the scales). Every part of both layouts must hold whole
+ * blocks (columns from a multiple of 128 to a multiple of 128 or the last column), else plan creation fails naming
+ * the part. The source ranks quantise their parts before the moves; the values then travel at one byte each. */
 typedef struct {
   const char* name;             /* for messages; may be NULL */
   const ncclM2nLayout_t* src;
@@ -173,8 +180,8 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
  * tensors, the rest through the staging) on a communicator split from `comm` (by the first plan on `comm`; shared
  * by the plans created while one lives), inside an NVLink domain too (NCCL's own NVLink path). Every execute's
  * exchanges are watched: past the timeout that communicator is aborted (ncclM2nPlanGetAsyncError). A plan may be
- * destroyed before the CUDA graphs that captured its execute (not replayed after). LSA and zero-copy paths and fp8
- * conversion with block scales are not implemented yet.
+ * destroyed before the CUDA graphs that captured its execute (not replayed after). bf16 or fp32 -> fp8 e4m3 with
+ * one fp32 scale per 128 columns: see ncclM2nTensorSpec_t. LSA and zero-copy paths are not implemented yet.
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nPlan* ncclM2nPlan_t;
 

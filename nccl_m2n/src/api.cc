@@ -12,6 +12,7 @@
 #include "common/env.h"
 #include "nccl_m2n/src/executor.h"
 #include "nccl_m2n/src/plan.h"
+#include "nccl_m2n/src/quantize.h"
 
 struct ncclM2nHostPlan {
   std::vector<ncclM2nTransfer_t> lists[3];
@@ -98,12 +99,20 @@ ncclM2nTransfer_t toPublic(const ncclm2n::Transfer& t) {
   return o;
 }
 
-// The public batch as the planner's Problem (tensors only). Structural errors (NULL, sizes, magic) fail here.
-ncclResult_t translateBatch(int nTensors, const ncclM2nTensorSpec_t* tensors, ncclm2n::Problem* p) {
+// The public batch as the planner's Problem (tensors only). Structural errors (NULL, sizes, magic) fail here. An
+// entry with both layouts NULL is the scales of the tensor before it (quantize.h): marked in `isScales`, its layouts
+// left for rewriteFp8.
+ncclResult_t translateBatch(int nTensors, const ncclM2nTensorSpec_t* tensors, ncclm2n::Problem* p,
+                            std::vector<char>* isScales) {
   p->tensors.resize(nTensors);
+  isScales->assign(nTensors, 0);
   for (int t = 0; t < nTensors; t++) {
     ncclm2n::TensorPair& tp = p->tensors[t];
     tp.name = tensors[t].name ? tensors[t].name : "";
+    if (tensors[t].src == nullptr && tensors[t].dst == nullptr) {
+      (*isScales)[t] = 1;
+      continue;
+    }
     char side[96];
     snprintf(side, sizeof(side), "tensor %d (%s) source", t, tp.name.c_str());
     NCCLEXT_CHECK(translateLayout(tensors[t].src, side, &tp.src));
@@ -208,8 +217,11 @@ ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTenso
     p.options.ranksPerDomain = config->ranksPerDomain;
     if (config->domainOfRank)
       p.options.domainOfRank.assign(config->domainOfRank, config->domainOfRank + config->nRanks);
-    NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p));
+    std::vector<char> isScales;
+    NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p, &isScales));
     std::string why;
+    std::vector<ncclm2n::Fp8Tensor> fp8;
+    NCCLEXT_ARG(ncclm2n::rewriteFp8(&p, isScales, &fp8, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
     NCCLEXT_ARG(checkBatch(p, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
 
     ncclm2n::RankPlan mine;
@@ -280,13 +292,16 @@ ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensor
     NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
     ncclm2n::Problem p;
     p.nRanks = nRanks;
-    NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p));
+    std::vector<char> isScales;
+    NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p, &isScales));
     std::string why;
-    if (!checkBatch(p, &why) && why.empty()) why = "invalid batch";
+    std::vector<ncclm2n::Fp8Tensor> fp8;
+    // A rule broken here fails every rank together (plan creation's agreement), as a checkBatch failure does.
+    if (ncclm2n::rewriteFp8(&p, isScales, &fp8, &why) && !checkBatch(p, &why) && why.empty()) why = "invalid batch";
     ncclm2n::ExecOptions o;
     if (config && config->stagingBytes) o.stagingBytes = (int64_t)config->stagingBytes;
     o.timeoutSeconds = config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
-    return ncclm2n::createPlan(comm, std::move(p), why, o, plan);
+    return ncclm2n::createPlan(comm, std::move(p), std::move(fp8), why, o, plan);
   });
 }
 

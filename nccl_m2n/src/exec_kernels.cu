@@ -30,6 +30,14 @@ __global__ void moveKernel(const MoveDesc* descs, const MoveSegment* segs, int64
   }
 }
 
+// Grid rows are descriptors; each row's threads take that descriptor's blocks, grid-stride.
+__global__ void quantizeKernel(const QuantDesc* descs, const char* const* src, char* scratch) {
+  const QuantDesc q = descs[blockIdx.y];
+  const char* from = src[q.srcIndex];
+  for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < q.blocks; b += (int64_t)gridDim.x * blockDim.x)
+    quantizeBlock(q, b, from, scratch);
+}
+
 unsigned gridFor(int64_t segments) { return (unsigned)std::max<int64_t>(1, std::min<int64_t>(segments, kMaxCtas)); }
 
 // One launch of the move kernel K over n segments (none: nothing to launch).
@@ -49,6 +57,17 @@ ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_
     b.count = (int)std::min<int64_t>(kPointersPerLaunch, n - first);
     for (int i = 0; i < b.count; i++) b.p[i] = host ? host[first + i] : nullptr;
     NCCLEXT_CHECK(ncclext::launchKernel("m2n setPointers", setPointersKernel, dim3(1), dim3(128), 0, stream, arr, b));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlocks, const char* const* src,
+                            char* scratch, cudaStream_t stream) {
+  const int64_t ctas = std::min<int64_t>(std::max<int64_t>(1, (maxBlocks + 255) / 256), kMaxCtas);
+  for (int first = 0; first < nDescs; first += 65535) {  // a grid's rows
+    const unsigned rows = (unsigned)std::min(65535, nDescs - first);
+    NCCLEXT_CHECK(ncclext::launchKernel("m2n quantize", quantizeKernel, dim3((unsigned)ctas, rows), dim3(256), 0,
+                                        stream, descs + first, src, scratch));
   }
   return ncclSuccess;
 }

@@ -56,8 +56,15 @@ struct ncclM2nPlan {
   ncclm2n::MoveDesc *copies = nullptr, *sends = nullptr, *recvs = nullptr;
   ncclm2n::MoveSegment *copySegsDev = nullptr, *pack = nullptr, *unpack = nullptr;
   char* staging = nullptr;
-  const void** src = nullptr;  // [nTensors] the call's pointers, set by each execute
+  const void** src = nullptr;  // [nTensors + quant.size()] the call's pointers (with the scratch's), set by execute
   void** dst = nullptr;
+  // fp8 quantisation (quantize.h): the quantised tensors, this rank's descriptors, their scratch.
+  std::vector<int> fp8Tensors;
+  std::vector<ncclm2n::QuantDesc> quant;
+  std::vector<int> quantTensor;  // quant[j]'s tensor
+  ncclm2n::QuantDesc* quantDev = nullptr;
+  int64_t quantMaxBlocks = 0;
+  char* scratch = nullptr;
 };
 
 namespace ncclm2n {
@@ -274,8 +281,8 @@ ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream) {
 
 }  // namespace
 
-ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localError, const ExecOptions& o,
-                        ncclM2nPlan** out) {
+ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& fp8, const std::string& localError,
+                        const ExecOptions& o, ncclM2nPlan** out) {
   // Any failure below frees what was allocated so far (destroyPlan frees the device memory, then the plan).
   std::unique_ptr<ncclM2nPlan, void (*)(ncclM2nPlan*)> plan(new ncclM2nPlan(), destroyPlan);
   plan->comm = comm;
@@ -369,6 +376,19 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
   plan->nTensors = (int)p.tensors.size();
   for (const TensorPair& tp : p.tensors) plan->names.push_back(tp.name);
   holdings(p, rank, &plan->needSrc, &plan->needDst);
+  // A quantised tensor's moves read the scratch; the caller passes the bf16 / fp32 source, and no scales source.
+  int64_t scratchBytes = 0;
+  plan->quant = quantDescs(fp8, rank, &scratchBytes);
+  for (size_t j = 0; j < plan->quant.size(); j++) {
+    QuantDesc& q = plan->quant[j];
+    plan->quantTensor.push_back(q.srcIndex);
+    q.srcIndex = plan->nTensors + (int32_t)j;  // the caller's pointer, after the tensors' in the device array
+    plan->quantMaxBlocks = std::max(plan->quantMaxBlocks, q.blocks);
+  }
+  for (const Fp8Tensor& f : fp8) {
+    plan->fp8Tensors.push_back(f.tensor);
+    plan->needSrc[f.tensor + 1] = 0;
+  }
 
   const ExecTables& x = plan->tables;
   NCCLEXT_CHECK(upload(x.copies, &plan->copies));
@@ -378,8 +398,11 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, const std::string& localEr
   NCCLEXT_CHECK(upload(x.pack, &plan->pack));
   NCCLEXT_CHECK(upload(x.unpack, &plan->unpack));
   if (x.stagingBytes > 0) NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->staging), x.stagingBytes));
+  NCCLEXT_CHECK(upload(plan->quant, &plan->quantDev));
+  if (scratchBytes > 0) NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->scratch), scratchBytes));
   if (plan->nTensors > 0) {
-    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->src), sizeof(void*) * plan->nTensors));
+    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->src),
+                            sizeof(void*) * (plan->nTensors + plan->quant.size())));
     NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->dst), sizeof(void*) * plan->nTensors));
   }
   NCCLEXT_CHECK(connectPeers(plan.get(), stream));
@@ -399,7 +422,25 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   ExchangeComm& xc = *plan->x;
   if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
   const ExecTables& x = plan->tables;
-  NCCLEXT_CHECK(launchSetPointers(plan->src, src, plan->nTensors, stream));
+  // Quantised tensors: the moves read the scratch (values at tensor t, scales at t + 1); the quantiser reads the
+  // caller's sources, whose pointers follow the tensors' in the device array.
+  std::vector<const void*> withScratch;
+  if (!plan->fp8Tensors.empty()) {
+    withScratch.assign(plan->nTensors + plan->quant.size(), nullptr);
+    for (int t = 0; t < plan->nTensors; t++) withScratch[t] = src ? src[t] : nullptr;
+    for (int t : plan->fp8Tensors) withScratch[t] = withScratch[t + 1] = nullptr;
+    for (size_t j = 0; j < plan->quant.size(); j++) {
+      const QuantDesc& q = plan->quant[j];
+      const int t = plan->quantTensor[j];
+      withScratch[q.srcIndex] = src[t];
+      withScratch[t] = plan->scratch + q.valuesOffset;
+      withScratch[t + 1] = plan->scratch + q.scalesOffset;
+    }
+    src = withScratch.data();
+  }
+  NCCLEXT_CHECK(launchSetPointers(plan->src, src, plan->nTensors + (int64_t)plan->quant.size(), stream));
+  NCCLEXT_CHECK(launchQuantize(plan->quantDev, (int)plan->quant.size(), plan->quantMaxBlocks,
+                               reinterpret_cast<const char* const*>(plan->src), plan->scratch, stream));
   NCCLEXT_CHECK(launchSetPointers(const_cast<const void**>(plan->dst), const_cast<const void* const*>(dst),
                                   plan->nTensors, stream));
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
@@ -503,7 +544,8 @@ void destroyPlan(ncclM2nPlan* plan) {
   ncclext::Watchdog::instance().removeOwner(plan);  // after it, no action of the watchdog touches the plan
   plan->x.reset();  // the exchange communicator goes with the last plan on it
   for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,
-                  (void*)plan->pack, (void*)plan->unpack, (void*)plan->staging, (void*)plan->src, (void*)plan->dst})
+                  (void*)plan->pack, (void*)plan->unpack, (void*)plan->staging, (void*)plan->src, (void*)plan->dst,
+                  (void*)plan->quantDev, (void*)plan->scratch})
     if (p) cudaFree(p);
   delete plan;
 }

@@ -11,6 +11,7 @@
 
 #include "nccl_m2n/src/exec_tables.h"
 #include "nccl_m2n/src/plan.h"
+#include "nccl_m2n/src/quantize.h"
 
 struct ncclM2nPlan;
 
@@ -24,8 +25,9 @@ struct ExecOptions {
 // COLLECTIVE over comm. `problem` holds the batch (nRanks set, options empty: the domains come from NCCL's LSA
 // teams); `localError` is non-empty when this rank's batch failed validation (the ranks still meet, so that all of
 // them fail together).
-ncclResult_t createPlan(ncclComm_t comm, Problem&& problem, const std::string& localError, const ExecOptions& options,
-                        ncclM2nPlan** out);
+// `fp8`: the batch's tensors quantised to e4m3 (quantize.h; `problem` is rewritten already).
+ncclResult_t createPlan(ncclComm_t comm, Problem&& problem, std::vector<Fp8Tensor>&& fp8,
+                        const std::string& localError, const ExecOptions& options, ncclM2nPlan** out);
 ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst, cudaStream_t stream);
 void destroyPlan(ncclM2nPlan* plan);
 // ncclSuccess, or ncclRemoteError (with the text) once the watchdog aborted the plan's exchanges.

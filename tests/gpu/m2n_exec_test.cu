@@ -8,7 +8,7 @@
 // and every other destination byte its poison. The staging cap is small, so that streams take many chunks. Then:
 // a CUDA graph of one execute, replayed with fresh source values; and a batch that one rank names differently,
 // which every rank must refuse with a message naming that tensor. Every fifth batch's first tensor also goes through
-// the one-shot ncclM2nReshard.
+// the one-shot ncclM2nReshard. Then fp8 e4m3 with block scales (fp8Cases) against numeric.h's quantiser.
 //
 // --dead-peer: see runDeadPeer (the watchdog that bounds an execute whose peer died).
 //
@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,7 @@
 #include "nccl_m2n.h"
 #include "nccl_m2n/src/layout.h"
 #include "nccl_m2n/src/move.h"
+#include "nccl_m2n/src/quantize.h"
 #include "tests/harness/launcher.h"
 #include "tests/unit/m2n_elements.h"
 #include "tests/unit/m2n_random.h"
@@ -186,6 +188,134 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
   return bad;
 }
 
+// fp8 e4m3 with block scales (quantize.h) through the public API: layout pairs over this communicator's ranks
+// (sharded rows, columns on the 128-column grid, replicas, a column-major source), bf16 and fp32 sources of
+// normal values with outliers. Every destination value and scale must equal the global tensor quantised row by
+// row with numeric.h's fp8QuantizeRow (whole blocks; a short last block padded with zeros); destinations poisoned
+// first. Returns this rank's wrong elements (or 1 for a call that failed).
+int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
+  const int n = ctx.nRanks;
+  std::vector<int> all(n), reversed(n);
+  for (int r = 0; r < n; r++) all[r] = r, reversed[r] = n - 1 - r;
+  int64_t bad = 0, cases = 0;
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{5, 300}, {3, 128 * n}, {2, 3, 640}})
+    for (ncclDataType_t dt : {ncclBfloat16, ncclFloat32})
+      for (int variant = 0; variant < 4; variant++) {
+        const int last = (int)shape.size() - 1;
+        auto lay = [&](const std::vector<int>& ranks, int placement, ncclDataType_t t) {
+          Layout l;
+          l.globalShape = shape;
+          l.mesh.dims = {(int)ranks.size()};
+          l.mesh.ranks = ranks;
+          l.placements = {placement};
+          l.dtype = t;
+          return l;
+        };
+        // Sources: rows over every rank, or one replica on the last rank; destinations: columns (128 each when the
+        // shape allows it) over the ranks reversed, rows, or a replica everywhere.
+        Layout src = variant % 2 == 0 ? lay(all, 0, dt) : lay({n - 1}, kReplicate, dt);
+        Layout dst = variant < 2 ? lay(reversed, shape[last] == 128 * n ? last : 0, ncclFloat8e4m3)
+                                 : lay(all, kReplicate, ncclFloat8e4m3);
+        if (variant == 3 && shape.size() == 2) {  // column-major source parts
+          src = lay(all, 0, dt);
+          const ShardGrid sg(src);
+          for (int pos = 0; pos < n; pos++)
+            src.strides.insert(src.strides.end(), {1, std::max<int64_t>(1, sg.boxOfPosition(pos).shape[0])});
+        }
+        // The global tensor and its reference quantisation.
+        const int64_t cols = shape[last], total = product(shape.data(), (int)shape.size());
+        std::vector<float> g(total);
+        uint64_t x = seed * 7919 + (uint64_t)cases;
+        for (int64_t i = 0; i < total; i++) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          float v = ((float)((x >> 40) % 20001) - 10000.0f) / 1000.0f * (i % 257 == 0 ? 100.0f : 1.0f);
+          g[i] = dt == ncclBfloat16 ? ncclext::bf16ToFloat(ncclext::floatToBf16(v)) : v;
+        }
+        std::vector<uint8_t> wantQ;
+        std::vector<float> wantS;
+        testing::fp8Reference(g, cols, &wantQ, &wantS);
+        // The public batch: the tensor, then its scales entry (no layouts).
+        CLayout cs, cd;
+        cs.from(src);
+        cd.from(dst);
+        const ncclM2nTensorSpec_t specs[2] = {{"q", &cs.layout, &cd.layout}, {"q.scales", nullptr, nullptr}};
+        ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+        cfg.timeoutSeconds = 60;
+        cfg.stagingBytes = 4096 * 4 * (size_t)std::max(1, n - 1);
+        ncclM2nPlan_t plan = nullptr;
+        if (ncclM2nPlanCreate(&plan, ctx.comm, 2, specs, &cfg) != ncclSuccess) {
+          fprintf(stderr, "rank %d fp8 case %lld: ncclM2nPlanCreate: %s\n", ctx.rank, (long long)cases,
+                  ncclM2nGetLastError());
+          return bad + 1;
+        }
+        // This rank's source part (its strides), its destination values and scales, poisoned.
+        const Layout scalesDst = scalesLayout(dst);
+        void* dev[3] = {nullptr, nullptr, nullptr};
+        size_t bytes[3] = {0, 0, 0};
+        std::vector<char> host[3];
+        const int sp = positionOf(src.mesh, ctx.rank), dp = positionOf(dst.mesh, ctx.rank);
+        const ShardGrid sg(src), dg(dst), sdg(scalesDst);
+        const int64_t eb = (int64_t)elementSize(dt);
+        if (sp >= 0) {
+          host[0].assign(std::max<int64_t>(sg.localSpan(sp), 1) * eb, 0);
+          testing::forEachElement(sg, sp, src.ndims(), [&](const int64_t* gi, int64_t off) {
+            const float v = g[globalLinear(src, gi)];
+            if (eb == 2) {
+              const uint16_t b = ncclext::floatToBf16(v);
+              memcpy(&host[0][off * 2], &b, 2);
+            } else {
+              memcpy(&host[0][off * 4], &v, 4);
+            }
+          });
+        }
+        if (dp >= 0) {
+          host[1].assign(std::max<int64_t>(dg.localSpan(dp), 1), 0);
+          host[2].assign(std::max<int64_t>(sdg.localSpan(dp), 1) * 4, 0);
+        }
+        bool ok = true;
+        for (int k = 0; k < 3 && ok; k++) {
+          bytes[k] = host[k].size();
+          if (bytes[k] == 0) continue;
+          ok = cudaMalloc(&dev[k], bytes[k]) == cudaSuccess &&
+               (k == 0 ? cudaMemcpy(dev[k], host[0].data(), bytes[k], cudaMemcpyHostToDevice)
+                       : cudaMemset(dev[k], 0xff, bytes[k])) == cudaSuccess;
+        }
+        const void* srcPtrs[2] = {dev[0], nullptr};
+        void* dstPtrs[2] = {dev[1], dev[2]};
+        ok = ok && ncclM2nExecute(plan, srcPtrs, dstPtrs, ctx.stream) == ncclSuccess &&
+             ncclext::waitStream(ctx.stream, 60, "m2n fp8 execute") == ncclSuccess;
+        if (!ok) {
+          fprintf(stderr, "rank %d fp8 case %lld: %s / %s\n", ctx.rank, (long long)cases, ncclM2nGetLastError(),
+                  cudaGetErrorString(cudaGetLastError()));
+          bad++;
+        }
+        for (int k = 1; k < 3 && ok; k++)
+          if (bytes[k]) ok = cudaMemcpy(host[k].data(), dev[k], bytes[k], cudaMemcpyDeviceToHost) == cudaSuccess;
+        if (ok && dp >= 0) {
+          int64_t wrong = 0;
+          testing::forEachElement(dg, dp, dst.ndims(), [&](const int64_t* gi, int64_t off) {
+            wrong += (uint8_t)host[1][off] != wantQ[globalLinear(dst, gi)];
+          });
+          testing::forEachElement(sdg, dp, scalesDst.ndims(), [&](const int64_t* gi, int64_t off) {
+            wrong += memcmp(&host[2][off * 4], &wantS[globalLinear(scalesDst, gi)], 4) != 0;
+          });
+          if (wrong)
+            fprintf(stderr, "rank %d fp8 case %lld (%zu-D, %lld columns, %s, variant %d): %lld wrong\n", ctx.rank,
+                    (long long)cases, shape.size(), (long long)cols, dt == ncclBfloat16 ? "bf16" : "fp32", variant,
+                    (long long)wrong);
+          bad += wrong;
+        }
+        cudaStreamSynchronize(ctx.stream);
+        ncclM2nPlanDestroy(plan);
+        for (void* p : dev)
+          if (p) cudaFree(p);
+        cases++;
+      }
+  printf("rank %d: fp8 e4m3 with block scales: %lld layout pairs, %lld wrong elements\n", ctx.rank, (long long)cases,
+         (long long)bad);
+  return bad;
+}
+
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
   int64_t errors = 0, cases = 0, elements = 0, oneShots = 0;
   bool graphDone = false, graphOk = true;
@@ -293,6 +423,8 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     heldGraph = nullptr;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  errors += fp8Cases(ctx, o.seed);
 
   // Metadata that differs on one rank: every rank refuses the batch, naming the tensor.
   bool mismatchOk = true;

@@ -187,3 +187,23 @@ def test_execute_argument_checks_without_a_gpu():
                 plan._pointers(tensors, side)
         ok = plan._pointers([good, torch.zeros(6, 4).t()], dst)  # column-major storage, as the layout says
         assert ok[1] is not None
+
+
+def test_fp8_scales_entries_plan_on_the_host():
+    """An e4m3 destination of a bf16 tensor, followed by its scales entry (no layouts): the host plan moves values
+    and scales (the scales' boxes the blocks of each part's columns); a part off the 128-column grid is refused."""
+    src = m2n.Layout((4, 640), torch.bfloat16, mesh=[0, 1], placements=[m2n.shard(0)])
+    dst = m2n.Layout((4, 640), torch.float8_e4m3fn, mesh=[2, 3], placements=[m2n.shard(1)])  # 320 columns each
+    with pytest.raises(m2n.NcclError, match=r"holds columns \[0, 320\): every part must hold whole blocks"):
+        m2n.HostPlan([("w", src, dst), ("w.scales", None, None)], rank=0, n_ranks=4)
+    src = m2n.Layout((4, 700), torch.bfloat16, mesh=[0, 1], placements=[m2n.shard(0)])
+    dst = m2n.Layout((4, 700), torch.float8_e4m3fn, mesh=[[2, 3], [0, 1]],
+                     boxes=[((0, 0), (2, 640)), ((0, 640), (2, 60)), ((2, 0), (2, 640)), ((2, 640), (2, 60))])
+    scales = dst.fp8_scales()
+    assert scales.global_shape == (4, 6) and scales.local_box(3) == ((0, 5), (2, 1))  # columns [640, 700)
+    assert scales.local_box(0) == ((2, 0), (2, 5))
+    with m2n.HostPlan([("w", src, dst), ("w.scales", None, None)], rank=0, n_ranks=4) as plan:
+        sent = plan.transfers("sends") + plan.transfers("copies")
+    assert {t["tensor"] for t in sent} == {0, 1}  # rank 0 holds source rows 0-1: values and scales leave it
+    with pytest.raises(m2n.NcclError, match="the next entry must be its scales"):
+        m2n.HostPlan([("w", src, dst)], rank=0, n_ranks=4)

@@ -266,6 +266,40 @@ def test_reshards_on_a_group_share_one_communicator(world, comm):
     assert not sync._COMMUNICATORS
 
 
+def _fp8_reference(full):
+    """[R, C] -> e4m3 values and fp32 scales, one per 128 columns, as torch computes them (a short last block: its
+    own elements)."""
+    R, C = full.shape
+    x = full.float()
+    blocks = -(-C // 128)
+    pad = torch.nn.functional.pad(x, (0, blocks * 128 - C)).view(R, blocks, 128)
+    scales = pad.abs().amax(dim=2).clamp(min=1e-4) / 448.0
+    q = (pad / scales[:, :, None]).view(R, blocks * 128)[:, :C].to(torch.float8_e4m3fn)
+    return q, scales
+
+
+def test_fp8_with_block_scales_from_bf16(world, comm):
+    """bf16 rows over every rank -> e4m3 replicated everywhere with its scales (the entry after it, no layouts),
+    against torch's own quantisation of the global tensor; destinations poisoned first."""
+    rank, size = world
+    gen = torch.Generator().manual_seed(_shared_seed(rank) + 6)
+    R, C = 6, 300
+    full = (torch.randn(R, C, generator=gen) * 3).to(torch.bfloat16)
+    full[0, :5] *= 100  # an outlier block
+    src = m2n.Layout((R, C), torch.bfloat16, mesh=list(range(size)), placements=[m2n.shard(0)])
+    dst = m2n.Layout((R, C), torch.float8_e4m3fn, mesh=list(range(size)), placements=[m2n.REPLICATE])
+    want_q, want_s = _fp8_reference(full)
+    y = torch.full((R, C), 0xff, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    s = torch.full(tuple(want_s.shape), float("nan"), device="cuda")
+    box = src.local_box(rank)
+    x = _local(full, box).contiguous().cuda() if box is not None and box[1][0] > 0 else None
+    with m2n.Plan([("w", src, dst), ("w.scales", None, None)], comm, timeout_s=20) as plan:
+        plan.execute([x, None], [y, s])
+        torch.cuda.synchronize()
+    ok = torch.equal(y.cpu().view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s.cpu(), want_s)
+    _everywhere([] if ok else ["fp8"])
+
+
 @pytest.mark.parametrize("colocated,convert", [(False, False), (True, False), (False, True), (True, True)])
 def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated, convert):
     """fp32 trainer weights; inference tensors fp32, or bf16 (convert: converted on the way, as torch rounds)."""

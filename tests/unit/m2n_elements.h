@@ -1,9 +1,13 @@
 // Walking a layout's local elements, for the M2N oracles (the CPU simulator and the GPU executor test): the global
 // row-major index of an element, every element of a mesh position with its local offset, and a value that names
-// (round, tensor, element) and fills any element size.
+// (round, tensor, element) and fills any element size; the fp8 oracle (a global tensor quantised row by row).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
+
+#include "common/numeric.h"
 
 #include "nccl_m2n/src/layout.h"
 
@@ -43,6 +47,23 @@ inline uint64_t elementValue(uint64_t round, uint64_t tensor, int64_t linear) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// The fp8 oracle: each row of g ([rows][cols], row-major) quantised with numeric.h's fp8QuantizeRow, 128 columns a
+// block (a short last block padded with zeros, which leave its largest magnitude as it is): e4m3 values and fp32
+// scales [rows][ceil(cols / 128)].
+inline void fp8Reference(const std::vector<float>& g, int64_t cols, std::vector<uint8_t>* q, std::vector<float>* s) {
+  const int64_t rows = (int64_t)g.size() / cols, blocks = (cols + 127) / 128;
+  q->assign(g.size(), 0);
+  s->assign(rows * blocks, 0.0f);
+  std::vector<float> row(blocks * 128);
+  std::vector<uint8_t> qr(blocks * 128);
+  for (int64_t r = 0; r < rows; r++) {
+    std::fill(row.begin(), row.end(), 0.0f);
+    std::copy(g.begin() + r * cols, g.begin() + (r + 1) * cols, row.begin());
+    ncclext::fp8QuantizeRow(row.data(), (int)(blocks * 128), false, qr.data(), s->data() + r * blocks);
+    std::copy(qr.begin(), qr.begin() + cols, q->begin() + r * cols);
+  }
 }
 
 }  // namespace testing

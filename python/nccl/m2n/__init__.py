@@ -228,6 +228,27 @@ class Layout:
             c.localStrides = self._strides
         self._c = c
 
+    def fp8_scales(self) -> "Layout":
+        """The layout of this (e4m3) layout's scales tensor: fp32, the last dim in blocks of 128 columns, each
+        position's part the blocks of its columns (docs/M2N.md, fp8)."""
+        import torch
+
+        blocks = lambda n: -(-n // 128)  # noqa: E731
+        boxes = []
+        for r in self.mesh_ranks:
+            off, shp = self.local_box(r)
+            lo, hi = off[-1], off[-1] + shp[-1]
+            empty = any(x == 0 for x in shp)
+            boxes.append((off[:-1] + (lo // 128,), shp[:-1] + (0 if empty else blocks(hi) - lo // 128,)))
+        shape = self.global_shape[:-1] + (blocks(self.global_shape[-1]),)
+        return Layout(shape, torch.float32, mesh=self._mesh_nested(), boxes=boxes)
+
+    def _mesh_nested(self):
+        flat, dims = list(self.mesh_ranks), list(self.mesh_dims)
+        for d in reversed(dims[1:]):
+            flat = [flat[i:i + d] for i in range(0, len(flat), d)]
+        return flat
+
     def validate(self, n_ranks: int = 0) -> "Layout":
         """Raises NcclInvalidArgument naming what is wrong (n_ranks 0: ranks unbounded)."""
         _call("ncclM2nLayoutValidate", ctypes.byref(self._c), n_ranks)
@@ -357,8 +378,9 @@ def _specs(tensors):
     names = [n.encode() for n, _, _ in tensors]
     for i, (_, s, d) in enumerate(tensors):
         specs[i].name = names[i]
-        specs[i].src = ctypes.pointer(s._c)
-        specs[i].dst = ctypes.pointer(d._c)
+        if s is not None or d is not None:  # both None: the scales of the e4m3 tensor before it
+            specs[i].src = ctypes.pointer(s._c)
+            specs[i].dst = ctypes.pointer(d._c)
     return specs, names
 
 
@@ -379,11 +401,13 @@ class _Side:
 
         self.name = "source" if which == 1 else "destination"
         self.shapes, self.strides = [], []
-        self.dtypes = [t[which].dtype for t in tensors]
-        self.torch_dtypes = [torch_dtype(code) for code in self.dtypes]  # None: compared by NCCL type instead
-        for t in tensors:
-            lay = t[which]
-            box = lay.local_box(rank)
+        # An e4m3 tensor's scales entry (no layouts): no source; its destination is the fp8_scales() layout.
+        lays = [t[which] if t[which] is not None or which == 1 or i == 0 or tensors[i - 1][2] is None
+                else tensors[i - 1][2].fp8_scales() for i, t in enumerate(tensors)]
+        self.dtypes = [-1 if lay is None else lay.dtype for lay in lays]
+        self.torch_dtypes = [None if lay is None else torch_dtype(lay.dtype) for lay in lays]  # None: NCCL type
+        for lay in lays:
+            box = None if lay is None else lay.local_box(rank)
             self.shapes.append(None if box is None else torch.Size(box[1]))
             st = None
             if box is not None and lay.local_strides is not None:
