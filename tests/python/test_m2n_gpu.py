@@ -332,3 +332,46 @@ def test_weight_sync_from_trainer_to_inference_ranks(world, comm, colocated, con
                          if not torch.equal(y.cpu(), _local(fulls[n] + step, dst.local_box(rank)).to(y.dtype))])
             for n, (x, _) in trainer.items():  # a training step: the trainer's weights change in place
                 x.add_(1)
+
+
+def test_weight_sync_into_fp8_inference_weights(world, comm):
+    """bf16 trainer rows -> fp8 e4m3 inference weights (rows over the inference ranks) with their scales, a layer's
+    norm kept bf16; against torch's quantisation of the global weights, two steps."""
+    rank, size = world
+    shapes = {"layers.0.mlp": (16, 384), "layers.0.norm": (384,)}
+    gen = torch.Generator().manual_seed(_shared_seed(rank) + 7)
+    fulls = {n: (torch.randn(s, generator=gen) * 2).to(torch.bfloat16) for n, s in shapes.items()}
+    trainer, inference = {}, {}
+    for n, full in fulls.items():
+        src = m2n.Layout(full.shape, torch.bfloat16, mesh=list(range(size)), placements=[m2n.shard(0)])
+        trainer[n] = (_local(full, src.local_box(rank)).contiguous().cuda(), src)
+        if full.dim() == 1:
+            dst = m2n.Layout(full.shape, torch.bfloat16, mesh=list(reversed(range(size))), placements=[m2n.REPLICATE])
+            inference[n] = (_poison(dst.local_box(rank)[1], torch.bfloat16), dst)
+            continue
+        dst = m2n.Layout(full.shape, torch.float8_e4m3fn, mesh=list(reversed(range(size))), placements=[m2n.shard(0)])
+        shape = dst.local_box(rank)[1]
+        values = torch.full(shape, 0xff, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        scales = torch.full(dst.fp8_scales().local_box(rank)[1], float("nan"), device="cuda")
+        inference[n] = (values, dst, scales)
+    with m2n.WeightSync(comm, timeout_s=20) as ws:
+        ws.plan(trainer=trainer, inference=inference)
+        for step in range(2):
+            ws.sync()
+            torch.cuda.synchronize()
+            bad = []
+            for n, entry in inference.items():
+                if len(entry) == 2:
+                    y, dst = entry
+                    if not torch.equal(y.cpu(), _local(fulls[n] + step, dst.local_box(rank))):
+                        bad.append(n)
+                    continue
+                values, dst, scales = entry
+                want_q, want_s = _fp8_reference(fulls[n] + step)
+                box = dst.local_box(rank)
+                if not (torch.equal(values.cpu().view(torch.uint8), _local(want_q, box).view(torch.uint8))
+                        and torch.equal(scales.cpu(), _local(want_s, dst.fp8_scales().local_box(rank)))):
+                    bad.append(n)
+            _everywhere([(n, step) for n in bad])
+            for x, _ in trainer.values():
+                x.add_(1)

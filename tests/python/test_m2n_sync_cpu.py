@@ -74,6 +74,19 @@ def test_match_takes_the_conversions_the_executor_does():
         assert name == "w" and s.dtype != d.dtype
 
 
+def test_match_takes_fp8_and_adds_its_scales_entry():
+    for a in (torch.float32, torch.bfloat16):
+        everyone = [_rank(src={"w": _lay((4, 256), [0], m2n.REPLICATE, a), "b": _lay((4,), [0], m2n.REPLICATE)}),
+                    _rank(dst={"w": _lay((4, 256), [1], m2n.shard(0), torch.float8_e4m3fn),
+                               "b": _lay((4,), [1], m2n.REPLICATE)})]
+        entries = sync.batch(sync.match(everyone))
+        assert [(n, s is None, d is None) for n, s, d in entries] == [("b", False, False), ("w", False, False),
+                                                                         ("w.scales", True, True)]
+        # The host planner takes that batch: values and scales both reach rank 1.
+        with m2n.HostPlan(entries, rank=1, n_ranks=2) as plan:
+            assert {t["tensor"] for t in plan.transfers("recvs")} == {0, 1, 2}
+
+
 @pytest.mark.parametrize("everyone,message", [
     ([_rank(src={"a": _lay((4,), [0], m2n.REPLICATE)}), _rank(dst={"b": _lay((4,), [1], m2n.REPLICATE)})],
      "inference tensor 'b' has no trainer tensor 'b'"),

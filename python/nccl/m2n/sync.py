@@ -110,8 +110,25 @@ def _torch_dtype(code: int):
 
 
 # (source, destination) NCCL types the executor takes: the same type, or a conversion it does in flight
-# (fp32 -> bf16, bf16 -> fp32; libnccl_m2n decides, and refuses the rest at plan time).
-_CONVERTIBLE = {(c, c) for c in range(16)} | {(7, 9), (9, 7)}
+# (fp32 -> bf16, bf16 -> fp32, and fp32 / bf16 -> fp8 e4m3 with block scales; libnccl_m2n decides, and refuses the
+# rest at plan time).
+_FP8 = 10  # ncclFloat8e4m3
+_CONVERTIBLE = {(c, c) for c in range(16)} | {(7, 9), (9, 7), (7, _FP8), (9, _FP8)}
+
+
+def _quantised(s: Layout, d: Layout) -> bool:
+    return d.dtype == _FP8 and s.dtype != _FP8
+
+
+def batch(tensors) -> list:
+    """Plan entries of match()'s tensors: (name, source, destination), and after each tensor quantised to fp8 its
+    scales entry (name + ".scales", None, None)."""
+    out = []
+    for name, _, s, d in tensors:
+        out.append((name, s, d))
+        if _quantised(s, d):
+            out.append((name + ".scales", None, None))
+    return out
 
 
 def _merge(everyone, side):
@@ -157,7 +174,9 @@ class WeightSync:
         sync.sync()                                       # COLLECTIVE, every step (the current stream)
 
     `trainer` (on trainer ranks; None elsewhere): name -> DTensor, or (local tensor or None, Layout). `inference`
-    (on inference ranks): name -> (local tensor, Layout), or DTensor. A rank on both sides passes both. The layouts
+    (on inference ranks): name -> (local tensor, Layout), or DTensor; an fp8 e4m3 Layout (from bf16 or fp32 trainer
+    weights, quantised on the way, one fp32 scale per 128 columns) takes (local tensor, Layout, local scales tensor):
+    see Layout.fp8_scales() for the scales' shape. A rank on both sides passes both. The layouts
     are exchanged in plan() (one all-gather of their plain-data form), so no rank needs the other side's. `name_map` maps an inference
     name to its trainer name (a dict or a callable; default: the same name). Every inference tensor needs a trainer
     tensor of the same global shape and dtype (else plan() raises on every rank, naming it); trainer tensors no
@@ -181,9 +200,13 @@ class WeightSync:
                         t, lay = v, Layout.from_dtensor(v).with_ranks(rank_of)
                     elif isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], Layout):
                         t, lay = v
+                    elif side == "dst" and isinstance(v, tuple) and len(v) == 3 and isinstance(v[1], Layout) \
+                            and v[1].dtype == _FP8:
+                        t, lay = (v[0], v[2]), v[1]  # values and scales
                     else:
-                        raise NcclInvalidArgument("%s %r: give a DTensor or (tensor, Layout)" %
-                                                  ("trainer" if side == "src" else "inference", name))
+                        raise NcclInvalidArgument("%s %r: give a DTensor or (tensor, Layout)%s" % (
+                            "trainer" if side == "src" else "inference", name,
+                            "" if side == "src" else " (fp8: (tensor, Layout, scales))"))
                     mine[side][name] = lay.to_dict()
                     store[name] = t
         except (NcclInvalidArgument, NotImplementedError) as e:
@@ -195,8 +218,7 @@ class WeightSync:
         tensors = match(everyone, name_map)
         self.close()
         self._tensors = tensors
-        self._plan = Plan([(n, s, d) for n, _, s, d in tensors], self.group, staging_bytes=self.staging_bytes,
-                          timeout_s=self.timeout_s)
+        self._plan = Plan(batch(tensors), self.group, staging_bytes=self.staging_bytes, timeout_s=self.timeout_s)
 
     def sync(self, trainer: dict | None = None, inference: dict | None = None, stream=None) -> None:
         """COLLECTIVE, stream-ordered: one execute of the planned batch."""
@@ -204,8 +226,17 @@ class WeightSync:
             raise NcclInvalidArgument("WeightSync.sync: plan() first")
         src_local = self._src_local if trainer is None else trainer
         dst_local = self._dst_local if inference is None else inference
-        src = [src_local.get(tname) for _, tname, _, _ in self._tensors]
-        dst = [dst_local.get(name) for name, _, _, _ in self._tensors]
+        src, dst = [], []
+        for name, tname, s, d in self._tensors:
+            src.append(src_local.get(tname))
+            if not _quantised(s, d):
+                dst.append(dst_local.get(name))
+                continue
+            values = dst_local.get(name)  # (values, scales) on a rank that holds a part, else None
+            if values is not None and not (isinstance(values, tuple) and len(values) == 2):
+                raise NcclInvalidArgument("WeightSync.sync: inference %r is fp8: give (values, scales)" % name)
+            src.append(None)
+            dst.extend(values if values is not None else (None, None))
         self._plan.execute(src, dst, stream=stream)
 
     @property
