@@ -91,12 +91,14 @@ typedef struct {
  * (fp32 -> bf16, bf16 -> fp32; converted where the source is read). Byte counts below are of destination-typed
  * elements, as the wire carries them.
  * fp8: a bf16 or fp32 source with an ncclFloat8e4m3 destination is quantised with one fp32 scale per block of 128
- * columns of the last dim (the block's largest magnitude / 448, at least 1e-4 / 448; values divided by it, rounded
- * to nearest even, saturating). The next entry of the batch must then have src and dst both NULL: its scales, a
- * destination tensor [..., ceil(C / 128)] fp32 on the destination's mesh, each rank's part the blocks of its
- * columns, dense (its execute pointers: src NULL, dst the scales). Every part of both layouts must hold whole
- * blocks (columns from a multiple of 128 to a multiple of 128 or the last column), else plan creation fails naming
- * the part. The source ranks quantise their parts before the moves; the values then travel at one byte each. */
+ * columns of the last dim, and of fp8BlockRows rows of the dim before it (the config's: 1, or 128 for 128 x 128
+ * weight blocks as DeepSeek-V3's checkpoints have them): the block's largest magnitude / 448, at least 1e-4 / 448;
+ * values divided by it, rounded to nearest even, saturating. The next entry of the batch must then have src and dst
+ * both NULL: its scales, a destination tensor of the shape in blocks ([..., ceil(R / rows), ceil(C / 128)]) fp32 on
+ * the destination's mesh, each rank's part the blocks of its part, dense (its execute pointers: src NULL, dst the
+ * scales). Every part of both layouts must hold whole blocks (from a multiple of the block to a multiple of it or
+ * the dim's end), else plan creation fails naming the part. The source ranks quantise their parts before the
+ * moves; the values then travel at one byte each. */
 typedef struct {
   const char* name;             /* for messages; may be NULL */
   const ncclM2nLayout_t* src;
@@ -109,8 +111,9 @@ typedef struct {
   int nRanks;               /* communicator size, 1..2^20; every mesh rank is below it */
   int ranksPerDomain;       /* NVLink domain of rank r = r / ranksPerDomain; 0 = one domain */
   const int* domainOfRank;  /* NULL, or nRanks entries (wins over ranksPerDomain) */
+  int fp8BlockRows;         /* rows of an fp8 scale block (see ncclM2nTensorSpec_t): 1 (0 too) or 128 */
 } ncclM2nPlanConfig_t;
-#define NCCL_M2N_PLAN_CONFIG_INITIALIZER {sizeof(ncclM2nPlanConfig_t), NCCL_M2N_MAGIC, 0, 0, NULL}
+#define NCCL_M2N_PLAN_CONFIG_INITIALIZER {sizeof(ncclM2nPlanConfig_t), NCCL_M2N_MAGIC, 0, 0, NULL, 0}
 
 /* Checks one layout; ncclInvalidArgument with a message naming the problem. nRanks 0: ranks unbounded. Local. */
 NCCL_M2N_API ncclResult_t ncclM2nLayoutValidate(const ncclM2nLayout_t* layout, int nRanks);
@@ -191,8 +194,9 @@ typedef struct {
   size_t stagingBytes;   /* staging cap per rank; 0: 256 MiB */
   double timeoutSeconds; /* budget of plan creation's host collectives, of connecting to the plan's peers and of each
                             execute's exchanges; 0: NCCL_EXT_TIMEOUT_S */
+  int fp8BlockRows;      /* rows of an fp8 scale block (see ncclM2nTensorSpec_t): 1 (0 too) or 128 */
 } ncclM2nExecConfig_t;
-#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0}
+#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0, 0}
 
 NCCL_M2N_API ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors,
                                             const ncclM2nTensorSpec_t* tensors, const ncclM2nExecConfig_t* config);

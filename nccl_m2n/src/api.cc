@@ -1,6 +1,7 @@
 // The only file that touches nccl_m2n.h's public structs: validate, translate, call, record the last error.
 #include "nccl_m2n/include/nccl_m2n.h"
 
+#include <algorithm>
 #include <memory>
 #include <new>
 #include <string>
@@ -210,6 +211,8 @@ ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTenso
     NCCLEXT_ARG(rank >= 0 && rank < config->nRanks, "ncclM2nHostPlanCreate: rank %d not in [0, %d)", rank,
                 config->nRanks);
     NCCLEXT_ARG(config->ranksPerDomain >= 0, "ncclM2nHostPlanCreate: ranksPerDomain %d < 0", config->ranksPerDomain);
+    NCCLEXT_ARG(config->fp8BlockRows == 0 || config->fp8BlockRows == 1 || config->fp8BlockRows == 128,
+                "ncclM2nHostPlanCreate: fp8BlockRows %d: 1 (or 0) or 128", config->fp8BlockRows);
     NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nHostPlanCreate: %d tensors at %p",
                 nTensors, (const void*)tensors);
     ncclm2n::Problem p;
@@ -221,7 +224,8 @@ ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTenso
     NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p, &isScales));
     std::string why;
     std::vector<ncclm2n::Fp8Tensor> fp8;
-    NCCLEXT_ARG(ncclm2n::rewriteFp8(&p, isScales, &fp8, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
+    NCCLEXT_ARG(ncclm2n::rewriteFp8(&p, isScales, std::max(1, config->fp8BlockRows), &fp8, &why),
+                "ncclM2nHostPlanCreate: %s", why.c_str());
     NCCLEXT_ARG(checkBatch(p, &why), "ncclM2nHostPlanCreate: %s", why.c_str());
 
     ncclm2n::RankPlan mine;
@@ -285,6 +289,9 @@ ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensor
     NCCLEXT_ARG(config == nullptr || (config->size == sizeof(ncclM2nExecConfig_t) && config->magic == NCCL_M2N_MAGIC),
                 "ncclM2nPlanCreate: config size/magic do not match; use NCCL_M2N_EXEC_CONFIG_INITIALIZER");
     NCCLEXT_ARG(config == nullptr || config->timeoutSeconds >= 0, "ncclM2nPlanCreate: timeoutSeconds < 0");
+    NCCLEXT_ARG(config == nullptr || config->fp8BlockRows == 0 || config->fp8BlockRows == 1 ||
+                    config->fp8BlockRows == 128,
+                "ncclM2nPlanCreate: fp8BlockRows %d: 1 (or 0) or 128", config ? config->fp8BlockRows : 0);
     NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nPlanCreate: %d tensors at %p",
                 nTensors, (const void*)tensors);
     NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
@@ -297,7 +304,9 @@ ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensor
     std::string why;
     std::vector<ncclm2n::Fp8Tensor> fp8;
     // A rule broken here fails every rank together (plan creation's agreement), as a checkBatch failure does.
-    if (ncclm2n::rewriteFp8(&p, isScales, &fp8, &why) && !checkBatch(p, &why) && why.empty()) why = "invalid batch";
+    const int blockRows = config && config->fp8BlockRows > 1 ? config->fp8BlockRows : 1;
+    if (ncclm2n::rewriteFp8(&p, isScales, blockRows, &fp8, &why) && !checkBatch(p, &why) && why.empty())
+      why = "invalid batch";
     ncclm2n::ExecOptions o;
     if (config && config->stagingBytes) o.stagingBytes = (int64_t)config->stagingBytes;
     o.timeoutSeconds = config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;

@@ -171,18 +171,19 @@ NCCLM2N_HD void moveSegmentShare(const MoveDesc& d, const MoveSegment& g, const 
   }
 }
 
-// fp8 e4m3 with one fp32 scale per block of kFp8BlockElems columns (quantize.h): what an execute's first kernel
-// does to one local source part before the moves. Rows of the part's box (all dims but the last) are read through
-// the caller's strides; values go dense [rows][cols] into the plan's scratch, scales dense [rows][blocks].
+// fp8 e4m3 with one fp32 scale per block of blockRows x kFp8BlockElems (quantize.h): what an execute's first
+// kernel does to one local source part before the moves. Rows of the part's box (all dims but the last) are read
+// through the caller's strides; a block spans blockRows rows of the dim before the last (1: one row). Values go
+// dense [rows][cols] into the plan's scratch, scales dense over the box in blocks.
 struct QuantDesc {
-  int32_t srcIndex = 0;  // index into the execute's source pointer array: the caller's source tensor
-  int32_t srcBytes = 2;  // 2: bf16, 4: fp32
-  int32_t ndims = 0;     // of the box (>= 1)
-  int32_t pad = 0;
+  int32_t srcIndex = 0;   // index into the execute's source pointer array: the caller's source tensor
+  int32_t srcBytes = 2;   // 2: bf16, 4: fp32
+  int32_t ndims = 0;      // of the box (>= 1; >= 2 when blockRows > 1)
+  int32_t blockRows = 1;
   int64_t extent[kMoveMaxDims] = {};
   int64_t srcStride[kMoveMaxDims] = {};  // elements
   int64_t valuesOffset = 0, scalesOffset = 0;  // bytes into the scratch
-  int64_t blocks = 0;                          // rows x ceil(cols / kFp8BlockElems)
+  int64_t blocks = 0;                          // the box's blocks
 };
 
 NCCLM2N_HD float quantSource(const char* src, int bytes, int64_t at) {
@@ -196,32 +197,43 @@ NCCLM2N_HD float quantSource(const char* src, int bytes, int64_t at) {
   return ncclext::bf16ToFloat(b);
 }
 
-// Block b of q (row-major over rows, then the row's blocks): its scale from the block's largest magnitude
-// (fp8BlockScale, exact, not a power of two), then each value divided by it and rounded to e4m3, as numeric.h's
-// fp8QuantizeRow does for whole blocks; a row's last block may be shorter. One thread a block; two passes over the
-// source instead of a block-sized array.
+// Block b of q (row-major over the box in blocks): its scale from the block's largest magnitude (fp8BlockScale,
+// exact, not a power of two), then each value divided by it and rounded to e4m3, as numeric.h's fp8QuantizeRow does
+// for rows of whole blocks; blocks at a part's end may be smaller. One thread a block; two passes over the source
+// instead of a block-sized array.
 NCCLM2N_HD void quantizeBlock(const QuantDesc& q, int64_t b, const char* src, char* scratch) {
   const int last = q.ndims - 1;
   const int64_t cols = q.extent[last], perRow = (cols + ncclext::kFp8BlockElems - 1) / ncclext::kFp8BlockElems;
-  const int64_t row = b / perRow, first = (b % perRow) * ncclext::kFp8BlockElems;
+  const int64_t inner = last >= 1 ? q.extent[last - 1] : 1;  // rows of one outer index
+  const int64_t rowBlocks = (inner + q.blockRows - 1) / q.blockRows;
+  const int64_t cb = b % perRow, rb = (b / perRow) % rowBlocks, outer = b / perRow / rowBlocks;
+  const int64_t first = cb * ncclext::kFp8BlockElems;
   const int64_t n = cols - first < ncclext::kFp8BlockElems ? cols - first : ncclext::kFp8BlockElems;
-  int64_t base = 0;
-  for (int64_t k = last - 1, r = row; k >= 0; k--) {
-    base += (r % q.extent[k]) * q.srcStride[k];
-    r /= q.extent[k];
-  }
+  const int64_t r0 = rb * q.blockRows, r1 = r0 + q.blockRows < inner ? r0 + q.blockRows : inner;
   const int64_t step = q.srcStride[last];
   float amax = 0.0f;
-  for (int64_t i = 0; i < n; i++) {
-    const float x = quantSource(src, q.srcBytes, base + (first + i) * step);
-    const float a = x < 0 ? -x : x;
-    amax = a > amax ? a : amax;  // a NaN never wins
+  for (int pass = 0; pass < 2; pass++) {
+    const float s = ncclext::fp8BlockScale(amax, false);
+    for (int64_t rr = r0; rr < r1; rr++) {
+      const int64_t row = outer * inner + rr;  // row-major over every dim but the last
+      int64_t base = 0;
+      for (int64_t k = last - 1, r = row; k >= 0; k--) {
+        base += (r % q.extent[k]) * q.srcStride[k];
+        r /= q.extent[k];
+      }
+      uint8_t* values = reinterpret_cast<uint8_t*>(scratch + q.valuesOffset) + row * cols + first;
+      for (int64_t i = 0; i < n; i++) {
+        const float x = quantSource(src, q.srcBytes, base + (first + i) * step);
+        if (pass == 0) {
+          const float a = x < 0 ? -x : x;
+          amax = a > amax ? a : amax;  // a NaN never wins
+        } else {
+          values[i] = ncclext::floatToE4m3(x / s);
+        }
+      }
+    }
+    if (pass == 1) memcpy(scratch + q.scalesOffset + b * 4, &s, 4);
   }
-  const float s = ncclext::fp8BlockScale(amax, false);
-  uint8_t* values = reinterpret_cast<uint8_t*>(scratch + q.valuesOffset) + row * cols + first;
-  for (int64_t i = 0; i < n; i++)
-    values[i] = ncclext::floatToE4m3(quantSource(src, q.srcBytes, base + (first + i) * step) / s);
-  memcpy(scratch + q.scalesOffset + (row * perRow + b % perRow) * 4, &s, 4);
 }
 
 }  // namespace ncclm2n

@@ -12,19 +12,26 @@ constexpr int64_t kBlock = ncclext::kFp8BlockElems;
 
 int64_t blocksOf(int64_t cols) { return (cols + kBlock - 1) / kBlock; }
 
-// The first position of `l` whose columns are not whole blocks (-1: none).
-int offGridPosition(const Layout& l, int64_t* lo, int64_t* hi) {
+// The first position of `l` whose part does not hold whole blocks along dim `d` (block `size`; -1: none), with
+// the part's [lo, hi) there.
+int offGridPosition(const Layout& l, int d, int64_t size, int64_t* lo, int64_t* hi) {
   const ShardGrid g(l);
-  const int last = l.ndims() - 1;
-  const int64_t cols = l.globalShape[last];
   for (int pos = 0; pos < l.mesh.size(); pos++) {
     const Box& b = g.boxOfPosition(pos);
     if (b.empty()) continue;
-    *lo = b.offset[last];
-    *hi = b.offset[last] + b.shape[last];
-    if (*lo % kBlock != 0 || (*hi % kBlock != 0 && *hi != cols)) return pos;
+    *lo = b.offset[d];
+    *hi = b.offset[d] + b.shape[d];
+    if (*lo % size != 0 || (*hi % size != 0 && *hi != l.globalShape[d])) return pos;
   }
   return -1;
+}
+
+// Dim d of a box in blocks of `size`.
+void toBlocks(Box* b, int d, int64_t size, int64_t dimBlocks) {
+  const int64_t lo = b->offset[d], hi = lo + b->shape[d];
+  const bool empty = b->empty();
+  b->offset[d] = std::min(lo / size, dimBlocks);
+  b->shape[d] = empty ? 0 : (hi + size - 1) / size - lo / size;
 }
 
 }  // namespace
@@ -39,27 +46,31 @@ bool quantizesToFp8(ncclDataType_t src, ncclDataType_t dst) {
 #endif
 }
 
-Layout scalesLayout(const Layout& l) {
+Layout scalesLayout(const Layout& l, int blockRows) {
   const ShardGrid g(l);
   const int last = l.ndims() - 1;
   Layout s;
   s.globalShape = l.globalShape;
   s.globalShape[last] = blocksOf(l.globalShape[last]);
+  if (blockRows > 1) s.globalShape[last - 1] = (l.globalShape[last - 1] + blockRows - 1) / blockRows;
   s.dtype = ncclFloat32;
   s.mesh = l.mesh;
   for (int pos = 0; pos < l.mesh.size(); pos++) {
     Box b = g.boxOfPosition(pos);
-    const int64_t lo = b.offset[last], hi = lo + b.shape[last];
-    b.offset[last] = lo / kBlock;
-    b.shape[last] = b.empty() ? 0 : blocksOf(hi) - lo / kBlock;
-    if (b.empty())  // an empty part stays empty (and inside the tensor)
+    const bool empty = b.empty();
+    toBlocks(&b, last, kBlock, s.globalShape[last]);
+    if (blockRows > 1) toBlocks(&b, last - 1, blockRows, s.globalShape[last - 1]);
+    if (empty) {  // an empty part stays empty (and inside the tensor)
       for (int d = 0; d < b.ndims; d++) b.offset[d] = std::min(b.offset[d], s.globalShape[d]);
+      b.shape[last] = 0;
+    }
     s.boxes.push_back(b);
   }
   return s;
 }
 
-bool rewriteFp8(Problem* p, const std::vector<char>& isScales, std::vector<Fp8Tensor>* fp8, std::string* why) {
+bool rewriteFp8(Problem* p, const std::vector<char>& isScales, int blockRows, std::vector<Fp8Tensor>* fp8,
+                std::string* why) {
   fp8->clear();
   const int n = (int)p->tensors.size();
   for (int t = 0; t < n; t++) {
@@ -81,20 +92,31 @@ bool rewriteFp8(Problem* p, const std::vector<char>& isScales, std::vector<Fp8Te
         *why = name + " " + side + ": " + bad;
         return false;
       }
-      int64_t lo = 0, hi = 0;
-      const int pos = offGridPosition(*l, &lo, &hi);
-      if (pos >= 0) {
-        *why = name + " is quantised to fp8 e4m3 in blocks of 128 columns, but its " + side + " position " +
-               std::to_string(pos) + " (rank " + std::to_string(l->mesh.ranks[pos]) + ") holds columns [" +
-               std::to_string(lo) + ", " + std::to_string(hi) + "): every part must hold whole blocks";
+      if (blockRows > 1 && l->ndims() < 2) {
+        *why = name + " is quantised to fp8 e4m3 in blocks of " + std::to_string(blockRows) +
+               " x 128, which needs two dims; it has one";
         return false;
       }
+      const int last = l->ndims() - 1;
+      for (int d : {last, last - 1}) {
+        if (d < 0 || (d < last && blockRows == 1)) continue;
+        const int64_t size = d == last ? kBlock : blockRows;
+        int64_t lo = 0, hi = 0;
+        const int pos = offGridPosition(*l, d, size, &lo, &hi);
+        if (pos >= 0) {
+          *why = name + " is quantised to fp8 e4m3 in blocks of " + std::to_string(blockRows) + " x 128, but its " +
+                 side + " position " + std::to_string(pos) + " (rank " + std::to_string(l->mesh.ranks[pos]) +
+                 ") holds " + (d == last ? "columns [" : "rows [") + std::to_string(lo) + ", " + std::to_string(hi) +
+                 "): every part must hold whole blocks";
+          return false;
+        }
+      }
     }
-    fp8->push_back({t, tp.src});
+    fp8->push_back({t, blockRows, tp.src});
     TensorPair& scales = p->tensors[t + 1];
     if (scales.name.empty()) scales.name = tp.name + ".scales";
-    scales.src = scalesLayout(tp.src);
-    scales.dst = scalesLayout(tp.dst);
+    scales.src = scalesLayout(tp.src, blockRows);
+    scales.dst = scalesLayout(tp.dst, blockRows);
     tp.src.dtype = tp.dst.dtype;  // the scratch: e4m3, dense
     tp.src.strides.clear();
     t++;  // past the scales entry
@@ -119,12 +141,15 @@ std::vector<QuantDesc> quantDescs(const std::vector<Fp8Tensor>& fp8, int rank, i
     q.srcIndex = f.tensor;
     q.srcBytes = (int32_t)elementSize(l.dtype);
     q.ndims = b.ndims;
+    q.blockRows = f.blockRows;
     for (int d = 0; d < b.ndims; d++) {
       q.extent[d] = b.shape[d];
       q.srcStride[d] = g.strides(pos)[d];
     }
-    const int64_t cols = b.shape[b.ndims - 1], rows = b.elements() / cols;
-    q.blocks = rows * blocksOf(cols);
+    const int last = b.ndims - 1;
+    const int64_t cols = b.shape[last], rows = b.elements() / cols;
+    const int64_t inner = last >= 1 ? b.shape[last - 1] : 1;
+    q.blocks = rows / inner * ((inner + f.blockRows - 1) / f.blockRows) * blocksOf(cols);
     q.valuesOffset = at;
     at = align(at + rows * cols);
     q.scalesOffset = at;

@@ -22,19 +22,22 @@ namespace ncclm2n {
 // A tensor of the batch quantised to e4m3; `tensor + 1` is its scales.
 struct Fp8Tensor {
   int tensor = 0;
-  Layout source;  // the caller's source layout (dtype and local strides), before the rewrite
+  int blockRows = 1;  // 1: blocks of one row; 128: 128 x 128
+  Layout source;      // the caller's source layout (dtype and local strides), before the rewrite
 };
 
 // Does a pair (source dtype, destination dtype) ask for block-scaled e4m3?
 bool quantizesToFp8(ncclDataType_t src, ncclDataType_t dst);
 
-// The layout of a scales tensor for element layout `l` (valid): the same mesh, the last dim in blocks, each
-// position's box the blocks of its columns, fp32, dense.
-Layout scalesLayout(const Layout& l);
+// The layout of a scales tensor for element layout `l` (valid): the same mesh, the last dim in blocks of 128 (and
+// the dim before it in blocks of blockRows), each position's box the blocks of its part, fp32, dense.
+Layout scalesLayout(const Layout& l, int blockRows = 1);
 
 // Rewrites `p` (translated: scales entries have no layouts yet and `isScales` marks them) as described above.
 // False with `why` (naming the tensor) when an entry or a part breaks the rules; `p` is then partly rewritten.
-bool rewriteFp8(Problem* p, const std::vector<char>& isScales, std::vector<Fp8Tensor>* fp8, std::string* why);
+// blockRows: 1, or 128 (128 x 128 blocks: every quantised tensor needs two dims).
+bool rewriteFp8(Problem* p, const std::vector<char>& isScales, int blockRows, std::vector<Fp8Tensor>* fp8,
+                std::string* why);
 
 // This rank's quantisation work: one descriptor per quantised tensor whose source this rank holds (non-empty),
 // with its scratch offsets (16-byte aligned); *scratchBytes their total.

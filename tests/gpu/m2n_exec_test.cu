@@ -198,9 +198,17 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
   std::vector<int> all(n), reversed(n);
   for (int r = 0; r < n; r++) all[r] = r, reversed[r] = n - 1 - r;
   int64_t bad = 0, cases = 0;
-  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{5, 300}, {3, 128 * n}, {2, 3, 640}})
+  struct Case {
+    std::vector<int64_t> shape;
+    int blockRows, variants;
+  };
+  const std::vector<Case> kCases = {{{5, 300}, 1, 4}, {{3, 128 * n}, 1, 4}, {{2, 3, 640}, 1, 4},
+                                  {{256, 256}, 128, 2}, {{2, 200, 384}, 128, 2}};
+  for (const Case& kase : kCases)
     for (ncclDataType_t dt : {ncclBfloat16, ncclFloat32})
-      for (int variant = 0; variant < 4; variant++) {
+      for (int variant = 0; variant < kase.variants; variant++) {
+        const std::vector<int64_t>& shape = kase.shape;
+        const int blockRows = kase.blockRows;
         const int last = (int)shape.size() - 1;
         auto lay = [&](const std::vector<int>& ranks, int placement, ncclDataType_t t) {
           Layout l;
@@ -212,10 +220,16 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
           return l;
         };
         // Sources: rows over every rank, or one replica on the last rank; destinations: columns (128 each when the
-        // shape allows it) over the ranks reversed, rows, or a replica everywhere.
+        // shape allows it) over the ranks reversed, rows, or a replica everywhere. 128 x 128 blocks: a replica on
+        // the last rank, to a replica everywhere or to rows over the ranks reversed where 128 each fit.
         Layout src = variant % 2 == 0 ? lay(all, 0, dt) : lay({n - 1}, kReplicate, dt);
         Layout dst = variant < 2 ? lay(reversed, shape[last] == 128 * n ? last : 0, ncclFloat8e4m3)
                                  : lay(all, kReplicate, ncclFloat8e4m3);
+        if (blockRows > 1) {
+          src = lay({n - 1}, kReplicate, dt);
+          dst = variant == 0 || shape[last - 1] % (128 * n) != 0 ? lay(all, kReplicate, ncclFloat8e4m3)
+                                                                   : lay(reversed, last - 1, ncclFloat8e4m3);
+        }
         if (variant == 3 && shape.size() == 2) {  // column-major source parts
           src = lay(all, 0, dt);
           const ShardGrid sg(src);
@@ -233,7 +247,7 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
         }
         std::vector<uint8_t> wantQ;
         std::vector<float> wantS;
-        testing::fp8Reference(g, cols, &wantQ, &wantS);
+        testing::fp8Reference(g, shape, blockRows, &wantQ, &wantS);
         // The public batch: the tensor, then its scales entry (no layouts).
         CLayout cs, cd;
         cs.from(src);
@@ -242,6 +256,7 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
         ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
         cfg.timeoutSeconds = 60;
         cfg.stagingBytes = 4096 * 4 * (size_t)std::max(1, n - 1);
+        cfg.fp8BlockRows = blockRows;
         ncclM2nPlan_t plan = nullptr;
         if (ncclM2nPlanCreate(&plan, ctx.comm, 2, specs, &cfg) != ncclSuccess) {
           fprintf(stderr, "rank %d fp8 case %lld: ncclM2nPlanCreate: %s\n", ctx.rank, (long long)cases,
@@ -249,7 +264,7 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
           return bad + 1;
         }
         // This rank's source part (its strides), its destination values and scales, poisoned.
-        const Layout scalesDst = scalesLayout(dst);
+        const Layout scalesDst = scalesLayout(dst, blockRows);
         void* dev[3] = {nullptr, nullptr, nullptr};
         size_t bytes[3] = {0, 0, 0};
         std::vector<char> host[3];
@@ -300,9 +315,9 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
             wrong += memcmp(&host[2][off * 4], &wantS[globalLinear(scalesDst, gi)], 4) != 0;
           });
           if (wrong)
-            fprintf(stderr, "rank %d fp8 case %lld (%zu-D, %lld columns, %s, variant %d): %lld wrong\n", ctx.rank,
-                    (long long)cases, shape.size(), (long long)cols, dt == ncclBfloat16 ? "bf16" : "fp32", variant,
-                    (long long)wrong);
+            fprintf(stderr, "rank %d fp8 case %lld (%zu-D, %lld columns, %d x 128, %s, variant %d): %lld wrong\n",
+                    ctx.rank, (long long)cases, shape.size(), (long long)cols, blockRows,
+                    dt == ncclBfloat16 ? "bf16" : "fp32", variant, (long long)wrong);
           bad += wrong;
         }
         cudaStreamSynchronize(ctx.stream);

@@ -207,3 +207,15 @@ def test_fp8_scales_entries_plan_on_the_host():
     assert {t["tensor"] for t in sent} == {0, 1}  # rank 0 holds source rows 0-1: values and scales leave it
     with pytest.raises(m2n.NcclError, match="the next entry must be its scales"):
         m2n.HostPlan([("w", src, dst)], rank=0, n_ranks=4)
+    # 128 x 128 blocks: rows too (200 rows: blocks [0, 128) and [128, 200)).
+    src = m2n.Layout((200, 700), torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE])
+    dst = m2n.Layout((200, 700), torch.float8_e4m3fn, mesh=[[2], [3]], placements=[m2n.REPLICATE, m2n.REPLICATE])
+    assert dst.fp8_scales(128).global_shape == (2, 6) and dst.fp8_scales(128).local_box(3) == ((0, 0), (2, 6))
+    rows = m2n.Layout((256, 700), torch.float8_e4m3fn, mesh=[2, 3], placements=[m2n.shard(0)])
+    assert rows.fp8_scales(128).local_box(3) == ((1, 0), (1, 6))
+    with m2n.HostPlan([("w", src, dst), ("w.scales", None, None)], rank=3, n_ranks=4, fp8_block_rows=128) as plan:
+        assert {t["tensor"] for t in plan.transfers("recvs")} == {0, 1}
+    with pytest.raises(m2n.NcclError, match=r"holds rows \[0, 100\)"):
+        m2n.HostPlan([("w", m2n.Layout((200, 256), torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE]),
+                       m2n.Layout((200, 256), torch.float8_e4m3fn, mesh=[2, 3], placements=[m2n.shard(0)])),
+                      ("w.scales", None, None)], rank=0, n_ranks=4, fp8_block_rows=128)

@@ -266,34 +266,37 @@ def test_reshards_on_a_group_share_one_communicator(world, comm):
     assert not sync._COMMUNICATORS
 
 
-def _fp8_reference(full):
-    """[R, C] -> e4m3 values and fp32 scales, one per 128 columns, as torch computes them (a short last block: its
-    own elements)."""
+def _fp8_reference(full, block_rows=1):
+    """[R, C] -> e4m3 values and fp32 scales, one per block_rows x 128, as torch computes them (blocks at the ends:
+    their own elements)."""
     R, C = full.shape
-    x = full.float()
-    blocks = -(-C // 128)
-    pad = torch.nn.functional.pad(x, (0, blocks * 128 - C)).view(R, blocks, 128)
-    scales = pad.abs().amax(dim=2).clamp(min=1e-4) / 448.0
-    q = (pad / scales[:, :, None]).view(R, blocks * 128)[:, :C].to(torch.float8_e4m3fn)
+    rb, cb = -(-R // block_rows), -(-C // 128)
+    pad = torch.nn.functional.pad(full.float(), (0, cb * 128 - C, 0, rb * block_rows - R))
+    blocks = pad.view(rb, block_rows, cb, 128)
+    scales = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-4) / 448.0
+    q = (blocks / scales[:, None, :, None]).view(rb * block_rows, cb * 128)[:R, :C].to(torch.float8_e4m3fn)
     return q, scales
 
 
-def test_fp8_with_block_scales_from_bf16(world, comm):
-    """bf16 rows over every rank -> e4m3 replicated everywhere with its scales (the entry after it, no layouts),
-    against torch's own quantisation of the global tensor; destinations poisoned first."""
+@pytest.mark.parametrize("block_rows", [1, 128])
+def test_fp8_with_block_scales_from_bf16(world, comm, block_rows):
+    """bf16 (rows over every rank; for 128 x 128 blocks, on rank 0) -> e4m3 replicated everywhere with its scales
+    (the entry after it, no layouts), against torch's own quantisation of the global tensor; destinations poisoned
+    first."""
     rank, size = world
     gen = torch.Generator().manual_seed(_shared_seed(rank) + 6)
-    R, C = 6, 300
+    R, C = (6, 300) if block_rows == 1 else (200, 300)
     full = (torch.randn(R, C, generator=gen) * 3).to(torch.bfloat16)
     full[0, :5] *= 100  # an outlier block
-    src = m2n.Layout((R, C), torch.bfloat16, mesh=list(range(size)), placements=[m2n.shard(0)])
+    src = m2n.Layout((R, C), torch.bfloat16, mesh=list(range(size)) if block_rows == 1 else [0],
+                     placements=[m2n.shard(0) if block_rows == 1 else m2n.REPLICATE])
     dst = m2n.Layout((R, C), torch.float8_e4m3fn, mesh=list(range(size)), placements=[m2n.REPLICATE])
-    want_q, want_s = _fp8_reference(full)
+    want_q, want_s = _fp8_reference(full, block_rows)
     y = torch.full((R, C), 0xff, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     s = torch.full(tuple(want_s.shape), float("nan"), device="cuda")
     box = src.local_box(rank)
     x = _local(full, box).contiguous().cuda() if box is not None and box[1][0] > 0 else None
-    with m2n.Plan([("w", src, dst), ("w.scales", None, None)], comm, timeout_s=20) as plan:
+    with m2n.Plan([("w", src, dst), ("w.scales", None, None)], comm, timeout_s=20, fp8_block_rows=block_rows) as plan:
         plan.execute([x, None], [y, s])
         torch.cuda.synchronize()
     ok = torch.equal(y.cpu().view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s.cpu(), want_s)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -49,21 +50,41 @@ inline uint64_t elementValue(uint64_t round, uint64_t tensor, int64_t linear) {
   return x ^ (x >> 31);
 }
 
-// The fp8 oracle: each row of g ([rows][cols], row-major) quantised with numeric.h's fp8QuantizeRow, 128 columns a
-// block (a short last block padded with zeros, which leave its largest magnitude as it is): e4m3 values and fp32
-// scales [rows][ceil(cols / 128)].
-inline void fp8Reference(const std::vector<float>& g, int64_t cols, std::vector<uint8_t>* q, std::vector<float>* s) {
-  const int64_t rows = (int64_t)g.size() / cols, blocks = (cols + 127) / 128;
+// The fp8 oracle: a row-major global tensor g of `shape` quantised in blocks of blockRows (of the dim before the
+// last) x 128 (of the last): e4m3 values, and fp32 scales row-major over the shape in blocks. One-row blocks go
+// through numeric.h's fp8QuantizeRow (a short last block padded with zeros, which leave its largest magnitude as it
+// is); taller blocks through the same two steps written out (largest magnitude, fp8BlockScale, divide, round).
+inline void fp8Reference(const std::vector<float>& g, const std::vector<int64_t>& shape, int blockRows,
+                         std::vector<uint8_t>* q, std::vector<float>* s) {
+  const int64_t cols = shape.back(), rows = (int64_t)g.size() / cols, blocks = (cols + 127) / 128;
+  const int64_t inner = shape.size() >= 2 ? shape[shape.size() - 2] : 1, outer = rows / inner;
+  const int64_t rowBlocks = (inner + blockRows - 1) / blockRows;
   q->assign(g.size(), 0);
-  s->assign(rows * blocks, 0.0f);
-  std::vector<float> row(blocks * 128);
-  std::vector<uint8_t> qr(blocks * 128);
-  for (int64_t r = 0; r < rows; r++) {
-    std::fill(row.begin(), row.end(), 0.0f);
-    std::copy(g.begin() + r * cols, g.begin() + (r + 1) * cols, row.begin());
-    ncclext::fp8QuantizeRow(row.data(), (int)(blocks * 128), false, qr.data(), s->data() + r * blocks);
-    std::copy(qr.begin(), qr.begin() + cols, q->begin() + r * cols);
+  s->assign(outer * rowBlocks * blocks, 0.0f);
+  if (blockRows == 1) {
+    std::vector<float> row(blocks * 128);
+    std::vector<uint8_t> qr(blocks * 128);
+    for (int64_t r = 0; r < rows; r++) {
+      std::fill(row.begin(), row.end(), 0.0f);
+      std::copy(g.begin() + r * cols, g.begin() + (r + 1) * cols, row.begin());
+      ncclext::fp8QuantizeRow(row.data(), (int)(blocks * 128), false, qr.data(), s->data() + r * blocks);
+      std::copy(qr.begin(), qr.begin() + cols, q->begin() + r * cols);
+    }
+    return;
   }
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t rb = 0; rb < rowBlocks; rb++)
+      for (int64_t cb = 0; cb < blocks; cb++) {
+        const int64_t r0 = o * inner + rb * blockRows, r1 = o * inner + std::min(inner, (rb + 1) * blockRows);
+        const int64_t c0 = cb * 128, c1 = std::min(cols, c0 + 128);
+        float amax = 0.0f;
+        for (int64_t r = r0; r < r1; r++)
+          for (int64_t c = c0; c < c1; c++) amax = std::max(amax, std::fabs(g[r * cols + c]));
+        const float scale = ncclext::fp8BlockScale(amax, false);
+        (*s)[(o * rowBlocks + rb) * blocks + cb] = scale;
+        for (int64_t r = r0; r < r1; r++)
+          for (int64_t c = c0; c < c1; c++) (*q)[r * cols + c] = ncclext::floatToE4m3(g[r * cols + c] / scale);
+      }
 }
 
 }  // namespace testing

@@ -54,16 +54,15 @@ std::vector<float> globalValues(const Layout& src, uint64_t seed) {
 using Buffers = std::map<std::pair<int, int>, std::vector<char>>;  // (rank, tensor) -> bytes
 
 // Runs the rewritten batch on the host; returns the number of wrong destination bytes (values and scales).
-int64_t runOnHost(const Layout& userSrc, const Layout& userDst, uint64_t seed, std::string* why) {
+int64_t runOnHost(const Layout& userSrc, const Layout& userDst, int blockRows, uint64_t seed, std::string* why) {
   std::vector<char> isScales;
   Problem p = fp8Batch(userSrc, userDst, &isScales);
   std::vector<Fp8Tensor> fp8;
-  if (!rewriteFp8(&p, isScales, &fp8, why) || !validateProblem(p, why)) return -1;
+  if (!rewriteFp8(&p, isScales, blockRows, &fp8, why) || !validateProblem(p, why)) return -1;
   const std::vector<float> g = globalValues(userSrc, seed);
-  const int64_t cols = userSrc.globalShape.back();
   std::vector<uint8_t> wantQ;
   std::vector<float> wantS;
-  testing::fp8Reference(g, cols, &wantQ, &wantS);
+  testing::fp8Reference(g, userSrc.globalShape, blockRows, &wantQ, &wantS);
 
   // Each rank: its caller-side source part (user strides), quantised into its scratch.
   Buffers src, dst;
@@ -140,9 +139,15 @@ int64_t runOnHost(const Layout& userSrc, const Layout& userDst, uint64_t seed, s
   return bad;
 }
 
-TEST(M2nFp8, QuantisedTensorsArriveAsTheGlobalTensorQuantisedBlockByBlock) {
+// blockRows 1 (rows of 128 columns) and 128 (128 x 128 weight blocks).
+class M2nFp8Blocks : public ::testing::TestWithParam<int> {};
+
+TEST_P(M2nFp8Blocks, QuantisedTensorsArriveAsTheGlobalTensorQuantisedBlockByBlock) {
+  const int blockRows = GetParam();
   int accepted = 0, refused = 0;
-  const std::vector<std::vector<int64_t>> shapes = {{3, 256}, {5, 300}, {2, 3, 640}, {4, 128}, {1, 700}, {6, 1024}};
+  const std::vector<std::vector<int64_t>> shapes =
+      blockRows == 1 ? std::vector<std::vector<int64_t>>{{3, 256}, {5, 300}, {2, 3, 640}, {4, 128}, {1, 700}, {6, 1024}}
+                     : std::vector<std::vector<int64_t>>{{256, 256}, {300, 200}, {2, 256, 384}, {512, 128}, {130, 700}};
   uint64_t seed = 1;
   for (const auto& shape : shapes)
     for (ncclDataType_t dt : {ncclBfloat16, ncclFloat32}) {
@@ -165,7 +170,7 @@ TEST(M2nFp8, QuantisedTensorsArriveAsTheGlobalTensorQuantisedBlockByBlock) {
       for (const Layout& s : srcs)
         for (const Layout& d : dsts) {
           std::string why;
-          const int64_t bad = runOnHost(s, d, seed++, &why);
+          const int64_t bad = runOnHost(s, d, blockRows, seed++, &why);
           if (bad < 0) {
             EXPECT_NE(why.find("whole blocks"), std::string::npos) << why;
             refused++;
@@ -175,11 +180,13 @@ TEST(M2nFp8, QuantisedTensorsArriveAsTheGlobalTensorQuantisedBlockByBlock) {
           accepted++;
         }
     }
-  printf("fp8: %d layout pairs quantised, moved and checked, %d refused (parts off the 128-column grid)\n", accepted,
-         refused);
-  EXPECT_GT(accepted, 80);
+  printf("fp8 %d x 128: %d layout pairs quantised, moved and checked, %d refused (parts off the block grid)\n",
+         blockRows, accepted, refused);
+  EXPECT_GT(accepted, blockRows == 1 ? 80 : 40);
   EXPECT_GT(refused, 10);
 }
+
+INSTANTIATE_TEST_SUITE_P(Rows, M2nFp8Blocks, ::testing::Values(1, 128));
 
 TEST(M2nFp8, TheBatchRulesNameTheTensor) {
   const Layout src = layout({4, 256}, {2}, {0, 1}, {0});
@@ -189,19 +196,28 @@ TEST(M2nFp8, TheBatchRulesNameTheTensor) {
   // No scales entry after the quantised tensor.
   Layout d = layout({4, 256}, {2}, {2, 3}, {0}, ncclFloat8e4m3);
   Problem p = testing::oneTensor(src, d, kRanks);
-  EXPECT_FALSE(rewriteFp8(&p, {0}, &fp8, &why));
+  EXPECT_FALSE(rewriteFp8(&p, {0}, 1, &fp8, &why));
   EXPECT_NE(why.find("tensor 0 (t) is quantised to fp8 e4m3: the next entry must be its scales"), std::string::npos)
       << why;
   // A scales entry after a tensor that is not quantised.
   p = testing::oneTensor(src, layout({4, 256}, {2}, {2, 3}, {0}), kRanks);
   p.tensors.push_back({"s", Layout(), Layout()});
-  EXPECT_FALSE(rewriteFp8(&p, {0, 1}, &fp8, &why));
+  EXPECT_FALSE(rewriteFp8(&p, {0, 1}, 1, &fp8, &why));
   EXPECT_NE(why.find("tensor 1 (s) has neither layout"), std::string::npos) << why;
   // Columns off the grid: Shard(1) of 300 columns over 2 ranks (150 each).
   p = fp8Batch(src, layout({4, 300}, {2}, {2, 3}, {1}), &isScales);
   p.tensors[0].src = layout({4, 300}, {2}, {0, 1}, {0});
-  EXPECT_FALSE(rewriteFp8(&p, isScales, &fp8, &why));
+  EXPECT_FALSE(rewriteFp8(&p, isScales, 1, &fp8, &why));
   EXPECT_NE(why.find("destination position 0 (rank 2) holds columns [0, 150)"), std::string::npos) << why;
+  // 128 x 128 blocks: rows off the grid (200 rows over 2 ranks: 100 each), and a tensor of one dim.
+  p = fp8Batch(layout({200, 256}, {1}, {0}, {kReplicate}), layout({200, 256}, {2}, {2, 3}, {0}), &isScales);
+  EXPECT_FALSE(rewriteFp8(&p, isScales, 128, &fp8, &why));
+  EXPECT_NE(why.find("blocks of 128 x 128, but its destination position 0 (rank 2) holds rows [0, 100)"),
+            std::string::npos)
+      << why;
+  p = fp8Batch(layout({256}, {1}, {0}, {kReplicate}), layout({256}, {1}, {1}, {kReplicate}), &isScales);
+  EXPECT_FALSE(rewriteFp8(&p, isScales, 128, &fp8, &why));
+  EXPECT_NE(why.find("which needs two dims"), std::string::npos) << why;
   // The scales layout of explicit parts [0, 640) and [640, 700): blocks [0, 5) and [5, 6).
   Layout e = layout({2, 700}, {2}, {0, 1}, {});
   Box a, b;

@@ -62,7 +62,7 @@ class _TensorSpec(ctypes.Structure):
 
 class _PlanConfig(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("nRanks", ctypes.c_int),
-                ("ranksPerDomain", ctypes.c_int), ("domainOfRank", _IP)]
+                ("ranksPerDomain", ctypes.c_int), ("domainOfRank", _IP), ("fp8BlockRows", ctypes.c_int)]
 
 
 class _Transfer(ctypes.Structure):
@@ -74,7 +74,7 @@ class _Transfer(ctypes.Structure):
 
 class _ExecConfig(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("stagingBytes", ctypes.c_size_t),
-                ("timeoutSeconds", ctypes.c_double)]
+                ("timeoutSeconds", ctypes.c_double), ("fp8BlockRows", ctypes.c_int)]
 
 
 class _PlanInfo(ctypes.Structure):
@@ -228,20 +228,33 @@ class Layout:
             c.localStrides = self._strides
         self._c = c
 
-    def fp8_scales(self) -> "Layout":
-        """The layout of this (e4m3) layout's scales tensor: fp32, the last dim in blocks of 128 columns, each
-        position's part the blocks of its columns (docs/M2N.md, fp8)."""
+    def fp8_scales(self, block_rows: int = 1) -> "Layout":
+        """The layout of this (e4m3) layout's scales tensor: fp32, the last dim in blocks of 128 columns (and the dim
+        before it in blocks of `block_rows`: 1 or 128), each position's part the blocks of its part (docs/M2N.md,
+        fp8)."""
         import torch
 
-        blocks = lambda n: -(-n // 128)  # noqa: E731
+        def in_blocks(off, shp, d, size, n):
+            lo, hi = off[d], off[d] + shp[d]
+            o, s = list(off), list(shp)
+            o[d], s[d] = min(lo // size, n), (-(-hi // size) - lo // size)
+            return o, s
+
+        nd = len(self.global_shape)
+        shape = list(self.global_shape)
+        dims = [(nd - 1, 128)] + ([(nd - 2, block_rows)] if block_rows > 1 else [])
+        for d, size in dims:
+            shape[d] = -(-shape[d] // size)
         boxes = []
         for r in self.mesh_ranks:
             off, shp = self.local_box(r)
-            lo, hi = off[-1], off[-1] + shp[-1]
             empty = any(x == 0 for x in shp)
-            boxes.append((off[:-1] + (lo // 128,), shp[:-1] + (0 if empty else blocks(hi) - lo // 128,)))
-        shape = self.global_shape[:-1] + (blocks(self.global_shape[-1]),)
-        return Layout(shape, torch.float32, mesh=self._mesh_nested(), boxes=boxes)
+            for d, size in dims:
+                off, shp = in_blocks(off, shp, d, size, shape[d])
+            if empty:
+                off, shp = [min(o, n) for o, n in zip(off, shape)], shp[:-1] + [0]
+            boxes.append((tuple(off), tuple(shp)))
+        return Layout(tuple(shape), torch.float32, mesh=self._mesh_nested(), boxes=boxes)
 
     def _mesh_nested(self):
         flat, dims = list(self.mesh_ranks), list(self.mesh_dims)
@@ -332,10 +345,10 @@ class HostPlan:
     """The host planner (ncclM2nHostPlanCreate; local, CPU only): what `rank` sends, receives and copies to move
     every tensor of `tensors` ((name, source Layout, destination Layout) triples) in a communicator of `n_ranks`."""
 
-    def __init__(self, tensors, rank: int, n_ranks: int, ranks_per_domain: int = 0):
+    def __init__(self, tensors, rank: int, n_ranks: int, ranks_per_domain: int = 0, fp8_block_rows: int = 1):
         self._tensors = list(tensors)  # the layouts' C structs stay alive with them
         specs, self._names = _specs(self._tensors)
-        cfg = _PlanConfig(ctypes.sizeof(_PlanConfig), _MAGIC, n_ranks, ranks_per_domain, None)
+        cfg = _PlanConfig(ctypes.sizeof(_PlanConfig), _MAGIC, n_ranks, ranks_per_domain, None, fp8_block_rows)
         self._h = ctypes.c_void_p()
         _call("ncclM2nHostPlanCreate", ctypes.byref(self._h), rank, len(self._tensors), specs, ctypes.byref(cfg))
         info = _PlanInfo()
@@ -394,7 +407,7 @@ class _Side:
     """What execute checks of one side (source or destination) of every tensor on this rank, precomputed: the
     local shape (None: holds no part) and the strides it must have (None: contiguous)."""
 
-    def __init__(self, tensors, which, rank):
+    def __init__(self, tensors, which, rank, block_rows=1):
         import torch
 
         from .._ext.tensor import torch_dtype
@@ -403,7 +416,7 @@ class _Side:
         self.shapes, self.strides = [], []
         # An e4m3 tensor's scales entry (no layouts): no source; its destination is the fp8_scales() layout.
         lays = [t[which] if t[which] is not None or which == 1 or i == 0 or tensors[i - 1][2] is None
-                else tensors[i - 1][2].fp8_scales() for i, t in enumerate(tensors)]
+                else tensors[i - 1][2].fp8_scales(block_rows) for i, t in enumerate(tensors)]
         self.dtypes = [-1 if lay is None else lay.dtype for lay in lays]
         self.torch_dtypes = [None if lay is None else torch_dtype(lay.dtype) for lay in lays]  # None: NCCL type
         for lay in lays:
@@ -422,12 +435,12 @@ class Plan:
     Layout), the same on every rank. execute() moves them, as often as wanted, and may be captured in a CUDA graph
     (docs/M2N.md says what the executor does not do yet)."""
 
-    def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0):
+    def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0, fp8_block_rows: int = 1):
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
         self.tensors = list(tensors)
         self._specs, self._names = _specs(self.tensors)
-        cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, staging_bytes, timeout_s)
+        cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, staging_bytes, timeout_s, fp8_block_rows)
         self._h = ctypes.c_void_p()
         try:
             _call("ncclM2nPlanCreate", ctypes.byref(self._h), self.comm.handle, len(self.tensors), self._specs,
@@ -437,7 +450,7 @@ class Plan:
                 self.comm.abort()
             raise
         self._index = {name: i for i, (name, _, _) in enumerate(self.tensors)}
-        self._sides = (_Side(self.tensors, 1, self.comm.rank), _Side(self.tensors, 2, self.comm.rank))
+        self._sides = (_Side(self.tensors, 1, self.comm.rank), _Side(self.tensors, 2, self.comm.rank, fp8_block_rows))
 
     def _pointers(self, tensors, side: _Side):
         import torch

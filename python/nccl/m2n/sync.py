@@ -175,17 +175,17 @@ class WeightSync:
 
     `trainer` (on trainer ranks; None elsewhere): name -> DTensor, or (local tensor or None, Layout). `inference`
     (on inference ranks): name -> (local tensor, Layout), or DTensor; an fp8 e4m3 Layout (from bf16 or fp32 trainer
-    weights, quantised on the way, one fp32 scale per 128 columns) takes (local tensor, Layout, local scales tensor):
-    see Layout.fp8_scales() for the scales' shape. A rank on both sides passes both. The layouts
+    weights, quantised on the way, one fp32 scale per 128 columns, or per 128 x 128 with fp8_block_rows=128) takes
+    (local tensor, Layout, local scales tensor): see Layout.fp8_scales() for the scales' shape. A rank on both sides passes both. The layouts
     are exchanged in plan() (one all-gather of their plain-data form), so no rank needs the other side's. `name_map` maps an inference
     name to its trainer name (a dict or a callable; default: the same name). Every inference tensor needs a trainer
     tensor of the same global shape and dtype (else plan() raises on every rank, naming it); trainer tensors no
     inference rank asks for are not moved. sync() reads the tensors given to plan() (or `trainer=` / `inference=`
     dicts of new ones: their local tensors, in place)."""
 
-    def __init__(self, group=None, *, timeout_s: float = 0, staging_bytes: int = 0):
+    def __init__(self, group=None, *, timeout_s: float = 0, staging_bytes: int = 0, fp8_block_rows: int = 1):
         self.group = group
-        self.timeout_s, self.staging_bytes = timeout_s, staging_bytes
+        self.timeout_s, self.staging_bytes, self.fp8_block_rows = timeout_s, staging_bytes, fp8_block_rows
         self._plan = None
 
     def plan(self, trainer: dict | None = None, inference: dict | None = None, name_map=None) -> None:
@@ -218,7 +218,8 @@ class WeightSync:
         tensors = match(everyone, name_map)
         self.close()
         self._tensors = tensors
-        self._plan = Plan(batch(tensors), self.group, staging_bytes=self.staging_bytes, timeout_s=self.timeout_s)
+        self._plan = Plan(batch(tensors), self.group, staging_bytes=self.staging_bytes, timeout_s=self.timeout_s,
+                          fp8_block_rows=self.fp8_block_rows)
 
     def sync(self, trainer: dict | None = None, inference: dict | None = None, stream=None) -> None:
         """COLLECTIVE, stream-ordered: one execute of the planned batch."""
