@@ -30,12 +30,31 @@ __global__ void moveKernel(const MoveDesc* descs, const MoveSegment* segs, int64
   }
 }
 
-// Grid rows are descriptors; each row's threads take that descriptor's blocks, grid-stride.
+// Grid rows are descriptors; each row's CTAs take that descriptor's blocks, grid-stride, one CTA of
+// kFp8BlockElems threads a block: thread c the block's column c (coalesced across the threads), the magnitudes
+// reduced in shared memory with quantAmaxOf (the same maximum in any order), then each column quantised.
 __global__ void quantizeKernel(const QuantDesc* descs, const char* const* src, char* scratch) {
+  __shared__ float amax[ncclext::kFp8BlockElems];
+  __shared__ float scale;
   const QuantDesc q = descs[blockIdx.y];
   const char* from = src[q.srcIndex];
-  for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < q.blocks; b += (int64_t)gridDim.x * blockDim.x)
-    quantizeBlock(q, b, from, scratch);
+  const int c = threadIdx.x;
+  for (int64_t b = blockIdx.x; b < q.blocks; b += gridDim.x) {
+    const QuantBlock k = quantBlockOf(q, b);
+    amax[c] = c < k.n ? quantColumnAmax(q, k, c, from) : 0.0f;
+    __syncthreads();
+    for (int half = ncclext::kFp8BlockElems / 2; half > 0; half /= 2) {
+      if (c < half) amax[c] = quantAmaxOf(amax[c], amax[c + half]);
+      __syncthreads();
+    }
+    if (c == 0) {
+      scale = ncclext::fp8BlockScale(amax[0], false);
+      memcpy(scratch + q.scalesOffset + b * 4, &scale, 4);
+    }
+    __syncthreads();
+    if (c < k.n) quantColumn(q, k, c, scale, from, scratch);
+    __syncthreads();  // amax and scale are reused by the next block
+  }
 }
 
 unsigned gridFor(int64_t segments) { return (unsigned)std::max<int64_t>(1, std::min<int64_t>(segments, kMaxCtas)); }
@@ -63,11 +82,11 @@ ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_
 
 ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlocks, const char* const* src,
                             char* scratch, cudaStream_t stream) {
-  const int64_t ctas = std::min<int64_t>(std::max<int64_t>(1, (maxBlocks + 255) / 256), kMaxCtas);
+  const int64_t ctas = std::min<int64_t>(std::max<int64_t>(1, maxBlocks), kMaxCtas);
   for (int first = 0; first < nDescs; first += 65535) {  // a grid's rows
     const unsigned rows = (unsigned)std::min(65535, nDescs - first);
-    NCCLEXT_CHECK(ncclext::launchKernel("m2n quantize", quantizeKernel, dim3((unsigned)ctas, rows), dim3(256), 0,
-                                        stream, descs + first, src, scratch));
+    NCCLEXT_CHECK(ncclext::launchKernel("m2n quantize", quantizeKernel, dim3((unsigned)ctas, rows),
+                                        dim3(ncclext::kFp8BlockElems), 0, stream, descs + first, src, scratch));
   }
   return ncclSuccess;
 }

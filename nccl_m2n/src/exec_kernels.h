@@ -22,7 +22,7 @@ ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t 
 ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* stage,
                           char* const* dst, cudaStream_t stream);
 
-// fp8 quantisation of this rank's source parts (move.h: quantizeBlock), one thread a block, before the moves:
+// fp8 quantisation of this rank's source parts (move.h's column functions), one CTA a block, before the moves:
 // descs[j] reads src[descs[j].srcIndex] (a device array of the call's pointers) and writes into scratch.
 ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlocks, const char* const* src,
                             char* scratch, cudaStream_t stream);

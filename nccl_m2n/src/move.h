@@ -197,43 +197,72 @@ NCCLM2N_HD float quantSource(const char* src, int bytes, int64_t at) {
   return ncclext::bf16ToFloat(b);
 }
 
-// Block b of q (row-major over the box in blocks): its scale from the block's largest magnitude (fp8BlockScale,
-// exact, not a power of two), then each value divided by it and rounded to e4m3, as numeric.h's fp8QuantizeRow does
-// for rows of whole blocks; blocks at a part's end may be smaller. One thread a block; two passes over the source
-// instead of a block-sized array.
-NCCLM2N_HD void quantizeBlock(const QuantDesc& q, int64_t b, const char* src, char* scratch) {
+// Where block b of q (row-major over the box in blocks) lies: rows [r0, r1) of one outer index (flattened row
+// indices, every dim but the last) and columns [c0, c0 + n).
+struct QuantBlock {
+  int64_t r0 = 0, r1 = 0, c0 = 0, n = 0;
+};
+
+NCCLM2N_HD QuantBlock quantBlockOf(const QuantDesc& q, int64_t b) {
   const int last = q.ndims - 1;
   const int64_t cols = q.extent[last], perRow = (cols + ncclext::kFp8BlockElems - 1) / ncclext::kFp8BlockElems;
   const int64_t inner = last >= 1 ? q.extent[last - 1] : 1;  // rows of one outer index
   const int64_t rowBlocks = (inner + q.blockRows - 1) / q.blockRows;
   const int64_t cb = b % perRow, rb = (b / perRow) % rowBlocks, outer = b / perRow / rowBlocks;
-  const int64_t first = cb * ncclext::kFp8BlockElems;
-  const int64_t n = cols - first < ncclext::kFp8BlockElems ? cols - first : ncclext::kFp8BlockElems;
-  const int64_t r0 = rb * q.blockRows, r1 = r0 + q.blockRows < inner ? r0 + q.blockRows : inner;
-  const int64_t step = q.srcStride[last];
-  float amax = 0.0f;
-  for (int pass = 0; pass < 2; pass++) {
-    const float s = ncclext::fp8BlockScale(amax, false);
-    for (int64_t rr = r0; rr < r1; rr++) {
-      const int64_t row = outer * inner + rr;  // row-major over every dim but the last
-      int64_t base = 0;
-      for (int64_t k = last - 1, r = row; k >= 0; k--) {
-        base += (r % q.extent[k]) * q.srcStride[k];
-        r /= q.extent[k];
-      }
-      uint8_t* values = reinterpret_cast<uint8_t*>(scratch + q.valuesOffset) + row * cols + first;
-      for (int64_t i = 0; i < n; i++) {
-        const float x = quantSource(src, q.srcBytes, base + (first + i) * step);
-        if (pass == 0) {
-          const float a = x < 0 ? -x : x;
-          amax = a > amax ? a : amax;  // a NaN never wins
-        } else {
-          values[i] = ncclext::floatToE4m3(x / s);
-        }
-      }
-    }
-    if (pass == 1) memcpy(scratch + q.scalesOffset + b * 4, &s, 4);
+  QuantBlock k;
+  k.c0 = cb * ncclext::kFp8BlockElems;
+  k.n = cols - k.c0 < ncclext::kFp8BlockElems ? cols - k.c0 : ncclext::kFp8BlockElems;
+  k.r0 = outer * inner + rb * q.blockRows;
+  k.r1 = outer * inner + (rb * q.blockRows + q.blockRows < inner ? rb * q.blockRows + q.blockRows : inner);
+  return k;
+}
+
+// The source offset (elements) of flattened row `row` of q's box.
+NCCLM2N_HD int64_t quantRowOffset(const QuantDesc& q, int64_t row) {
+  int64_t base = 0;
+  for (int64_t k = q.ndims - 2, r = row; k >= 0; k--) {
+    base += (r % q.extent[k]) * q.srcStride[k];
+    r /= q.extent[k];
   }
+  return base;
+}
+
+// Pass 1, one column c (< k.n) of block k: its largest magnitude (a NaN never wins).
+NCCLM2N_HD float quantColumnAmax(const QuantDesc& q, const QuantBlock& k, int64_t c, const char* src) {
+  const int64_t at = (k.c0 + c) * q.srcStride[q.ndims - 1];
+  float amax = 0.0f;
+  for (int64_t r = k.r0; r < k.r1; r++) {
+    const float x = quantSource(src, q.srcBytes, quantRowOffset(q, r) + at);
+    const float a = x < 0 ? -x : x;
+    amax = a > amax ? a : amax;
+  }
+  return amax;
+}
+
+// The larger of two magnitudes as quantColumnAmax keeps them (so that any order of reduction gives the same).
+NCCLM2N_HD float quantAmaxOf(float a, float b) { return b > a ? b : a; }
+
+// Pass 2, one column c of block k: its values divided by the block's scale and rounded to e4m3, into the scratch
+// (dense [rows][cols]).
+NCCLM2N_HD void quantColumn(const QuantDesc& q, const QuantBlock& k, int64_t c, float scale, const char* src,
+                            char* scratch) {
+  const int64_t cols = q.extent[q.ndims - 1], at = (k.c0 + c) * q.srcStride[q.ndims - 1];
+  uint8_t* values = reinterpret_cast<uint8_t*>(scratch + q.valuesOffset);
+  for (int64_t r = k.r0; r < k.r1; r++)
+    values[r * cols + k.c0 + c] = ncclext::floatToE4m3(quantSource(src, q.srcBytes, quantRowOffset(q, r) + at) / scale);
+}
+
+// Block b whole, as one thread would run it (the host emulator; the kernel runs the columns on a CTA's threads and
+// reduces their magnitudes with quantAmaxOf): its scale from the block's largest magnitude (fp8BlockScale, exact,
+// not a power of two), then every value divided by it and rounded to e4m3, as numeric.h's fp8QuantizeRow does for
+// rows of whole blocks; blocks at a part's end may be smaller. The scale goes to the scratch's scales, dense.
+NCCLM2N_HD void quantizeBlock(const QuantDesc& q, int64_t b, const char* src, char* scratch) {
+  const QuantBlock k = quantBlockOf(q, b);
+  float amax = 0.0f;
+  for (int64_t c = 0; c < k.n; c++) amax = quantAmaxOf(amax, quantColumnAmax(q, k, c, src));
+  const float s = ncclext::fp8BlockScale(amax, false);
+  for (int64_t c = 0; c < k.n; c++) quantColumn(q, k, c, s, src, scratch);
+  memcpy(scratch + q.scalesOffset + b * 4, &s, 4);
 }
 
 }  // namespace ncclm2n
