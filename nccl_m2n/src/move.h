@@ -227,12 +227,15 @@ NCCLM2N_HD int64_t quantRowOffset(const QuantDesc& q, int64_t row) {
   return base;
 }
 
+// A block's rows differ only in the dim before the last: its rows' offsets step by that dim's stride.
+NCCLM2N_HD int64_t quantRowStep(const QuantDesc& q) { return q.ndims >= 2 ? q.srcStride[q.ndims - 2] : 0; }
+
 // Pass 1, one column c (< k.n) of block k: its largest magnitude (a NaN never wins).
 NCCLM2N_HD float quantColumnAmax(const QuantDesc& q, const QuantBlock& k, int64_t c, const char* src) {
-  const int64_t at = (k.c0 + c) * q.srcStride[q.ndims - 1];
+  const int64_t at = quantRowOffset(q, k.r0) + (k.c0 + c) * q.srcStride[q.ndims - 1], step = quantRowStep(q);
   float amax = 0.0f;
   for (int64_t r = k.r0; r < k.r1; r++) {
-    const float x = quantSource(src, q.srcBytes, quantRowOffset(q, r) + at);
+    const float x = quantSource(src, q.srcBytes, at + (r - k.r0) * step);
     const float a = x < 0 ? -x : x;
     amax = a > amax ? a : amax;
   }
@@ -246,10 +249,11 @@ NCCLM2N_HD float quantAmaxOf(float a, float b) { return b > a ? b : a; }
 // (dense [rows][cols]).
 NCCLM2N_HD void quantColumn(const QuantDesc& q, const QuantBlock& k, int64_t c, float scale, const char* src,
                             char* scratch) {
-  const int64_t cols = q.extent[q.ndims - 1], at = (k.c0 + c) * q.srcStride[q.ndims - 1];
+  const int64_t cols = q.extent[q.ndims - 1], step = quantRowStep(q);
+  const int64_t at = quantRowOffset(q, k.r0) + (k.c0 + c) * q.srcStride[q.ndims - 1];
   uint8_t* values = reinterpret_cast<uint8_t*>(scratch + q.valuesOffset);
   for (int64_t r = k.r0; r < k.r1; r++)
-    values[r * cols + k.c0 + c] = ncclext::floatToE4m3(quantSource(src, q.srcBytes, quantRowOffset(q, r) + at) / scale);
+    values[r * cols + k.c0 + c] = ncclext::floatToE4m3(quantSource(src, q.srcBytes, at + (r - k.r0) * step) / scale);
 }
 
 // Block b whole, as one thread would run it (the host emulator; the kernel runs the columns on a CTA's threads and
