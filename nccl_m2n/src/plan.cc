@@ -129,7 +129,7 @@ bool validateProblem(const Problem& p, std::string* error) {
     if (conversionOf(tp.src.dtype, tp.dst.dtype) < 0)
       return bad("no conversion from NCCL type " + std::to_string((int)tp.src.dtype) + " to " +
                  std::to_string((int)tp.dst.dtype) +
-                 " (the executor converts fp32 -> bf16 and bf16 -> fp32; fp8 with block scales: not yet)");
+                 " (the executor converts fp32 <-> bf16, and bf16 / fp32 -> fp8 e4m3 with block scales: quantize.h)");
     if (!tp.dst.strides.empty()) {
       ShardGrid g(tp.dst);
       for (int pos = 0; pos < tp.dst.mesh.size(); pos++)

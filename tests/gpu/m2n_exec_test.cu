@@ -274,13 +274,7 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
         if (sp >= 0) {
           host[0].assign(std::max<int64_t>(sg.localSpan(sp), 1) * eb, 0);
           testing::forEachElement(sg, sp, src.ndims(), [&](const int64_t* gi, int64_t off) {
-            const float v = g[globalLinear(src, gi)];
-            if (eb == 2) {
-              const uint16_t b = ncclext::floatToBf16(v);
-              memcpy(&host[0][off * 2], &b, 2);
-            } else {
-              memcpy(&host[0][off * 4], &v, 4);
-            }
+            testing::storeFloat(g[globalLinear(src, gi)], (int)eb, &host[0][off * eb]);
           });
         }
         if (dp >= 0) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/numeric.h"
@@ -48,6 +49,16 @@ inline uint64_t elementValue(uint64_t round, uint64_t tensor, int64_t linear) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// v stored as a bf16 (bytes 2) or fp32 (bytes 4) element at `to`: the fp8 tests' sources.
+inline void storeFloat(float v, int bytes, char* to) {
+  if (bytes == 2) {
+    const uint16_t b = ncclext::floatToBf16(v);
+    memcpy(to, &b, 2);
+  } else {
+    memcpy(to, &v, 4);
+  }
 }
 
 // The fp8 oracle: a row-major global tensor g of `shape` quantised in blocks of blockRows (of the dim before the

@@ -78,13 +78,7 @@ int64_t runOnHost(const Layout& userSrc, const Layout& userDst, int blockRows, u
     const int64_t eb = (int64_t)elementSize(userSrc.dtype);
     std::vector<char> part(std::max<int64_t>(ug.localSpan(pos), 1) * eb);
     testing::forEachElement(ug, pos, userSrc.ndims(), [&](const int64_t* gi, int64_t off) {
-      const float x = g[testing::globalLinear(userSrc, gi)];
-      if (eb == 2) {
-        const uint16_t b = ncclext::floatToBf16(x);
-        memcpy(&part[off * 2], &b, 2);
-      } else {
-        memcpy(&part[off * 4], &x, 4);
-      }
+      testing::storeFloat(g[testing::globalLinear(userSrc, gi)], (int)eb, &part[off * eb]);
     });
     std::vector<char> scratch(std::max<int64_t>(scratchBytes, 1), (char)0x55);
     for (const QuantDesc& q : qd)

@@ -134,12 +134,16 @@ def bind(name: str, prefix: str, signatures: dict) -> ctypes.CDLL:
     return lib
 
 
-def call(lib: ctypes.CDLL, prefix: str, name: str, *args) -> None:
-    """Calls lib.<name>(*args); a non-zero result raises its exception class with the library's last-error text."""
-    rc = getattr(lib, name)(*args)
+def check(lib: ctypes.CDLL, prefix: str, name: str, rc: int) -> None:
+    """Raises the exception class of a non-zero result `rc` of lib.<name> with the library's last-error text."""
     if rc != 0:
         text = getattr(lib, "nccl%sGetLastError" % prefix)().decode(errors="replace")
         raise error_for(rc, text or "%s failed" % name)
+
+
+def call(lib: ctypes.CDLL, prefix: str, name: str, *args) -> None:
+    """Calls lib.<name>(*args); a non-zero result raises its exception class with the library's last-error text."""
+    check(lib, prefix, name, getattr(lib, name)(*args))
 
 
 def version(lib: ctypes.CDLL, prefix: str) -> tuple[int, int, int]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .._ext import _loader
 from .._ext.comm import Communicator
 from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
-                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError, error_for)
+                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
 from .._ext.tensor import CTensor, absent, describe, descriptor
 
 __all__ = ["Group", "Handle", "DispatchResult", "Communicator", "version", "NcclError", "NcclUnhandledCudaError",
@@ -126,15 +126,14 @@ def version() -> tuple[int, int, int]:
 
 
 def _stream(stream):
+    """The cudaStream_t of `stream` (None: the current device's current stream)."""
     import torch
 
-    s = torch.cuda.current_stream() if stream is None else stream
-    return ctypes.c_void_p(s.cuda_stream)
+    return _raw_stream(stream, torch.cuda.current_device())
 
 
 def _raw_stream(stream, device_index: int):
-    """The cudaStream_t of `stream` (None: the current stream of device `device_index`), as an int: the hot path's
-    cheaper form of _stream."""
+    """The cudaStream_t of `stream` (None: the current stream of device `device_index`), as an int."""
     import torch
 
     if stream is not None:
@@ -179,10 +178,7 @@ class _Prepared:
         return outs
 
     def invoke(self, *args) -> None:
-        rc = self.fn(*args)
-        if rc != 0:
-            text = _lib().ncclEpGetLastError().decode(errors="replace")
-            raise error_for(rc, text or "%s failed" % self.fn.__name__)
+        _loader.check(_lib(), "Ep", self.fn.__name__, self.fn(*args))
 
 
 def _choice(table: dict, value: str, name: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 
 from .._ext.objects import all_gather_bytes
+from .._ext.tensor import NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT8E4M3
 from . import Communicator, Layout, NcclInvalidArgument, Plan, release, retain
 
 # reshard's communicators: torch group (the default group's object for None) -> Communicator, retained.
@@ -112,8 +113,9 @@ def _torch_dtype(code: int):
 # (source, destination) NCCL types the executor takes: the same type, or a conversion it does in flight
 # (fp32 -> bf16, bf16 -> fp32, and fp32 / bf16 -> fp8 e4m3 with block scales; libnccl_m2n decides, and refuses the
 # rest at plan time).
-_FP8 = 10  # ncclFloat8e4m3
-_CONVERTIBLE = {(c, c) for c in range(16)} | {(7, 9), (9, 7), (7, _FP8), (9, _FP8)}
+_FP8 = NCCL_FLOAT8E4M3
+_CONVERTIBLE = {(c, c) for c in range(16)} | {(NCCL_FLOAT32, NCCL_BFLOAT16), (NCCL_BFLOAT16, NCCL_FLOAT32),
+                                             (NCCL_FLOAT32, _FP8), (NCCL_BFLOAT16, _FP8)}
 
 
 def _quantised(s: Layout, d: Layout) -> bool:
