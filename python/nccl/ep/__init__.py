@@ -181,6 +181,22 @@ class _Prepared:
         _loader.check(_lib(), "Ep", self.fn.__name__, self.fn(*args))
 
 
+def _combine_weights(combine, weights, local=None):
+    """Top-k weights [rows, k] as fp32 (zero where `local`, if given, is False) through `combine` (a callable of an
+    fp32 tensor [rows, kp]): padded with zero columns to rows of a multiple of 16 bytes, which combine moves, and
+    cut back to k columns."""
+    import torch
+
+    w = weights.float()
+    if local is not None:
+        w = torch.where(local, w, torch.zeros_like(w))
+    k = w.shape[1]
+    kp = -(-k // 4) * 4
+    if kp != k:
+        w = torch.nn.functional.pad(w, (0, kp - k))
+    return combine(w.contiguous())[:, :k]
+
+
 def _choice(table: dict, value: str, name: str) -> int:
     if value not in table:
         raise NcclInvalidArgument("%s=%r: expected one of %s" % (name, value, ", ".join(sorted(table))))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import Group, Handle
+from . import Group, Handle, _combine_weights
 
 
 class _Dispatch(torch.autograd.Function):
@@ -33,12 +33,8 @@ class _Dispatch(torch.autograd.Function):
         if ctx.needs_input_grad[0] and grad_tokens is not None:
             grad_x = ctx.group.combine(grad_tokens.to(ctx.x_dtype).contiguous(), ctx.handle)
         if ctx.needs_input_grad[1] and grad_weights is not None:
-            masked = torch.where(ctx.local, grad_weights.float(), torch.zeros_like(grad_weights, dtype=torch.float32))
-            k = masked.shape[1]
-            kp = -(-k // 4) * 4  # fp32 rows of a multiple of 16 bytes
-            if kp != k:
-                masked = torch.nn.functional.pad(masked, (0, kp - k))
-            grad_w = ctx.group.combine(masked.contiguous(), ctx.handle)[:, :k].to(ctx.w_dtype)
+            grad_w = _combine_weights(lambda w: ctx.group.combine(w, ctx.handle), grad_weights,
+                                      ctx.local).to(ctx.w_dtype)
         return grad_x, grad_w, None, None
 
 

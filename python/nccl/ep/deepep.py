@@ -26,7 +26,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import Group, NcclInvalidArgument
+from . import Group, NcclInvalidArgument, _combine_weights
 
 __all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
 __version__ = "1.2.1"  # the DeepEP release whose API this mirrors
@@ -275,13 +275,8 @@ class Buffer:
         out = group.combine(self._combine_input(x, ep_handle), ep_handle, num_sms=num_sms)
         combined_w = None
         if topk_weights is not None:
-            k = topk_weights.shape[1]
-            kp = -(-k // 4) * 4  # fp32 rows of a multiple of 16 bytes
-            w = topk_weights.float()
-            if kp != k:
-                w = torch.nn.functional.pad(w, (0, kp - k))
-            combined_w = group.combine(self._combine_input(w.contiguous(), ep_handle), ep_handle,
-                                          num_sms=num_sms)[:, :k]
+            combined_w = _combine_weights(
+                lambda w: group.combine(self._combine_input(w, ep_handle), ep_handle, num_sms=num_sms), topk_weights)
         if bias is not None:
             for b in (bias if isinstance(bias, tuple) else (bias,)):
                 out = out + b

@@ -28,7 +28,7 @@ import threading
 
 import torch
 
-from . import Handle, NcclInvalidArgument, NcclInvalidUsage
+from . import Handle, NcclInvalidArgument, NcclInvalidUsage, _combine_weights
 
 _lock = threading.Lock()
 _handles: dict[int, Handle] = {}
@@ -114,12 +114,8 @@ def _dispatch_backward(ctx, grad_tokens, grad_idx, grad_weights, grad_counts):
     if grad_tokens is not None:
         grad_x = torch.ops.nccl_ep.combine(ctx.handle_id, grad_tokens.to(ctx.x_dtype).contiguous())
     if grad_weights is not None:
-        masked = torch.where(ctx.local, grad_weights.float(), torch.zeros_like(grad_weights, dtype=torch.float32))
-        k = masked.shape[1]
-        kp = -(-k // 4) * 4  # fp32 rows of a multiple of 16 bytes
-        if kp != k:
-            masked = torch.nn.functional.pad(masked, (0, kp - k))
-        grad_w = torch.ops.nccl_ep.combine(ctx.handle_id, masked.contiguous())[:, :k].to(ctx.w_dtype)
+        grad_w = _combine_weights(lambda w: torch.ops.nccl_ep.combine(ctx.handle_id, w), grad_weights,
+                                  ctx.local).to(ctx.w_dtype)
     return None, grad_x, None, grad_w
 
 
