@@ -179,6 +179,14 @@ def _right_to_left(placements, sizes):
     return order, [out[i] for i in order]
 
 
+def _nested(flat, dims):
+    """Flat row-major mesh ranks nested back into lists of the mesh's shape, innermost axis first."""
+    mesh = list(flat)
+    for n in reversed(list(dims)[1:]):
+        mesh = [mesh[i:i + n] for i in range(0, len(mesh), n)]
+    return mesh
+
+
 def _dtype_code(dtype) -> int:
     return dtype if isinstance(dtype, int) else nccl_dtype(dtype)
 
@@ -254,13 +262,7 @@ class Layout:
             if empty:
                 off, shp = [min(o, n) for o, n in zip(off, shape)], shp[:-1] + [0]
             boxes.append((tuple(off), tuple(shp)))
-        return Layout(tuple(shape), torch.float32, mesh=self._mesh_nested(), boxes=boxes)
-
-    def _mesh_nested(self):
-        flat, dims = list(self.mesh_ranks), list(self.mesh_dims)
-        for d in reversed(dims[1:]):
-            flat = [flat[i:i + d] for i in range(0, len(flat), d)]
-        return flat
+        return Layout(tuple(shape), torch.float32, mesh=_nested(self.mesh_ranks, self.mesh_dims), boxes=boxes)
 
     def validate(self, n_ranks: int = 0) -> "Layout":
         """Raises NcclInvalidArgument naming what is wrong (n_ranks 0: ranks unbounded)."""
@@ -311,10 +313,8 @@ class Layout:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Layout":
-        mesh = list(d["mesh_ranks"])
-        for n in reversed(d["mesh_dims"][1:]):  # nest the flat ranks back, innermost axis first
-            mesh = [mesh[i:i + n] for i in range(0, len(mesh), n)]
-        return cls(d["global_shape"], d["dtype"], mesh, placements=d["placements"], boxes=d["boxes"],
+        return cls(d["global_shape"], d["dtype"], _nested(d["mesh_ranks"], d["mesh_dims"]),
+                   placements=d["placements"], boxes=d["boxes"],
                    local_strides=d["local_strides"])
 
     def with_ranks(self, rank_of) -> "Layout":
