@@ -37,6 +37,7 @@
 #include "tests/harness/launcher.h"
 #include "tests/unit/m2n_elements.h"
 #include "tests/unit/m2n_random.h"
+#include "tests/unit/m2n_test_util.h"
 
 namespace {
 
@@ -211,13 +212,7 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
         const int blockRows = kase.blockRows;
         const int last = (int)shape.size() - 1;
         auto lay = [&](const std::vector<int>& ranks, int placement, ncclDataType_t t) {
-          Layout l;
-          l.globalShape = shape;
-          l.mesh.dims = {(int)ranks.size()};
-          l.mesh.ranks = ranks;
-          l.placements = {placement};
-          l.dtype = t;
-          return l;
+          return testing::layout(shape, {(int)ranks.size()}, ranks, {placement}, t);
         };
         // Sources: rows over every rank, or one replica on the last rank; destinations: columns (128 each when the
         // shape allows it) over the ranks reversed, rows, or a replica everywhere. 128 x 128 blocks: a replica on
