@@ -69,9 +69,9 @@ def main():
         combined = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
         d_in = ep._DispatchInputs.new(tokens=describe(x, "x"))
         d_out = ep._DispatchOutputs.new(tokens=describe(out_tokens, "tokens"), topk_idx=describe(out_idx, "idx"))
-        c_in = ep._CombineTensors.new(tokens=describe(out_tokens, "y"))
-        c_out = ep._CombineTensors.new(tokens=describe(combined, "out"))
-        d_cfg, c_cfg = ep._CallConfig.new(num_sms=0), ep._CallConfig.new(num_sms=0)
+        c_in = ep._CombineInputs.new(tokens=describe(out_tokens, "y"))
+        c_out = ep._CombineOutputs.new(tokens=describe(combined, "out"))
+        d_cfg, c_cfg = ep._DispatchConfig.new(num_sms=0), ep._CombineConfig.new(num_sms=0)
         lib = ep._lib()
         s = ctypes.c_void_p(stream.cuda_stream)
 

@@ -25,6 +25,8 @@ enum DeviceErrorSite : uint32_t {
   kSiteUnknown = 0,
   kSiteBarrier = 1,  // lsaBarrierSync
   kSiteFlag = 2,     // a plain flag wait
+  kSiteHeader = 3,   // a peer's header (counts) of a call; index: the peer
+  kSiteRow = 4,      // a peer's row of a call; index: the row
   kSiteLibraryBase = 100,
 };
 

@@ -13,6 +13,8 @@ const char* siteName(uint32_t site) {
   switch (site) {
     case kSiteBarrier: return "LSA barrier";
     case kSiteFlag: return "flag wait";
+    case kSiteHeader: return "header of source";
+    case kSiteRow: return "row";
     default: return nullptr;
   }
 }

@@ -29,4 +29,19 @@ ncclResult_t launchKernel(const char* name, void (*kernel)(KernelArgs...), dim3 
   return ncclSuccess;
 }
 
+// Loads kernels now (cudaFuncGetAttributes forces a lazily loaded function in), so that their first launch never
+// waits for the context to go idle: under CUDA's lazy loading that wait can deadlock kernels that spin for each
+// other, e.g. the ranks of one process (the one-GPU virtual mode). Called once per group or plan creation.
+template <typename... Kernels>
+ncclResult_t loadKernels(const char* what, Kernels... kernels) {
+  cudaFuncAttributes attr;
+  for (const void* k : {reinterpret_cast<const void*>(kernels)...}) {
+    const cudaError_t e = cudaFuncGetAttributes(&attr, k);
+    if (e != cudaSuccess)
+      return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "loading the %s kernels failed: %s", what,
+                  cudaGetErrorString(e));
+  }
+  return ncclSuccess;
+}
+
 }  // namespace ncclext

@@ -55,9 +55,11 @@ typedef struct ncclEpVirtualDomain* ncclEpVirtualDomain_t;
 typedef enum { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } ncclEpAlgorithm_t;
 
 /* Receive layouts. FLAT (HT): one row per (token, destination rank), grouped by source rank in rank order, tokens
- * in source order. EXPERT_MAJOR (HT; LL later): one row per (token, local expert), grouped by local expert, each
- * expert's zone starting at a multiple of the handle's alignment (pad rows zero), inside a zone by (source rank,
- * token). RANK_MAJOR: LL only (not implemented yet). */
+ * in source order. EXPERT_MAJOR: one row per (token, local expert), grouped by local expert, inside a zone by
+ * (source rank, token); HT: each expert's zone starts at a multiple of the handle's alignment (pad rows zero); LL:
+ * zone e is rows [e * R * M, (e + 1) * R * M) (M = max_tokens_per_rank), its first expert_counters[e] rows valid.
+ * RANK_MAJOR (LL only): rows [s * M, s * M + src_rank_counters[s]) hold, in source order, the tokens of source s
+ * with an expert on this rank. LL rows past the counts are not written. */
 typedef enum {
   NCCL_EP_LAYOUT_UNSET = 0,
   NCCL_EP_LAYOUT_EXPERT_MAJOR = 1,
@@ -98,7 +100,7 @@ typedef struct {
   unsigned int magic; /* NCCL_EP_MAGIC */
   ncclEpAlgorithm_t algorithm;
   int num_experts;              /* total experts, a multiple of the number of ranks; <= 1024 */
-  int max_tokens_per_rank;      /* largest token count of any dispatch; <= 16384 */
+  int max_tokens_per_rank;      /* largest token count of any dispatch; <= 16384 (LL: <= 1024) */
   int max_token_bytes;          /* largest row of any dispatch/combine, bytes, a multiple of 16 */
   int max_topk;                 /* largest top-k of any handle, 1..32 */
   int num_sms;                  /* SMs the dispatch/combine kernels occupy (one CTA per SM, filling it);
@@ -151,24 +153,32 @@ typedef struct {
   ncclEpTensor_t topk_weights; /* FLAT: [N, K] (0 where not local); EXPERT_MAJOR: [N] (0 on pads). Optional */
   ncclEpTensor_t topk_idx;     /* FLAT: [N, K] int32 local expert ids, -1 elsewhere. Optional; EXPERT_MAJOR: unused */
   ncclEpTensor_t scales;       /* [N, H/128] fp32 with fp8 tokens */
+  ncclEpTensor_t src_info;     /* LL, optional: [N] int32: RANK_MAJOR the row's token index at its source;
+                                  EXPERT_MAJOR source rank * max_tokens_per_rank + token. HT: unused */
 } ncclEpDispatchOutputs_t;
 #define NCCL_EP_DISPATCH_OUTPUTS_INIT                                                                     \
   {sizeof(ncclEpDispatchOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, \
-   NCCL_EP_TENSOR_INIT}
+   NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;
   unsigned int magic;
   int num_sms;                 /* NCCL_EP_AUTO: the group's */
+  int round_scale;             /* LL fp8 quantisation (bf16 in, fp8 e4m3 out): 1 = scales rounded up to powers of 2 */
 } ncclEpDispatchConfig_t;
-#define NCCL_EP_DISPATCH_CONFIG_INIT {sizeof(ncclEpDispatchConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO}
+#define NCCL_EP_DISPATCH_CONFIG_INIT {sizeof(ncclEpDispatchConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO, 0}
 
 typedef struct {
   unsigned int size;
   unsigned int magic;
-  ncclEpTensor_t tokens;       /* same shape and layout as the dispatch output: bf16, fp16 or fp32 */
+  ncclEpTensor_t tokens;       /* same shape and layout as the dispatch output: bf16, fp16 or fp32 (LL: bf16) */
+  ncclEpTensor_t topk_weights; /* LL EXPERT_MAJOR, optional: [T, K] fp32, the owner's top-k weights. Given: every
+                                  (token, expert) row returns as it is and the owner weights and sums them (DeepEP's
+                                  API); absent: each rank weights its experts' rows with the weights dispatch carried
+                                  (1 where it had none) and returns one row per (token, rank). HT: unused */
 } ncclEpCombineInputs_t;
-#define NCCL_EP_COMBINE_INPUTS_INIT {sizeof(ncclEpCombineInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT}
+#define NCCL_EP_COMBINE_INPUTS_INIT \
+  {sizeof(ncclEpCombineInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;
@@ -206,7 +216,9 @@ NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain
  * rank's index in every domain) with ncclCommSplit, and keeps its windows on the domain communicator. Dispatch and
  * combine across several domains are not implemented yet: such a group is refused with ncclInvalidUsage. The group's
  * calls (handle binding, dispatch, combine) run one after another on the GPU: issue them on one stream, or order
- * the streams with events, in the same order on every rank. Handles with different routings may alternate. */
+ * the streams with events, in the same order on every rank. Handles with different routings may alternate.
+ * NCCL_EP_ALGO_LOW_LATENCY (decode): everything is sized here for max_tokens_per_rank (<= 1024); handles, dispatch
+ * and combine then never allocate or synchronise the host, and all of them may be graph-captured. */
 NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config);
 /* COLLECTIVE: waits for the group's work, then frees it. */
 NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
@@ -215,7 +227,9 @@ NCCL_EP_API ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice
  * in a row) once; dispatch, combine and the backward pass reuse it. T may be 0. EXACT sizing blocks until the
- * receive count is known; WORST_CASE never blocks and may be graph-captured. `layout_info` may be NULL. */
+ * receive count is known; WORST_CASE never blocks and may be graph-captured. `layout_info` may be NULL.
+ * Low-Latency groups: RANK_MAJOR or EXPERT_MAJOR, WORST_CASE sizing, alignment 0 or 1; the binding is local (no
+ * exchange between ranks: the counts travel with dispatch) and `layout_info` is filled by each dispatch instead. */
 NCCL_EP_API ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncclEpLayout_t layout,
                                             const ncclEpTensor_t* topk_idx, const ncclEpLayoutInfo_t* layout_info,
                                             const ncclEpHandleConfig_t* config, cudaStream_t stream);
@@ -230,14 +244,21 @@ NCCL_EP_API ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t*
 NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows);
 
 /* COLLECTIVE, stream-ordered, asynchronous: sends each token once to every rank hosting one of its experts.
- * Backward pass: the gradient of combine is a dispatch of the output gradient. */
+ * Backward pass: the gradient of combine is a dispatch of the output gradient.
+ * Low-Latency: bf16 tokens arrive as bf16, or as fp8 e4m3 when outputs.tokens is e4m3 (quantised by the sender:
+ * one fp32 scale per 128 columns, amax / 448, powers of two with config->round_scale, into outputs.scales); fp8
+ * tokens with scales are forwarded. The receive counts arrive with the rows: `layout_info` (optional) gets them
+ * on the device (expert_counters, src_rank_counters, expert_offsets = e * R * M, recv_total_counter). */
 NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t* inputs,
                                         const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* layout_info,
                                         const ncclEpDispatchConfig_t* config, cudaStream_t stream);
 /* COLLECTIVE, stream-ordered, asynchronous: returns expert outputs to token owners and reduces them in fp32. FLAT:
  * one row per (token, rank), summed as given. EXPERT_MAJOR: each rank weights its local experts' rows with the
  * top-k weights of the last dispatch and sums them before sending one row per (token, rank); the owner sums the
- * ranks' rows. Backward pass: the gradient of dispatch is a combine of the received-token gradients (FLAT). */
+ * ranks' rows. Backward pass: the gradient of dispatch is a combine of the received-token gradients (FLAT).
+ * Low-Latency, after a dispatch on the same handle: RANK_MAJOR takes one row per slot (the caller's sum over the
+ * row's local experts) and the owner sums the ranks' rows in rank order; EXPERT_MAJOR as HT, or, with
+ * inputs->topk_weights, one row per (token, expert) weighted and summed by the owner in top-k column order. */
 NCCL_EP_API ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
                                        const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
                                        cudaStream_t stream);

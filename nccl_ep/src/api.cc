@@ -7,6 +7,7 @@
 #include "common/checks.h"
 #include "common/version.h"
 #include "nccl_ep/src/group.h"
+#include "nccl_ep/src/ll.h"
 
 namespace {
 
@@ -71,6 +72,12 @@ ncclResult_t checkTensor(const ncclEpTensor_t& t, const char* what, unsigned ndi
   return ncclSuccess;
 }
 
+// Token rows are moved in 16-byte vectors.
+ncclResult_t checkAligned(const ncclEpTensor_t& t, const char* what) {
+  NCCLEXT_ARG(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, "%s: data %p is not 16-byte aligned", what, t.data);
+  return ncclSuccess;
+}
+
 ncclResult_t checkLayoutInfo(const ncclEpLayoutInfo_t* info, const ncclEpGroup* g) {
   if (!info) return ncclSuccess;
   CHECK_HEADER(info, ncclEpLayoutInfo_t, NCCL_EP_LAYOUT_INFO_INIT);
@@ -117,6 +124,123 @@ ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
   return ncclSuccess;
 }
 
+// Low-Latency dispatch (headers checked): bf16 or e4m3 in, bf16 / e4m3 (quantised) / e4m3 (forwarded) out.
+ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
+                        const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
+                        const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
+  ncclEpGroup* g = handle->group;
+  const int T = handle->view.numTokens, K = handle->topk;
+  const int64_t N = handle->maxRecvRows;
+  const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
+  const ncclEpTensor_t& x = inputs->tokens;
+  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat8e4m3}, {T, -1}));
+  NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
+  const int64_t H = x.sizes[1];
+  const bool fp8In = x.datatype == ncclFloat8e4m3;
+  NCCLEXT_ARG(H >= 1 && H <= g->config.max_token_bytes / (fp8In ? 1 : 2) && (H * (fp8In ? 1 : 2)) % 16 == 0,
+              "inputs.tokens: hidden %lld: its row must be a multiple of 16 bytes within max_token_bytes %d",
+              (long long)H, g->config.max_token_bytes);
+  const ncclEpTensor_t& y = outputs->tokens;
+  NCCLEXT_CHECK(checkTensor(y, "outputs.tokens", 2, {ncclBfloat16, ncclFloat8e4m3}, {-1, H}));
+  NCCLEXT_CHECK(checkAligned(y, "outputs.tokens"));
+  NCCLEXT_ARG(y.sizes[0] >= N, "outputs.tokens has %lld rows; a Low-Latency %s output has %lld",
+              (long long)y.sizes[0], rankMajor ? "RANK_MAJOR" : "EXPERT_MAJOR", (long long)N);
+  const bool fp8Out = y.datatype == ncclFloat8e4m3;
+  NCCLEXT_ARG(!fp8In || fp8Out, "inputs.tokens are fp8: outputs.tokens must be fp8 too (forwarded)");
+  const int nScales = fp8Out ? (int)(H / 128) : 0;
+  if (fp8Out) {
+    NCCLEXT_ARG(H % 128 == 0, "fp8 tokens: hidden %lld is not a multiple of 128 (one scale per 128 columns)",
+                (long long)H);
+    NCCLEXT_ARG(present(outputs->scales), "fp8 outputs need outputs.scales [N, hidden/128] fp32");
+    NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {-1, nScales}));
+    NCCLEXT_ARG(outputs->scales.sizes[0] >= N, "outputs.scales has %lld rows; the output has %lld",
+                (long long)outputs->scales.sizes[0], (long long)N);
+  } else {
+    NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 outputs only");
+  }
+  if (fp8In) {
+    NCCLEXT_ARG(present(inputs->scales), "fp8 tokens need inputs.scales [T, hidden/128] fp32");
+    NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
+  } else {
+    NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 tokens only");
+  }
+  if (present(inputs->topk_weights))
+    NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
+  if (present(outputs->topk_weights)) {
+    if (rankMajor) NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 2, {ncclFloat32}, {-1, K}));
+    else NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 1, {ncclFloat32}, {-1}));
+    NCCLEXT_ARG(outputs->topk_weights.sizes[0] >= N, "outputs.topk_weights has %lld rows; the output has %lld",
+                (long long)outputs->topk_weights.sizes[0], (long long)N);
+  }
+  if (present(outputs->topk_idx)) {
+    NCCLEXT_USAGE(rankMajor, "outputs.topk_idx is for the RANK_MAJOR layout (EXPERT_MAJOR rows are grouped by expert)");
+    NCCLEXT_CHECK(checkTensor(outputs->topk_idx, "outputs.topk_idx", 2, {ncclInt32}, {-1, K}));
+    NCCLEXT_ARG(outputs->topk_idx.sizes[0] >= N, "outputs.topk_idx has %lld rows; the output has %lld",
+                (long long)outputs->topk_idx.sizes[0], (long long)N);
+  }
+  if (present(outputs->src_info)) {
+    NCCLEXT_CHECK(checkTensor(outputs->src_info, "outputs.src_info", 1, {ncclInt32}, {-1}));
+    NCCLEXT_ARG(outputs->src_info.sizes[0] >= N, "outputs.src_info has %lld rows; the output has %lld",
+                (long long)outputs->src_info.sizes[0], (long long)N);
+  }
+  NCCLEXT_CHECK(checkLayoutInfo(info, g));
+  ncclep::LlDispatchCall c{};
+  c.tokens = static_cast<const char*>(x.data);
+  c.weights = static_cast<const float*>(inputs->topk_weights.data);
+  c.scales = static_cast<const float*>(inputs->scales.data);
+  c.outTokens = static_cast<char*>(y.data);
+  c.outWeights = static_cast<float*>(outputs->topk_weights.data);
+  c.outIdx = static_cast<int*>(outputs->topk_idx.data);
+  c.outScales = static_cast<float*>(outputs->scales.data);
+  c.outSrcInfo = static_cast<int*>(outputs->src_info.data);
+  if (info) {
+    c.info.expertCounters = static_cast<int*>(info->expert_counters.data);
+    c.info.srcRankCounters = static_cast<int*>(info->src_rank_counters.data);
+    c.info.expertOffsets = static_cast<int*>(info->expert_offsets.data);
+    c.info.recvTotal = static_cast<int*>(info->recv_total_counter.data);
+  }
+  c.inRowBytes = (int)(H * (fp8In ? 1 : 2));
+  c.outRowBytes = (int)(H * (fp8Out ? 1 : 2));
+  c.nScales = nScales;
+  c.quantize = fp8Out && !fp8In;
+  c.roundScale = config && config->round_scale;
+  return ncclep::launchLlDispatch(g->view, handle->view, c, callSms(g, config ? config->num_sms : 0), stream);
+}
+
+ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs,
+                       const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
+                       cudaStream_t stream) {
+  ncclEpGroup* g = handle->group;
+  const int T = handle->view.numTokens, K = handle->topk;
+  const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
+  const ncclEpTensor_t& x = inputs->tokens;
+  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16}, {-1, -1}));
+  NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
+  const int64_t H = x.sizes[1];
+  NCCLEXT_ARG(H >= 8 && H % 8 == 0 && H <= g->config.max_token_bytes / 2,
+              "inputs.tokens: hidden %lld: a bf16 row must be a multiple of 16 bytes within max_token_bytes %d",
+              (long long)H, g->config.max_token_bytes);
+  NCCLEXT_ARG(x.sizes[0] >= handle->maxRecvRows, "inputs.tokens has %lld rows; this handle's dispatch output has %lld",
+              (long long)x.sizes[0], (long long)handle->maxRecvRows);
+  NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {ncclBfloat16}, {T, H}));
+  NCCLEXT_CHECK(checkAligned(outputs->tokens, "outputs.tokens"));
+  ncclep::LlCombineCall c{};
+  if (present(inputs->topk_weights)) {
+    NCCLEXT_USAGE(!rankMajor,
+                  "inputs.topk_weights at combine: RANK_MAJOR rows are already reduced per (token, rank) by the "
+                  "caller; the owner-weighted path is EXPERT_MAJOR's");
+    NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
+    c.mode = ncclep::kLlOwnerWeighted;
+    c.weights = static_cast<const float*>(inputs->topk_weights.data);
+  } else {
+    c.mode = rankMajor ? ncclep::kLlRankRows : ncclep::kLlExpertWeighted;
+  }
+  c.in = static_cast<const char*>(x.data);
+  c.out = static_cast<char*>(outputs->tokens.data);
+  c.rowBytes = (int)(H * 2);
+  return ncclep::launchLlCombine(g->view, handle->view, c, callSms(g, config ? config->num_sms : 0), stream);
+}
+
 }  // namespace
 
 extern "C" {
@@ -143,12 +267,15 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
   NCCLEXT_ARG(comm != nullptr, "ncclEpCreateGroup: comm is NULL");
   CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
   const ncclEpGroupConfig_t& c = *config;
-  NCCLEXT_USAGE(c.algorithm != NCCL_EP_ALGO_LOW_LATENCY, "ncclEpCreateGroup: the Low-Latency mode is not implemented yet");
-  NCCLEXT_ARG(c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT, "ncclEpCreateGroup: algorithm %d unknown", (int)c.algorithm);
+  NCCLEXT_ARG(c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT || c.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
+              "ncclEpCreateGroup: algorithm %d unknown", (int)c.algorithm);
   NCCLEXT_ARG(c.num_experts >= 1 && c.num_experts <= ncclep::kMaxExperts, "num_experts %d not in [1, %d]",
               c.num_experts, ncclep::kMaxExperts);
   NCCLEXT_ARG(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank <= ncclep::kMaxTokens,
               "max_tokens_per_rank %d not in [1, %d]", c.max_tokens_per_rank, ncclep::kMaxTokens);
+  NCCLEXT_ARG(c.algorithm != NCCL_EP_ALGO_LOW_LATENCY || c.max_tokens_per_rank <= ncclep::kLlMaxTokens,
+              "max_tokens_per_rank %d: the Low-Latency mode takes at most %d", c.max_tokens_per_rank,
+              ncclep::kLlMaxTokens);
   NCCLEXT_ARG(c.max_token_bytes >= 16 && c.max_token_bytes % 16 == 0 && c.max_token_bytes <= 65536,
               "max_token_bytes %d: must be a multiple of 16 in [16, 65536]", c.max_token_bytes);
   NCCLEXT_ARG(c.max_topk >= 1 && c.max_topk <= ncclep::kMaxTopk, "max_topk %d not in [1, %d]", c.max_topk,
@@ -219,9 +346,12 @@ ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncc
   *handle = nullptr;
   NCCLEXT_ARG(group != nullptr, "ncclEpCreateHandle: group is NULL");
   NCCLEXT_CHECK(group->asyncError("ncclEpCreateHandle"));
-  NCCLEXT_USAGE(layout != NCCL_EP_LAYOUT_RANK_MAJOR, "layout RANK_MAJOR belongs to the Low-Latency mode");
-  NCCLEXT_ARG(layout == NCCL_EP_LAYOUT_FLAT || layout == NCCL_EP_LAYOUT_EXPERT_MAJOR,
-              "layout %d: High-Throughput takes FLAT or EXPERT_MAJOR", (int)layout);
+  const bool ll = group->view.lowLatency;
+  NCCLEXT_ARG(layout >= NCCL_EP_LAYOUT_EXPERT_MAJOR && layout <= NCCL_EP_LAYOUT_FLAT, "layout %d unknown", (int)layout);
+  NCCLEXT_USAGE(ll || layout != NCCL_EP_LAYOUT_RANK_MAJOR,
+                "layout RANK_MAJOR belongs to the Low-Latency mode (High-Throughput takes FLAT or EXPERT_MAJOR)");
+  NCCLEXT_USAGE(!ll || layout != NCCL_EP_LAYOUT_FLAT,
+                "layout FLAT belongs to the High-Throughput mode (Low-Latency takes RANK_MAJOR or EXPERT_MAJOR)");
   NCCLEXT_CHECK(checkTopk(group, topk_idx));
   ncclEpHandleConfig_t cfg = NCCL_EP_HANDLE_CONFIG_INIT;
   if (config) {
@@ -233,6 +363,13 @@ ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncc
               a);
   NCCLEXT_ARG(cfg.sizing == NCCL_EP_SIZING_WORST_CASE || cfg.sizing == NCCL_EP_SIZING_EXACT, "sizing %d unknown",
               (int)cfg.sizing);
+  if (ll) {
+    NCCLEXT_USAGE(cfg.sizing == NCCL_EP_SIZING_WORST_CASE,
+                  "EXACT sizing: Low-Latency outputs have fixed worst-case shapes and never wait on the host");
+    NCCLEXT_USAGE(a <= 1, "dispatch_output_per_expert_alignment %d: Low-Latency zones are fixed (R x M rows)", a);
+    NCCLEXT_USAGE(layout_info == nullptr,
+                  "layout_info at handle creation: Low-Latency counts arrive with each dispatch (pass it there)");
+  }
   NCCLEXT_CHECK(checkLayoutInfo(layout_info, group));
   ncclEpHandle* h = nullptr;
   NCCLEXT_CHECK(ncclEpHandle::create(group, layout, (int)topk_idx->sizes[1], cfg, &h));
@@ -254,6 +391,8 @@ ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* top
   NCCLEXT_CHECK(checkTopk(handle->group, topk_idx));
   NCCLEXT_ARG(topk_idx->sizes[1] == handle->topk, "top-k %lld differs from the handle's %d (create a new handle)",
               (long long)topk_idx->sizes[1], handle->topk);
+  NCCLEXT_USAGE(!handle->group->view.lowLatency || layout_info == nullptr,
+                "layout_info at handle update: Low-Latency counts arrive with each dispatch (pass it there)");
   NCCLEXT_CHECK(checkLayoutInfo(layout_info, handle->group));
   NCCLEXT_CHECK(handle->bind(*topk_idx, layout_info, stream));
   if (handle->config.sizing == NCCL_EP_SIZING_EXACT) NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
@@ -293,10 +432,14 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
   CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
   if (config) CHECK_HEADER(config, ncclEpDispatchConfig_t, NCCL_EP_DISPATCH_CONFIG_INIT);
+  if (g->view.lowLatency) return llDispatch(handle, inputs, outputs, layout_info, config, stream);
   NCCLEXT_CHECK(checkLayoutInfo(layout_info, g));  // accepted for API compatibility; HT reports at handle time
+  NCCLEXT_ARG(!config || !config->round_scale, "config.round_scale is for Low-Latency fp8 quantisation");
   const int T = handle->view.numTokens, K = handle->topk;
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}, {T, -1}));
+  NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
+  NCCLEXT_ARG(!present(outputs->src_info), "outputs.src_info is a Low-Latency output (FLAT rows are in source order)");
   const int64_t H = x.sizes[1];
   NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
               g->config.max_token_bytes);  // before the product below, which could wrap
@@ -324,6 +467,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   NCCLEXT_CHECK(rowsNeeded(handle, &need));
   const ncclEpTensor_t& y = outputs->tokens;
   NCCLEXT_CHECK(checkTensor(y, "outputs.tokens", 2, {x.datatype}, {-1, H}));
+  NCCLEXT_CHECK(checkAligned(y, "outputs.tokens"));
   NCCLEXT_ARG(y.sizes[0] >= need, "outputs.tokens has %lld rows; this handle needs %lld (%s sizing)",
               (long long)y.sizes[0], (long long)need,
               handle->config.sizing == NCCL_EP_SIZING_EXACT ? "exact" : "worst-case");
@@ -378,8 +522,11 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   CHECK_HEADER(inputs, ncclEpCombineInputs_t, NCCL_EP_COMBINE_INPUTS_INIT);
   CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
   if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
+  if (g->view.lowLatency) return llCombine(handle, inputs, outputs, config, stream);
+  NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
+  NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
   const int64_t H = x.sizes[1];
   NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
               g->config.max_token_bytes);  // before the product below, which could wrap
@@ -392,6 +539,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   NCCLEXT_ARG(x.sizes[0] >= need, "inputs.tokens has %lld rows; this handle's dispatch output has %lld",
               (long long)x.sizes[0], (long long)need);
   NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));
+  NCCLEXT_CHECK(checkAligned(outputs->tokens, "outputs.tokens"));
   ncclep::CombineCall c{};
   c.in = static_cast<const char*>(x.data);
   c.out = static_cast<char*>(outputs->tokens.data);

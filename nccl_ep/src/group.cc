@@ -6,6 +6,7 @@
 #include "common/checks.h"
 #include "common/env.h"
 #include "common/topology.h"
+#include "nccl_ep/src/ll.h"
 
 namespace {
 
@@ -81,6 +82,15 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   if (g->domain->isVirtual()) g->smCount = std::max(1, g->smCount / nRanks);
   g->numSms = config.num_sms > 0 ? std::min(config.num_sms, g->smCount) : std::min(64, g->smCount);
 
+  // The kernels this group launches, loaded before any of them runs (ncclext::loadKernels says why).
+  NCCLEXT_CHECK(ncclep::loadRouteKernels());
+  if (config.algorithm == NCCL_EP_ALGO_LOW_LATENCY) {
+    NCCLEXT_CHECK(ncclep::loadLlKernels());
+  } else {
+    NCCLEXT_CHECK(ncclep::loadDispatchKernels());
+    NCCLEXT_CHECK(ncclep::loadCombineKernels());
+  }
+
   // Window layout.
   ncclep::GroupView& v = g->view;
   v.rank = rank;
@@ -90,11 +100,15 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   v.maxTokens = config.max_tokens_per_rank;
   v.nChunks = (config.max_tokens_per_rank + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
   v.rowStride = config.max_token_bytes;
+  v.lowLatency = config.algorithm == NCCL_EP_ALGO_LOW_LATENCY;
   v.meta.maxTopk = config.max_topk;
   v.meta.maxScales = std::max(1, config.max_token_bytes / 128);
-  v.meta.bytes = alignUp(8 + 12 * (size_t)config.max_topk + 4 * (size_t)v.meta.maxScales, 16);
+  v.meta.bytes = alignUp(v.meta.tokenOff() + 4, 16);
   ncclep::WindowLayout& w = v.wl;
   const size_t regionRows = (size_t)nRanks * v.maxTokens;
+  // LL combine staging also holds one row per (token, expert) of the owner: [maxTokens][maxTopk].
+  w.combSlots = (int)std::max(regionRows, v.lowLatency ? (size_t)v.maxTokens * config.max_topk : 0);
+  w.headerBytes = v.lowLatency ? (int)alignUp(12 + 4 * (size_t)v.localExperts, 16) : 0;
   size_t off = 0;
   w.barrierFlags = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
@@ -103,7 +117,9 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   w.combDone = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
   w.combFlags = off;
-  off = alignUp(off + regionRows * 8, 256);
+  off = alignUp(off + (size_t)w.combSlots * 8, 256);
+  w.header = off;
+  off = alignUp(off + (size_t)nRanks * w.headerBytes, 256);
   w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
   w.exchange = off;
   off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 256);
@@ -112,7 +128,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   w.dispMeta = off;
   off = alignUp(off + regionRows * v.meta.bytes, 4096);
   w.combRows = off;
-  off = alignUp(off + regionRows * v.rowStride, 4096);
+  off = alignUp(off + (size_t)w.combSlots * v.rowStride, 4096);
   w.total = off;
 
   // Symmetric memory on the domain (collective).
@@ -196,8 +212,12 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, MK = g.meta.maxTopk;
   const int align = std::max(1, config.dispatch_output_per_expert_alignment);
   h->maxFlatRows = (int64_t)R * g.maxTokens;
-  h->maxRecvRows = layout == NCCL_EP_LAYOUT_FLAT ? h->maxFlatRows
-                                                 : h->maxFlatRows * std::min(topk, L) + (int64_t)L * (align - 1);
+  if (g.lowLatency) {  // fixed layouts: RANK_MAJOR [R][M], EXPERT_MAJOR [L][R x M]
+    h->maxRecvRows = layout == NCCL_EP_LAYOUT_RANK_MAJOR ? h->maxFlatRows : h->maxFlatRows * L;
+  } else {
+    h->maxRecvRows = layout == NCCL_EP_LAYOUT_FLAT ? h->maxFlatRows
+                                                   : h->maxFlatRows * std::min(topk, L) + (int64_t)L * (align - 1);
+  }
   ncclep::DerivedLayout& dl = h->view.dl;
   int n = 0;
   dl.srcCount = n;
@@ -217,11 +237,13 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   dl.peerChunks = n;
   n += 1;
   dl.ints = n;
-  // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW.
+  // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW, llRecvCount, llToken.
   const size_t sizes[] = {(size_t)g.maxTokens * R * 4, (size_t)g.maxTokens * MK * 4, (size_t)(NC + 1) * (R + E) * 4,
-                          (size_t)dl.ints * 4, (size_t)h->maxFlatRows * MK * 4, (size_t)h->maxFlatRows * MK * 4};
-  size_t offsets[6], total = 0;
-  for (int i = 0; i < 6; i++) {
+                          (size_t)dl.ints * 4,         (size_t)h->maxFlatRows * MK * 4, (size_t)h->maxFlatRows * MK * 4,
+                          (size_t)R * 4,               (size_t)h->maxFlatRows * 4};
+  constexpr int kArrays = sizeof(sizes) / sizeof(sizes[0]);
+  size_t offsets[kArrays], total = 0;
+  for (int i = 0; i < kArrays; i++) {
     offsets[i] = total;
     total = alignUp(total + sizes[i], 256);
   }
@@ -237,6 +259,8 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   v.derived = reinterpret_cast<int*>(b + offsets[3]);
   v.emPos = reinterpret_cast<int*>(b + offsets[4]);
   v.flatW = reinterpret_cast<float*>(b + offsets[5]);
+  v.llRecvCount = reinterpret_cast<int*>(b + offsets[6]);
+  v.llToken = reinterpret_cast<int*>(b + offsets[7]);
   void* host = nullptr;
   NCCLEXT_CUDA(cudaHostAlloc(&host, 2 * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
   h->hostTotals = static_cast<int64_t*>(host);
@@ -268,7 +292,7 @@ ncclResult_t ncclEpHandle::bind(const ncclEpTensor_t& topkIdx, const ncclEpLayou
     out.expertOffsets = static_cast<int*>(info->expert_offsets.data);
     out.recvTotal = static_cast<int*>(info->recv_total_counter.data);
   }
-  NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, stream));
+  NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, !group->view.lowLatency, stream));
   if (config.sizing == NCCL_EP_SIZING_EXACT) {
     // The caller reads the error word through group->asyncError (input errors get their own message there).
     NCCLEXT_CHECK(ncclext::waitStream(stream, group->timeoutSeconds, "handle creation"));

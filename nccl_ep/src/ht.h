@@ -43,18 +43,22 @@ struct WindowLayout {
   size_t barrierFlags;  // u64 [1][R]: the handle-exchange barrier
   size_t dispDone;      // u64 [R]: the last dispatch call whose rows from me rank r consumed (written by r)
   size_t combDone;      // u64 [R]: the same for combine
-  size_t combFlags;     // u64 [R][maxTokens]: flag of combine staging row [r][slot], written by r
+  size_t combFlags;     // u64 [combSlots]: flag of combine staging row [r][slot] (LL: or [token][k]), written by r
   size_t exchange;      // int32 [R][exchangeInts]: row s written by source s
   size_t dispRows;      // [R][maxTokens][rowStride]: region s written by source s
   size_t dispMeta;      // [R][maxTokens][metaBytes]: the row's flag first
-  size_t combRows;      // [R][maxTokens][rowStride]: region r written by expert rank r
+  size_t combRows;      // [combSlots][rowStride]: HT and LL per (token, rank): [r][slot], written by expert rank
+                        // r; LL per (token, expert): [token][k]
+  size_t header;        // LL: [R][headerBytes]: row s written by source s (its flag, then its counts for me)
   size_t total;
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
+  int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)
+  int combSlots;     // rows of the combine staging: R x maxTokens (LL: at least maxTokens x maxTopk)
 };
 
 // Per-row metadata sent with every dispatched row: the row's flag (u64, released last), K local expert ids (-1: not
 // here), K weights, K indices of the (source, expert) pair among the source's tokens for that expert, then the fp8
-// scales.
+// scales, then (LL) the row's token index at its source.
 struct MetaLayout {
   int maxTopk;
   int maxScales;
@@ -64,6 +68,7 @@ struct MetaLayout {
   __host__ __device__ size_t weightOff() const { return 8 + 4 * (size_t)maxTopk; }
   __host__ __device__ size_t emIdxOff() const { return 8 + 8 * (size_t)maxTopk; }
   __host__ __device__ size_t scaleOff() const { return 8 + 12 * (size_t)maxTopk; }
+  __host__ __device__ size_t tokenOff() const { return scaleOff() + 4 * (size_t)maxScales; }
 };
 
 // Handle-derived int32 arrays, one device block; offsets in ints.
@@ -78,6 +83,7 @@ struct GroupView {
   WindowLayout wl;
   MetaLayout meta;
   int rank, nRanks, numExperts, localExperts, maxTokens, nChunks, rowStride;
+  int lowLatency;  // the group's algorithm is NCCL_EP_ALGO_LOW_LATENCY
   uint64_t* calls;               // u64 [2]: dispatch and combine calls completed on this rank
   unsigned long long* arrivals;  // [2]: CTAs of the running dispatch / combine kernel that finished
   uint64_t* barrierEpoch;
@@ -97,6 +103,10 @@ struct HandleView {
   int* emPos;           // [maxFlatRows][maxTopk]: EXPERT_MAJOR row of each (received flat row, k); -1
   float* flatW;         // [maxFlatRows][maxTopk]: its weight
   int64_t* hostTotals;  // pinned mapped: [0] FLAT rows, [1] EM rows (EXACT sizing)
+  // LL, written by dispatch for combine: rows received from each source, and the source token of each slot [s][j]
+  // (emPos / flatW are indexed by slot s * maxTokens + j there).
+  int* llRecvCount;  // [R]
+  int* llToken;      // [R][maxTokens]
 };
 
 struct LayoutInfoOut {
@@ -126,8 +136,15 @@ struct CombineCall {
   int nSenders, nReceivers;
 };
 
+// Each family's kernels loaded now (group creation; see ncclext::loadKernels).
+ncclResult_t loadRouteKernels();
+ncclResult_t loadDispatchKernels();
+ncclResult_t loadCombineKernels();
+
 // Host entry points (one per kernel family); each enqueues on `stream` and returns an error code.
-ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, cudaStream_t stream);
+// `exchange` false (Low-Latency handles): the local kernels only, no exchange between ranks.
+ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange,
+                         cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

@@ -335,7 +335,12 @@ TEST(EpFuzz, CreateGroup) {
           cfg.magic = rng.chance(1, 2) ? 0 : NCCL_EP_MAGIC + 1;
           break;
         case 2:
-          cfg.algorithm = rng.chance(1, 2) ? NCCL_EP_ALGO_LOW_LATENCY : (ncclEpAlgorithm_t)rng.pick(kBadEnums);
+          if (rng.chance(1, 2)) {  // Low-Latency past its token limit
+            cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+            cfg.max_tokens_per_rank = (int)rng.range(1025, INT_MAX);
+          } else {
+            cfg.algorithm = (ncclEpAlgorithm_t)rng.pick(kBadEnums);
+          }
           break;
         case 3:
           cfg.num_experts = rng.chance(1, 2) ? (int)rng.range(INT_MIN, 0) : (int)rng.range(1025, INT_MAX);

@@ -106,6 +106,11 @@ std::function<bool(RankContext&)> initFromId(const std::function<bool(ncclUnique
 
 // Virtual ranks: nRanks threads of this process on GPU 0, each with its own single-rank communicator.
 int runVirtual(int nRanks, const std::function<int(RankContext&)>& body) {
+  // Before CUDA starts in this process: every kernel loaded at once. With lazy loading, the first launch of a kernel
+  // may wait for the context to go idle, and a peer's kernel that spins for this rank's next call then never lets it
+  // (CUDA's lazy-loading notes: kernels that rely on running concurrently must be loaded first). Seen: the LL
+  // dispatch of one virtual rank timed out while the other's first launch of a test kernel waited for it.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   VirtualDomain domain(nRanks);
   std::vector<int> rcs(nRanks, 1);
   std::vector<std::thread> threads;

@@ -22,10 +22,10 @@ STRUCTS = {
     "ncclEpLayoutInfo_t": ep._LayoutInfo,
     "ncclEpDispatchInputs_t": ep._DispatchInputs,
     "ncclEpDispatchOutputs_t": ep._DispatchOutputs,
-    "ncclEpDispatchConfig_t": ep._CallConfig,
-    "ncclEpCombineConfig_t": ep._CallConfig,
-    "ncclEpCombineInputs_t": ep._CombineTensors,
-    "ncclEpCombineOutputs_t": ep._CombineTensors,
+    "ncclEpDispatchConfig_t": ep._DispatchConfig,
+    "ncclEpCombineConfig_t": ep._CombineConfig,
+    "ncclEpCombineInputs_t": ep._CombineInputs,
+    "ncclEpCombineOutputs_t": ep._CombineOutputs,
     "ncclM2nMesh_t": m2n._Mesh,
     "ncclM2nBox_t": m2n._Box,
     "ncclM2nLayout_t": m2n._Layout,
@@ -112,9 +112,21 @@ def test_config_fields_reach_the_c_checks(field, value, text):
     assert text in str(e.value)
 
 
-def test_low_latency_says_not_implemented():
-    with pytest.raises(ep.NcclInvalidUsage, match="Low-Latency mode is not implemented"):
-        _create_group(algorithm=0)
+def test_low_latency_sizing_reaches_the_c_checks():
+    # algorithm 0 is read as Low-Latency: a library with the mode refuses its 2048 tokens (LL: at most 1024) before
+    # touching the fake communicator; one built before the mode says it is not implemented.
+    with pytest.raises(ep.NcclError) as e:
+        _create_group(algorithm=0, max_tokens_per_rank=2048)
+    assert ("max_tokens_per_rank 2048: the Low-Latency mode takes at most 1024" in str(e.value)
+            or "Low-Latency mode is not implemented" in str(e.value)), str(e.value)
+
+
+def test_round_scale_is_read_where_c_reads_it():
+    # The split mirrors: round_scale sits after num_sms in the dispatch config only.
+    cfg = ep._DispatchConfig.new(num_sms=3, round_scale=1)
+    raw = (ctypes.c_int * 4).from_buffer_copy(cfg)
+    assert list(raw) == [ctypes.sizeof(ep._DispatchConfig), ep._MAGIC, 3, 1]
+    assert ctypes.sizeof(ep._CombineConfig) == 12 and ctypes.sizeof(ep._DispatchConfig) == 16
 
 
 def test_bad_header_is_refused():

@@ -1,5 +1,8 @@
 """nccl.ep.deepep (the DeepEP drop-in) on the CPU: the layout against brute force, and every refusal with its
-message, on torch's fake process group (4 ranks in one process, no communication). Needs torch."""
+message, on torch's fake process group (4 ranks in one process, no communication). The Low-Latency methods'
+translation into nccl.ep calls runs against a stand-in Group that records them. Needs torch."""
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -7,20 +10,25 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import nccl.ep.deepep as deep_ep  # noqa: E402
-from nccl.ep import NcclInvalidArgument  # noqa: E402
+from nccl.ep import NcclInvalidArgument, NcclInvalidUsage  # noqa: E402
 
 R, E = 4, 32
 
 
 @pytest.fixture(scope="module")
-def buffer():
+def fake_world():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=R)
     try:
-        yield deep_ep.Buffer(dist.group.WORLD, int(1e9), 0)
+        yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def buffer(fake_world):
+    return deep_ep.Buffer(dist.group.WORLD, int(1e9), 0)
 
 
 def test_surface():
@@ -51,7 +59,6 @@ def test_dispatch_layout_matches_brute_force(buffer, seed):
 
 
 @pytest.mark.parametrize("kwargs,what", [
-    ({"low_latency_mode": True}, "low_latency_mode=True"),
     ({"allow_mnnvl": True}, "allow_mnnvl=True"),
     ({"enable_shrink": True}, "enable_shrink=True"),
 ])
@@ -65,17 +72,25 @@ def test_mpi_communicator_not_implemented():
         deep_ep.Buffer(None, comm=object())
 
 
-@pytest.mark.parametrize("method", ["low_latency_dispatch", "low_latency_combine", "clean_low_latency_buffer",
-                                    "get_next_low_latency_combine_buffer", "get_local_buffer_tensor",
+@pytest.mark.parametrize("method", ["get_next_low_latency_combine_buffer", "get_local_buffer_tensor",
                                     "get_comm_stream"])
 def test_methods_not_implemented_name_themselves(buffer, method):
     with pytest.raises(NotImplementedError, match="Buffer." + method):
         getattr(buffer, method)()
 
 
-def test_low_latency_size_hint_not_implemented():
-    with pytest.raises(NotImplementedError, match="get_low_latency_rdma_size_hint"):
-        deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256)
+def test_zero_copy_buffer_says_why(buffer):
+    with pytest.raises(NotImplementedError, match="zero-copy combine: its registered buffer is not built yet"):
+        buffer.get_next_low_latency_combine_buffer((None,) * 5)
+
+
+def test_low_latency_size_hint_is_what_nccl_ep_needs_from_the_caller():
+    # nccl.ep ignores num_rdma_bytes (the group sizes itself): 0 bytes are needed; the arguments are still checked.
+    assert deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256) == 0
+    with pytest.raises(NcclInvalidArgument, match="num_max_dispatch_tokens_per_rank 2048 not in \\[1, 1024\\]"):
+        deep_ep.Buffer.get_low_latency_rdma_size_hint(2048, 7168, 8, 256)
+    with pytest.raises(NcclInvalidArgument, match="250 experts do not divide among 8 ranks"):
+        deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 250)
 
 
 def test_config_checks_and_hints():
@@ -131,3 +146,259 @@ def test_combine_refuses_a_foreign_handle(buffer):
 def test_destroy_only_when_explicit(buffer):
     with pytest.raises(ValueError):
         buffer.destroy()
+
+
+# -- Low-Latency ---------------------------------------------------------------------------------------------------
+LM, LH, LK = 3, 256, 2  # num_max_dispatch_tokens_per_rank, hidden, top-k of these tests; E experts, R ranks
+
+
+class _EpHandle:
+    def __init__(self, topk_idx, layout):
+        self.layout, self.updates, self.closed = layout, 0, False
+        self._bind(topk_idx)
+
+    def _bind(self, topk_idx):
+        self.topk_idx, (self.num_tokens, self.topk) = topk_idx, topk_idx.shape
+
+    def update(self, topk_idx):
+        self._bind(topk_idx)
+        self.updates += 1
+
+    def close(self):
+        self.closed = True
+
+
+class _LowLatencyGroup:
+    """Stands in for nccl.ep.Group(algorithm="low_latency"): records what the drop-in asks of it; dispatch returns
+    the src_info / counts the test sets (zeros otherwise)."""
+
+    made = []
+
+    def __init__(self, group, **kwargs):
+        self.kwargs, self.calls, self.closed = kwargs, [], False
+        self.size, self.local_experts = R, kwargs["num_experts"] // R
+        self.src_info = self.counts = None
+        _LowLatencyGroup.made.append(self)
+
+    def create_handle(self, topk_idx, layout):
+        self.calls.append(("create_handle", layout))
+        return _EpHandle(topk_idx, layout)
+
+    def dispatch(self, x, handle, out_dtype=None, round_scale=False):
+        self.calls.append(("dispatch", handle, out_dtype, round_scale))
+        n = self.local_experts * R * self.kwargs["max_tokens_per_rank"]
+        src = self.src_info if self.src_info is not None else torch.zeros(n, dtype=torch.int32)
+        counts = self.counts if self.counts is not None else torch.zeros(self.local_experts, dtype=torch.int32)
+        return SimpleNamespace(tokens=torch.zeros(n, x.shape[1], dtype=out_dtype or x.dtype), handle=handle,
+                               scales=torch.ones(n, x.shape[1] // 128) if out_dtype is not None else None,
+                               src_info=src, expert_counts=counts)
+
+    def combine(self, y, handle, topk_weights=None, out=None):
+        self.calls.append(("combine", tuple(y.shape), handle, topk_weights, out))
+        return out if out is not None else torch.zeros(handle.num_tokens, y.shape[1], dtype=y.dtype)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def ll(fake_world, monkeypatch):
+    """A low_latency_mode Buffer whose nccl.ep groups are _LowLatencyGroups."""
+    monkeypatch.setattr(deep_ep, "Group", _LowLatencyGroup)
+    _LowLatencyGroup.made = []
+    return deep_ep.Buffer(dist.group.WORLD, 0, int(1e9), low_latency_mode=True, num_qps_per_rank=E // R,
+                          explicitly_destroy=True)
+
+
+def _call(ll, T=LM, m=LM, hidden=LH, k=LK, **kwargs):
+    x = torch.zeros(T, hidden, dtype=torch.bfloat16)
+    idx = torch.zeros(T, k, dtype=torch.int64)
+    return x, idx, ll.low_latency_dispatch(x, idx, m, E, **kwargs)
+
+
+@pytest.mark.parametrize("use_fp8,round_scale", [(False, False), (False, True), (True, False), (True, True)])
+def test_low_latency_dispatch_translation(ll, use_fp8, round_scale):
+    local = E // R
+    stats = torch.full((local,), 5, dtype=torch.int32)
+    x, idx, (recv_x, recv_count, handle, event, hook) = _call(
+        ll, use_fp8=use_fp8, round_scale=round_scale, cumulative_local_expert_recv_stats=stats)
+    (g,) = _LowLatencyGroup.made
+    assert g.kwargs == {"num_experts": E, "max_tokens_per_rank": LM, "hidden": LH, "max_topk": LK,
+                        "algorithm": "low_latency"}
+    assert g.calls[0] == ("create_handle", "expert_major")
+    _, ep_handle, out_dtype, rs = g.calls[1]
+    assert out_dtype == (torch.float8_e4m3fn if use_fp8 else None) and rs == (round_scale and use_fp8)
+    if use_fp8:
+        q, scales = recv_x
+        assert q.shape == (local, R * LM, LH) and q.dtype == torch.float8_e4m3fn
+        assert scales.shape == (local, R * LM, LH // 128) and scales.dtype == torch.float32
+    else:
+        assert recv_x.shape == (local, R * LM, LH) and recv_x.dtype == torch.bfloat16
+    assert recv_count.shape == (local,) and torch.equal(stats, recv_count + 5)  # added on the stream
+    assert event.event is None and hook is None
+    assert len(handle) == 5 and handle[2:] == (LM, LH, E) and handle.ep_handle is ep_handle
+    assert "num_max_dispatch_tokens_per_rank=3" in repr(handle)
+
+
+def test_low_latency_recv_hook_does_nothing(ll):
+    _, _, (_, _, _, _, hook) = _call(ll, return_recv_hook=True)
+    assert callable(hook) and hook() is None  # one launch sends and receives: nothing left for the hook
+
+
+def test_low_latency_handle_has_deepeps_meanings(ll):
+    """src_info (token index at the source) and layout_range ((begin << 32) | count per (expert, source rank))
+    derived from nccl.ep's src_info (source * M + token) and the counts, against brute force; rows past the counts
+    hold garbage that must not count."""
+    local, m = E // R, LM
+    zones = [[(0, 1), (0, 2), (2, 0), (3, 1)], [], [(1, 0), (1, 1), (1, 2), (3, 0), (3, 2)]]
+    zones += [[(s, t) for s in range(R) for t in range(m)]]  # a full zone: every token of every source
+    zones += [[]] * (local - len(zones))
+    raw = torch.full((local, R * m), 999, dtype=torch.int32)
+    raw[0, 4:] = -7
+    for e, rows in enumerate(zones):
+        for i, (s, t) in enumerate(rows):
+            raw[e, i] = s * m + t
+    _call(ll)  # makes the group
+    g = _LowLatencyGroup.made[0]
+    g.src_info, g.counts = raw.flatten(), torch.tensor([len(z) for z in zones], dtype=torch.int32)
+    _, _, (_, _, handle, _, _) = _call(ll)
+    src_info, layout_range, m_, hidden, experts = handle  # unpacked as DeepEP's tests do
+    assert (m_, hidden, experts) == (m, LH, E)
+    assert src_info.shape == (local, R * m) and src_info.dtype == torch.int32
+    assert layout_range.shape == (local, R) and layout_range.dtype == torch.int64
+    for e, rows in enumerate(zones):
+        assert src_info[e, :len(rows)].tolist() == [t for _, t in rows]
+        begin = 0
+        for s in range(R):
+            count = sum(1 for r, _ in rows if r == s)
+            assert (int(layout_range[e, s]) >> 32, int(layout_range[e, s]) & 0xffffffff) == (begin, count), (e, s)
+            begin += count
+    assert handle[0] is src_info and handle[1] is layout_range  # computed once
+
+
+def test_low_latency_handles_alternate_and_expire(ll):
+    handles = [_call(ll)[2][2] for _ in range(3)]
+    g = _LowLatencyGroup.made[0]
+    assert [c[0] for c in g.calls].count("create_handle") == 2  # a ring of two nccl.ep handles
+    assert handles[2].ep_handle is handles[0].ep_handle and handles[0].ep_handle.updates == 1
+    y = torch.zeros(E // R, R * LM, LH, dtype=torch.bfloat16)
+    w = torch.rand(LM, LK)
+    with pytest.raises(NcclInvalidUsage, match="2 later low_latency_dispatch calls reused its nccl.ep handle"):
+        ll.low_latency_combine(y, torch.zeros(LM, LK, dtype=torch.int64), w, handles[0])
+    for h in handles[1:]:
+        out, event, hook = ll.low_latency_combine(y, torch.zeros(LM, LK, dtype=torch.int64), w, h)
+        assert out.shape == (LM, LH) and event.event is None and hook is None
+    _, shape, ep_handle, weights, out = g.calls[-1]
+    assert shape == (E // R * R * LM, LH) and ep_handle is handles[2].ep_handle and weights is w and out is None
+
+
+def test_low_latency_combine_translation(ll):
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
+    w = torch.rand(LM, LK)
+    out = torch.empty(LM, LH, dtype=torch.bfloat16)
+    combined, _, hook = ll.low_latency_combine(recv_x, idx, w, handle, out=out, return_recv_hook=True)
+    assert combined is out and hook() is None
+    _, shape, ep_handle, weights, given_out = _LowLatencyGroup.made[0].calls[-1]
+    assert shape == (recv_x.shape[0] * recv_x.shape[1], LH) and weights is w and given_out is out
+
+
+def test_low_latency_group_is_made_anew_when_the_sizes_change(ll):
+    first = _call(ll)[2][2]
+    _call(ll)
+    assert len(_LowLatencyGroup.made) == 1
+    _call(ll, m=LM + 1)
+    old, new = _LowLatencyGroup.made
+    assert old.closed and first.ep_handle.closed and not new.closed
+    assert new.kwargs["max_tokens_per_rank"] == LM + 1
+    y = torch.zeros(E // R, R * LM, LH, dtype=torch.bfloat16)
+    with pytest.raises(NcclInvalidUsage, match="or the Low-Latency group was made anew since"):
+        ll.low_latency_combine(y, torch.zeros(LM, LK, dtype=torch.int64), torch.rand(LM, LK), first)
+    ll.destroy()
+    assert new.closed
+
+
+def test_low_latency_sizes_must_agree_across_ranks(ll, monkeypatch):
+    def another_rank_asks_more(t, op=None, group=None):
+        t[0] += 1  # the MAX over ranks of M is larger than this rank's
+
+    monkeypatch.setattr(deep_ep.dist, "all_reduce", another_rank_asks_more)
+    with pytest.raises(NcclInvalidArgument, match=r"differ between ranks: from \(3, 256, 32, 2\) to \(4, 256, 32, 2\)"):
+        _call(ll)
+    assert _LowLatencyGroup.made == []
+
+
+@pytest.mark.parametrize("kwargs,what", [
+    ({"use_ue8m0": True}, "low_latency_dispatch(use_ue8m0=True)"),
+    ({"dispatch_wait_recv_cost_stats": torch.zeros(R, R, dtype=torch.int64)},
+     "low_latency_dispatch(dispatch_wait_recv_cost_stats=...)"),
+])
+def test_low_latency_dispatch_not_implemented(ll, kwargs, what):
+    with pytest.raises(NotImplementedError, match=what.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        _call(ll, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,what", [
+    ({"use_logfmt": True}, "low_latency_combine(use_logfmt=True)"),
+    ({"zero_copy": True}, "low_latency_combine(zero_copy=True)"),
+    ({"combine_wait_recv_cost_stats": torch.zeros(R, R, dtype=torch.int64)},
+     "low_latency_combine(combine_wait_recv_cost_stats=...)"),
+])
+def test_low_latency_combine_not_implemented(ll, kwargs, what):
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
+    with pytest.raises(NotImplementedError, match=what.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        ll.low_latency_combine(recv_x, idx, torch.rand(LM, LK), handle, **kwargs)
+
+
+@pytest.mark.parametrize("make,text", [
+    (lambda ll: ll.low_latency_dispatch(torch.zeros(2, LH), torch.zeros(2, LK, dtype=torch.int64), LM, E),
+     r"x must be a \[num_tokens, hidden\] bfloat16 tensor; got \[2, 256\] torch.float32"),
+    (lambda ll: ll.low_latency_dispatch(torch.zeros(2, LH, dtype=torch.bfloat16), torch.zeros(3, LK), LM, E),
+     r"topk_idx must be \[2, num_topk\]"),
+    (lambda ll: _call(ll, T=LM + 1), "4 tokens exceed num_max_dispatch_tokens_per_rank 3"),
+    (lambda ll: _call(ll, m=1025, T=2), r"num_max_dispatch_tokens_per_rank 1025 not in \[1, 1024\]"),
+    (lambda ll: ll.low_latency_dispatch(torch.zeros(2, LH, dtype=torch.bfloat16),
+                                        torch.zeros(2, LK, dtype=torch.int64), LM, E + 2),
+     "34 experts do not divide among 4 ranks"),
+    (lambda ll: _call(ll, cumulative_local_expert_recv_stats=torch.zeros(E // R, dtype=torch.int64)),
+     r"cumulative_local_expert_recv_stats must be \[8\] int32; got \[8\] torch.int64"),
+    (lambda ll: ll.low_latency_combine(torch.zeros(2, 2), None, None, (1, 2, 3, 4, 5)),
+     "handle must come from low_latency_dispatch"),
+])
+def test_low_latency_refusals(ll, make, text):
+    with pytest.raises(NcclInvalidArgument, match=text):
+        make(ll)
+
+
+@pytest.mark.parametrize("change,text", [
+    (lambda x, idx, w: (x[:, :-1], idx, w), r"x must be \[8, 12, 256\] bfloat16 \(the dispatch's layout\)"),
+    (lambda x, idx, w: (x.float(), idx, w), r"x must be \[8, 12, 256\] bfloat16"),
+    (lambda x, idx, w: (x.transpose(0, 1).contiguous().transpose(0, 1), idx, w), "x must be contiguous"),
+    (lambda x, idx, w: (x, idx[:, :1], w), r"topk_idx must be \[3, 2\] \(the dispatch's routing\)"),
+    (lambda x, idx, w: (x, idx, w[:2]), r"topk_weights must be \[3, 2\]"),
+])
+def test_low_latency_combine_refusals(ll, change, text):
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
+    x, idx, w = change(recv_x, idx, torch.rand(LM, LK))
+    with pytest.raises(NcclInvalidArgument, match=text):
+        ll.low_latency_combine(x, idx, w, handle)
+
+
+def test_low_latency_handle_of_another_buffer_is_refused(ll):
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
+    other = deep_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)
+    with pytest.raises(NcclInvalidUsage, match="comes from another Buffer"):
+        other.low_latency_combine(recv_x, idx, torch.rand(LM, LK), handle)
+
+
+def test_low_latency_methods_need_low_latency_mode(buffer):
+    with pytest.raises(NcclInvalidUsage, match="without low_latency_mode=True"):
+        buffer.low_latency_dispatch(torch.zeros(2, LH, dtype=torch.bfloat16), torch.zeros(2, LK), LM, E)
+    with pytest.raises(NcclInvalidUsage, match="without low_latency_mode=True"):
+        buffer.clean_low_latency_buffer(LM, LH, E)
+
+
+def test_clean_low_latency_buffer_checks_and_does_nothing(ll):
+    assert ll.clean_low_latency_buffer(128, 7168, E) is None
+    assert _LowLatencyGroup.made == []
+    with pytest.raises(NcclInvalidArgument, match="num_max_dispatch_tokens_per_rank 4096 not in"):
+        ll.clean_low_latency_buffer(4096, 7168, E)

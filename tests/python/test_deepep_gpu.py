@@ -1,12 +1,21 @@
 """A DeepEP-style intranode test of nccl.ep.deepep, written as code for deep_ep is (1 rank here; several ranks on
 one GPU need EP across NVLink domains, several GPUs the 2-GPU runs): layout, dispatch (plain, cached, worst-case),
-combine, events, against torch on fresh random data."""
+combine, events, against torch on fresh random data.
+
+Low-Latency, as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
+input (a pattern carrying rank and token index, and random data), bf16 and fp8 (with and without power-of-two
+scales), with async_finish or the receive hook: per local expert the count against the routing, the cumulative
+statistics, layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input);
+combine of the dequantised rows with the owner's weights against x * sum(weights) (DeepEP's relative-difference
+bound). Also two dispatches in flight before their combines (DeepEP's double buffering) and a CUDA graph of
+dispatch + combine replayed on new data."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
+import nccl.ep as ep  # noqa: E402
 import nccl.ep.deepep as deep_ep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -78,3 +87,160 @@ def test_worst_case_and_no_topk(buffer):
     assert idx2 is None and w2 is None and torch.equal(recv_x2, x[in_rank[:, buffer.rank]])
     local = E // R
     assert counts2 == per_expert[buffer.rank * local:(buffer.rank + 1) * local].tolist()  # 1 rank: its own counts
+
+
+# -- Low-Latency ---------------------------------------------------------------------------------------------------
+LL_M, LL_H, LL_K = 128, 2048, 8
+
+
+@pytest.fixture(scope="module")
+def ll_buffer(one_rank_world):
+    R = dist.get_world_size()
+    E = 32 * R
+    rdma = deep_ep.Buffer.get_low_latency_rdma_size_hint(LL_M, LL_H, R, E)
+    buf = deep_ep.Buffer(dist.group.WORLD, 0, rdma, low_latency_mode=True, num_qps_per_rank=E // R,
+                         explicitly_destroy=True)
+    yield buf, E
+    buf.destroy()
+
+
+def _ll_or_skip(call):
+    """The first Low-Latency call makes the group: skip if this libnccl_ep has no Low-Latency mode yet."""
+    try:
+        return call()
+    except ep.NcclInvalidUsage as e:
+        if "Low-Latency mode is not implemented" in str(e):
+            pytest.skip("this libnccl_ep has no Low-Latency mode yet: " + str(e))
+        raise
+
+
+def _calc_diff(x, y):  # DeepEP's tests' measure: 1 - cosine similarity of the flattened tensors
+    x, y = x.double(), y.double()
+    return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+
+
+def _cast_back(q, scales):  # fp8 rows [N, H] and their scales [N, H / 128] -> bf16
+    n, h = q.shape
+    return (q.float().view(n, h // 128, 128) * scales.unsqueeze(-1)).view(n, h).to(torch.bfloat16)
+
+
+def _quantise(x, pow2):  # common/numeric.h's recipe in torch (see test_ep_gpu.py's _quantise)
+    n, h = x.shape
+    xf = x.float().cpu().view(n, h // 128, 128)
+    s = xf.abs().amax(dim=-1).clamp(min=1e-4) / 448.0
+    if pow2:
+        bits = s.view(torch.int32)
+        s = (((bits >> 23) + ((bits & 0x7fffff) != 0).to(torch.int32)) << 23).view(torch.float32)
+    return (xf / s.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(n, h).cuda(), s.cuda()
+
+
+def _ll_inputs(T, E, seed, rank):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.ones((T, LL_H), dtype=torch.bfloat16, device="cuda") * (rank - 128)
+    x[:, -128:] = torch.arange(T, device="cuda").to(torch.bfloat16).view(-1, 1)
+    x_rand = torch.randn((T, LL_H), dtype=torch.bfloat16, device="cuda", generator=gen) * 0.1
+    scores = torch.randn((T, E), device="cuda", generator=gen).abs() + 1
+    topk_idx = torch.topk(scores, LL_K, dim=-1).indices
+    topk_idx[torch.rand(T, LL_K, device="cuda", generator=gen) < 0.05] = -1
+    topk_w = torch.randn((T, LL_K), device="cuda", generator=gen).abs()
+    return x, x_rand, topk_idx, topk_w
+
+
+@pytest.mark.parametrize("hook", [False, True])
+@pytest.mark.parametrize("use_fp8,round_scale", [(False, False), (True, False), (True, True)])
+def test_low_latency_round_trip(ll_buffer, use_fp8, round_scale, hook):
+    buf, E = ll_buffer
+    R, rank, T = buf.group_size, buf.rank, 100
+    local = E // R
+    x, x_rand, topk_idx, topk_w = _ll_inputs(T, E, 7, rank)
+    all_idx = torch.empty((R * T, LL_K), dtype=topk_idx.dtype, device="cuda")  # flat: gloo wants it so
+    dist.all_gather_into_tensor(all_idx, topk_idx)
+    all_idx = all_idx.view(R, T, LL_K)
+    for current_x in (x, x_rand):
+        stats = torch.zeros(local, dtype=torch.int32, device="cuda")
+        recv_x, recv_count, handle, event, hook_fn = _ll_or_skip(lambda: buf.low_latency_dispatch(
+            current_x, topk_idx, LL_M, E, cumulative_local_expert_recv_stats=stats, use_fp8=use_fp8,
+            round_scale=round_scale, async_finish=not hook, return_recv_hook=hook))
+        hook_fn() if hook else event.current_stream_wait()
+        if use_fp8:
+            q, scales = recv_x
+            assert q.shape == (local, R * LL_M, LL_H) and scales.shape == (local, R * LL_M, LL_H // 128)
+            gemm_x = _cast_back(q.view(-1, LL_H), scales.view(-1, LL_H // 128)).view(q.shape)
+            q_ref, s_ref = _quantise(current_x, round_scale)
+        else:
+            assert recv_x.shape == (local, R * LL_M, LL_H) and recv_x.dtype == torch.bfloat16
+            gemm_x = recv_x.clone()
+        src_info, layout_range, m, hidden, experts = handle
+        assert (m, hidden, experts) == (LL_M, LL_H, E) and recv_count.dtype == torch.int32
+        for i in range(local):
+            expert = rank * local + i
+            n = int(recv_count[i])
+            assert n == int(stats[i]) == int((all_idx == expert).sum()), i
+            assert n == int((layout_range[i] & 0xffffffff).sum()), i
+            if R == 1:  # one source: its rows are its tokens naming the expert, in token order
+                t = (topk_idx == expert).any(dim=1).nonzero()[:, 0]
+                assert int(layout_range[i, 0]) >> 32 == 0
+                assert torch.equal(src_info[i, :n].long(), t), i
+                if use_fp8:
+                    assert torch.equal(q[i, :n].view(torch.uint8), q_ref[t].view(torch.uint8)), i
+                    assert torch.equal(scales[i, :n], s_ref[t]), i
+                else:
+                    assert torch.equal(recv_x[i, :n], current_x[t]), i
+            if current_x is x:  # the pattern: source rank - 128 in the body, token index in the tail
+                rows = gemm_x[i, :n]
+                assert torch.equal(rows[:, :-128].amin(dim=-1), rows[:, :-128].amax(dim=-1))
+                for j in range(R):
+                    begin, count = int(layout_range[i, j]) >> 32, int(layout_range[i, j]) & 0xffffffff
+                    assert bool((rows[begin:begin + count, 0] == j - 128).all()), (i, j)
+                if not use_fp8:  # e4m3 keeps 3 mantissa bits: token indices above 16 do not survive
+                    assert torch.equal(rows[:, -1].long(), src_info[i, :n].long())
+        out = torch.empty((T, LL_H), dtype=torch.bfloat16, device="cuda")
+        combined, event, hook_fn = buf.low_latency_combine(gemm_x, topk_idx, topk_w, handle, out=out,
+                                                           async_finish=not hook, return_recv_hook=hook)
+        hook_fn() if hook else event.current_stream_wait()
+        assert combined is out and not bool(torch.isnan(combined).any())
+        ref = current_x * topk_w.masked_fill(topk_idx == -1, 0).sum(dim=1).view(-1, 1)
+        assert _calc_diff(ref, combined) < (7e-4 if use_fp8 else 1e-5)
+
+
+def test_low_latency_two_dispatches_in_flight(ll_buffer):
+    # DeepEP holds two Low-Latency results at once (two micro-batches): dispatch A, dispatch B, combine A, combine B.
+    buf, E = ll_buffer
+    runs = []
+    for seed in (11, 12):
+        _, x, topk_idx, topk_w = _ll_inputs(64, E, seed, buf.rank)
+        recv_x, _, handle, _, _ = _ll_or_skip(lambda: buf.low_latency_dispatch(x, topk_idx, LL_M, E, use_fp8=False))
+        runs.append((x, topk_idx, topk_w, recv_x, handle))
+    for x, topk_idx, topk_w, recv_x, handle in runs:
+        combined, _, _ = buf.low_latency_combine(recv_x, topk_idx, topk_w, handle)
+        ref = x * topk_w.masked_fill(topk_idx == -1, 0).sum(dim=1).view(-1, 1)
+        assert _calc_diff(ref, combined) < 1e-5
+
+
+def test_low_latency_graph_of_dispatch_and_combine(ll_buffer):
+    # Decode as serving engines run it: dispatch (fp8) + dequantise + combine captured once, replayed on new data.
+    buf, E = ll_buffer
+    T = 96
+    _, x_buf, idx_buf, w_buf = _ll_inputs(T, E, 20, buf.rank)
+
+    def step():
+        (q, scales), _, handle, _, _ = buf.low_latency_dispatch(x_buf, idx_buf, LL_M, E, use_fp8=True)
+        gemm_x = _cast_back(q.view(-1, LL_H), scales.view(-1, LL_H // 128)).view(q.shape)
+        return buf.low_latency_combine(gemm_x, idx_buf, w_buf, handle)[0]
+
+    _ll_or_skip(step)  # warm-up: makes the group and both handles of the ring
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for seed in range(3):
+        _, x, idx, w = _ll_inputs(T, E, 30 + seed, buf.rank)
+        x_buf.copy_(x)
+        idx_buf.copy_(idx)
+        w_buf.copy_(w)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = x * w.masked_fill(idx == -1, 0).sum(dim=1).view(-1, 1)
+        assert _calc_diff(ref, out) < 7e-4, seed

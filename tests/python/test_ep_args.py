@@ -37,7 +37,7 @@ def test_a_prepared_call_points_its_structs_at_each_calls_tensors():
     inputs = ep._DispatchInputs.new(tokens=T.describe(x, "x", require_cuda=False))
     outputs = ep._DispatchOutputs.new(tokens=T.descriptor((6, 8), torch.bfloat16),
                                       topk_idx=T.descriptor((6, 2), torch.int32))
-    prep = ep._Prepared("ncclEpDispatch", inputs, outputs, ep._CallConfig.new(), [(inputs.tokens, True)],
+    prep = ep._Prepared("ncclEpDispatch", inputs, outputs, ep._DispatchConfig.new(), [(inputs.tokens, True)],
                         [(outputs.tokens, (6, 8), torch.bfloat16), (outputs.topk_idx, (6, 2), torch.int32)],
                         torch.device("cpu"))
     for _ in range(2):  # a second call: new tensors, the same structs
@@ -47,8 +47,8 @@ def test_a_prepared_call_points_its_structs_at_each_calls_tensors():
         assert (outputs.tokens.data, outputs.topk_idx.data) == (tokens.data_ptr(), idx.data_ptr())
         assert (tokens.shape, tokens.dtype, idx.shape, idx.dtype) == ((6, 8), torch.bfloat16, (6, 2), torch.int32)
         assert list(outputs.topk_idx.sizes)[:2] == [6, 2] and outputs.topk_idx.datatype == T.NCCL_INT32
-    empty = ep._Prepared("ncclEpCombine", ep._CombineTensors.new(), ep._CombineTensors.new(), ep._CallConfig.new(),
-                         [], [(ep._CombineTensors.new().tokens, (0, 8), torch.float32)], torch.device("cpu"))
+    empty = ep._Prepared("ncclEpCombine", ep._CombineInputs.new(), ep._CombineOutputs.new(), ep._CombineConfig.new(),
+                         [], [(ep._CombineOutputs.new().tokens, (0, 8), torch.float32)], torch.device("cpu"))
     (out,) = empty.fill(())
     assert out.shape == (0, 8)
 
@@ -95,3 +95,203 @@ def test_null_objects_are_errors_not_crashes():
         ep._call("ncclEpGroupGetAsyncError", ctypes.c_void_p())
     ep._call("ncclEpGroupDestroy", ctypes.c_void_p())  # destroying NULL is nothing to do, like free(NULL)
     ep._call("ncclEpHandleDestroy", ctypes.c_void_p())
+
+
+# -- Low-Latency: the Python layer's translation into the C structs, on the CPU ------------------------------------
+# A Group shell (no C group) and a stand-in handle carry what Group.dispatch / combine read; the C call is stubbed
+# (the structs it would get are inspected instead) and CPU tensors stand in for CUDA ones.
+
+R, L, M, K, H = 2, 4, 8, 3, 256
+
+
+class _Stream:
+    cuda_stream = 0
+
+
+class _FakeHandle:
+    """What Group.dispatch / combine read of a Handle."""
+
+    def __init__(self, group, layout, num_tokens=5, topk=K):
+        self.group, self.layout, self.sizing = group, layout, "worst_case"
+        self.num_tokens, self.topk, self.topk_idx = num_tokens, topk, None
+        self.low_latency = group.low_latency
+        self.expert_counts = self.rank_counts = self.expert_offsets = self.recv_total = None
+        self._prepared, self._inputs_alive = {}, None
+
+    def output_rows(self):
+        if self.layout == "rank_major":
+            return R * M
+        if self.layout == "expert_major" and self.group.low_latency:
+            return L * R * M
+        return 7  # a High-Throughput stand-in
+
+    def _handle(self):
+        return None
+
+
+def _shell(low_latency=True):
+    g = ep.Group.__new__(ep.Group)
+    g.algorithm = "low_latency" if low_latency else "high_throughput"
+    g.low_latency, g.size, g.local_experts, g.max_tokens_per_rank = low_latency, R, L, M
+    g.num_experts = R * L
+    return g
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """CPU tensors accepted as if on a GPU, and the C calls recorded instead of made."""
+    import functools
+
+    calls = []
+    monkeypatch.setattr(ep, "describe", functools.partial(T.describe, require_cuda=False))
+    monkeypatch.setattr(ep._Prepared, "invoke", lambda self, *args: calls.append((self, args)))
+    return calls
+
+
+def _dims(d):
+    return list(d.sizes)[:d.ndim], d.datatype
+
+
+@pytest.mark.parametrize("layout", ["rank_major", "expert_major"])
+@pytest.mark.parametrize("mode", ["bf16", "quantised", "quantised_pow2", "fp8_forwarded"])
+def test_low_latency_dispatch_structs(on_cpu, layout, mode):
+    g = _shell()
+    h = _FakeHandle(g, layout)
+    n = h.output_rows()
+    fp8 = torch.float8_e4m3fn
+    x = torch.zeros(5, H, dtype=fp8 if mode == "fp8_forwarded" else torch.bfloat16)
+    scales = torch.ones(5, H // 128) if mode == "fp8_forwarded" else None
+    w = torch.rand(5, K)
+    out_dtype = fp8 if mode.startswith("quantised") else None
+    recv = g.dispatch(x, topk_weights=w, handle=h, scales=scales, out_dtype=out_dtype,
+                      round_scale=mode == "quantised_pow2", stream=_Stream())
+    (prep, args), = on_cpu
+    inputs, outputs, cfg, info = prep.structs
+    fp8_out = mode != "bf16"
+    assert _dims(outputs.tokens) == ([n, H], T.NCCL_FLOAT8E4M3 if fp8_out else T.NCCL_BFLOAT16)
+    assert recv.tokens.shape == (n, H) and recv.tokens.dtype == (fp8 if fp8_out else torch.bfloat16)
+    assert outputs.tokens.data == recv.tokens.data_ptr()
+    if fp8_out:
+        assert _dims(outputs.scales) == ([n, H // 128], T.NCCL_FLOAT32) and recv.scales.shape == (n, H // 128)
+    else:
+        assert outputs.scales.ndim == 0 and recv.scales is None
+    assert (inputs.scales.ndim != 0) == (mode == "fp8_forwarded")
+    if layout == "rank_major":
+        assert _dims(outputs.topk_idx) == ([n, K], T.NCCL_INT32) and recv.topk_idx.shape == (n, K)
+        assert _dims(outputs.topk_weights) == ([n, K], T.NCCL_FLOAT32)
+    else:
+        assert outputs.topk_idx.ndim == 0 and recv.topk_idx is None
+        assert _dims(outputs.topk_weights) == ([n], T.NCCL_FLOAT32)
+    assert _dims(outputs.src_info) == ([n], T.NCCL_INT32) and outputs.src_info.data == recv.src_info.data_ptr()
+    assert (cfg.num_sms, cfg.round_scale) == (0, 1 if mode == "quantised_pow2" else 0)
+    # The counts: four descriptors into one new int32 tensor per call, passed as the dispatch's layout_info.
+    assert args[3] is prep.info_ref
+    base = recv.expert_counts.data_ptr()
+    for d, count, offset in ((info.expert_counters, L, 0), (info.src_rank_counters, R, L),
+                             (info.expert_offsets, L, L + R), (info.recv_total_counter, 1, 2 * L + R)):
+        assert _dims(d) == ([count], T.NCCL_INT32) and d.data == base + 4 * offset
+    assert (recv.expert_counts.shape, recv.rank_counts.shape, recv.expert_offsets.shape, recv.recv_total.shape) == (
+        (L,), (R,), (L,), (1,))
+    assert h.expert_counts is recv.expert_counts and h.recv_total is recv.recv_total  # the handle's: the last's
+    again = g.dispatch(x, topk_weights=w, handle=h, scales=scales, out_dtype=out_dtype,
+                       round_scale=mode == "quantised_pow2", stream=_Stream())
+    assert on_cpu[1][0] is prep and again.expert_counts.data_ptr() != base  # same structs, new counts
+
+
+def test_high_throughput_dispatch_is_unchanged(on_cpu):
+    g = _shell(low_latency=False)
+    h = _FakeHandle(g, "flat")
+    h.expert_counts, h.rank_counts = torch.zeros(L, dtype=torch.int32), torch.zeros(R, dtype=torch.int32)
+    recv = g.dispatch(torch.zeros(5, H, dtype=torch.bfloat16), topk_weights=torch.rand(5, K), handle=h,
+                      stream=_Stream())
+    (prep, args), = on_cpu
+    inputs, outputs, cfg, info = prep.structs
+    assert args[3] is None and info is None and outputs.src_info.ndim == 0 and cfg.round_scale == 0
+    assert recv.tokens.shape == (7, H) and recv.topk_idx.shape == (7, K) and recv.topk_weights.shape == (7, K)
+    assert recv.expert_counts is h.expert_counts and recv.src_info is None and recv.scales is None
+
+
+@pytest.mark.parametrize("ll,kwargs,exc,text", [
+    (True, {"x": torch.zeros(5, H, dtype=torch.float16)}, ep.NcclInvalidArgument,
+     "Low-Latency dispatch takes bfloat16, or float8_e4m3fn with scales"),
+    (True, {"out_dtype": torch.float16}, ep.NcclInvalidArgument, "converts bfloat16 to float8_e4m3fn only"),
+    (True, {"round_scale": True}, ep.NcclInvalidArgument, "round_scale=True: for bf16 x quantised on the way"),
+    (True, {"out_dtype": torch.float8_e4m3fn, "scales": torch.ones(5, 2)}, ep.NcclInvalidArgument,
+     "the sender computes them"),
+    (True, {"x": torch.zeros(5, 200, dtype=torch.bfloat16), "out_dtype": torch.float8_e4m3fn},
+     ep.NcclInvalidArgument, "hidden 200 is not a multiple of 128"),
+    (True, {"x": torch.zeros(5, H, dtype=torch.float8_e4m3fn)}, ep.NcclInvalidArgument, "give its scales"),
+    (False, {"out_dtype": torch.float8_e4m3fn}, ep.NcclInvalidUsage, "quantising on the way is the Low-Latency"),
+    (False, {"round_scale": True}, ep.NcclInvalidUsage, "round_scale=True: for the Low-Latency mode"),
+])
+def test_dispatch_refusals(on_cpu, ll, kwargs, exc, text):
+    g = _shell(low_latency=ll)
+    h = _FakeHandle(g, "expert_major")
+    kwargs = dict(kwargs)
+    x = kwargs.pop("x", torch.zeros(5, H, dtype=torch.bfloat16))
+    with pytest.raises(exc, match=text.replace("(", r"\(")):
+        g.dispatch(x, handle=h, stream=_Stream(), **kwargs)
+    assert on_cpu == []
+
+
+def test_low_latency_combine_structs(on_cpu):
+    g = _shell()
+    h = _FakeHandle(g, "expert_major")
+    y = torch.zeros(L * R * M, H, dtype=torch.bfloat16)
+    w = torch.rand(5, K)
+    out = g.combine(y, h, topk_weights=w, stream=_Stream())
+    (prep, args), = on_cpu
+    inputs, outputs, cfg, _ = prep.structs
+    assert _dims(inputs.tokens) == ([L * R * M, H], T.NCCL_BFLOAT16)
+    assert _dims(inputs.topk_weights) == ([5, K], T.NCCL_FLOAT32) and inputs.topk_weights.data == w.data_ptr()
+    assert _dims(outputs.tokens) == ([5, H], T.NCCL_BFLOAT16) and outputs.tokens.data == out.data_ptr()
+    assert ctypes.sizeof(cfg) == ctypes.sizeof(ep._CombineConfig)
+    g.combine(y, h, stream=_Stream())  # without owner weights: another signature, no topk_weights
+    assert on_cpu[1][0].structs[0].topk_weights.ndim == 0
+
+
+@pytest.mark.parametrize("ll,layout,kwargs,exc,text", [
+    (True, "expert_major", {"y": torch.zeros(L * R * M, H)}, ep.NcclInvalidArgument,
+     "Low-Latency combine takes bfloat16"),
+    (True, "rank_major", {"topk_weights": torch.rand(5, K)}, ep.NcclInvalidUsage,
+     "for Low-Latency EXPERT_MAJOR handles; this one is Low-Latency RANK_MAJOR"),
+    (False, "expert_major", {"topk_weights": torch.rand(5, K)}, ep.NcclInvalidUsage,
+     "this one is High-Throughput EXPERT_MAJOR"),
+    (True, "expert_major", {"topk_weights": torch.rand(4, K)}, ep.NcclInvalidArgument,
+     r"topk_weights has shape \(4, 3\); the routing is \[5, 3\]"),
+    (True, "expert_major", {"topk_weights": torch.rand(5, K, dtype=torch.float64)}, ep.NcclInvalidArgument,
+     "topk_weights has dtype torch.float64"),
+])
+def test_combine_refusals(on_cpu, ll, layout, kwargs, exc, text):
+    g = _shell(low_latency=ll)
+    h = _FakeHandle(g, layout)
+    kwargs = dict(kwargs)
+    y = kwargs.pop("y", torch.zeros(h.output_rows(), H, dtype=torch.bfloat16))
+    with pytest.raises(exc, match=text):
+        g.combine(y, h, stream=_Stream(), **kwargs)
+    assert on_cpu == []
+
+
+@pytest.mark.parametrize("ll,layout,sizing,alignment,exc,text", [
+    (True, "flat", "worst_case", 1, ep.NcclInvalidUsage, "handles are 'rank_major' or 'expert_major'"),
+    (True, "expert_major", "exact", 1, ep.NcclInvalidUsage, "Low-Latency outputs are always worst-case sized"),
+    (True, "rank_major", "worst_case", 4, ep.NcclInvalidArgument, "alignment=4: Low-Latency expert zones are fixed"),
+    (False, "rank_major", "worst_case", 1, ep.NcclInvalidUsage, "belongs to the Low-Latency mode"),
+    (True, "expert_major", "sometimes", 1, ep.NcclInvalidArgument, "sizing='sometimes': expected one of"),
+])
+def test_handle_refusals(ll, layout, sizing, alignment, exc, text):
+    with pytest.raises(exc, match=text.replace("(", r"\(").replace(")", r"\)")):
+        ep.Handle(_shell(low_latency=ll), torch.zeros(5, K, dtype=torch.int64), layout, sizing, alignment, None)
+
+
+def test_default_layouts():
+    assert _shell(low_latency=True)._layout(None) == "expert_major"
+    assert _shell(low_latency=False)._layout(None) == "flat"
+    assert _shell(low_latency=True)._layout("rank_major") == "rank_major"
+
+
+def test_low_latency_group_size_is_checked_first():
+    with pytest.raises(ep.NcclInvalidArgument, match="a Low-Latency group takes 1..1024 tokens per rank"):
+        ep.Group(num_experts=8, max_tokens_per_rank=2048, hidden=64, algorithm="low_latency")
+    with pytest.raises(ep.NcclInvalidArgument, match="algorithm='fastest': expected one of"):
+        ep.Group(num_experts=8, max_tokens_per_rank=16, hidden=64, algorithm="fastest")

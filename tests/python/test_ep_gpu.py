@@ -2,7 +2,12 @@
 the launcher's). Against a torch reference on fresh random data, outputs poisoned by the library's own contract
 (rows past the receive count untouched); a CUDA graph of handle update + dispatch + combine replayed with new
 routings, the torch.library ops compiled (fullgraph) against eager with their gradients, and fp8 rows with their
-scales forwarded byte-exact. Several ranks on one GPU need EP across NVLink domains (issue 12)."""
+scales forwarded byte-exact. Several ranks on one GPU need EP across NVLink domains (issue 12).
+
+Low-Latency (a group of its own; skipped with a library that does not have the mode): both layouts against the
+contract of tests/unit/ep_ll_reference.h, exactly - rows, src_info, counts, the fp8 quantiser reimplemented in
+torch (common/numeric.h's recipe), and both combine paths on data whose fp32 sums are exact - and a CUDA graph of
+update + dispatch + combine replayed with new routings. At one rank every expert is local."""
 
 import pytest
 
@@ -185,3 +190,206 @@ def test_fp8_rows_and_their_scales_are_forwarded_byte_exact(group):
     assert torch.equal(recv.tokens.view(torch.uint8), bits[sent])
     assert torch.equal(recv.scales, scales[sent])
     recv.handle.close()
+
+
+# -- Low-Latency ---------------------------------------------------------------------------------------------------
+LL_M, LL_H, LL_LOCAL = 128, 1024, 16
+
+
+def _low_latency_group(**kwargs):
+    try:
+        return ep.Group(algorithm="low_latency", **kwargs)
+    except ep.NcclInvalidUsage as e:
+        if "Low-Latency mode is not implemented" in str(e):
+            pytest.skip("this libnccl_ep has no Low-Latency mode yet: " + str(e))
+        raise
+
+
+@pytest.fixture(scope="module")
+def ll_group(one_rank_world):
+    g = _low_latency_group(num_experts=LL_LOCAL * dist.get_world_size(), max_tokens_per_rank=LL_M, hidden=LL_H,
+                           max_topk=8, num_sms=16, timeout_s=20)
+    yield g
+    g.close()
+
+
+def _exact_tokens(T, H, seed):
+    """bf16 multiples of 1/8 in [-4, 4]: products with _exact_weights and sums of eight of them are exact in fp32."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(-32, 33, (T, H), generator=gen) * 0.125).to(torch.bfloat16).cuda()
+
+
+def _exact_weights(T, K, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(1, 9, (T, K), generator=gen) * 0.125).cuda()
+
+
+def _zones(idx, local):
+    """One rank: per local expert, the (token, top-k column) pairs naming it, in token order."""
+    out = []
+    for e in range(local):
+        t, k = (idx == e).nonzero(as_tuple=True)
+        out.append((t, k))
+    return out
+
+
+def _quantise(x, pow2):
+    """common/numeric.h's fp8QuantizeRow in torch (on the CPU: IEEE fp32 division): per 128 columns scale =
+    max(amax, 1e-4) / 448, rounded up to a power of two with pow2; q = e4m3(x / scale), nearest even, saturating
+    (torch's cast does not saturate: clamp first)."""
+    T, H = x.shape
+    xf = x.float().cpu().view(T, H // 128, 128)
+    s = xf.abs().amax(dim=-1).clamp(min=1e-4) / 448.0
+    if pow2:
+        bits = s.view(torch.int32)
+        s = (((bits >> 23) + ((bits & 0x7fffff) != 0).to(torch.int32)) << 23).view(torch.float32)
+    q = (xf / s.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    # The reference itself: within e4m3's precision of x (half a step: 2^-4 relative, 2^-10 of the scale at zero).
+    err = (q.float() * s.unsqueeze(-1) - xf).abs()
+    assert bool((err <= xf.abs() * 2 ** -4 + s.unsqueeze(-1) * 2 ** -10).all())
+    return q.view(T, H).cuda(), s.cuda()
+
+
+@pytest.mark.parametrize("T", [100, LL_M, 0])
+def test_low_latency_rank_major(ll_group, T):
+    K, R = 4, ll_group.size
+    idx, _ = _routing(max(T, 1), K, ll_group.num_experts, 50)
+    idx, w, x = idx[:T], _exact_weights(T, K, 51), _exact_tokens(T, LL_H, 52)
+    h = ll_group.create_handle(idx, layout="rank_major")
+    recv = ll_group.dispatch(x, topk_weights=w, handle=h)
+    torch.cuda.synchronize()
+    sent = (idx >= 0).any(dim=1)
+    n = int(sent.sum())
+    assert recv.tokens.shape == (R * LL_M, LL_H) and recv.topk_idx.shape == (R * LL_M, K)
+    assert int(recv.rank_counts[0]) == n and int(recv.recv_total[0]) == n
+    assert torch.equal(recv.tokens[:n], x[sent])
+    assert torch.equal(recv.src_info[:n].long(), sent.nonzero().squeeze(1))
+    assert torch.equal(recv.topk_idx[:n].long(), idx[sent])  # one rank: local ids are the global ids
+    assert torch.equal(recv.topk_weights[:n], torch.where(idx >= 0, w, 0.0)[sent])
+    counts = torch.bincount(idx[idx >= 0], minlength=ll_group.local_experts)
+    assert torch.equal(recv.expert_counts.long(), counts)
+    assert torch.equal(recv.expert_offsets.long(), torch.arange(ll_group.local_experts, device="cuda") * R * LL_M)
+    y = recv.tokens * 2  # one row per slot: the caller's reduction over the slot's experts
+    out = ll_group.combine(y, h)
+    torch.cuda.synchronize()
+    assert out.shape == (T, LL_H)
+    assert torch.equal(out, torch.where(sent.unsqueeze(1), x * 2, torch.zeros_like(x)))  # nowhere: zeros
+    h.close()
+
+
+def test_low_latency_expert_major_and_both_combines(ll_group):
+    T, K, R, local = 120, 6, ll_group.size, ll_group.local_experts
+    idx, _ = _routing(T, K, ll_group.num_experts, 60)
+    w_dispatch, w_owner, x = _exact_weights(T, K, 61), _exact_weights(T, K, 62), _exact_tokens(T, LL_H, 63)
+    h = ll_group.create_handle(idx, layout="expert_major")
+    recv = ll_group.dispatch(x, topk_weights=w_dispatch, handle=h)
+    torch.cuda.synchronize()
+    zone = R * LL_M
+    assert recv.tokens.shape == (local * zone, LL_H) and recv.topk_weights.shape == (local * zone,)
+    assert recv.topk_idx is None
+    for e, (t, k) in enumerate(_zones(idx, local)):
+        c = t.numel()
+        assert int(recv.expert_counts[e]) == c, e
+        assert torch.equal(recv.tokens[e * zone:e * zone + c], x[t]), e
+        assert torch.equal(recv.src_info[e * zone:e * zone + c].long(), t), e  # source 0: 0 * M + token
+        assert torch.equal(recv.topk_weights[e * zone:e * zone + c], w_dispatch[t, k]), e
+    assert int(recv.recv_total[0]) == int((idx >= 0).sum())
+    assert torch.equal(recv.expert_offsets.long(), torch.arange(local, device="cuda") * zone)
+    # The experts: expert e multiplies by c_e in 1..4 (exact), so that the two weightings differ.
+    factor = (torch.arange(local, device="cuda") % 4 + 1).float()
+    y = (recv.tokens.float() * factor.repeat_interleave(zone).unsqueeze(1)).to(torch.bfloat16)
+    c_of = torch.where(idx >= 0, factor[idx.clamp(min=0)], 0.0)
+    for weights, kwargs in ((w_dispatch, {}), (w_owner, {"topk_weights": w_owner})):
+        out = ll_group.combine(y, h, **kwargs)
+        torch.cuda.synchronize()
+        ref = (x.double() * (weights.double() * c_of.double()).sum(dim=1, keepdim=True)).float().to(torch.bfloat16)
+        assert torch.equal(out, ref), kwargs.keys()
+    h.close()
+
+
+@pytest.mark.parametrize("layout", ["rank_major", "expert_major"])
+@pytest.mark.parametrize("mode", ["e4m3", "e4m3_pow2", "forwarded"])
+def test_low_latency_fp8(ll_group, layout, mode):
+    T, K, R, local = 96, 4, ll_group.size, ll_group.local_experts
+    idx, _ = _routing(T, K, ll_group.num_experts, 70)
+    gen = torch.Generator().manual_seed(71)
+    magnitude = 10.0 ** torch.randint(-3, 4, (T, LL_H // 128, 1), generator=gen)  # blocks of many sizes
+    x = (torch.randn(T, LL_H // 128, 128, generator=gen) * magnitude).view(T, LL_H).to(torch.bfloat16)
+    x[3, :128] = 0  # a block of zeros: the scale of amax 1e-4
+    x = x.cuda()
+    h = ll_group.create_handle(idx, layout=layout)
+    if mode == "forwarded":
+        bits = torch.randint(0, 256, (T, LL_H), dtype=torch.uint8, device="cuda")
+        bits[(bits & 0x7f) == 0x7f] = 0  # no NaN codes
+        q_ref, s_ref = bits.view(torch.float8_e4m3fn), torch.rand(T, LL_H // 128, device="cuda") + 0.5
+        recv = ll_group.dispatch(q_ref, handle=h, scales=s_ref)
+    else:
+        q_ref, s_ref = _quantise(x, mode == "e4m3_pow2")
+        recv = ll_group.dispatch(x, handle=h, out_dtype=torch.float8_e4m3fn, round_scale=mode == "e4m3_pow2")
+    torch.cuda.synchronize()
+    assert recv.tokens.dtype == torch.float8_e4m3fn and recv.scales.shape == (recv.tokens.shape[0], LL_H // 128)
+    if layout == "rank_major":  # (output rows, their tokens)
+        sent = (idx >= 0).any(dim=1).nonzero()[:, 0]
+        rows = [(torch.arange(sent.numel(), device="cuda"), sent)]
+    else:
+        rows = [(e * R * LL_M + torch.arange(t.numel(), device="cuda"), t)
+                for e, (t, _) in enumerate(_zones(idx, local))]
+    for at, t in rows:
+        assert torch.equal(recv.tokens[at].view(torch.uint8), q_ref[t].view(torch.uint8))
+        assert torch.equal(recv.scales[at], s_ref[t])
+    if mode == "e4m3_pow2":
+        assert bool((torch.frexp(recv.scales[rows[0][0]])[0] == 0.5).all())  # powers of two
+    h.close()
+
+
+@pytest.mark.parametrize("layout", ["rank_major", "expert_major"])
+def test_low_latency_graph_replays_with_new_routings(ll_group, layout):
+    # Handle update + dispatch + combine in one CUDA graph (nothing allocates in the library or waits on the host),
+    # replayed with new routings, tokens and owner weights copied into the captured inputs.
+    T, K = 100, 4
+    idx_buf = _routing(T, K, ll_group.num_experts, 80)[0]
+    x_buf, w_buf = _exact_tokens(T, LL_H, 81), _exact_weights(T, K, 82)
+    h = ll_group.create_handle(idx_buf, layout=layout)
+    owner = {"topk_weights": w_buf} if layout == "expert_major" else {}
+
+    def step():
+        h.update(idx_buf)
+        recv = ll_group.dispatch(x_buf, handle=h)
+        return recv, ll_group.combine(recv.tokens * 2, h, **owner)
+
+    step()  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recv, out = step()
+    for seed in range(4):
+        idx_buf.copy_(_routing(T, K, ll_group.num_experts, 90 + seed)[0])
+        x_buf.copy_(_exact_tokens(T, LL_H, 100 + seed))
+        w_buf.copy_(_exact_weights(T, K, 110 + seed))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        sent = (idx_buf >= 0).any(dim=1, keepdim=True)
+        if layout == "expert_major":  # every (token, expert) row doubled, weighted by the owner's weights
+            scale = torch.where(idx_buf >= 0, w_buf, 0.0).double().sum(dim=1, keepdim=True) * 2
+            ref = (x_buf.double() * scale).float().to(torch.bfloat16)
+        else:
+            ref = torch.where(sent, x_buf * 2, torch.zeros_like(x_buf))
+        assert torch.equal(out, ref), seed
+        counts = torch.bincount(idx_buf[idx_buf >= 0], minlength=ll_group.local_experts)
+        assert torch.equal(recv.expert_counts.long(), counts), seed
+    h.close()
+
+
+def test_low_latency_refuses_what_it_cannot_do(ll_group):
+    idx, _ = _routing(8, 2, ll_group.num_experts, 120)
+    with pytest.raises(ep.NcclInvalidUsage, match="'rank_major' or 'expert_major'"):
+        ll_group.create_handle(idx, layout="flat")
+    with ll_group.create_handle(idx, layout="rank_major") as h:
+        with pytest.raises(ep.NcclInvalidArgument, match="Low-Latency dispatch takes bfloat16"):
+            ll_group.dispatch(torch.zeros(8, LL_H, device="cuda"), handle=h)
+        ll_group.dispatch(torch.zeros(8, LL_H, device="cuda", dtype=torch.bfloat16), handle=h)
+        with pytest.raises(ep.NcclInvalidUsage, match="this one is Low-Latency RANK_MAJOR"):
+            ll_group.combine(torch.zeros(h.output_rows(), LL_H, device="cuda", dtype=torch.bfloat16), h,
+                             topk_weights=torch.ones(8, 2, device="cuda"))
+        torch.cuda.synchronize()

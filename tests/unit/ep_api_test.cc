@@ -37,7 +37,9 @@ TEST(EpApi, GroupConfigRejections) {
   } cases[] = {
       {[](ncclEpGroupConfig_t* x) { x->magic = 7; }, ncclInvalidArgument, "NCCL_EP_GROUP_CONFIG_INIT"},
       {[](ncclEpGroupConfig_t* x) { x->size = 8; }, ncclInvalidArgument, "size 8"},
-      {[](ncclEpGroupConfig_t* x) { x->algorithm = NCCL_EP_ALGO_LOW_LATENCY; }, ncclInvalidUsage, "Low-Latency"},
+      {[](ncclEpGroupConfig_t* x) { x->algorithm = NCCL_EP_ALGO_LOW_LATENCY; }, ncclInvalidArgument,
+       "the Low-Latency mode takes at most 1024"},  // goodConfig's 4096 tokens
+      {[](ncclEpGroupConfig_t* x) { x->algorithm = (ncclEpAlgorithm_t)7; }, ncclInvalidArgument, "algorithm 7"},
       {[](ncclEpGroupConfig_t* x) { x->num_experts = 0; }, ncclInvalidArgument, "num_experts 0"},
       {[](ncclEpGroupConfig_t* x) { x->num_experts = 2048; }, ncclInvalidArgument, "num_experts 2048"},
       {[](ncclEpGroupConfig_t* x) { x->max_tokens_per_rank = 20000; }, ncclInvalidArgument, "max_tokens_per_rank"},
@@ -62,8 +64,8 @@ struct Fake {
   ncclEpGroup group;
   ncclEpHandle handle;
   int64_t totals[2] = {150, 300};
-  char byte = 0;
-  void* p = &byte;  // a non-NULL pointer for tensors that must have data
+  alignas(16) char bytes[16] = {};
+  void* p = bytes;  // a non-NULL, 16-byte aligned pointer for tensors that must have data
   Fake() {
     group.config = goodConfig();
     group.smCount = 132;
@@ -188,6 +190,103 @@ TEST(EpApi, DispatchAndCombineRejections) {
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("outputs.tokens: sizes[0] = 101, expected 100"));
   EXPECT_EQ(ncclEpComplete(&f.handle, nullptr, nullptr), ncclSuccess);
+  ci.topk_weights = epTensor(f.p, ncclFloat32, {100, 8});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("topk_weights at combine are for the Low-Latency mode"));
+  out.src_info = epTensor(f.p, ncclInt32, {150});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.src_info is a Low-Latency output"));
+  out.src_info = NCCL_EP_TENSOR_INIT;
+  in.tokens.data = static_cast<char*>(f.p) + 8;
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("not 16-byte aligned"));
+}
+
+// The Fake as a Low-Latency group of 2 ranks x 256 tokens, hidden 7168 bf16, and a RANK_MAJOR handle (512 rows).
+struct FakeLl : Fake {
+  FakeLl() {
+    group.config.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+    group.config.max_tokens_per_rank = 256;
+    group.view.lowLatency = 1;
+    group.view.maxTokens = 256;
+    handle.layout = NCCL_EP_LAYOUT_RANK_MAJOR;
+    handle.config.sizing = NCCL_EP_SIZING_WORST_CASE;
+    handle.maxRecvRows = 512;
+  }
+};
+
+TEST(EpApi, LowLatencyRejections) {
+  FakeLl f;
+  ncclEpHandle_t h = nullptr;
+  ncclEpTensor_t idx = epTensor(f.p, ncclInt32, {100, 8});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, nullptr, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("layout FLAT belongs to the High-Throughput mode"));
+  ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+  hc.sizing = NCCL_EP_SIZING_EXACT;
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_RANK_MAJOR, &idx, nullptr, &hc, nullptr),
+            ncclInvalidUsage);
+  EXPECT_TRUE(says("EXACT sizing"));
+  hc = NCCL_EP_HANDLE_CONFIG_INIT;
+  hc.dispatch_output_per_expert_alignment = 4;
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_EXPERT_MAJOR, &idx, nullptr, &hc, nullptr),
+            ncclInvalidUsage);
+  EXPECT_TRUE(says("Low-Latency zones are fixed"));
+  ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_RANK_MAJOR, &idx, &info, nullptr, nullptr),
+            ncclInvalidUsage);
+  EXPECT_TRUE(says("counts arrive with each dispatch"));
+  ncclEpTensor_t many = epTensor(f.p, ncclInt32, {257, 8});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_RANK_MAJOR, &many, nullptr, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("above max_tokens_per_rank 256"));
+  EXPECT_EQ(h, nullptr);
+
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(f.p, ncclBfloat16, {511, 7168});
+  auto dispatch = [&]() { return ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr); };
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("a Low-Latency RANK_MAJOR output has 512"));
+  out.tokens = epTensor(f.p, ncclFloat8e4m3, {512, 7168});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("fp8 outputs need outputs.scales"));
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7160});  // a multiple of 8 (16-byte rows), not of 128
+  out.tokens = epTensor(f.p, ncclFloat8e4m3, {512, 7160});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("not a multiple of 128"));
+  in.tokens = epTensor(f.p, ncclFloat8e4m3, {100, 7168});
+  in.scales = epTensor(f.p, ncclFloat32, {100, 56});
+  out.tokens = epTensor(f.p, ncclBfloat16, {512, 7168});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.tokens must be fp8 too"));
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  in.scales = NCCL_EP_TENSOR_INIT;
+  f.handle.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
+  f.handle.maxRecvRows = 512 * 128;
+  out.tokens = epTensor(f.p, ncclBfloat16, {512 * 128, 7168});
+  out.topk_idx = epTensor(f.p, ncclInt32, {512 * 128, 8});
+  EXPECT_EQ(dispatch(), ncclInvalidUsage);
+  EXPECT_TRUE(says("outputs.topk_idx is for the RANK_MAJOR layout"));
+  out.topk_idx = NCCL_EP_TENSOR_INIT;
+  out.src_info = epTensor(f.p, ncclInt32, {100});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.src_info has 100 rows"));
+
+  ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+  ci.tokens = epTensor(f.p, ncclFloat32, {512 * 128, 7168});
+  ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  co.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("dtype fp32"));
+  ci.tokens = epTensor(f.p, ncclBfloat16, {512, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("has 512 rows; this handle's dispatch output has 65536"));
+  f.handle.layout = NCCL_EP_LAYOUT_RANK_MAJOR;
+  f.handle.maxRecvRows = 512;
+  ci.topk_weights = epTensor(f.p, ncclFloat32, {100, 8});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("the owner-weighted path is EXPERT_MAJOR's"));
 }
 
 }  // namespace

@@ -240,6 +240,10 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
 
 }  // namespace
 
+ncclResult_t loadCombineKernels() {
+  return ncclext::loadKernels("HT combine", combineKernel<__nv_bfloat16>, combineKernel<__half>, combineKernel<float>);
+}
+
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {
   const dim3 grid(c.nSenders + c.nReceivers), block(kThreads);
   switch (c.dtype) {

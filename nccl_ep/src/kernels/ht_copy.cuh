@@ -13,6 +13,17 @@
 
 namespace ncclep {
 
+// Entry (t, k) of the handle's routing, as given (int32 or int64).
+__device__ __forceinline__ int loadExpert(const HandleView& h, int t, int k) {
+  return h.topkIs64 ? (int)static_cast<const int64_t*>(h.topkIdx)[(size_t)t * h.topk + k]
+                    : static_cast<const int*>(h.topkIdx)[(size_t)t * h.topk + k];
+}
+
+// Expert `e` (global id, -1: none) as a local id on rank r, or -1 when r does not host it.
+__device__ __forceinline__ int localExpert(const GroupView& g, int e, int r) {
+  return e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;
+}
+
 template <bool kFromPeer>
 __device__ __forceinline__ int4 loadVec(const int4* p) {
   if constexpr (kFromPeer)
@@ -120,9 +131,9 @@ __device__ __forceinline__ void warpPublish(int lane, uint64_t* remoteFlag, uint
 // warp-uniform, since the warp's next steps shuffle across all lanes. Callers keep the outcome in a register and
 // agree on it at their team barrier (racecheck flagged a shared failure flag written here and read by other warps
 // before that barrier).
-__device__ __forceinline__ bool warpAcquire(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer, int row) {
-  const bool ok =
-      ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, peer, ncclext::kSiteFlag, (uint32_t)row);
+__device__ __forceinline__ bool warpAcquire(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer, int row,
+                                            uint32_t site = ncclext::kSiteFlag) {
+  const bool ok = ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, peer, site, (uint32_t)row);
   return __all_sync(0xffffffffu, ok);
 }
 

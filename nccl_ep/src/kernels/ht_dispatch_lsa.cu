@@ -32,17 +32,6 @@
 namespace ncclep {
 namespace {
 
-__device__ __forceinline__ int loadExpert(const HandleView& h, int t, int k) {
-  const int e = h.topkIs64 ? (int)static_cast<const int64_t*>(h.topkIdx)[(size_t)t * h.topk + k]
-                           : static_cast<const int*>(h.topkIdx)[(size_t)t * h.topk + k];
-  return e;
-}
-
-// Expert `e` (global id, -1: none) as a local id on rank r, or -1 when r does not host it.
-__device__ __forceinline__ int localExpert(const GroupView& g, int e, int r) {
-  return e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;
-}
-
 struct Ctx {
   const GroupView& g;
   const HandleView& h;
@@ -259,6 +248,8 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
 }
 
 }  // namespace
+
+ncclResult_t loadDispatchKernels() { return ncclext::loadKernels("HT dispatch", dispatchKernel); }
 
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream) {
   const int ctas = c.nReceivers > 0 ? max(c.nSenders, c.nReceivers) : (c.nSenders + 1) / 2;

@@ -14,19 +14,16 @@
 //                timeout), derives the receive layout (FLAT offsets by source, EXPERT_MAJOR zone starts and
 //                (source, expert) offsets, chunk prefixes from every source), writes the optional layout-info
 //                outputs and the number of peer chunks holding rows for me, and meets the ranks again so that no rank
-//                overwrites exchange rows still being read.
+//                overwrites exchange rows still being read. Low-Latency handles skip it (exchange off): their counts
+//                travel with every dispatch (kernels/ll_lsa.cu).
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
 #include "nccl_ep/src/ht.h"
+#include "nccl_ep/src/kernels/ht_copy.cuh"
 
 namespace ncclep {
 namespace {
-
-__device__ __forceinline__ int loadExpert(const HandleView& h, int t, int k) {
-  return h.topkIs64 ? (int)static_cast<const int64_t*>(h.topkIdx)[(size_t)t * h.topk + k]
-                    : static_cast<const int*>(h.topkIdx)[(size_t)t * h.topk + k];
-}
 
 // The expert id of (t, k) as routing uses it: -1 for "none", for ids outside [-1, E) and for an id that an earlier
 // column of the same token already names (O(K) loads, in the handle kernels only). With `report`, the first
@@ -204,7 +201,12 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info) {
 
 }  // namespace
 
-ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, cudaStream_t stream) {
+ncclResult_t loadRouteKernels() {
+  return ncclext::loadKernels("handle", countKernel, scanKernel, slotKernel, exchangeKernel);
+}
+
+ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange,
+                         cudaStream_t stream) {
   const int tiles = (h.numTokens + kChunkTokens - 1) / kChunkTokens;
   const size_t smem = sizeof(int) * (g.nRanks + g.numExperts);
   NCCLEXT_CHECK(ncclext::launchKernel("ht countKernel", countKernel, dim3(tiles > 0 ? tiles : 1), dim3(kChunkTokens),
@@ -213,6 +215,7 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
                                       g, h, tiles));
   if (tiles > 0)
     NCCLEXT_CHECK(ncclext::launchKernel("ht slotKernel", slotKernel, dim3(tiles), dim3(kChunkTokens), 0, stream, g, h));
+  if (!exchange) return ncclSuccess;  // LL: the counts travel with dispatch
   return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info);
 }
 

@@ -11,9 +11,11 @@
 
 Every call runs on the current torch CUDA stream (or `stream=`), asynchronously, like a torch collective. Failures
 raise nccl.ep.NcclError subclasses carrying the library's text; a device wait that timed out (a peer gone) is raised
-by the next call or by Group.check(). The High-Throughput mode (inside one NVLink domain) is what the C library has
-today. nccl.ep.autograd has differentiable dispatch/combine (FLAT), nccl.ep.ops the same as torch.library custom
-ops (torch.compile), nccl.ep.deepep DeepEP's Buffer API; the Low-Latency mode is not here yet.
+by the next call or by Group.check(). Two modes, inside one NVLink domain: High-Throughput (the default; FLAT and
+EXPERT_MAJOR layouts) and Low-Latency (`algorithm="low_latency"`, decode: sized once for at most 1024 tokens per
+rank, fixed worst-case outputs in RANK_MAJOR or EXPERT_MAJOR layout, the receive counts produced by each dispatch,
+fp8 quantisation on the way; see Group.dispatch). nccl.ep.autograd has differentiable dispatch/combine (FLAT),
+nccl.ep.ops the same as torch.library custom ops (torch.compile), nccl.ep.deepep DeepEP's Buffer API.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ _MAGIC = 0x65703031  # NCCL_EP_MAGIC
 _ALGO = {"low_latency": 0, "high_throughput": 1}
 _LAYOUT = {"expert_major": 1, "rank_major": 2, "flat": 3}
 _SIZING = {"worst_case": 0, "exact": 1}
+_LL_MAX_TOKENS = 1024  # ncclEpGroupConfig_t.max_tokens_per_rank of a Low-Latency group
+_FP8_BLOCK = 128       # columns per fp8 scale
 
 
 class _Header(ctypes.Structure):
@@ -82,15 +86,24 @@ class _DispatchInputs(_Header):
 
 class _DispatchOutputs(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor),
-                ("topk_idx", CTensor), ("scales", CTensor)]
+                ("topk_idx", CTensor), ("scales", CTensor), ("src_info", CTensor)]
 
 
-class _CallConfig(_Header):  # ncclEpDispatchConfig_t and ncclEpCombineConfig_t
-    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int)]
+class _DispatchConfig(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int),
+                ("round_scale", ctypes.c_int)]
 
 
-class _CombineTensors(_Header):  # ncclEpCombineInputs_t and ncclEpCombineOutputs_t
+class _CombineInputs(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor)]
+
+
+class _CombineOutputs(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor)]
+
+
+class _CombineConfig(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int)]
 
 
 _P = ctypes.c_void_p
@@ -106,9 +119,9 @@ _SIGNATURES = {
     "ncclEpHandleGetRecvRows": [_P, ctypes.POINTER(ctypes.c_int64)],
     "ncclEpHandleGetMaxRecvRows": [_P, ctypes.POINTER(ctypes.c_int64)],
     "ncclEpDispatch": [_P, ctypes.POINTER(_DispatchInputs), ctypes.POINTER(_DispatchOutputs),
-                       ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_CallConfig), _P],
-    "ncclEpCombine": [_P, ctypes.POINTER(_CombineTensors), ctypes.POINTER(_CombineTensors),
-                      ctypes.POINTER(_CallConfig), _P],
+                       ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_DispatchConfig), _P],
+    "ncclEpCombine": [_P, ctypes.POINTER(_CombineInputs), ctypes.POINTER(_CombineOutputs),
+                      ctypes.POINTER(_CombineConfig), _P],
 }
 
 
@@ -151,20 +164,26 @@ class _Prepared:
     """A dispatch or combine of one signature on one handle (the dtypes, shapes and devices of its tensors, and
     num_sms): checked in full once, its C structs built once. A call of a known signature checks only what tensors
     of one signature can still differ in (contiguity), allocates its outputs and sets the data pointers; the
-    per-call cost of this layer is what bench/ep_python_overhead.py measures."""
+    per-call cost of this layer is what bench/ep_python_overhead.py measures. A Low-Latency dispatch also has a
+    layout_info struct (`info`) whose four int32 count descriptors point into one new tensor per call (`counts`:
+    its length and, per descriptor, its offset in elements)."""
 
-    __slots__ = ("fn", "structs", "refs", "given", "made", "device", "device_index")
+    __slots__ = ("fn", "structs", "refs", "given", "made", "names", "counts", "info_ref", "device", "device_index")
 
-    def __init__(self, fn_name, inputs, outputs, cfg, given, made, device):
+    def __init__(self, fn_name, inputs, outputs, cfg, given, made, device, names=(), info=None, counts=None):
         self.fn = getattr(_lib(), fn_name)
-        self.structs = (inputs, outputs, cfg)  # kept alive: refs point into them
+        self.structs = (inputs, outputs, cfg, info)  # kept alive: refs point into them
         self.refs = (ctypes.byref(inputs), ctypes.byref(outputs), ctypes.byref(cfg))
+        self.info_ref = None if info is None else ctypes.byref(info)
         self.given = given  # per tensor the caller passes: its descriptor (a view into a struct) or None, non-empty
         self.made = made    # per output this call allocates: (descriptor, shape, dtype)
+        self.names = names  # per output of `made`: its DispatchResult field
+        self.counts = counts
         self.device, self.device_index = device, device.index or 0
 
     def fill(self, tensors):
-        """Points the descriptors at the caller's tensors and at new outputs (returned, in `made` order)."""
+        """Points the descriptors at the caller's tensors and at new outputs (returned, in `made` order, then the
+        counts tensor if the call has one)."""
         import torch
 
         for (d, nonempty), t in zip(self.given, tensors):
@@ -174,6 +193,13 @@ class _Prepared:
         for d, shape, dtype in self.made:
             t = torch.empty(*shape, dtype=dtype, device=self.device)  # ints, not a tuple: half the parsing
             d.data = t.data_ptr() if t.numel() else None
+            outs.append(t)
+        if self.counts is not None:
+            n, parts = self.counts
+            t = torch.empty(n, dtype=torch.int32, device=self.device)
+            base = t.data_ptr()
+            for d, offset in parts:
+                d.data = base + 4 * offset
             outs.append(t)
         return outs
 
@@ -207,13 +233,22 @@ class Group:
     """A dispatch/combine group over the ranks of a process group (COLLECTIVE, blocking): sizes and registers the
     symmetric buffers once, for tokens of up to `max_tokens_per_rank` rows of `hidden` elements of `dtype` (or
     `max_token_bytes`) and up to `max_topk` experts each. `group` is a torch ProcessGroup (None: the default group)
-    or a Communicator. The group's calls run one after another, in the same order on every rank."""
+    or a Communicator. The group's calls run one after another, in the same order on every rank.
+
+    `algorithm="low_latency"` makes a Low-Latency (decode) group: everything is sized here for max_tokens_per_rank
+    M <= 1024; its handles are RANK_MAJOR or EXPERT_MAJOR with worst-case sizing, and handle creation, dispatch and
+    combine then never allocate in the library nor wait on the host (all of them may be graph-captured). Size it
+    for the rows combine carries (bf16: hidden * 2 bytes, the default with `hidden`)."""
 
     def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                  timeout_s: float | None = None, algorithm: str = "high_throughput"):
         import torch
 
+        algo = _choice(_ALGO, algorithm, "algorithm")
+        if algorithm == "low_latency" and not 1 <= max_tokens_per_rank <= _LL_MAX_TOKENS:
+            raise NcclInvalidArgument("Group: max_tokens_per_rank %d: a Low-Latency group takes 1..%d tokens per rank"
+                                      % (max_tokens_per_rank, _LL_MAX_TOKENS))
         if max_token_bytes is None:
             if hidden is None:
                 raise NcclInvalidArgument("Group: give hidden (with dtype, default bfloat16) or max_token_bytes")
@@ -221,12 +256,14 @@ class Group:
             max_token_bytes = torch.empty((), dtype=dtype or torch.bfloat16).element_size() * hidden
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
-        cfg = _GroupConfig.new(algorithm=_choice(_ALGO, algorithm, "algorithm"), num_experts=num_experts,
+        cfg = _GroupConfig.new(algorithm=algo, num_experts=num_experts,
                                max_tokens_per_rank=max_tokens_per_rank, max_token_bytes=max_token_bytes,
                                max_topk=max_topk, num_sms=num_sms,
                                timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9))
+        self.algorithm, self.low_latency = algorithm, algorithm == "low_latency"
         self.num_experts, self.rank, self.size = num_experts, self.comm.rank, self.comm.size
         self.local_experts = num_experts // max(1, self.size)
+        self.max_tokens_per_rank, self.max_topk = max_tokens_per_rank, max_topk
         self._g = ctypes.c_void_p()
         try:
             _call("ncclEpCreateGroup", ctypes.byref(self._g), self.comm.handle, ctypes.byref(cfg))
@@ -240,51 +277,73 @@ class Group:
             raise NcclInvalidUsage("Group: used after close()")
         return self._g
 
+    def _layout(self, layout: str | None) -> str:
+        """`layout`, or the mode's default: "flat" (High-Throughput), "expert_major" (Low-Latency, as DeepEP's)."""
+        if layout is not None:
+            return layout
+        return "expert_major" if self.low_latency else "flat"
+
     def check(self) -> None:
         """Raises the error of a device wait of this group that timed out (local, never blocks)."""
         _call("ncclEpGroupGetAsyncError", self._handle())
 
-    def create_handle(self, topk_idx, layout: str = "flat", sizing: str = "worst_case", alignment: int = 1,
+    def create_handle(self, topk_idx, layout: str | None = None, sizing: str = "worst_case", alignment: int = 1,
                       stream=None) -> "Handle":
-        """COLLECTIVE, stream-ordered: binds the routing topk_idx [T, K] (int32/int64, -1: none). See Handle."""
-        return Handle(self, topk_idx, layout, sizing, alignment, stream)
+        """COLLECTIVE, stream-ordered: binds the routing topk_idx [T, K] (int32/int64, -1: none). See Handle.
+        Low-Latency: local (no exchange; the counts travel with each dispatch)."""
+        return Handle(self, topk_idx, self._layout(layout), sizing, alignment, stream)
 
     def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
-                 layout: str = "flat", sizing: str = "worst_case", num_sms: int = 0, stream=None) -> "DispatchResult":
+                 layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
+                 num_sms: int = 0, stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
-        [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it) or a
-        handle made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine needs
-        them)."""
+        [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it, of
+        `layout`: "flat" for High-Throughput groups and "expert_major" for Low-Latency ones by default) or a handle
+        made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine without owner
+        weights needs them).
+
+        Low-Latency groups: x is bf16, or fp8 e4m3 with `scales` (forwarded as they are). `out_dtype=
+        torch.float8_e4m3fn` with bf16 x quantises on the sender: tokens arrive as e4m3 with `scales` [N, H/128]
+        fp32 (amax / 448 per 128 columns; `round_scale=True`: rounded up to powers of 2). Outputs have the fixed
+        worst-case shape, N = R * M (RANK_MAJOR: rows s * M + j, j < rank_counts[s], hold source s's tokens in source
+        order) or L * R * M (EXPERT_MAJOR, viewable as [L, R * M, H]: rows e * R * M + i, i < expert_counts[e], by
+        (source rank, token)); rows past the counts are not written. src_info [N] int32 (RANK_MAJOR: the token's
+        index at its source; EXPERT_MAJOR: source rank * M + token). The counts (expert_counts, rank_counts,
+        expert_offsets, recv_total) are new tensors of each dispatch, written by it on the device."""
         if handle is None:
             if topk_idx is None:
                 raise NcclInvalidArgument("dispatch: give topk_idx or handle")
-            handle = Handle(self, topk_idx, layout, sizing, 1, stream)
+            handle = Handle(self, topk_idx, self._layout(layout), sizing, 1, stream)
         elif topk_idx is not None and topk_idx is not handle.topk_idx:
             handle.update(topk_idx, stream)
         try:
-            key = (x.dtype, x.shape, x.get_device(), _meta(topk_weights), _meta(scales), num_sms)
+            key = (x.dtype, x.shape, x.get_device(), _meta(topk_weights), _meta(scales), out_dtype, bool(round_scale),
+                   num_sms)
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (x.is_contiguous() and (topk_weights is None or topk_weights.is_contiguous())
                                 and (scales is None or scales.is_contiguous())):
-            prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms)
+            prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale)
         outs = prep.fill((x, topk_weights, scales))
-        prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], None, prep.refs[2],
+        prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
                     _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
         out = DispatchResult(tokens=outs[0], handle=handle, expert_counts=handle.expert_counts,
-                             rank_counts=handle.rank_counts)
-        i = 1
-        if topk_weights is not None:
-            out.topk_weights, i = outs[i], i + 1
-        if handle.layout == "flat":
-            out.topk_idx, i = outs[i], i + 1
-        if scales is not None:
-            out.scales = outs[i]
+                             rank_counts=handle.rank_counts, expert_offsets=handle.expert_offsets,
+                             recv_total=handle.recv_total)
+        for name, t in zip(prep.names, outs):
+            setattr(out, name, t)
+        if prep.counts is not None:  # Low-Latency: this dispatch's counts, also the handle's until the next one
+            c, local, ranks = outs[-1], self.local_experts, self.size
+            handle.expert_counts = out.expert_counts = c[:local]
+            handle.rank_counts = out.rank_counts = c[local:local + ranks]
+            handle.expert_offsets = out.expert_offsets = c[local + ranks:2 * local + ranks]
+            handle.recv_total = out.recv_total = c[2 * local + ranks:]
         return out
 
-    def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms) -> _Prepared:
+    def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms, out_dtype=None,
+                          round_scale=False) -> _Prepared:
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
@@ -292,64 +351,138 @@ class Group:
         if x.shape[0] != handle.num_tokens:
             raise NcclInvalidArgument("x has %d tokens but the routing has %d" % (x.shape[0], handle.num_tokens))
         rows, hdim, k = handle.output_rows(), x.shape[1], handle.topk
+        fp8 = getattr(torch, "float8_e4m3fn", None)
+        ll = handle.group.low_latency
+        quantise = ll and x.dtype == torch.bfloat16 and out_dtype is not None and out_dtype == fp8
+        if ll:
+            if x.dtype not in (torch.bfloat16, fp8):
+                raise NcclInvalidArgument("x has dtype %s; Low-Latency dispatch takes bfloat16, or float8_e4m3fn "
+                                          "with scales" % x.dtype)
+            if out_dtype is not None and out_dtype != x.dtype and not quantise:
+                raise NcclInvalidArgument("out_dtype=%s for x of %s: Low-Latency dispatch converts bfloat16 to "
+                                          "float8_e4m3fn only" % (out_dtype, x.dtype))
+            if round_scale and not quantise:
+                raise NcclInvalidArgument("round_scale=True: for bf16 x quantised on the way "
+                                          "(out_dtype=torch.float8_e4m3fn)")
+            if quantise and scales is not None:
+                raise NcclInvalidArgument("scales: the sender computes them when it quantises bf16 x; pass none")
+            if quantise and hdim % _FP8_BLOCK:
+                raise NcclInvalidArgument("x: hidden %d is not a multiple of %d (one fp8 scale per %d columns)"
+                                          % (hdim, _FP8_BLOCK, _FP8_BLOCK))
+        else:
+            if out_dtype is not None and out_dtype != x.dtype:
+                raise NcclInvalidUsage("out_dtype=%s for x of %s: High-Throughput dispatch moves tokens as they are; "
+                                       "quantising on the way is the Low-Latency mode's" % (out_dtype, x.dtype))
+            if round_scale:
+                raise NcclInvalidUsage("round_scale=True: for the Low-Latency mode's fp8 quantisation")
+        if x.dtype == fp8 and scales is None:
+            raise NcclInvalidArgument("x is float8_e4m3fn: give its scales [T, H/128] fp32")
+        out_dt = fp8 if quantise else x.dtype
+        per_row_k = handle.layout in ("flat", "rank_major")  # rows of one token with all its top-k slots
         inputs = _DispatchInputs.new(tokens=xin)
-        outputs = _DispatchOutputs.new(tokens=descriptor((rows, hdim), x.dtype))
+        outputs = _DispatchOutputs.new(tokens=descriptor((rows, hdim), out_dt))
         given = [(inputs.tokens, x.numel() > 0)]
-        made = [(outputs.tokens, (rows, hdim), x.dtype)]
+        made = [(outputs.tokens, (rows, hdim), out_dt)]
+        names = ["tokens"]
         if topk_weights is not None:
             inputs.topk_weights = describe(topk_weights, "topk_weights", dtypes=(torch.float32,), ndim=2)
-            shape = (rows, k) if handle.layout == "flat" else (rows,)
+            shape = (rows, k) if per_row_k else (rows,)
             outputs.topk_weights = descriptor(shape, torch.float32)
             given.append((inputs.topk_weights, topk_weights.numel() > 0))
             made.append((outputs.topk_weights, shape, torch.float32))
+            names.append("topk_weights")
         else:
             given.append((None, False))
-        if handle.layout == "flat":
+        if per_row_k:
             outputs.topk_idx = descriptor((rows, k), torch.int32)
             made.append((outputs.topk_idx, (rows, k), torch.int32))
-        if scales is not None:
-            inputs.scales = describe(scales, "scales", dtypes=(torch.float32,), ndim=2)
-            shape = (rows, scales.shape[1])
+            names.append("topk_idx")
+        if scales is not None or quantise:
+            if scales is not None:
+                inputs.scales = describe(scales, "scales", dtypes=(torch.float32,), ndim=2)
+                given.append((inputs.scales, scales.numel() > 0))
+            else:
+                given.append((None, False))
+            shape = (rows, scales.shape[1] if scales is not None else hdim // _FP8_BLOCK)
             outputs.scales = descriptor(shape, torch.float32)
-            given.append((inputs.scales, scales.numel() > 0))
             made.append((outputs.scales, shape, torch.float32))
+            names.append("scales")
         else:
             given.append((None, False))
-        prep = _Prepared("ncclEpDispatch", inputs, outputs, _CallConfig.new(num_sms=num_sms), given, made, x.device)
+        info = counts = None
+        if ll:
+            outputs.src_info = descriptor((rows,), torch.int32)
+            made.append((outputs.src_info, (rows,), torch.int32))
+            names.append("src_info")
+            local, ranks = handle.group.local_experts, handle.group.size
+            info = _LayoutInfo.new(expert_counters=descriptor((local,), torch.int32),
+                                   src_rank_counters=descriptor((ranks,), torch.int32),
+                                   expert_offsets=descriptor((local,), torch.int32),
+                                   recv_total_counter=descriptor((1,), torch.int32))
+            counts = (2 * local + ranks + 1, [(info.expert_counters, 0), (info.src_rank_counters, local),
+                                              (info.expert_offsets, local + ranks),
+                                              (info.recv_total_counter, 2 * local + ranks)])
+        cfg = _DispatchConfig.new(num_sms=num_sms, round_scale=1 if round_scale else 0)
+        prep = _Prepared("ncclEpDispatch", inputs, outputs, cfg, given, made, x.device, tuple(names), info, counts)
         handle._prepared[key] = prep
         return prep
 
-    def combine(self, y, handle: "Handle", *, out=None, num_sms: int = 0, stream=None):
+    def combine(self, y, handle: "Handle", *, topk_weights=None, out=None, num_sms: int = 0, stream=None):
         """COLLECTIVE, stream-ordered: returns the rows y (the dispatch output's shape and layout; bf16, fp16 or
         fp32) to their tokens' owners, summed in fp32 (EXPERT_MAJOR: weighted by the dispatched top-k weights).
-        Returns [T, H] (`out` if given)."""
+        Returns [T, H] (`out` if given).
+
+        Low-Latency (after a dispatch on the handle; y bf16): RANK_MAJOR takes one row per slot (the caller's sum
+        over the row's local experts) and the owner sums the ranks' rows; EXPERT_MAJOR weights each expert's rows
+        with the dispatched weights (1 where none were dispatched) as High-Throughput does, or, given
+        `topk_weights` [T, K] fp32 (the owner's), returns every (token, expert) row as it is and the owner weights
+        and sums them in top-k column order (DeepEP's low_latency_combine)."""
         try:
-            key = ("combine", y.dtype, y.shape, y.get_device(), _meta(out), num_sms)
+            key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out), num_sms)
         except (AttributeError, TypeError):
             key = None
         prep = handle._prepared.get(key)
-        if prep is None or not (y.is_contiguous() and (out is None or out.is_contiguous())):
-            prep = self._prepare_combine(handle, key, y, out, num_sms)
-        made = prep.fill((y, out))
+        if prep is None or not (y.is_contiguous() and (out is None or out.is_contiguous())
+                                and (topk_weights is None or topk_weights.is_contiguous())):
+            prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights)
+        made = prep.fill((y, topk_weights, out))
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2], _raw_stream(stream, prep.device_index))
-        handle._inputs_alive = (y,)
+        handle._inputs_alive = (y, topk_weights)
         return made[0] if out is None else out
 
-    def _prepare_combine(self, handle, key, y, out, num_sms) -> _Prepared:
+    def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None) -> _Prepared:
         """Every check of a combine, and its structs (cached on the handle by `key`)."""
+        import torch
+
         yin = describe(y, "y", ndim=2)
+        ll = handle.group.low_latency
+        if ll and y.dtype != torch.bfloat16:
+            raise NcclInvalidArgument("y has dtype %s; Low-Latency combine takes bfloat16" % y.dtype)
         shape = (handle.num_tokens, y.shape[1])
-        inputs = _CombineTensors.new(tokens=yin)
+        inputs = _CombineInputs.new(tokens=yin)
         given = [(inputs.tokens, y.numel() > 0)]
+        if topk_weights is not None:
+            if not (ll and handle.layout == "expert_major"):
+                raise NcclInvalidUsage("combine: topk_weights (weighted by the owner) are for Low-Latency "
+                                       "EXPERT_MAJOR handles; this one is %s %s"
+                                       % ("Low-Latency" if ll else "High-Throughput", handle.layout.upper()))
+            inputs.topk_weights = describe(topk_weights, "topk_weights", dtypes=(torch.float32,), ndim=2)
+            if tuple(topk_weights.shape) != (handle.num_tokens, handle.topk):
+                raise NcclInvalidArgument("topk_weights has shape %s; the routing is [%d, %d]"
+                                          % (tuple(topk_weights.shape), handle.num_tokens, handle.topk))
+            given.append((inputs.topk_weights, topk_weights.numel() > 0))
+        else:
+            given.append((None, False))
         if out is None:
-            outputs = _CombineTensors.new(tokens=descriptor(shape, y.dtype))
+            outputs = _CombineOutputs.new(tokens=descriptor(shape, y.dtype))
             given.append((None, False))
             made = [(outputs.tokens, shape, y.dtype)]
         else:
-            outputs = _CombineTensors.new(tokens=describe(out, "out", ndim=2))
+            outputs = _CombineOutputs.new(tokens=describe(out, "out", ndim=2))
             given.append((outputs.tokens, out.numel() > 0))
             made = []
-        prep = _Prepared("ncclEpCombine", inputs, outputs, _CallConfig.new(num_sms=num_sms), given, made, y.device)
+        prep = _Prepared("ncclEpCombine", inputs, outputs, _CombineConfig.new(num_sms=num_sms), given, made,
+                         y.device)
         handle._prepared[key] = prep
         return prep
 
@@ -374,29 +507,46 @@ class Group:
 class Handle:
     """A routing bound to a group (COLLECTIVE, stream-ordered; ncclEpCreateHandle): topk_idx [T, K] int32/int64.
     layout "flat" (one row per (token, destination rank), grouped by source rank) or "expert_major" (one row per
-    (token, local expert), grouped by expert, zones aligned to `alignment` rows). sizing "worst_case" (outputs hold
-    the most rows any routing can produce; nothing waits on the host, so it can be graph-captured) or "exact" (waits
-    for the receive count; outputs are that size). expert_counts [local experts] and rank_counts [ranks] (int32,
-    device) say how many rows each local expert and each source rank sent."""
+    (token, local expert), grouped by expert, zones aligned to `alignment` rows); Low-Latency groups: "rank_major"
+    or "expert_major" (fixed zones of M rows per source rank / R * M rows per expert). sizing "worst_case" (outputs
+    hold the most rows any routing can produce; nothing waits on the host, so it can be graph-captured) or "exact"
+    (High-Throughput only: waits for the receive count; outputs are that size). expert_counts [local experts],
+    rank_counts [ranks], expert_offsets [local experts] and recv_total [1] (int32, device) say how many rows each
+    local expert and each source rank sent: written at binding (High-Throughput), or the last dispatch's
+    (Low-Latency: None before the first)."""
 
     def __init__(self, group: Group, topk_idx, layout: str, sizing: str, alignment: int, stream):
         import torch
 
         self.group, self.layout, self.sizing = group, layout, sizing
         _choice(_LAYOUT, layout, "layout")
-        if layout == "rank_major":
-            raise NcclInvalidUsage("layout='rank_major' is the Low-Latency mode's (not implemented yet)")
-        dev = topk_idx.device if isinstance(topk_idx, torch.Tensor) else None
-        self.expert_counts = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
-        self.rank_counts = torch.zeros(group.size, dtype=torch.int32, device=dev)
-        self.expert_offsets = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
-        self.recv_total = torch.zeros(1, dtype=torch.int32, device=dev)
+        _choice(_SIZING, sizing, "sizing")
+        self.low_latency = group.low_latency
+        if self.low_latency:
+            if layout not in ("rank_major", "expert_major"):
+                raise NcclInvalidUsage("layout=%r: a Low-Latency group's handles are 'rank_major' or 'expert_major'"
+                                       % layout)
+            if sizing != "worst_case":
+                raise NcclInvalidUsage("sizing=%r: Low-Latency outputs are always worst-case sized (nothing waits "
+                                       "on the host)" % sizing)
+            if alignment not in (0, 1):
+                raise NcclInvalidArgument("alignment=%d: Low-Latency expert zones are fixed (R * M rows each); "
+                                          "give 0 or 1" % alignment)
+            self.expert_counts = self.rank_counts = self.expert_offsets = self.recv_total = None
+        else:
+            if layout == "rank_major":
+                raise NcclInvalidUsage("layout='rank_major' belongs to the Low-Latency mode "
+                                       "(Group(algorithm='low_latency'))")
+            dev = topk_idx.device if isinstance(topk_idx, torch.Tensor) else None
+            self.expert_counts = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
+            self.rank_counts = torch.zeros(group.size, dtype=torch.int32, device=dev)
+            self.expert_offsets = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
+            self.recv_total = torch.zeros(1, dtype=torch.int32, device=dev)
         ti = self._routing(topk_idx)
-        cfg = _HandleConfig.new(dispatch_output_per_expert_alignment=alignment,
-                                sizing=_choice(_SIZING, sizing, "sizing"))
+        cfg = _HandleConfig.new(dispatch_output_per_expert_alignment=alignment, sizing=_SIZING[sizing])
         self._h = ctypes.c_void_p()
         _call("ncclEpCreateHandle", ctypes.byref(self._h), group._handle(), _LAYOUT[layout], ctypes.byref(ti),
-              ctypes.byref(self._layout_info()), ctypes.byref(cfg), _stream(stream))
+              self._layout_info(), ctypes.byref(cfg), _stream(stream))
         self._inputs_alive = None
         self._prepared = {}  # call signature -> _Prepared (Group.dispatch / combine)
 
@@ -407,11 +557,16 @@ class Handle:
         self.topk_idx, self.num_tokens, self.topk = topk_idx, topk_idx.shape[0], topk_idx.shape[1]
         return ti
 
-    def _layout_info(self) -> _LayoutInfo:
-        return _LayoutInfo.new(expert_counters=describe(self.expert_counts, "expert_counts"),
-                               src_rank_counters=describe(self.rank_counts, "rank_counts"),
-                               expert_offsets=describe(self.expert_offsets, "expert_offsets"),
-                               recv_total_counter=describe(self.recv_total, "recv_total"))
+    def _layout_info(self):
+        """A pointer to the layout_info of handle binding: the handle's counters (High-Throughput), or NULL
+        (Low-Latency: each dispatch fills its own)."""
+        if self.low_latency:
+            return None
+        self._info = _LayoutInfo.new(expert_counters=describe(self.expert_counts, "expert_counts"),
+                                     src_rank_counters=describe(self.rank_counts, "rank_counts"),
+                                     expert_offsets=describe(self.expert_offsets, "expert_offsets"),
+                                     recv_total_counter=describe(self.recv_total, "recv_total"))
+        return ctypes.byref(self._info)
 
     def _handle(self):
         if not self._h:
@@ -419,16 +574,17 @@ class Handle:
         return self._h
 
     def update(self, topk_idx, stream=None) -> None:
-        """COLLECTIVE, stream-ordered: the same handle with a new routing (same layout, sizing and top-k)."""
+        """COLLECTIVE, stream-ordered: the same handle with a new routing (same layout, sizing and top-k).
+        Low-Latency: local."""
         tokens, rows = self.num_tokens, self._prepared and self.sizing == "exact"
         ti = self._routing(topk_idx)
         if rows or self.num_tokens != tokens:  # the prepared calls' token or row counts changed
             self._prepared.clear()
-        _call("ncclEpUpdateHandle", self._handle(), ctypes.byref(ti), ctypes.byref(self._layout_info()),
-              _stream(stream))
+        _call("ncclEpUpdateHandle", self._handle(), ctypes.byref(ti), self._layout_info(), _stream(stream))
 
     def output_rows(self) -> int:
-        """Rows of a dispatch output: the receive count (exact) or the worst case."""
+        """Rows of a dispatch output: the receive count (exact) or the worst case (Low-Latency: R * M for
+        RANK_MAJOR, L * R * M for EXPERT_MAJOR)."""
         rows = ctypes.c_int64(0)
         fn = "ncclEpHandleGetRecvRows" if self.sizing == "exact" else "ncclEpHandleGetMaxRecvRows"
         _call(fn, self._handle(), ctypes.byref(rows))
@@ -450,10 +606,11 @@ class Handle:
 
 @dataclass
 class DispatchResult:
-    """What dispatch returns. tokens [rows, H]; topk_idx (FLAT: [rows, K] int32 local expert ids, -1 where the
-    expert is elsewhere); topk_weights (FLAT: [rows, K]; EXPERT_MAJOR: [rows]) when weights were given; scales with
-    fp8 tokens; expert_counts / rank_counts (the handle's, int32, device). With worst-case sizing, rows past the
-    received ones are left as they were."""
+    """What dispatch returns. tokens [rows, H]; topk_idx (FLAT and RANK_MAJOR: [rows, K] int32 local expert ids, -1
+    where the expert is elsewhere); topk_weights (FLAT and RANK_MAJOR: [rows, K]; EXPERT_MAJOR: [rows]) when weights
+    were given; scales with fp8 tokens; expert_counts / rank_counts / expert_offsets / recv_total (int32, device:
+    the handle's in High-Throughput, this dispatch's own in Low-Latency); src_info [rows] int32 (Low-Latency). With
+    worst-case sizing, rows past the received ones are left as they were (unspecified in new outputs)."""
 
     tokens: object
     handle: Handle
@@ -462,6 +619,9 @@ class DispatchResult:
     topk_idx: object = None
     topk_weights: object = None
     scales: object = None
+    src_info: object = None
+    expert_offsets: object = None
+    recv_total: object = None
 
 
 _lib()  # at import: the libraries load and the NCCL in this process is the release they were built for

@@ -1,12 +1,14 @@
-"""DeepEP's Python surface (V1 `deep_ep.Buffer`, intranode High-Throughput path) on nccl.ep:
+"""DeepEP's Python surface (V1 `deep_ep.Buffer`, intranode High-Throughput and Low-Latency paths) on nccl.ep:
 
     import nccl.ep.deepep as deep_ep
 
 Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` (constructor, `get_dispatch_layout`,
 `dispatch` - plain, fp8 with scales, cached, `num_worst_tokens` - and `combine`, with the `previous_event`,
-`async_finish` and `allocate_on_comm_stream` flags), `Config`, `EventOverlap`, `topk_idx_t`. What it does not
-implement raises NotImplementedError naming the argument or method: the Low-Latency mode and its methods, mpi4py
-communicators, several NVLink domains, and the internals of the dispatch handle. docs/COMPATIBILITY.md has the table.
+`async_finish` and `allocate_on_comm_stream` flags; with `low_latency_mode=True`, `low_latency_dispatch`,
+`low_latency_combine`, `clean_low_latency_buffer` and `get_low_latency_rdma_size_hint`), `Config`, `EventOverlap`,
+`topk_idx_t`. What it does not implement raises NotImplementedError naming the argument or method: UE8M0-packed
+scales, LogFMT and zero-copy combine, the wait-time statistics, mpi4py communicators, several NVLink domains, and the
+internals of the HT dispatch handle. docs/COMPATIBILITY.md has the table.
 
 How it differs inside (none of it changes results):
 - nccl.ep has no communication stream: calls run on the current stream, which `previous_event` is waited on first;
@@ -17,6 +19,17 @@ How it differs inside (none of it changes results):
   An nccl.ep group serves one expert count: the first dispatch with another count makes another group of the same
   capacity (collectively; each count holds its own buffers until destroy()).
 - Strided (e.g. column-major) fp8 scales are made contiguous, a copy of [T, H/128] floats.
+- Low-Latency: the group is made at the first `low_latency_dispatch`, collectively, for its
+  (num_max_dispatch_tokens_per_rank, hidden, num_experts, top-k), checked equal on every rank; it is reused while
+  they stay the same, and a call with others destroys it (after a device synchronisation) and makes a new one.
+  `num_rdma_bytes`, `num_qps_per_rank` and `allow_nvlink_for_low_latency_mode` are accepted and unused (one NVLink
+  domain: the mode runs over NVLink). Each dispatch binds its routing to one of
+  `Buffer.num_low_latency_handles` (2) nccl.ep handles in turn, as DeepEP's two buffers: a dispatch's handle stays
+  valid for combine until that many later dispatches; an older one is refused with a message. The kernels complete
+  in one launch (no send-only half yet): `return_recv_hook=True` returns a hook that does nothing, the data being
+  ready in stream order when the call returns - there is no overlap of the receive with other work yet. The fp8
+  scales come row-major ([L, R * M, H / 128] contiguous; DeepEP's are column-major in the last two dimensions: the
+  same values under other strides).
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import Group, NcclInvalidArgument, _combine_weights
+from . import Group, NcclInvalidArgument, NcclInvalidUsage, _combine_weights
 
 __all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
 __version__ = "1.2.1"  # the DeepEP release whose API this mirrors
@@ -34,11 +47,17 @@ __version__ = "1.2.1"  # the DeepEP release whose API this mirrors
 topk_idx_t = torch.int64
 
 _KNOWN_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+_LL_MAX_TOKENS = 1024  # num_max_dispatch_tokens_per_rank of nccl.ep's Low-Latency mode
 
 
 def _unsupported(what: str) -> NotImplementedError:
-    return NotImplementedError("nccl.ep.deepep: %s is not implemented by nccl.ep yet (High-Throughput dispatch and "
-                               "combine inside one NVLink domain are)" % what)
+    return NotImplementedError("nccl.ep.deepep: %s is not implemented by nccl.ep yet (High-Throughput and "
+                               "Low-Latency dispatch and combine inside one NVLink domain are)" % what)
+
+
+def _recv_hook_done() -> None:
+    """The receive hook of a Low-Latency call with return_recv_hook=True: nccl.ep's kernels send and receive in one
+    launch, so the data is there in stream order when the call returns and the hook has nothing left to do."""
 
 
 class EventOverlap:
@@ -107,19 +126,94 @@ class _DispatchHandle(tuple):
         return 6  # DeepEP's intranode handle has six entries
 
 
+class _LowLatencyHandle(tuple):
+    """What low_latency_dispatch returns as `handle`: DeepEP's five entries, (src_info, layout_range,
+    num_max_dispatch_tokens_per_rank, hidden, num_experts), with their DeepEP meanings:
+      src_info     [L, R * M] int32: each received row's token index at its source rank (nccl.ep's src_info is
+                   source * M + token; this is it modulo M);
+      layout_range [L, R] int64: per (local expert, source rank), (first row << 32) | rows, derived from src_info
+                   and the counts.
+    Both are computed on first access, on the current stream (combine needs neither); rows past an expert's count
+    are unspecified, as in DeepEP. Pass the handle to low_latency_combine of the same Buffer before
+    Buffer.num_low_latency_handles later dispatches."""
+
+    def __new__(cls, owner, slot, seq, ep_handle, raw_src_info, recv_count, num_ranks, m, hidden, num_experts):
+        h = super().__new__(cls, (None, None, m, hidden, num_experts))
+        h.owner, h.slot, h.seq, h.ep_handle = owner, slot, seq, ep_handle
+        h.raw_src_info, h.recv_count, h.num_ranks = raw_src_info, recv_count, num_ranks
+        h._src_info = h._layout_range = None
+        return h
+
+    @property
+    def src_info(self):
+        if self._src_info is None:
+            local, m = self.recv_count.numel(), self[2]
+            self._src_info = (self.raw_src_info % m).view(local, self.num_ranks * m)
+        return self._src_info
+
+    @property
+    def layout_range(self):
+        if self._layout_range is None:
+            local, ranks, m = self.recv_count.numel(), self.num_ranks, self[2]
+            raw = self.raw_src_info.view(local, ranks * m)
+            valid = torch.arange(ranks * m, device=raw.device) < self.recv_count.unsqueeze(1)
+            src = torch.where(valid, raw // m, ranks).long()  # rows past the count go to a spare column
+            counts = torch.zeros(local, ranks + 1, dtype=torch.int64, device=raw.device)
+            counts.scatter_add_(1, src, torch.ones_like(src))
+            counts = counts[:, :ranks]
+            begin = counts.cumsum(1) - counts
+            self._layout_range = (begin << 32) | counts
+        return self._layout_range
+
+    def _entries(self):
+        return (self.src_info, self.layout_range) + tuple.__getitem__(self, slice(2, 5))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice) or i in (0, 1, -5, -4):
+            return self._entries()[i]
+        return tuple.__getitem__(self, i)
+
+    def __iter__(self):
+        return iter(self._entries())
+
+    def __repr__(self):
+        return ("_LowLatencyHandle(num_max_dispatch_tokens_per_rank=%d, hidden=%d, num_experts=%d)"
+                % tuple.__getitem__(self, slice(2, 5)))
+
+
+class _LowLatencyState:
+    """The nccl.ep Low-Latency group of a Buffer for one (M, hidden, num_experts, top-k), and its ring of handles:
+    dispatch n binds its routing to handle n % len(handles); seqs[slot] is the dispatch bound there now."""
+
+    def __init__(self, group, key, num_handles: int):
+        self.group, self.key = group, key
+        self.handles = [None] * num_handles
+        self.seqs = [-1] * num_handles
+
+    def close(self, device) -> None:
+        """COLLECTIVE: the handles (after the device's queued work: they must not be in use) and the group."""
+        if any(h is not None for h in self.handles) and device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        for h in self.handles:
+            if h is not None:
+                h.close()
+        self.handles = [None] * len(self.handles)
+        self.group.close()
+
+
 class Buffer:
     num_sms: int = 20
     # The nccl.ep group's capacity, fixed at the first dispatch (see the module's docstring).
     max_tokens_per_rank: int = int(os.environ.get("NCCL_EP_DEEPEP_MAX_TOKENS", "4096"))
     max_token_bytes: int = 0
     max_topk: int = 8
+    # Low-Latency dispatches whose handles stay valid for combine at once (DeepEP: two buffers).
+    num_low_latency_handles: int = 2
 
     def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
                  allow_mnnvl: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
                  comm=None):
-        if low_latency_mode:
-            raise _unsupported("Buffer(low_latency_mode=True)")
         if group is None:
             raise _unsupported("Buffer(group=None, comm=<mpi4py communicator>)")
         if allow_mnnvl:
@@ -133,6 +227,9 @@ class Buffer:
         self.low_latency_mode, self.explicitly_destroy = low_latency_mode, explicitly_destroy
         self._groups = {}  # num_experts -> nccl.ep Group, each made at the first dispatch with that expert count
         self._caps = None  # (tokens, row bytes, top-k, SMs) of every group, fixed at the first dispatch
+        self._ll = None  # _LowLatencyState, made at the first low_latency_dispatch
+        self._ll_seq = 0  # low_latency_dispatch calls so far
+        self._ll_device = None
 
     # -- static helpers ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -164,21 +261,20 @@ class Buffer:
         return Config(Buffer.num_sms)
 
     @staticmethod
-    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
-        raise _unsupported("Buffer.get_low_latency_rdma_size_hint (the Low-Latency mode)")
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        """The num_rdma_bytes a Low-Latency Buffer needs from its caller: 0. nccl.ep ignores num_rdma_bytes - the
+        group sizes and registers its own buffers from (M, hidden, num_experts, top-k) at the first
+        low_latency_dispatch - so any value, 0 included, satisfies DeepEP's "minimum size". It is not a measure of
+        the memory nccl.ep uses (the C API has no size query). The arguments are checked as dispatch would."""
+        _check_low_latency_sizes("get_low_latency_rdma_size_hint", num_max_dispatch_tokens_per_rank, hidden,
+                                 num_experts, num_ranks)
+        return 0
 
     # -- not provided -----------------------------------------------------------------------------------------------
-    def low_latency_dispatch(self, *args, **kwargs):
-        raise _unsupported("Buffer.low_latency_dispatch (the Low-Latency mode)")
-
-    def low_latency_combine(self, *args, **kwargs):
-        raise _unsupported("Buffer.low_latency_combine (the Low-Latency mode)")
-
-    def clean_low_latency_buffer(self, *args, **kwargs):
-        raise _unsupported("Buffer.clean_low_latency_buffer (the Low-Latency mode)")
-
     def get_next_low_latency_combine_buffer(self, *args, **kwargs):
-        raise _unsupported("Buffer.get_next_low_latency_combine_buffer (the Low-Latency mode)")
+        raise _unsupported("Buffer.get_next_low_latency_combine_buffer (zero-copy combine: its registered buffer "
+                           "is not built yet)")
 
     def get_local_buffer_tensor(self, *args, **kwargs):
         raise _unsupported("Buffer.get_local_buffer_tensor (nccl.ep's buffers are not exposed)")
@@ -282,6 +378,109 @@ class Buffer:
                 out = out + b
         return out, combined_w, self._event(async_finish)
 
+    # -- Low-Latency -------------------------------------------------------------------------------------------------
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Checks its arguments and does nothing else: nccl.ep's Low-Latency buffers need no cleaning (their flags
+        are sequence numbers of the calls, not zeroed words), also after High-Throughput calls."""
+        self._need_low_latency("clean_low_latency_buffer")
+        _check_low_latency_sizes("clean_low_latency_buffer", num_max_dispatch_tokens_per_rank, hidden, num_experts,
+                                 self.group_size)
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False):
+        """COLLECTIVE, on the current stream: (recv_x, recv_count, handle, event, hook), as DeepEP's.
+        x [T, H] bf16 (T <= num_max_dispatch_tokens_per_rank = M <= 1024), topk_idx [T, K] int64 (or int32), -1 =
+        none. recv_x [L, R * M, H]: bf16, or with use_fp8 (e4m3 [L, R * M, H], scales [L, R * M, H / 128] fp32,
+        row-major): zone e's first recv_count[e] rows are its tokens, by (source rank, token); the rest unspecified.
+        Quantisation: one scale per 128 columns, amax / 448 (round_scale: rounded up to a power of two).
+        recv_count [L] int32, this dispatch's own; cumulative_local_expert_recv_stats [L] int32 gets it added (on the
+        stream). handle: see _LowLatencyHandle. event: recorded after the call with async_finish, else empty.
+        hook: with return_recv_hook a callable that does nothing (one launch sends and receives: no overlap yet),
+        else None. Not implemented: use_ue8m0=True (UE8M0-packed scales), dispatch_wait_recv_cost_stats."""
+        if use_ue8m0:
+            raise _unsupported("low_latency_dispatch(use_ue8m0=True) (UE8M0-packed int32 scales; round_scale=True "
+                               "gives the same powers of two as fp32)")
+        if dispatch_wait_recv_cost_stats is not None:
+            raise _unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...) (per-rank wait times)")
+        self._need_low_latency("low_latency_dispatch")
+        m = num_max_dispatch_tokens_per_rank
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
+            raise NcclInvalidArgument("low_latency_dispatch: x must be a [num_tokens, hidden] bfloat16 tensor; got %s"
+                                      % (_shape_dtype(x),))
+        if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
+            raise NcclInvalidArgument("low_latency_dispatch: topk_idx must be [%d, num_topk]; got %s"
+                                      % (x.shape[0], _shape_dtype(topk_idx)))
+        _check_low_latency_sizes("low_latency_dispatch", m, x.shape[1], num_experts, self.group_size)
+        if x.shape[0] > m:
+            raise NcclInvalidArgument("low_latency_dispatch: %d tokens exceed num_max_dispatch_tokens_per_rank %d"
+                                      % (x.shape[0], m))
+        local = num_experts // self.group_size
+        if cumulative_local_expert_recv_stats is not None:
+            stats = cumulative_local_expert_recv_stats
+            if (not isinstance(stats, torch.Tensor) or stats.dtype != torch.int32
+                    or tuple(stats.shape) != (local,)):
+                raise NcclInvalidArgument("low_latency_dispatch: cumulative_local_expert_recv_stats must be [%d] "
+                                          "int32; got %s" % (local, _shape_dtype(stats)))
+        st = self._low_latency_group(m, x.shape[1], num_experts, topk_idx.shape[1], x.device)
+        seq, slot = self._ll_seq, self._ll_seq % len(st.handles)
+        self._ll_seq += 1
+        h = st.handles[slot]
+        if h is None:
+            h = st.handles[slot] = st.group.create_handle(topk_idx, layout="expert_major")
+        else:
+            h.update(topk_idx)
+        st.seqs[slot] = seq
+        recv = st.group.dispatch(x, handle=h, out_dtype=torch.float8_e4m3fn if use_fp8 else None,
+                                 round_scale=bool(round_scale and use_fp8))
+        hidden, rows = x.shape[1], self.group_size * m
+        recv_x = recv.tokens.view(local, rows, hidden)
+        if use_fp8:
+            recv_x = (recv_x, recv.scales.view(local, rows, hidden // 128))
+        if cumulative_local_expert_recv_stats is not None:
+            cumulative_local_expert_recv_stats.add_(recv.expert_counts)
+        handle = _LowLatencyHandle(self, slot, seq, h, recv.src_info, recv.expert_counts, self.group_size, m, hidden,
+                                   num_experts)
+        return (recv_x, recv.expert_counts, handle, self._event(async_finish),
+                _recv_hook_done if return_recv_hook else None)
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt: bool = False,
+                            zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
+                            out=None, combine_wait_recv_cost_stats=None):
+        """COLLECTIVE, on the current stream: (combined_x [T, H] bf16, event, hook), as DeepEP's. x [L, R * M, H]
+        bf16, contiguous: the experts' outputs in low_latency_dispatch's layout (rows past the counts are not read).
+        Each (token, expert) row returns to its owner, which sums them weighted by topk_weights [T, K] fp32 in
+        top-k column order (fp32). topk_idx [T, K] must be the dispatch's routing: nccl.ep bound it at dispatch and
+        checks only its shape here. out: an optional [T, H] bf16 output. event / hook as low_latency_dispatch's.
+        Not implemented: use_logfmt=True, zero_copy=True, combine_wait_recv_cost_stats."""
+        if use_logfmt:
+            raise _unsupported("low_latency_combine(use_logfmt=True) (LogFMT-encoded rows)")
+        if zero_copy:
+            raise _unsupported("low_latency_combine(zero_copy=True) (the registered combine buffer of "
+                               "get_next_low_latency_combine_buffer is not built yet)")
+        if combine_wait_recv_cost_stats is not None:
+            raise _unsupported("low_latency_combine(combine_wait_recv_cost_stats=...) (per-rank wait times)")
+        self._need_low_latency("low_latency_combine")
+        st = self._low_latency_state_of(handle)
+        m, hidden = handle[2], handle[3]
+        local, rows = handle.recv_count.numel(), self.group_size * m
+        if (not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16
+                or tuple(x.shape) != (local, rows, hidden)):
+            raise NcclInvalidArgument("low_latency_combine: x must be [%d, %d, %d] bfloat16 (the dispatch's "
+                                      "layout); got %s" % (local, rows, hidden, _shape_dtype(x)))
+        if not x.is_contiguous():
+            raise NcclInvalidArgument("low_latency_combine: x must be contiguous; no copy is made behind your back: "
+                                      "pass x.contiguous()")
+        routing = (handle.ep_handle.num_tokens, handle.ep_handle.topk)
+        for name, t in (("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != routing:
+                raise NcclInvalidArgument("low_latency_combine: %s must be [%d, %d] (the dispatch's routing); got %s"
+                                          % ((name,) + routing + (_shape_dtype(t),)))
+        combined = st.group.combine(x.view(local * rows, hidden), handle.ep_handle, topk_weights=topk_weights,
+                                    out=out)
+        return combined, self._event(async_finish), _recv_hook_done if return_recv_hook else None
+
     def destroy(self) -> None:
         """COLLECTIVE (explicitly_destroy=True buffers): frees the nccl.ep groups."""
         if not self.explicitly_destroy:
@@ -289,8 +488,52 @@ class Buffer:
         groups, self._groups = self._groups, {}
         for g in groups.values():
             g.close()
+        ll, self._ll = self._ll, None
+        if ll is not None:
+            ll.close(self._ll_device)
 
     # -- internals --------------------------------------------------------------------------------------------------
+    def _need_low_latency(self, method: str) -> None:
+        if not self.low_latency_mode:
+            raise NcclInvalidUsage("Buffer.%s: this Buffer was made without low_latency_mode=True (DeepEP refuses "
+                                   "it too)" % method)
+
+    def _low_latency_group(self, m, hidden, num_experts, topk, device) -> _LowLatencyState:
+        """The Low-Latency group for (M, hidden, num_experts, top-k): the current one, or (collectively) a new one
+        once every rank is seen to ask for the same, the previous one destroyed first."""
+        key = (m, hidden, num_experts, topk)
+        if self._ll is not None and self._ll.key == key:
+            return self._ll
+        both = torch.tensor(list(key) + [-v for v in key], dtype=torch.int64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        high, low = both[:4].tolist(), [-v for v in both[4:].tolist()]
+        if high != low:
+            raise NcclInvalidArgument(
+                "low_latency_dispatch: (num_max_dispatch_tokens_per_rank, hidden, num_experts, num_topk) differ "
+                "between ranks: from %s to %s; every rank must pass the same" % (tuple(low), tuple(high)))
+        if self._ll is not None:
+            old, self._ll = self._ll, None
+            old.close(self._ll_device)
+        group = Group(self.group, num_experts=num_experts, max_tokens_per_rank=m, hidden=hidden, max_topk=topk,
+                      algorithm="low_latency")
+        self._ll, self._ll_device = _LowLatencyState(group, key, max(1, Buffer.num_low_latency_handles)), device
+        return self._ll
+
+    def _low_latency_state_of(self, handle) -> _LowLatencyState:
+        """The state a Low-Latency handle belongs to, refusing one of another Buffer, group or a reused slot."""
+        if not isinstance(handle, _LowLatencyHandle):
+            raise NcclInvalidArgument("low_latency_combine: handle must come from low_latency_dispatch")
+        st = self._ll
+        if handle.owner is not self:
+            raise NcclInvalidUsage("low_latency_combine: the handle comes from another Buffer's low_latency_dispatch")
+        if st is None or handle.slot >= len(st.seqs) or st.seqs[handle.slot] != handle.seq:
+            raise NcclInvalidUsage(
+                "low_latency_combine: the handle's dispatch is no longer bound: %d later low_latency_dispatch calls "
+                "reused its nccl.ep handle, or the Low-Latency group was made anew since (Buffer."
+                "num_low_latency_handles dispatches stay valid at once)"
+                % (len(st.seqs) if st is not None else Buffer.num_low_latency_handles))
+        return st
+
     @staticmethod
     def _wait(previous_event) -> None:
         if previous_event is not None and previous_event.event is not None:
@@ -347,3 +590,19 @@ class Buffer:
                           max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3])
             self._groups[num_experts] = group
         return group
+
+
+def _shape_dtype(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return "%s %s" % (list(t.shape), t.dtype)
+    return type(t).__name__
+
+
+def _check_low_latency_sizes(method: str, m, hidden, num_experts, num_ranks) -> None:
+    if not 1 <= m <= _LL_MAX_TOKENS:
+        raise NcclInvalidArgument("%s: num_max_dispatch_tokens_per_rank %d not in [1, %d] (nccl.ep's Low-Latency "
+                                  "mode)" % (method, m, _LL_MAX_TOKENS))
+    if hidden < 1:
+        raise NcclInvalidArgument("%s: hidden %d < 1" % (method, hidden))
+    if num_experts < 1 or num_experts % num_ranks:
+        raise NcclInvalidArgument("%s: %d experts do not divide among %d ranks" % (method, num_experts, num_ranks))

@@ -1,0 +1,253 @@
+// ep_ll_bench: Low-Latency dispatch/combine latency (decode shapes), one process per GPU through tests/harness, or
+// N virtual ranks on one GPU (--one-gpu virtual: the protocol's cost with every rank sharing one GPU's SMs and
+// memory; no NVLink, so not a link measurement).
+//
+// For each shape (tokens per rank, hidden 7168, top-8, 256 experts over the ranks): random top-k routing without
+// repeats, a handle bound once, then, each timed with its own pair of CUDA events on the call's stream and
+// reported as the median of 100 calls after 20 warm-up calls, back to back:
+//   dispatch (bf16 out, or fp8 e4m3 quantised by the sender), combine (RANK_MAJOR: rows as given; EXPERT_MAJOR:
+//   the owner-weighted path, DeepEP's), and the graph: dispatch + combine captured once and replayed;
+// and, in the same run, the floor: an empty kernel with the same grid (launch + completion, the least any
+// kernel-based call costs), and the copy engine moving this rank's dispatch payload device to device.
+// Bytes: payload = rows this rank sends (one per (token, destination rank), its own included) x row bytes (fp8:
+// + 4 bytes per 128 columns). Every rank reports; rank 0 prints.
+//
+// Usage: ep_ll_bench [--nranks N] [--one-gpu off|virtual] [--json FILE] [--quick]
+#include <getopt.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nccl_ep.h"
+#include "tests/harness/ep_tensor.h"
+#include "tests/harness/launcher.h"
+
+namespace {
+
+using ncclext::harness::epTensor;
+
+constexpr int kHidden = 7168, kTopk = 8, kExperts = 256, kMaxTokens = 256, kWarm = 20, kIters = 100;
+
+struct Shape {
+  int tokens;
+  ncclEpLayout_t layout;
+  bool fp8;
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+__global__ void emptyKernel() {}
+
+#define CHECK_EP(call)                                                                                          \
+  do {                                                                                                          \
+    ncclResult_t r_ = (call);                                                                                   \
+    if (r_ != ncclSuccess) {                                                                                    \
+      fprintf(stderr, "rank %d: %s -> %s: %s\n", ctx.rank, #call, ncclGetErrorString(r_), ncclEpGetLastError()); \
+      return 1;                                                                                                 \
+    }                                                                                                           \
+  } while (0)
+#define CHECK_CUDA(call)                                                                       \
+  do {                                                                                         \
+    cudaError_t e_ = (call);                                                                   \
+    if (e_ != cudaSuccess) {                                                                   \
+      fprintf(stderr, "rank %d: %s -> %s\n", ctx.rank, #call, cudaGetErrorString(e_));         \
+      return 1;                                                                                \
+    }                                                                                          \
+  } while (0)
+
+// Median microseconds of `fn` (which enqueues one call on `stream`), each call between its own events.
+template <typename F>
+double timeCalls(cudaStream_t stream, F fn, int* failed) {
+  std::vector<cudaEvent_t> ev(2 * kIters);
+  for (cudaEvent_t& e : ev) cudaEventCreate(&e);
+  for (int i = 0; i < kWarm; i++) *failed |= fn() != 0;
+  for (int i = 0; i < kIters; i++) {
+    cudaEventRecord(ev[2 * i], stream);
+    *failed |= fn() != 0;
+    cudaEventRecord(ev[2 * i + 1], stream);
+  }
+  *failed |= cudaStreamSynchronize(stream) != cudaSuccess;
+  std::vector<float> ms(kIters);
+  for (int i = 0; i < kIters; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+  return median(ms) * 1e3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nRanks = 0;
+  bool quick = false;
+  std::string json;
+  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
+  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
+                                 {"one-gpu", required_argument, nullptr, 'o'}, {"quick", no_argument, nullptr, 'q'},
+                                 {nullptr, 0, nullptr, 0}};
+  for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
+    if (c == 'n') nRanks = atoi(optarg);
+    else if (c == 'j') json = optarg;
+    else if (c == 'o' && ncclext::harness::parseOneGpu(optarg, &oneGpu)) continue;
+    else if (c == 'q') quick = true;
+    else return 2;
+  }
+  std::vector<Shape> shapes;
+  for (int t : {1, 32, 128, 256})
+    for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
+      for (bool fp8 : {false, true}) shapes.push_back({t, l, fp8});
+  if (quick) shapes.resize(2);
+  static ncclEpVirtualDomain_t virtualDomain = nullptr;
+  if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
+      ncclEpVirtualDomainCreate(&virtualDomain, nRanks > 0 ? nRanks : 1) != ncclSuccess)
+    return 1;
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = nRanks;
+  lo.oneGpu = oneGpu;
+  const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+    const int R = ctx.nRanks;
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+    cfg.num_experts = kExperts;
+    cfg.max_tokens_per_rank = kMaxTokens;
+    cfg.max_token_bytes = kHidden * 2;
+    cfg.max_topk = kTopk;
+    cfg.virtual_domain = virtualDomain;
+    cfg.virtual_rank = virtualDomain ? ctx.rank : 0;
+    ncclEpGroup_t group = nullptr;
+    CHECK_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    cudaStream_t st = ctx.stream;
+    const int L = kExperts / R;
+    const int64_t rmRows = (int64_t)R * kMaxTokens, emRows = rmRows * L;
+    // Outputs and inputs sized for the larger layout, allocated stream-ordered (virtual ranks: see ARCHITECTURE).
+    void *x, *w, *idxBuf, *y, *scales, *comb, *out;
+    CHECK_CUDA(cudaMallocAsync(&x, (size_t)kMaxTokens * kHidden * 2, st));
+    CHECK_CUDA(cudaMallocAsync(&w, (size_t)kMaxTokens * kTopk * 4, st));
+    CHECK_CUDA(cudaMallocAsync(&idxBuf, (size_t)kMaxTokens * kTopk * 4, st));
+    CHECK_CUDA(cudaMallocAsync(&y, (size_t)emRows * kHidden * 2, st));
+    CHECK_CUDA(cudaMallocAsync(&scales, (size_t)emRows * (kHidden / 128) * 4, st));
+    CHECK_CUDA(cudaMallocAsync(&comb, (size_t)emRows * kHidden * 2, st));
+    CHECK_CUDA(cudaMallocAsync(&out, (size_t)kMaxTokens * kHidden * 2, st));
+    CHECK_CUDA(cudaMemsetAsync(x, 0x3c, (size_t)kMaxTokens * kHidden * 2, st));  // bf16 ~ 0.0115: finite
+    CHECK_CUDA(cudaMemsetAsync(comb, 0x3c, (size_t)emRows * kHidden * 2, st));
+    std::vector<float> hw((size_t)kMaxTokens * kTopk, 1.0f / kTopk);
+    CHECK_CUDA(cudaMemcpyAsync(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice, st));
+    void* copyDst = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&copyDst, (size_t)kMaxTokens * R * (kHidden * 2), st));
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    CHECK_EP(ncclext::harness::barrier(ctx, 60));
+    FILE* js = ctx.rank == 0 && !json.empty() ? fopen(json.c_str(), "a") : nullptr;
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, ctx.device);
+    if (ctx.rank == 0)
+      printf("%-6s %-12s %-5s %6s %10s %10s %10s %9s %9s %11s\n", "ranks", "layout", "dtype", "tokens", "dispatch",
+             "combine", "graph_d+c", "floor", "ce_copy", "payload_KB");
+    for (const Shape& s : shapes) {
+      const int T = s.tokens, K = kTopk;
+      std::mt19937 rng(4321 + ctx.rank * 7 + T);
+      std::vector<int> idx((size_t)T * K), pool(kExperts);
+      std::iota(pool.begin(), pool.end(), 0);
+      int64_t sentRows = 0;
+      for (int t = 0; t < T; t++) {
+        for (int k = 0; k < K; k++) std::swap(pool[k], pool[k + rng() % (kExperts - k)]);
+        uint64_t mask = 0;
+        for (int k = 0; k < K; k++) {
+          idx[(size_t)t * K + k] = pool[k];
+          mask |= 1ull << (pool[k] / L);
+        }
+        sentRows += __builtin_popcountll(mask);
+      }
+      CHECK_CUDA(cudaMemcpyAsync(idxBuf, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, st));
+      ncclEpTensor_t ti = epTensor(idxBuf, ncclInt32, {T, K});
+      ncclEpHandle_t h = nullptr;
+      CHECK_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, nullptr, st));
+      const bool rm = s.layout == NCCL_EP_LAYOUT_RANK_MAJOR;
+      const int64_t N = rm ? rmRows : emRows;
+      ncclEpDispatchInputs_t din = NCCL_EP_DISPATCH_INPUTS_INIT;
+      din.tokens = epTensor(x, ncclBfloat16, {T, kHidden});
+      din.topk_weights = epTensor(w, ncclFloat32, {T, K});
+      ncclEpDispatchOutputs_t dout = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+      dout.tokens = epTensor(y, s.fp8 ? ncclFloat8e4m3 : ncclBfloat16, {N, kHidden});
+      if (s.fp8) dout.scales = epTensor(scales, ncclFloat32, {N, kHidden / 128});
+      ncclEpCombineInputs_t cin = NCCL_EP_COMBINE_INPUTS_INIT;
+      cin.tokens = epTensor(comb, ncclBfloat16, {N, kHidden});
+      if (!rm) cin.topk_weights = epTensor(w, ncclFloat32, {T, K});
+      ncclEpCombineOutputs_t cout = NCCL_EP_COMBINE_OUTPUTS_INIT;
+      cout.tokens = epTensor(out, ncclBfloat16, {T, kHidden});
+      auto dispatch = [&]() { return (int)ncclEpDispatch(h, &din, &dout, nullptr, nullptr, st); };
+      auto combine = [&]() { return (int)ncclEpCombine(h, &cin, &cout, nullptr, st); };
+      int failed = 0;
+      const double dUs = timeCalls(st, dispatch, &failed);
+      // combine alone: each timed combine follows an untimed dispatch (combine needs that dispatch's counts)
+      std::vector<float> cMs;
+      {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        for (int i = 0; i < kWarm + kIters; i++) {
+          failed |= dispatch();
+          cudaEventRecord(a, st);
+          failed |= combine();
+          cudaEventRecord(b, st);
+          failed |= cudaEventSynchronize(b) != cudaSuccess;
+          float ms = 0;
+          cudaEventElapsedTime(&ms, a, b);
+          if (i >= kWarm) cMs.push_back(ms);
+        }
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
+      const double cUs = median(cMs) * 1e3;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      failed |= dispatch();
+      failed |= combine();
+      CHECK_CUDA(cudaStreamEndCapture(st, &graph));
+      CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      const double gUs = timeCalls(st, [&]() { return (int)cudaGraphLaunch(exec, st); }, &failed);
+      const int ctas = std::min(64, prop.multiProcessorCount / (virtualDomain ? R : 1));  // the group's default
+      const double floorUs = timeCalls(st, [&]() {
+        emptyKernel<<<ctas, 512, 0, st>>>();
+        return (int)cudaGetLastError();
+      }, &failed);
+      const size_t payload = (size_t)sentRows * (s.fp8 ? kHidden + kHidden / 128 * 4 : kHidden * 2);
+      const double ceUs = timeCalls(st, [&]() {
+        return payload ? (int)cudaMemcpyAsync(copyDst, y, payload, cudaMemcpyDeviceToDevice, st) : 0;
+      }, &failed);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      if (ncclEpGroupGetAsyncError(group) != ncclSuccess || failed) {
+        fprintf(stderr, "rank %d: a timed call failed: %s\n", ctx.rank, ncclEpGetLastError());
+        return 1;
+      }
+      const char* layout = rm ? "RANK_MAJOR" : "EXPERT_MAJOR";
+      if (ctx.rank == 0) {
+        printf("%-6d %-12s %-5s %6d %10.1f %10.1f %10.1f %9.1f %9.1f %11.1f\n", R, layout, s.fp8 ? "fp8" : "bf16", T,
+               dUs, cUs, gUs, floorUs, ceUs, payload / 1024.0);
+        if (js)
+          fprintf(js,
+                  "{\"bench\": \"ep_ll\", \"gpu\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"layout\": \"%s\", "
+                  "\"dispatch_dtype\": \"%s\", \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
+                  "\"dispatch_us\": %.2f, \"combine_us\": %.2f, \"graph_dispatch_combine_us\": %.2f, "
+                  "\"empty_kernel_us\": %.2f, \"ce_copy_us\": %.2f, \"payload_bytes\": %zu, \"iters\": %d}\n",
+                  prop.name, virtualDomain ? "virtual ranks on one GPU" : "real GPUs", R, layout,
+                  s.fp8 ? "fp8_e4m3" : "bf16", T, kHidden, K, kExperts, dUs, cUs, gUs, floorUs, ceUs, payload, kIters);
+      }
+      CHECK_CUDA(cudaStreamSynchronize(st));
+      CHECK_EP(ncclEpHandleDestroy(h));
+    }
+    if (js) fclose(js);
+    for (void* p : {x, w, idxBuf, y, scales, comb, out, copyDst}) cudaFreeAsync(p, st);
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    CHECK_EP(ncclEpGroupDestroy(group));
+    return 0;
+  });
+  if (virtualDomain) ncclEpVirtualDomainDestroy(virtualDomain);
+  return rc;
+}

@@ -1,0 +1,443 @@
+// LL dispatch and combine inside one NVLink domain (LSA): one kernel each, nothing on the host.
+//
+// Contract (tests/unit/ep_ll_reference.h is the model, bit for bit)
+//   grid = `ctas` CTAs of kLlThreads; work is spread over all the grid's warps (global warp gw of nw).
+//   Dispatch, call seq:
+//   (1) every CTA waits until every peer consumed my rows of the previous dispatch (its done flag in my window);
+//   (2) CTA 0 writes my header into every rank's window, header[me] = (rows for that rank, rows for each of its
+//       local experts: the handle's totals), and releases its flag with seq;
+//   (3) one warp per token: the row goes once to every rank holding one of its experts, into that rank's staging
+//       [me][slot] (slot: the token's position among my tokens for that rank), bf16 or e4m3 as given, or quantised
+//       by the warp (128 columns a step, 4 a lane: block amax by shuffles, numeric.h's scale and e4m3), then the
+//       metadata (local expert ids, weights, (source, expert) indices, scales, token), and after __syncwarp lane 0
+//       releases the row's flag with seq (cumulativity publishes every lane's stores);
+//   (4) every CTA acquires every source's header (one thread each; the barrier hands the acquires to the CTA),
+//       derives the EXPERT_MAJOR block starts (block (l, s) = the rows of l from sources before s) and the flat
+//       list of rows, then one warp per staged row: every lane acquires the row's flag, the warp copies the row to
+//       RANK_MAJOR row s * M + j, or to EXPERT_MAJOR row l * R * M + block(l, s) + index for each local expert l,
+//       with ids, weights, scales, src_info, and records the slot's token and expert rows for combine;
+//   (5) CTA 0 writes the counts (layout info, and the handle's llRecvCount for combine); finishCall.
+//   Combine, call seq: every CTA waits for the owners' done flags; one warp per received slot (s, j) sends back:
+//   kLlRankRows the input row s * M + j as is, kLlExpertWeighted sum_k w_k * row(e_k) in fp32 fma in column order
+//   rounded to bf16, both into owner s's staging [me][j]; kLlOwnerWeighted each local expert's row as is into
+//   [token][k]; each published by its flag. Then one warp per own token acquires the flags it needs and sums in
+//   fp32: the ranks' rows in rank order (+), or w[t][k] * row in column order (fma); rounds to bf16. finishCall.
+//   Every wait has the group's time budget; a failed CTA does not arrive and the group reports the error.
+#include "common/device/sync.cuh"
+#include "common/launch.h"
+#include "common/numeric.h"
+#include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/src/kernels/ht_copy.cuh"
+#include "nccl_ep/src/ll.h"
+
+namespace ncclep {
+namespace {
+
+constexpr int kLlThreads = 512;
+constexpr unsigned kAll = 0xffffffffu;
+
+// Header row written by source s in my window (or, with `r`, mine in rank r's window): flag, then int32 counts.
+__device__ __forceinline__ size_t headerOff(const GroupView& g, int s) {
+  return g.wl.header + (size_t)s * g.wl.headerBytes;
+}
+__device__ __forceinline__ int* headerCounts(void* header) { return reinterpret_cast<int*>((char*)header + 8); }
+
+struct WarpId {
+  int gw, nw, lane;
+  __device__ static WarpId of() {
+    return WarpId{(int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), (int)(gridDim.x * (blockDim.x >> 5)),
+                  (int)(threadIdx.x & 31)};
+  }
+};
+
+// The token's slot towards rank r (-1: none), with lanes holding ranks r and r + 32: warp-uniform shuffles.
+struct Slots {
+  int lo, hi;
+  __device__ static Slots load(const HandleView& h, int R, int t, int lane) {
+    const int* row = h.sendSlot + (size_t)t * R;
+    return Slots{lane < R ? row[lane] : -1, lane + 32 < R ? row[lane + 32] : -1};
+  }
+  __device__ int of(int r) const { return __shfl_sync(kAll, r < 32 ? lo : hi, r & 31); }
+};
+
+// ---- dispatch ----------------------------------------------------------------------------------------------------
+
+// CTA 0: my header into every rank's window, released with seq.
+__device__ void sendHeaders(const GroupView& g, const HandleView& h, uint64_t seq) {
+  const int R = g.nRanks, L = g.localExperts, cols = R + g.numExperts;
+  const int* totals = h.tileCount + (size_t)g.nChunks * cols;
+  for (int i = threadIdx.x; i < R * (1 + L); i += blockDim.x) {
+    const int r = i / (1 + L), j = i % (1 + L);
+    headerCounts(g.peers.at(headerOff(g, g.rank), r))[j] = j == 0 ? totals[r] : totals[R + r * L + j - 1];
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += blockDim.x)
+    ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(headerOff(g, g.rank), r)), seq);
+}
+
+// One warp: token t's row quantised to e4m3 into every destination's staging row, its scales into their metadata.
+// Lane i holds columns 4 i .. 4 i + 3 of each block of 128.
+__device__ void quantizeRow(const GroupView& g, const LlDispatchCall& c, const Slots& slots, const char* row, int lane,
+                            int nBlocks) {
+  const int me = g.rank, R = g.nRanks;
+  for (int b = 0; b < nBlocks; b++) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + (size_t)b * 256) + lane);
+    const uint16_t bits[4] = {(uint16_t)(raw.x & 0xffff), (uint16_t)(raw.x >> 16), (uint16_t)(raw.y & 0xffff),
+                              (uint16_t)(raw.y >> 16)};
+    float v[4], amax = 0.0f;
+    for (int i = 0; i < 4; i++) {
+      v[i] = ncclext::bf16ToFloat(bits[i]);
+      const float a = v[i] < 0 ? -v[i] : v[i];
+      amax = a > amax ? a : amax;  // as numeric.h's fp8QuantizeRow: a NaN never wins
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float a = __shfl_xor_sync(kAll, amax, o);
+      amax = a > amax ? a : amax;
+    }
+    const float scale = ncclext::fp8BlockScale(amax, c.roundScale != 0);
+    uint32_t q = 0;
+    for (int i = 0; i < 4; i++) q |= (uint32_t)ncclext::floatToE4m3(v[i] / scale) << (8 * i);
+    for (int r = 0; r < R; r++) {
+      const int slot = slots.of(r);
+      if (slot < 0) continue;
+      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
+      char* dst = static_cast<char*>(g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r));
+      reinterpret_cast<uint32_t*>(dst + (size_t)b * 128)[lane] = q;
+      if (lane == 0) {
+        char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+        reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = scale;
+      }
+    }
+  }
+}
+
+// One warp per token of mine: rows and metadata into every destination's staging, then the rows' flags.
+__device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, uint64_t seq,
+                         const WarpId& w) {
+  const int me = g.rank, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk, lane = w.lane;
+  for (int t = w.gw; t < h.numTokens; t += w.nw) {
+    const bool has = lane < K;
+    // emIdx -1 marks what routing ignored (no expert, an id out of range, a repeat; reported at handle time).
+    const int idx = has ? h.emIdx[(size_t)t * MK + lane] : -1;
+    const int e = idx >= 0 ? loadExpert(h, t, lane) : -1;
+    const float wt = has && c.weights ? c.weights[(size_t)t * K + lane] : 1.f;
+    const Slots slots = Slots::load(h, R, t, lane);
+    const char* row = c.tokens + (size_t)t * c.inRowBytes;
+    for (int r = 0; r < R; r++) {
+      const int slot = slots.of(r);
+      if (slot < 0) continue;
+      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
+      char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+      if (!c.quantize) {
+        warpCopy<false>(lane, g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r), row, c.inRowBytes);
+        if (c.scales)
+          for (int i = lane; i < c.nScales; i += 32)
+            reinterpret_cast<float*>(meta + g.meta.scaleOff())[i] = __ldg(c.scales + (size_t)t * c.nScales + i);
+      }
+      if (has) {
+        reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = localExpert(g, e, r);
+        reinterpret_cast<float*>(meta + g.meta.weightOff())[lane] = wt;
+        reinterpret_cast<int*>(meta + g.meta.emIdxOff())[lane] = idx;
+      }
+      if (lane == 0) *reinterpret_cast<int*>(meta + g.meta.tokenOff()) = t;
+    }
+    if (c.quantize) quantizeRow(g, c, slots, row, lane, c.nScales);
+    __syncwarp();  // every lane's stores of every destination's row before lane 0's releases
+    for (int r = 0; r < R; r++) {
+      const int slot = slots.of(r);
+      if (slot < 0 || lane != 0) continue;
+      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
+      ncclext::dev::storeRelease(
+          static_cast<uint64_t*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes + g.meta.flagOff(), r)), seq);
+    }
+  }
+}
+
+// What each receiving CTA derives from the headers, in shared memory.
+struct RecvCounts {
+  int rowStart[kMaxRanks + 1];  // prefix over sources of their row counts: the flat list of staged rows
+  int block[kMaxExperts];       // [l * R + s]: start of block (l, s) in zone l
+  int expertCount[kMaxExperts]; // [l]
+};
+
+// The whole CTA: acquires every source's header, then the counts. False on every thread after a timeout.
+__device__ bool acquireHeaders(const GroupView& g, RecvCounts* rc, uint64_t seq) {
+  const int R = g.nRanks, L = g.localExperts;
+  bool ok = true;
+  for (int s = threadIdx.x; s < R; s += blockDim.x) {
+    const uint64_t* flag = static_cast<const uint64_t*>(g.peers.local(headerOff(g, s)));
+    if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, s, ncclext::kSiteHeader, s))
+      ok = false;
+  }
+  if (__syncthreads_or(!ok)) return false;
+  for (int l = threadIdx.x; l < L; l += blockDim.x) {
+    int run = 0;
+    for (int s = 0; s < R; s++) {
+      rc->block[l * R + s] = run;
+      run += __ldcg(headerCounts(g.peers.local(headerOff(g, s))) + 1 + l);
+    }
+    rc->expertCount[l] = run;
+  }
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int s = 0; s < R; s++) {
+      rc->rowStart[s] = run;
+      run += __ldcg(headerCounts(g.peers.local(headerOff(g, s))));
+    }
+    rc->rowStart[R] = run;
+  }
+  __syncthreads();
+  return true;
+}
+
+// Source of flat row i of the staged rows (warp-uniform: every lane scans the same shared counts).
+__device__ __forceinline__ int sourceOf(const int* rowStart, int R, int i) {
+  int s = 0;
+  while (s + 1 < R && rowStart[s + 1] <= i) s++;
+  return s;
+}
+
+__device__ __forceinline__ void copyScales(const LlDispatchCall& c, int lane, size_t row, const float* scales) {
+  if (c.outScales)
+    for (int i = lane; i < c.nScales; i += 32) c.outScales[row * c.nScales + i] = __ldcg(scales + i);
+}
+
+// One warp per staged row: acquire, lay out, record for combine. False after a timeout.
+__device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, const RecvCounts* rc,
+                            uint64_t seq, const WarpId& w) {
+  const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, lane = w.lane;
+  const bool rankMajor = h.layout == NCCL_EP_LAYOUT_RANK_MAJOR;
+  for (int i = w.gw; i < rc->rowStart[R]; i += w.nw) {
+    const int s = sourceOf(rc->rowStart, R, i), j = i - rc->rowStart[s];
+    const size_t rowIndex = (size_t)s * M + j;
+    const char* meta = static_cast<const char*>(g.peers.local(g.wl.dispMeta + rowIndex * g.meta.bytes));
+    if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, j, ncclext::kSiteRow)) return false;
+    const bool has = lane < K;
+    const int id = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
+    const float wt = has ? __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + lane) : 0.f;
+    const int idx = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.emIdxOff()) + lane) : -1;
+    const int token = __ldcg(reinterpret_cast<const int*>(meta + g.meta.tokenOff()));
+    const float* scales = reinterpret_cast<const float*>(meta + g.meta.scaleOff());
+    const char* row = static_cast<const char*>(g.peers.local(g.wl.dispRows + rowIndex * g.rowStride));
+    if (rankMajor) {
+      warpCopy<true>(lane, c.outTokens + rowIndex * c.outRowBytes, row, c.outRowBytes);
+      if (has && c.outIdx) c.outIdx[rowIndex * K + lane] = id;
+      if (has && c.outWeights) c.outWeights[rowIndex * K + lane] = id >= 0 ? wt : 0.f;
+      if (lane == 0 && c.outSrcInfo) c.outSrcInfo[rowIndex] = token;
+      copyScales(c, lane, rowIndex, scales);
+    } else {
+      for (int k = 0; k < K; k++) {
+        const int l = __shfl_sync(kAll, id, k);
+        const float wk = __shfl_sync(kAll, wt, k);
+        const int ik = __shfl_sync(kAll, idx, k);
+        int emRow = -1;
+        if (l >= 0) {
+          emRow = l * R * M + rc->block[l * R + s] + ik;
+          warpCopy<true>(lane, c.outTokens + (size_t)emRow * c.outRowBytes, row, c.outRowBytes);
+          if (lane == 0 && c.outWeights) c.outWeights[emRow] = wk;
+          if (lane == 0 && c.outSrcInfo) c.outSrcInfo[emRow] = s * M + token;
+          copyScales(c, lane, (size_t)emRow, scales);
+        }
+        if (lane == 0) {
+          h.emPos[rowIndex * MK + k] = emRow;
+          h.flatW[rowIndex * MK + k] = wk;
+        }
+      }
+    }
+    if (lane == 0) h.llToken[rowIndex] = token;
+  }
+  return true;
+}
+
+// CTA 0, after the headers: the counts for the caller (layout info) and for combine.
+__device__ void writeCounts(const GroupView& g, const HandleView& h, const LlDispatchCall& c, const RecvCounts* rc) {
+  const int R = g.nRanks, L = g.localExperts;
+  const LayoutInfoOut& info = c.info;
+  for (int s = threadIdx.x; s < R; s += blockDim.x) {
+    const int n = rc->rowStart[s + 1] - rc->rowStart[s];
+    h.llRecvCount[s] = n;
+    if (info.srcRankCounters) info.srcRankCounters[s] = n;
+  }
+  for (int l = threadIdx.x; l < L; l += blockDim.x) {
+    if (info.expertCounters) info.expertCounters[l] = rc->expertCount[l];
+    if (info.expertOffsets) info.expertOffsets[l] = l * R * g.maxTokens;
+  }
+  if (threadIdx.x == 0 && info.recvTotal) {
+    int rows = rc->rowStart[R];
+    if (h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR) {
+      rows = 0;
+      for (int l = 0; l < L; l++) rows += rc->expertCount[l];
+    }
+    info.recvTotal[0] = rows;
+  }
+}
+
+__global__ void __launch_bounds__(kLlThreads) llDispatchKernel(GroupView g, HandleView h, LlDispatchCall c) {
+  __shared__ RecvCounts rc;
+  const uint64_t seq = callNumber(g, kDispatch);
+  const WarpId w = WarpId::of();
+  bool ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.dispDone, seq);
+  if (ok) {
+    if (blockIdx.x == 0) sendHeaders(g, h, seq);
+    sendRows(g, h, c, seq, w);
+    ok = acquireHeaders(g, &rc, seq);
+  }
+  if (ok) {
+    if (blockIdx.x == 0) writeCounts(g, h, c, &rc);
+    ok = receiveRows(g, h, c, &rc, seq, w);
+  }
+  finishCall(g, kDispatch, g.wl.dispDone, seq, !ok);
+}
+
+// ---- combine -----------------------------------------------------------------------------------------------------
+
+// 8 bf16 of a 16-byte vector, added (+) or weighted (fma) into fp32 accumulators: the reference's operations.
+__device__ __forceinline__ void addBf16(float* acc, int4 v) {
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(&v);
+  for (int i = 0; i < 4; i++) {
+    acc[2 * i] += ncclext::bf16ToFloat((uint16_t)(p[i] & 0xffff));
+    acc[2 * i + 1] += ncclext::bf16ToFloat((uint16_t)(p[i] >> 16));
+  }
+}
+__device__ __forceinline__ void fmaBf16(float* acc, int4 v, float w) {
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(&v);
+  for (int i = 0; i < 4; i++) {
+    acc[2 * i] = __fmaf_rn(w, ncclext::bf16ToFloat((uint16_t)(p[i] & 0xffff)), acc[2 * i]);
+    acc[2 * i + 1] = __fmaf_rn(w, ncclext::bf16ToFloat((uint16_t)(p[i] >> 16)), acc[2 * i + 1]);
+  }
+}
+__device__ __forceinline__ int4 packBf16(const float* acc) {
+  int4 v;
+  uint32_t* p = reinterpret_cast<uint32_t*>(&v);
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint32_t)ncclext::floatToBf16(acc[2 * i]) | (uint32_t)ncclext::floatToBf16(acc[2 * i + 1]) << 16;
+  return v;
+}
+
+// One warp: received slot (s, j) back to its owner s.
+__device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombineCall& c, int s, int j, uint64_t seq,
+                         int lane) {
+  const int me = g.rank, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, vecs = c.rowBytes >> 4;
+  const size_t slotIndex = (size_t)s * M + j;
+  const int4* in = reinterpret_cast<const int4*>(c.in);
+  if (c.mode == kLlRankRows) {
+    const size_t at = (size_t)me * M + j;
+    warpCopy<false>(lane, g.peers.at(g.wl.combRows + at * g.rowStride, s), in + slotIndex * vecs, c.rowBytes);
+    warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + at * 8, s)), seq);
+    return;
+  }
+  const int pos = lane < K ? h.emPos[slotIndex * MK + lane] : -1;
+  if (c.mode == kLlOwnerWeighted) {
+    const int token = h.llToken[slotIndex];
+    for (int k = 0; k < K; k++) {
+      const int p = __shfl_sync(kAll, pos, k);
+      if (p < 0) continue;
+      const size_t at = (size_t)token * MK + k;
+      warpCopy<false>(lane, g.peers.at(g.wl.combRows + at * g.rowStride, s), in + (size_t)p * vecs, c.rowBytes);
+      warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + at * 8, s)), seq);
+    }
+    return;
+  }
+  // kLlExpertWeighted: sum_k w_k * row(e_k), fma in column order, rounded to bf16.
+  const float wt = lane < K ? h.flatW[slotIndex * MK + lane] : 0.f;
+  const size_t at = (size_t)me * M + j;
+  int4* dst = static_cast<int4*>(g.peers.at(g.wl.combRows + at * g.rowStride, s));
+  for (int i0 = 0; i0 < vecs; i0 += 32) {  // warp-uniform trip count: the loop shuffles
+    const int i = i0 + lane;
+    float acc[8] = {};
+    for (int k = 0; k < K; k++) {
+      const int p = __shfl_sync(kAll, pos, k);
+      const float wk = __shfl_sync(kAll, wt, k);
+      if (p >= 0 && i < vecs) fmaBf16(acc, __ldg(in + (size_t)p * vecs + i), wk);
+    }
+    if (i < vecs) dst[i] = packBf16(acc);
+  }
+  warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + at * 8, s)), seq);
+}
+
+// One warp: own token t, summed from the owner's staging. False after a timeout.
+__device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCombineCall& c, int t, uint64_t seq,
+                            int lane) {
+  const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, vecs = c.rowBytes >> 4;
+  const char* staging = static_cast<const char*>(g.peers.local(g.wl.combRows));
+  const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
+  int4* out = reinterpret_cast<int4*>(c.out + (size_t)t * c.rowBytes);
+  if (c.mode == kLlOwnerWeighted) {
+    // Column k is delivered where routing kept it (emIdx >= 0); its row sits at [t][k].
+    const bool on = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
+    const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
+    const int owner = on ? loadExpert(h, t, lane) / g.localExperts : -1;  // the expert's rank, for the error text
+    const unsigned cols = __ballot_sync(kAll, on);
+    for (int k = 0; k < K; k++) {
+      const int from = __shfl_sync(kAll, owner, k);
+      if ((cols >> k & 1) && !warpAcquire(g, flags + (size_t)t * MK + k, seq, from, t, ncclext::kSiteRow)) return false;
+    }
+    for (int i0 = 0; i0 < vecs; i0 += 32) {
+      const int i = i0 + lane;
+      float acc[8] = {};
+      for (int k = 0; k < K; k++) {
+        const float wk = __shfl_sync(kAll, wt, k);
+        if ((cols >> k & 1) && i < vecs)
+          fmaBf16(acc, __ldcg(reinterpret_cast<const int4*>(staging + ((size_t)t * MK + k) * g.rowStride) + i), wk);
+      }
+      if (i < vecs) out[i] = packBf16(acc);
+    }
+    return true;
+  }
+  const Slots slots = Slots::load(h, R, t, lane);
+  for (int r = 0; r < R; r++) {
+    const int slot = slots.of(r);
+    if (slot >= 0 && !warpAcquire(g, flags + (size_t)r * M + slot, seq, r, slot, ncclext::kSiteRow)) return false;
+  }
+  for (int i0 = 0; i0 < vecs; i0 += 32) {
+    const int i = i0 + lane;
+    float acc[8] = {};
+    for (int r = 0; r < R; r++) {  // rank order
+      const int slot = slots.of(r);
+      if (slot >= 0 && i < vecs)
+        addBf16(acc, __ldcg(reinterpret_cast<const int4*>(staging + ((size_t)r * M + slot) * g.rowStride) + i));
+    }
+    if (i < vecs) out[i] = packBf16(acc);
+  }
+  return true;
+}
+
+__global__ void __launch_bounds__(kLlThreads) llCombineKernel(GroupView g, HandleView h, LlCombineCall c) {
+  __shared__ int rowStart[kMaxRanks + 1];
+  const int R = g.nRanks;
+  const uint64_t seq = callNumber(g, kCombine);
+  const WarpId w = WarpId::of();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int s = 0; s < R; s++) {
+      rowStart[s] = run;
+      run += h.llRecvCount[s];
+    }
+    rowStart[R] = run;
+  }
+  bool ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);  // its barrier publishes rowStart
+  if (ok)
+    for (int i = w.gw; i < rowStart[R]; i += w.nw) {
+      const int s = sourceOf(rowStart, R, i);
+      sendSlot(g, h, c, s, i - rowStart[s], seq, w.lane);
+    }
+  for (int t = w.gw; ok && t < h.numTokens; t += w.nw) ok = reduceToken(g, h, c, t, seq, w.lane);
+  finishCall(g, kCombine, g.wl.combDone, seq, !ok);
+}
+
+}  // namespace
+
+ncclResult_t loadLlKernels() { return ncclext::loadKernels("Low-Latency", llDispatchKernel, llCombineKernel); }
+
+ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,
+                              cudaStream_t stream) {
+  return ncclext::launchKernel("ll dispatchKernel", llDispatchKernel, dim3(ctas), dim3(kLlThreads), 0, stream, g, h,
+                               c);
+}
+
+ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCombineCall& c, int ctas,
+                             cudaStream_t stream) {
+  return ncclext::launchKernel("ll combineKernel", llCombineKernel, dim3(ctas), dim3(kLlThreads), 0, stream, g, h, c);
+}
+
+}  // namespace ncclep

@@ -1,0 +1,54 @@
+// Low-Latency (LL) mode inside one NVLink (LSA) domain: the call structures and launch entry points of
+// kernels/ll_lsa.cu. The group, handle and window are ht.h's (group.cc sizes the window for LL: a header row per
+// source, combine staging for every (token, expert) pair); the handle's routing comes from the HT count / scan /
+// slot kernels without their exchange (launchRoute with exchange off).
+//
+// One launch per call, nothing on the host. Dispatch: each rank writes, into every rank's window, a header (its
+// row count for that rank and its count for each of that rank's local experts) and its rows (per-row flags, as
+// HT), each released with the call's number; a receiver acquires every source's header, derives the EXPERT_MAJOR
+// block starts from the counts, then acquires and lays out each row. Combine sends one row per (token, rank) (or
+// per (token, expert)) back into the owner's staging, which sums them in a fixed order (tests/unit/ep_ll_reference.h
+// is the contract, bit for bit).
+#pragma once
+
+#include "nccl_ep/src/ht.h"
+
+namespace ncclep {
+
+constexpr int kLlMaxTokens = 1024;
+
+struct LlDispatchCall {
+  const char* tokens;    // [T][H]: bf16, or e4m3 (forwarded with `scales`)
+  const float* weights;  // [T][K] or NULL (weights 1)
+  const float* scales;   // [T][nScales], e4m3 input only
+  char* outTokens;       // [N][H] of the output dtype
+  float* outWeights;     // RANK_MAJOR [N][K], EXPERT_MAJOR [N]; or NULL
+  int* outIdx;           // RANK_MAJOR [N][K] local expert ids; or NULL
+  float* outScales;      // [N][nScales] with an e4m3 output
+  int* outSrcInfo;       // [N] or NULL
+  LayoutInfoOut info;    // any may be NULL
+  int inRowBytes;        // H x the input's element size
+  int outRowBytes;       // H x the output's element size
+  int nScales;           // H / 128 with an e4m3 output, else 0
+  int quantize;          // bf16 in, e4m3 out: the sender quantises
+  int roundScale;        // powers of two
+};
+
+enum LlCombineMode { kLlRankRows = 0, kLlExpertWeighted = 1, kLlOwnerWeighted = 2 };
+
+struct LlCombineCall {
+  const char* in;        // [N][H] bf16 in the dispatch layout
+  const float* weights;  // kLlOwnerWeighted: the owner's [T][K]
+  char* out;             // [T][H] bf16
+  int rowBytes;          // H x 2
+  int mode;              // LlCombineMode
+};
+
+// Loads both kernels (group creation; see ncclext::loadKernels).
+ncclResult_t loadLlKernels();
+ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,
+                              cudaStream_t stream);
+ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCombineCall& c, int ctas,
+                             cudaStream_t stream);
+
+}  // namespace ncclep

@@ -1,0 +1,1141 @@
+// GPU tests of nccl_ep Low-Latency (LL) dispatch/combine against the host reference model
+// (tests/unit/ep_ll_reference.h), bit for bit.
+//
+// Every case: all ranks derive the same global routing from the case's seed; token rows are bf16 values exact in
+// bf16 (small integers times a power of two per 128-column block) that name (source rank, token, column), fp8 rows
+// hashed bytes; every output is poisoned (0xff) before the call, and only the rows the layout declares valid are
+// compared (LL does not write the rest): RANK_MAJOR row s * M + j is the reference's slot (s, j), EXPERT_MAJOR row
+// e * R * M + i its zone row (e, i). Tokens, fp8 scales, local expert ids and src_info compare byte for byte (fp8
+// quantisation against common/numeric.h's fp8QuantizeRow), weights and the layout-info counters exactly. Combine
+// inputs are bf16 values of 3 significant bits per (rank, row, column), rows past the counts poisoned with bf16 NaNs
+// (a kernel that sums one shows it); combine output compares bit-exact with the reference's bf16, for RANK_MAJOR
+// (summed in rank order) and both EXPERT_MAJOR paths (weights that travelled with dispatch, or the owner's
+// inputs.topk_weights, different from dispatch's so that the two cannot be mixed up).
+// Cases, each on both layouts: random routings at several sizes (M 1..256, top-k 1..8, E = R, 4R, 8R experts, H
+// 128..2048 and one 7168), one hot expert that fills its zone, a rank nobody routes to, ranks with 0 and 1 tokens,
+// mostly -1 slots, no dispatch weights, only the required outputs, fp8 quantised (round_scale 0 and 1), fp8
+// forwarded, a handle rebound with ncclEpUpdateHandle; then a CUDA graph (global capture mode) of dispatch + combine
+// replayed 1000 times with fresh inputs written by a kernel between replays, every 100th and the last checked in
+// full; argument checks that must return an error, not crash (FLAT, EXACT sizing, alignment 8, T > M, top-k above
+// max_topk, fp8 output with H % 128 != 0 or without scales, RANK_MAJOR combine with weights); and (2+ ranks) the
+// timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no call hangs.
+//
+// With several domains (--one-gpu nodes: every rank a domain of its own) group creation must refuse cleanly on every
+// rank. Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
+//
+// Usage: ep_ll_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S]
+//                   [--quick] [--json FILE]
+// --quick (the sanitizer runs): a few cases, 5 graph replays, all checked. --silent-peer-s: the timeout test's
+// budget (default 1.5 s).                                                     Exit: 0 pass, 1 fail, 77 no GPU.
+#include <getopt.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/device_status.h"
+#include "common/numeric.h"
+#include "common/status.h"
+#include "nccl_ep.h"
+#include "tests/harness/ep_tensor.h"
+#include "tests/harness/launcher.h"
+#include "tests/unit/ep_ll_reference.h"
+
+namespace {
+
+using ncclep::llref::RankRecv;
+using ncclep::llref::Routing;
+using ncclext::harness::epTensor;
+
+constexpr int kMaxTopk = 8;  // every group's max_topk
+constexpr int kReplays = 1000;
+constexpr int kCheckEvery = 100;  // graph replays checked in full: every 100th and the last
+// The group's device-wait budget (--timeout-s; the sanitizer runs raise it, their kernels being far slower).
+double gTimeoutSeconds = 3;
+int gSms = 0;  // --sms: the groups' num_sms (0: the library's default)
+double gSilentPeerSeconds = 1.5;  // the timeout test's budget (--silent-peer-s), on a group of its own
+
+enum RoutingKind {
+  kRandom,        // distinct random experts, 10% -1 slots, 0 or 1 tokens now and then, a full rank at times
+  kOneExpert,     // every token of every (full) rank names one expert, the rest -1: its zone fills to R * M rows
+  kOneRankEmpty,  // nobody names an expert of rank R / 2 (with one rank: every slot -1)
+  kTinyRanks,     // ranks with 0 and with 1 token beside random ones
+  kSparse,        // 70% of the slots -1
+};
+enum Tokens { kBf16, kFp8Quantised, kFp8Pow2Scales, kFp8Forwarded };  // what dispatch takes and returns
+enum Combine { kByRank, kWeightsAtDispatch, kWeightsAtCombine, kBothPaths };
+enum Kind { kDispatchCombine, kGraph, kValidation };
+
+struct Case {
+  std::string name;
+  Kind kind = kDispatchCombine;
+  ncclEpLayout_t layout = NCCL_EP_LAYOUT_RANK_MAJOR;
+  RoutingKind routing = kRandom;
+  Tokens tokens = kBf16;
+  Combine combine = kByRank;                // EXPERT_MAJOR: kBothPaths (a round each) unless one is named
+  int maxTokens = 128, expertsPerRank = 4;  // M and E / R: the group the case runs on
+  int topk = 8, hidden = 1024;
+  bool dispatchWeights = true;  // inputs.topk_weights given to dispatch (else every weight is 1)
+  bool idx64 = false;           // topk_idx as int64
+  bool bare = false;            // only the required outputs (tokens, fp8 scales), no layout_info
+  bool update = false;          // then ncclEpUpdateHandle to a second routing, and the rounds again
+  bool quick = false;           // one of --quick's cases
+};
+
+// ---- Values: one definition for the fill kernel and the host reference. ----
+
+__host__ __device__ inline uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return (uint32_t)x;
+}
+
+__host__ __device__ inline uint64_t key(uint64_t seed, uint64_t salt, int a, int b, int c) {
+  return seed * 0x9e3779b97f4a7c15ull ^ salt << 58 ^ (uint64_t)a << 48 ^ (uint64_t)b << 24 ^ (uint64_t)c;
+}
+
+// bf16 bits of token t of rank s at column col: an integer in [-127, 127] times a power of two in [2^-4, 2^4] drawn
+// per 128-column block, exact in bf16. A block other than the first is all zeros now and then: fp8 scales then
+// differ between rows and blocks and meet kFp8MinAmax.
+__host__ __device__ inline uint16_t tokenBits(uint64_t seed, int s, int t, int col) {
+  const int block = col / ncclext::kFp8BlockElems;
+  const uint32_t b = mix(key(seed, 1, s, t, block));
+  if (block > 0 && b % 16 == 0) return 0;
+  const int v = (int)(mix(key(seed, 2, s, t, col)) % 255) - 127;
+  const int e = (int)((b >> 4) % 9) - 4;
+  return ncclext::floatToBf16((float)v * ncclext::bitsFloat((uint32_t)(127 + e) << 23));
+}
+// fp8 e4m3 input bytes (never a NaN) and their scales: forwarded as they are.
+__host__ __device__ inline uint8_t fp8Byte(uint64_t seed, int s, int t, int col) {
+  const uint8_t b = (uint8_t)mix(key(seed, 3, s, t, col));
+  return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
+}
+__host__ __device__ inline float scaleOf(uint64_t seed, int s, int t, int i) {
+  return 1.0f + (float)(mix(key(seed, 4, s, t, i)) % 1000) / 250.0f;
+}
+// Top-k weights in 1/16 steps: few bits, so that weighted sums stay meaningful.
+__host__ __device__ inline float weightOf(uint64_t seed, int s, int t, int k) {
+  return (float)(1 + mix(key(seed, 5, s, t, k)) % 16) / 16.0f;
+}
+// The owner's weights at combine: other values than dispatch's.
+inline uint64_t combineWeightSeed(uint64_t seed) { return ~seed; }
+// Combine input of rank d at row `row` of its dispatch layout: 3 significant bits.
+__host__ __device__ inline uint16_t combineBits(uint64_t seed, int d, int row, int col) {
+  return ncclext::floatToBf16((float)((int)(mix(key(seed, 6, d, row, col)) % 15) - 7) / 8.0f);
+}
+
+enum class Fill { kTokensBf16, kTokensFp8, kScales, kWeights, kCombineIn };
+
+// Writes `n` elements of a [n / cols, cols] input of rank `rank`. kCombineIn: rows with valid[row] == 0 get bf16 NaNs.
+__global__ void fillKernel(Fill what, void* out, int64_t n, int cols, uint64_t seed, int rank, const uint8_t* valid) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int row = (int)(i / cols), col = (int)(i % cols);
+    switch (what) {
+      case Fill::kTokensBf16:
+        static_cast<uint16_t*>(out)[i] = tokenBits(seed, rank, row, col);
+        break;
+      case Fill::kTokensFp8:
+        static_cast<uint8_t*>(out)[i] = fp8Byte(seed, rank, row, col);
+        break;
+      case Fill::kScales:
+        static_cast<float*>(out)[i] = scaleOf(seed, rank, row, col);
+        break;
+      case Fill::kWeights:
+        static_cast<float*>(out)[i] = weightOf(seed, rank, row, col);
+        break;
+      case Fill::kCombineIn:
+        static_cast<uint16_t*>(out)[i] = valid[row] ? combineBits(seed, rank, row, col) : (uint16_t)0xffff;
+        break;
+    }
+  }
+}
+
+// ---- Routing and sizes. ----
+
+// Top-k of a case: no expert twice in a row, so at most E.
+int topkOf(const Case& c, int nRanks) { return std::min(c.topk, c.expertsPerRank * nRanks); }
+
+Routing makeRouting(const Case& c, int nRanks, uint64_t seed) {
+  Routing r;
+  r.nRanks = nRanks;
+  r.numExperts = c.expertsPerRank * nRanks;
+  r.topk = topkOf(c, nRanks);
+  r.maxTokens = c.maxTokens;
+  const int M = c.maxTokens, E = r.numExperts, K = r.topk;
+  std::mt19937_64 rng(seed);
+  for (int s = 0; s < nRanks; s++) {
+    int T = rng() % 7 == 0 ? (int)(rng() % 2) : 1 + (int)(rng() % M);
+    if (c.routing == kRandom && s == nRanks - 1 && seed % 3 == 0) T = M;  // a full rank now and then
+    if (c.routing == kOneExpert) T = M;
+    if (c.routing == kTinyRanks) {
+      // The shift by layout: with one rank, one layout's case has 0 tokens and the other's 1.
+      const int k = (s + (c.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR)) % 3;
+      T = k == 0 ? 0 : k == 1 ? 1 : 1 + (int)(rng() % M);
+    }
+    r.numTokens.push_back(T);
+    std::vector<int> idx((size_t)T * K, -1);
+    std::vector<int> pool;
+    for (int e = 0; e < E; e++)
+      if (c.routing != kOneRankEmpty || r.owner(e) != nRanks / 2) pool.push_back(e);
+    for (int t = 0; t < T; t++) {
+      std::shuffle(pool.begin(), pool.end(), rng);
+      for (int k = 0; k < K; k++) {
+        int e = k < (int)pool.size() ? pool[k] : -1;
+        if (c.routing == kOneExpert) e = k == t % K ? E - 1 : -1;
+        if (c.routing == kRandom && rng() % 10 == 0) e = -1;
+        if (c.routing == kSparse && rng() % 10 < 7) e = -1;
+        idx[(size_t)t * K + k] = e;
+      }
+    }
+    r.topkIdx.push_back(idx);
+    r.weights.push_back(std::vector<float>((size_t)T * K, 1.0f));
+  }
+  return r;
+}
+
+// `r` with the weights of data seed `seed` (or 1 everywhere, as dispatch assumes when it is given none).
+Routing withWeights(Routing r, bool given, uint64_t seed) {
+  for (int s = 0; s < r.nRanks; s++)
+    for (int t = 0; t < r.numTokens[s]; t++)
+      for (int k = 0; k < r.topk; k++) r.weights[s][(size_t)t * r.topk + k] = given ? weightOf(seed, s, t, k) : 1.0f;
+  return r;
+}
+
+struct Shape {  // one case's sizes on its group
+  ncclEpLayout_t layout;
+  Tokens tokens;
+  int R, M, L, K, H, nScales;
+  int64_t N;             // rows of the dispatch output: RANK_MAJOR R * M, EXPERT_MAJOR L * R * M
+  size_t inRow, outRow;  // bytes of a token row into and out of dispatch
+  bool rankMajor() const { return layout == NCCL_EP_LAYOUT_RANK_MAJOR; }
+  // Where the reference's receive rows land in the dispatch output (and the combine input).
+  int64_t slotRow(int s, int j) const { return (int64_t)s * M + j; }
+  int64_t zoneRow(int e, int i) const { return (int64_t)e * R * M + i; }
+};
+
+Shape shapeOf(const Case& c, int nRanks) {
+  Shape sh;
+  sh.layout = c.layout;
+  sh.tokens = c.tokens;
+  sh.R = nRanks;
+  sh.M = c.maxTokens;
+  sh.L = c.expertsPerRank;
+  sh.K = topkOf(c, nRanks);
+  sh.H = c.hidden;
+  sh.nScales = c.tokens == kBf16 ? 0 : c.hidden / ncclext::kFp8BlockElems;
+  sh.N = (int64_t)(sh.rankMajor() ? 1 : sh.L) * sh.R * sh.M;
+  sh.inRow = (size_t)c.hidden * (c.tokens == kFp8Forwarded ? 1 : 2);
+  sh.outRow = (size_t)c.hidden * (c.tokens == kBf16 ? 2 : 1);
+  return sh;
+}
+
+// 1 for the rows of this rank's dispatch output that hold data (the combine input's rows that must be read).
+std::vector<uint8_t> validRows(const Shape& sh, const RankRecv& rr) {
+  std::vector<uint8_t> v(sh.N, 0);
+  if (sh.rankMajor()) {
+    for (int s = 0; s < sh.R; s++)
+      for (int j = 0; j < rr.rankCount[s]; j++) v[sh.slotRow(s, j)] = 1;
+  } else {
+    for (int e = 0; e < sh.L; e++)
+      for (int i = 0; i < rr.expertCount[e]; i++) v[sh.zoneRow(e, i)] = 1;
+  }
+  return v;
+}
+
+// What one dispatch + combine must give this rank.
+struct Expected {
+  Routing r;                       // with the round's dispatch weights
+  std::vector<RankRecv> recv;      // every rank's receive side
+  std::vector<uint16_t> combined;  // this rank's combine output, bf16 bits [T * H]
+};
+
+Expected expect(const Case& c, const Shape& sh, const Routing& routing, Combine path, uint64_t ds, int me) {
+  Expected x;
+  x.r = withWeights(routing, c.dispatchWeights, ds);
+  x.recv = ncclep::llref::dispatch(x.r);
+  // Every rank's combine input, valid rows only, as the fill kernel writes them.
+  std::vector<std::vector<std::vector<uint16_t>>> in(sh.R);
+  for (int d = 0; d < sh.R; d++) {
+    const RankRecv& rr = x.recv[d];
+    const int blocks = sh.rankMajor() ? sh.R : sh.L;
+    in[d].resize(blocks);
+    for (int b = 0; b < blocks; b++) {
+      const int rows = sh.rankMajor() ? rr.rankCount[b] : rr.expertCount[b];
+      in[d][b].resize((size_t)rows * sh.H);
+      for (int i = 0; i < rows; i++) {
+        const int row = (int)(sh.rankMajor() ? sh.slotRow(b, i) : sh.zoneRow(b, i));
+        for (int h = 0; h < sh.H; h++) in[d][b][(size_t)i * sh.H + h] = combineBits(ds, d, row, h);
+      }
+    }
+  }
+  if (path == kByRank) {
+    x.combined = ncclep::llref::combineRankMajor(x.r, x.recv, in, sh.H)[me];
+  } else if (path == kWeightsAtDispatch) {
+    x.combined = ncclep::llref::combineExpertMajor(x.r, x.recv, in, sh.H, true)[me];
+  } else {
+    const Routing owner = withWeights(x.r, true, combineWeightSeed(ds));
+    x.combined = ncclep::llref::combineExpertMajor(owner, x.recv, in, sh.H, false)[me];
+  }
+  return x;
+}
+
+// ---- Device memory and the calls' descriptors. ----
+
+// This rank's stream and the count of failed CUDA calls and bounded waits of the test itself (any fails the run).
+// Thread-local: the virtual-rank mode runs every rank as a thread of one process.
+thread_local cudaStream_t tStream = nullptr;
+thread_local int tCudaErrors = 0;
+
+bool cudaOk(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  if (tCudaErrors++ < 5) fprintf(stderr, "CUDA error in the test: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+// The rank's stream drained, within the group budget plus a margin (a bare cudaStreamSynchronize could hang).
+bool drained(const char* what) {
+  if (ncclext::waitStream(tStream, gTimeoutSeconds + 30, what) == ncclSuccess) return true;
+  if (tCudaErrors++ < 5) fprintf(stderr, "the test's stream did not drain: %s\n", ncclext::lastError());
+  return false;
+}
+
+// Device memory of the test, stream-ordered on the rank's stream: a cudaFree would wait for every kernel on the GPU,
+// which with virtual ranks includes peers' kernels that wait for this rank's next call. Host copies go through
+// pageable memory, so they wait for the stream with a budget first (docs/ARCHITECTURE.md, "Host waits").
+struct DeviceBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuf(size_t n) : bytes(std::max<size_t>(n, 16)) {
+    cudaOk(cudaMallocAsync(&p, bytes, tStream), "cudaMallocAsync");
+  }
+  ~DeviceBuf() {
+    if (p) cudaOk(cudaFreeAsync(p, tStream), "cudaFreeAsync");
+  }
+  DeviceBuf(const DeviceBuf&) = delete;
+  DeviceBuf& operator=(const DeviceBuf&) = delete;
+  void poison() { cudaOk(cudaMemsetAsync(p, 0xff, bytes, tStream), "poison"); }  // stream-ordered, no wait
+  template <typename T>
+  std::vector<T> get(size_t n) const {
+    std::vector<T> v(n);
+    if (n && ncclext::copyToHostAfter(tStream, v.data(), p, n * sizeof(T), gTimeoutSeconds + 30, "copy to host") !=
+                 ncclSuccess) {
+      if (tCudaErrors++ < 5) fprintf(stderr, "copy to host: %s\n", ncclext::lastError());
+    }
+    return v;
+  }
+  void put(const void* src, size_t n) {
+    if (n == 0 || !drained("before a copy to device")) return;  // empty: its host vector may have no storage
+    cudaOk(cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, tStream), "copy to device");
+    drained("copy to device");
+  }
+};
+
+// Writes a [rows, cols] input of this rank on the stream (see fillKernel).
+void fill(Fill what, DeviceBuf& b, int64_t rows, int cols, uint64_t seed, int rank, const DeviceBuf* valid = nullptr) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  const int blocks = (int)std::min<int64_t>(128, (n + 255) / 256);
+  fillKernel<<<blocks, 256, 0, tStream>>>(what, b.p, n, cols, seed, rank,
+                                          valid ? static_cast<const uint8_t*>(valid->p) : nullptr);
+  cudaOk(cudaGetLastError(), "fill kernel");
+}
+
+// Inputs sized for M tokens (any routing of the group, so that a rebound handle keeps them), outputs for N rows.
+struct Buffers {
+  DeviceBuf topk, x, scales, weights, combineWeights, combineIn, valid;
+  DeviceBuf y, yScales, yWeights, yIdx, ySrc, combineOut;
+  DeviceBuf expertCounters, srcRankCounters, expertOffsets, recvTotal;
+  explicit Buffers(const Shape& s)
+      : topk((size_t)s.M * s.K * 8),
+        x((size_t)s.M * s.inRow),
+        scales((size_t)s.M * s.nScales * 4),
+        weights((size_t)s.M * s.K * 4),
+        combineWeights((size_t)s.M * s.K * 4),
+        combineIn((size_t)s.N * s.H * 2),
+        valid((size_t)s.N),
+        y((size_t)s.N * s.outRow),
+        yScales((size_t)s.N * s.nScales * 4),
+        yWeights((size_t)s.N * s.K * 4),
+        yIdx((size_t)s.N * s.K * 4),
+        ySrc((size_t)s.N * 4),
+        combineOut((size_t)s.M * s.H * 2),
+        expertCounters((size_t)s.L * 4),
+        srcRankCounters((size_t)s.R * 4),
+        expertOffsets((size_t)s.L * 4),
+        recvTotal(4) {}
+  void poisonOutputs() {
+    for (DeviceBuf* b : {&y, &yScales, &yWeights, &yIdx, &ySrc, &combineOut, &expertCounters, &srcRankCounters,
+                         &expertOffsets, &recvTotal})
+      b->poison();
+  }
+};
+
+// One dispatch + combine of a handle with T tokens.
+struct Call {
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
+  bool withInfo = false;
+  ncclEpDispatchConfig_t config = NCCL_EP_DISPATCH_CONFIG_INIT;
+  ncclEpCombineInputs_t cin = NCCL_EP_COMBINE_INPUTS_INIT;
+  ncclEpCombineOutputs_t cout = NCCL_EP_COMBINE_OUTPUTS_INIT;
+};
+
+Call describe(const Case& c, const Shape& sh, Buffers& b, int T, Combine path) {
+  Call k;
+  const ncclDataType_t inType = sh.tokens == kFp8Forwarded ? ncclFloat8e4m3 : ncclBfloat16;
+  const ncclDataType_t outType = sh.tokens == kBf16 ? ncclBfloat16 : ncclFloat8e4m3;
+  k.in.tokens = epTensor(b.x.p, inType, {T, sh.H});
+  if (c.dispatchWeights) k.in.topk_weights = epTensor(b.weights.p, ncclFloat32, {T, sh.K});
+  if (sh.tokens == kFp8Forwarded) k.in.scales = epTensor(b.scales.p, ncclFloat32, {T, sh.nScales});
+  k.out.tokens = epTensor(b.y.p, outType, {sh.N, sh.H});
+  if (sh.nScales) k.out.scales = epTensor(b.yScales.p, ncclFloat32, {sh.N, sh.nScales});
+  if (!c.bare) {
+    k.out.topk_weights = sh.rankMajor() ? epTensor(b.yWeights.p, ncclFloat32, {sh.N, sh.K})
+                                        : epTensor(b.yWeights.p, ncclFloat32, {sh.N});
+    if (sh.rankMajor()) k.out.topk_idx = epTensor(b.yIdx.p, ncclInt32, {sh.N, sh.K});
+    k.out.src_info = epTensor(b.ySrc.p, ncclInt32, {sh.N});
+    k.info.expert_counters = epTensor(b.expertCounters.p, ncclInt32, {sh.L});
+    k.info.src_rank_counters = epTensor(b.srcRankCounters.p, ncclInt32, {sh.R});
+    k.info.expert_offsets = epTensor(b.expertOffsets.p, ncclInt32, {sh.L});
+    k.info.recv_total_counter = epTensor(b.recvTotal.p, ncclInt32, {1});
+    k.withInfo = true;
+  }
+  k.config.round_scale = sh.tokens == kFp8Pow2Scales;
+  k.cin.tokens = epTensor(b.combineIn.p, ncclBfloat16, {sh.N, sh.H});
+  if (path == kWeightsAtCombine) k.cin.topk_weights = epTensor(b.combineWeights.p, ncclFloat32, {T, sh.K});
+  k.cout.tokens = epTensor(b.combineOut.p, ncclBfloat16, {T, sh.H});
+  return k;
+}
+
+// The bytes (and fp8 scales) dispatch must deliver for token t of rank s.
+void expectedRow(const Shape& sh, uint64_t ds, int s, int t, std::vector<uint8_t>* row, std::vector<float>* scales) {
+  row->resize(sh.outRow);
+  scales->resize(sh.nScales);
+  if (sh.tokens == kFp8Forwarded) {
+    for (int h = 0; h < sh.H; h++) (*row)[h] = fp8Byte(ds, s, t, h);
+    for (int i = 0; i < sh.nScales; i++) (*scales)[i] = scaleOf(ds, s, t, i);
+    return;
+  }
+  std::vector<uint16_t> bits(sh.H);
+  for (int h = 0; h < sh.H; h++) bits[h] = tokenBits(ds, s, t, h);
+  if (sh.tokens == kBf16) {
+    memcpy(row->data(), bits.data(), sh.outRow);
+    return;
+  }
+  std::vector<float> x(sh.H);
+  for (int h = 0; h < sh.H; h++) x[h] = ncclext::bf16ToFloat(bits[h]);
+  ncclext::fp8QuantizeRow(x.data(), sh.H, sh.tokens == kFp8Pow2Scales, row->data(), scales->data());
+}
+
+long firstDiff(const void* a, const void* b, size_t n) {
+  const uint8_t *x = static_cast<const uint8_t*>(a), *y = static_cast<const uint8_t*>(b);
+  for (size_t i = 0; i < n; i++)
+    if (x[i] != y[i]) return (long)i;
+  return -1;
+}
+
+#define EXPECT_OK(call)                                                                                      \
+  do {                                                                                                       \
+    ncclResult_t r_ = (call);                                                                                \
+    if (r_ != ncclSuccess) {                                                                                 \
+      fprintf(stderr, "rank %d [%s] %s -> %s: %s\n", ctx.rank, label.c_str(), #call, ncclGetErrorString(r_), \
+              ncclEpGetLastError());                                                                         \
+      return 1;                                                                                              \
+    }                                                                                                        \
+  } while (0)
+
+// ---- The test. ----
+
+struct Runner {
+  Runner(ncclext::harness::RankContext& c, const ncclEpGroupConfig_t& b) : ctx(c), base(b) {}
+  ncclext::harness::RankContext& ctx;
+  ncclEpGroupConfig_t base;  // the test's group settings; sizes per group
+  ncclEpGroup_t group = nullptr;
+  int groupM = 0, groupL = 0;  // the open group's max_tokens_per_rank and local experts
+  int errors = 0, validationChecks = 0;
+  std::string lastBad;
+
+  void bad(const std::string& label, const char* what, long a = 0, long b = 0) {
+    if (errors++ < 10 || lastBad != label)
+      fprintf(stderr, "rank %d [%s] %s (%ld, %ld)\n", ctx.rank, label.c_str(), what, a, b);
+    lastBad = label;
+  }
+  int wait(const char* what) {
+    ncclResult_t r = ncclext::waitStream(ctx.stream, gTimeoutSeconds + 30, what);
+    if (r == ncclSuccess) r = ncclEpGroupGetAsyncError(group);
+    if (r != ncclSuccess) fprintf(stderr, "rank %d %s: %s\n", ctx.rank, what, ncclEpGetLastError());
+    return r == ncclSuccess ? 0 : 1;
+  }
+
+  ncclEpGroupConfig_t groupConfig(int M, int L, int maxHidden) const {
+    ncclEpGroupConfig_t cfg = base;
+    cfg.num_experts = L * ctx.nRanks;
+    cfg.max_tokens_per_rank = M;
+    cfg.max_token_bytes = maxHidden * 2;
+    return cfg;
+  }
+  int openGroup(int M, int L, int maxHidden) {
+    const ncclEpGroupConfig_t cfg = groupConfig(M, L, maxHidden);
+    if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclEpCreateGroup (M %d, E %d, %d B rows): %s\n", ctx.rank, M, cfg.num_experts,
+              cfg.max_token_bytes, ncclEpGetLastError());
+      return 1;
+    }
+    groupM = M;
+    groupL = L;
+    return 0;
+  }
+  int closeGroup() {
+    if (!group) return 0;
+    const ncclResult_t r = ncclEpGroupDestroy(group);
+    group = nullptr;
+    if (r != ncclSuccess) fprintf(stderr, "rank %d: ncclEpGroupDestroy: %s\n", ctx.rank, ncclEpGetLastError());
+    return r == ncclSuccess ? 0 : 1;
+  }
+
+  // Binds `r` to `*h` (a new handle, or ncclEpUpdateHandle on the existing one) and uploads the valid-row mask.
+  int bind(const std::string& label, const Case& c, const Shape& sh, Buffers& b, const Routing& r, ncclEpHandle_t* h) {
+    const int T = r.numTokens[ctx.rank];
+    const std::vector<int>& idx = r.topkIdx[ctx.rank];
+    if (c.idx64) {
+      const std::vector<int64_t> v(idx.begin(), idx.end());
+      b.topk.put(v.data(), v.size() * 8);
+    } else {
+      b.topk.put(idx.data(), idx.size() * 4);
+    }
+    const std::vector<uint8_t> valid = validRows(sh, ncclep::llref::dispatch(r)[ctx.rank]);
+    b.valid.put(valid.data(), valid.size());
+    const ncclEpTensor_t ti = epTensor(b.topk.p, c.idx64 ? ncclInt64 : ncclInt32, {T, sh.K});
+    if (*h) {
+      EXPECT_OK(ncclEpUpdateHandle(*h, &ti, nullptr, ctx.stream));
+      return 0;
+    }
+    EXPECT_OK(ncclEpCreateHandle(h, group, c.layout, &ti, nullptr, nullptr, ctx.stream));  // WORST_CASE
+    int64_t rows = 0;
+    EXPECT_OK(ncclEpHandleGetMaxRecvRows(*h, &rows));
+    if (rows != sh.N) bad(label, "ncclEpHandleGetMaxRecvRows differs from R * M (EXPERT_MAJOR: L * R * M)", rows, sh.N);
+    return 0;
+  }
+
+  void fillInputs(const Case& c, const Shape& sh, Buffers& b, int T, uint64_t ds) {
+    const int me = ctx.rank;
+    fill(sh.tokens == kFp8Forwarded ? Fill::kTokensFp8 : Fill::kTokensBf16, b.x, T, sh.H, ds, me);
+    if (sh.tokens == kFp8Forwarded) fill(Fill::kScales, b.scales, T, sh.nScales, ds, me);
+    if (c.dispatchWeights) fill(Fill::kWeights, b.weights, T, sh.K, ds, me);
+    fill(Fill::kWeights, b.combineWeights, T, sh.K, combineWeightSeed(ds), me);
+    fill(Fill::kCombineIn, b.combineIn, sh.N, sh.H, ds, me, &b.valid);
+  }
+
+  int enqueue(const std::string& label, ncclEpHandle_t h, const Call& k) {
+    EXPECT_OK(ncclEpDispatch(h, &k.in, &k.out, k.withInfo ? &k.info : nullptr, &k.config, ctx.stream));
+    EXPECT_OK(ncclEpCombine(h, &k.cin, &k.cout, nullptr, ctx.stream));
+    return 0;
+  }
+
+  // Checks this rank's dispatch outputs (valid rows only) and layout info against the reference.
+  void checkDispatch(const std::string& label, const Case& c, const Shape& sh, const Buffers& b, const Expected& x,
+                     uint64_t ds) {
+    const RankRecv& rr = x.recv[ctx.rank];
+    const int K = sh.K;
+    const auto y = b.y.get<uint8_t>(sh.N * sh.outRow);
+    const auto ys = b.yScales.get<float>(sh.N * sh.nScales);
+    const auto yw = c.bare ? std::vector<float>() : b.yWeights.get<float>(sh.N * (sh.rankMajor() ? K : 1));
+    const auto yi = c.bare || !sh.rankMajor() ? std::vector<int>() : b.yIdx.get<int>(sh.N * K);
+    const auto src = c.bare ? std::vector<int>() : b.ySrc.get<int>(sh.N);
+    std::vector<uint8_t> want;
+    std::vector<float> wantScales;
+    int rowErrors = 0;
+    // The row's token bytes and scales; false (reported) when they differ.
+    auto checkRow = [&](int64_t row, int s, int t) {
+      expectedRow(sh, ds, s, t, &want, &wantScales);
+      const long at = firstDiff(&y[row * sh.outRow], want.data(), sh.outRow);
+      if (at >= 0) return bad(label, "token bytes differ at row/byte", (long)row, at), false;
+      const long q = firstDiff(ys.data() + row * sh.nScales, wantScales.data(), wantScales.size() * 4);
+      if (q >= 0) return bad(label, "fp8 scales differ at row/scale", (long)row, q / 4), false;
+      return true;
+    };
+    if (sh.rankMajor()) {
+      for (int s = 0; s < sh.R && rowErrors < 3; s++)
+        for (int j = 0; j < rr.rankCount[s] && rowErrors < 3; j++) {
+          const auto& slot = rr.slots[s][j];
+          const int64_t row = sh.slotRow(s, j);
+          bool ok = checkRow(row, s, slot.srcToken);
+          if (!c.bare) {
+            if (src[row] != slot.srcToken) {
+              bad(label, "src_info differs at row", (long)row, src[row]);
+              ok = false;
+            }
+            for (int k = 0; k < K && ok; k++) {
+              if (yi[row * K + k] != slot.localIds[k]) {
+                bad(label, "topk_idx differs at row/k", (long)row, k);
+                ok = false;
+              } else if (yw[row * K + k] != slot.weights[k]) {
+                bad(label, "topk_weights differ at row/k", (long)row, k);
+                ok = false;
+              }
+            }
+          }
+          rowErrors += !ok;
+        }
+    } else {
+      for (int e = 0; e < sh.L && rowErrors < 3; e++)
+        for (int i = 0; i < rr.expertCount[e] && rowErrors < 3; i++) {
+          const auto& er = rr.zones[e][i];
+          const int64_t row = sh.zoneRow(e, i);
+          bool ok = checkRow(row, er.src, er.token);
+          if (!c.bare && src[row] != er.srcInfo(sh.M)) {
+            bad(label, "src_info differs at row", (long)row, src[row]);
+            ok = false;
+          } else if (!c.bare && yw[row] != er.weight) {
+            bad(label, "topk_weights differ at row", (long)row);
+            ok = false;
+          }
+          rowErrors += !ok;
+        }
+    }
+    if (c.bare) return;
+    const auto cntE = b.expertCounters.get<int>(sh.L), cntS = b.srcRankCounters.get<int>(sh.R);
+    const auto offE = b.expertOffsets.get<int>(sh.L), total = b.recvTotal.get<int>(1);
+    int64_t wantTotal = 0;
+    for (int e = 0; e < sh.L; e++) {
+      if (cntE[e] != rr.expertCount[e]) bad(label, "expert_counters differ at", e, cntE[e]);
+      if (offE[e] != sh.zoneRow(e, 0)) bad(label, "expert_offsets differ at", e, offE[e]);
+      if (!sh.rankMajor()) wantTotal += rr.expertCount[e];
+    }
+    for (int s = 0; s < sh.R; s++) {
+      if (cntS[s] != rr.rankCount[s]) bad(label, "src_rank_counters differ at", s, cntS[s]);
+      if (sh.rankMajor()) wantTotal += rr.rankCount[s];
+    }
+    if (total[0] != wantTotal) bad(label, "recv_total_counter differs", total[0], (long)wantTotal);
+  }
+
+  void checkCombine(const std::string& label, const Shape& sh, const Buffers& b, const Expected& x) {
+    const int T = x.r.numTokens[ctx.rank];
+    const auto got = b.combineOut.get<uint16_t>((size_t)T * sh.H);
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < sh.H; h++) {
+        const size_t i = (size_t)t * sh.H + h;
+        if (got[i] == x.combined[i]) continue;
+        if (errors < 10)
+          fprintf(stderr, "    got %a (0x%04x) want %a (0x%04x)\n", ncclext::bf16ToFloat(got[i]), got[i],
+                  ncclext::bf16ToFloat(x.combined[i]), x.combined[i]);
+        bad(label, "combine differs at token/col", t, h);
+        return;
+      }
+  }
+
+  // The rounds of one binding: RANK_MAJOR one, EXPERT_MAJOR one per combine path.
+  std::vector<Combine> paths(const Case& c) const {
+    if (c.layout == NCCL_EP_LAYOUT_RANK_MAJOR) return {kByRank};
+    if (c.combine == kBothPaths) return {kWeightsAtDispatch, kWeightsAtCombine};
+    return {c.combine};
+  }
+  static const char* pathName(Combine p) {
+    return p == kByRank ? "by rank" : p == kWeightsAtDispatch ? "weights at dispatch" : "weights at combine";
+  }
+
+  // Fresh inputs, poisoned outputs, dispatch + combine, then every check.
+  int round(const std::string& label, const Case& c, const Shape& sh, Buffers& b, const Routing& r, Combine path,
+            uint64_t ds, ncclEpHandle_t h) {
+    const int T = r.numTokens[ctx.rank];
+    fillInputs(c, sh, b, T, ds);
+    b.poisonOutputs();
+    if (enqueue(label, h, describe(c, sh, b, T, path))) return 1;
+    if (wait(label.c_str())) return 1;
+    const Expected x = expect(c, sh, r, path, ds, ctx.rank);
+    checkDispatch(label, c, sh, b, x, ds);
+    checkCombine(label, sh, b, x);
+    return 0;
+  }
+
+  int runCase(const Case& c, uint64_t caseSeed) {
+    const Shape sh = shapeOf(c, ctx.nRanks);
+    Buffers b(sh);
+    ncclEpHandle_t h = nullptr;
+    Routing r = makeRouting(c, ctx.nRanks, caseSeed);
+    std::string label = c.name;
+    if (bind(label, c, sh, b, r, &h)) return 1;
+    uint64_t ds = caseSeed * 16;
+    for (int binding = 0; binding < (c.update ? 2 : 1); binding++) {
+      if (binding == 1) {
+        r = makeRouting(c, ctx.nRanks, caseSeed ^ 0x5eed5eedull);
+        label = c.name + ", after ncclEpUpdateHandle";
+        if (bind(label, c, sh, b, r, &h)) return 1;
+      }
+      for (Combine p : paths(c))
+        if (round(label + " / " + pathName(p), c, sh, b, r, p, ds++, h)) return 1;
+    }
+    EXPECT_OK(ncclEpHandleDestroy(h));
+    return 0;
+  }
+
+  // Dispatch + combine captured once (global capture mode) and replayed: fresh inputs written by the fill kernel
+  // before every replay (same routing), outputs poisoned before each checked one.
+  int runGraph(const Case& c, uint64_t caseSeed, int replays, int checkEvery) {
+    const std::string label = c.name;
+    const Shape sh = shapeOf(c, ctx.nRanks);
+    Buffers b(sh);
+    ncclEpHandle_t h = nullptr;
+    const Routing r = makeRouting(c, ctx.nRanks, caseSeed);
+    const int T = r.numTokens[ctx.rank];
+    const Combine path = paths(c)[0];
+    if (bind(label, c, sh, b, r, &h)) return 1;
+    const Call k = describe(c, sh, b, T, path);
+    if (wait("graph setup")) return 1;
+    // A global capture forbids unsafe CUDA calls on every thread of the process, and with virtual ranks every rank
+    // is one: the ranks meet before and after their captures, so that none calls CUDA while another captures, and
+    // agree on the outcome, so that no rank replays a graph that its peers do not.
+    if (ncclext::harness::barrier(ctx, 60) != ncclSuccess) return bad(label, "barrier before capture"), 1;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    bool ok = cudaOk(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeGlobal), "begin capture");
+    if (ok) {
+      ok = enqueue(label, h, k) == 0;  // no early return: the capture must end
+      ok &= cudaOk(cudaStreamEndCapture(ctx.stream, &graph), "end capture");
+    }
+    uint64_t failed = 0;
+    const bool met = ncclext::harness::sumOverRanks(ctx, ok ? 0 : 1, &failed, 60) == ncclSuccess;  // captures ended
+    if (met && failed == 0) ok = cudaOk(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    if (!met || failed || ncclext::harness::sumOverRanks(ctx, ok ? 0 : 1, &failed, 60) != ncclSuccess || failed) {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      return bad(label, "capture or instantiation failed on ranks", (long)failed), 1;
+    }
+    for (int rep = 0; rep < replays; rep++) {
+      const uint64_t ds = caseSeed * 4096 + rep;
+      const bool checked = rep % checkEvery == 0 || rep == replays - 1;
+      fillInputs(c, sh, b, T, ds);
+      if (checked) b.poisonOutputs();
+      if (!cudaOk(cudaGraphLaunch(exec, ctx.stream), "graph launch")) return 1;
+      if (!checked) continue;
+      const std::string at = label + " / replay " + std::to_string(rep);
+      if (wait(at.c_str())) return 1;
+      const Expected x = expect(c, sh, r, path, ds, ctx.rank);
+      checkDispatch(at, c, sh, b, x, ds);
+      checkCombine(at, sh, b, x);
+    }
+    if (wait("graph replays")) return 1;
+    cudaOk(cudaGraphExecDestroy(exec), "graph exec destroy");
+    cudaOk(cudaGraphDestroy(graph), "graph destroy");
+    EXPECT_OK(ncclEpHandleDestroy(h));
+    return 0;
+  }
+
+  // Calls that must be refused with ncclInvalidArgument or ncclInvalidUsage, on every rank alike (a refusal is
+  // local, so no collective is left half-done), then a valid dispatch + combine: the group is still usable.
+  int runValidation(const Case& c) {
+    const std::string label = c.name;
+    const int R = ctx.nRanks, M = groupM, E = groupL * R, H = 128, K = std::min(2, E), T = std::min(4, M);
+    auto refused = [&](ncclResult_t res, const char* what) {
+      validationChecks++;
+      if (res != ncclInvalidArgument && res != ncclInvalidUsage)
+        bad(label, (std::string(what) + " not refused: " + ncclGetErrorString(res)).c_str(), res);
+    };
+    // Distinct ids in every row of up to M + 1 tokens and kMaxTopk + 1 columns (-1 past E).
+    const int rows = M + 1, cols = kMaxTopk + 1;
+    std::vector<int> idx((size_t)rows * cols);
+    for (int t = 0; t < rows; t++)
+      for (int k = 0; k < cols; k++) idx[(size_t)t * cols + k] = k < E ? (t + k) % E : -1;
+    DeviceBuf topk(idx.size() * 4);
+    topk.put(idx.data(), idx.size() * 4);
+    // [n, kk] views of the table: rows of `cols` ids, their first kk used by a handle of top-kk.
+    std::vector<int> narrow((size_t)rows * K);
+    for (int t = 0; t < rows; t++)
+      for (int k = 0; k < K; k++) narrow[(size_t)t * K + k] = idx[(size_t)t * cols + k];
+    DeviceBuf topkK(narrow.size() * 4);
+    topkK.put(narrow.data(), narrow.size() * 4);
+    const ncclEpTensor_t ti = epTensor(topkK.p, ncclInt32, {T, K});
+    ncclEpHandle_t h = nullptr;
+    auto refusedHandle = [&](ncclEpLayout_t layout, const ncclEpTensor_t& t, const ncclEpHandleConfig_t* hc,
+                             const char* what) {
+      h = nullptr;
+      refused(ncclEpCreateHandle(&h, group, layout, &t, nullptr, hc, ctx.stream), what);
+      if (h) {
+        bad(label, (std::string(what) + ": a handle was returned").c_str());
+        ncclEpHandleDestroy(h);
+        h = nullptr;
+      }
+    };
+    refusedHandle(NCCL_EP_LAYOUT_FLAT, ti, nullptr, "layout FLAT");
+    ncclEpHandleConfig_t exact = NCCL_EP_HANDLE_CONFIG_INIT;
+    exact.sizing = NCCL_EP_SIZING_EXACT;
+    refusedHandle(NCCL_EP_LAYOUT_RANK_MAJOR, ti, &exact, "EXACT sizing");
+    ncclEpHandleConfig_t aligned = NCCL_EP_HANDLE_CONFIG_INIT;
+    aligned.dispatch_output_per_expert_alignment = 8;
+    refusedHandle(NCCL_EP_LAYOUT_EXPERT_MAJOR, ti, &aligned, "alignment 8");
+    refusedHandle(NCCL_EP_LAYOUT_RANK_MAJOR, epTensor(topkK.p, ncclInt32, {M + 1, K}), nullptr,
+                  "max_tokens_per_rank + 1 tokens");
+    refusedHandle(NCCL_EP_LAYOUT_RANK_MAJOR, epTensor(topk.p, ncclInt32, {T, cols}), nullptr, "top-k above max_topk");
+
+    EXPECT_OK(ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
+    int64_t N = 0;
+    EXPECT_OK(ncclEpHandleGetMaxRecvRows(h, &N));
+    DeviceBuf x((size_t)T * H * 2), w((size_t)T * K * 4), y((size_t)N * H * 2), ys((size_t)N * 4),
+        cin((size_t)N * H * 2), cout((size_t)T * H * 2);
+    for (DeviceBuf* d : {&x, &w, &cin}) cudaOk(cudaMemsetAsync(d->p, 0, d->bytes, ctx.stream), "zero inputs");
+    cout.poison();
+    ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+    in.tokens = epTensor(x.p, ncclBfloat16, {T, 64});
+    ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+    out.tokens = epTensor(y.p, ncclFloat8e4m3, {N, 64});
+    out.scales = epTensor(ys.p, ncclFloat32, {N, 1});
+    refused(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream), "fp8 output of hidden 64");
+    in.tokens = epTensor(x.p, ncclBfloat16, {T, H});
+    out.tokens = epTensor(y.p, ncclFloat8e4m3, {N, H});
+    out.scales = NCCL_EP_TENSOR_INIT;
+    refused(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream), "fp8 output without outputs.scales");
+    out.tokens = epTensor(y.p, ncclBfloat16, {N, H});
+    EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+    ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+    ci.tokens = epTensor(cin.p, ncclBfloat16, {N, H});
+    ci.topk_weights = epTensor(w.p, ncclFloat32, {T, K});
+    ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+    co.tokens = epTensor(cout.p, ncclBfloat16, {T, H});
+    refused(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream), "RANK_MAJOR combine with inputs.topk_weights");
+    ci.topk_weights = NCCL_EP_TENSOR_INIT;
+    EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
+    if (wait("validation: the valid calls")) return 1;
+    const auto got = cout.get<uint16_t>((size_t)T * H);  // zeros in, zeros out
+    for (size_t i = 0; i < got.size(); i++)
+      if (got[i] != 0) {
+        bad(label, "combine of zeros after the refused calls differs at", (long)i, got[i]);
+        break;
+      }
+    EXPECT_OK(ncclEpHandleDestroy(h));
+    return 0;
+  }
+};
+
+// (2+ ranks) The timeout path, on a group of its own with a short budget: the last rank skips a dispatch. Every
+// other rank's dispatch waits for its counts, gives up after the budget, and the group reports ncclRemoteError
+// naming the timeout and the silent peer; the next call reports the same at once. No call may hang.
+int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base, double* waited, bool* ok) {
+  const std::string label = "silent peer";
+  const int R = ctx.nRanks, M = 16, K = 2, H = 256, silentRank = R - 1;
+  const double budget = gSilentPeerSeconds;
+  ncclEpGroupConfig_t cfg = base;
+  cfg.num_experts = 2 * R;
+  cfg.max_tokens_per_rank = M;
+  cfg.max_token_bytes = H * 2;
+  cfg.timeout_ns = (uint64_t)(budget * 1e9);
+  ncclEpGroup_t g = nullptr;
+  EXPECT_OK(ncclEpCreateGroup(&g, ctx.comm, &cfg));
+  std::vector<int> idx(M * K);
+  for (int t = 0; t < M; t++)
+    for (int k = 0; k < K; k++) idx[t * K + k] = (t * K + k) % cfg.num_experts;  // every rank receives
+  DeviceBuf topk(idx.size() * 4), x((size_t)M * H * 2), y((size_t)R * M * H * 2);
+  topk.put(idx.data(), idx.size() * 4);
+  const ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {M, K});
+  ncclEpHandle_t h = nullptr;
+  EXPECT_OK(ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
+  *ok = true;
+  if (ctx.rank != silentRank) {
+    ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+    in.tokens = epTensor(x.p, ncclBfloat16, {M, H});
+    ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+    out.tokens = epTensor(y.p, ncclBfloat16, {R * M, H});
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+    const ncclResult_t drainedRes = ncclext::waitStream(ctx.stream, budget + 30, "timeout dispatch");
+    *waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const ncclResult_t res = ncclEpGroupGetAsyncError(g);
+    const std::string msg = ncclEpGetLastError();
+    *ok = drainedRes == ncclSuccess && res == ncclRemoteError && msg.find("timed out") != std::string::npos &&
+          msg.find("peer " + std::to_string(silentRank)) != std::string::npos && *waited >= budget * 0.99 &&
+          *waited < budget + 10;
+    printf("rank %d: LL dispatch with a silent peer -> %s after %.2f s: %s\n", ctx.rank, ncclGetErrorString(res),
+           *waited, msg.c_str());
+    // Later calls report the same error instead of hanging.
+    *ok &= ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream) == ncclRemoteError;
+  }
+  ncclEpHandleDestroy(h);
+  if (ncclEpGroupDestroy(g) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclEpGroupDestroy (silent peer): %s\n", ctx.rank, ncclEpGetLastError());
+    *ok = false;
+  }
+  return 0;
+}
+
+// The cases, the same for every rank count (E scales with R).
+std::vector<Case> buildCases() {
+  std::vector<Case> cases;
+  auto make = [](const std::string& what, ncclEpLayout_t layout, int M, int L, int K, int H) {
+    Case c;
+    const bool rm = layout == NCCL_EP_LAYOUT_RANK_MAJOR;
+    c.name = (rm ? "rm/" : "em/") + what;
+    c.layout = layout;
+    c.combine = rm ? kByRank : kBothPaths;
+    c.maxTokens = M;
+    c.expertsPerRank = L;
+    c.topk = K;
+    c.hidden = H;
+    return c;
+  };
+  const ncclEpLayout_t layouts[] = {NCCL_EP_LAYOUT_RANK_MAJOR, NCCL_EP_LAYOUT_EXPERT_MAJOR};
+  struct Size {
+    int M, L, K, H;
+  } const sizes[] = {{1, 1, 1, 128},    {7, 4, 2, 256},   {64, 8, 6, 512}, {128, 4, 8, 1024},
+                     {256, 1, 2, 2048}, {256, 8, 8, 512}, {64, 4, 6, 7168}};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    const Size z = sizes[i];
+    const std::string size = "M=" + std::to_string(z.M) + " E=" + std::to_string(z.L) + "R K=" + std::to_string(z.K) +
+                             " H=" + std::to_string(z.H);
+    for (ncclEpLayout_t layout : layouts) {
+      Case c = make("random " + size, layout, z.M, z.L, z.K, z.H);
+      c.idx64 = i % 2 == 1;
+      c.quick = z.M == 7;
+      cases.push_back(c);
+    }
+    if (z.M != 128) continue;
+    // Everything else on this group (M 128, E 4R), H 1024 unless said.
+    for (ncclEpLayout_t layout : layouts) {
+      const bool em = layout == NCCL_EP_LAYOUT_EXPERT_MAJOR;
+      Case c = make("skew: every token to one expert", layout, z.M, z.L, 4, z.H);
+      c.routing = kOneExpert;
+      cases.push_back(c);
+      c = make("one rank receives nothing", layout, z.M, z.L, 8, z.H);
+      c.routing = kOneRankEmpty;
+      cases.push_back(c);
+      c = make("ranks of 0 and 1 tokens, H=256", layout, z.M, z.L, 8, 256);
+      c.routing = kTinyRanks;
+      c.quick = true;
+      cases.push_back(c);
+      c = make("mostly -1 slots", layout, z.M, z.L, 8, z.H);
+      c.routing = kSparse;
+      c.idx64 = true;
+      cases.push_back(c);
+      c = make("no dispatch weights", layout, z.M, z.L, 6, z.H);
+      c.dispatchWeights = false;
+      cases.push_back(c);
+      c = make("required outputs only", layout, z.M, z.L, 8, z.H);
+      c.bare = true;
+      cases.push_back(c);
+      c = make("fp8 quantised", layout, z.M, z.L, 8, z.H);
+      c.tokens = kFp8Quantised;
+      cases.push_back(c);
+      c = make("fp8 quantised, round_scale", layout, z.M, z.L, 8, z.H);
+      c.tokens = kFp8Pow2Scales;
+      c.quick = em;
+      cases.push_back(c);
+      c = make("fp8 forwarded", layout, z.M, z.L, 8, z.H);
+      c.tokens = kFp8Forwarded;
+      c.quick = !em;
+      cases.push_back(c);
+      c = make("ncclEpUpdateHandle", layout, z.M, z.L, 8, z.H);
+      c.update = true;
+      c.quick = true;
+      cases.push_back(c);
+    }
+    for (Combine path : {kByRank, kWeightsAtDispatch, kWeightsAtCombine}) {
+      Case c = make(std::string("graph replay, ") + Runner::pathName(path),
+                    path == kByRank ? NCCL_EP_LAYOUT_RANK_MAJOR : NCCL_EP_LAYOUT_EXPERT_MAJOR, z.M, z.L, 8, z.H);
+      c.kind = kGraph;
+      c.combine = path;
+      c.quick = true;
+      cases.push_back(c);
+    }
+    Case v = make("argument validation", NCCL_EP_LAYOUT_RANK_MAJOR, z.M, z.L, 2, 128);
+    v.kind = kValidation;
+    v.quick = true;
+    cases.push_back(v);
+  }
+  return cases;
+}
+
+bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json, ncclext::harness::OneGpu* oneGpu,
+           bool* quick) {
+  static const option kLong[] = {
+      {"nranks", required_argument, nullptr, 'n'},        {"seed", required_argument, nullptr, 's'},
+      {"json", required_argument, nullptr, 'j'},          {"one-gpu", required_argument, nullptr, 'g'},
+      {"timeout-s", required_argument, nullptr, 'T'},     {"quick", no_argument, nullptr, 'q'},
+      {"silent-peer-s", required_argument, nullptr, 'S'}, {"sms", required_argument, nullptr, 'm'},
+      {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
+    switch (c) {
+      case 'n':
+        *nRanks = atoi(optarg);
+        break;
+      case 's':
+        *seed = strtoull(optarg, nullptr, 0);
+        break;
+      case 'j':
+        *json = optarg;
+        break;
+      case 'g':
+        if (!ncclext::harness::parseOneGpu(optarg, oneGpu)) return false;
+        break;
+      case 'T':
+        gTimeoutSeconds = atof(optarg);
+        break;
+      case 'q':
+        *quick = true;
+        break;
+      case 'S':
+        gSilentPeerSeconds = atof(optarg);
+        break;
+      case 'm':
+        gSms = atoi(optarg);
+        break;
+      default:
+        return false;
+    }
+  }
+  return gTimeoutSeconds > 0 && gSilentPeerSeconds > 0;
+}
+
+void writeJson(const std::string& json, const char* line) {
+  printf("RESULT %s\n", line);
+  if (json.empty()) return;
+  if (FILE* f = fopen(json.c_str(), "a")) {
+    fprintf(f, "%s\n", line);
+    fclose(f);
+  }
+}
+
+// One-GPU nodes: every rank is an NVLink domain of its own. Creating a Low-Latency group must refuse the
+// communicator on every rank with ncclInvalidUsage and a message naming the NVLink domains, leave nothing behind,
+// and not hang.
+int runAcrossDomains(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg, const std::string& json,
+                     uint64_t seed) {
+  ncclEpGroup_t group = nullptr;
+  const ncclResult_t res = ncclEpCreateGroup(&group, ctx.comm, &cfg);
+  const std::string msg = ncclEpGetLastError();
+  const bool ok = res == ncclInvalidUsage && group == nullptr && msg.find("NVLink domains") != std::string::npos;
+  if (group) ncclEpGroupDestroy(group);
+  uint64_t bad = ok ? 0 : 1, total = 0;
+  const bool agreed = ncclext::harness::sumOverRanks(ctx, bad, &total, 60) == ncclSuccess;
+  const bool pass = agreed && total == 0;
+  printf("rank %d: LL group across %d one-GPU nodes -> %s: \"%s\" -> %s (seed %llu)\n", ctx.rank, ctx.nRanks,
+         ncclGetErrorString(res), msg.c_str(), pass ? "PASS" : "FAIL", (unsigned long long)seed);
+  if (ctx.rank == 0) {
+    char line[320];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"ep_ll\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"refused_across_domains\": %s, "
+             "\"seed\": %llu}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", ok ? "true" : "false",
+             (unsigned long long)seed);
+    writeJson(json, line);
+  }
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nRanks = 0;
+  uint64_t seed = (uint64_t)std::chrono::system_clock::now().time_since_epoch().count();  // fresh every run
+  std::string json;
+  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
+  bool quick = false;
+  if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) {
+    fprintf(stderr,
+            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S] "
+            "[--quick] [--json FILE]\n",
+            argv[0]);
+    return 2;
+  }
+  printf("ep_ll_test: seed %llu\n", (unsigned long long)seed);
+  fflush(stdout);
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = nRanks;
+  lo.oneGpu = oneGpu;
+  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them.
+  ncclEpVirtualDomain_t virt = nullptr;
+  if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
+      ncclEpVirtualDomainCreate(&virt, nRanks > 0 ? nRanks : 2) != ncclSuccess) {
+    fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
+    return 1;
+  }
+  const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+    tStream = ctx.stream;
+    ncclEpGroupConfig_t base = NCCL_EP_GROUP_CONFIG_INIT;
+    base.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+    base.max_topk = kMaxTopk;
+    base.num_sms = gSms;
+    base.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
+    base.virtual_domain = virt;
+    base.virtual_rank = virt ? ctx.rank : 0;
+    std::vector<Case> cases = buildCases();
+    if (quick) {
+      std::vector<Case> few;
+      for (const Case& c : cases)
+        if (c.quick) few.push_back(c);
+      cases.swap(few);
+    }
+    Runner run{ctx, base};
+    if (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) {
+      const Case& c = cases.front();
+      return runAcrossDomains(ctx, run.groupConfig(c.maxTokens, c.expertsPerRank, c.hidden), json, seed);
+    }
+    const int replays = quick ? 5 : kReplays;
+    int failedCases = 0, rc = 0;
+    for (size_t i = 0; i < cases.size() && !rc; i++) {
+      const Case& c = cases[i];
+      if (!run.group || run.groupM != c.maxTokens || run.groupL != c.expertsPerRank) {
+        // A group per run of cases with the same M and E, its rows as wide as the run's widest.
+        int maxHidden = 0;
+        for (size_t j = i;
+             j < cases.size() && cases[j].maxTokens == c.maxTokens && cases[j].expertsPerRank == c.expertsPerRank; j++)
+          maxHidden = std::max(maxHidden, cases[j].hidden);
+        if (run.closeGroup() || run.openGroup(c.maxTokens, c.expertsPerRank, maxHidden)) {
+          rc = 1;
+          break;
+        }
+      }
+      const int before = run.errors;
+      switch (c.kind) {
+        case kGraph:
+          rc |= run.runGraph(c, seed * 100 + i, replays, quick ? 1 : kCheckEvery);
+          break;
+        case kValidation:
+          rc |= run.runValidation(c);
+          break;
+        case kDispatchCombine:
+          rc |= run.runCase(c, seed * 100 + i);
+          break;
+      }
+      if (run.errors != before || rc) failedCases++;
+    }
+    rc |= run.closeGroup();
+    // Agree on the outcome before the timeout test breaks a group's sequence. A failed agreement fails the run.
+    uint64_t total = 0;
+    const int mine = run.errors + rc + tCudaErrors;
+    if (ncclext::harness::sumOverRanks(ctx, (uint64_t)mine, &total, 60) != ncclSuccess) {
+      fprintf(stderr, "rank %d: the ranks could not agree on the outcome: %s\n", ctx.rank, ncclext::lastError());
+      total = 1 + mine;
+    }
+    bool timeoutOk = true;
+    double waited = 0;
+    if (ctx.nRanks > 1 && runSilentPeer(ctx, base, &waited, &timeoutOk)) timeoutOk = false;
+    const bool pass = total == 0 && timeoutOk && tCudaErrors == 0;
+    printf(
+        "rank %d: %zu cases (%d failed), %d graph replays, %d argument checks, timeout %s, %s, CUDA errors in the "
+        "test %d -> %s (seed %llu)\n",
+        ctx.rank, cases.size(), failedCases, replays, run.validationChecks,
+        ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)", ncclext::harness::oneGpuName(ctx.mode),
+        tCudaErrors, pass ? "PASS" : "FAIL", (unsigned long long)seed);
+    if (ctx.rank == 0) {
+      char line[512];
+      snprintf(line, sizeof(line),
+               "{\"test\": \"ep_ll\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %zu, "
+               "\"graph_replays\": %d, \"argument_checks\": %d, \"timeout_tested\": %s, \"timeout_waited_s\": %.3f, "
+               "\"seed\": %llu}",
+               ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", cases.size(), replays,
+               run.validationChecks, ctx.nRanks > 1 ? "true" : "false", waited, (unsigned long long)seed);
+      writeJson(json, line);
+    }
+    return pass ? 0 : 1;
+  });
+  if (virt) ncclEpVirtualDomainDestroy(virt);
+  return rc;
+}
