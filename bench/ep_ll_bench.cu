@@ -2,7 +2,7 @@
 // N virtual ranks on one GPU (--one-gpu virtual: the protocol's cost with every rank sharing one GPU's SMs and
 // memory; no NVLink, so not a link measurement).
 //
-// For each shape (tokens per rank, hidden 7168, top-8, 256 experts over the ranks): random top-k routing without
+// For each shape (tokens per rank, hidden 7168 (and 4096 at 128 tokens), top-8, 256 experts over the ranks): random top-k routing without
 // repeats, a handle bound once, then, each timed with its own pair of CUDA events on the call's stream and
 // reported as the median of 100 calls after 20 warm-up calls, back to back:
 //   dispatch (bf16 out, or fp8 e4m3 quantised by the sender), combine (RANK_MAJOR: rows as given; EXPERT_MAJOR:
@@ -33,7 +33,7 @@ using ncclext::harness::epTensor;
 constexpr int kHidden = 7168, kTopk = 8, kExperts = 256, kMaxTokens = 256, kWarm = 20, kIters = 100;
 
 struct Shape {
-  int tokens;
+  int tokens, hidden;
   ncclEpLayout_t layout;
   bool fp8;
 };
@@ -100,7 +100,9 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   for (int t : {1, 32, 128, 256})
     for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
-      for (bool fp8 : {false, true}) shapes.push_back({t, l, fp8});
+      for (bool fp8 : {false, true}) shapes.push_back({t, kHidden, l, fp8});
+  for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
+    for (bool fp8 : {false, true}) shapes.push_back({128, 4096, l, fp8});
   if (quick) shapes.resize(2);
   static ncclEpVirtualDomain_t virtualDomain = nullptr;
   if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
@@ -145,10 +147,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, ctx.device);
     if (ctx.rank == 0)
-      printf("%-6s %-12s %-5s %6s %10s %10s %10s %9s %9s %11s\n", "ranks", "layout", "dtype", "tokens", "dispatch",
-             "combine", "graph_d+c", "floor", "ce_copy", "payload_KB");
+      printf("%-6s %-12s %-5s %6s %6s %4s %10s %10s %10s %9s %9s %11s\n", "ranks", "layout", "dtype", "tokens",
+             "hidden", "SMs", "dispatch", "combine", "graph_d+c", "floor", "ce_copy", "payload_KB");
     for (const Shape& s : shapes) {
-      const int T = s.tokens, K = kTopk;
+      const int T = s.tokens, K = kTopk, H = s.hidden;
       std::mt19937 rng(4321 + ctx.rank * 7 + T);
       std::vector<int> idx((size_t)T * K), pool(kExperts);
       std::iota(pool.begin(), pool.end(), 0);
@@ -169,16 +171,16 @@ int main(int argc, char** argv) {
       const bool rm = s.layout == NCCL_EP_LAYOUT_RANK_MAJOR;
       const int64_t N = rm ? rmRows : emRows;
       ncclEpDispatchInputs_t din = NCCL_EP_DISPATCH_INPUTS_INIT;
-      din.tokens = epTensor(x, ncclBfloat16, {T, kHidden});
+      din.tokens = epTensor(x, ncclBfloat16, {T, H});
       din.topk_weights = epTensor(w, ncclFloat32, {T, K});
       ncclEpDispatchOutputs_t dout = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-      dout.tokens = epTensor(y, s.fp8 ? ncclFloat8e4m3 : ncclBfloat16, {N, kHidden});
-      if (s.fp8) dout.scales = epTensor(scales, ncclFloat32, {N, kHidden / 128});
+      dout.tokens = epTensor(y, s.fp8 ? ncclFloat8e4m3 : ncclBfloat16, {N, H});
+      if (s.fp8) dout.scales = epTensor(scales, ncclFloat32, {N, H / 128});
       ncclEpCombineInputs_t cin = NCCL_EP_COMBINE_INPUTS_INIT;
-      cin.tokens = epTensor(comb, ncclBfloat16, {N, kHidden});
+      cin.tokens = epTensor(comb, ncclBfloat16, {N, H});
       if (!rm) cin.topk_weights = epTensor(w, ncclFloat32, {T, K});
       ncclEpCombineOutputs_t cout = NCCL_EP_COMBINE_OUTPUTS_INIT;
-      cout.tokens = epTensor(out, ncclBfloat16, {T, kHidden});
+      cout.tokens = epTensor(out, ncclBfloat16, {T, H});
       auto dispatch = [&]() { return (int)ncclEpDispatch(h, &din, &dout, nullptr, nullptr, st); };
       auto combine = [&]() { return (int)ncclEpCombine(h, &cin, &cout, nullptr, st); };
       int failed = 0;
@@ -216,7 +218,7 @@ int main(int argc, char** argv) {
         emptyKernel<<<ctas, 512, 0, st>>>();
         return (int)cudaGetLastError();
       }, &failed);
-      const size_t payload = (size_t)sentRows * (s.fp8 ? kHidden + kHidden / 128 * 4 : kHidden * 2);
+      const size_t payload = (size_t)sentRows * (s.fp8 ? H + H / 128 * 4 : H * 2);
       const double ceUs = timeCalls(st, [&]() {
         return payload ? (int)cudaMemcpyAsync(copyDst, y, payload, cudaMemcpyDeviceToDevice, st) : 0;
       }, &failed);
@@ -228,16 +230,17 @@ int main(int argc, char** argv) {
       }
       const char* layout = rm ? "RANK_MAJOR" : "EXPERT_MAJOR";
       if (ctx.rank == 0) {
-        printf("%-6d %-12s %-5s %6d %10.1f %10.1f %10.1f %9.1f %9.1f %11.1f\n", R, layout, s.fp8 ? "fp8" : "bf16", T,
-               dUs, cUs, gUs, floorUs, ceUs, payload / 1024.0);
+        printf("%-6d %-12s %-5s %6d %6d %4d %10.1f %10.1f %10.1f %9.1f %9.1f %11.1f\n", R, layout,
+               s.fp8 ? "fp8" : "bf16", T, H, ctas, dUs, cUs, gUs, floorUs, ceUs, payload / 1024.0);
         if (js)
           fprintf(js,
                   "{\"bench\": \"ep_ll\", \"gpu\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"layout\": \"%s\", "
                   "\"dispatch_dtype\": \"%s\", \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
+                  "\"sms\": %d, "
                   "\"dispatch_us\": %.2f, \"combine_us\": %.2f, \"graph_dispatch_combine_us\": %.2f, "
                   "\"empty_kernel_us\": %.2f, \"ce_copy_us\": %.2f, \"payload_bytes\": %zu, \"iters\": %d}\n",
                   prop.name, virtualDomain ? "virtual ranks on one GPU" : "real GPUs", R, layout,
-                  s.fp8 ? "fp8_e4m3" : "bf16", T, kHidden, K, kExperts, dUs, cUs, gUs, floorUs, ceUs, payload, kIters);
+                  s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, gUs, floorUs, ceUs, payload, kIters);
       }
       CHECK_CUDA(cudaStreamSynchronize(st));
       CHECK_EP(ncclEpHandleDestroy(h));

@@ -199,6 +199,7 @@ ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inpu
     c.info.expertOffsets = static_cast<int*>(info->expert_offsets.data);
     c.info.recvTotal = static_cast<int*>(info->recv_total_counter.data);
   }
+  c.hidden = (int)H;
   c.inRowBytes = (int)(H * (fp8In ? 1 : 2));
   c.outRowBytes = (int)(H * (fp8Out ? 1 : 2));
   c.nScales = nScales;

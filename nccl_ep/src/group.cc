@@ -109,6 +109,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   // LL combine staging also holds one row per (token, expert) of the owner: [maxTokens][maxTopk].
   w.combSlots = (int)std::max(regionRows, v.lowLatency ? (size_t)v.maxTokens * config.max_topk : 0);
   w.headerBytes = v.lowLatency ? (int)alignUp(12 + 4 * (size_t)v.localExperts, 16) : 0;
+  w.slices = v.lowLatency ? (config.max_token_bytes + ncclep::kLlSliceCols - 1) / ncclep::kLlSliceCols : 1;
   size_t off = 0;
   w.barrierFlags = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
@@ -117,9 +118,11 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   w.combDone = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
   w.combFlags = off;
-  off = alignUp(off + (size_t)w.combSlots * 8, 256);
+  off = alignUp(off + (size_t)w.combSlots * w.slices * 8, 256);
   w.header = off;
   off = alignUp(off + (size_t)nRanks * w.headerBytes, 256);
+  w.dispFlags = off;
+  off = alignUp(off + (v.lowLatency ? regionRows * w.slices * 8 : 0), 256);
   w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
   w.exchange = off;
   off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 256);

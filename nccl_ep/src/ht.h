@@ -50,10 +50,13 @@ struct WindowLayout {
   size_t combRows;      // [combSlots][rowStride]: HT and LL per (token, rank): [r][slot], written by expert rank
                         // r; LL per (token, expert): [token][k]
   size_t header;        // LL: [R][headerBytes]: row s written by source s (its flag, then its counts for me)
+  size_t dispFlags;     // LL: u64 [R][maxTokens][slices]: flag of each slice of dispatch staging row [s][slot]
+                        // (LL combine flags are [combSlots][slices] likewise)
   size_t total;
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
   int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)
   int combSlots;     // rows of the combine staging: R x maxTokens (LL: at least maxTokens x maxTopk)
+  int slices;        // LL: flags per staging row (ceil(max_token_bytes / kLlSliceCols): any row's slices); HT: 1
 };
 
 // Per-row metadata sent with every dispatched row: the row's flag (u64, released last), K local expert ids (-1: not

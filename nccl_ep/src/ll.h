@@ -5,7 +5,7 @@
 //
 // One launch per call, nothing on the host. Dispatch: each rank writes, into every rank's window, a header (its
 // row count for that rank and its count for each of that rank's local experts) and its rows (per-row flags, as
-// HT), each released with the call's number; a receiver acquires every source's header, derives the EXPERT_MAJOR
+// HT, but one flag per slice of 512 columns, each slice a warp's work), each released with the call's number; a receiver acquires every source's header, derives the EXPERT_MAJOR
 // block starts from the counts, then acquires and lays out each row. Combine sends one row per (token, rank) (or
 // per (token, expert)) back into the owner's staging, which sums them in a fixed order (tests/unit/ep_ll_reference.h
 // is the contract, bit for bit).
@@ -16,6 +16,7 @@
 namespace ncclep {
 
 constexpr int kLlMaxTokens = 1024;
+constexpr int kLlSliceCols = 512;  // a warp's share of a row: a row of H columns is ceil(H / 512) slices
 
 struct LlDispatchCall {
   const char* tokens;    // [T][H]: bf16, or e4m3 (forwarded with `scales`)
@@ -27,6 +28,7 @@ struct LlDispatchCall {
   float* outScales;      // [N][nScales] with an e4m3 output
   int* outSrcInfo;       // [N] or NULL
   LayoutInfoOut info;    // any may be NULL
+  int hidden;            // H
   int inRowBytes;        // H x the input's element size
   int outRowBytes;       // H x the output's element size
   int nScales;           // H / 128 with an e4m3 output, else 0

@@ -1,26 +1,32 @@
 // LL dispatch and combine inside one NVLink domain (LSA): one kernel each, nothing on the host.
 //
 // Contract (tests/unit/ep_ll_reference.h is the model, bit for bit)
-//   grid = `ctas` CTAs of kLlThreads; work is spread over all the grid's warps (global warp gw of nw).
+//   grid = `ctas` CTAs of kLlThreads; work is spread over all the grid's warps (global warp gw of nw), in units of
+//   a row's slice (kLlSliceCols columns), so that even one token keeps ceil(H / 512) warps busy; every slice of a
+//   staging row has its own flag.
 //   Dispatch, call seq:
 //   (1) every CTA waits until every peer consumed my rows of the previous dispatch (its done flag in my window);
 //   (2) CTA 0 writes my header into every rank's window, header[me] = (rows for that rank, rows for each of its
 //       local experts: the handle's totals), and releases its flag with seq;
-//   (3) one warp per token: the row goes once to every rank holding one of its experts, into that rank's staging
-//       [me][slot] (slot: the token's position among my tokens for that rank), bf16 or e4m3 as given, or quantised
-//       by the warp (128 columns a step, 4 a lane: block amax by shuffles, numeric.h's scale and e4m3), then the
-//       metadata (local expert ids, weights, (source, expert) indices, scales, token), and after __syncwarp lane 0
-//       releases the row's flag with seq (cumulativity publishes every lane's stores);
+//   (3) one warp per (token, slice): the slice goes once to every rank holding one of the token's experts, into
+//       that rank's staging [me][slot] (slot: the token's position among my tokens for that rank), bf16 or e4m3 as
+//       given, or quantised by the warp (128 columns a step, 4 a lane: block amax by shuffles, numeric.h's scale
+//       and e4m3) with its blocks' scales; slice 0 also writes the metadata (local expert ids, weights, (source,
+//       expert) indices, token); after __syncwarp lane 0 releases the slice's flag with seq (cumulativity publishes
+//       every lane's stores);
 //   (4) every CTA acquires every source's header (one thread each; the barrier hands the acquires to the CTA),
 //       derives the EXPERT_MAJOR block starts (block (l, s) = the rows of l from sources before s) and the flat
-//       list of rows, then one warp per staged row: every lane acquires the row's flag, the warp copies the row to
-//       RANK_MAJOR row s * M + j, or to EXPERT_MAJOR row l * R * M + block(l, s) + index for each local expert l,
-//       with ids, weights, scales, src_info, and records the slot's token and expert rows for combine;
+//       list of rows, then one warp per (staged row, slice): every lane acquires the slice's flag and slice 0's
+//       (the metadata's), the warp copies the slice to RANK_MAJOR row s * M + j, or to EXPERT_MAJOR row
+//       l * R * M + block(l, s) + index for each local expert l, with its scales; slice 0's warp also writes ids,
+//       weights and src_info and records the slot's token and expert rows for combine;
 //   (5) CTA 0 writes the counts (layout info, and the handle's llRecvCount for combine); finishCall.
-//   Combine, call seq: every CTA waits for the owners' done flags; one warp per received slot (s, j) sends back:
+//   Combine, call seq: every CTA waits for the owners' done flags; one warp per (received slot (s, j), slice)
+//   sends back:
 //   kLlRankRows the input row s * M + j as is, kLlExpertWeighted sum_k w_k * row(e_k) in fp32 fma in column order
 //   rounded to bf16, both into owner s's staging [me][j]; kLlOwnerWeighted each local expert's row as is into
-//   [token][k]; each published by its flag. Then one warp per own token acquires the flags it needs and sums in
+//   [token][k]; each published by its slice's flag. Then one warp per (own token, slice) acquires the flags it
+//   needs and sums in
 //   fp32: the ranks' rows in rank order (+), or w[t][k] * row in column order (fma); rounds to bf16. finishCall.
 //   Every wait has the group's time budget; a failed CTA does not arrive and the group reports the error.
 #include "common/device/sync.cuh"
@@ -75,12 +81,31 @@ __device__ void sendHeaders(const GroupView& g, const HandleView& h, uint64_t se
     ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(headerOff(g, g.rank), r)), seq);
 }
 
-// One warp: token t's row quantised to e4m3 into every destination's staging row, its scales into their metadata.
-// Lane i holds columns 4 i .. 4 i + 3 of each block of 128.
-__device__ void quantizeRow(const GroupView& g, const LlDispatchCall& c, const Slots& slots, const char* row, int lane,
-                            int nBlocks) {
+// The columns [lo, hi) of slice `sl` of a row of `hidden` columns: a warp's unit of work (kLlSliceCols columns), so
+// that a token's row spreads over several warps. Every slice has its own flag (dispatch: of [source][slot][slice];
+// combine: of the staging row and slice); slice 0's also covers the row's metadata.
+struct Cols {
+  int lo, hi;
+  __device__ static Cols of(int sl, int hidden) {
+    const int lo = sl * kLlSliceCols;
+    return Cols{lo, min(hidden, lo + kLlSliceCols)};
+  }
+};
+__device__ __forceinline__ int slicesOf(int hidden) { return (hidden + kLlSliceCols - 1) / kLlSliceCols; }
+
+__device__ __forceinline__ uint64_t* dispFlag(const GroupView& g, size_t rowIndex, int sl, int rank) {
+  return static_cast<uint64_t*>(g.peers.at(g.wl.dispFlags + (rowIndex * g.wl.slices + sl) * 8, rank));
+}
+__device__ __forceinline__ uint64_t* combFlag(const GroupView& g, size_t at, int sl, int rank) {
+  return static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + (at * g.wl.slices + sl) * 8, rank));
+}
+
+// One warp: columns `cols` of token t's row quantised to e4m3 into every destination's staging row, the blocks'
+// scales into their metadata. Lane i holds columns 4 i .. 4 i + 3 of each block of 128.
+__device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const Slots& slots, const char* row,
+                              Cols cols, int lane) {
   const int me = g.rank, R = g.nRanks;
-  for (int b = 0; b < nBlocks; b++) {
+  for (int b = cols.lo / 128; b < cols.hi / 128; b++) {
     const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + (size_t)b * 256) + lane);
     const uint16_t bits[4] = {(uint16_t)(raw.x & 0xffff), (uint16_t)(raw.x >> 16), (uint16_t)(raw.y & 0xffff),
                               (uint16_t)(raw.y >> 16)};
@@ -111,44 +136,47 @@ __device__ void quantizeRow(const GroupView& g, const LlDispatchCall& c, const S
   }
 }
 
-// One warp per token of mine: rows and metadata into every destination's staging, then the rows' flags.
+// One warp per (token of mine, slice): the slice (and, slice 0, the metadata) into every destination's staging,
+// then the slice's flags.
 __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, uint64_t seq,
                          const WarpId& w) {
-  const int me = g.rank, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk, lane = w.lane;
-  for (int t = w.gw; t < h.numTokens; t += w.nw) {
-    const bool has = lane < K;
+  const int me = g.rank, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk, lane = w.lane, S = slicesOf(c.hidden);
+  const int inElem = c.inRowBytes / c.hidden;
+  for (int item = w.gw; item < h.numTokens * S; item += w.nw) {
+    const int t = item / S, sl = item % S;
+    const Cols cols = Cols::of(sl, c.hidden);
+    const Slots slots = Slots::load(h, R, t, lane);
+    const char* row = c.tokens + (size_t)t * c.inRowBytes;
+    const bool has = lane < K && sl == 0;
     // emIdx -1 marks what routing ignored (no expert, an id out of range, a repeat; reported at handle time).
     const int idx = has ? h.emIdx[(size_t)t * MK + lane] : -1;
     const int e = idx >= 0 ? loadExpert(h, t, lane) : -1;
     const float wt = has && c.weights ? c.weights[(size_t)t * K + lane] : 1.f;
-    const Slots slots = Slots::load(h, R, t, lane);
-    const char* row = c.tokens + (size_t)t * c.inRowBytes;
     for (int r = 0; r < R; r++) {
       const int slot = slots.of(r);
       if (slot < 0) continue;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
       char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       if (!c.quantize) {
-        warpCopy<false>(lane, g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r), row, c.inRowBytes);
+        char* dst = static_cast<char*>(g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r));
+        warpCopy<false>(lane, dst + (size_t)cols.lo * inElem, row + (size_t)cols.lo * inElem,
+                        (cols.hi - cols.lo) * inElem);
         if (c.scales)
-          for (int i = lane; i < c.nScales; i += 32)
-            reinterpret_cast<float*>(meta + g.meta.scaleOff())[i] = __ldg(c.scales + (size_t)t * c.nScales + i);
+          for (int b = cols.lo / 128 + lane; b < cols.hi / 128; b += 32)
+            reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = __ldg(c.scales + (size_t)t * c.nScales + b);
       }
       if (has) {
         reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = localExpert(g, e, r);
         reinterpret_cast<float*>(meta + g.meta.weightOff())[lane] = wt;
         reinterpret_cast<int*>(meta + g.meta.emIdxOff())[lane] = idx;
       }
-      if (lane == 0) *reinterpret_cast<int*>(meta + g.meta.tokenOff()) = t;
+      if (sl == 0 && lane == 0) *reinterpret_cast<int*>(meta + g.meta.tokenOff()) = t;
     }
-    if (c.quantize) quantizeRow(g, c, slots, row, lane, c.nScales);
-    __syncwarp();  // every lane's stores of every destination's row before lane 0's releases
+    if (c.quantize) quantizeSlice(g, c, slots, row, cols, lane);
+    __syncwarp();  // every lane's stores of every destination's slice before lane 0's releases
     for (int r = 0; r < R; r++) {
       const int slot = slots.of(r);
-      if (slot < 0 || lane != 0) continue;
-      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      ncclext::dev::storeRelease(
-          static_cast<uint64_t*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes + g.meta.flagOff(), r)), seq);
+      if (slot >= 0 && lane == 0) ncclext::dev::storeRelease(dispFlag(g, (size_t)me * g.maxTokens + slot, sl, r), seq);
     }
   }
 }
@@ -197,21 +225,31 @@ __device__ __forceinline__ int sourceOf(const int* rowStart, int R, int i) {
   return s;
 }
 
-__device__ __forceinline__ void copyScales(const LlDispatchCall& c, int lane, size_t row, const float* scales) {
+// One warp: the slice's columns of a staged row (and its blocks' scales) to output row `row`.
+__device__ __forceinline__ void copySlice(const LlDispatchCall& c, int lane, size_t row, const char* src,
+                                          const float* scales, Cols cols) {
+  const int elem = c.outRowBytes / c.hidden;
+  warpCopy<true>(lane, c.outTokens + row * c.outRowBytes + (size_t)cols.lo * elem, src + (size_t)cols.lo * elem,
+                 (cols.hi - cols.lo) * elem);
   if (c.outScales)
-    for (int i = lane; i < c.nScales; i += 32) c.outScales[row * c.nScales + i] = __ldcg(scales + i);
+    for (int b = cols.lo / 128 + lane; b < cols.hi / 128; b += 32)
+      c.outScales[row * c.nScales + b] = __ldcg(scales + b);
 }
 
-// One warp per staged row: acquire, lay out, record for combine. False after a timeout.
+// One warp per (staged row, slice): acquire, lay out; slice 0 also writes the row's ids, weights and src_info and
+// records it for combine. False after a timeout.
 __device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, const RecvCounts* rc,
                             uint64_t seq, const WarpId& w) {
-  const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, lane = w.lane;
+  const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, lane = w.lane, S = slicesOf(c.hidden);
   const bool rankMajor = h.layout == NCCL_EP_LAYOUT_RANK_MAJOR;
-  for (int i = w.gw; i < rc->rowStart[R]; i += w.nw) {
+  for (int item = w.gw; item < rc->rowStart[R] * S; item += w.nw) {
+    const int i = item / S, sl = item % S;
     const int s = sourceOf(rc->rowStart, R, i), j = i - rc->rowStart[s];
     const size_t rowIndex = (size_t)s * M + j;
+    // The slice's flag, then slice 0's (the metadata's), in my window.
+    if (!warpAcquire(g, dispFlag(g, rowIndex, sl, g.rank), seq, s, j, ncclext::kSiteRow)) return false;
+    if (sl != 0 && !warpAcquire(g, dispFlag(g, rowIndex, 0, g.rank), seq, s, j, ncclext::kSiteRow)) return false;
     const char* meta = static_cast<const char*>(g.peers.local(g.wl.dispMeta + rowIndex * g.meta.bytes));
-    if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, j, ncclext::kSiteRow)) return false;
     const bool has = lane < K;
     const int id = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
     const float wt = has ? __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + lane) : 0.f;
@@ -219,12 +257,13 @@ __device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDis
     const int token = __ldcg(reinterpret_cast<const int*>(meta + g.meta.tokenOff()));
     const float* scales = reinterpret_cast<const float*>(meta + g.meta.scaleOff());
     const char* row = static_cast<const char*>(g.peers.local(g.wl.dispRows + rowIndex * g.rowStride));
+    const Cols cols = Cols::of(sl, c.hidden);
+    const bool first = sl == 0;
     if (rankMajor) {
-      warpCopy<true>(lane, c.outTokens + rowIndex * c.outRowBytes, row, c.outRowBytes);
-      if (has && c.outIdx) c.outIdx[rowIndex * K + lane] = id;
-      if (has && c.outWeights) c.outWeights[rowIndex * K + lane] = id >= 0 ? wt : 0.f;
-      if (lane == 0 && c.outSrcInfo) c.outSrcInfo[rowIndex] = token;
-      copyScales(c, lane, rowIndex, scales);
+      copySlice(c, lane, rowIndex, row, scales, cols);
+      if (first && has && c.outIdx) c.outIdx[rowIndex * K + lane] = id;
+      if (first && has && c.outWeights) c.outWeights[rowIndex * K + lane] = id >= 0 ? wt : 0.f;
+      if (first && lane == 0 && c.outSrcInfo) c.outSrcInfo[rowIndex] = token;
     } else {
       for (int k = 0; k < K; k++) {
         const int l = __shfl_sync(kAll, id, k);
@@ -233,18 +272,17 @@ __device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDis
         int emRow = -1;
         if (l >= 0) {
           emRow = l * R * M + rc->block[l * R + s] + ik;
-          warpCopy<true>(lane, c.outTokens + (size_t)emRow * c.outRowBytes, row, c.outRowBytes);
-          if (lane == 0 && c.outWeights) c.outWeights[emRow] = wk;
-          if (lane == 0 && c.outSrcInfo) c.outSrcInfo[emRow] = s * M + token;
-          copyScales(c, lane, (size_t)emRow, scales);
+          copySlice(c, lane, (size_t)emRow, row, scales, cols);
+          if (first && lane == 0 && c.outWeights) c.outWeights[emRow] = wk;
+          if (first && lane == 0 && c.outSrcInfo) c.outSrcInfo[emRow] = s * M + token;
         }
-        if (lane == 0) {
+        if (first && lane == 0) {
           h.emPos[rowIndex * MK + k] = emRow;
           h.flatW[rowIndex * MK + k] = wk;
         }
       }
     }
-    if (lane == 0) h.llToken[rowIndex] = token;
+    if (first && lane == 0) h.llToken[rowIndex] = token;
   }
   return true;
 }
@@ -314,16 +352,22 @@ __device__ __forceinline__ int4 packBf16(const float* acc) {
   return v;
 }
 
-// One warp: received slot (s, j) back to its owner s.
-__device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombineCall& c, int s, int j, uint64_t seq,
-                         int lane) {
-  const int me = g.rank, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, vecs = c.rowBytes >> 4;
+// One warp: slice `sl` of received slot (s, j) back to its owner s. A slice of bf16 columns is `vecs` 16-byte
+// vectors from vector `v0`.
+__device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombineCall& c, int s, int j, int sl,
+                         uint64_t seq, int lane) {
+  const int me = g.rank, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, rowVecs = c.rowBytes >> 4;
+  const Cols cols = Cols::of(sl, c.rowBytes / 2);
+  const int v0 = cols.lo / 8, vecs = (cols.hi - cols.lo) / 8;
   const size_t slotIndex = (size_t)s * M + j;
   const int4* in = reinterpret_cast<const int4*>(c.in);
+  auto stagingRow = [&](size_t at) {
+    return static_cast<int4*>(g.peers.at(g.wl.combRows + at * g.rowStride, s)) + v0;
+  };
   if (c.mode == kLlRankRows) {
     const size_t at = (size_t)me * M + j;
-    warpCopy<false>(lane, g.peers.at(g.wl.combRows + at * g.rowStride, s), in + slotIndex * vecs, c.rowBytes);
-    warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + at * 8, s)), seq);
+    warpCopy<false>(lane, stagingRow(at), in + slotIndex * rowVecs + v0, vecs * 16);
+    warpPublish(lane, combFlag(g, at, sl, s), seq);
     return;
   }
   const int pos = lane < K ? h.emPos[slotIndex * MK + lane] : -1;
@@ -333,52 +377,55 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
       const int p = __shfl_sync(kAll, pos, k);
       if (p < 0) continue;
       const size_t at = (size_t)token * MK + k;
-      warpCopy<false>(lane, g.peers.at(g.wl.combRows + at * g.rowStride, s), in + (size_t)p * vecs, c.rowBytes);
-      warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + at * 8, s)), seq);
+      warpCopy<false>(lane, stagingRow(at), in + (size_t)p * rowVecs + v0, vecs * 16);
+      warpPublish(lane, combFlag(g, at, sl, s), seq);
     }
     return;
   }
   // kLlExpertWeighted: sum_k w_k * row(e_k), fma in column order, rounded to bf16.
   const float wt = lane < K ? h.flatW[slotIndex * MK + lane] : 0.f;
   const size_t at = (size_t)me * M + j;
-  int4* dst = static_cast<int4*>(g.peers.at(g.wl.combRows + at * g.rowStride, s));
+  int4* dst = stagingRow(at);
   for (int i0 = 0; i0 < vecs; i0 += 32) {  // warp-uniform trip count: the loop shuffles
     const int i = i0 + lane;
     float acc[8] = {};
     for (int k = 0; k < K; k++) {
       const int p = __shfl_sync(kAll, pos, k);
       const float wk = __shfl_sync(kAll, wt, k);
-      if (p >= 0 && i < vecs) fmaBf16(acc, __ldg(in + (size_t)p * vecs + i), wk);
+      if (p >= 0 && i < vecs) fmaBf16(acc, __ldg(in + (size_t)p * rowVecs + v0 + i), wk);
     }
     if (i < vecs) dst[i] = packBf16(acc);
   }
-  warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + at * 8, s)), seq);
+  warpPublish(lane, combFlag(g, at, sl, s), seq);
 }
 
-// One warp: own token t, summed from the owner's staging. False after a timeout.
-__device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCombineCall& c, int t, uint64_t seq,
-                            int lane) {
-  const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, vecs = c.rowBytes >> 4;
+// One warp: slice `sl` of own token t, summed from my staging. False after a timeout.
+__device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCombineCall& c, int t, int sl,
+                            uint64_t seq, int lane) {
+  const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk;
+  const Cols cols = Cols::of(sl, c.rowBytes / 2);
+  const int v0 = cols.lo / 8, vecs = (cols.hi - cols.lo) / 8;
   const char* staging = static_cast<const char*>(g.peers.local(g.wl.combRows));
-  const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
-  int4* out = reinterpret_cast<int4*>(c.out + (size_t)t * c.rowBytes);
+  auto stagingRow = [&](size_t at) { return reinterpret_cast<const int4*>(staging + at * g.rowStride) + v0; };
+  int4* out = reinterpret_cast<int4*>(c.out + (size_t)t * c.rowBytes) + v0;
   if (c.mode == kLlOwnerWeighted) {
     // Column k is delivered where routing kept it (emIdx >= 0); its row sits at [t][k].
     const bool on = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
     const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
     const int owner = on ? loadExpert(h, t, lane) / g.localExperts : -1;  // the expert's rank, for the error text
-    const unsigned cols = __ballot_sync(kAll, on);
+    const unsigned colsOn = __ballot_sync(kAll, on);
     for (int k = 0; k < K; k++) {
       const int from = __shfl_sync(kAll, owner, k);
-      if ((cols >> k & 1) && !warpAcquire(g, flags + (size_t)t * MK + k, seq, from, t, ncclext::kSiteRow)) return false;
+      if ((colsOn >> k & 1) && !warpAcquire(g, combFlag(g, (size_t)t * MK + k, sl, g.rank), seq, from, t,
+                                            ncclext::kSiteRow))
+        return false;
     }
     for (int i0 = 0; i0 < vecs; i0 += 32) {
       const int i = i0 + lane;
       float acc[8] = {};
       for (int k = 0; k < K; k++) {
         const float wk = __shfl_sync(kAll, wt, k);
-        if ((cols >> k & 1) && i < vecs)
-          fmaBf16(acc, __ldcg(reinterpret_cast<const int4*>(staging + ((size_t)t * MK + k) * g.rowStride) + i), wk);
+        if ((colsOn >> k & 1) && i < vecs) fmaBf16(acc, __ldcg(stagingRow((size_t)t * MK + k) + i), wk);
       }
       if (i < vecs) out[i] = packBf16(acc);
     }
@@ -387,15 +434,15 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   const Slots slots = Slots::load(h, R, t, lane);
   for (int r = 0; r < R; r++) {
     const int slot = slots.of(r);
-    if (slot >= 0 && !warpAcquire(g, flags + (size_t)r * M + slot, seq, r, slot, ncclext::kSiteRow)) return false;
+    if (slot >= 0 && !warpAcquire(g, combFlag(g, (size_t)r * M + slot, sl, g.rank), seq, r, slot, ncclext::kSiteRow))
+      return false;
   }
   for (int i0 = 0; i0 < vecs; i0 += 32) {
     const int i = i0 + lane;
     float acc[8] = {};
     for (int r = 0; r < R; r++) {  // rank order
       const int slot = slots.of(r);
-      if (slot >= 0 && i < vecs)
-        addBf16(acc, __ldcg(reinterpret_cast<const int4*>(staging + ((size_t)r * M + slot) * g.rowStride) + i));
+      if (slot >= 0 && i < vecs) addBf16(acc, __ldcg(stagingRow((size_t)r * M + slot) + i));
     }
     if (i < vecs) out[i] = packBf16(acc);
   }
@@ -404,7 +451,7 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
 
 __global__ void __launch_bounds__(kLlThreads) llCombineKernel(GroupView g, HandleView h, LlCombineCall c) {
   __shared__ int rowStart[kMaxRanks + 1];
-  const int R = g.nRanks;
+  const int R = g.nRanks, S = slicesOf(c.rowBytes / 2);
   const uint64_t seq = callNumber(g, kCombine);
   const WarpId w = WarpId::of();
   if (threadIdx.x == 0) {
@@ -417,11 +464,12 @@ __global__ void __launch_bounds__(kLlThreads) llCombineKernel(GroupView g, Handl
   }
   bool ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);  // its barrier publishes rowStart
   if (ok)
-    for (int i = w.gw; i < rowStart[R]; i += w.nw) {
-      const int s = sourceOf(rowStart, R, i);
-      sendSlot(g, h, c, s, i - rowStart[s], seq, w.lane);
+    for (int item = w.gw; item < rowStart[R] * S; item += w.nw) {
+      const int i = item / S, s = sourceOf(rowStart, R, i);
+      sendSlot(g, h, c, s, i - rowStart[s], item % S, seq, w.lane);
     }
-  for (int t = w.gw; ok && t < h.numTokens; t += w.nw) ok = reduceToken(g, h, c, t, seq, w.lane);
+  for (int item = w.gw; ok && item < h.numTokens * S; item += w.nw)
+    ok = reduceToken(g, h, c, item / S, item % S, seq, w.lane);
   finishCall(g, kCombine, g.wl.combDone, seq, !ok);
 }
 
