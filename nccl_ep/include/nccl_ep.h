@@ -165,8 +165,9 @@ typedef struct {
   unsigned int magic;
   int num_sms;                 /* NCCL_EP_AUTO: the group's */
   int round_scale;             /* LL fp8 quantisation (bf16 in, fp8 e4m3 out): 1 = scales rounded up to powers of 2 */
+  int send_only;               /* LL: 1 = issue the sends and return; ncclEpComplete receives (see there) */
 } ncclEpDispatchConfig_t;
-#define NCCL_EP_DISPATCH_CONFIG_INIT {sizeof(ncclEpDispatchConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO, 0}
+#define NCCL_EP_DISPATCH_CONFIG_INIT {sizeof(ncclEpDispatchConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO, 0, 0}
 
 typedef struct {
   unsigned int size;
@@ -191,8 +192,9 @@ typedef struct {
   unsigned int size;
   unsigned int magic;
   int num_sms;                 /* NCCL_EP_AUTO: the group's */
+  int send_only;               /* LL: 1 = issue the sends and return; ncclEpComplete receives (see there) */
 } ncclEpCombineConfig_t;
-#define NCCL_EP_COMBINE_CONFIG_INIT {sizeof(ncclEpCombineConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO}
+#define NCCL_EP_COMBINE_CONFIG_INIT {sizeof(ncclEpCombineConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO, 0}
 
 typedef struct {
   unsigned int size;
@@ -217,8 +219,9 @@ NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain
  * combine across several domains are not implemented yet: such a group is refused with ncclInvalidUsage. The group's
  * calls (handle binding, dispatch, combine) run one after another on the GPU: issue them on one stream, or order
  * the streams with events, in the same order on every rank. Handles with different routings may alternate.
- * NCCL_EP_ALGO_LOW_LATENCY (decode): everything is sized here for max_tokens_per_rank (<= 1024); handles, dispatch
- * and combine then never allocate or synchronise the host, and all of them may be graph-captured. */
+ * NCCL_EP_ALGO_LOW_LATENCY (decode): everything is sized here for max_tokens_per_rank (<= 1024); handle creation
+ * allocates the handle's arrays once, and then handle updates, dispatch, combine and ncclEpComplete never allocate
+ * or synchronise the host, and may be graph-captured. */
 NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config);
 /* COLLECTIVE: waits for the group's work, then frees it. */
 NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
@@ -262,7 +265,12 @@ NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispa
 NCCL_EP_API ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
                                        const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
                                        cudaStream_t stream);
-/* The second half of a send-only call (Low-Latency mode). High-Throughput calls complete on their own: no-op. */
+/* COLLECTIVE, stream-ordered: the second half of the handle's send-only call (Low-Latency mode): waits for the
+ * peers' rows and lays them out (dispatch) or reduces them (combine), with the outputs and config of that call,
+ * which must stay valid until then. Between a send-only call and its completion the group may run calls of the
+ * other kind (e.g. a send-only dispatch of one handle, then a combine of another, then the completion), not
+ * another call of the same kind: one staging per kind. ncclInvalidUsage when the handle has no send-only call
+ * pending. High-Throughput calls complete on their own: a no-op there. */
 NCCL_EP_API ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config,
                                         cudaStream_t stream);
 

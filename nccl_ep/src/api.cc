@@ -124,11 +124,30 @@ ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
   return ncclSuccess;
 }
 
+// Low-Latency send-only calls: one open call per kind and group (each kind has one staging), none on a handle with
+// one open (a combine needs its dispatch received; a rebinding would change what the open call reads).
+ncclResult_t checkNothingPending(const ncclEpHandle* h, ncclep::CallKind kind, const char* what) {
+  const ncclEpHandle* open = h->group->pending[kind];
+  NCCLEXT_USAGE(open == nullptr, "%s: a send-only %s (handle %p) awaits ncclEpComplete; one open call of each kind per "
+                "group", what, kind == ncclep::kDispatch ? "dispatch" : "combine", (const void*)open);
+  NCCLEXT_USAGE(h->pendingKind < 0, "%s: this handle's send-only %s awaits ncclEpComplete", what,
+                h->pendingKind == ncclep::kDispatch ? "dispatch" : "combine");
+  return ncclSuccess;
+}
+
+ncclResult_t markPending(ncclEpHandle* h, ncclep::CallKind kind, int ctas) {
+  h->pendingKind = kind;
+  h->pendingCtas = ctas;
+  h->group->pending[kind] = h;
+  return ncclSuccess;
+}
+
 // Low-Latency dispatch (headers checked): bf16 or e4m3 in, bf16 / e4m3 (quantised) / e4m3 (forwarded) out.
 ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
                         const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
                         const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
   ncclEpGroup* g = handle->group;
+  NCCLEXT_CHECK(checkNothingPending(handle, ncclep::kDispatch, "ncclEpDispatch"));
   const int T = handle->view.numTokens, K = handle->topk;
   const int64_t N = handle->maxRecvRows;
   const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
@@ -205,13 +224,23 @@ ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inpu
   c.nScales = nScales;
   c.quantize = fp8Out && !fp8In;
   c.roundScale = config && config->round_scale;
-  return ncclep::launchLlDispatch(g->view, handle->view, c, callSms(g, config ? config->num_sms : 0), stream);
+  const int ctas = callSms(g, config ? config->num_sms : 0);
+  if (!(config && config->send_only)) {
+    c.phases = ncclep::kLlSend | ncclep::kLlReceive;
+    return ncclep::launchLlDispatch(g->view, handle->view, c, ctas, stream);
+  }
+  c.phases = ncclep::kLlSend;
+  NCCLEXT_CHECK(ncclep::launchLlDispatch(g->view, handle->view, c, ctas, stream));
+  c.phases = ncclep::kLlReceive;
+  handle->pendingDispatch = c;
+  return markPending(handle, ncclep::kDispatch, ctas);
 }
 
 ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs,
                        const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
                        cudaStream_t stream) {
   ncclEpGroup* g = handle->group;
+  NCCLEXT_CHECK(checkNothingPending(handle, ncclep::kCombine, "ncclEpCombine"));
   const int T = handle->view.numTokens, K = handle->topk;
   const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
   const ncclEpTensor_t& x = inputs->tokens;
@@ -239,7 +268,16 @@ ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs
   c.in = static_cast<const char*>(x.data);
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)(H * 2);
-  return ncclep::launchLlCombine(g->view, handle->view, c, callSms(g, config ? config->num_sms : 0), stream);
+  const int ctas = callSms(g, config ? config->num_sms : 0);
+  if (!(config && config->send_only)) {
+    c.phases = ncclep::kLlSend | ncclep::kLlReceive;
+    return ncclep::launchLlCombine(g->view, handle->view, c, ctas, stream);
+  }
+  c.phases = ncclep::kLlSend;
+  NCCLEXT_CHECK(ncclep::launchLlCombine(g->view, handle->view, c, ctas, stream));
+  c.phases = ncclep::kLlReceive;
+  handle->pendingCombine = c;
+  return markPending(handle, ncclep::kCombine, ctas);
 }
 
 }  // namespace
@@ -392,6 +430,7 @@ ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* top
   NCCLEXT_CHECK(checkTopk(handle->group, topk_idx));
   NCCLEXT_ARG(topk_idx->sizes[1] == handle->topk, "top-k %lld differs from the handle's %d (create a new handle)",
               (long long)topk_idx->sizes[1], handle->topk);
+  NCCLEXT_USAGE(handle->pendingKind < 0, "ncclEpUpdateHandle: the handle's send-only call awaits ncclEpComplete");
   NCCLEXT_USAGE(!handle->group->view.lowLatency || layout_info == nullptr,
                 "layout_info at handle update: Low-Latency counts arrive with each dispatch (pass it there)");
   NCCLEXT_CHECK(checkLayoutInfo(layout_info, handle->group));
@@ -436,6 +475,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
   if (g->view.lowLatency) return llDispatch(handle, inputs, outputs, layout_info, config, stream);
   NCCLEXT_CHECK(checkLayoutInfo(layout_info, g));  // accepted for API compatibility; HT reports at handle time
   NCCLEXT_ARG(!config || !config->round_scale, "config.round_scale is for Low-Latency fp8 quantisation");
+  NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
   const int T = handle->view.numTokens, K = handle->topk;
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}, {T, -1}));
@@ -524,6 +564,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
   if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
   if (g->view.lowLatency) return llCombine(handle, inputs, outputs, config, stream);
+  NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
   NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
@@ -553,10 +594,18 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
 
 ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
-  (void)stream;
   NCCLEXT_ARG(handle != nullptr, "ncclEpComplete: handle is NULL");
   if (config) CHECK_HEADER(config, ncclEpCompleteConfig_t, NCCL_EP_COMPLETE_CONFIG_INIT);
-  return ncclSuccess;  // High-Throughput calls are never split into send and receive halves
+  ncclEpGroup* g = handle->group;
+  if (!g->view.lowLatency) return ncclSuccess;  // High-Throughput calls are never split into send and receive halves
+  NCCLEXT_CHECK(g->asyncError("ncclEpComplete"));
+  const int kind = handle->pendingKind;
+  NCCLEXT_USAGE(kind >= 0, "ncclEpComplete: the handle has no send-only call awaiting completion");
+  handle->pendingKind = -1;
+  g->pending[kind] = nullptr;
+  if (kind == ncclep::kDispatch)
+    return ncclep::launchLlDispatch(g->view, handle->view, handle->pendingDispatch, handle->pendingCtas, stream);
+  return ncclep::launchLlCombine(g->view, handle->view, handle->pendingCombine, handle->pendingCtas, stream);
 }
 
 }  // extern "C"

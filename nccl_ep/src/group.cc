@@ -280,6 +280,7 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
 }
 
 ncclEpHandle::~ncclEpHandle() {
+  if (pendingKind >= 0) group->pending[pendingKind] = nullptr;  // its send-only call is abandoned
   group->deviceFree(block);
   group->hostFree(hostTotals);
 }

@@ -11,6 +11,7 @@
 #include "common/virtual_domain.h"
 #include "nccl_ep/include/nccl_ep.h"
 #include "nccl_ep/src/ht.h"
+#include "nccl_ep/src/ll.h"
 
 // The one-GPU test mode's shared object (ncclEpVirtualDomainCreate).
 struct ncclEpVirtualDomain {
@@ -30,6 +31,8 @@ struct ncclEpGroup {
   void* state = nullptr;  // device: sequence counters and barrier epoch
   ncclep::GroupView view{};
   double timeoutSeconds = 100;
+  // Low-Latency: the handle whose send-only call of each kind (ncclep::CallKind) awaits ncclEpComplete, or NULL.
+  ncclEpHandle* pending[2] = {nullptr, nullptr};
 
   static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out);
   ~ncclEpGroup();
@@ -59,6 +62,11 @@ struct ncclEpHandle {
   int64_t* hostTotals = nullptr; // pinned, mapped
   ncclep::HandleView view{};
   int64_t maxFlatRows = 0, maxRecvRows = 0;
+  // Low-Latency: this handle's send-only call awaiting ncclEpComplete (pendingKind -1: none), and its launch.
+  int pendingKind = -1;
+  int pendingCtas = 0;
+  ncclep::LlDispatchCall pendingDispatch{};
+  ncclep::LlCombineCall pendingCombine{};
 
   static ncclResult_t create(ncclEpGroup* group, ncclEpLayout_t layout, int topk, const ncclEpHandleConfig_t& config,
                              ncclEpHandle** out);

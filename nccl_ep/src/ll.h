@@ -34,9 +34,14 @@ struct LlDispatchCall {
   int nScales;           // H / 128 with an e4m3 output, else 0
   int quantize;          // bf16 in, e4m3 out: the sender quantises
   int roundScale;        // powers of two
+  int phases;            // LlPhase bits: kLlSend, kLlReceive or both
 };
 
 enum LlCombineMode { kLlRankRows = 0, kLlExpertWeighted = 1, kLlOwnerWeighted = 2 };
+
+// The halves of a call: a send-only call launches kLlSend, ncclEpComplete kLlReceive (the call number is bumped at
+// the end of the receive half), a plain call both in one launch.
+enum LlPhase { kLlSend = 1, kLlReceive = 2 };
 
 struct LlCombineCall {
   const char* in;        // [N][H] bf16 in the dispatch layout
@@ -44,6 +49,7 @@ struct LlCombineCall {
   char* out;             // [T][H] bf16
   int rowBytes;          // H x 2
   int mode;              // LlCombineMode
+  int phases;            // LlPhase bits
 };
 
 // Loads both kernels (group creation; see ncclext::loadKernels).

@@ -14,10 +14,13 @@
 // Cases, each on both layouts: random routings at several sizes (M 1..256, top-k 1..8, E = R, 4R, 8R experts, H
 // 128..2048 and one 7168), one hot expert that fills its zone, a rank nobody routes to, ranks with 0 and 1 tokens,
 // mostly -1 slots, no dispatch weights, only the required outputs, fp8 quantised (round_scale 0 and 1), fp8
-// forwarded, a handle rebound with ncclEpUpdateHandle; then a CUDA graph (global capture mode) of dispatch + combine
+// forwarded, a handle rebound with ncclEpUpdateHandle, send-only dispatch and combine each finished by
+// ncclEpComplete; then CUDA graphs (global capture mode) of dispatch + combine (one of them send-only + complete)
 // replayed 1000 times with fresh inputs written by a kernel between replays, every 100th and the last checked in
 // full; argument checks that must return an error, not crash (FLAT, EXACT sizing, alignment 8, T > M, top-k above
-// max_topk, fp8 output with H % 128 != 0 or without scales, RANK_MAJOR combine with weights); and (2+ ranks) the
+// max_topk, fp8 output with H % 128 != 0 or without scales, RANK_MAJOR combine with weights, a second call of a
+// kind while a send-only one is open, a combine or an update of a handle with an open call, ncclEpComplete with
+// nothing open); and (2+ ranks) the
 // timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no call hangs.
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) group creation must refuse cleanly on every
@@ -84,6 +87,7 @@ struct Case {
   bool idx64 = false;           // topk_idx as int64
   bool bare = false;            // only the required outputs (tokens, fp8 scales), no layout_info
   bool update = false;          // then ncclEpUpdateHandle to a second routing, and the rounds again
+  bool sendOnly = false;        // dispatch and combine each send-only, then ncclEpComplete
   bool quick = false;           // one of --quick's cases
 };
 
@@ -535,9 +539,14 @@ struct Runner {
     fill(Fill::kCombineIn, b.combineIn, sh.N, sh.H, ds, me, &b.valid);
   }
 
-  int enqueue(const std::string& label, ncclEpHandle_t h, const Call& k) {
-    EXPECT_OK(ncclEpDispatch(h, &k.in, &k.out, k.withInfo ? &k.info : nullptr, &k.config, ctx.stream));
-    EXPECT_OK(ncclEpCombine(h, &k.cin, &k.cout, nullptr, ctx.stream));
+  int enqueue(const std::string& label, ncclEpHandle_t h, const Call& k, bool sendOnly = false) {
+    ncclEpDispatchConfig_t dc = k.config;
+    ncclEpCombineConfig_t cc = NCCL_EP_COMBINE_CONFIG_INIT;
+    dc.send_only = cc.send_only = sendOnly;
+    EXPECT_OK(ncclEpDispatch(h, &k.in, &k.out, k.withInfo ? &k.info : nullptr, &dc, ctx.stream));
+    if (sendOnly) EXPECT_OK(ncclEpComplete(h, nullptr, ctx.stream));
+    EXPECT_OK(ncclEpCombine(h, &k.cin, &k.cout, &cc, ctx.stream));
+    if (sendOnly) EXPECT_OK(ncclEpComplete(h, nullptr, ctx.stream));
     return 0;
   }
 
@@ -649,7 +658,7 @@ struct Runner {
     const int T = r.numTokens[ctx.rank];
     fillInputs(c, sh, b, T, ds);
     b.poisonOutputs();
-    if (enqueue(label, h, describe(c, sh, b, T, path))) return 1;
+    if (enqueue(label, h, describe(c, sh, b, T, path), c.sendOnly)) return 1;
     if (wait(label.c_str())) return 1;
     const Expected x = expect(c, sh, r, path, ds, ctx.rank);
     checkDispatch(label, c, sh, b, x, ds);
@@ -699,7 +708,7 @@ struct Runner {
     cudaGraphExec_t exec = nullptr;
     bool ok = cudaOk(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeGlobal), "begin capture");
     if (ok) {
-      ok = enqueue(label, h, k) == 0;  // no early return: the capture must end
+      ok = enqueue(label, h, k, c.sendOnly) == 0;  // no early return: the capture must end
       ok &= cudaOk(cudaStreamEndCapture(ctx.stream, &graph), "end capture");
     }
     uint64_t failed = 0;
@@ -802,6 +811,21 @@ struct Runner {
     co.tokens = epTensor(cout.p, ncclBfloat16, {T, H});
     refused(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream), "RANK_MAJOR combine with inputs.topk_weights");
     ci.topk_weights = NCCL_EP_TENSOR_INIT;
+    refused(ncclEpComplete(h, nullptr, ctx.stream), "ncclEpComplete with nothing pending");
+    // A send-only dispatch leaves the dispatch open: another dispatch, a combine or an update of its handle are
+    // refused until ncclEpComplete; then a send-only combine the same way.
+    ncclEpDispatchConfig_t sendOnly = NCCL_EP_DISPATCH_CONFIG_INIT;
+    sendOnly.send_only = 1;
+    EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, &sendOnly, ctx.stream));
+    refused(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream), "a dispatch while one is open");
+    refused(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream), "a combine of a handle whose dispatch is open");
+    refused(ncclEpUpdateHandle(h, &ti, nullptr, ctx.stream), "ncclEpUpdateHandle of a handle with an open call");
+    EXPECT_OK(ncclEpComplete(h, nullptr, ctx.stream));
+    ncclEpCombineConfig_t combineSendOnly = NCCL_EP_COMBINE_CONFIG_INIT;
+    combineSendOnly.send_only = 1;
+    EXPECT_OK(ncclEpCombine(h, &ci, &co, &combineSendOnly, ctx.stream));
+    refused(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream), "a combine while one is open");
+    EXPECT_OK(ncclEpComplete(h, nullptr, ctx.stream));
     EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
     if (wait("validation: the valid calls")) return 1;
     const auto got = cout.get<uint16_t>((size_t)T * H);  // zeros in, zeros out
@@ -934,6 +958,10 @@ std::vector<Case> buildCases() {
       c.update = true;
       c.quick = true;
       cases.push_back(c);
+      c = make("send-only + ncclEpComplete", layout, z.M, z.L, 8, z.H);
+      c.sendOnly = true;
+      c.quick = true;
+      cases.push_back(c);
     }
     for (Combine path : {kByRank, kWeightsAtDispatch, kWeightsAtCombine}) {
       Case c = make(std::string("graph replay, ") + Runner::pathName(path),
@@ -943,6 +971,11 @@ std::vector<Case> buildCases() {
       c.quick = true;
       cases.push_back(c);
     }
+    Case gs = make("graph replay, send-only + ncclEpComplete", NCCL_EP_LAYOUT_EXPERT_MAJOR, z.M, z.L, 8, z.H);
+    gs.kind = kGraph;
+    gs.combine = kWeightsAtCombine;
+    gs.sendOnly = true;
+    cases.push_back(gs);
     Case v = make("argument validation", NCCL_EP_LAYOUT_RANK_MAJOR, z.M, z.L, 2, 128);
     v.kind = kValidation;
     v.quick = true;

@@ -113,20 +113,22 @@ def test_config_fields_reach_the_c_checks(field, value, text):
 
 
 def test_low_latency_sizing_reaches_the_c_checks():
-    # algorithm 0 is read as Low-Latency: a library with the mode refuses its 2048 tokens (LL: at most 1024) before
-    # touching the fake communicator; one built before the mode says it is not implemented.
-    with pytest.raises(ep.NcclError) as e:
+    # algorithm 0 is read as Low-Latency: the library refuses its 2048 tokens (LL: at most 1024) before touching the
+    # fake communicator (High-Throughput takes 2048).
+    with pytest.raises(ep.NcclInvalidArgument) as e:
         _create_group(algorithm=0, max_tokens_per_rank=2048)
-    assert ("max_tokens_per_rank 2048: the Low-Latency mode takes at most 1024" in str(e.value)
-            or "Low-Latency mode is not implemented" in str(e.value)), str(e.value)
+    assert "max_tokens_per_rank 2048: the Low-Latency mode takes at most 1024" in str(e.value), str(e.value)
 
 
-def test_round_scale_is_read_where_c_reads_it():
-    # The split mirrors: round_scale sits after num_sms in the dispatch config only.
-    cfg = ep._DispatchConfig.new(num_sms=3, round_scale=1)
-    raw = (ctypes.c_int * 4).from_buffer_copy(cfg)
-    assert list(raw) == [ctypes.sizeof(ep._DispatchConfig), ep._MAGIC, 3, 1]
-    assert ctypes.sizeof(ep._CombineConfig) == 12 and ctypes.sizeof(ep._DispatchConfig) == 16
+def test_round_scale_follows_num_sms_in_the_dispatch_config_only():
+    # The split mirrors (their offsets against the C compiler's are test_struct_layout's): round_scale sits after
+    # num_sms in the dispatch config only, send_only last in both.
+    cfg = ep._DispatchConfig.new(num_sms=3, round_scale=1, send_only=1)
+    raw = (ctypes.c_int * 5).from_buffer_copy(cfg)
+    assert list(raw) == [ctypes.sizeof(ep._DispatchConfig), ep._MAGIC, 3, 1, 1]
+    craw = (ctypes.c_int * 4).from_buffer_copy(ep._CombineConfig.new(num_sms=2, send_only=1))
+    assert list(craw) == [ctypes.sizeof(ep._CombineConfig), ep._MAGIC, 2, 1]
+    assert ctypes.sizeof(ep._CombineConfig) == 16 and ctypes.sizeof(ep._DispatchConfig) == 20
 
 
 def test_bad_header_is_refused():

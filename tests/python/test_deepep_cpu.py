@@ -170,7 +170,7 @@ class _EpHandle:
 
 class _LowLatencyGroup:
     """Stands in for nccl.ep.Group(algorithm="low_latency"): records what the drop-in asks of it; dispatch returns
-    the src_info / counts the test sets (zeros otherwise)."""
+    the src_info / counts the test sets (otherwise zeros, and counts 1..L: nonzero, so that adding them shows)."""
 
     made = []
 
@@ -184,18 +184,21 @@ class _LowLatencyGroup:
         self.calls.append(("create_handle", layout))
         return _EpHandle(topk_idx, layout)
 
-    def dispatch(self, x, handle, out_dtype=None, round_scale=False):
-        self.calls.append(("dispatch", handle, out_dtype, round_scale))
+    def dispatch(self, x, handle, out_dtype=None, round_scale=False, send_only=False):
+        self.calls.append(("dispatch", handle, out_dtype, round_scale) + (("send_only",) if send_only else ()))
         n = self.local_experts * R * self.kwargs["max_tokens_per_rank"]
         src = self.src_info if self.src_info is not None else torch.zeros(n, dtype=torch.int32)
-        counts = self.counts if self.counts is not None else torch.zeros(self.local_experts, dtype=torch.int32)
+        counts = self.counts if self.counts is not None else torch.arange(1, self.local_experts + 1, dtype=torch.int32)
         return SimpleNamespace(tokens=torch.zeros(n, x.shape[1], dtype=out_dtype or x.dtype), handle=handle,
                                scales=torch.ones(n, x.shape[1] // 128) if out_dtype is not None else None,
                                src_info=src, expert_counts=counts)
 
-    def combine(self, y, handle, topk_weights=None, out=None):
-        self.calls.append(("combine", tuple(y.shape), handle, topk_weights, out))
+    def combine(self, y, handle, topk_weights=None, out=None, send_only=False):
+        self.calls.append(("combine", tuple(y.shape), handle, topk_weights, out) + (("send_only",) if send_only else ()))
         return out if out is not None else torch.zeros(handle.num_tokens, y.shape[1], dtype=y.dtype)
+
+    def complete(self, handle):
+        self.calls.append(("complete", handle))
 
     def close(self):
         self.closed = True
@@ -225,8 +228,9 @@ def test_low_latency_dispatch_translation(ll, use_fp8, round_scale):
     (g,) = _LowLatencyGroup.made
     assert g.kwargs == {"num_experts": E, "max_tokens_per_rank": LM, "hidden": LH, "max_topk": LK,
                         "algorithm": "low_latency"}
-    assert g.calls[0] == ("create_handle", "expert_major")
-    _, ep_handle, out_dtype, rs = g.calls[1]
+    # The whole ring is made at the group's first dispatch (none later, inside a capture), bound to its routing.
+    assert [c[:2] for c in g.calls[:2]] == [("create_handle", "expert_major")] * 2 and len(g.calls) == 3
+    _, ep_handle, out_dtype, rs = g.calls[2]
     assert out_dtype == (torch.float8_e4m3fn if use_fp8 else None) and rs == (round_scale and use_fp8)
     if use_fp8:
         q, scales = recv_x
@@ -234,15 +238,21 @@ def test_low_latency_dispatch_translation(ll, use_fp8, round_scale):
         assert scales.shape == (local, R * LM, LH // 128) and scales.dtype == torch.float32
     else:
         assert recv_x.shape == (local, R * LM, LH) and recv_x.dtype == torch.bfloat16
-    assert recv_count.shape == (local,) and torch.equal(stats, recv_count + 5)  # added on the stream
+    assert recv_count.shape == (local,) and bool((recv_count > 0).all())
+    assert torch.equal(stats, recv_count + 5)  # added on the stream
+    assert ep_handle.updates == 0  # made for this routing: no second binding
     assert event.event is None and hook is None
     assert len(handle) == 5 and handle[2:] == (LM, LH, E) and handle.ep_handle is ep_handle
     assert "num_max_dispatch_tokens_per_rank=3" in repr(handle)
 
 
-def test_low_latency_recv_hook_does_nothing(ll):
-    _, _, (_, _, _, _, hook) = _call(ll, return_recv_hook=True)
-    assert callable(hook) and hook() is None  # one launch sends and receives: nothing left for the hook
+def test_low_latency_recv_hook_completes_a_send_only_dispatch(ll):
+    _, _, (_, _, handle, _, hook) = _call(ll, return_recv_hook=True)
+    group = _LowLatencyGroup.made[-1]
+    assert group.calls[-1][0] == "dispatch" and group.calls[-1][-1] == "send_only"  # the call only sent
+    assert hook() is None and group.calls[-1] == ("complete", handle.ep_handle)  # the hook receives
+    with pytest.raises(NcclInvalidUsage, match="already called"):
+        hook()
 
 
 def test_low_latency_handle_has_deepeps_meanings(ll):
@@ -280,7 +290,8 @@ def test_low_latency_handles_alternate_and_expire(ll):
     handles = [_call(ll)[2][2] for _ in range(3)]
     g = _LowLatencyGroup.made[0]
     assert [c[0] for c in g.calls].count("create_handle") == 2  # a ring of two nccl.ep handles
-    assert handles[2].ep_handle is handles[0].ep_handle and handles[0].ep_handle.updates == 1
+    assert handles[2].ep_handle is handles[0].ep_handle and handles[0].ep_handle is not handles[1].ep_handle
+    assert (handles[0].ep_handle.updates, handles[1].ep_handle.updates) == (1, 1)  # rebound by dispatches 2 and 1
     y = torch.zeros(E // R, R * LM, LH, dtype=torch.bfloat16)
     w = torch.rand(LM, LK)
     with pytest.raises(NcclInvalidUsage, match="2 later low_latency_dispatch calls reused its nccl.ep handle"):
@@ -297,9 +308,11 @@ def test_low_latency_combine_translation(ll):
     w = torch.rand(LM, LK)
     out = torch.empty(LM, LH, dtype=torch.bfloat16)
     combined, _, hook = ll.low_latency_combine(recv_x, idx, w, handle, out=out, return_recv_hook=True)
-    assert combined is out and hook() is None
-    _, shape, ep_handle, weights, given_out = _LowLatencyGroup.made[0].calls[-1]
+    group = _LowLatencyGroup.made[-1]
+    _, shape, ep_handle, weights, given_out, send_only = group.calls[-1]  # the combine only sent
     assert shape == (recv_x.shape[0] * recv_x.shape[1], LH) and weights is w and given_out is out
+    assert send_only == "send_only" and ep_handle is handle.ep_handle
+    assert combined is out and hook() is None and group.calls[-1] == ("complete", handle.ep_handle)
 
 
 def test_low_latency_group_is_made_anew_when_the_sizes_change(ll):
@@ -311,10 +324,31 @@ def test_low_latency_group_is_made_anew_when_the_sizes_change(ll):
     assert old.closed and first.ep_handle.closed and not new.closed
     assert new.kwargs["max_tokens_per_rank"] == LM + 1
     y = torch.zeros(E // R, R * LM, LH, dtype=torch.bfloat16)
-    with pytest.raises(NcclInvalidUsage, match="or the Low-Latency group was made anew since"):
+    with pytest.raises(NcclInvalidUsage, match=r"the Low-Latency group was made anew \(other sizes\) or destroyed"):
         ll.low_latency_combine(y, torch.zeros(LM, LK, dtype=torch.int64), torch.rand(LM, LK), first)
+    last = _call(ll, m=LM + 1)[2][2]
     ll.destroy()
-    assert new.closed
+    assert new.closed and last.ep_handle.closed
+    y = torch.zeros(E // R, R * (LM + 1), LH, dtype=torch.bfloat16)
+    with pytest.raises(NcclInvalidUsage, match="made anew .* or destroyed since"):
+        ll.low_latency_combine(y, torch.zeros(LM, LK, dtype=torch.int64), torch.rand(LM, LK), last)
+
+
+def test_low_latency_stale_handle_says_how_many_dispatches_came_after(ll):
+    handles = [_call(ll)[2][2] for _ in range(5)]
+    y = torch.zeros(E // R, R * LM, LH, dtype=torch.bfloat16)
+    with pytest.raises(NcclInvalidUsage, match=r"3 later low_latency_dispatch calls reused .* = 2 dispatches"):
+        ll.low_latency_combine(y, torch.zeros(LM, LK, dtype=torch.int64), torch.rand(LM, LK), handles[1])
+
+
+def test_low_latency_async_finish_and_hook_together_are_refused(ll):
+    with pytest.raises(NcclInvalidArgument, match="low_latency_dispatch: async_finish and return_recv_hook together"):
+        _call(ll, async_finish=True, return_recv_hook=True)
+    assert _LowLatencyGroup.made == []  # refused before anything was made
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
+    with pytest.raises(NcclInvalidArgument, match="low_latency_combine: async_finish and return_recv_hook together"):
+        ll.low_latency_combine(recv_x, idx, torch.rand(LM, LK), handle, async_finish=True, return_recv_hook=True)
+    assert [c[0] for c in _LowLatencyGroup.made[0].calls].count("combine") == 0
 
 
 def test_low_latency_sizes_must_agree_across_ranks(ll, monkeypatch):

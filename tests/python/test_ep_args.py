@@ -221,6 +221,8 @@ def test_high_throughput_dispatch_is_unchanged(on_cpu):
     (True, {"x": torch.zeros(5, 200, dtype=torch.bfloat16), "out_dtype": torch.float8_e4m3fn},
      ep.NcclInvalidArgument, "hidden 200 is not a multiple of 128"),
     (True, {"x": torch.zeros(5, H, dtype=torch.float8_e4m3fn)}, ep.NcclInvalidArgument, "give its scales"),
+    (True, {"scales": torch.ones(5, 2)}, ep.NcclInvalidArgument,
+     "scales: for float8_e4m3fn x only"),
     (False, {"out_dtype": torch.float8_e4m3fn}, ep.NcclInvalidUsage, "quantising on the way is the Low-Latency"),
     (False, {"round_scale": True}, ep.NcclInvalidUsage, "round_scale=True: for the Low-Latency mode"),
 ])

@@ -277,6 +277,37 @@ def test_low_latency_rank_major(ll_group, T):
     h.close()
 
 
+def test_low_latency_send_only_and_complete(ll_group):
+    # A send-only dispatch and combine, each finished by complete(), give what the plain calls give; a second call
+    # of a kind while one is open, a combine on a handle whose dispatch is open and a complete with nothing open
+    # are refused with NcclInvalidUsage.
+    T, K = 96, 4
+    idx, _ = _routing(T, K, ll_group.num_experts, 70)
+    w, x = _exact_weights(T, K, 71), _exact_tokens(T, LL_H, 72)
+    h = ll_group.create_handle(idx, layout="expert_major")
+    plain = ll_group.dispatch(x, topk_weights=w, handle=h)
+    plain_tokens = plain.tokens.clone()
+    plain_out = ll_group.combine(plain.tokens, h, topk_weights=w)
+    torch.cuda.synchronize()
+    recv = ll_group.dispatch(x, topk_weights=w, handle=h, send_only=True)
+    with pytest.raises(ep.NcclInvalidUsage, match="awaits ncclEpComplete"):
+        ll_group.dispatch(x, topk_weights=w, handle=h)
+    with pytest.raises(ep.NcclInvalidUsage, match="awaits ncclEpComplete"):
+        ll_group.combine(recv.tokens, h, topk_weights=w)
+    ll_group.complete(h)
+    out = ll_group.combine(recv.tokens, h, topk_weights=w, send_only=True)
+    ll_group.complete(h)
+    with pytest.raises(ep.NcclInvalidUsage, match="no send-only call"):
+        ll_group.complete(h)
+    torch.cuda.synchronize()
+    for e in range(ll_group.local_experts):
+        zone, c = e * ll_group.size * LL_M, int(plain.expert_counts[e])
+        assert int(recv.expert_counts[e]) == c
+        assert torch.equal(recv.tokens[zone:zone + c], plain_tokens[zone:zone + c]), e
+    assert torch.equal(out, plain_out)
+    h.close()
+
+
 def test_low_latency_expert_major_and_both_combines(ll_group):
     T, K, R, local = 120, 6, ll_group.size, ll_group.local_experts
     idx, _ = _routing(T, K, ll_group.num_experts, 60)

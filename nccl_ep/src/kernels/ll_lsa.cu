@@ -314,12 +314,16 @@ __global__ void __launch_bounds__(kLlThreads) llDispatchKernel(GroupView g, Hand
   __shared__ RecvCounts rc;
   const uint64_t seq = callNumber(g, kDispatch);
   const WarpId w = WarpId::of();
-  bool ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.dispDone, seq);
-  if (ok) {
-    if (blockIdx.x == 0) sendHeaders(g, h, seq);
-    sendRows(g, h, c, seq, w);
-    ok = acquireHeaders(g, &rc, seq);
+  bool ok = true;
+  if (c.phases & kLlSend) {
+    ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.dispDone, seq);
+    if (ok) {
+      if (blockIdx.x == 0) sendHeaders(g, h, seq);
+      sendRows(g, h, c, seq, w);
+    }
   }
+  if (!(c.phases & kLlReceive)) return;  // send-only: the call stays open until ncclEpComplete's half
+  ok = ok && acquireHeaders(g, &rc, seq);
   if (ok) {
     if (blockIdx.x == 0) writeCounts(g, h, c, &rc);
     ok = receiveRows(g, h, c, &rc, seq, w);
@@ -462,12 +466,16 @@ __global__ void __launch_bounds__(kLlThreads) llCombineKernel(GroupView g, Handl
     }
     rowStart[R] = run;
   }
-  bool ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);  // its barrier publishes rowStart
-  if (ok)
-    for (int item = w.gw; item < rowStart[R] * S; item += w.nw) {
-      const int i = item / S, s = sourceOf(rowStart, R, i);
-      sendSlot(g, h, c, s, i - rowStart[s], item % S, seq, w.lane);
-    }
+  bool ok = true;
+  if (c.phases & kLlSend) {
+    ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);  // its barrier publishes rowStart
+    if (ok)
+      for (int item = w.gw; item < rowStart[R] * S; item += w.nw) {
+        const int i = item / S, s = sourceOf(rowStart, R, i);
+        sendSlot(g, h, c, s, i - rowStart[s], item % S, seq, w.lane);
+      }
+  }
+  if (!(c.phases & kLlReceive)) return;  // send-only: the call stays open until ncclEpComplete's half
   for (int item = w.gw; ok && item < h.numTokens * S; item += w.nw)
     ok = reduceToken(g, h, c, item / S, item % S, seq, w.lane);
   finishCall(g, kCombine, g.wl.combDone, seq, !ok);

@@ -91,7 +91,7 @@ class _DispatchOutputs(_Header):
 
 class _DispatchConfig(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int),
-                ("round_scale", ctypes.c_int)]
+                ("round_scale", ctypes.c_int), ("send_only", ctypes.c_int)]
 
 
 class _CombineInputs(_Header):
@@ -103,7 +103,8 @@ class _CombineOutputs(_Header):
 
 
 class _CombineConfig(_Header):
-    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int)]
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int),
+                ("send_only", ctypes.c_int)]
 
 
 _P = ctypes.c_void_p
@@ -122,6 +123,7 @@ _SIGNATURES = {
                        ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_DispatchConfig), _P],
     "ncclEpCombine": [_P, ctypes.POINTER(_CombineInputs), ctypes.POINTER(_CombineOutputs),
                       ctypes.POINTER(_CombineConfig), _P],
+    "ncclEpComplete": [_P, _P, _P],
 }
 
 
@@ -166,7 +168,7 @@ class _Prepared:
     of one signature can still differ in (contiguity), allocates its outputs and sets the data pointers; the
     per-call cost of this layer is what bench/ep_python_overhead.py measures. A Low-Latency dispatch also has a
     layout_info struct (`info`) whose four int32 count descriptors point into one new tensor per call (`counts`:
-    its length and, per descriptor, its offset in elements)."""
+    its length, per descriptor its offset in elements, and _count_parts' table)."""
 
     __slots__ = ("fn", "structs", "refs", "given", "made", "names", "counts", "info_ref", "device", "device_index")
 
@@ -195,7 +197,7 @@ class _Prepared:
             d.data = t.data_ptr() if t.numel() else None
             outs.append(t)
         if self.counts is not None:
-            n, parts = self.counts
+            n, parts, _ = self.counts
             t = torch.empty(n, dtype=torch.int32, device=self.device)
             base = t.data_ptr()
             for d, offset in parts:
@@ -223,6 +225,14 @@ def _combine_weights(combine, weights, local=None):
     return combine(w.contiguous())[:, :k]
 
 
+def _count_parts(local: int, ranks: int):
+    """Where a Low-Latency dispatch's counts lie in its one int32 tensor: per count, (its DispatchResult / Handle
+    attribute, its ncclEpLayoutInfo_t field, offset, length); 2 * local + ranks + 1 elements in all."""
+    return (("expert_counts", "expert_counters", 0, local), ("rank_counts", "src_rank_counters", local, ranks),
+            ("expert_offsets", "expert_offsets", local + ranks, local),
+            ("recv_total", "recv_total_counter", 2 * local + ranks, 1))
+
+
 def _choice(table: dict, value: str, name: str) -> int:
     if value not in table:
         raise NcclInvalidArgument("%s=%r: expected one of %s" % (name, value, ", ".join(sorted(table))))
@@ -236,9 +246,10 @@ class Group:
     or a Communicator. The group's calls run one after another, in the same order on every rank.
 
     `algorithm="low_latency"` makes a Low-Latency (decode) group: everything is sized here for max_tokens_per_rank
-    M <= 1024; its handles are RANK_MAJOR or EXPERT_MAJOR with worst-case sizing, and handle creation, dispatch and
-    combine then never allocate in the library nor wait on the host (all of them may be graph-captured). Size it
-    for the rows combine carries (bf16: hidden * 2 bytes, the default with `hidden`)."""
+    M <= 1024; its handles are RANK_MAJOR or EXPERT_MAJOR with worst-case sizing, and handle update, dispatch and
+    combine then never allocate in the library nor wait on the host (all of them may be graph-captured; handle
+    creation allocates the handle's device memory: make handles before a capture). Size it for the rows combine
+    carries (bf16: hidden * 2 bytes, the default with `hidden`)."""
 
     def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
@@ -295,7 +306,7 @@ class Group:
 
     def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
                  layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
-                 num_sms: int = 0, stream=None) -> "DispatchResult":
+                 send_only: bool = False, num_sms: int = 0, stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it, of
         `layout`: "flat" for High-Throughput groups and "expert_major" for Low-Latency ones by default) or a handle
@@ -309,7 +320,10 @@ class Group:
         order) or L * R * M (EXPERT_MAJOR, viewable as [L, R * M, H]: rows e * R * M + i, i < expert_counts[e], by
         (source rank, token)); rows past the counts are not written. src_info [N] int32 (RANK_MAJOR: the token's
         index at its source; EXPERT_MAJOR: source rank * M + token). The counts (expert_counts, rank_counts,
-        expert_offsets, recv_total) are new tensors of each dispatch, written by it on the device."""
+        expert_offsets, recv_total) are new tensors of each dispatch, written by it on the device. A dispatch given
+        topk_idx without a handle makes one, which allocates: inside a CUDA graph capture pass a handle.
+        `send_only=True` (Low-Latency): issues the sends and returns; the outputs are written by
+        `complete(handle)`, which must come before the handle's next call (one open call per kind and group)."""
         if handle is None:
             if topk_idx is None:
                 raise NcclInvalidArgument("dispatch: give topk_idx or handle")
@@ -318,32 +332,34 @@ class Group:
             handle.update(topk_idx, stream)
         try:
             key = (x.dtype, x.shape, x.get_device(), _meta(topk_weights), _meta(scales), out_dtype, bool(round_scale),
-                   num_sms)
+                   bool(send_only), num_sms)
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (x.is_contiguous() and (topk_weights is None or topk_weights.is_contiguous())
                                 and (scales is None or scales.is_contiguous())):
-            prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale)
+            prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale,
+                                          send_only)
         outs = prep.fill((x, topk_weights, scales))
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
                     _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
+        handle._open_outputs = outs if send_only else None  # a send-only call's outputs: written by complete()
         out = DispatchResult(tokens=outs[0], handle=handle, expert_counts=handle.expert_counts,
                              rank_counts=handle.rank_counts, expert_offsets=handle.expert_offsets,
                              recv_total=handle.recv_total)
         for name, t in zip(prep.names, outs):
             setattr(out, name, t)
         if prep.counts is not None:  # Low-Latency: this dispatch's counts, also the handle's until the next one
-            c, local, ranks = outs[-1], self.local_experts, self.size
-            handle.expert_counts = out.expert_counts = c[:local]
-            handle.rank_counts = out.rank_counts = c[local:local + ranks]
-            handle.expert_offsets = out.expert_offsets = c[local + ranks:2 * local + ranks]
-            handle.recv_total = out.recv_total = c[2 * local + ranks:]
+            c = outs[-1]
+            for name, _, offset, n in prep.counts[2]:
+                t = c[offset:offset + n]
+                setattr(handle, name, t)
+                setattr(out, name, t)
         return out
 
     def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms, out_dtype=None,
-                          round_scale=False) -> _Prepared:
+                          round_scale=False, send_only=False) -> _Prepared:
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
@@ -366,6 +382,8 @@ class Group:
                                           "(out_dtype=torch.float8_e4m3fn)")
             if quantise and scales is not None:
                 raise NcclInvalidArgument("scales: the sender computes them when it quantises bf16 x; pass none")
+            if scales is not None and x.dtype != fp8:
+                raise NcclInvalidArgument("scales: for float8_e4m3fn x only (forwarded with it); x is %s" % x.dtype)
             if quantise and hdim % _FP8_BLOCK:
                 raise NcclInvalidArgument("x: hidden %d is not a multiple of %d (one fp8 scale per %d columns)"
                                           % (hdim, _FP8_BLOCK, _FP8_BLOCK))
@@ -415,19 +433,16 @@ class Group:
             made.append((outputs.src_info, (rows,), torch.int32))
             names.append("src_info")
             local, ranks = handle.group.local_experts, handle.group.size
-            info = _LayoutInfo.new(expert_counters=descriptor((local,), torch.int32),
-                                   src_rank_counters=descriptor((ranks,), torch.int32),
-                                   expert_offsets=descriptor((local,), torch.int32),
-                                   recv_total_counter=descriptor((1,), torch.int32))
-            counts = (2 * local + ranks + 1, [(info.expert_counters, 0), (info.src_rank_counters, local),
-                                              (info.expert_offsets, local + ranks),
-                                              (info.recv_total_counter, 2 * local + ranks)])
-        cfg = _DispatchConfig.new(num_sms=num_sms, round_scale=1 if round_scale else 0)
+            parts = _count_parts(local, ranks)
+            info = _LayoutInfo.new(**{field: descriptor((n,), torch.int32) for _, field, _, n in parts})
+            counts = (2 * local + ranks + 1, [(getattr(info, field), offset) for _, field, offset, _ in parts], parts)
+        cfg = _DispatchConfig.new(num_sms=num_sms, round_scale=1 if round_scale else 0, send_only=1 if send_only else 0)
         prep = _Prepared("ncclEpDispatch", inputs, outputs, cfg, given, made, x.device, tuple(names), info, counts)
         handle._prepared[key] = prep
         return prep
 
-    def combine(self, y, handle: "Handle", *, topk_weights=None, out=None, num_sms: int = 0, stream=None):
+    def combine(self, y, handle: "Handle", *, topk_weights=None, out=None, send_only: bool = False, num_sms: int = 0,
+                stream=None):
         """COLLECTIVE, stream-ordered: returns the rows y (the dispatch output's shape and layout; bf16, fp16 or
         fp32) to their tokens' owners, summed in fp32 (EXPERT_MAJOR: weighted by the dispatched top-k weights).
         Returns [T, H] (`out` if given).
@@ -436,21 +451,25 @@ class Group:
         over the row's local experts) and the owner sums the ranks' rows; EXPERT_MAJOR weights each expert's rows
         with the dispatched weights (1 where none were dispatched) as High-Throughput does, or, given
         `topk_weights` [T, K] fp32 (the owner's), returns every (token, expert) row as it is and the owner weights
-        and sums them in top-k column order (DeepEP's low_latency_combine)."""
+        and sums them in top-k column order (DeepEP's low_latency_combine). `send_only=True`: as dispatch's; the
+        output is written by `complete(handle)`."""
         try:
-            key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out), num_sms)
+            key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out), bool(send_only),
+                   num_sms)
         except (AttributeError, TypeError):
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (y.is_contiguous() and (out is None or out.is_contiguous())
                                 and (topk_weights is None or topk_weights.is_contiguous())):
-            prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights)
+            prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only)
         made = prep.fill((y, topk_weights, out))
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2], _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (y, topk_weights)
-        return made[0] if out is None else out
+        result = made[0] if out is None else out
+        handle._open_outputs = (result,) if send_only else None
+        return result
 
-    def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None) -> _Prepared:
+    def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None, send_only=False) -> _Prepared:
         """Every check of a combine, and its structs (cached on the handle by `key`)."""
         import torch
 
@@ -481,10 +500,20 @@ class Group:
             outputs = _CombineOutputs.new(tokens=describe(out, "out", ndim=2))
             given.append((outputs.tokens, out.numel() > 0))
             made = []
-        prep = _Prepared("ncclEpCombine", inputs, outputs, _CombineConfig.new(num_sms=num_sms), given, made,
-                         y.device)
+        prep = _Prepared("ncclEpCombine", inputs, outputs,
+                         _CombineConfig.new(num_sms=num_sms, send_only=1 if send_only else 0), given, made, y.device)
         handle._prepared[key] = prep
         return prep
+
+    def complete(self, handle: "Handle", stream=None) -> None:
+        """COLLECTIVE, stream-ordered (Low-Latency): the receive half of the handle's send-only dispatch or combine,
+        with that call's outputs (kept alive by the handle until then). Raises NcclInvalidUsage when nothing is
+        open on the handle."""
+        _call("ncclEpComplete", handle._handle(), None, _raw_stream(stream, handle.topk_idx.get_device()))
+        # The receive half is enqueued: the caching allocator keeps the outputs' memory for the stream's work from
+        # here on only if they stay referenced, so the handle holds them until its next call.
+        handle._inputs_alive = (handle._inputs_alive, handle._open_outputs)
+        handle._open_outputs = None
 
     def close(self) -> None:
         """COLLECTIVE: waits for the group's work, frees it, and (if the group made it) its communicator."""
@@ -548,6 +577,7 @@ class Handle:
         _call("ncclEpCreateHandle", ctypes.byref(self._h), group._handle(), _LAYOUT[layout], ctypes.byref(ti),
               self._layout_info(), ctypes.byref(cfg), _stream(stream))
         self._inputs_alive = None
+        self._open_outputs = None  # a send-only call's outputs until complete()
         self._prepared = {}  # call signature -> _Prepared (Group.dispatch / combine)
 
     def _routing(self, topk_idx) -> CTensor:

@@ -20,14 +20,19 @@ How it differs inside (none of it changes results):
   capacity (collectively; each count holds its own buffers until destroy()).
 - Strided (e.g. column-major) fp8 scales are made contiguous, a copy of [T, H/128] floats.
 - Low-Latency: the group is made at the first `low_latency_dispatch`, collectively, for its
-  (num_max_dispatch_tokens_per_rank, hidden, num_experts, top-k), checked equal on every rank; it is reused while
-  they stay the same, and a call with others destroys it (after a device synchronisation) and makes a new one.
+  (num_max_dispatch_tokens_per_rank, hidden, num_experts, top-k), checked equal across ranks then; it is reused while
+  they stay the same, and a call with others destroys it (after a device synchronisation) and makes a new one (every
+  rank must change them at the same call: the check runs only on a rank whose values changed). Those calls wait on
+  the host: make the first one before a CUDA graph capture; it also makes all the handles of the ring below, so that
+  dispatch and combine then neither allocate in the library nor wait on the host.
   `num_rdma_bytes`, `num_qps_per_rank` and `allow_nvlink_for_low_latency_mode` are accepted and unused (one NVLink
   domain: the mode runs over NVLink). Each dispatch binds its routing to one of
   `Buffer.num_low_latency_handles` (2) nccl.ep handles in turn, as DeepEP's two buffers: a dispatch's handle stays
-  valid for combine until that many later dispatches; an older one is refused with a message. The kernels complete
-  in one launch (no send-only half yet): `return_recv_hook=True` returns a hook that does nothing, the data being
-  ready in stream order when the call returns - there is no overlap of the receive with other work yet. The fp8
+  valid for combine until that many later dispatches; an older one is refused with a message.
+  `return_recv_hook=True` issues the call's sends only (nccl.ep's send-only half) and returns a hook that enqueues
+  the receive half on the current stream; work issued in between overlaps the transfer. Unlike DeepEP (two
+  buffers), one call of each kind may be open at a time: a second dispatch (or combine) before the previous one's
+  hook raises NcclInvalidUsage. The fp8
   scales come row-major ([L, R * M, H / 128] contiguous; DeepEP's are column-major in the last two dimensions: the
   same values under other strides).
 """
@@ -39,7 +44,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import Group, NcclInvalidArgument, NcclInvalidUsage, _combine_weights
+from . import _LL_MAX_TOKENS, Group, NcclInvalidArgument, NcclInvalidUsage, _combine_weights
 
 __all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
 __version__ = "1.2.1"  # the DeepEP release whose API this mirrors
@@ -47,7 +52,6 @@ __version__ = "1.2.1"  # the DeepEP release whose API this mirrors
 topk_idx_t = torch.int64
 
 _KNOWN_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
-_LL_MAX_TOKENS = 1024  # num_max_dispatch_tokens_per_rank of nccl.ep's Low-Latency mode
 
 
 def _unsupported(what: str) -> NotImplementedError:
@@ -55,9 +59,21 @@ def _unsupported(what: str) -> NotImplementedError:
                                "Low-Latency dispatch and combine inside one NVLink domain are)" % what)
 
 
-def _recv_hook_done() -> None:
-    """The receive hook of a Low-Latency call with return_recv_hook=True: nccl.ep's kernels send and receive in one
-    launch, so the data is there in stream order when the call returns and the hook has nothing left to do."""
+class _Hook:
+    """The receive hook of a Low-Latency call with return_recv_hook=True: the call issued its sends only (nccl.ep's
+    send-only half); calling the hook enqueues the receive half (ncclEpComplete) on the current stream, after which
+    the outputs are there in stream order. Call it once, before the next call of the same kind on the Buffer."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def __call__(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is None:
+            raise NcclInvalidUsage("nccl.ep.deepep: this receive hook was already called")
+        fn()
 
 
 class EventOverlap:
@@ -133,8 +149,9 @@ class _LowLatencyHandle(tuple):
                    source * M + token; this is it modulo M);
       layout_range [L, R] int64: per (local expert, source rank), (first row << 32) | rows, derived from src_info
                    and the counts.
-    Both are computed on first access, on the current stream (combine needs neither); rows past an expert's count
-    are unspecified, as in DeepEP. Pass the handle to low_latency_combine of the same Buffer before
+    Both are computed on first access, on the current stream (combine needs neither), and kept: a CUDA graph that
+    replays the dispatch recomputes them only if the capture read them. Rows past an expert's count are
+    unspecified, as in DeepEP. Pass the handle to low_latency_combine of the same Buffer before
     Buffer.num_low_latency_handles later dispatches."""
 
     def __new__(cls, owner, slot, seq, ep_handle, raw_src_info, recv_count, num_ranks, m, hidden, num_experts):
@@ -397,14 +414,16 @@ class Buffer:
         Quantisation: one scale per 128 columns, amax / 448 (round_scale: rounded up to a power of two).
         recv_count [L] int32, this dispatch's own; cumulative_local_expert_recv_stats [L] int32 gets it added (on the
         stream). handle: see _LowLatencyHandle. event: recorded after the call with async_finish, else empty.
-        hook: with return_recv_hook a callable that does nothing (one launch sends and receives: no overlap yet),
-        else None. Not implemented: use_ue8m0=True (UE8M0-packed scales), dispatch_wait_recv_cost_stats."""
+        hook: with return_recv_hook a callable that receives (the call itself only sent; the outputs exist once
+        the hook's work has run on the stream; call it before the next dispatch), else None; async_finish and return_recv_hook together are refused, as DeepEP does. Not implemented:
+        use_ue8m0=True (UE8M0-packed scales), dispatch_wait_recv_cost_stats."""
         if use_ue8m0:
             raise _unsupported("low_latency_dispatch(use_ue8m0=True) (UE8M0-packed int32 scales; round_scale=True "
                                "gives the same powers of two as fp32)")
         if dispatch_wait_recv_cost_stats is not None:
             raise _unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...) (per-rank wait times)")
         self._need_low_latency("low_latency_dispatch")
+        _check_finish_flags("low_latency_dispatch", async_finish, return_recv_hook)
         m = num_max_dispatch_tokens_per_rank
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
             raise NcclInvalidArgument("low_latency_dispatch: x must be a [num_tokens, hidden] bfloat16 tensor; got %s"
@@ -424,26 +443,36 @@ class Buffer:
                 raise NcclInvalidArgument("low_latency_dispatch: cumulative_local_expert_recv_stats must be [%d] "
                                           "int32; got %s" % (local, _shape_dtype(stats)))
         st = self._low_latency_group(m, x.shape[1], num_experts, topk_idx.shape[1], x.device)
+        fresh = all(h is None for h in st.handles)
+        for i, h in enumerate(st.handles):  # the whole ring at once, bound to this routing: none made in a capture
+            if h is None:
+                st.handles[i] = st.group.create_handle(topk_idx, layout="expert_major")
         seq, slot = self._ll_seq, self._ll_seq % len(st.handles)
         self._ll_seq += 1
         h = st.handles[slot]
-        if h is None:
-            h = st.handles[slot] = st.group.create_handle(topk_idx, layout="expert_major")
-        else:
+        if not fresh:
             h.update(topk_idx)
         st.seqs[slot] = seq
         recv = st.group.dispatch(x, handle=h, out_dtype=torch.float8_e4m3fn if use_fp8 else None,
-                                 round_scale=bool(round_scale and use_fp8))
+                                 round_scale=bool(round_scale and use_fp8), send_only=bool(return_recv_hook))
         hidden, rows = x.shape[1], self.group_size * m
         recv_x = recv.tokens.view(local, rows, hidden)
         if use_fp8:
             recv_x = (recv_x, recv.scales.view(local, rows, hidden // 128))
-        if cumulative_local_expert_recv_stats is not None:
-            cumulative_local_expert_recv_stats.add_(recv.expert_counts)
+        stats = cumulative_local_expert_recv_stats
+
+        def received(group=st.group, h=h, counts=recv.expert_counts):
+            if return_recv_hook:
+                group.complete(h)  # the receive half: the counts exist from here on
+            if stats is not None:
+                stats.add_(counts)
+
         handle = _LowLatencyHandle(self, slot, seq, h, recv.src_info, recv.expert_counts, self.group_size, m, hidden,
                                    num_experts)
-        return (recv_x, recv.expert_counts, handle, self._event(async_finish),
-                _recv_hook_done if return_recv_hook else None)
+        if not return_recv_hook:
+            received()
+            return recv_x, recv.expert_counts, handle, self._event(async_finish), None
+        return recv_x, recv.expert_counts, handle, self._event(False), _Hook(received)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
@@ -452,8 +481,8 @@ class Buffer:
         bf16, contiguous: the experts' outputs in low_latency_dispatch's layout (rows past the counts are not read).
         Each (token, expert) row returns to its owner, which sums them weighted by topk_weights [T, K] fp32 in
         top-k column order (fp32). topk_idx [T, K] must be the dispatch's routing: nccl.ep bound it at dispatch and
-        checks only its shape here. out: an optional [T, H] bf16 output. event / hook as low_latency_dispatch's.
-        Not implemented: use_logfmt=True, zero_copy=True, combine_wait_recv_cost_stats."""
+        checks only its shape here. out: an optional [T, H] bf16 output. event / hook as low_latency_dispatch's (not
+        both). Not implemented: use_logfmt=True, zero_copy=True, combine_wait_recv_cost_stats."""
         if use_logfmt:
             raise _unsupported("low_latency_combine(use_logfmt=True) (LogFMT-encoded rows)")
         if zero_copy:
@@ -462,6 +491,7 @@ class Buffer:
         if combine_wait_recv_cost_stats is not None:
             raise _unsupported("low_latency_combine(combine_wait_recv_cost_stats=...) (per-rank wait times)")
         self._need_low_latency("low_latency_combine")
+        _check_finish_flags("low_latency_combine", async_finish, return_recv_hook)
         st = self._low_latency_state_of(handle)
         m, hidden = handle[2], handle[3]
         local, rows = handle.recv_count.numel(), self.group_size * m
@@ -478,8 +508,10 @@ class Buffer:
                 raise NcclInvalidArgument("low_latency_combine: %s must be [%d, %d] (the dispatch's routing); got %s"
                                           % ((name,) + routing + (_shape_dtype(t),)))
         combined = st.group.combine(x.view(local * rows, hidden), handle.ep_handle, topk_weights=topk_weights,
-                                    out=out)
-        return combined, self._event(async_finish), _recv_hook_done if return_recv_hook else None
+                                    out=out, send_only=bool(return_recv_hook))
+        if not return_recv_hook:
+            return combined, self._event(async_finish), None
+        return combined, self._event(False), _Hook(lambda group=st.group, h=handle.ep_handle: group.complete(h))
 
     def destroy(self) -> None:
         """COLLECTIVE (explicitly_destroy=True buffers): frees the nccl.ep groups."""
@@ -526,12 +558,14 @@ class Buffer:
         st = self._ll
         if handle.owner is not self:
             raise NcclInvalidUsage("low_latency_combine: the handle comes from another Buffer's low_latency_dispatch")
-        if st is None or handle.slot >= len(st.seqs) or st.seqs[handle.slot] != handle.seq:
+        if st is None or all(h is not handle.ep_handle for h in st.handles):
+            raise NcclInvalidUsage("low_latency_combine: the handle's dispatch is no longer bound: the Low-Latency "
+                                   "group was made anew (other sizes) or destroyed since")
+        if st.seqs[handle.slot] != handle.seq:
             raise NcclInvalidUsage(
                 "low_latency_combine: the handle's dispatch is no longer bound: %d later low_latency_dispatch calls "
-                "reused its nccl.ep handle, or the Low-Latency group was made anew since (Buffer."
-                "num_low_latency_handles dispatches stay valid at once)"
-                % (len(st.seqs) if st is not None else Buffer.num_low_latency_handles))
+                "reused its nccl.ep handle (Buffer.num_low_latency_handles = %d dispatches stay valid at once)"
+                % (self._ll_seq - handle.seq - 1, len(st.seqs)))
         return st
 
     @staticmethod
@@ -596,6 +630,12 @@ def _shape_dtype(t) -> str:
     if isinstance(t, torch.Tensor):
         return "%s %s" % (list(t.shape), t.dtype)
     return type(t).__name__
+
+
+def _check_finish_flags(method: str, async_finish, return_recv_hook) -> None:
+    if async_finish and return_recv_hook:
+        raise NcclInvalidArgument("%s: async_finish and return_recv_hook together (DeepEP refuses them too): the "
+                                  "hook is the way to wait" % method)
 
 
 def _check_low_latency_sizes(method: str, m, hidden, num_experts, num_ranks) -> None:
