@@ -135,7 +135,18 @@ ncclResult_t checkNothingPending(const ncclEpHandle* h, ncclep::CallKind kind, c
   return ncclSuccess;
 }
 
-ncclResult_t markPending(ncclEpHandle* h, ncclep::CallKind kind, int ctas) {
+// Launches a Low-Latency call whole, or (send-only) its send half, keeping the receive half in `*keep` for
+// ncclEpComplete and marking the call open.
+template <typename Call>
+ncclResult_t launchLlCall(ncclEpHandle* h, ncclep::CallKind kind, Call c, int ctas, bool sendOnly, Call* keep,
+                          ncclResult_t (*launch)(const ncclep::GroupView&, const ncclep::HandleView&, const Call&, int,
+                                                 cudaStream_t),
+                          cudaStream_t stream) {
+  c.phases = sendOnly ? ncclep::kLlSend : ncclep::kLlSend | ncclep::kLlReceive;
+  NCCLEXT_CHECK(launch(h->group->view, h->view, c, ctas, stream));
+  if (!sendOnly) return ncclSuccess;
+  c.phases = ncclep::kLlReceive;
+  *keep = c;
   h->pendingKind = kind;
   h->pendingCtas = ctas;
   h->group->pending[kind] = h;
@@ -224,16 +235,8 @@ ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inpu
   c.nScales = nScales;
   c.quantize = fp8Out && !fp8In;
   c.roundScale = config && config->round_scale;
-  const int ctas = callSms(g, config ? config->num_sms : 0);
-  if (!(config && config->send_only)) {
-    c.phases = ncclep::kLlSend | ncclep::kLlReceive;
-    return ncclep::launchLlDispatch(g->view, handle->view, c, ctas, stream);
-  }
-  c.phases = ncclep::kLlSend;
-  NCCLEXT_CHECK(ncclep::launchLlDispatch(g->view, handle->view, c, ctas, stream));
-  c.phases = ncclep::kLlReceive;
-  handle->pendingDispatch = c;
-  return markPending(handle, ncclep::kDispatch, ctas);
+  return launchLlCall(handle, ncclep::kDispatch, c, callSms(g, config ? config->num_sms : 0),
+                      config && config->send_only, &handle->pendingDispatch, ncclep::launchLlDispatch, stream);
 }
 
 ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs,
@@ -268,16 +271,8 @@ ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs
   c.in = static_cast<const char*>(x.data);
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)(H * 2);
-  const int ctas = callSms(g, config ? config->num_sms : 0);
-  if (!(config && config->send_only)) {
-    c.phases = ncclep::kLlSend | ncclep::kLlReceive;
-    return ncclep::launchLlCombine(g->view, handle->view, c, ctas, stream);
-  }
-  c.phases = ncclep::kLlSend;
-  NCCLEXT_CHECK(ncclep::launchLlCombine(g->view, handle->view, c, ctas, stream));
-  c.phases = ncclep::kLlReceive;
-  handle->pendingCombine = c;
-  return markPending(handle, ncclep::kCombine, ctas);
+  return launchLlCall(handle, ncclep::kCombine, c, callSms(g, config ? config->num_sms : 0),
+                      config && config->send_only, &handle->pendingCombine, ncclep::launchLlCombine, stream);
 }
 
 }  // namespace
