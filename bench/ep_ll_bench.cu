@@ -234,7 +234,8 @@ int main(int argc, char** argv) {
                s.fp8 ? "fp8" : "bf16", T, H, ctas, dUs, cUs, gUs, floorUs, ceUs, payload / 1024.0);
         if (js)
           fprintf(js,
-                  "{\"bench\": \"ep_ll\", \"gpu\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"layout\": \"%s\", "
+                  "{\"bench\": \"ep_ll\", \"pass\": true, \"gpu\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, "
+                  "\"layout\": \"%s\", "
                   "\"dispatch_dtype\": \"%s\", \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
                   "\"sms\": %d, "
                   "\"dispatch_us\": %.2f, \"combine_us\": %.2f, \"graph_dispatch_combine_us\": %.2f, "

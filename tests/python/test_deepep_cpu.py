@@ -72,15 +72,14 @@ def test_mpi_communicator_not_implemented():
         deep_ep.Buffer(None, comm=object())
 
 
-@pytest.mark.parametrize("method", ["get_next_low_latency_combine_buffer", "get_local_buffer_tensor",
-                                    "get_comm_stream"])
+@pytest.mark.parametrize("method", ["get_local_buffer_tensor", "get_comm_stream"])
 def test_methods_not_implemented_name_themselves(buffer, method):
     with pytest.raises(NotImplementedError, match="Buffer." + method):
         getattr(buffer, method)()
 
 
-def test_zero_copy_buffer_says_why(buffer):
-    with pytest.raises(NotImplementedError, match="zero-copy combine: its registered buffer is not built yet"):
+def test_combine_buffer_needs_low_latency_mode(buffer):
+    with pytest.raises(NcclInvalidUsage, match="get_next_low_latency_combine_buffer: this Buffer was made without"):
         buffer.get_next_low_latency_combine_buffer((None,) * 5)
 
 
@@ -373,7 +372,6 @@ def test_low_latency_dispatch_not_implemented(ll, kwargs, what):
 
 @pytest.mark.parametrize("kwargs,what", [
     ({"use_logfmt": True}, "low_latency_combine(use_logfmt=True)"),
-    ({"zero_copy": True}, "low_latency_combine(zero_copy=True)"),
     ({"combine_wait_recv_cost_stats": torch.zeros(R, R, dtype=torch.int64)},
      "low_latency_combine(combine_wait_recv_cost_stats=...)"),
 ])
@@ -436,3 +434,22 @@ def test_clean_low_latency_buffer_checks_and_does_nothing(ll):
     assert _LowLatencyGroup.made == []
     with pytest.raises(NcclInvalidArgument, match="num_max_dispatch_tokens_per_rank 4096 not in"):
         ll.clean_low_latency_buffer(4096, 7168, E)
+
+
+def test_low_latency_zero_copy_combine_reads_the_slots_buffer(ll):
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
+    w = torch.rand(LM, LK)
+    with pytest.raises(NcclInvalidUsage, match=r"zero_copy=True\): no get_next_low_latency_combine_buffer"):
+        ll.low_latency_combine(recv_x, idx, w, handle, zero_copy=True)
+    buf = ll.get_next_low_latency_combine_buffer(handle)
+    assert buf.shape == recv_x.shape and buf.dtype == torch.bfloat16
+    assert ll.get_next_low_latency_combine_buffer(handle) is buf  # one per slot, kept
+    ll.low_latency_combine(None, idx, w, handle, zero_copy=True)  # x is not read
+    group = _LowLatencyGroup.made[-1]
+    _, shape, ep_handle, weights, _ = group.calls[-1]
+    assert shape == (buf.shape[0] * buf.shape[1], LH) and ep_handle is handle.ep_handle and weights is w
+    _call(ll)
+    _call(ll)  # two later dispatches reused the slot: its buffer is refused with the handle
+    with pytest.raises(NcclInvalidUsage, match="get_next_low_latency_combine_buffer: the handle's dispatch is no "
+                                               "longer bound"):
+        ll.get_next_low_latency_combine_buffer(handle)

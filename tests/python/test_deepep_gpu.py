@@ -203,6 +203,21 @@ def test_low_latency_round_trip(ll_buffer, use_fp8, round_scale, hook):
         assert _calc_diff(ref, combined) < (7e-4 if use_fp8 else 1e-5)
 
 
+def test_low_latency_zero_copy_combine(ll_buffer):
+    # The experts write into get_next_low_latency_combine_buffer(handle); combine(zero_copy=True) reads it, giving
+    # bit for bit what a combine of the same rows passed as x gives.
+    buf, E = ll_buffer
+    _, x, topk_idx, topk_w = _ll_inputs(64, E, 21, buf.rank)
+    recv_x, _, handle, _, _ = _ll_or_skip(lambda: buf.low_latency_dispatch(x, topk_idx, LL_M, E, use_fp8=False))
+    plain, _, _ = buf.low_latency_combine(recv_x, topk_idx, topk_w, handle)
+    target = buf.get_next_low_latency_combine_buffer(handle)
+    assert target.shape == recv_x.shape and target.dtype == torch.bfloat16
+    target.copy_(recv_x)
+    zero_copy, _, _ = buf.low_latency_combine(None, topk_idx, topk_w, handle, zero_copy=True)
+    torch.cuda.synchronize()
+    assert torch.equal(zero_copy, plain)
+
+
 def test_low_latency_two_dispatches_in_flight(ll_buffer):
     # DeepEP holds two Low-Latency results at once (two micro-batches): dispatch A, dispatch B, combine A, combine B.
     buf, E = ll_buffer

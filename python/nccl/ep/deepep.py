@@ -206,6 +206,7 @@ class _LowLatencyState:
         self.group, self.key = group, key
         self.handles = [None] * num_handles
         self.seqs = [-1] * num_handles
+        self.combine_buffers = [None] * num_handles  # get_next_low_latency_combine_buffer's, one per slot
 
     def close(self, device) -> None:
         """COLLECTIVE: the handles (after the device's queued work: they must not be in use) and the group."""
@@ -288,10 +289,25 @@ class Buffer:
                                  num_experts, num_ranks)
         return 0
 
+    def get_next_low_latency_combine_buffer(self, handle):
+        """The [L, R * M, H] bf16 buffer of the handle's slot to write the experts' outputs into: then
+        low_latency_combine(..., zero_copy=True) reads it (x is then not read). One buffer per slot of the handle
+        ring, made at its first request and kept with the group. nccl.ep's combine reads its input where it lies
+        and writes each row straight into the owner's staging, so with or without this buffer no copy is made on the
+        sending side; the buffer exists for code written against DeepEP's API."""
+        self._need_low_latency("get_next_low_latency_combine_buffer")
+        st = self._low_latency_state_of(handle, "get_next_low_latency_combine_buffer")
+        return self._combine_buffer(st, handle)
+
+    def _combine_buffer(self, st, handle):
+        local, rows, hidden = handle.recv_count.numel(), self.group_size * handle[2], handle[3]
+        buf = st.combine_buffers[handle.slot]
+        if buf is None:
+            buf = torch.empty(local, rows, hidden, dtype=torch.bfloat16, device=handle.recv_count.device)
+            st.combine_buffers[handle.slot] = buf
+        return buf
+
     # -- not provided -----------------------------------------------------------------------------------------------
-    def get_next_low_latency_combine_buffer(self, *args, **kwargs):
-        raise _unsupported("Buffer.get_next_low_latency_combine_buffer (zero-copy combine: its registered buffer "
-                           "is not built yet)")
 
     def get_local_buffer_tensor(self, *args, **kwargs):
         raise _unsupported("Buffer.get_local_buffer_tensor (nccl.ep's buffers are not exposed)")
@@ -482,12 +498,10 @@ class Buffer:
         Each (token, expert) row returns to its owner, which sums them weighted by topk_weights [T, K] fp32 in
         top-k column order (fp32). topk_idx [T, K] must be the dispatch's routing: nccl.ep bound it at dispatch and
         checks only its shape here. out: an optional [T, H] bf16 output. event / hook as low_latency_dispatch's (not
-        both). Not implemented: use_logfmt=True, zero_copy=True, combine_wait_recv_cost_stats."""
+        both). zero_copy=True: the rows are in get_next_low_latency_combine_buffer(handle) (x is not read). Not
+        implemented: use_logfmt=True, combine_wait_recv_cost_stats."""
         if use_logfmt:
             raise _unsupported("low_latency_combine(use_logfmt=True) (LogFMT-encoded rows)")
-        if zero_copy:
-            raise _unsupported("low_latency_combine(zero_copy=True) (the registered combine buffer of "
-                               "get_next_low_latency_combine_buffer is not built yet)")
         if combine_wait_recv_cost_stats is not None:
             raise _unsupported("low_latency_combine(combine_wait_recv_cost_stats=...) (per-rank wait times)")
         self._need_low_latency("low_latency_combine")
@@ -495,6 +509,11 @@ class Buffer:
         st = self._low_latency_state_of(handle)
         m, hidden = handle[2], handle[3]
         local, rows = handle.recv_count.numel(), self.group_size * m
+        if zero_copy:
+            x = st.combine_buffers[handle.slot]
+            if x is None:
+                raise NcclInvalidUsage("low_latency_combine(zero_copy=True): no get_next_low_latency_combine_buffer("
+                                       "handle) was asked for this handle's slot: write the rows there first")
         if (not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16
                 or tuple(x.shape) != (local, rows, hidden)):
             raise NcclInvalidArgument("low_latency_combine: x must be [%d, %d, %d] bfloat16 (the dispatch's "
@@ -551,21 +570,21 @@ class Buffer:
         self._ll, self._ll_device = _LowLatencyState(group, key, max(1, Buffer.num_low_latency_handles)), device
         return self._ll
 
-    def _low_latency_state_of(self, handle) -> _LowLatencyState:
+    def _low_latency_state_of(self, handle, method: str = "low_latency_combine") -> _LowLatencyState:
         """The state a Low-Latency handle belongs to, refusing one of another Buffer, group or a reused slot."""
         if not isinstance(handle, _LowLatencyHandle):
-            raise NcclInvalidArgument("low_latency_combine: handle must come from low_latency_dispatch")
+            raise NcclInvalidArgument("%s: handle must come from low_latency_dispatch" % method)
         st = self._ll
         if handle.owner is not self:
-            raise NcclInvalidUsage("low_latency_combine: the handle comes from another Buffer's low_latency_dispatch")
+            raise NcclInvalidUsage("%s: the handle comes from another Buffer's low_latency_dispatch" % method)
         if st is None or all(h is not handle.ep_handle for h in st.handles):
-            raise NcclInvalidUsage("low_latency_combine: the handle's dispatch is no longer bound: the Low-Latency "
-                                   "group was made anew (other sizes) or destroyed since")
+            raise NcclInvalidUsage("%s: the handle's dispatch is no longer bound: the Low-Latency "
+                                   "group was made anew (other sizes) or destroyed since" % method)
         if st.seqs[handle.slot] != handle.seq:
             raise NcclInvalidUsage(
-                "low_latency_combine: the handle's dispatch is no longer bound: %d later low_latency_dispatch calls "
+                "%s: the handle's dispatch is no longer bound: %d later low_latency_dispatch calls "
                 "reused its nccl.ep handle (Buffer.num_low_latency_handles = %d dispatches stay valid at once)"
-                % (self._ll_seq - handle.seq - 1, len(st.seqs)))
+                % (method, self._ll_seq - handle.seq - 1, len(st.seqs)))
         return st
 
     @staticmethod
