@@ -4,6 +4,7 @@
 Exit status 0 if every run passed, else 1. Standard library only (the GPU machines have no internet).
 """
 import argparse
+import hashlib
 import datetime
 import json
 import os
@@ -18,6 +19,22 @@ def sh(cmd):
         return ""
 
 
+def source_sha1(root="."):
+    """SHA-1 over the sources (path and bytes of every file under the source folders, sorted): names the tree that
+    ran even where the checkout's git metadata is older than its files (a copied working tree). The same function
+    on a clone of a commit gives the value to compare with."""
+    h = hashlib.sha1()
+    for top in ("common", "nccl_ep", "nccl_m2n", "python", "tests", "bench", "tools", "examples"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and d != "results")
+            for f in sorted(filenames):
+                path = os.path.join(dirpath, f)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    return h.hexdigest()
+
+
 def machine():
     gpus = [line.split(", ") for line in sh(
         "nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader").splitlines()]
@@ -26,6 +43,8 @@ def machine():
         "gpus": [{"index": g[0], "name": g[1], "driver": g[2], "memory": g[3]} for g in gpus if len(g) == 4],
         "topology": sh("nvidia-smi topo -m 2>/dev/null | head -5"),
         "git_commit": commit,
+        "git_dirty": bool(sh("git status --porcelain --untracked-files=no 2>/dev/null")),
+        "source_sha1": source_sha1(),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch_nccl": sh("python3 -c 'import torch; print(torch.cuda.nccl.version())' 2>/dev/null"),
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "NCCL_EXT_TIMEOUT_S", "NCCL_EXT_LSA_DOMAIN_SIZE")},
