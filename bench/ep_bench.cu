@@ -50,15 +50,6 @@ double median(std::vector<float> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-#define CHECK_EP(call)                                                                            \
-  do {                                                                                            \
-    ncclResult_t r_ = (call);                                                                     \
-    if (r_ != ncclSuccess) {                                                                      \
-      fprintf(stderr, "rank %d: %s -> %s: %s\n", ctx.rank, #call, ncclGetErrorString(r_), ncclEpGetLastError()); \
-      return 1;                                                                                   \
-    }                                                                                             \
-  } while (0)
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,7 +85,7 @@ int main(int argc, char** argv) {
     cfg.max_topk = 8;
     cfg.num_sms = 132;
     ncclEpGroup_t group = nullptr;
-    CHECK_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    NCCLEXT_BENCH_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
     int dev = 0, smCount = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, dev);
@@ -132,14 +123,14 @@ int main(int argc, char** argv) {
       ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
       hc.sizing = NCCL_EP_SIZING_EXACT;
       ncclEpHandle_t h = nullptr;
-      CHECK_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, &hc, ctx.stream));
+      NCCLEXT_BENCH_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, &hc, ctx.stream));
       int64_t rows = 0, flatRows = 0;
-      CHECK_EP(ncclEpHandleGetRecvRows(h, &rows));
+      NCCLEXT_BENCH_EP(ncclEpHandleGetRecvRows(h, &rows));
       if (s.layout == NCCL_EP_LAYOUT_FLAT) {
         flatRows = rows;
       } else {  // FLAT count of the same routing, for the byte conventions
         ncclEpHandle_t hf = nullptr;
-        CHECK_EP(ncclEpCreateHandle(&hf, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream));
+        NCCLEXT_BENCH_EP(ncclEpCreateHandle(&hf, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream));
         ncclEpHandleGetRecvRows(hf, &flatRows);
         ncclEpHandleDestroy(hf);
       }
@@ -161,7 +152,7 @@ int main(int argc, char** argv) {
       void *y = nullptr, *yw = nullptr, *ys = nullptr, *cout = nullptr;
       const bool flat = s.layout == NCCL_EP_LAYOUT_FLAT;
       int64_t maxRows = 0;  // a worst-case output, for the handle-creation timing
-      CHECK_EP(ncclEpHandleGetMaxRecvRows(h, &maxRows));
+      NCCLEXT_BENCH_EP(ncclEpHandleGetMaxRecvRows(h, &maxRows));
       cudaMalloc(&y, (size_t)std::max<int64_t>(maxRows, 1) * H * esz);
       cudaMalloc(&yw, (size_t)std::max<int64_t>(maxRows, 1) * K * 4);
       cudaMalloc(&ys, (size_t)std::max<int64_t>(maxRows, 1) * std::max<size_t>(nScales, 1) * 4);
@@ -211,7 +202,7 @@ int main(int argc, char** argv) {
       std::vector<float> tHandle;
       ncclEpHandleConfig_t worst = NCCL_EP_HANDLE_CONFIG_INIT;
       ncclEpHandle_t hw = nullptr;
-      CHECK_EP(ncclEpCreateHandle(&hw, group, s.layout, &ti, nullptr, &worst, ctx.stream));
+      NCCLEXT_BENCH_EP(ncclEpCreateHandle(&hw, group, s.layout, &ti, nullptr, &worst, ctx.stream));
       if (timeIt([&](int i) {
             ncclResult_t r = ncclEpUpdateHandle(hw, &ti, nullptr, ctx.stream);
             if (r != ncclSuccess) return r;
@@ -317,7 +308,7 @@ int main(int argc, char** argv) {
       ncclEpHandleDestroy(h);
     }
     if (out) fclose(out);
-    CHECK_EP(ncclEpGroupGetAsyncError(group));
+    NCCLEXT_BENCH_EP(ncclEpGroupGetAsyncError(group));
     ncclEpGroupDestroy(group);
     return 0;
   });

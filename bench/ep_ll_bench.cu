@@ -45,14 +45,6 @@ double median(std::vector<float> v) {
 
 __global__ void emptyKernel() {}
 
-#define CHECK_EP(call)                                                                                          \
-  do {                                                                                                          \
-    ncclResult_t r_ = (call);                                                                                   \
-    if (r_ != ncclSuccess) {                                                                                    \
-      fprintf(stderr, "rank %d: %s -> %s: %s\n", ctx.rank, #call, ncclGetErrorString(r_), ncclEpGetLastError()); \
-      return 1;                                                                                                 \
-    }                                                                                                           \
-  } while (0)
 #define CHECK_CUDA(call)                                                                       \
   do {                                                                                         \
     cudaError_t e_ = (call);                                                                   \
@@ -122,7 +114,7 @@ int main(int argc, char** argv) {
     cfg.virtual_domain = virtualDomain;
     cfg.virtual_rank = virtualDomain ? ctx.rank : 0;
     ncclEpGroup_t group = nullptr;
-    CHECK_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    NCCLEXT_BENCH_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
     cudaStream_t st = ctx.stream;
     const int L = kExperts / R;
     const int64_t rmRows = (int64_t)R * kMaxTokens, emRows = rmRows * L;
@@ -142,7 +134,7 @@ int main(int argc, char** argv) {
     void* copyDst = nullptr;
     CHECK_CUDA(cudaMallocAsync(&copyDst, (size_t)kMaxTokens * R * (kHidden * 2), st));
     CHECK_CUDA(cudaStreamSynchronize(st));
-    CHECK_EP(ncclext::harness::barrier(ctx, 60));
+    NCCLEXT_BENCH_EP(ncclext::harness::barrier(ctx, 60));
     FILE* js = ctx.rank == 0 && !json.empty() ? fopen(json.c_str(), "a") : nullptr;
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, ctx.device);
@@ -167,7 +159,7 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMemcpyAsync(idxBuf, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, st));
       ncclEpTensor_t ti = epTensor(idxBuf, ncclInt32, {T, K});
       ncclEpHandle_t h = nullptr;
-      CHECK_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, nullptr, st));
+      NCCLEXT_BENCH_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, nullptr, st));
       const bool rm = s.layout == NCCL_EP_LAYOUT_RANK_MAJOR;
       const int64_t N = rm ? rmRows : emRows;
       ncclEpDispatchInputs_t din = NCCL_EP_DISPATCH_INPUTS_INIT;
@@ -244,12 +236,12 @@ int main(int argc, char** argv) {
                   s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, gUs, floorUs, ceUs, payload, kIters);
       }
       CHECK_CUDA(cudaStreamSynchronize(st));
-      CHECK_EP(ncclEpHandleDestroy(h));
+      NCCLEXT_BENCH_EP(ncclEpHandleDestroy(h));
     }
     if (js) fclose(js);
     for (void* p : {x, w, idxBuf, y, scales, comb, out, copyDst}) cudaFreeAsync(p, st);
     CHECK_CUDA(cudaStreamSynchronize(st));
-    CHECK_EP(ncclEpGroupDestroy(group));
+    NCCLEXT_BENCH_EP(ncclEpGroupDestroy(group));
     return 0;
   });
   if (virtualDomain) ncclEpVirtualDomainDestroy(virtualDomain);

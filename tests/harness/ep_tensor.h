@@ -1,6 +1,7 @@
 // Tensor descriptors for nccl_ep tests and benchmarks.
 #pragma once
 
+#include <cstdio>
 #include <initializer_list>
 
 #include "nccl_ep/include/nccl_ep.h"
@@ -19,3 +20,14 @@ inline ncclEpTensor_t epTensor(void* data, ncclDataType_t dt, std::initializer_l
 
 }  // namespace harness
 }  // namespace ncclext
+
+// In a benchmark's rank body (a `ctx` RankContext in scope, returning int): an nccl_ep call that must succeed, else
+// the rank prints the call, the code and the library's last error and returns 1.
+#define NCCLEXT_BENCH_EP(call)                                                                                  \
+  do {                                                                                                          \
+    ncclResult_t r_ = (call);                                                                                   \
+    if (r_ != ncclSuccess) {                                                                                    \
+      fprintf(stderr, "rank %d: %s -> %s: %s\n", ctx.rank, #call, ncclGetErrorString(r_), ncclEpGetLastError()); \
+      return 1;                                                                                                 \
+    }                                                                                                           \
+  } while (0)
