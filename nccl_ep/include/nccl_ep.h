@@ -239,7 +239,8 @@ NCCL_EP_API ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_
 /* COLLECTIVE: the same handle with new routing (same layout and config). */
 NCCL_EP_API ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* topk_idx,
                                             const ncclEpLayoutInfo_t* layout_info, cudaStream_t stream);
-/* Local. The handle must not be in use by queued work. */
+/* Local. The handle must not be in use by queued work, nor hold an open send-only call (its receive half would
+ * never run, and this rank's call numbers would fall behind its peers': their next calls time out). */
 NCCL_EP_API ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle);
 /* EXACT sizing: rows this rank receives (EXPERT_MAJOR: pads included). WORST_CASE: ncclInvalidUsage. */
 NCCL_EP_API ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows);
