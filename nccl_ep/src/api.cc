@@ -95,6 +95,24 @@ ncclResult_t checkLayoutInfo(const ncclEpLayoutInfo_t* info, const ncclEpGroup* 
   return ncclSuccess;
 }
 
+// An LL output beside outputs.tokens: at least the output's N rows.
+ncclResult_t checkRows(const ncclEpTensor_t& t, const char* what, int64_t n) {
+  NCCLEXT_ARG(t.sizes[0] >= n, "%s has %lld rows; the output has %lld", what, (long long)t.sizes[0], (long long)n);
+  return ncclSuccess;
+}
+
+// The tensors both modes' dispatch calls carry (HT's DispatchCall, LL's LlDispatchCall).
+template <typename Call>
+void setDispatchTensors(Call* c, const ncclEpDispatchInputs_t* in, const ncclEpDispatchOutputs_t* out) {
+  c->tokens = static_cast<const char*>(in->tokens.data);
+  c->weights = static_cast<const float*>(in->topk_weights.data);
+  c->scales = static_cast<const float*>(in->scales.data);
+  c->outTokens = static_cast<char*>(out->tokens.data);
+  c->outWeights = static_cast<float*>(out->topk_weights.data);
+  c->outIdx = static_cast<int*>(out->topk_idx.data);
+  c->outScales = static_cast<float*>(out->scales.data);
+}
+
 int callSms(const ncclEpGroup* g, int requested) { return requested > 0 ? std::min(requested, g->smCount) : g->numSms; }
 
 // At most `maxCtas` CTAs for `chunks` chunks, as few as keep the busiest at the same number of chunks: static
@@ -183,8 +201,7 @@ ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inpu
                 (long long)H);
     NCCLEXT_ARG(present(outputs->scales), "fp8 outputs need outputs.scales [N, hidden/128] fp32");
     NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {-1, nScales}));
-    NCCLEXT_ARG(outputs->scales.sizes[0] >= N, "outputs.scales has %lld rows; the output has %lld",
-                (long long)outputs->scales.sizes[0], (long long)N);
+    NCCLEXT_CHECK(checkRows(outputs->scales, "outputs.scales", N));
   } else {
     NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 outputs only");
   }
@@ -199,36 +216,22 @@ ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inpu
   if (present(outputs->topk_weights)) {
     if (rankMajor) NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 2, {ncclFloat32}, {-1, K}));
     else NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 1, {ncclFloat32}, {-1}));
-    NCCLEXT_ARG(outputs->topk_weights.sizes[0] >= N, "outputs.topk_weights has %lld rows; the output has %lld",
-                (long long)outputs->topk_weights.sizes[0], (long long)N);
+    NCCLEXT_CHECK(checkRows(outputs->topk_weights, "outputs.topk_weights", N));
   }
   if (present(outputs->topk_idx)) {
     NCCLEXT_USAGE(rankMajor, "outputs.topk_idx is for the RANK_MAJOR layout (EXPERT_MAJOR rows are grouped by expert)");
     NCCLEXT_CHECK(checkTensor(outputs->topk_idx, "outputs.topk_idx", 2, {ncclInt32}, {-1, K}));
-    NCCLEXT_ARG(outputs->topk_idx.sizes[0] >= N, "outputs.topk_idx has %lld rows; the output has %lld",
-                (long long)outputs->topk_idx.sizes[0], (long long)N);
+    NCCLEXT_CHECK(checkRows(outputs->topk_idx, "outputs.topk_idx", N));
   }
   if (present(outputs->src_info)) {
     NCCLEXT_CHECK(checkTensor(outputs->src_info, "outputs.src_info", 1, {ncclInt32}, {-1}));
-    NCCLEXT_ARG(outputs->src_info.sizes[0] >= N, "outputs.src_info has %lld rows; the output has %lld",
-                (long long)outputs->src_info.sizes[0], (long long)N);
+    NCCLEXT_CHECK(checkRows(outputs->src_info, "outputs.src_info", N));
   }
   NCCLEXT_CHECK(checkLayoutInfo(info, g));
   ncclep::LlDispatchCall c{};
-  c.tokens = static_cast<const char*>(x.data);
-  c.weights = static_cast<const float*>(inputs->topk_weights.data);
-  c.scales = static_cast<const float*>(inputs->scales.data);
-  c.outTokens = static_cast<char*>(y.data);
-  c.outWeights = static_cast<float*>(outputs->topk_weights.data);
-  c.outIdx = static_cast<int*>(outputs->topk_idx.data);
-  c.outScales = static_cast<float*>(outputs->scales.data);
+  setDispatchTensors(&c, inputs, outputs);
   c.outSrcInfo = static_cast<int*>(outputs->src_info.data);
-  if (info) {
-    c.info.expertCounters = static_cast<int*>(info->expert_counters.data);
-    c.info.srcRankCounters = static_cast<int*>(info->src_rank_counters.data);
-    c.info.expertOffsets = static_cast<int*>(info->expert_offsets.data);
-    c.info.recvTotal = static_cast<int*>(info->recv_total_counter.data);
-  }
+  c.info = layoutInfoOut(info);
   c.hidden = (int)H;
   c.inRowBytes = (int)(H * (fp8In ? 1 : 2));
   c.outRowBytes = (int)(H * (fp8Out ? 1 : 2));
@@ -524,13 +527,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 tokens only");
   }
   ncclep::DispatchCall c{};
-  c.tokens = static_cast<const char*>(x.data);
-  c.weights = static_cast<const float*>(inputs->topk_weights.data);
-  c.scales = static_cast<const float*>(inputs->scales.data);
-  c.outTokens = static_cast<char*>(y.data);
-  c.outWeights = static_cast<float*>(outputs->topk_weights.data);
-  c.outIdx = static_cast<int*>(outputs->topk_idx.data);
-  c.outScales = static_cast<float*>(outputs->scales.data);
+  setDispatchTensors(&c, inputs, outputs);
   c.rowBytes = (int)rowBytes;
   c.nScales = nScales;
   // One CTA per SM of the budget: its first half a sender (rows over NVLink, the long pole), its second half a

@@ -289,14 +289,7 @@ ncclResult_t ncclEpHandle::bind(const ncclEpTensor_t& topkIdx, const ncclEpLayou
   view.numTokens = (int)topkIdx.sizes[0];
   view.topkIdx = topkIdx.data;
   view.topkIs64 = topkIdx.datatype == ncclInt64 || topkIdx.datatype == ncclUint64;
-  ncclep::LayoutInfoOut out{};
-  if (info) {
-    out.expertCounters = static_cast<int*>(info->expert_counters.data);
-    out.srcRankCounters = static_cast<int*>(info->src_rank_counters.data);
-    out.expertOffsets = static_cast<int*>(info->expert_offsets.data);
-    out.recvTotal = static_cast<int*>(info->recv_total_counter.data);
-  }
-  NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, !group->view.lowLatency, stream));
+  NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, layoutInfoOut(info), !group->view.lowLatency, stream));
   if (config.sizing == NCCL_EP_SIZING_EXACT) {
     // The caller reads the error word through group->asyncError (input errors get their own message there).
     NCCLEXT_CHECK(ncclext::waitStream(stream, group->timeoutSeconds, "handle creation"));

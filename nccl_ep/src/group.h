@@ -19,6 +19,18 @@ struct ncclEpVirtualDomain {
   ncclext::VirtualDomain domain;
 };
 
+// The device pointers of an optional ncclEpLayoutInfo_t (all NULL without one): HT handle binding and LL dispatch.
+inline ncclep::LayoutInfoOut layoutInfoOut(const ncclEpLayoutInfo_t* info) {
+  ncclep::LayoutInfoOut out{};
+  if (info) {
+    out.expertCounters = static_cast<int*>(info->expert_counters.data);
+    out.srcRankCounters = static_cast<int*>(info->src_rank_counters.data);
+    out.expertOffsets = static_cast<int*>(info->expert_offsets.data);
+    out.recvTotal = static_cast<int*>(info->recv_total_counter.data);
+  }
+  return out;
+}
+
 struct ncclEpGroup {
   ncclComm_t comm = nullptr;
   ncclEpGroupConfig_t config{};
