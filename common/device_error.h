@@ -18,6 +18,7 @@ enum DeviceErrorCode : uint32_t {
   kDeviceTimeout = 1,  // a wait on a peer's flag ran past its budget
   kDeviceAborted = 2,  // the wait gave up because another thread of this rank had already failed
   kDeviceBadInput = 3, // a kernel found invalid input data: `seen` at element `index`, limit `expected`
+  kDevicePeerMasked = 4, // (nccl_ep LL masks) `peer` was masked during a call that had counted on it; recoverable
 };
 
 // Where a wait sat. Libraries append their own sites from kSiteLibraryBase on (describeSite() then prints a number).

@@ -39,6 +39,12 @@ ncclResult_t describeDeviceError(const DeviceErrorWord& w, const char* what) {
     return fail(ncclInvalidArgument, __FILE__, __LINE__, "%s: invalid input at %s, element %u: value %lld (limit %llu)",
                 what, site, w.index, (long long)(int64_t)w.seen, (unsigned long long)w.expected);
   }
+  if (w.code == kDevicePeerMasked) {
+    return fail(ncclRemoteError, __FILE__, __LINE__,
+                "%s: rank %d masked peer %d during a call that had counted on it (at %s): that call's outputs are "
+                "incomplete; the peer stays masked (query the mask, clean it to bring the peer back)",
+                what, w.rank, w.peer, site);
+  }
   return fail(ncclSystemError, __FILE__, __LINE__, "%s: device error code %u at %s", what, w.code, site);
 }
 

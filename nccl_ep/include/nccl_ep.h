@@ -111,10 +111,12 @@ typedef struct {
   int lsa_domain_size;          /* NCCL_EP_AUTO: NCCL's LSA team; k splits it (multi-domain paths: not yet) */
   ncclEpVirtualDomain_t virtual_domain; /* NULL; or the one-GPU test mode: see ncclEpVirtualDomainCreate */
   int virtual_rank;             /* with virtual_domain: this thread's rank in it */
+  int enable_mask;              /* LL: 1 = a mask of active ranks (ncclEpMaskQuery/Update/Clean): a peer that does
+                                   not arrive within timeout_ns is masked instead of failing the group */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0}
 
 typedef struct {
   unsigned int size;
@@ -185,8 +187,12 @@ typedef struct {
   unsigned int size;
   unsigned int magic;
   ncclEpTensor_t tokens;       /* [T, H], same dtype as the input */
+  ncclEpTensor_t missing_experts; /* LL with enable_mask, optional: [T] int32, how many of the token's top-k
+                                     experts sit on ranks masked when the combine began (their rows are not in
+                                     the sum; 0 for every token when no rank is masked) */
 } ncclEpCombineOutputs_t;
-#define NCCL_EP_COMBINE_OUTPUTS_INIT {sizeof(ncclEpCombineOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT}
+#define NCCL_EP_COMBINE_OUTPUTS_INIT \
+  {sizeof(ncclEpCombineOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;
@@ -268,12 +274,33 @@ NCCL_EP_API ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombin
                                        cudaStream_t stream);
 /* COLLECTIVE, stream-ordered: the second half of the handle's send-only call (Low-Latency mode): waits for the
  * peers' rows and lays them out (dispatch) or reduces them (combine), with the outputs and config of that call,
- * which must stay valid until then. Between a send-only call and its completion the group may run calls of the
- * other kind (e.g. a send-only dispatch of one handle, then a combine of another, then the completion), not
- * another call of the same kind: one staging per kind. ncclInvalidUsage when the handle has no send-only call
- * pending. High-Throughput calls complete on their own: a no-op there. */
+ * which must stay valid until then. The staging is double-buffered: up to two send-only calls of each kind may be
+ * open at once (on different handles: e.g. the dispatches of two micro-batches, then their completions), and
+ * calls of the other kind may run in between; a kind's calls complete in the order they were issued, and a plain
+ * call of a kind waits for no open one (both refused otherwise). ncclInvalidUsage when the handle has no send-only
+ * call pending. High-Throughput calls complete on their own: a no-op there. */
 NCCL_EP_API ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config,
                                         cudaStream_t stream);
+
+/* Fault tolerance (Low-Latency groups made with enable_mask; else ncclInvalidUsage). The mask holds one int per
+ * rank, 1 = active. Dispatch and combine skip masked ranks when sending and receiving: a masked rank's tokens are
+ * not delivered, and its rows are not waited for. A peer that does not arrive at a call within the group's
+ * timeout (its counts at dispatch, or the end of its previous call) is masked by the waiting rank, and the call
+ * goes on without it. A peer that stops in the middle of a call (its counts came, a row did not; or any row
+ * of a combine) is masked too, and then that call's outputs are incomplete: the next call on the group, or
+ * ncclEpGroupGetAsyncError, returns ncclRemoteError once, naming it. A rank masked in its own mask sends and
+ * receives nothing. Change the mask only between a combine and the next dispatch. */
+/* Local, stream-ordered: copies the mask (nRanks int32) into `mask_dev` (device memory). */
+NCCL_EP_API ncclResult_t ncclEpMaskQuery(ncclEpGroup_t group, int* mask_dev, cudaStream_t stream);
+/* Local, stream-ordered: sets the mask from `mask_host` (nRanks ints in host memory, nonzero = active; read
+ * before the call returns). */
+NCCL_EP_API ncclResult_t ncclEpMaskUpdate(ncclEpGroup_t group, const int* mask_host, cudaStream_t stream);
+/* COLLECTIVE over the ranks active in this rank's mask (and this rank), stream-ordered: a barrier among them (a rank that
+ * does not arrive within the timeout is masked), then every Low-Latency flag and call number of the group is reset,
+ * then a second barrier, so that ranks whose calls diverged (one that missed calls while masked, and is made
+ * active again by every rank's ncclEpMaskUpdate) continue in step. No send-only call may be open. Ranks outside it
+ * must not be running calls of the group. */
+NCCL_EP_API ncclResult_t ncclEpMaskClean(ncclEpGroup_t group, cudaStream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

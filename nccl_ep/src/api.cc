@@ -2,6 +2,7 @@
 #include "nccl_ep/include/nccl_ep.h"
 
 #include <algorithm>
+#include <deque>
 #include <initializer_list>
 
 #include "common/checks.h"
@@ -142,14 +143,20 @@ ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
   return ncclSuccess;
 }
 
-// Low-Latency send-only calls: one open call per kind and group (each kind has one staging), none on a handle with
-// one open (a combine needs its dispatch received; a rebinding would change what the open call reads).
-ncclResult_t checkNothingPending(const ncclEpHandle* h, ncclep::CallKind kind, const char* what) {
-  const ncclEpHandle* open = h->group->pending[kind];
-  NCCLEXT_USAGE(open == nullptr, "%s: a send-only %s (handle %p) awaits ncclEpComplete; one open call of each kind per "
-                "group", what, kind == ncclep::kDispatch ? "dispatch" : "combine", (const void*)open);
+// Low-Latency send-only calls: at most two open calls per kind and group (the staging's two banks), none on a handle
+// with one open (a combine needs its dispatch received; a rebinding would change what the open call reads). A plain
+// call runs both halves at once: none of its kind may be open.
+ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool sendOnly, const char* what) {
+  const std::deque<ncclEpHandle*>& open = h->group->pending[kind];
+  const char* name = kind == ncclep::kDispatch ? "dispatch" : "combine";
   NCCLEXT_USAGE(h->pendingKind < 0, "%s: this handle's send-only %s awaits ncclEpComplete", what,
                 h->pendingKind == ncclep::kDispatch ? "dispatch" : "combine");
+  NCCLEXT_USAGE(sendOnly || open.empty(),
+                "%s: %zu send-only %s call(s) await ncclEpComplete (the oldest on handle %p); complete them before a "
+                "plain %s", what, open.size(), name, (const void*)open.front(), name);
+  NCCLEXT_USAGE(open.size() < 2,
+                "%s: two send-only %s calls (handles %p, %p) await ncclEpComplete: the staging has two banks", what,
+                name, (const void*)open[0], (const void*)open[1]);
   return ncclSuccess;
 }
 
@@ -167,7 +174,7 @@ ncclResult_t launchLlCall(ncclEpHandle* h, ncclep::CallKind kind, Call c, int ct
   *keep = c;
   h->pendingKind = kind;
   h->pendingCtas = ctas;
-  h->group->pending[kind] = h;
+  h->group->pending[kind].push_back(h);
   return ncclSuccess;
 }
 
@@ -176,7 +183,7 @@ ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inpu
                         const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
                         const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
   ncclEpGroup* g = handle->group;
-  NCCLEXT_CHECK(checkNothingPending(handle, ncclep::kDispatch, "ncclEpDispatch"));
+  NCCLEXT_CHECK(checkCallAllowed(handle, ncclep::kDispatch, config && config->send_only, "ncclEpDispatch"));
   const int T = handle->view.numTokens, K = handle->topk;
   const int64_t N = handle->maxRecvRows;
   const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
@@ -246,7 +253,7 @@ ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs
                        const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
                        cudaStream_t stream) {
   ncclEpGroup* g = handle->group;
-  NCCLEXT_CHECK(checkNothingPending(handle, ncclep::kCombine, "ncclEpCombine"));
+  NCCLEXT_CHECK(checkCallAllowed(handle, ncclep::kCombine, config && config->send_only, "ncclEpCombine"));
   const int T = handle->view.numTokens, K = handle->topk;
   const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
   const ncclEpTensor_t& x = inputs->tokens;
@@ -270,6 +277,11 @@ ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs
     c.weights = static_cast<const float*>(inputs->topk_weights.data);
   } else {
     c.mode = rankMajor ? ncclep::kLlRankRows : ncclep::kLlExpertWeighted;
+  }
+  if (present(outputs->missing_experts)) {
+    NCCLEXT_USAGE(g->view.mask != nullptr, "outputs.missing_experts: the group was created without enable_mask");
+    NCCLEXT_CHECK(checkTensor(outputs->missing_experts, "outputs.missing_experts", 1, {ncclInt32}, {T}));
+    c.missing = static_cast<int*>(outputs->missing_experts.data);
   }
   c.in = static_cast<const char*>(x.data);
   c.out = static_cast<char*>(outputs->tokens.data);
@@ -324,6 +336,10 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
   NCCLEXT_USAGE((c.alloc.alloc_fn == nullptr) == (c.alloc.free_fn == nullptr),
                 "alloc: give both alloc_fn and free_fn, or neither");
   NCCLEXT_ARG(c.lsa_domain_size >= 0, "lsa_domain_size %d < 0", c.lsa_domain_size);
+  NCCLEXT_ARG(c.enable_mask == 0 || c.enable_mask == 1, "enable_mask %d: 0 or 1", c.enable_mask);
+  NCCLEXT_USAGE(!c.enable_mask || c.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
+                "enable_mask: rank masks belong to the Low-Latency mode (a High-Throughput wait that times out fails "
+                "the group)");
   if (c.virtual_domain) {
     const int n = c.virtual_domain->domain.size();
     NCCLEXT_ARG(c.virtual_rank >= 0 && c.virtual_rank < n, "virtual_rank %d not in [0, %d) of the virtual domain",
@@ -558,6 +574,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   if (g->view.lowLatency) return llCombine(handle, inputs, outputs, config, stream);
   NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
   NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
+  NCCLEXT_USAGE(!present(outputs->missing_experts), "outputs.missing_experts is for Low-Latency groups with enable_mask");
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
   NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
@@ -593,11 +610,47 @@ ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t*
   NCCLEXT_CHECK(g->asyncError("ncclEpComplete"));
   const int kind = handle->pendingKind;
   NCCLEXT_USAGE(kind >= 0, "ncclEpComplete: the handle has no send-only call awaiting completion");
+  std::deque<ncclEpHandle*>& open = g->pending[kind];
+  NCCLEXT_USAGE(open.front() == handle,
+                "ncclEpComplete: the send-only %s of handle %p was issued first: calls of a kind complete in the "
+                "order they were issued", kind == ncclep::kDispatch ? "dispatch" : "combine",
+                (const void*)open.front());
   handle->pendingKind = -1;
-  g->pending[kind] = nullptr;
+  open.pop_front();
   if (kind == ncclep::kDispatch)
     return ncclep::launchLlDispatch(g->view, handle->view, handle->pendingDispatch, handle->pendingCtas, stream);
   return ncclep::launchLlCombine(g->view, handle->view, handle->pendingCombine, handle->pendingCtas, stream);
+}
+
+static ncclResult_t checkMaskGroup(ncclEpGroup_t group, const char* what) {
+  NCCLEXT_ARG(group != nullptr, "%s: group is NULL", what);
+  NCCLEXT_USAGE(group->view.mask != nullptr, "%s: the group was created without enable_mask", what);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpMaskQuery(ncclEpGroup_t group, int* mask_dev, cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskQuery"));
+  NCCLEXT_ARG(mask_dev != nullptr, "ncclEpMaskQuery: mask_dev is NULL");
+  NCCLEXT_CUDA(cudaMemcpyAsync(mask_dev, group->view.mask, group->view.nRanks * sizeof(int), cudaMemcpyDeviceToDevice,
+                               stream));
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpMaskUpdate(ncclEpGroup_t group, const int* mask_host, cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskUpdate"));
+  NCCLEXT_ARG(mask_host != nullptr, "ncclEpMaskUpdate: mask_host is NULL");
+  return group->setMask(mask_host, stream);
+}
+
+ncclResult_t ncclEpMaskClean(ncclEpGroup_t group, cudaStream_t stream) {
+  ncclext::clearLastError();
+  NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskClean"));
+  for (int kind = 0; kind < 2; kind++)
+    NCCLEXT_USAGE(group->pending[kind].empty(), "ncclEpMaskClean: a send-only %s awaits ncclEpComplete",
+                  kind == ncclep::kDispatch ? "dispatch" : "combine");
+  return group->maskClean(stream);
 }
 
 }  // extern "C"

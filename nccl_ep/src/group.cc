@@ -12,6 +12,12 @@ namespace {
 
 size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// The group's device state: u64 calls[2], arrivals[2], sent[2], sendArrivals[2] (the call numbers
+// ncclEpMaskClean resets: the first kCountersBytes), barrierEpoch; then the mask, int32 [kMaxRanks].
+constexpr size_t kCountersBytes = 8 * sizeof(uint64_t);
+constexpr size_t kMaskOffset = 16 * sizeof(uint64_t);
+constexpr size_t kStateBytes = kMaskOffset + ncclep::kMaxRanks * sizeof(int);
+
 }  // namespace
 
 ncclResult_t ncclEpGroup::deviceAlloc(void** ptr, size_t bytes) {
@@ -117,22 +123,27 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   off = alignUp(off + (size_t)nRanks * 8, 256);
   w.combDone = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
+  w.cleanFlags = off;
+  off = alignUp(off + (size_t)nRanks * 8, 256);
+  w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
+  w.exchange = off;
+  off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 4096);
+  // The staging bank (LL: two of them, so that two send-only calls of a kind may be open at once).
+  const size_t bankStart = off;
   w.combFlags = off;
   off = alignUp(off + (size_t)w.combSlots * w.slices * 8, 256);
   w.header = off;
   off = alignUp(off + (size_t)nRanks * w.headerBytes, 256);
   w.dispFlags = off;
-  off = alignUp(off + (v.lowLatency ? regionRows * w.slices * 8 : 0), 256);
-  w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
-  w.exchange = off;
-  off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 256);
+  off = alignUp(off + (v.lowLatency ? regionRows * w.slices * 8 : 0), 4096);
   w.dispRows = off;
   off = alignUp(off + regionRows * v.rowStride, 4096);
   w.dispMeta = off;
   off = alignUp(off + regionRows * v.meta.bytes, 4096);
   w.combRows = off;
   off = alignUp(off + (size_t)w.combSlots * v.rowStride, 4096);
-  w.total = off;
+  w.bankBytes = v.lowLatency ? off - bankStart : 0;
+  w.total = off + w.bankBytes;
 
   // Symmetric memory on the domain (collective).
   cudaStream_t stream = nullptr;
@@ -145,17 +156,22 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   if (res == ncclSuccess) {
     v.err = g->status->sink();
     v.timeoutNs = (uint64_t)(g->timeoutSeconds * 1e9);
-    const size_t stateBytes = 5 * sizeof(uint64_t);  // calls[2], arrivals[2], barrier epoch
-    res = g->deviceAlloc(&g->state, stateBytes);
-    if (res == ncclSuccess && (cudaMemsetAsync(g->state, 0, stateBytes, stream) != cudaSuccess ||
-                               cudaStreamSynchronize(stream) != cudaSuccess))
+    res = g->deviceAlloc(&g->state, kStateBytes);
+    if (res == ncclSuccess && cudaMemsetAsync(g->state, 0, kStateBytes, stream) != cudaSuccess)
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "group state: zero-fill failed");
+    if (res == ncclSuccess && config.enable_mask) res = g->setMask(std::vector<int>(nRanks, 1).data(), stream);
+    if (res == ncclSuccess && cudaStreamSynchronize(stream) != cudaSuccess)
+      res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "group state: mask fill failed");
   }
   cudaStreamDestroy(stream);
   NCCLEXT_CHECK(res);
-  v.calls = static_cast<uint64_t*>(g->state);
-  v.arrivals = reinterpret_cast<unsigned long long*>(v.calls + 2);
-  v.barrierEpoch = v.calls + 4;
+  uint64_t* st = static_cast<uint64_t*>(g->state);
+  v.calls = st;
+  v.arrivals = reinterpret_cast<unsigned long long*>(st + 2);
+  v.sent = st + 4;
+  v.sendArrivals = reinterpret_cast<unsigned long long*>(st + 6);
+  v.barrierEpoch = st + 8;
+  v.mask = config.enable_mask ? reinterpret_cast<int*>(static_cast<char*>(g->state) + kMaskOffset) : nullptr;
   // Virtual ranks: nobody launches a kernel of this group before every rank is done with the calls above (some of
   // them wait for all work on the GPU).
   if (g->domain->isVirtual()) NCCLEXT_CHECK(g->domain->barrier());
@@ -164,6 +180,27 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
                g->numSms, w.total, ncclext::describeEnv(env).c_str());
   *out = g.release();
   return ncclSuccess;
+}
+
+ncclResult_t ncclEpGroup::setMask(const int* hostMask, cudaStream_t stream) {
+  for (int r = 0; r < view.nRanks; r++) maskHost_[r] = hostMask[r] != 0;
+  // From pageable memory (maskHost_ is a member): the copy has read it before cudaMemcpyAsync returns.
+  NCCLEXT_CUDA(cudaMemcpyAsync(static_cast<char*>(state) + kMaskOffset, maskHost_, view.nRanks * sizeof(int),
+                               cudaMemcpyHostToDevice, stream));
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpGroup::maskClean(cudaStream_t stream) {
+  const uint64_t epoch = ++cleans_;
+  NCCLEXT_CHECK(ncclep::launchLlCleanBarrier(view, 2 * epoch - 1, stream));
+  // Every flag of the calls (done flags; each bank's row, header and slice flags) and the call numbers.
+  char* base = static_cast<char*>(mem->localPtr());
+  const ncclep::WindowLayout& w = view.wl;
+  NCCLEXT_CUDA(cudaMemsetAsync(base + w.dispDone, 0, w.cleanFlags - w.dispDone, stream));
+  for (int bank = 0; bank < 2; bank++)
+    NCCLEXT_CUDA(cudaMemsetAsync(base + w.combFlags + bank * w.bankBytes, 0, w.dispRows - w.combFlags, stream));
+  NCCLEXT_CUDA(cudaMemsetAsync(state, 0, kCountersBytes, stream));
+  return ncclep::launchLlCleanBarrier(view, 2 * epoch, stream);
 }
 
 ncclEpGroup::~ncclEpGroup() {
@@ -190,6 +227,10 @@ ncclResult_t ncclEpGroup::destroy(ncclEpGroup* g) {
 ncclResult_t ncclEpGroup::asyncError(const char* what) {
   ncclext::DeviceErrorWord w;
   if (!status || !status->read(&w)) return ncclSuccess;
+  if (w.code == ncclext::kDevicePeerMasked) {  // reported once: the group goes on without the peer
+    status->reset();
+    return ncclext::describeDeviceError(w, what);
+  }
   if (w.code == ncclext::kDeviceBadInput && (w.site == ncclep::kSiteTopkIdx || w.site == ncclep::kSiteTopkRepeat)) {
     status->reset();
     if (w.site == ncclep::kSiteTopkRepeat)
@@ -280,7 +321,10 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
 }
 
 ncclEpHandle::~ncclEpHandle() {
-  if (pendingKind >= 0) group->pending[pendingKind] = nullptr;  // its send-only call is abandoned
+  if (pendingKind >= 0) {  // its send-only call is abandoned
+    std::deque<ncclEpHandle*>& q = group->pending[pendingKind];
+    q.erase(std::remove(q.begin(), q.end(), this), q.end());
+  }
   group->deviceFree(block);
   group->hostFree(hostTotals);
 }

@@ -2,6 +2,7 @@
 // bound once). Internal: api.cc validates the public structs and calls these.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -43,8 +44,9 @@ struct ncclEpGroup {
   void* state = nullptr;  // device: sequence counters and barrier epoch
   ncclep::GroupView view{};
   double timeoutSeconds = 100;
-  // Low-Latency: the handle whose send-only call of each kind (ncclep::CallKind) awaits ncclEpComplete, or NULL.
-  ncclEpHandle* pending[2] = {nullptr, nullptr};
+  // Low-Latency: the handles whose send-only calls of each kind (ncclep::CallKind) await ncclEpComplete, oldest
+  // first (at most two: the staging banks).
+  std::deque<ncclEpHandle*> pending[2];
 
   static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out);
   ~ncclEpGroup();
@@ -59,10 +61,15 @@ struct ncclEpGroup {
   // ncclSuccess, or the error a device wait or an input check recorded, as a code and a message.
   // An invalid-input report is cleared once returned (the group stays usable); a timeout stays.
   ncclResult_t asyncError(const char* what);
+  // Low-Latency with enable_mask: the mask from the host (nonzero = active), stream-ordered; ncclEpMaskClean.
+  ncclResult_t setMask(const int* hostMask, cudaStream_t stream);
+  ncclResult_t maskClean(cudaStream_t stream);
 
  private:
   void freeNow(void* ptr);
   std::vector<void*> retiredDevice_, retiredHost_;
+  int maskHost_[ncclep::kMaxRanks] = {};
+  uint64_t cleans_ = 0;  // ncclEpMaskClean calls: the epochs of its barriers
 };
 
 struct ncclEpHandle {

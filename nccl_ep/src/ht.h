@@ -43,6 +43,9 @@ struct WindowLayout {
   size_t barrierFlags;  // u64 [1][R]: the handle-exchange barrier
   size_t dispDone;      // u64 [R]: the last dispatch call whose rows from me rank r consumed (written by r)
   size_t combDone;      // u64 [R]: the same for combine
+  size_t cleanFlags;    // LL: u64 [R]: the ncclEpMaskClean barrier, written by rank r (never reset)
+  // The staging (combFlags .. combRows, after exchange): one bank in HT; two in LL, call seq using bank seq & 1
+  // at these offsets + (seq & 1) * bankBytes.
   size_t combFlags;     // u64 [combSlots]: flag of combine staging row [r][slot] (LL: or [token][k]), written by r
   size_t exchange;      // int32 [R][exchangeInts]: row s written by source s
   size_t dispRows;      // [R][maxTokens][rowStride]: region s written by source s
@@ -52,6 +55,7 @@ struct WindowLayout {
   size_t header;        // LL: [R][headerBytes]: row s written by source s (its flag, then its counts for me)
   size_t dispFlags;     // LL: u64 [R][maxTokens][slices]: flag of each slice of dispatch staging row [s][slot]
                         // (LL combine flags are [combSlots][slices] likewise)
+  size_t bankBytes;     // LL: the second bank's distance from the first; HT: 0
   size_t total;
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
   int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)
@@ -89,6 +93,9 @@ struct GroupView {
   int lowLatency;  // the group's algorithm is NCCL_EP_ALGO_LOW_LATENCY
   uint64_t* calls;               // u64 [2]: dispatch and combine calls completed on this rank
   unsigned long long* arrivals;  // [2]: CTAs of the running dispatch / combine kernel that finished
+  uint64_t* sent;                // LL, u64 [2]: dispatch and combine calls whose send half ran on this rank
+  unsigned long long* sendArrivals;  // LL [2]: CTAs of the running send-only half that finished
+  int* mask;                     // LL with enable_mask: [R], 1 = active (kernels clear a peer that timed out); else NULL
   uint64_t* barrierEpoch;
   ncclext::DeviceErrorSink err;
   uint64_t timeoutNs;

@@ -47,6 +47,7 @@ struct LlCombineCall {
   const char* in;        // [N][H] bf16 in the dispatch layout
   const float* weights;  // kLlOwnerWeighted: the owner's [T][K]
   char* out;             // [T][H] bf16
+  int* missing;          // [T] int32 or NULL (enable_mask): top-k experts on ranks masked at the receive half's start
   int rowBytes;          // H x 2
   int mode;              // LlCombineMode
   int phases;            // LlPhase bits
@@ -58,5 +59,8 @@ ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlD
                               cudaStream_t stream);
 ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCombineCall& c, int ctas,
                              cudaStream_t stream);
+// ncclEpMaskClean's barrier (one CTA): meets every rank active in the mask at `epoch` on the window's cleanFlags;
+// a rank that does not arrive within the timeout is masked.
+ncclResult_t launchLlCleanBarrier(const GroupView& g, uint64_t epoch, cudaStream_t stream);
 
 }  // namespace ncclep

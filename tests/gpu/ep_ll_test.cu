@@ -20,8 +20,15 @@
 // full; argument checks that must return an error, not crash (FLAT, EXACT sizing, alignment 8, T > M, top-k above
 // max_topk, fp8 output with H % 128 != 0 or without scales, RANK_MAJOR combine with weights, a second call of a
 // kind while a send-only one is open, a combine or an update of a handle with an open call, ncclEpComplete with
-// nothing open); and (2+ ranks) the
-// timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no call hangs.
+// nothing open); double-buffered send-only calls of two handles interleaved as two micro-batches (dispatch A,
+// dispatch B, complete A, combine A, complete B, combine B, complete A, complete B; completing out of order, a
+// third open dispatch and a plain one while two are open refused); masks on a group with enable_mask and a short
+// budget: every rank masks the last one (with one rank: itself), missing_experts against the reference's count,
+// ncclEpMaskQuery; (2+ ranks) the last rank skips a dispatch + combine (the others mask it when its counts do not
+// come: the reference with it masked, no error), then after ncclEpMaskClean it skips only a combine (the others
+// get ncclRemoteError once, naming it), then after another clean everyone gives the full reference; and (2+
+// ranks) the timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no
+// call hangs.
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) group creation must refuse cleanly on every
 // rank. Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
@@ -72,7 +79,7 @@ enum RoutingKind {
 };
 enum Tokens { kBf16, kFp8Quantised, kFp8Pow2Scales, kFp8Forwarded };  // what dispatch takes and returns
 enum Combine { kByRank, kWeightsAtDispatch, kWeightsAtCombine, kBothPaths };
-enum Kind { kDispatchCombine, kGraph, kValidation };
+enum Kind { kDispatchCombine, kGraph, kValidation, kDoubleBuffered, kMasked };
 
 struct Case {
   std::string name;
@@ -88,6 +95,7 @@ struct Case {
   bool bare = false;            // only the required outputs (tokens, fp8 scales), no layout_info
   bool update = false;          // then ncclEpUpdateHandle to a second routing, and the rounds again
   bool sendOnly = false;        // dispatch and combine each send-only, then ncclEpComplete
+  bool masked = false;          // on a group with enable_mask: combine also returns missing_experts
   bool quick = false;           // one of --quick's cases
 };
 
@@ -355,7 +363,7 @@ void fill(Fill what, DeviceBuf& b, int64_t rows, int cols, uint64_t seed, int ra
 // Inputs sized for M tokens (any routing of the group, so that a rebound handle keeps them), outputs for N rows.
 struct Buffers {
   DeviceBuf topk, x, scales, weights, combineWeights, combineIn, valid;
-  DeviceBuf y, yScales, yWeights, yIdx, ySrc, combineOut;
+  DeviceBuf y, yScales, yWeights, yIdx, ySrc, combineOut, missing;
   DeviceBuf expertCounters, srcRankCounters, expertOffsets, recvTotal;
   explicit Buffers(const Shape& s)
       : topk((size_t)s.M * s.K * 8),
@@ -371,13 +379,14 @@ struct Buffers {
         yIdx((size_t)s.N * s.K * 4),
         ySrc((size_t)s.N * 4),
         combineOut((size_t)s.M * s.H * 2),
+        missing((size_t)s.M * 4),
         expertCounters((size_t)s.L * 4),
         srcRankCounters((size_t)s.R * 4),
         expertOffsets((size_t)s.L * 4),
         recvTotal(4) {}
   void poisonOutputs() {
-    for (DeviceBuf* b : {&y, &yScales, &yWeights, &yIdx, &ySrc, &combineOut, &expertCounters, &srcRankCounters,
-                         &expertOffsets, &recvTotal})
+    for (DeviceBuf* b : {&y, &yScales, &yWeights, &yIdx, &ySrc, &combineOut, &missing, &expertCounters,
+                         &srcRankCounters, &expertOffsets, &recvTotal})
       b->poison();
   }
 };
@@ -417,6 +426,7 @@ Call describe(const Case& c, const Shape& sh, Buffers& b, int T, Combine path) {
   k.cin.tokens = epTensor(b.combineIn.p, ncclBfloat16, {sh.N, sh.H});
   if (path == kWeightsAtCombine) k.cin.topk_weights = epTensor(b.combineWeights.p, ncclFloat32, {T, sh.K});
   k.cout.tokens = epTensor(b.combineOut.p, ncclBfloat16, {T, sh.H});
+  if (c.masked) k.cout.missing_experts = epTensor(b.missing.p, ncclInt32, {T});
   return k;
 }
 
@@ -663,7 +673,19 @@ struct Runner {
     const Expected x = expect(c, sh, r, path, ds, ctx.rank);
     checkDispatch(label, c, sh, b, x, ds);
     checkCombine(label, sh, b, x);
+    if (c.masked) checkMissing(label, b, x);
     return 0;
+  }
+
+  // missing_experts against the reference's count of the experts on masked ranks.
+  void checkMissing(const std::string& label, const Buffers& b, const Expected& x) {
+    const std::vector<int> want = ncclep::llref::missingExperts(x.r)[ctx.rank];
+    const auto got = b.missing.get<int>(want.size());
+    for (size_t t = 0; t < want.size(); t++)
+      if (got[t] != want[t]) {
+        bad(label, "missing_experts differs at token (got)", (long)t, got[t]);
+        return;
+      }
   }
 
   int runCase(const Case& c, uint64_t caseSeed) {
@@ -837,6 +859,153 @@ struct Runner {
     EXPECT_OK(ncclEpHandleDestroy(h));
     return 0;
   }
+
+  void refusedCall(const std::string& label, ncclResult_t res, const char* what) {
+    validationChecks++;
+    if (res != ncclInvalidArgument && res != ncclInvalidUsage)
+      bad(label, (std::string(what) + " not refused: " + ncclGetErrorString(res)).c_str(), res);
+  }
+
+  // Double-buffered staging, as two micro-batches overlap (DeepEP's two buffers): handles A and B with different
+  // routings, send-only calls interleaved (dispatch A, dispatch B, complete A, combine A, complete B, combine B,
+  // complete A, complete B); both checked in full. Refused on the way: completing B before A, a third open
+  // dispatch, a plain dispatch while two are open.
+  int runDoubleBuffered(const Case& c, uint64_t caseSeed) {
+    const std::string label = c.name;
+    const Shape sh = shapeOf(c, ctx.nRanks);
+    const Combine path = paths(c)[0];
+    Buffers bA(sh), bB(sh);
+    ncclEpHandle_t hA = nullptr, hB = nullptr, hC = nullptr;
+    const Routing rA = makeRouting(c, ctx.nRanks, caseSeed), rB = makeRouting(c, ctx.nRanks, caseSeed ^ 0xb0b0ull);
+    if (bind(label + " A", c, sh, bA, rA, &hA) || bind(label + " B", c, sh, bB, rB, &hB)) return 1;
+    const int TA = rA.numTokens[ctx.rank], TB = rB.numTokens[ctx.rank];
+    const ncclEpTensor_t tiC = epTensor(bA.topk.p, c.idx64 ? ncclInt64 : ncclInt32, {TA, sh.K});
+    EXPECT_OK(ncclEpCreateHandle(&hC, group, c.layout, &tiC, nullptr, nullptr, ctx.stream));
+    const uint64_t dsA = caseSeed * 16, dsB = dsA + 1;
+    fillInputs(c, sh, bA, TA, dsA);
+    fillInputs(c, sh, bB, TB, dsB);
+    bA.poisonOutputs();
+    bB.poisonOutputs();
+    const Call kA = describe(c, sh, bA, TA, path), kB = describe(c, sh, bB, TB, path);
+    ncclEpDispatchConfig_t dA = kA.config, dB = kB.config;
+    dA.send_only = dB.send_only = 1;
+    ncclEpCombineConfig_t cc = NCCL_EP_COMBINE_CONFIG_INIT;
+    cc.send_only = 1;
+    EXPECT_OK(ncclEpDispatch(hA, &kA.in, &kA.out, kA.withInfo ? &kA.info : nullptr, &dA, ctx.stream));
+    EXPECT_OK(ncclEpDispatch(hB, &kB.in, &kB.out, kB.withInfo ? &kB.info : nullptr, &dB, ctx.stream));
+    refusedCall(label, ncclEpComplete(hB, nullptr, ctx.stream), "completing B's dispatch before A's");
+    refusedCall(label, ncclEpDispatch(hC, &kA.in, &kA.out, nullptr, &dA, ctx.stream), "a third open dispatch");
+    refusedCall(label, ncclEpDispatch(hC, &kA.in, &kA.out, nullptr, nullptr, ctx.stream),
+                "a plain dispatch while two are open");
+    EXPECT_OK(ncclEpComplete(hA, nullptr, ctx.stream));
+    EXPECT_OK(ncclEpCombine(hA, &kA.cin, &kA.cout, &cc, ctx.stream));
+    EXPECT_OK(ncclEpComplete(hB, nullptr, ctx.stream));
+    EXPECT_OK(ncclEpCombine(hB, &kB.cin, &kB.cout, &cc, ctx.stream));
+    refusedCall(label, ncclEpComplete(hB, nullptr, ctx.stream), "completing B's combine before A's");
+    EXPECT_OK(ncclEpComplete(hA, nullptr, ctx.stream));
+    EXPECT_OK(ncclEpComplete(hB, nullptr, ctx.stream));
+    if (wait(label.c_str())) return 1;
+    const Expected xA = expect(c, sh, rA, path, dsA, ctx.rank), xB = expect(c, sh, rB, path, dsB, ctx.rank);
+    checkDispatch(label + " A", c, sh, bA, xA, dsA);
+    checkCombine(label + " A", sh, bA, xA);
+    checkDispatch(label + " B", c, sh, bB, xB, dsB);
+    checkCombine(label + " B", sh, bB, xB);
+    for (ncclEpHandle_t h : {hA, hB, hC}) EXPECT_OK(ncclEpHandleDestroy(h));
+    return 0;
+  }
+
+  int setMask(const std::vector<int>& m) {
+    const std::string label = "ncclEpMaskUpdate";
+    EXPECT_OK(ncclEpMaskUpdate(group, m.data(), ctx.stream));
+    return 0;
+  }
+  // Every rank: active again, then ncclEpMaskClean (after a host barrier, so that no rank is still inside a call
+  // that waits for a peer's timeout).
+  int cleanAll(const std::string& label) {
+    if (wait((label + ": before clean").c_str())) return 1;
+    if (ncclext::harness::barrier(ctx, 60) != ncclSuccess) return bad(label, "barrier before clean"), 1;
+    if (setMask(std::vector<int>(ctx.nRanks, 1))) return 1;
+    EXPECT_OK(ncclEpMaskClean(group, ctx.stream));
+    return wait((label + ": clean").c_str());
+  }
+
+  // Masks, on a group of its own (enable_mask, the silent-peer budget). (1) Every rank masks rank X = R - 1 (with one
+  // rank: itself): nothing goes to or comes from X, combine's missing_experts counts X's experts, the mask reads
+  // back. (2+ ranks) (2) Unmasked, X skips a dispatch + combine: the others mask it when its counts do not come and
+  // give the reference with X masked, no error. (3) After ncclEpMaskClean, X dispatches but skips the combine: the
+  // others' combine masks it and the group reports ncclRemoteError once. (4) After another clean, everyone: the
+  // full reference again.
+  int runMasked(const Case& c, uint64_t caseSeed) {
+    const int R = ctx.nRanks, X = R - 1, me = ctx.rank;
+    const Shape sh = shapeOf(c, R);
+    const Combine path = paths(c)[0];
+    ncclEpGroup_t mainGroup = group;
+    ncclEpGroupConfig_t cfg = groupConfig(c.maxTokens, c.expertsPerRank, c.hidden);
+    cfg.enable_mask = 1;
+    cfg.timeout_ns = (uint64_t)(gSilentPeerSeconds * 1e9);
+    group = nullptr;
+    if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclEpCreateGroup (enable_mask): %s\n", ctx.rank, ncclEpGetLastError());
+      group = mainGroup;
+      return 1;
+    }
+    const int rc = maskedRounds(c, sh, path, caseSeed, X, me);
+    if (closeGroup()) return 1;
+    group = mainGroup;
+    return rc;
+  }
+
+  int maskedRounds(const Case& c, const Shape& sh, Combine path, uint64_t caseSeed, int X, int me) {
+    const int R = ctx.nRanks;
+    std::string label = c.name + " (1) rank " + std::to_string(X) + " masked by all";
+    Buffers b(sh);
+    ncclEpHandle_t h = nullptr;
+    Routing r = makeRouting(c, R, caseSeed);
+    r.active.assign(R, 1);
+    r.active[X] = 0;
+    if (bind(label, c, sh, b, r, &h)) return 1;
+    std::vector<int> m(R, 1);
+    m[X] = 0;
+    if (setMask(m) || round(label, c, sh, b, r, path, caseSeed * 16, h)) return 1;
+    DeviceBuf q((size_t)R * 4);
+    EXPECT_OK(ncclEpMaskQuery(group, static_cast<int*>(q.p), ctx.stream));
+    if (q.get<int>(R) != m) bad(label, "ncclEpMaskQuery differs from the mask set");
+    if (R >= 2) {
+      label = c.name + " (2) rank " + std::to_string(X) + " skips a call";
+      if (setMask(std::vector<int>(R, 1))) return 1;
+      if (me != X && round(label, c, sh, b, r, path, caseSeed * 16 + 1, h)) return 1;  // wait(): no error
+      EXPECT_OK(ncclEpMaskQuery(group, static_cast<int*>(q.p), ctx.stream));
+      if (me != X && q.get<int>(R) != m) bad(label, "the silent rank is not masked after the call");
+      if (cleanAll(label)) return 1;
+      label = c.name + " (3) rank " + std::to_string(X) + " skips a combine";
+      const int T = r.numTokens[me];
+      fillInputs(c, sh, b, T, caseSeed * 16 + 2);
+      const Call k = describe(c, sh, b, T, path);
+      EXPECT_OK(ncclEpDispatch(h, &k.in, &k.out, k.withInfo ? &k.info : nullptr, &k.config, ctx.stream));
+      // The others wait for X's rows only if one of their tokens has an expert there.
+      bool routesToX = false;
+      for (int i = 0; i < T * sh.K; i++) routesToX |= r.topkIdx[me][i] >= 0 && r.owner(r.topkIdx[me][i]) == X;
+      if (me != X) {
+        EXPECT_OK(ncclEpCombine(h, &k.cin, &k.cout, nullptr, ctx.stream));
+        if (!drained(label.c_str())) return bad(label, "the stream did not drain"), 1;
+        const ncclResult_t first = ncclEpGroupGetAsyncError(group);
+        const std::string msg = ncclEpGetLastError();
+        const ncclResult_t second = ncclEpGroupGetAsyncError(group);
+        printf("rank %d: LL combine whose peer %d stops mid-call -> %s: %s\n", me, X, ncclGetErrorString(first),
+               msg.c_str());
+        if (routesToX && (first != ncclRemoteError || msg.find("peer " + std::to_string(X)) == std::string::npos))
+          bad(label, "no ncclRemoteError naming the masked peer", first);
+        if (!routesToX && first != ncclSuccess) bad(label, "an error though no token waits for the silent rank", first);
+        if (second != ncclSuccess) bad(label, "the masked-peer report is not cleared once returned", second);
+      }
+      if (cleanAll(label)) return 1;
+      label = c.name + " (4) everyone again";
+      r.active.clear();
+      if (bind(label, c, sh, b, r, &h) || round(label, c, sh, b, r, path, caseSeed * 16 + 3, h)) return 1;
+    }
+    EXPECT_OK(ncclEpHandleDestroy(h));
+    return 0;
+  }
 };
 
 // (2+ ranks) The timeout path, on a group of its own with a short budget: the last rank skips a dispatch. Every
@@ -976,6 +1145,18 @@ std::vector<Case> buildCases() {
     gs.combine = kWeightsAtCombine;
     gs.sendOnly = true;
     cases.push_back(gs);
+    for (ncclEpLayout_t layout : layouts) {
+      Case d = make("double-buffered send-only calls of two handles", layout, z.M, z.L, 8, z.H);
+      d.kind = kDoubleBuffered;
+      d.quick = true;
+      cases.push_back(d);
+      Case m = make("masks", layout, z.M, z.L, 8, z.H);
+      m.kind = kMasked;
+      m.masked = true;
+      m.combine = layout == NCCL_EP_LAYOUT_RANK_MAJOR ? kByRank : kWeightsAtCombine;
+      m.quick = true;
+      cases.push_back(m);
+    }
     Case v = make("argument validation", NCCL_EP_LAYOUT_RANK_MAJOR, z.M, z.L, 2, 128);
     v.kind = kValidation;
     v.quick = true;
@@ -1135,6 +1316,12 @@ int main(int argc, char** argv) {
           break;
         case kDispatchCombine:
           rc |= run.runCase(c, seed * 100 + i);
+          break;
+        case kDoubleBuffered:
+          rc |= run.runDoubleBuffered(c, seed * 100 + i);
+          break;
+        case kMasked:
+          rc |= run.runMasked(c, seed * 100 + i);
           break;
       }
       if (run.errors != before || rc) failedCases++;

@@ -98,7 +98,9 @@ __device__ inline bool waitPeersConsumed(const Team& team, const GroupView& g, s
 // window: every CTA's reads of the peers' staging rows come before it (barrier, system fence, arrival atomic), so
 // the peers may overwrite them. A CTA in which a wait failed does not arrive: the group then reports the error and
 // its counters stop.
-__device__ inline void finishCall(const GroupView& g, CallKind kind, size_t doneOff, uint64_t seq, bool failed) {
+// `sentToo` (LL, a call run whole): also this kind's sent count (LL numbers the send halves apart).
+__device__ inline void finishCall(const GroupView& g, CallKind kind, size_t doneOff, uint64_t seq, bool failed,
+                                  uint64_t* sentToo = nullptr) {
   if (__syncthreads_or(failed)) return;
   bool last = false;
   if (threadIdx.x == 0) {
@@ -108,6 +110,7 @@ __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t done
       __threadfence_system();
       g.arrivals[kind] = 0;
       g.calls[kind] = seq;
+      if (sentToo) *sentToo = seq;
     }
   }
   // The barrier hands thread 0's answer to the CTA (no shared variable: racecheck reported one written here and read

@@ -29,6 +29,18 @@
 //   needs and sums in
 //   fp32: the ranks' rows in rank order (+), or w[t][k] * row in column order (fma); rounds to bf16. finishCall.
 //   Every wait has the group's time budget; a failed CTA does not arrive and the group reports the error.
+//
+// Banks: the staging (rows, metadata, headers, flags) is double-buffered; call seq uses bank seq & 1, so a sender
+// waits until every peer consumed call seq - 2 (not seq - 1), and two send-only calls of a kind may be open. The
+// send halves are numbered apart (sent[kind]) from the receive halves (calls[kind]); a kind's receive halves run
+// in the order of their send halves (the host enforces it), so both count the same calls.
+//
+// Masks (enable_mask): each half snapshots the active ranks (bits) at its start and skips inactive ones when
+// sending and receiving (a rank inactive in its own mask sends and receives nothing). A wait gives up once its
+// peer is masked, and after the timeout masks the peer itself instead of failing. A receive half that had counted
+// on a peer that is masked by its end (dispatch: a source whose header came; combine: every rank active at its
+// start) reports kDevicePeerMasked once: that call's outputs are incomplete. combine's missing[t] counts the top-k
+// experts on ranks inactive at the receive half's start.
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "common/numeric.h"
@@ -42,9 +54,12 @@ namespace {
 constexpr int kLlThreads = 512;
 constexpr unsigned kAll = 0xffffffffu;
 
+// The staging bank of call seq: the offset to add to the bank's regions (header, flags, rows, metadata).
+__device__ __forceinline__ size_t bankOf(const GroupView& g, uint64_t seq) { return (seq & 1) * g.wl.bankBytes; }
+
 // Header row written by source s in my window (or, with `r`, mine in rank r's window): flag, then int32 counts.
-__device__ __forceinline__ size_t headerOff(const GroupView& g, int s) {
-  return g.wl.header + (size_t)s * g.wl.headerBytes;
+__device__ __forceinline__ size_t headerOff(const GroupView& g, size_t bank, int s) {
+  return bank + g.wl.header + (size_t)s * g.wl.headerBytes;
 }
 __device__ __forceinline__ int* headerCounts(void* header) { return reinterpret_cast<int*>((char*)header + 8); }
 
@@ -66,19 +81,113 @@ struct Slots {
   __device__ int of(int r) const { return __shfl_sync(kAll, r < 32 ? lo : hi, r & 31); }
 };
 
+__device__ __forceinline__ bool isOn(uint64_t bits, int r) { return (bits >> r & 1) != 0; }
+
+// Every thread of the CTA (barriers inside): the ranks active in my mask now, one bit each; none if I am masked
+// myself; every rank without masks.
+__device__ uint64_t activeRanks(const GroupView& g) {
+  __shared__ unsigned long long bits;
+  if (!g.mask) return ~0ull;
+  __syncthreads();  // earlier readers of `bits` are done
+  if (threadIdx.x == 0) {
+    uint64_t b = 0;
+    for (int r = 0; r < g.nRanks; r++)
+      if (*reinterpret_cast<const volatile int*>(g.mask + r)) b |= 1ull << r;
+    bits = isOn(b, g.rank) ? b : 0;
+  }
+  __syncthreads();
+  return bits;
+}
+
+// The spinning part of waitOrMask (out of line, as waitFlagSlow).
+__device__ __noinline__ bool waitOrMaskSlow(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer) {
+  const volatile int* on = g.mask + peer;
+  const uint64_t start = ncclext::dev::globalTimerNs();
+  for (uint32_t spin = 1;; spin++) {
+    if (ncclext::dev::seqAtLeast(ncclext::dev::loadAcquire(flag), seq)) return true;
+    if ((spin & 63) == 0) {
+      if (*on == 0) return false;
+      if (ncclext::dev::globalTimerNs() - start > g.timeoutNs) {
+        atomicExch(g.mask + peer, 0);
+        return false;
+      }
+    }
+  }
+}
+
+// One thread waits until *flag >= seq. Without masks: waitFlagAtLeast (false: a timeout, recorded). With masks:
+// false once `peer` is masked in my mask, or after the timeout, when this wait masks it (nothing recorded: the
+// caller skips the peer; reportMasked tells whether the call had counted on it).
+__device__ __forceinline__ bool waitOrMask(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer,
+                                           uint32_t site, uint32_t index) {
+  if (!g.mask) return ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, peer, site, index);
+  if (ncclext::dev::seqAtLeast(ncclext::dev::loadAcquire(flag), seq)) return true;
+  return waitOrMaskSlow(g, flag, seq, peer);
+}
+
+// One warp: every lane waits for the row's flag (as warpAcquire), agreeing on the outcome.
+__device__ __forceinline__ bool warpWaitOrMask(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer,
+                                               int row) {
+  return __all_sync(kAll, waitOrMask(g, flag, seq, peer, ncclext::kSiteRow, (uint32_t)row));
+}
+
+// Every thread of the CTA, before its first write into any peer's bank of call seq: every active peer consumed
+// what I wrote there in call seq - 2 (its done flag in my window). Without masks false on every thread after a
+// timeout; with masks true, peers that did not answer in time masked (and dropped from *active).
+__device__ bool waitBankFree(const GroupView& g, size_t doneOff, uint64_t seq, uint64_t* active) {
+  bool ok = true;
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
+    if (r == g.rank || !isOn(*active, r)) continue;
+    const uint64_t* done = static_cast<const uint64_t*>(g.peers.local(doneOff + (size_t)r * 8));
+    if (!waitOrMask(g, done, seq - 2, r, ncclext::kSiteFlag, 0)) ok = false;
+  }
+  const bool failed = __syncthreads_or(!ok);
+  if (g.mask) {
+    if (failed) *active &= activeRanks(g);
+    return true;
+  }
+  return !failed;
+}
+
+// Thread 0 of each CTA, at the end of a receive half: a peer the call counted on (`included`) that is masked now
+// makes the call's outputs incomplete: reported once (kDevicePeerMasked).
+__device__ void reportMasked(const GroupView& g, uint64_t included, uint64_t seq) {
+  if (!g.mask || threadIdx.x != 0) return;
+  for (int r = 0; r < g.nRanks; r++)
+    if (isOn(included, r) && *reinterpret_cast<const volatile int*>(g.mask + r) == 0) {
+      ncclext::dev::recordError(g.err, ncclext::kDevicePeerMasked, g.rank, r, seq, 0, ncclext::kSiteRow, blockIdx.x,
+                                0);
+      return;
+    }
+}
+
+// All threads of the CTA, at the end of a send-only half (call seq): the last CTA to arrive bumps the sent count.
+// A CTA in which a wait failed does not arrive.
+__device__ void finishSend(const GroupView& g, CallKind kind, uint64_t seq, bool failed) {
+  if (__syncthreads_or(failed) || threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&g.sendArrivals[kind], 1ull) == gridDim.x - 1) {
+    g.sendArrivals[kind] = 0;
+    g.sent[kind] = seq;
+  }
+}
+
 // ---- dispatch ----------------------------------------------------------------------------------------------------
 
-// CTA 0: my header into every rank's window, released with seq.
-__device__ void sendHeaders(const GroupView& g, const HandleView& h, uint64_t seq) {
+// CTA 0: my header into every active rank's window, released with seq.
+__device__ void sendHeaders(const GroupView& g, const HandleView& h, uint64_t seq, uint64_t active) {
   const int R = g.nRanks, L = g.localExperts, cols = R + g.numExperts;
   const int* totals = h.tileCount + (size_t)g.nChunks * cols;
+  const size_t bank = bankOf(g, seq);
   for (int i = threadIdx.x; i < R * (1 + L); i += blockDim.x) {
     const int r = i / (1 + L), j = i % (1 + L);
-    headerCounts(g.peers.at(headerOff(g, g.rank), r))[j] = j == 0 ? totals[r] : totals[R + r * L + j - 1];
+    if (isOn(active, r))
+      headerCounts(g.peers.at(headerOff(g, bank, g.rank), r))[j] = j == 0 ? totals[r] : totals[R + r * L + j - 1];
   }
   __syncthreads();
   for (int r = threadIdx.x; r < R; r += blockDim.x)
-    ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(headerOff(g, g.rank), r)), seq);
+    if (isOn(active, r))
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(headerOff(g, bank, g.rank), r)), seq);
 }
 
 // The columns [lo, hi) of slice `sl` of a row of `hidden` columns: a warp's unit of work (kLlSliceCols columns), so
@@ -93,17 +202,17 @@ struct Cols {
 };
 __device__ __forceinline__ int slicesOf(int hidden) { return (hidden + kLlSliceCols - 1) / kLlSliceCols; }
 
-__device__ __forceinline__ uint64_t* dispFlag(const GroupView& g, size_t rowIndex, int sl, int rank) {
-  return static_cast<uint64_t*>(g.peers.at(g.wl.dispFlags + (rowIndex * g.wl.slices + sl) * 8, rank));
+__device__ __forceinline__ uint64_t* dispFlag(const GroupView& g, size_t bank, size_t rowIndex, int sl, int rank) {
+  return static_cast<uint64_t*>(g.peers.at(bank + g.wl.dispFlags + (rowIndex * g.wl.slices + sl) * 8, rank));
 }
-__device__ __forceinline__ uint64_t* combFlag(const GroupView& g, size_t at, int sl, int rank) {
-  return static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + (at * g.wl.slices + sl) * 8, rank));
+__device__ __forceinline__ uint64_t* combFlag(const GroupView& g, size_t bank, size_t at, int sl, int rank) {
+  return static_cast<uint64_t*>(g.peers.at(bank + g.wl.combFlags + (at * g.wl.slices + sl) * 8, rank));
 }
 
 // One warp: columns `cols` of token t's row quantised to e4m3 into every destination's staging row, the blocks'
 // scales into their metadata. Lane i holds columns 4 i .. 4 i + 3 of each block of 128.
-__device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const Slots& slots, const char* row,
-                              Cols cols, int lane) {
+__device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const Slots& slots, uint64_t active,
+                              size_t bank, const char* row, Cols cols, int lane) {
   const int me = g.rank, R = g.nRanks;
   for (int b = cols.lo / 128; b < cols.hi / 128; b++) {
     const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + (size_t)b * 256) + lane);
@@ -124,23 +233,24 @@ __device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const
     for (int i = 0; i < 4; i++) q |= (uint32_t)ncclext::floatToE4m3(v[i] / scale) << (8 * i);
     for (int r = 0; r < R; r++) {
       const int slot = slots.of(r);
-      if (slot < 0) continue;
+      if (slot < 0 || !isOn(active, r)) continue;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* dst = static_cast<char*>(g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r));
+      char* dst = static_cast<char*>(g.peers.at(bank + g.wl.dispRows + rowIndex * g.rowStride, r));
       reinterpret_cast<uint32_t*>(dst + (size_t)b * 128)[lane] = q;
       if (lane == 0) {
-        char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+        char* meta = static_cast<char*>(g.peers.at(bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
         reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = scale;
       }
     }
   }
 }
 
-// One warp per (token of mine, slice): the slice (and, slice 0, the metadata) into every destination's staging,
-// then the slice's flags.
+// One warp per (token of mine, slice): the slice (and, slice 0, the metadata) into every active destination's
+// staging, then the slice's flags.
 __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, uint64_t seq,
-                         const WarpId& w) {
+                         uint64_t active, const WarpId& w) {
   const int me = g.rank, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk, lane = w.lane, S = slicesOf(c.hidden);
+  const size_t bank = bankOf(g, seq);
   const int inElem = c.inRowBytes / c.hidden;
   for (int item = w.gw; item < h.numTokens * S; item += w.nw) {
     const int t = item / S, sl = item % S;
@@ -154,11 +264,11 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
     const float wt = has && c.weights ? c.weights[(size_t)t * K + lane] : 1.f;
     for (int r = 0; r < R; r++) {
       const int slot = slots.of(r);
-      if (slot < 0) continue;
+      if (slot < 0 || !isOn(active, r)) continue;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+      char* meta = static_cast<char*>(g.peers.at(bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       if (!c.quantize) {
-        char* dst = static_cast<char*>(g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r));
+        char* dst = static_cast<char*>(g.peers.at(bank + g.wl.dispRows + rowIndex * g.rowStride, r));
         warpCopy<false>(lane, dst + (size_t)cols.lo * inElem, row + (size_t)cols.lo * inElem,
                         (cols.hi - cols.lo) * inElem);
         if (c.scales)
@@ -172,11 +282,12 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
       }
       if (sl == 0 && lane == 0) *reinterpret_cast<int*>(meta + g.meta.tokenOff()) = t;
     }
-    if (c.quantize) quantizeSlice(g, c, slots, row, cols, lane);
+    if (c.quantize) quantizeSlice(g, c, slots, active, bank, row, cols, lane);
     __syncwarp();  // every lane's stores of every destination's slice before lane 0's releases
     for (int r = 0; r < R; r++) {
       const int slot = slots.of(r);
-      if (slot >= 0 && lane == 0) ncclext::dev::storeRelease(dispFlag(g, (size_t)me * g.maxTokens + slot, sl, r), seq);
+      if (slot >= 0 && lane == 0 && isOn(active, r))
+        ncclext::dev::storeRelease(dispFlag(g, bank, (size_t)me * g.maxTokens + slot, sl, r), seq);
     }
   }
 }
@@ -188,21 +299,36 @@ struct RecvCounts {
   int expertCount[kMaxExperts]; // [l]
 };
 
-// The whole CTA: acquires every source's header, then the counts. False on every thread after a timeout.
-__device__ bool acquireHeaders(const GroupView& g, RecvCounts* rc, uint64_t seq) {
+// The whole CTA: acquires every active source's header, then the counts (0 for the others). Returns the sources
+// whose header came (every active one without masks), or 0 on every thread after a timeout without masks (*ok
+// false).
+__device__ uint64_t acquireHeaders(const GroupView& g, RecvCounts* rc, uint64_t seq, bool* ok) {
+  __shared__ unsigned long long came;
   const int R = g.nRanks, L = g.localExperts;
-  bool ok = true;
+  const size_t bank = bankOf(g, seq);
+  const uint64_t active = activeRanks(g);
+  if (threadIdx.x == 0) came = active;
+  __syncthreads();
+  bool waited = true;
   for (int s = threadIdx.x; s < R; s += blockDim.x) {
-    const uint64_t* flag = static_cast<const uint64_t*>(g.peers.local(headerOff(g, s)));
-    if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, s, ncclext::kSiteHeader, s))
-      ok = false;
+    if (!isOn(active, s)) continue;
+    const uint64_t* flag = static_cast<const uint64_t*>(g.peers.local(headerOff(g, bank, s)));
+    if (!waitOrMask(g, flag, seq, s, ncclext::kSiteHeader, s)) {
+      waited = false;
+      atomicAnd(&came, ~(1ull << s));
+    }
   }
-  if (__syncthreads_or(!ok)) return false;
+  *ok = !__syncthreads_or(!waited) || g.mask;
+  if (!*ok) return 0;
+  const uint64_t from = came;
+  auto count = [&](int s, int j) {
+    return isOn(from, s) ? __ldcg(headerCounts(g.peers.local(headerOff(g, bank, s))) + j) : 0;
+  };
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     int run = 0;
     for (int s = 0; s < R; s++) {
       rc->block[l * R + s] = run;
-      run += __ldcg(headerCounts(g.peers.local(headerOff(g, s))) + 1 + l);
+      run += count(s, 1 + l);
     }
     rc->expertCount[l] = run;
   }
@@ -210,12 +336,12 @@ __device__ bool acquireHeaders(const GroupView& g, RecvCounts* rc, uint64_t seq)
     int run = 0;
     for (int s = 0; s < R; s++) {
       rc->rowStart[s] = run;
-      run += __ldcg(headerCounts(g.peers.local(headerOff(g, s))));
+      run += count(s, 0);
     }
     rc->rowStart[R] = run;
   }
   __syncthreads();
-  return true;
+  return from;
 }
 
 // Source of flat row i of the staged rows (warp-uniform: every lane scans the same shared counts).
@@ -242,21 +368,26 @@ __device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDis
                             uint64_t seq, const WarpId& w) {
   const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, lane = w.lane, S = slicesOf(c.hidden);
   const bool rankMajor = h.layout == NCCL_EP_LAYOUT_RANK_MAJOR;
+  const size_t bank = bankOf(g, seq);
   for (int item = w.gw; item < rc->rowStart[R] * S; item += w.nw) {
     const int i = item / S, sl = item % S;
     const int s = sourceOf(rc->rowStart, R, i), j = i - rc->rowStart[s];
     const size_t rowIndex = (size_t)s * M + j;
-    // The slice's flag, then slice 0's (the metadata's), in my window.
-    if (!warpAcquire(g, dispFlag(g, rowIndex, sl, g.rank), seq, s, j, ncclext::kSiteRow)) return false;
-    if (sl != 0 && !warpAcquire(g, dispFlag(g, rowIndex, 0, g.rank), seq, s, j, ncclext::kSiteRow)) return false;
-    const char* meta = static_cast<const char*>(g.peers.local(g.wl.dispMeta + rowIndex * g.meta.bytes));
+    // The slice's flag, then slice 0's (the metadata's), in my window. With masks a row that does not come is
+    // skipped (its source is masked: the call reports it).
+    if (!warpWaitOrMask(g, dispFlag(g, bank, rowIndex, sl, g.rank), seq, s, j) ||
+        (sl != 0 && !warpWaitOrMask(g, dispFlag(g, bank, rowIndex, 0, g.rank), seq, s, j))) {
+      if (!g.mask) return false;
+      continue;
+    }
+    const char* meta = static_cast<const char*>(g.peers.local(bank + g.wl.dispMeta + rowIndex * g.meta.bytes));
     const bool has = lane < K;
     const int id = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.expertOff()) + lane) : -1;
     const float wt = has ? __ldcg(reinterpret_cast<const float*>(meta + g.meta.weightOff()) + lane) : 0.f;
     const int idx = has ? __ldcg(reinterpret_cast<const int*>(meta + g.meta.emIdxOff()) + lane) : -1;
     const int token = __ldcg(reinterpret_cast<const int*>(meta + g.meta.tokenOff()));
     const float* scales = reinterpret_cast<const float*>(meta + g.meta.scaleOff());
-    const char* row = static_cast<const char*>(g.peers.local(g.wl.dispRows + rowIndex * g.rowStride));
+    const char* row = static_cast<const char*>(g.peers.local(bank + g.wl.dispRows + rowIndex * g.rowStride));
     const Cols cols = Cols::of(sl, c.hidden);
     const bool first = sl == 0;
     if (rankMajor) {
@@ -312,23 +443,30 @@ __device__ void writeCounts(const GroupView& g, const HandleView& h, const LlDis
 
 __global__ void __launch_bounds__(kLlThreads) llDispatchKernel(GroupView g, HandleView h, LlDispatchCall c) {
   __shared__ RecvCounts rc;
-  const uint64_t seq = callNumber(g, kDispatch);
   const WarpId w = WarpId::of();
   bool ok = true;
   if (c.phases & kLlSend) {
-    ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.dispDone, seq);
-    if (ok) {
-      if (blockIdx.x == 0) sendHeaders(g, h, seq);
-      sendRows(g, h, c, seq, w);
+    const uint64_t seq = g.sent[kDispatch] + 1;
+    uint64_t active = activeRanks(g);
+    ok = waitBankFree(g, g.wl.dispDone, seq, &active);
+    if (ok && isOn(active, g.rank)) {
+      if (blockIdx.x == 0) sendHeaders(g, h, seq, active);
+      sendRows(g, h, c, seq, active, w);
+    }
+    if (!(c.phases & kLlReceive)) {  // send-only: the call stays open until ncclEpComplete's half
+      finishSend(g, kDispatch, seq, !ok);
+      return;
     }
   }
-  if (!(c.phases & kLlReceive)) return;  // send-only: the call stays open until ncclEpComplete's half
-  ok = ok && acquireHeaders(g, &rc, seq);
+  const uint64_t seq = g.calls[kDispatch] + 1;  // a whole call: the send half's number too
+  uint64_t from = 0;
+  if (ok) from = acquireHeaders(g, &rc, seq, &ok);
   if (ok) {
     if (blockIdx.x == 0) writeCounts(g, h, c, &rc);
     ok = receiveRows(g, h, c, &rc, seq, w);
   }
-  finishCall(g, kDispatch, g.wl.dispDone, seq, !ok);
+  if (ok) reportMasked(g, from, seq);
+  finishCall(g, kDispatch, g.wl.dispDone, seq, !ok, (c.phases & kLlSend) ? g.sent + kDispatch : nullptr);
 }
 
 // ---- combine -----------------------------------------------------------------------------------------------------
@@ -363,15 +501,15 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
   const int me = g.rank, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, rowVecs = c.rowBytes >> 4;
   const Cols cols = Cols::of(sl, c.rowBytes / 2);
   const int v0 = cols.lo / 8, vecs = (cols.hi - cols.lo) / 8;
-  const size_t slotIndex = (size_t)s * M + j;
+  const size_t slotIndex = (size_t)s * M + j, bank = bankOf(g, seq);
   const int4* in = reinterpret_cast<const int4*>(c.in);
   auto stagingRow = [&](size_t at) {
-    return static_cast<int4*>(g.peers.at(g.wl.combRows + at * g.rowStride, s)) + v0;
+    return static_cast<int4*>(g.peers.at(bank + g.wl.combRows + at * g.rowStride, s)) + v0;
   };
   if (c.mode == kLlRankRows) {
     const size_t at = (size_t)me * M + j;
     warpCopy<false>(lane, stagingRow(at), in + slotIndex * rowVecs + v0, vecs * 16);
-    warpPublish(lane, combFlag(g, at, sl, s), seq);
+    warpPublish(lane, combFlag(g, bank, at, sl, s), seq);
     return;
   }
   const int pos = lane < K ? h.emPos[slotIndex * MK + lane] : -1;
@@ -382,7 +520,7 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
       if (p < 0) continue;
       const size_t at = (size_t)token * MK + k;
       warpCopy<false>(lane, stagingRow(at), in + (size_t)p * rowVecs + v0, vecs * 16);
-      warpPublish(lane, combFlag(g, at, sl, s), seq);
+      warpPublish(lane, combFlag(g, bank, at, sl, s), seq);
     }
     return;
   }
@@ -400,29 +538,43 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
     }
     if (i < vecs) dst[i] = packBf16(acc);
   }
-  warpPublish(lane, combFlag(g, at, sl, s), seq);
+  warpPublish(lane, combFlag(g, bank, at, sl, s), seq);
 }
 
-// One warp: slice `sl` of own token t, summed from my staging. False after a timeout.
+// One warp: the number of token t's top-k experts on ranks inactive in `active` (their rows are not in the sum).
+__device__ int missingExperts(const GroupView& g, const HandleView& h, int t, uint64_t active, int lane) {
+  const bool valid = lane < h.topk && h.emIdx[(size_t)t * g.meta.maxTopk + lane] >= 0;
+  const bool miss = valid && !isOn(active, loadExpert(h, t, lane) / g.localExperts);
+  return __popc(__ballot_sync(kAll, miss));
+}
+
+// One warp: slice `sl` of own token t, summed from my staging: the rows of active ranks (with masks, a row that
+// does not come is left out: its rank is masked, and the call reports it). False after a timeout without masks.
 __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCombineCall& c, int t, int sl,
-                            uint64_t seq, int lane) {
+                            uint64_t seq, uint64_t active, int lane) {
   const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk;
   const Cols cols = Cols::of(sl, c.rowBytes / 2);
   const int v0 = cols.lo / 8, vecs = (cols.hi - cols.lo) / 8;
-  const char* staging = static_cast<const char*>(g.peers.local(g.wl.combRows));
+  const size_t bank = bankOf(g, seq);
+  const char* staging = static_cast<const char*>(g.peers.local(bank + g.wl.combRows));
   auto stagingRow = [&](size_t at) { return reinterpret_cast<const int4*>(staging + at * g.rowStride) + v0; };
   int4* out = reinterpret_cast<int4*>(c.out + (size_t)t * c.rowBytes) + v0;
+  if (sl == 0 && c.missing) {
+    const int n = missingExperts(g, h, t, active, lane);
+    if (lane == 0) c.missing[t] = n;
+  }
   if (c.mode == kLlOwnerWeighted) {
-    // Column k is delivered where routing kept it (emIdx >= 0); its row sits at [t][k].
-    const bool on = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
+    // Column k is delivered where routing kept it (emIdx >= 0) and its rank is active; its row sits at [t][k].
+    const bool kept = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
     const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
-    const int owner = on ? loadExpert(h, t, lane) / g.localExperts : -1;  // the expert's rank, for the error text
-    const unsigned colsOn = __ballot_sync(kAll, on);
+    const int owner = kept ? loadExpert(h, t, lane) / g.localExperts : -1;
+    unsigned colsOn = __ballot_sync(kAll, kept && isOn(active, owner));
     for (int k = 0; k < K; k++) {
       const int from = __shfl_sync(kAll, owner, k);
-      if ((colsOn >> k & 1) && !warpAcquire(g, combFlag(g, (size_t)t * MK + k, sl, g.rank), seq, from, t,
-                                            ncclext::kSiteRow))
-        return false;
+      if ((colsOn >> k & 1) && !warpWaitOrMask(g, combFlag(g, bank, (size_t)t * MK + k, sl, g.rank), seq, from, t)) {
+        if (!g.mask) return false;
+        colsOn &= ~(1u << k);
+      }
     }
     for (int i0 = 0; i0 < vecs; i0 += 32) {
       const int i = i0 + lane;
@@ -436,17 +588,22 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     return true;
   }
   const Slots slots = Slots::load(h, R, t, lane);
+  uint64_t ranksOn = 0;  // the ranks whose row for t came
   for (int r = 0; r < R; r++) {
     const int slot = slots.of(r);
-    if (slot >= 0 && !warpAcquire(g, combFlag(g, (size_t)r * M + slot, sl, g.rank), seq, r, slot, ncclext::kSiteRow))
+    if (slot < 0 || !isOn(active, r)) continue;
+    if (warpWaitOrMask(g, combFlag(g, bank, (size_t)r * M + slot, sl, g.rank), seq, r, slot)) {
+      ranksOn |= 1ull << r;
+    } else if (!g.mask) {
       return false;
+    }
   }
   for (int i0 = 0; i0 < vecs; i0 += 32) {
     const int i = i0 + lane;
     float acc[8] = {};
     for (int r = 0; r < R; r++) {  // rank order
       const int slot = slots.of(r);
-      if (slot >= 0 && i < vecs) addBf16(acc, __ldcg(stagingRow((size_t)r * M + slot) + i));
+      if (isOn(ranksOn, r) && i < vecs) addBf16(acc, __ldcg(stagingRow((size_t)r * M + slot) + i));
     }
     if (i < vecs) out[i] = packBf16(acc);
   }
@@ -456,7 +613,6 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
 __global__ void __launch_bounds__(kLlThreads) llCombineKernel(GroupView g, HandleView h, LlCombineCall c) {
   __shared__ int rowStart[kMaxRanks + 1];
   const int R = g.nRanks, S = slicesOf(c.rowBytes / 2);
-  const uint64_t seq = callNumber(g, kCombine);
   const WarpId w = WarpId::of();
   if (threadIdx.x == 0) {
     int run = 0;
@@ -468,22 +624,49 @@ __global__ void __launch_bounds__(kLlThreads) llCombineKernel(GroupView g, Handl
   }
   bool ok = true;
   if (c.phases & kLlSend) {
-    ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);  // its barrier publishes rowStart
-    if (ok)
+    const uint64_t seq = g.sent[kCombine] + 1;
+    uint64_t active = activeRanks(g);
+    ok = waitBankFree(g, g.wl.combDone, seq, &active);  // its barrier publishes rowStart
+    if (ok && isOn(active, g.rank))
       for (int item = w.gw; item < rowStart[R] * S; item += w.nw) {
         const int i = item / S, s = sourceOf(rowStart, R, i);
-        sendSlot(g, h, c, s, i - rowStart[s], item % S, seq, w.lane);
+        if (isOn(active, s)) sendSlot(g, h, c, s, i - rowStart[s], item % S, seq, w.lane);
       }
+    if (!(c.phases & kLlReceive)) {  // send-only: the call stays open until ncclEpComplete's half
+      finishSend(g, kCombine, seq, !ok);
+      return;
+    }
   }
-  if (!(c.phases & kLlReceive)) return;  // send-only: the call stays open until ncclEpComplete's half
+  const uint64_t seq = g.calls[kCombine] + 1;  // a whole call: the send half's number too
+  const uint64_t active = ok ? activeRanks(g) : 0;
   for (int item = w.gw; ok && item < h.numTokens * S; item += w.nw)
-    ok = reduceToken(g, h, c, item / S, item % S, seq, w.lane);
-  finishCall(g, kCombine, g.wl.combDone, seq, !ok);
+    ok = reduceToken(g, h, c, item / S, item % S, seq, active, w.lane);
+  if (__syncthreads_and(ok)) reportMasked(g, active, seq);
+  finishCall(g, kCombine, g.wl.combDone, seq, !ok, (c.phases & kLlSend) ? g.sent + kCombine : nullptr);
+}
+
+// One CTA: ncclEpMaskClean's barrier at `epoch` among me and the ranks active in my mask (a rank that does not
+// arrive within the timeout is masked).
+__global__ void __launch_bounds__(kLlThreads) llCleanBarrierKernel(GroupView g, uint64_t epoch) {
+  uint64_t active = 1ull << g.rank;
+  for (int r = 0; r < g.nRanks; r++)
+    if (!g.mask || *reinterpret_cast<const volatile int*>(g.mask + r)) active |= 1ull << r;
+  __threadfence_system();  // this rank's earlier writes into peers' windows before its arrival
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
+    if (isOn(active, r))
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(g.wl.cleanFlags + (size_t)g.rank * 8, r)), epoch);
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
+    if (isOn(active, r))
+      waitOrMask(g, static_cast<const uint64_t*>(g.peers.local(g.wl.cleanFlags + (size_t)r * 8)), epoch, r,
+                 ncclext::kSiteBarrier, 0);
+  __syncthreads();
 }
 
 }  // namespace
 
-ncclResult_t loadLlKernels() { return ncclext::loadKernels("Low-Latency", llDispatchKernel, llCombineKernel); }
+ncclResult_t loadLlKernels() {
+  return ncclext::loadKernels("Low-Latency", llDispatchKernel, llCombineKernel, llCleanBarrierKernel);
+}
 
 ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,
                               cudaStream_t stream) {
@@ -494,6 +677,11 @@ ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlD
 ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCombineCall& c, int ctas,
                              cudaStream_t stream) {
   return ncclext::launchKernel("ll combineKernel", llCombineKernel, dim3(ctas), dim3(kLlThreads), 0, stream, g, h, c);
+}
+
+ncclResult_t launchLlCleanBarrier(const GroupView& g, uint64_t epoch, cudaStream_t stream) {
+  return ncclext::launchKernel("ll cleanBarrierKernel", llCleanBarrierKernel, dim3(1), dim3(kLlThreads), 0, stream, g,
+                               epoch);
 }
 
 }  // namespace ncclep

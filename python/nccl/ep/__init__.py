@@ -66,7 +66,8 @@ class _GroupConfig(_Header):
                 ("num_experts", ctypes.c_int), ("max_tokens_per_rank", ctypes.c_int),
                 ("max_token_bytes", ctypes.c_int), ("max_topk", ctypes.c_int), ("num_sms", ctypes.c_int),
                 ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
-                ("lsa_domain_size", ctypes.c_int), ("virtual_domain", ctypes.c_void_p), ("virtual_rank", ctypes.c_int)]
+                ("lsa_domain_size", ctypes.c_int), ("virtual_domain", ctypes.c_void_p), ("virtual_rank", ctypes.c_int),
+                ("enable_mask", ctypes.c_int)]
 
 
 class _HandleConfig(_Header):
@@ -99,7 +100,7 @@ class _CombineInputs(_Header):
 
 
 class _CombineOutputs(_Header):
-    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor)]
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("missing_experts", CTensor)]
 
 
 class _CombineConfig(_Header):
