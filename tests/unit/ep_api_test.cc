@@ -49,6 +49,8 @@ TEST(EpApi, GroupConfigRejections) {
       {[](ncclEpGroupConfig_t* x) { x->zero_copy = NCCL_EP_ZERO_COPY_ON; }, ncclInvalidUsage, "zero_copy ON"},
       {[](ncclEpGroupConfig_t* x) { x->alloc.alloc_fn = [](void**, size_t, void*) { return 0; }; }, ncclInvalidUsage,
        "both alloc_fn and free_fn"},
+      {[](ncclEpGroupConfig_t* x) { x->enable_mask = 2; }, ncclInvalidArgument, "enable_mask 2"},
+      {[](ncclEpGroupConfig_t* x) { x->enable_mask = 1; }, ncclInvalidUsage, "rank masks belong to the Low-Latency"},
   };
   for (const Bad& b : cases) {
     ncclEpGroupConfig_t x = goodConfig();
@@ -287,6 +289,52 @@ TEST(EpApi, LowLatencyRejections) {
   ci.topk_weights = epTensor(f.p, ncclFloat32, {100, 8});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidUsage);
   EXPECT_TRUE(says("the owner-weighted path is EXPERT_MAJOR's"));
+  ci.topk_weights = NCCL_EP_TENSOR_INIT;
+  co.missing_experts = epTensor(f.p, ncclInt32, {100});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("created without enable_mask"));
+}
+
+// The mask calls need a group made with enable_mask; send-only calls complete in issue order, two per kind at most.
+TEST(EpApi, MasksAndOpenCalls) {
+  FakeLl f;
+  int mask[2] = {1, 1};
+  EXPECT_EQ(ncclEpMaskQuery(nullptr, mask, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpMaskUpdate(&f.group, mask, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("ncclEpMaskUpdate: the group was created without enable_mask"));
+  EXPECT_EQ(ncclEpMaskQuery(&f.group, mask, nullptr), ncclInvalidUsage);
+  EXPECT_EQ(ncclEpMaskClean(&f.group, nullptr), ncclInvalidUsage);
+  f.group.view.mask = mask;  // as if made with enable_mask (never dereferenced by the refusals below)
+  EXPECT_EQ(ncclEpMaskUpdate(&f.group, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("mask_host is NULL"));
+  EXPECT_EQ(ncclEpMaskQuery(&f.group, nullptr, nullptr), ncclInvalidArgument);
+  // Two open send-only dispatches (handles a, b: as the library records them).
+  ncclEpHandle a, b;
+  for (ncclEpHandle* h : {&a, &b}) {
+    h->group = &f.group;
+    h->layout = NCCL_EP_LAYOUT_RANK_MAJOR;
+    h->maxRecvRows = 512;
+    h->pendingKind = ncclep::kDispatch;
+    f.group.pending[ncclep::kDispatch].push_back(h);
+  }
+  EXPECT_EQ(ncclEpMaskClean(&f.group, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("a send-only dispatch awaits ncclEpComplete"));
+  EXPECT_EQ(ncclEpComplete(&b, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("complete in the order they were issued"));
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(f.p, ncclBfloat16, {512, 7168});
+  ncclEpDispatchConfig_t so = NCCL_EP_DISPATCH_CONFIG_INIT;
+  so.send_only = 1;
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, &so, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("the staging has two banks"));
+  f.group.pending[ncclep::kDispatch].pop_back();
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("complete them before a plain dispatch"));
+  for (ncclEpHandle* h : {&a, &b}) h->pendingKind = -1;  // nothing for the destructors to unlink
+  f.group.pending[ncclep::kDispatch].clear();
+  f.group.view.mask = nullptr;
 }
 
 }  // namespace
