@@ -17,9 +17,11 @@
 // Same run, per shape: the copy engine moving the dispatch's NVLink bytes from every rank to the next at once
 // (cudaMemcpyPeerAsync, ranks synced; ce_same_bytes*), the practical limit at that size.
 //
-// Usage: ep_bench [--nranks N] [--json FILE] [--quick]
+// Usage: ep_bench [--mode ht|ll] [--nranks N] [--json FILE] [--quick]
+// --mode ll runs the Low-Latency benchmark, ep_ll_bench (beside this binary), with the other arguments.
 #include <cuda_bf16.h>
 #include <getopt.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -52,17 +54,50 @@ double median(std::vector<float> v) {
 
 }  // namespace
 
+// --mode ll: replaces this process with ep_ll_bench from this binary's folder, the other arguments passed on.
+int runLowLatency(int argc, char** argv) {
+  std::vector<char*> args;
+  for (int i = 0; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "--mode" && i + 1 < argc) {
+      i++;
+      continue;
+    }
+    if (a.rfind("--mode=", 0) == 0) continue;
+    args.push_back(argv[i]);
+  }
+  std::string self = argv[0];
+  const size_t slash = self.rfind('/');
+  const std::string path = (slash == std::string::npos ? std::string() : self.substr(0, slash + 1)) + "ep_ll_bench";
+  args[0] = const_cast<char*>(path.c_str());
+  args.push_back(nullptr);
+  execv(path.c_str(), args.data());
+  fprintf(stderr, "ep_bench --mode ll: cannot run %s\n", path.c_str());
+  return 1;
+}
+
 int main(int argc, char** argv) {
   int nRanks = 0;
   bool quick = false;
   std::string json;
+  // --mode first: the Low-Latency benchmark takes options of its own.
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    const std::string mode = a == "--mode" && i + 1 < argc ? argv[i + 1] : a.rfind("--mode=", 0) == 0 ? a.substr(7) : "";
+    if (mode == "ll") return runLowLatency(argc, argv);
+    if (!mode.empty() && mode != "ht") {
+      fprintf(stderr, "ep_bench: --mode %s: ht or ll\n", mode.c_str());
+      return 2;
+    }
+  }
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
-                                 {"quick", no_argument, nullptr, 'q'}, {nullptr, 0, nullptr, 0}};
+                                 {"quick", no_argument, nullptr, 'q'},        {"mode", required_argument, nullptr, 'm'},
+                                 {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
     if (c == 'n') nRanks = atoi(optarg);
     else if (c == 'j') json = optarg;
     else if (c == 'q') quick = true;
-    else return 2;
+    else if (c != 'm') return 2;
   }
   std::vector<Shape> shapes = {
       {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {16, 24, 32, 64, 132}},

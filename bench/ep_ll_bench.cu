@@ -2,17 +2,19 @@
 // N virtual ranks on one GPU (--one-gpu virtual: the protocol's cost with every rank sharing one GPU's SMs and
 // memory; no NVLink, so not a link measurement).
 //
-// For each shape (tokens per rank, hidden 7168 (and 4096 at 128 tokens), top-8, 256 experts over the ranks): random top-k routing without
-// repeats, a handle bound once, then, each timed with its own pair of CUDA events on the call's stream and
-// reported as the median of 100 calls after 20 warm-up calls, back to back:
+// For each shape (tokens per rank 1, 8, 32, 64, 128, 256, hidden 7168 (and 4096 at 128 tokens), top-8, 256 experts
+// over the ranks): random top-k routing without repeats, a handle bound once, then, each timed with its own pair of
+// CUDA events on the call's stream and reported as the median of 100 calls after 20 warm-up calls, back to back:
 //   dispatch (bf16 out, or fp8 e4m3 quantised by the sender), combine (RANK_MAJOR: rows as given; EXPERT_MAJOR:
-//   the owner-weighted path, DeepEP's), and the graph: dispatch + combine captured once and replayed;
+//   the owner-weighted path, DeepEP's), the pair dispatch + combine, and the graph: dispatch + combine captured
+//   once and replayed;
 // and, in the same run, the floor: an empty kernel with the same grid (launch + completion, the least any
 // kernel-based call costs), and the copy engine moving this rank's dispatch payload device to device.
 // Bytes: payload = rows this rank sends (one per (token, destination rank), its own included) x row bytes (fp8:
 // + 4 bytes per 128 columns). Every rank reports; rank 0 prints.
 //
-// Usage: ep_ll_bench [--nranks N] [--one-gpu off|virtual] [--json FILE] [--quick]
+// Usage: ep_ll_bench [--nranks N] [--one-gpu off|virtual] [--sms N] [--json FILE] [--quick]
+// (also: ep_bench --mode ll). --sms: the calls' num_sms (default: the group's, 64 capped by the GPU).
 #include <getopt.h>
 
 #include <algorithm>
@@ -75,22 +77,23 @@ double timeCalls(cudaStream_t stream, F fn, int* failed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int nRanks = 0;
+  int nRanks = 0, sms = 0;
   bool quick = false;
   std::string json;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
                                  {"one-gpu", required_argument, nullptr, 'o'}, {"quick", no_argument, nullptr, 'q'},
-                                 {nullptr, 0, nullptr, 0}};
+                                 {"sms", required_argument, nullptr, 's'},     {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
     if (c == 'n') nRanks = atoi(optarg);
     else if (c == 'j') json = optarg;
     else if (c == 'o' && ncclext::harness::parseOneGpu(optarg, &oneGpu)) continue;
     else if (c == 'q') quick = true;
+    else if (c == 's') sms = atoi(optarg);
     else return 2;
   }
   std::vector<Shape> shapes;
-  for (int t : {1, 32, 128, 256})
+  for (int t : {1, 8, 32, 64, 128, 256})
     for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
       for (bool fp8 : {false, true}) shapes.push_back({t, kHidden, l, fp8});
   for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
@@ -139,8 +142,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, ctx.device);
     if (ctx.rank == 0)
-      printf("%-6s %-12s %-5s %6s %6s %4s %10s %10s %10s %9s %9s %11s\n", "ranks", "layout", "dtype", "tokens",
-             "hidden", "SMs", "dispatch", "combine", "graph_d+c", "floor", "ce_copy", "payload_KB");
+      printf("%-6s %-12s %-5s %6s %6s %4s %10s %10s %10s %10s %9s %9s %11s\n", "ranks", "layout", "dtype", "tokens",
+             "hidden", "SMs", "dispatch", "combine", "d+c", "graph_d+c", "floor", "ce_copy", "payload_KB");
     for (const Shape& s : shapes) {
       const int T = s.tokens, K = kTopk, H = s.hidden;
       std::mt19937 rng(4321 + ctx.rank * 7 + T);
@@ -173,10 +176,14 @@ int main(int argc, char** argv) {
       if (!rm) cin.topk_weights = epTensor(w, ncclFloat32, {T, K});
       ncclEpCombineOutputs_t cout = NCCL_EP_COMBINE_OUTPUTS_INIT;
       cout.tokens = epTensor(out, ncclBfloat16, {T, H});
-      auto dispatch = [&]() { return (int)ncclEpDispatch(h, &din, &dout, nullptr, nullptr, st); };
-      auto combine = [&]() { return (int)ncclEpCombine(h, &cin, &cout, nullptr, st); };
+      ncclEpDispatchConfig_t dcfg = NCCL_EP_DISPATCH_CONFIG_INIT;
+      ncclEpCombineConfig_t ccfg = NCCL_EP_COMBINE_CONFIG_INIT;
+      dcfg.num_sms = ccfg.num_sms = sms;
+      auto dispatch = [&]() { return (int)ncclEpDispatch(h, &din, &dout, nullptr, &dcfg, st); };
+      auto combine = [&]() { return (int)ncclEpCombine(h, &cin, &cout, &ccfg, st); };
       int failed = 0;
       const double dUs = timeCalls(st, dispatch, &failed);
+      const double pairUs = timeCalls(st, [&]() { return dispatch() | combine(); }, &failed);
       // combine alone: each timed combine follows an untimed dispatch (combine needs that dispatch's counts)
       std::vector<float> cMs;
       {
@@ -205,7 +212,8 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaStreamEndCapture(st, &graph));
       CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
       const double gUs = timeCalls(st, [&]() { return (int)cudaGraphLaunch(exec, st); }, &failed);
-      const int ctas = std::min(64, prop.multiProcessorCount / (virtualDomain ? R : 1));  // the group's default
+      const int share = prop.multiProcessorCount / (virtualDomain ? R : 1);
+      const int ctas = sms > 0 ? std::min(sms, share) : std::min(64, share);  // the calls' grid
       const double floorUs = timeCalls(st, [&]() {
         emptyKernel<<<ctas, 512, 0, st>>>();
         return (int)cudaGetLastError();
@@ -222,18 +230,20 @@ int main(int argc, char** argv) {
       }
       const char* layout = rm ? "RANK_MAJOR" : "EXPERT_MAJOR";
       if (ctx.rank == 0) {
-        printf("%-6d %-12s %-5s %6d %6d %4d %10.1f %10.1f %10.1f %9.1f %9.1f %11.1f\n", R, layout,
-               s.fp8 ? "fp8" : "bf16", T, H, ctas, dUs, cUs, gUs, floorUs, ceUs, payload / 1024.0);
+        printf("%-6d %-12s %-5s %6d %6d %4d %10.1f %10.1f %10.1f %10.1f %9.1f %9.1f %11.1f\n", R, layout,
+               s.fp8 ? "fp8" : "bf16", T, H, ctas, dUs, cUs, pairUs, gUs, floorUs, ceUs, payload / 1024.0);
         if (js)
           fprintf(js,
                   "{\"bench\": \"ep_ll\", \"pass\": true, \"gpu\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, "
                   "\"layout\": \"%s\", "
                   "\"dispatch_dtype\": \"%s\", \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
                   "\"sms\": %d, "
-                  "\"dispatch_us\": %.2f, \"combine_us\": %.2f, \"graph_dispatch_combine_us\": %.2f, "
+                  "\"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_combine_us\": %.2f, "
+                  "\"graph_dispatch_combine_us\": %.2f, "
                   "\"empty_kernel_us\": %.2f, \"ce_copy_us\": %.2f, \"payload_bytes\": %zu, \"iters\": %d}\n",
                   prop.name, virtualDomain ? "virtual ranks on one GPU" : "real GPUs", R, layout,
-                  s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, gUs, floorUs, ceUs, payload, kIters);
+                  s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, pairUs, gUs, floorUs, ceUs, payload,
+                  kIters);
       }
       CHECK_CUDA(cudaStreamSynchronize(st));
       NCCLEXT_BENCH_EP(ncclEpHandleDestroy(h));

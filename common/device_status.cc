@@ -41,9 +41,9 @@ ncclResult_t describeDeviceError(const DeviceErrorWord& w, const char* what) {
   }
   if (w.code == kDevicePeerMasked) {
     return fail(ncclRemoteError, __FILE__, __LINE__,
-                "%s: rank %d masked peer %d during a call that had counted on it (at %s): that call's outputs are "
-                "incomplete; the peer stays masked (query the mask, clean it to bring the peer back)",
-                what, w.rank, w.peer, site);
+                "%s: rank %d masked peer %d during a call that had counted on it (call %llu of its kind): that call's "
+                "outputs are incomplete; the peer stays masked (query the mask, clean it to bring the peer back)",
+                what, w.rank, w.peer, (unsigned long long)w.expected);
   }
   return fail(ncclSystemError, __FILE__, __LINE__, "%s: device error code %u at %s", what, w.code, site);
 }

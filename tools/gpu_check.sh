@@ -31,7 +31,7 @@ RUNS=(
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|virtual"
   # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md).
-  "ep_ll_bench|$BUILDDIR/bin/ep_ll_bench --nranks NRANKS --json JSON|1|virtual"
+  "ep_ll_bench|$BUILDDIR/bin/ep_bench --mode ll --nranks NRANKS --json JSON|1|virtual"
   "m2n_exec|$BUILDDIR/bin/m2n_exec_test --nranks NRANKS --cases 100 --json JSON|1|nodes"
   "m2n_dead_peer|$BUILDDIR/bin/m2n_exec_test --dead-peer --timeout-s 3 --nranks NRANKS --json JSON|2|nodes"
 )

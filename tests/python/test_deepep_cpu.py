@@ -1,6 +1,7 @@
 """nccl.ep.deepep (the DeepEP drop-in) on the CPU: the layout against brute force, and every refusal with its
 message, on torch's fake process group (4 ranks in one process, no communication). The Low-Latency methods'
-translation into nccl.ep calls runs against a stand-in Group that records them. Needs torch."""
+translation into nccl.ep calls, the shrink-mode masks included (DeepEP's 1 = masked against nccl.ep's 1 = active),
+runs against a stand-in Group that records them. Needs torch."""
 
 from types import SimpleNamespace
 
@@ -58,13 +59,9 @@ def test_dispatch_layout_matches_brute_force(buffer, seed):
     assert torch.equal(per_expert, want_expert)
 
 
-@pytest.mark.parametrize("kwargs,what", [
-    ({"allow_mnnvl": True}, "allow_mnnvl=True"),
-    ({"enable_shrink": True}, "enable_shrink=True"),
-])
-def test_buffer_options_not_implemented(buffer, kwargs, what):
-    with pytest.raises(NotImplementedError, match=what.replace("(", r"\(")):
-        deep_ep.Buffer(dist.group.WORLD, 0, 0, **kwargs)
+def test_buffer_options_not_implemented(buffer):
+    with pytest.raises(NotImplementedError, match="allow_mnnvl=True"):
+        deep_ep.Buffer(dist.group.WORLD, 0, 0, allow_mnnvl=True)
 
 
 def test_mpi_communicator_not_implemented():
@@ -177,6 +174,7 @@ class _LowLatencyGroup:
         self.kwargs, self.calls, self.closed = kwargs, [], False
         self.size, self.local_experts = R, kwargs["num_experts"] // R
         self.src_info = self.counts = None
+        self.mask = [1] * R  # nccl.ep's convention: 1 = active
         _LowLatencyGroup.made.append(self)
 
     def create_handle(self, topk_idx, layout):
@@ -198,6 +196,17 @@ class _LowLatencyGroup:
 
     def complete(self, handle):
         self.calls.append(("complete", handle))
+
+    def mask_query(self):
+        self.calls.append(("mask_query",))
+        return torch.tensor(self.mask, dtype=torch.int32)
+
+    def mask_update(self, mask):
+        self.mask = list(mask)
+        self.calls.append(("mask_update", list(mask)))
+
+    def mask_clean(self):
+        self.calls.append(("mask_clean",))
 
     def close(self):
         self.closed = True
@@ -226,7 +235,7 @@ def test_low_latency_dispatch_translation(ll, use_fp8, round_scale):
         ll, use_fp8=use_fp8, round_scale=round_scale, cumulative_local_expert_recv_stats=stats)
     (g,) = _LowLatencyGroup.made
     assert g.kwargs == {"num_experts": E, "max_tokens_per_rank": LM, "hidden": LH, "max_topk": LK,
-                        "algorithm": "low_latency"}
+                        "algorithm": "low_latency", "enable_mask": False}
     # The whole ring is made at the group's first dispatch (none later, inside a capture), bound to its routing.
     assert [c[:2] for c in g.calls[:2]] == [("create_handle", "expert_major")] * 2 and len(g.calls) == 3
     _, ep_handle, out_dtype, rs = g.calls[2]
@@ -453,3 +462,107 @@ def test_low_latency_zero_copy_combine_reads_the_slots_buffer(ll):
     with pytest.raises(NcclInvalidUsage, match="get_next_low_latency_combine_buffer: the handle's dispatch is no "
                                                "longer bound"):
         ll.get_next_low_latency_combine_buffer(handle)
+
+
+# -- shrink mode (enable_shrink=True): DeepEP's masks, 1 = masked, over nccl.ep's, 1 = active ---------------------
+@pytest.fixture
+def shrink(fake_world, monkeypatch):
+    """A low_latency_mode Buffer with enable_shrink whose nccl.ep groups are _LowLatencyGroups."""
+    monkeypatch.setattr(deep_ep, "Group", _LowLatencyGroup)
+    _LowLatencyGroup.made = []
+    return deep_ep.Buffer(dist.group.WORLD, 0, int(1e9), low_latency_mode=True, num_qps_per_rank=E // R,
+                          explicitly_destroy=True, enable_shrink=True)
+
+
+def _masked(buf):
+    status = torch.full((R,), -1, dtype=torch.int32)
+    buf.low_latency_query_mask_buffer(status)
+    return status.tolist()
+
+
+def test_enable_shrink_sits_where_deepeps_does(fake_world):
+    import inspect
+
+    names = list(inspect.signature(deep_ep.Buffer.__init__).parameters)
+    assert names.index("enable_shrink") == names.index("explicitly_destroy") + 1 == names.index("comm") - 1
+    # Positionally, as DeepEP code may pass it: group, nvl, rdma, low_latency_mode, qps, nvlink, mnnvl, destroy, shrink.
+    assert deep_ep.Buffer(dist.group.WORLD, 0, 0, True, 8, True, False, False, True).enable_shrink
+
+
+def test_enable_shrink_reaches_the_group_config(shrink):
+    _call(shrink)
+    (g,) = _LowLatencyGroup.made
+    assert g.kwargs["enable_mask"] is True and g.kwargs["algorithm"] == "low_latency"
+    assert [c[0] for c in g.calls].count("mask_update") == 0  # every rank active: nothing to set
+
+
+def test_mask_update_and_query_use_deepeps_convention(shrink):
+    _call(shrink)
+    g = _LowLatencyGroup.made[0]
+    assert _masked(shrink) == [0] * R
+    shrink.low_latency_update_mask_buffer(2, True)
+    assert g.calls[-1] == ("mask_update", [1, 1, 0, 1])  # read, one entry flipped, set
+    assert g.calls[-2] == ("mask_query",)
+    assert _masked(shrink) == [0, 0, 1, 0]
+    g.mask[3] = 0  # the kernels mask a peer that did not arrive in time: the query shows it, an update keeps it
+    assert _masked(shrink) == [0, 0, 1, 1]
+    shrink.low_latency_update_mask_buffer(2)  # mask=False: active again
+    assert g.calls[-1] == ("mask_update", [1, 1, 1, 0])
+    shrink.low_latency_clean_mask_buffer()  # local: every rank active
+    assert g.calls[-1] == ("mask_update", [1] * R) and _masked(shrink) == [0] * R
+    assert [c[0] for c in g.calls].count("mask_clean") == 0
+
+
+def test_mask_before_the_group_is_kept_and_handed_to_it(shrink):
+    shrink.low_latency_update_mask_buffer(1, True)
+    assert _LowLatencyGroup.made == [] and _masked(shrink) == [0, 1, 0, 0]
+    _call(shrink)
+    g = _LowLatencyGroup.made[0]
+    assert ("mask_update", [1, 0, 1, 1]) in g.calls
+    assert g.calls.index(("mask_update", [1, 0, 1, 1])) < [c[0] for c in g.calls].index("dispatch")
+    g.mask[3] = 0
+    _call(shrink, m=LM + 1)  # other sizes: a new group, which starts from the old one's mask
+    old, new = _LowLatencyGroup.made
+    assert old.closed and new.calls[0] == ("mask_update", [1, 0, 1, 0])
+
+
+def test_clean_low_latency_buffer_in_shrink_mode_cleans_the_group(shrink):
+    shrink.clean_low_latency_buffer(LM, LH, E)  # no group yet: nothing to reset
+    assert _LowLatencyGroup.made == []
+    _call(shrink)
+    shrink.clean_low_latency_buffer(LM, LH, E)
+    assert _LowLatencyGroup.made[0].calls[-1] == ("mask_clean",)
+    with pytest.raises(NcclInvalidArgument, match="num_max_dispatch_tokens_per_rank 4096 not in"):
+        shrink.clean_low_latency_buffer(4096, LH, E)
+
+
+def test_clean_low_latency_buffer_without_shrink_touches_no_mask(ll):
+    _call(ll)
+    ll.clean_low_latency_buffer(LM, LH, E)
+    assert all(c[0] not in ("mask_clean", "mask_update", "mask_query") for c in _LowLatencyGroup.made[0].calls)
+
+
+@pytest.mark.parametrize("method,args", [
+    ("low_latency_update_mask_buffer", (0, True)),
+    ("low_latency_query_mask_buffer", (torch.zeros(R, dtype=torch.int32),)),
+    ("low_latency_clean_mask_buffer", ()),
+])
+def test_mask_methods_need_enable_shrink(ll, buffer, method, args):
+    with pytest.raises(NcclInvalidUsage, match="Buffer.%s: this Buffer was made without enable_shrink=True "
+                                               "\\(DeepEP asserts \"Shrink mode must be enabled\"\\)" % method):
+        getattr(ll, method)(*args)
+    with pytest.raises(NcclInvalidUsage, match="without low_latency_mode=True"):
+        getattr(buffer, method)(*args)
+
+
+@pytest.mark.parametrize("make,text", [
+    (lambda b: b.low_latency_update_mask_buffer(R, True), r"rank_to_mask 4 not in \[0, 4\)"),
+    (lambda b: b.low_latency_update_mask_buffer(-1), r"rank_to_mask -1 not in \[0, 4\)"),
+    (lambda b: b.low_latency_query_mask_buffer(torch.zeros(R, dtype=torch.int64)),
+     r"mask_status must be an int32 tensor of 4 elements \(one per rank\); got \[4\] torch.int64"),
+    (lambda b: b.low_latency_query_mask_buffer(torch.zeros(R + 1, dtype=torch.int32)), r"got \[5\] torch.int32"),
+    (lambda b: b.low_latency_query_mask_buffer([0] * R), "got list"),
+])
+def test_mask_refusals(shrink, make, text):
+    with pytest.raises(NcclInvalidArgument, match=text):
+        make(shrink)

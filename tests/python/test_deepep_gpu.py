@@ -7,8 +7,10 @@ input (a pattern carrying rank and token index, and random data), bf16 and fp8 (
 scales), with async_finish or the receive hook: per local expert the count against the routing, the cumulative
 statistics, layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input);
 combine of the dequantised rows with the owner's weights against x * sum(weights) (DeepEP's relative-difference
-bound). Also two dispatches in flight before their combines (DeepEP's double buffering) and a CUDA graph of
-dispatch + combine replayed on new data."""
+bound). Also two dispatches in flight before their combines (DeepEP's double buffering), a CUDA graph of
+dispatch + combine replayed on new data, and shrink mode (enable_shrink): the mask methods in DeepEP's convention
+(1 = masked), before and after the group exists, a round trip while the rank masks itself, and
+clean_low_latency_buffer (collective there) before a normal round trip again."""
 
 import pytest
 
@@ -259,3 +261,47 @@ def test_low_latency_graph_of_dispatch_and_combine(ll_buffer):
         torch.cuda.synchronize()
         ref = x * w.masked_fill(idx == -1, 0).sum(dim=1).view(-1, 1)
         assert _calc_diff(ref, out) < 7e-4, seed
+
+
+@pytest.fixture(scope="module")
+def shrink_buffer(one_rank_world):
+    R = dist.get_world_size()
+    E = 32 * R
+    buf = deep_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True, num_qps_per_rank=E // R,
+                         explicitly_destroy=True, enable_shrink=True)
+    yield buf, E
+    buf.destroy()
+
+
+def test_low_latency_shrink_mode_masks(shrink_buffer):
+    buf, E = shrink_buffer
+    R, rank, T = buf.group_size, buf.rank, 64
+    status = torch.full((R,), -1, dtype=torch.int32, device="cuda")
+
+    def masked():
+        status.fill_(-1)
+        buf.low_latency_query_mask_buffer(status)
+        return status.tolist()
+
+    def round_trip(seed):
+        _, x, topk_idx, topk_w = _ll_inputs(T, E, seed, rank)
+        recv_x, recv_count, handle, _, _ = _ll_or_skip(
+            lambda: buf.low_latency_dispatch(x, topk_idx, LL_M, E, use_fp8=False))
+        combined, _, _ = buf.low_latency_combine(recv_x, topk_idx, topk_w, handle)
+        torch.cuda.synchronize()
+        return x, topk_idx, topk_w, recv_count, combined
+
+    assert masked() == [0] * R  # before the group exists: none masked
+    x, idx, w, _, combined = round_trip(41)  # makes the group (with its mask)
+    assert _calc_diff(x * w.masked_fill(idx == -1, 0).sum(dim=1).view(-1, 1), combined) < 1e-5
+    assert masked() == [0] * R
+    buf.low_latency_update_mask_buffer(rank, True)
+    assert masked() == [1 if r == rank else 0 for r in range(R)]
+    _, _, _, recv_count, combined = round_trip(42)  # masked by itself: nothing sent, nothing received
+    assert recv_count.tolist() == [0] * (E // R) and bool((combined == 0).all())
+    buf.low_latency_clean_mask_buffer()
+    assert masked() == [0] * R
+    buf.clean_low_latency_buffer(LL_M, LL_H, E)  # collective in shrink mode: the group's flags reset
+    x, idx, w, recv_count, combined = round_trip(43)
+    assert int(recv_count.sum()) == int((idx >= 0).sum())  # one rank: every routed (token, expert) arrives
+    assert _calc_diff(x * w.masked_fill(idx == -1, 0).sum(dim=1).view(-1, 1), combined) < 1e-5

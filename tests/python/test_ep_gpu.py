@@ -6,8 +6,10 @@ scales forwarded byte-exact. Several ranks on one GPU need EP across NVLink doma
 
 Low-Latency (a group of its own; skipped with a library that does not have the mode): both layouts against the
 contract of tests/unit/ep_ll_reference.h, exactly - rows, src_info, counts, the fp8 quantiser reimplemented in
-torch (common/numeric.h's recipe), and both combine paths on data whose fp32 sums are exact - and a CUDA graph of
-update + dispatch + combine replayed with new routings. At one rank every expert is local."""
+torch (common/numeric.h's recipe), and both combine paths on data whose fp32 sums are exact - a CUDA graph of
+update + dispatch + combine replayed with new routings, two send-only dispatches of two handles in flight (the
+double-buffered staging), and rank masks on a group made with enable_mask (the only rank, masked by itself, sends
+and receives nothing; unmasked and cleaned it gives the plain group's result). At one rank every expert is local."""
 
 import pytest
 
@@ -278,9 +280,9 @@ def test_low_latency_rank_major(ll_group, T):
 
 
 def test_low_latency_send_only_and_complete(ll_group):
-    # A send-only dispatch and combine, each finished by complete(), give what the plain calls give; a second call
-    # of a kind while one is open, a combine on a handle whose dispatch is open and a complete with nothing open
-    # are refused with NcclInvalidUsage.
+    # A send-only dispatch and combine, each finished by complete(), give what the plain calls give; another call
+    # on a handle whose dispatch is open (a dispatch, a combine) and a complete with nothing open are refused with
+    # NcclInvalidUsage.
     T, K = 96, 4
     idx, _ = _routing(T, K, ll_group.num_experts, 70)
     w, x = _exact_weights(T, K, 71), _exact_tokens(T, LL_H, 72)
@@ -424,3 +426,105 @@ def test_low_latency_refuses_what_it_cannot_do(ll_group):
             ll_group.combine(torch.zeros(h.output_rows(), LL_H, device="cuda", dtype=torch.bfloat16), h,
                              topk_weights=torch.ones(8, 2, device="cuda"))
         torch.cuda.synchronize()
+
+
+def test_low_latency_two_send_only_dispatches_in_flight(ll_group):
+    # The staging is double-buffered: send-only dispatches of handles A and B, then complete A, complete B; each
+    # gives what its plain dispatch gives, and so does its combine. Completing B before A is refused.
+    T, K = 80, 4
+    runs = []
+    for seed in (140, 150):
+        idx, _ = _routing(T, K, ll_group.num_experts, seed)
+        w, x = _exact_weights(T, K, seed + 1), _exact_tokens(T, LL_H, seed + 2)
+        h = ll_group.create_handle(idx, layout="expert_major")
+        plain = ll_group.dispatch(x, topk_weights=w, handle=h)
+        plain_tokens, plain_counts = plain.tokens.clone(), plain.expert_counts.clone()
+        plain_out = ll_group.combine(plain.tokens, h, topk_weights=w)
+        runs.append((h, x, w, plain_tokens, plain_counts, plain_out))
+    torch.cuda.synchronize()
+    (ha, xa, wa, *_), (hb, xb, wb, *_) = runs
+    recv = [ll_group.dispatch(xa, topk_weights=wa, handle=ha, send_only=True),
+            ll_group.dispatch(xb, topk_weights=wb, handle=hb, send_only=True)]
+    with pytest.raises(ep.NcclInvalidUsage, match="in the order they were issued"):
+        ll_group.complete(hb)
+    ll_group.complete(ha)
+    ll_group.complete(hb)
+    outs = [ll_group.combine(r.tokens, h, topk_weights=w) for r, (h, _, w, *_) in zip(recv, runs)]
+    torch.cuda.synchronize()
+    zone = ll_group.size * LL_M
+    for name, r, out, (h, _, _, plain_tokens, plain_counts, plain_out) in zip("AB", recv, outs, runs):
+        assert torch.equal(r.expert_counts, plain_counts), name
+        for e in range(ll_group.local_experts):
+            c = int(plain_counts[e])
+            assert torch.equal(r.tokens[e * zone:e * zone + c], plain_tokens[e * zone:e * zone + c]), (name, e)
+        assert torch.equal(out, plain_out), name
+        h.close()
+
+
+# -- rank masks (enable_mask) ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def masked_group(one_rank_world):
+    g = _low_latency_group(num_experts=LL_LOCAL * dist.get_world_size(), max_tokens_per_rank=LL_M, hidden=LL_H,
+                           max_topk=8, num_sms=16, timeout_s=20, enable_mask=True)
+    yield g
+    g.close()
+
+
+def _owner_weighted(x, idx, w):
+    """EXPERT_MAJOR combine of the dispatched rows as they are, weighted by the owner (exact data: exact sums)."""
+    return (x.double() * torch.where(idx >= 0, w, 0.0).double().sum(dim=1, keepdim=True)).float().to(torch.bfloat16)
+
+
+def test_masked_group_starts_with_every_rank_active(masked_group, ll_group):
+    mask = masked_group.mask_query()
+    assert mask.dtype == torch.int32 and mask.device.type == "cuda"
+    assert mask.tolist() == [1] * masked_group.size
+    with pytest.raises(ep.NcclInvalidUsage, match="without enable_mask"):
+        ll_group.mask_query()
+
+
+def test_a_rank_masked_by_itself_sends_and_receives_nothing(masked_group):
+    T, K = 64, 4
+    idx, _ = _routing(T, K, masked_group.num_experts, 160)
+    w, x = _exact_weights(T, K, 161), _exact_tokens(T, LL_H, 162)
+    h = masked_group.create_handle(idx, layout="expert_major")
+    masked_group.mask_update([0])
+    try:
+        assert masked_group.mask_query().tolist() == [0]
+        recv = masked_group.dispatch(x, topk_weights=w, handle=h)
+        missing = torch.full((T,), -1, dtype=torch.int32, device="cuda")
+        out = masked_group.combine(recv.tokens, h, topk_weights=w, missing_experts=missing)
+        torch.cuda.synchronize()
+        assert recv.expert_counts.tolist() == [0] * masked_group.local_experts
+        assert bool((out == 0).all())
+        assert torch.equal(missing, (idx >= 0).sum(dim=1).int())  # every expert of every token sits on a masked rank
+    finally:
+        masked_group.mask_update([1])
+        masked_group.mask_clean()
+        torch.cuda.synchronize()
+        h.close()
+
+
+def test_unmasked_and_cleaned_group_gives_the_plain_result(masked_group, ll_group):
+    T, K = 96, 4
+    idx, _ = _routing(T, K, masked_group.num_experts, 170)
+    w, x = _exact_weights(T, K, 171), _exact_tokens(T, LL_H, 172)
+    h = masked_group.create_handle(idx, layout="expert_major")
+    masked_group.mask_update([0])  # a call while masked, then active again and cleaned
+    masked = masked_group.dispatch(x, topk_weights=w, handle=h)
+    masked_group.combine(masked.tokens, h, topk_weights=w)
+    masked_group.mask_update([1])
+    masked_group.mask_clean()
+    assert masked_group.mask_query().tolist() == [1]
+    recv = masked_group.dispatch(x, topk_weights=w, handle=h)
+    missing = torch.full((T,), -1, dtype=torch.int32, device="cuda")
+    out = masked_group.combine(recv.tokens, h, topk_weights=w, missing_experts=missing)
+    with ll_group.create_handle(idx, layout="expert_major") as plain_h:
+        plain = ll_group.dispatch(x, topk_weights=w, handle=plain_h)
+        plain_out = ll_group.combine(plain.tokens, plain_h, topk_weights=w)
+        torch.cuda.synchronize()
+    assert torch.equal(recv.expert_counts, plain.expert_counts)
+    assert torch.equal(out, plain_out) and torch.equal(out, _owner_weighted(x, idx, w))
+    assert bool((missing == 0).all())
+    masked_group.check()  # nothing to report: the rank masked itself, no peer was lost
+    h.close()

@@ -99,16 +99,18 @@ __device__ uint64_t activeRanks(const GroupView& g) {
   return bits;
 }
 
-// The spinning part of waitOrMask (out of line, as waitFlagSlow).
-__device__ __noinline__ bool waitOrMaskSlow(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer) {
-  const volatile int* on = g.mask + peer;
+// The spinning part of waitOrMask (out of line, as waitFlagSlow; scalars only, so that the kernel's parameters stay
+// out of local memory).
+__device__ __noinline__ bool waitOrMaskSlow(int* mask, uint64_t timeoutNs, const uint64_t* flag, uint64_t seq,
+                                            int peer) {
+  const volatile int* on = mask + peer;
   const uint64_t start = ncclext::dev::globalTimerNs();
   for (uint32_t spin = 1;; spin++) {
     if (ncclext::dev::seqAtLeast(ncclext::dev::loadAcquire(flag), seq)) return true;
     if ((spin & 63) == 0) {
       if (*on == 0) return false;
-      if (ncclext::dev::globalTimerNs() - start > g.timeoutNs) {
-        atomicExch(g.mask + peer, 0);
+      if (ncclext::dev::globalTimerNs() - start > timeoutNs) {
+        atomicExch(mask + peer, 0);
         return false;
       }
     }
@@ -122,7 +124,7 @@ __device__ __forceinline__ bool waitOrMask(const GroupView& g, const uint64_t* f
                                            uint32_t site, uint32_t index) {
   if (!g.mask) return ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, peer, site, index);
   if (ncclext::dev::seqAtLeast(ncclext::dev::loadAcquire(flag), seq)) return true;
-  return waitOrMaskSlow(g, flag, seq, peer);
+  return waitOrMaskSlow(g.mask, g.timeoutNs, flag, seq, peer);
 }
 
 // One warp: every lane waits for the row's flag (as warpAcquire), agreeing on the outcome.
@@ -610,7 +612,7 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   return true;
 }
 
-__global__ void __launch_bounds__(kLlThreads) llCombineKernel(GroupView g, HandleView h, LlCombineCall c) {
+__global__ void __launch_bounds__(kLlThreads, 1) llCombineKernel(GroupView g, HandleView h, LlCombineCall c) {
   __shared__ int rowStart[kMaxRanks + 1];
   const int R = g.nRanks, S = slicesOf(c.rowBytes / 2);
   const WarpId w = WarpId::of();

@@ -14,7 +14,8 @@ raise nccl.ep.NcclError subclasses carrying the library's text; a device wait th
 by the next call or by Group.check(). Two modes, inside one NVLink domain: High-Throughput (the default; FLAT and
 EXPERT_MAJOR layouts) and Low-Latency (`algorithm="low_latency"`, decode: sized once for at most 1024 tokens per
 rank, fixed worst-case outputs in RANK_MAJOR or EXPERT_MAJOR layout, the receive counts produced by each dispatch,
-fp8 quantisation on the way; see Group.dispatch). nccl.ep.autograd has differentiable dispatch/combine (FLAT),
+fp8 quantisation on the way, and with `enable_mask=True` a mask of active ranks for fault tolerance: see
+Group.dispatch and Group.mask_update). nccl.ep.autograd has differentiable dispatch/combine (FLAT),
 nccl.ep.ops the same as torch.library custom ops (torch.compile), nccl.ep.deepep DeepEP's Buffer API.
 """
 
@@ -125,6 +126,9 @@ _SIGNATURES = {
     "ncclEpCombine": [_P, ctypes.POINTER(_CombineInputs), ctypes.POINTER(_CombineOutputs),
                       ctypes.POINTER(_CombineConfig), _P],
     "ncclEpComplete": [_P, _P, _P],
+    "ncclEpMaskQuery": [_P, _P, _P],
+    "ncclEpMaskUpdate": [_P, ctypes.POINTER(ctypes.c_int), _P],
+    "ncclEpMaskClean": [_P, _P],
 }
 
 
@@ -250,14 +254,23 @@ class Group:
     M <= 1024; its handles are RANK_MAJOR or EXPERT_MAJOR with worst-case sizing, and handle update, dispatch and
     combine then never allocate in the library nor wait on the host (all of them may be graph-captured; handle
     creation allocates the handle's device memory: make handles before a capture). Size it for the rows combine
-    carries (bf16: hidden * 2 bytes, the default with `hidden`)."""
+    carries (bf16: hidden * 2 bytes, the default with `hidden`).
+
+    `enable_mask=True` (Low-Latency only) gives the group a mask of active ranks (ncclEpMask*, fault tolerance):
+    dispatch and combine skip masked ranks, and a peer that does not arrive within the timeout is masked instead of
+    failing the group; one that stopped in the middle of a call is masked too, and the next call (or check())
+    raises NcclRemoteError once, naming it. See mask_query, mask_update, mask_clean and combine's
+    missing_experts."""
 
     def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
-                 timeout_s: float | None = None, algorithm: str = "high_throughput"):
+                 timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False):
         import torch
 
         algo = _choice(_ALGO, algorithm, "algorithm")
+        if enable_mask and algorithm != "low_latency":
+            raise NcclInvalidUsage("Group: enable_mask=True: rank masks belong to the Low-Latency mode "
+                                   "(algorithm='low_latency'); a High-Throughput wait that times out fails the group")
         if algorithm == "low_latency" and not 1 <= max_tokens_per_rank <= _LL_MAX_TOKENS:
             raise NcclInvalidArgument("Group: max_tokens_per_rank %d: a Low-Latency group takes 1..%d tokens per rank"
                                       % (max_tokens_per_rank, _LL_MAX_TOKENS))
@@ -271,8 +284,9 @@ class Group:
         cfg = _GroupConfig.new(algorithm=algo, num_experts=num_experts,
                                max_tokens_per_rank=max_tokens_per_rank, max_token_bytes=max_token_bytes,
                                max_topk=max_topk, num_sms=num_sms,
-                               timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9))
-        self.algorithm, self.low_latency = algorithm, algorithm == "low_latency"
+                               timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
+                               enable_mask=1 if enable_mask else 0)
+        self.algorithm, self.low_latency, self.enable_mask = algorithm, algorithm == "low_latency", bool(enable_mask)
         self.num_experts, self.rank, self.size = num_experts, self.comm.rank, self.comm.size
         self.local_experts = num_experts // max(1, self.size)
         self.max_tokens_per_rank, self.max_topk = max_tokens_per_rank, max_topk
@@ -296,8 +310,45 @@ class Group:
         return "expert_major" if self.low_latency else "flat"
 
     def check(self) -> None:
-        """Raises the error of a device wait of this group that timed out (local, never blocks)."""
+        """Raises the error of a device wait of this group that timed out (local, never blocks); with enable_mask,
+        NcclRemoteError once for a peer masked in the middle of a call."""
         _call("ncclEpGroupGetAsyncError", self._handle())
+
+    # -- rank masks (Low-Latency groups made with enable_mask=True; else NcclInvalidUsage) -------------------------
+    def mask_query(self, stream=None):
+        """Local, stream-ordered: this rank's mask as a new int32 [size] tensor on the group's device, 1 = active,
+        0 = masked (by mask_update, or by the kernels: a peer that did not arrive in time)."""
+        import torch
+
+        mask = torch.empty(self.size, dtype=torch.int32, device=self.comm.device)
+        _call("ncclEpMaskQuery", self._handle(), mask.data_ptr(), _raw_stream(stream, self.comm.device.index))
+        return mask
+
+    def mask_update(self, mask, stream=None) -> None:
+        """Local, stream-ordered: sets this rank's mask from `mask`, one entry per rank (a sequence of bools or
+        ints, or a 1-D tensor; nonzero = active). A CUDA tensor is read on the host (waits for its stream). Change
+        the mask only between a combine and the next dispatch; a rank made active again after it missed calls
+        needs mask_clean() before the group's next call."""
+        import torch
+
+        if isinstance(mask, torch.Tensor):
+            if mask.dim() != 1:
+                raise NcclInvalidArgument("mask_update: mask must be 1-D (one entry per rank); got shape %s"
+                                          % (tuple(mask.shape),))
+            mask = mask.tolist()
+        values = [1 if v else 0 for v in mask]
+        if len(values) != self.size:
+            raise NcclInvalidArgument("mask_update: %d entries for a group of %d ranks; give one per rank "
+                                      "(nonzero = active)" % (len(values), self.size))
+        host = (ctypes.c_int * self.size)(*values)
+        _call("ncclEpMaskUpdate", self._handle(), host, _raw_stream(stream, self.comm.device.index))
+
+    def mask_clean(self, stream=None) -> None:
+        """COLLECTIVE over the ranks active in this rank's mask, stream-ordered: resets every Low-Latency flag and
+        call number of the group, so that ranks whose calls diverged (one masked for a while, made active again by
+        every rank's mask_update) continue in step. No send-only call may be open; ranks outside the mask must not
+        be running calls of the group."""
+        _call("ncclEpMaskClean", self._handle(), _raw_stream(stream, self.comm.device.index))
 
     def create_handle(self, topk_idx, layout: str | None = None, sizing: str = "worst_case", alignment: int = 1,
                       stream=None) -> "Handle":
@@ -324,7 +375,10 @@ class Group:
         expert_offsets, recv_total) are new tensors of each dispatch, written by it on the device. A dispatch given
         topk_idx without a handle makes one, which allocates: inside a CUDA graph capture pass a handle.
         `send_only=True` (Low-Latency): issues the sends and returns; the outputs are written by
-        `complete(handle)`, which must come before the handle's next call (one open call per kind and group)."""
+        `complete(handle)`, which must come before the handle's next call. The staging is double-buffered: up to
+        two send-only calls of each kind may be open at once, on different handles (e.g. two micro-batches'
+        dispatches), completed in the order they were issued (completing the later one first raises
+        NcclInvalidUsage); a plain call of a kind while one of that kind is open is refused."""
         if handle is None:
             if topk_idx is None:
                 raise NcclInvalidArgument("dispatch: give topk_idx or handle")
@@ -442,8 +496,8 @@ class Group:
         handle._prepared[key] = prep
         return prep
 
-    def combine(self, y, handle: "Handle", *, topk_weights=None, out=None, send_only: bool = False, num_sms: int = 0,
-                stream=None):
+    def combine(self, y, handle: "Handle", *, topk_weights=None, out=None, missing_experts=None,
+                send_only: bool = False, num_sms: int = 0, stream=None):
         """COLLECTIVE, stream-ordered: returns the rows y (the dispatch output's shape and layout; bf16, fp16 or
         fp32) to their tokens' owners, summed in fp32 (EXPERT_MAJOR: weighted by the dispatched top-k weights).
         Returns [T, H] (`out` if given).
@@ -452,25 +506,29 @@ class Group:
         over the row's local experts) and the owner sums the ranks' rows; EXPERT_MAJOR weights each expert's rows
         with the dispatched weights (1 where none were dispatched) as High-Throughput does, or, given
         `topk_weights` [T, K] fp32 (the owner's), returns every (token, expert) row as it is and the owner weights
-        and sums them in top-k column order (DeepEP's low_latency_combine). `send_only=True`: as dispatch's; the
-        output is written by `complete(handle)`."""
+        and sums them in top-k column order (DeepEP's low_latency_combine). `missing_experts` (groups made with
+        enable_mask): a caller's int32 [T] CUDA tensor that gets, per token, how many of its top-k experts sit on
+        ranks masked when the combine began (their rows are not in the sum). `send_only=True`: as dispatch's; the
+        outputs are written by `complete(handle)`."""
         try:
-            key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out), bool(send_only),
-                   num_sms)
+            key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out),
+                   _meta(missing_experts), bool(send_only), num_sms)
         except (AttributeError, TypeError):
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (y.is_contiguous() and (out is None or out.is_contiguous())
-                                and (topk_weights is None or topk_weights.is_contiguous())):
-            prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only)
-        made = prep.fill((y, topk_weights, out))
+                                and (topk_weights is None or topk_weights.is_contiguous())
+                                and (missing_experts is None or missing_experts.is_contiguous())):
+            prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only, missing_experts)
+        made = prep.fill((y, topk_weights, out, missing_experts))
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2], _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (y, topk_weights)
         result = made[0] if out is None else out
-        handle._open_outputs = (result,) if send_only else None
+        handle._open_outputs = (result, missing_experts) if send_only else None
         return result
 
-    def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None, send_only=False) -> _Prepared:
+    def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None, send_only=False,
+                         missing_experts=None) -> _Prepared:
         """Every check of a combine, and its structs (cached on the handle by `key`)."""
         import torch
 
@@ -501,6 +559,18 @@ class Group:
             outputs = _CombineOutputs.new(tokens=describe(out, "out", ndim=2))
             given.append((outputs.tokens, out.numel() > 0))
             made = []
+        if missing_experts is not None:
+            if not (ll and handle.group.enable_mask):
+                raise NcclInvalidUsage("combine: missing_experts is for Low-Latency groups made with "
+                                       "enable_mask=True; this one is %s%s"
+                                       % ("Low-Latency" if ll else "High-Throughput", " without a mask" if ll else ""))
+            outputs.missing_experts = describe(missing_experts, "missing_experts", dtypes=(torch.int32,), ndim=1)
+            if missing_experts.shape[0] != handle.num_tokens:
+                raise NcclInvalidArgument("missing_experts has shape %s; the routing has %d tokens"
+                                          % (tuple(missing_experts.shape), handle.num_tokens))
+            given.append((outputs.missing_experts, missing_experts.numel() > 0))
+        else:
+            given.append((None, False))
         prep = _Prepared("ncclEpCombine", inputs, outputs,
                          _CombineConfig.new(num_sms=num_sms, send_only=1 if send_only else 0), given, made, y.device)
         handle._prepared[key] = prep
@@ -509,7 +579,8 @@ class Group:
     def complete(self, handle: "Handle", stream=None) -> None:
         """COLLECTIVE, stream-ordered (Low-Latency): the receive half of the handle's send-only dispatch or combine,
         with that call's outputs (kept alive by the handle until then). Raises NcclInvalidUsage when nothing is
-        open on the handle."""
+        open on the handle, or when another handle's send-only call of that kind was issued before this one (a
+        kind's calls complete in issue order)."""
         _call("ncclEpComplete", handle._handle(), None, _raw_stream(stream, handle.topk_idx.get_device()))
         # The receive half is enqueued: the caching allocator keeps the outputs' memory for the stream's work from
         # here on only if they stay referenced, so the handle holds them until its next call.

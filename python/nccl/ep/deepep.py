@@ -5,10 +5,11 @@
 Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` (constructor, `get_dispatch_layout`,
 `dispatch` - plain, fp8 with scales, cached, `num_worst_tokens` - and `combine`, with the `previous_event`,
 `async_finish` and `allocate_on_comm_stream` flags; with `low_latency_mode=True`, `low_latency_dispatch`,
-`low_latency_combine`, `clean_low_latency_buffer` and `get_low_latency_rdma_size_hint`), `Config`, `EventOverlap`,
-`topk_idx_t`. What it does not implement raises NotImplementedError naming the argument or method: UE8M0-packed
-scales, LogFMT and zero-copy combine, the wait-time statistics, mpi4py communicators, several NVLink domains, and the
-internals of the HT dispatch handle. docs/COMPATIBILITY.md has the table.
+`low_latency_combine`, `clean_low_latency_buffer` and `get_low_latency_rdma_size_hint`, and with `enable_shrink=True`
+the rank mask: `low_latency_update_mask_buffer`, `low_latency_query_mask_buffer`, `low_latency_clean_mask_buffer`),
+`Config`, `EventOverlap`, `topk_idx_t`. What it does not implement raises NotImplementedError naming the argument or
+method: UE8M0-packed scales, LogFMT and zero-copy combine, the wait-time statistics, mpi4py communicators, several
+NVLink domains, and the internals of the HT dispatch handle. docs/COMPATIBILITY.md has the table.
 
 How it differs inside (none of it changes results):
 - nccl.ep has no communication stream: calls run on the current stream, which `previous_event` is waited on first;
@@ -30,11 +31,18 @@ How it differs inside (none of it changes results):
   `Buffer.num_low_latency_handles` (2) nccl.ep handles in turn, as DeepEP's two buffers: a dispatch's handle stays
   valid for combine until that many later dispatches; an older one is refused with a message.
   `return_recv_hook=True` issues the call's sends only (nccl.ep's send-only half) and returns a hook that enqueues
-  the receive half on the current stream; work issued in between overlaps the transfer. Unlike DeepEP (two
-  buffers), one call of each kind may be open at a time: a second dispatch (or combine) before the previous one's
-  hook raises NcclInvalidUsage. The fp8
-  scales come row-major ([L, R * M, H / 128] contiguous; DeepEP's are column-major in the last two dimensions: the
-  same values under other strides).
+  the receive half on the current stream; work issued in between overlaps the transfer. As DeepEP's two buffers,
+  two calls of each kind may be open at once (nccl.ep's staging is double-buffered), but their hooks must be called
+  in the order of the calls (else NcclInvalidUsage), and a third call of the kind before the first hook is refused.
+  The fp8 scales come row-major ([L, R * M, H / 128] contiguous; DeepEP's are column-major in the last two
+  dimensions: the same values under other strides).
+- `enable_shrink=True` makes the Low-Latency group with nccl.ep's rank mask (Group(enable_mask=True)); the mask
+  methods keep DeepEP's convention (1 = masked; nccl.ep's is 1 = active). A peer that does not arrive in time is
+  masked, as in DeepEP; one that stopped in the middle of a call is masked too, and then (unlike DeepEP, which says
+  nothing: query the mask) the next call raises NcclRemoteError once, naming it. The mask lives in the group, made
+  at the first low_latency_dispatch: until then the Buffer keeps it, and a group made anew (other sizes) starts from
+  its predecessor's. The group is made over every rank of the process group: a rank that is gone cannot be among
+  them then.
 """
 
 from __future__ import annotations
@@ -62,7 +70,8 @@ def _unsupported(what: str) -> NotImplementedError:
 class _Hook:
     """The receive hook of a Low-Latency call with return_recv_hook=True: the call issued its sends only (nccl.ep's
     send-only half); calling the hook enqueues the receive half (ncclEpComplete) on the current stream, after which
-    the outputs are there in stream order. Call it once, before the next call of the same kind on the Buffer."""
+    the outputs are there in stream order. Call it once; hooks of a kind in the order of their calls, each before
+    two more calls of that kind (nccl.ep's staging has two banks)."""
 
     __slots__ = ("_fn",)
 
@@ -236,13 +245,13 @@ class Buffer:
             raise _unsupported("Buffer(group=None, comm=<mpi4py communicator>)")
         if allow_mnnvl:
             raise _unsupported("Buffer(allow_mnnvl=True)")
-        if enable_shrink:
-            raise _unsupported("Buffer(enable_shrink=True)")
         self.group = group
         self.rank = dist.get_rank(group)
         self.group_size = dist.get_world_size(group)
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode, self.explicitly_destroy = low_latency_mode, explicitly_destroy
+        self.enable_shrink = enable_shrink
+        self._ll_mask = [1] * self.group_size  # enable_shrink: the rank mask (1 = active) while no LL group holds it
         self._groups = {}  # num_experts -> nccl.ep Group, each made at the first dispatch with that expert count
         self._caps = None  # (tokens, row bytes, top-k, SMs) of every group, fixed at the first dispatch
         self._ll = None  # _LowLatencyState, made at the first low_latency_dispatch
@@ -413,11 +422,48 @@ class Buffer:
 
     # -- Low-Latency -------------------------------------------------------------------------------------------------
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
-        """Checks its arguments and does nothing else: nccl.ep's Low-Latency buffers need no cleaning (their flags
-        are sequence numbers of the calls, not zeroed words), also after High-Throughput calls."""
+        """Checks its arguments. Without enable_shrink it does nothing else: nccl.ep's Low-Latency buffers need no
+        cleaning (their flags are sequence numbers of the calls, not zeroed words), also after High-Throughput
+        calls. With enable_shrink, as DeepEP's: COLLECTIVE over the ranks active in this rank's mask, on the current
+        stream: the Low-Latency group's flags and call numbers are reset (Group.mask_clean), so that a rank made
+        active again after it missed calls continues in step with the others (nothing to reset before the first
+        low_latency_dispatch). No hook may be pending."""
         self._need_low_latency("clean_low_latency_buffer")
         _check_low_latency_sizes("clean_low_latency_buffer", num_max_dispatch_tokens_per_rank, hidden, num_experts,
                                  self.group_size)
+        if self.enable_shrink and self._ll is not None:
+            self._ll.group.mask_clean()
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Local: masks `rank_to_mask` in this rank's mask (mask=True) or makes it active again (False); nothing
+        goes to or comes from a masked rank from the next Low-Latency call on. Unlike DeepEP's (a kernel on the
+        stream), it reads the mask on the host to change one entry (waits for the current stream)."""
+        self._need_shrink("low_latency_update_mask_buffer")
+        if not 0 <= rank_to_mask < self.group_size:
+            raise NcclInvalidArgument("low_latency_update_mask_buffer: rank_to_mask %d not in [0, %d)"
+                                      % (rank_to_mask, self.group_size))
+        active = self._active_ranks()
+        active[rank_to_mask] = 0 if mask else 1
+        self._set_active_ranks(active)
+
+    def low_latency_query_mask_buffer(self, mask_status) -> None:
+        """Local, on the current stream: mask_status (int32, num_ranks elements) gets DeepEP's view of this rank's
+        mask, 1 = masked and 0 = active, ranks the kernels masked (not arrived in time) included."""
+        self._need_shrink("low_latency_query_mask_buffer")
+        if (not isinstance(mask_status, torch.Tensor) or mask_status.dtype != torch.int32
+                or mask_status.numel() != self.group_size):
+            raise NcclInvalidArgument("low_latency_query_mask_buffer: mask_status must be an int32 tensor of %d "
+                                      "elements (one per rank); got %s" % (self.group_size, _shape_dtype(mask_status)))
+        if self._ll is None:
+            masked = torch.tensor([0 if a else 1 for a in self._ll_mask], dtype=torch.int32)
+        else:
+            masked = 1 - self._ll.group.mask_query()
+        mask_status.copy_(masked.view(mask_status.shape))
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """Local, as DeepEP's: every rank active again in this rank's mask."""
+        self._need_shrink("low_latency_clean_mask_buffer")
+        self._set_active_ranks([1] * self.group_size)
 
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
@@ -431,8 +477,9 @@ class Buffer:
         recv_count [L] int32, this dispatch's own; cumulative_local_expert_recv_stats [L] int32 gets it added (on the
         stream). handle: see _LowLatencyHandle. event: recorded after the call with async_finish, else empty.
         hook: with return_recv_hook a callable that receives (the call itself only sent; the outputs exist once
-        the hook's work has run on the stream; call it before the next dispatch), else None; async_finish and return_recv_hook together are refused, as DeepEP does. Not implemented:
-        use_ue8m0=True (UE8M0-packed scales), dispatch_wait_recv_cost_stats."""
+        the hook's work has run on the stream; hooks in the order of their dispatches, each before two more
+        dispatches), else None; async_finish and return_recv_hook together are refused, as DeepEP does. Not
+        implemented: use_ue8m0=True (UE8M0-packed scales), dispatch_wait_recv_cost_stats."""
         if use_ue8m0:
             raise _unsupported("low_latency_dispatch(use_ue8m0=True) (UE8M0-packed int32 scales; round_scale=True "
                                "gives the same powers of two as fp32)")
@@ -549,6 +596,25 @@ class Buffer:
             raise NcclInvalidUsage("Buffer.%s: this Buffer was made without low_latency_mode=True (DeepEP refuses "
                                    "it too)" % method)
 
+    def _need_shrink(self, method: str) -> None:
+        self._need_low_latency(method)
+        if not self.enable_shrink:
+            raise NcclInvalidUsage("Buffer.%s: this Buffer was made without enable_shrink=True (DeepEP asserts "
+                                   "\"Shrink mode must be enabled\")" % method)
+
+    def _active_ranks(self) -> list:
+        """The rank mask (1 = active): the Low-Latency group's, read on the host, or the Buffer's before the group
+        exists."""
+        if self._ll is None:
+            return list(self._ll_mask)
+        return self._ll.group.mask_query().tolist()
+
+    def _set_active_ranks(self, active) -> None:
+        if self._ll is None:
+            self._ll_mask = list(active)
+        else:
+            self._ll.group.mask_update(active)
+
     def _low_latency_group(self, m, hidden, num_experts, topk, device) -> _LowLatencyState:
         """The Low-Latency group for (M, hidden, num_experts, top-k): the current one, or (collectively) a new one
         once every rank is seen to ask for the same, the previous one destroyed first."""
@@ -563,10 +629,14 @@ class Buffer:
                 "low_latency_dispatch: (num_max_dispatch_tokens_per_rank, hidden, num_experts, num_topk) differ "
                 "between ranks: from %s to %s; every rank must pass the same" % (tuple(low), tuple(high)))
         if self._ll is not None:
+            if self.enable_shrink:  # the mask outlives the group: the new one starts from it
+                self._ll_mask = self._active_ranks()
             old, self._ll = self._ll, None
             old.close(self._ll_device)
         group = Group(self.group, num_experts=num_experts, max_tokens_per_rank=m, hidden=hidden, max_topk=topk,
-                      algorithm="low_latency")
+                      algorithm="low_latency", enable_mask=self.enable_shrink)
+        if self.enable_shrink and not all(self._ll_mask):
+            group.mask_update(self._ll_mask)
         self._ll, self._ll_device = _LowLatencyState(group, key, max(1, Buffer.num_low_latency_handles)), device
         return self._ll
 
