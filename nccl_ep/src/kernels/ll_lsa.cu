@@ -285,12 +285,12 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
       if (sl == 0 && lane == 0) *reinterpret_cast<int*>(meta + g.meta.tokenOff()) = t;
     }
     if (c.quantize) quantizeSlice(g, c, slots, active, bank, row, cols, lane);
-    __syncwarp();  // every lane's stores of every destination's slice before lane 0's releases
-    for (int r = 0; r < R; r++) {
-      const int slot = slots.of(r);
-      if (slot >= 0 && lane == 0 && isOn(active, r))
-        ncclext::dev::storeRelease(dispFlag(g, bank, (size_t)me * g.maxTokens + slot, sl, r), seq);
-    }
+    __syncwarp();  // every lane's stores of every destination's slice before the releases
+    // Lane r releases destination r's flag (and r + 32's): one round instead of one release per destination.
+    if (slots.lo >= 0 && isOn(active, lane))
+      ncclext::dev::storeRelease(dispFlag(g, bank, (size_t)me * g.maxTokens + slots.lo, sl, lane), seq);
+    if (slots.hi >= 0 && isOn(active, lane + 32))
+      ncclext::dev::storeRelease(dispFlag(g, bank, (size_t)me * g.maxTokens + slots.hi, sl, lane + 32), seq);
   }
 }
 
@@ -519,11 +519,12 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
     const int token = h.llToken[slotIndex];
     for (int k = 0; k < K; k++) {
       const int p = __shfl_sync(kAll, pos, k);
-      if (p < 0) continue;
-      const size_t at = (size_t)token * MK + k;
-      warpCopy<false>(lane, stagingRow(at), in + (size_t)p * rowVecs + v0, vecs * 16);
-      warpPublish(lane, combFlag(g, bank, at, sl, s), seq);
+      if (p >= 0) warpCopy<false>(lane, stagingRow((size_t)token * MK + k), in + (size_t)p * rowVecs + v0, vecs * 16);
     }
+    // Every row's slice, then their flags at once: lane k releases row k's (cumulativity after __syncwarp, as
+    // warpPublish's lane 0 does for one row).
+    __syncwarp();
+    if (pos >= 0) ncclext::dev::storeRelease(combFlag(g, bank, (size_t)token * MK + lane, sl, s), seq);
     return;
   }
   // kLlExpertWeighted: sum_k w_k * row(e_k), fma in column order, rounded to bf16.
@@ -570,14 +571,15 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     const bool kept = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
     const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
     const int owner = kept ? loadExpert(h, t, lane) / g.localExperts : -1;
-    unsigned colsOn = __ballot_sync(kAll, kept && isOn(active, owner));
-    for (int k = 0; k < K; k++) {
-      const int from = __shfl_sync(kAll, owner, k);
-      if ((colsOn >> k & 1) && !warpWaitOrMask(g, combFlag(g, bank, (size_t)t * MK + k, sl, g.rank), seq, from, t)) {
-        if (!g.mask) return false;
-        colsOn &= ~(1u << k);
-      }
-    }
+    const bool on = kept && isOn(active, owner);
+    unsigned colsOn = __ballot_sync(kAll, on);
+    // Lane k waits for row k's flag; the rows that did not come are left out (with masks) or fail the call.
+    const unsigned late = __ballot_sync(
+        kAll, on && !waitOrMask(g, combFlag(g, bank, (size_t)t * MK + lane, sl, g.rank), seq, owner,
+                                ncclext::kSiteRow, (uint32_t)t));
+    if (late && !g.mask) return false;
+    colsOn &= ~late;
+    __syncwarp();  // lane k's acquire before every lane's reads of row k (bar.warp.sync orders memory in the warp)
     for (int i0 = 0; i0 < vecs; i0 += 32) {
       const int i = i0 + lane;
       float acc[8] = {};
@@ -590,16 +592,18 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     return true;
   }
   const Slots slots = Slots::load(h, R, t, lane);
-  uint64_t ranksOn = 0;  // the ranks whose row for t came
-  for (int r = 0; r < R; r++) {
-    const int slot = slots.of(r);
-    if (slot < 0 || !isOn(active, r)) continue;
-    if (warpWaitOrMask(g, combFlag(g, bank, (size_t)r * M + slot, sl, g.rank), seq, r, slot)) {
-      ranksOn |= 1ull << r;
-    } else if (!g.mask) {
-      return false;
-    }
-  }
+  // Lane r waits for rank r's row (and r + 32's), all at once; the ranks whose row for t came, as bits.
+  auto came = [&](int r, int slot) {
+    return slot >= 0 && isOn(active, r) &&
+           waitOrMask(g, combFlag(g, bank, (size_t)r * M + slot, sl, g.rank), seq, r, ncclext::kSiteRow,
+                      (uint32_t)slot);
+  };
+  auto expected = [&](int r, int slot) { return slot >= 0 && isOn(active, r); };
+  const bool loCame = came(lane, slots.lo), hiCame = came(lane + 32, slots.hi);
+  const uint64_t ranksOn = (uint64_t)__ballot_sync(kAll, loCame) | (uint64_t)__ballot_sync(kAll, hiCame) << 32;
+  const bool late = (expected(lane, slots.lo) && !loCame) || (expected(lane + 32, slots.hi) && !hiCame);
+  if (__any_sync(kAll, late) && !g.mask) return false;
+  __syncwarp();  // lane r's acquire before every lane's reads of rank r's row (bar.warp.sync orders memory in the warp)
   for (int i0 = 0; i0 < vecs; i0 += 32) {
     const int i = i0 + lane;
     float acc[8] = {};
