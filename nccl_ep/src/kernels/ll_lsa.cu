@@ -12,8 +12,8 @@
 //       that rank's staging [me][slot] (slot: the token's position among my tokens for that rank), bf16 or e4m3 as
 //       given, or quantised by the warp (128 columns a step, 4 a lane: block amax by shuffles, numeric.h's scale
 //       and e4m3) with its blocks' scales; slice 0 also writes the metadata (local expert ids, weights, (source,
-//       expert) indices, token); after __syncwarp lane 0 releases the slice's flag with seq (cumulativity publishes
-//       every lane's stores);
+//       expert) indices, token); after __syncwarp lane r releases the slice's flag at destination r with seq, all
+//       destinations in one round (cumulativity publishes every lane's stores);
 //   (4) every CTA acquires every source's header (one thread each; the barrier hands the acquires to the CTA),
 //       derives the EXPERT_MAJOR block starts (block (l, s) = the rows of l from sources before s) and the flat
 //       list of rows, then one warp per (staged row, slice): every lane acquires the slice's flag and slice 0's
@@ -25,9 +25,10 @@
 //   sends back:
 //   kLlRankRows the input row s * M + j as is, kLlExpertWeighted sum_k w_k * row(e_k) in fp32 fma in column order
 //   rounded to bf16, both into owner s's staging [me][j]; kLlOwnerWeighted each local expert's row as is into
-//   [token][k]; each published by its slice's flag. Then one warp per (own token, slice) acquires the flags it
-//   needs and sums in
-//   fp32: the ranks' rows in rank order (+), or w[t][k] * row in column order (fma); rounds to bf16. finishCall.
+//   [token][k] (all K rows, then lane k releases row k's flag); each published by its slice's flag. Then one warp
+//   per (own token, slice) acquires the flags it needs, lane r (or lane k) polling row r's (k's) and a __syncwarp
+//   ordering that acquire before every lane's reads, and sums in fp32: the ranks' rows in rank order (+), or
+//   w[t][k] * row in column order (fma); rounds to bf16. finishCall.
 //   Every wait has the group's time budget; a failed CTA does not arrive and the group reports the error.
 //
 // Banks: the staging (rows, metadata, headers, flags) is double-buffered; call seq uses bank seq & 1, so a sender
