@@ -528,3 +528,60 @@ def test_unmasked_and_cleaned_group_gives_the_plain_result(masked_group, ll_grou
     assert bool((missing == 0).all())
     masked_group.check()  # nothing to report: the rank masked itself, no peer was lost
     h.close()
+
+
+def test_low_latency_autograd_rank_major_matches_a_torch_reference(ll_group):
+    # RANK_MAJOR: differentiable in x and topk_weights (their gradient returned exactly as three bf16 parts); exact
+    # data, so the weights' gradient compares exactly and the rest within bf16 rounding.
+    import nccl.ep.autograd as epa
+
+    T, K = 96, 6
+    idx, _ = _routing(T, K, ll_group.num_experts, 180)
+    x0, w0, g = _exact_tokens(T, LL_H, 181).float(), _exact_weights(T, K, 182), _exact_tokens(T, LL_H, 183).float()
+
+    def run(x, w):
+        recv_x, recv_w, handle = epa.dispatch(ll_group, x, idx, w, layout="rank_major")
+        y = recv_x.float() * recv_w.sum(dim=1, keepdim=True)  # weights applied by the caller
+        out = epa.combine(ll_group, y, handle)
+        (out.float() * g).sum().backward()
+        handle.close()
+        return out.float()
+
+    def reference(x, w):  # one rank: slot j holds the j-th token with an expert anywhere
+        sent = (idx >= 0).any(dim=1)
+        y = x[sent] * torch.where(idx >= 0, w, torch.zeros_like(w))[sent].sum(dim=1, keepdim=True)
+        out = torch.zeros_like(x).index_put((sent.nonzero().squeeze(1),), y)
+        (out * g).sum().backward()
+        return out
+
+    xa, wa = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    xb, wb = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    out_a, out_b = run(xa, wa), reference(xb, wb)
+    assert torch.allclose(out_a, out_b, rtol=1e-2, atol=1e-2)
+    assert torch.allclose(xa.grad, xb.grad, rtol=1e-2, atol=1e-2)
+    assert torch.equal(wa.grad, wb.grad)
+
+
+def test_low_latency_autograd_expert_major_matches_a_torch_reference(ll_group):
+    # EXPERT_MAJOR with the owner's weights at combine (DeepEP's API): differentiable in x and y; the weights'
+    # gradient is refused.
+    import nccl.ep.autograd as epa
+
+    T, K = 80, 4
+    idx, _ = _routing(T, K, ll_group.num_experts, 190)
+    x0, w, g = _exact_tokens(T, LL_H, 191).float(), _exact_weights(T, K, 192), _exact_tokens(T, LL_H, 193).float()
+    with pytest.raises(NotImplementedError, match="EXPERT_MAJOR"):
+        epa.dispatch(ll_group, x0, idx, w.clone().requires_grad_(), layout="expert_major")
+    xa = x0.clone().requires_grad_()
+    recv_x, _, handle = epa.dispatch(ll_group, xa, idx, w, layout="expert_major")
+    y = recv_x.float().pow(2) * 0.5
+    with pytest.raises(NotImplementedError, match="owner's topk_weights"):
+        epa.combine(ll_group, y, handle)
+    out = epa.combine(ll_group, y, handle, topk_weights=w)
+    (out.float() * g).sum().backward()
+    handle.close()
+    ws = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(dim=1, keepdim=True)
+    xb = x0.clone().requires_grad_()
+    ((xb.pow(2) * 0.5 * ws) * g).sum().backward()
+    assert torch.allclose(out.float(), x0.pow(2) * 0.5 * ws, rtol=1e-2, atol=1e-2)
+    assert torch.allclose(xa.grad, xb.grad, rtol=2e-2, atol=2e-2)
