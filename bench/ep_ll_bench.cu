@@ -6,8 +6,8 @@
 // over the ranks): random top-k routing without repeats, a handle bound once, then, each timed with its own pair of
 // CUDA events on the call's stream and reported as the median of 100 calls after 20 warm-up calls, back to back:
 //   dispatch (bf16 out, or fp8 e4m3 quantised by the sender), combine (RANK_MAJOR: rows as given; EXPERT_MAJOR:
-//   the owner-weighted path, DeepEP's), the pair dispatch + combine, and the graph: dispatch + combine captured
-//   once and replayed;
+//   the owner-weighted path, DeepEP's), the pair dispatch + combine, and graphs (dispatch, combine, and the pair,
+//   each captured once and replayed);
 // and, in the same run, the floor: an empty kernel with the same grid (launch + completion, the least any
 // kernel-based call costs), and the copy engine moving this rank's dispatch payload device to device.
 // Bytes: payload = rows this rank sends (one per (token, destination rank), its own included) x row bytes (fp8:
@@ -204,14 +204,22 @@ int main(int argc, char** argv) {
         cudaEventDestroy(b);
       }
       const double cUs = median(cMs) * 1e3;
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      failed |= dispatch();
-      failed |= combine();
-      CHECK_CUDA(cudaStreamEndCapture(st, &graph));
-      CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-      const double gUs = timeCalls(st, [&]() { return (int)cudaGraphLaunch(exec, st); }, &failed);
+      // Graph replays: dispatch alone, combine alone (it reuses the last dispatch's counts, kept by the handle) and
+      // the pair, each captured once.
+      double graphUs[3] = {};
+      for (int which = 0; which < 3; which++) {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        if (which != 1) failed |= dispatch();
+        if (which != 0) failed |= combine();
+        CHECK_CUDA(cudaStreamEndCapture(st, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        graphUs[which] = timeCalls(st, [&]() { return (int)cudaGraphLaunch(exec, st); }, &failed);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      const double gUs = graphUs[2];
       const int share = prop.multiProcessorCount / (virtualDomain ? R : 1);
       const int ctas = sms > 0 ? std::min(sms, share) : std::min(64, share);  // the calls' grid
       const double floorUs = timeCalls(st, [&]() {
@@ -222,8 +230,6 @@ int main(int argc, char** argv) {
       const double ceUs = timeCalls(st, [&]() {
         return payload ? (int)cudaMemcpyAsync(copyDst, y, payload, cudaMemcpyDeviceToDevice, st) : 0;
       }, &failed);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
       if (ncclEpGroupGetAsyncError(group) != ncclSuccess || failed) {
         fprintf(stderr, "rank %d: a timed call failed: %s\n", ctx.rank, ncclEpGetLastError());
         return 1;
@@ -239,11 +245,11 @@ int main(int argc, char** argv) {
                   "\"dispatch_dtype\": \"%s\", \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
                   "\"sms\": %d, "
                   "\"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_combine_us\": %.2f, "
-                  "\"graph_dispatch_combine_us\": %.2f, "
+                  "\"graph_dispatch_combine_us\": %.2f, \"graph_dispatch_us\": %.2f, \"graph_combine_us\": %.2f, "
                   "\"empty_kernel_us\": %.2f, \"ce_copy_us\": %.2f, \"payload_bytes\": %zu, \"iters\": %d}\n",
                   prop.name, virtualDomain ? "virtual ranks on one GPU" : "real GPUs", R, layout,
-                  s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, pairUs, gUs, floorUs, ceUs, payload,
-                  kIters);
+                  s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, pairUs, gUs, graphUs[0], graphUs[1],
+                  floorUs, ceUs, payload, kIters);
       }
       CHECK_CUDA(cudaStreamSynchronize(st));
       NCCLEXT_BENCH_EP(ncclEpHandleDestroy(h));
