@@ -4,7 +4,7 @@
 # the 1 GiB send/recv runs between ranks 0 and 1 only (the others would wait for a sender that never comes).
 """Baseline figures on a 2-GPU machine, measured with PyTorch and its bundled NCCL.
 Prints one JSON line per measurement: the practical link limit and what users would pick instead of an EP/M2N library."""
-import json, os, sys, time
+import json, sys, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
 def ev_time(fn, iters=20, warm=5):
