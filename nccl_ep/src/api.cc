@@ -146,11 +146,13 @@ ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
 // Low-Latency send-only calls: at most two open calls per kind and group (the staging's two banks), none on a handle
 // with one open (a combine needs its dispatch received; a rebinding would change what the open call reads). A plain
 // call runs both halves at once: none of its kind may be open.
+const char* kindName(int kind) { return kind == ncclep::kDispatch ? "dispatch" : "combine"; }
+
 ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool sendOnly, const char* what) {
   const std::deque<ncclEpHandle*>& open = h->group->pending[kind];
-  const char* name = kind == ncclep::kDispatch ? "dispatch" : "combine";
+  const char* name = kindName(kind);
   NCCLEXT_USAGE(h->pendingKind < 0, "%s: this handle's send-only %s awaits ncclEpComplete", what,
-                h->pendingKind == ncclep::kDispatch ? "dispatch" : "combine");
+                kindName(h->pendingKind));
   NCCLEXT_USAGE(sendOnly || open.empty(),
                 "%s: %zu send-only %s call(s) await ncclEpComplete (the oldest on handle %p); complete them before a "
                 "plain %s", what, open.size(), name, (const void*)open.front(), name);
@@ -613,7 +615,7 @@ ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t*
   std::deque<ncclEpHandle*>& open = g->pending[kind];
   NCCLEXT_USAGE(open.front() == handle,
                 "ncclEpComplete: the send-only %s of handle %p was issued first: calls of a kind complete in the "
-                "order they were issued", kind == ncclep::kDispatch ? "dispatch" : "combine",
+                "order they were issued", kindName(kind),
                 (const void*)open.front());
   handle->pendingKind = -1;
   open.pop_front();
@@ -649,7 +651,7 @@ ncclResult_t ncclEpMaskClean(ncclEpGroup_t group, cudaStream_t stream) {
   NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskClean"));
   for (int kind = 0; kind < 2; kind++)
     NCCLEXT_USAGE(group->pending[kind].empty(), "ncclEpMaskClean: a send-only %s awaits ncclEpComplete",
-                  kind == ncclep::kDispatch ? "dispatch" : "combine");
+                  kindName(kind));
   return group->maskClean(stream);
 }
 
