@@ -179,30 +179,50 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
  * pointers of tensor t (NULL where it holds no part of that side; its layout's strides and dtype), and the call
  * enqueues the local copies and the exchanges on `stream`. It may be captured in a CUDA graph and replayed.
  *
- * This first executor moves everything between ranks with ncclSend/ncclRecv (contiguous pieces straight between the
- * tensors, the rest through the staging) on a communicator split from `comm` (by the first plan on `comm`; shared
- * by the plans created while one lives), inside an NVLink domain too (NCCL's own NVLink path). Every execute's
- * exchanges are watched: past the timeout that communicator is aborted (ncclM2nPlanGetAsyncError). A plan may be
- * destroyed before the CUDA graphs that captured its execute (not replayed after). bf16 or fp32 -> fp8 e4m3 with
- * one fp32 scale per 128 columns: see ncclM2nTensorSpec_t. LSA and zero-copy paths are not implemented yet.
+ * By default every byte between ranks goes by ncclSend/ncclRecv, inside an NVLink domain too (NCCL's own NVLink
+ * path). With the config's `lsa` (and always for virtual ranks), bytes between two ranks of one NVLink domain (NCCL's
+ * LSA team, or blocks of NCCL_EXT_LSA_DOMAIN_SIZE ranks of it) go over LSA instead: the sender packs into its
+ * symmetric window and the receiver unpacks from it by NVLink loads, chunk by chunk, with a barrier of the domain
+ * between (every wait bounded by the timeout; a peer that never arrives fails the execute's barrier, and
+ * ncclM2nPlanGetAsyncError and every later execute return ncclRemoteError). The LSA path is not yet validated on
+ * GPUs (docs/M2N.md says how far it got). Between domains: ncclSend/ncclRecv (contiguous pieces straight between
+ * the tensors, the rest through the staging) on a communicator split from `comm` (by the first plan on `comm`;
+ * shared by the plans created while one lives). Those exchanges are watched: past the timeout that communicator is
+ * aborted (ncclM2nPlanGetAsyncError). A plan may be destroyed before the CUDA graphs that captured its execute (not
+ * replayed after). bf16 or fp32 -> fp8 e4m3 with one fp32 scale per 128 columns: see ncclM2nTensorSpec_t.
+ * Zero-copy (reading the caller's tensors in a peer's window) is not implemented yet.
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nPlan* ncclM2nPlan_t;
+
+/* The one-GPU test mode (docs/ARCHITECTURE.md, "One GPU, many ranks"): nRanks host threads of one process, each with
+ * its own single-rank communicator on the same GPU, joined into one NVLink domain whose windows they reach by
+ * address. Create it once (before the threads), pass it with each thread's rank in ncclM2nExecConfig_t (comm: that
+ * thread's communicator), destroy it after every plan on it. Every stream then goes over LSA, and plan destruction
+ * is collective over the domain (a barrier before and after freeing). 1 <= nRanks <= 8. */
+typedef struct ncclM2nVirtualDomain* ncclM2nVirtualDomain_t;
+NCCL_M2N_API ncclResult_t ncclM2nVirtualDomainCreate(ncclM2nVirtualDomain_t* domain, int nRanks);
+NCCL_M2N_API ncclResult_t ncclM2nVirtualDomainDestroy(ncclM2nVirtualDomain_t domain);
 
 typedef struct {
   size_t size;           /* sizeof(ncclM2nExecConfig_t) */
   unsigned int magic;    /* NCCL_M2N_MAGIC */
-  size_t stagingBytes;   /* staging cap per rank; 0: 256 MiB */
+  size_t stagingBytes;   /* staging cap per rank (the window's slots included); 0: 256 MiB */
   double timeoutSeconds; /* budget of plan creation's host collectives, of connecting to the plan's peers and of each
-                            execute's exchanges; 0: NCCL_EXT_TIMEOUT_S */
+                            execute's exchanges and barriers; 0: NCCL_EXT_TIMEOUT_S */
   int fp8BlockRows;      /* rows of an fp8 scale block (see ncclM2nTensorSpec_t): 1 (0 too) or 128 */
+  int lsa;               /* 1: streams inside an NVLink domain over LSA (see above; all ranks alike); 0: by
+                            ncclSend/ncclRecv there too. Virtual ranks always use LSA */
+  ncclM2nVirtualDomain_t virtualDomain; /* NULL; or the one-GPU test mode (ncclM2nVirtualDomainCreate) */
+  int virtualRank;       /* with virtualDomain: this thread's rank in it */
 } ncclM2nExecConfig_t;
-#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0, 0}
+#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0, 0, 0, NULL, 0}
 
 NCCL_M2N_API ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors,
                                             const ncclM2nTensorSpec_t* tensors, const ncclM2nExecConfig_t* config);
 NCCL_M2N_API ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* src, void* const* dst,
                                          cudaStream_t stream);
-/* Local: after every execute of the plan has finished (it frees device memory). */
+/* Local: after every execute of the plan has finished (it frees device memory); with a virtualDomain, collective
+ * over it (ncclRemoteError when a rank does not come within the timeout). */
 NCCL_M2N_API ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan);
 /* ncclSuccess, or ncclRemoteError with a message once an execute's exchanges outlived the config's timeoutSeconds
  * (a peer that died or never executes): the plans' exchange communicator was then aborted (the caller's is

@@ -292,11 +292,16 @@ ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensor
     NCCLEXT_ARG(config == nullptr || config->fp8BlockRows == 0 || config->fp8BlockRows == 1 ||
                     config->fp8BlockRows == 128,
                 "ncclM2nPlanCreate: fp8BlockRows %d: 1 (or 0) or 128", config ? config->fp8BlockRows : 0);
+    NCCLEXT_ARG(config == nullptr || config->lsa == 0 || config->lsa == 1, "ncclM2nPlanCreate: lsa %d: 0 or 1",
+                config ? config->lsa : 0);
+    NCCLEXT_ARG(config == nullptr || config->virtualDomain != nullptr || config->virtualRank == 0,
+                "ncclM2nPlanCreate: virtualRank %d without a virtualDomain", config ? config->virtualRank : 0);
     NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nPlanCreate: %d tensors at %p",
                 nTensors, (const void*)tensors);
     NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
     int nRanks = 0;
     NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
+    if (config && config->virtualDomain) nRanks = config->virtualDomain->domain.size();  // comm: one of its ranks
     ncclm2n::Problem p;
     p.nRanks = nRanks;
     std::vector<char> isScales;
@@ -309,6 +314,11 @@ ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensor
       why = "invalid batch";
     ncclm2n::ExecOptions o;
     if (config && config->stagingBytes) o.stagingBytes = (int64_t)config->stagingBytes;
+    if (config) {
+      o.virt = config->virtualDomain ? &config->virtualDomain->domain : nullptr;
+      o.lsa = config->lsa == 1 || o.virt;  // virtual ranks reach each other only over LSA
+      o.virtualRank = config->virtualRank;
+    }
     o.timeoutSeconds = config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
     return ncclm2n::createPlan(comm, std::move(p), std::move(fp8), why, o, plan);
   });
@@ -324,7 +334,24 @@ ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* src, void* co
 
 ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan) {
   ncclext::clearLastError();
-  ncclm2n::destroyPlan(plan);
+  return ncclext::guardAbi("ncclM2nPlanDestroy", [&]() -> ncclResult_t { return ncclm2n::destroyPlan(plan); });
+}
+
+ncclResult_t ncclM2nVirtualDomainCreate(ncclM2nVirtualDomain_t* domain, int nRanks) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nVirtualDomainCreate", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(domain != nullptr, "ncclM2nVirtualDomainCreate: domain is NULL");
+    *domain = nullptr;
+    NCCLEXT_ARG(nRanks >= 1 && nRanks <= ncclext::VirtualDomain::kMaxRanks,
+                "ncclM2nVirtualDomainCreate: %d ranks not in [1, %d]", nRanks, ncclext::VirtualDomain::kMaxRanks);
+    *domain = new ncclM2nVirtualDomain(nRanks);
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclM2nVirtualDomainDestroy(ncclM2nVirtualDomain_t domain) {
+  ncclext::clearLastError();
+  delete domain;
   return ncclSuccess;
 }
 
@@ -376,8 +403,8 @@ ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, co
                            "ncclM2nReshard: the reshard did not finish within %.1f s (a peer that never called?): "
                            "its plan is left to the process", 2 * budget);
     const ncclResult_t exchanged = run == ncclSuccess ? ncclm2n::asyncError(plan) : run;
-    ncclm2n::destroyPlan(plan);
-    return exchanged;
+    const ncclResult_t destroyed = ncclm2n::destroyPlan(plan);
+    return exchanged != ncclSuccess ? exchanged : destroyed;
   });
 }
 

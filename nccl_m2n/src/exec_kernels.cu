@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/device/sync.cuh"
 #include "common/launch.h"
 
 namespace ncclm2n {
@@ -28,6 +29,31 @@ __global__ void moveKernel(const MoveDesc* descs, const MoveSegment* segs, int64
     const MoveSegment g = segs[si];
     moveSegmentShare<K>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
   }
+}
+
+// Pack or unpack: as moveKernel, each segment's staging where MoveSegment::where says.
+template <int K>
+__global__ void stagedMoveKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m,
+                                 StageAreas stage) {
+  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+    const MoveSegment g = segs[si];
+    char* base = g.where == kStageLocal ? stage.local : static_cast<char*>(stage.peers.at(stage.windowOffset, g.where));
+    MoveEnds e = m;
+    if (K == kMovePack)
+      e.stageOut = base;
+    else
+      e.stageIn = base;
+    moveSegmentShare<K>(descs[g.desc], g, e, threadIdx.x, blockDim.x);
+  }
+}
+
+// The domain's barrier. Its release orders every store of this rank's earlier kernels on the stream (the packs)
+// before the peers' acquires; the unpacks after it read what every peer packed.
+__global__ void domainBarrierKernel(DomainBarrier d) {
+  ncclCoopCta cta;
+  const ncclext::dev::LsaBarrier b{d.peers,           d.flagsOffset, d.epochs, d.lsaRank, d.lsaSize,
+                                   d.worldRankOfLsa0, {d.err, d.timeoutNs, d.rank}};
+  (void)ncclext::dev::lsaBarrierSync(cta, b, 0);
 }
 
 // Grid rows are descriptors; each row's CTAs take that descriptor's blocks, grid-stride, one CTA of
@@ -97,13 +123,26 @@ ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_
 }
 
 ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
-                        char* stage, cudaStream_t stream) {
-  return launchMove<kMovePack>("m2n pack", descs, segs, n, MoveEnds{src, nullptr, nullptr, stage}, stream);
+                        const StageAreas& stage, cudaStream_t stream) {
+  if (n == 0) return ncclSuccess;
+  return ncclext::launchKernel("m2n pack", stagedMoveKernel<kMovePack>, dim3(gridFor(n)), dim3(kThreads), 0, stream,
+                               descs, segs, n, MoveEnds{src, nullptr, nullptr, nullptr}, stage);
 }
 
-ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* stage,
+ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const StageAreas& stage,
                           char* const* dst, cudaStream_t stream) {
-  return launchMove<kMoveUnpack>("m2n unpack", descs, segs, n, MoveEnds{nullptr, dst, stage, nullptr}, stream);
+  if (n == 0) return ncclSuccess;
+  return ncclext::launchKernel("m2n unpack", stagedMoveKernel<kMoveUnpack>, dim3(gridFor(n)), dim3(kThreads), 0,
+                               stream, descs, segs, n, MoveEnds{nullptr, dst, nullptr, nullptr}, stage);
+}
+
+ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stream) {
+  return ncclext::launchKernel("m2n domain barrier", domainBarrierKernel, dim3(1), dim3(32), 0, stream, barrier);
+}
+
+ncclResult_t loadExecKernels() {
+  return ncclext::loadKernels("nccl_m2n", setPointersKernel, moveKernel<kMoveCopy>, stagedMoveKernel<kMovePack>,
+                              stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel);
 }
 
 }  // namespace ncclm2n

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/device/peers.h"
+#include "common/device_error.h"
 #include "nccl_m2n/src/move.h"
 
 namespace ncclm2n {
@@ -17,10 +19,32 @@ ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_
 // Local copies: segments index descs; src/dst are device arrays of the call's pointers.
 ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
                           char* const* dst, cudaStream_t stream);
+// Where a pack or unpack segment's staging lies (MoveSegment::where): the rank's own staging, or `windowOffset`
+// bytes into the symmetric window of a rank of the domain (LSA).
+struct StageAreas {
+  char* local = nullptr;
+  ncclext::dev::Peers peers{};
+  size_t windowOffset = 0;
+};
 ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
-                        char* stage, cudaStream_t stream);
-ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* stage,
+                        const StageAreas& stage, cudaStream_t stream);
+ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const StageAreas& stage,
                           char* const* dst, cudaStream_t stream);
+// One CTA meets the domain's other ranks: common/device/sync.cuh's barrier (index 0) on flags at `flagsOffset` of
+// the windows, epochs in this rank's device memory, every wait bounded by timeoutNs (a timeout goes to `err`).
+struct DomainBarrier {
+  ncclext::dev::Peers peers{};
+  size_t flagsOffset = 0;
+  uint64_t* epochs = nullptr;
+  int lsaRank = 0, lsaSize = 1;
+  int worldRankOfLsa0 = 0;  // for the error word's peer
+  int rank = 0;             // mine, in the communicator
+  ncclext::DeviceErrorSink err{};
+  uint64_t timeoutNs = 0;
+};
+ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stream);
+// The kernels, loaded before any of them runs (ncclext::loadKernels: the virtual ranks' barrier spins).
+ncclResult_t loadExecKernels();
 
 // fp8 quantisation of this rank's source parts (move.h's column functions), one CTA a block, before the moves:
 // descs[j] reads src[descs[j].srcIndex] (a device array of the call's pointers) and writes into scratch.

@@ -57,7 +57,7 @@ std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64
   for (size_t i = 0; i < copies.size(); i++) {
     const int64_t n = product(copies[i].extent, copies[i].ndims);
     for (int64_t first = 0; first < n; first += maxElements)
-      out.push_back({(uint32_t)i, 0, first, std::min(maxElements, n - first), 0});
+      out.push_back({(uint32_t)i, kStageLocal, first, std::min(maxElements, n - first), 0});
   }
   return out;
 }
@@ -81,25 +81,31 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
       x.direct.push_back({send ? t.dst : t.src, send, i, (int32_t)t.tensor, send ? t.srcOffset : t.dstOffset,
                           t.elements() * d.elemBytes});
     }
-  for (const WireStream& w : s.recvs)
-    if (w.slotOffset < 0) {
-      if (error) *error = "receive stream from rank " + std::to_string(w.peer) + " has no staging slots (LSA)";
-      return false;
-    }
+  x.lsaSize = s.lsaSize;
+  x.lsaRank = s.lsaRank;
+  x.lsaBytes = s.lsaBytes;
   int64_t rounds = 0;
   for (const auto* list : {&s.sends, &s.recvs})
-    for (const WireStream& w : *list) rounds = std::max(rounds, w.chunks(s.chunkBytes));
-  // Chunk k of every stream of one direction: its segments (into `segs`) and its P2P operation.
+    for (const WireStream& w : *list) {
+      if (w.slotOffset < 0) {
+        if (error) *error = "stream with rank " + std::to_string(w.peer) + " has no staging slots";
+        return false;
+      }
+      rounds = std::max(rounds, w.chunks(s.chunkBytes));
+      if (w.lsa) x.lsaChunks = std::max(x.lsaChunks, w.chunks(s.chunkBytes));
+    }
+  // Chunk k of every stream of one direction: its segments (into `segs`) and its P2P operation (none over LSA).
   auto addChunks = [&](const std::vector<WireStream>& streams, const std::vector<Transfer>& list, bool send,
                        int64_t k, std::vector<MoveSegment>* segs, int64_t* elements) {
     for (const WireStream& w : streams) {
       if (k >= w.chunks(s.chunkBytes)) continue;
       const int64_t slot = w.slotOffset + (k % 2) * s.chunkBytes;
+      const uint32_t where = !w.lsa ? kStageLocal : (uint32_t)(send ? s.lsaRank : w.lsaPeer);
       for (const Segment& g : chunkSegments(p, list, w, s.chunkBytes, k)) {
-        segs->push_back({g.transfer, 0, g.firstElement, g.elements, slot + g.chunkOffset});
+        segs->push_back({g.transfer, where, g.firstElement, g.elements, slot + g.chunkOffset});
         *elements += g.elements;
       }
-      x.ops.push_back({w.peer, send ? 1 : 0, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
+      if (!w.lsa) x.ops.push_back({w.peer, send ? 1 : 0, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
     }
   };
   for (int64_t k = 0; k < rounds; k++) {
@@ -120,6 +126,18 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
   }
   *out = std::move(x);
   return true;
+}
+
+void setLsaRounds(ExecTables* x, int64_t rounds) {
+  while ((int64_t)x->rounds.size() < rounds) {  // rounds with nothing of mine but the domain's barrier
+    ExecRound r;
+    r.packBegin = r.packEnd = (uint32_t)x->pack.size();
+    r.unpackBegin = r.unpackEnd = (uint32_t)x->unpack.size();
+    r.opBegin = r.opEnd = (uint32_t)x->ops.size();
+    x->rounds.push_back(r);
+  }
+  for (int64_t k = 0; k < (int64_t)x->rounds.size(); k++) x->rounds[k].barrier = k < rounds;
+  x->finalBarrier = rounds > 0;
 }
 
 }  // namespace ncclm2n

@@ -6,6 +6,13 @@
 // receiver's slot k % 2; or, with LSA, the receiver reads the sender's slot), and the receiver unpacks it. A rank's
 // rounds end with its longest stream; its peers' streams with it end at the same chunk count on both sides. Direct
 // transfers (schedule.h) are issued before the rounds, in one NCCL group.
+//
+// LSA rounds. Round k's LSA unpacks read what the domain's senders packed in round k, so a barrier of the domain
+// sits between its packs and its unpacks. Every rank of the domain must meet the same barriers: the domain agrees
+// on the most LSA chunks of any of its ranks (setLsaRounds), and every rank runs that many rounds at least, with a
+// barrier in each, plus one after its last unpack (finalBarrier). Slot k % 2 is packed again in round k + 2 only
+// after the barrier of round k + 1, which every rank reaches after its unpacks of round k; the final barrier does
+// the same for the next execute's first rounds (and tells the senders that nobody still reads their windows).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +48,7 @@ struct ExecRound {
   uint32_t unpackBegin = 0, unpackEnd = 0;  // ExecTables::unpack[...]
   uint32_t opBegin = 0, opEnd = 0;          // ExecTables::ops[...]
   int64_t packElements = 0, unpackElements = 0;
+  int32_t barrier = 0;                      // 1: the domain's barrier between the packs and the unpacks (LSA)
 };
 
 struct ExecTables {
@@ -52,6 +60,10 @@ struct ExecTables {
   int64_t copyElements = 0;
   int64_t stagingBytes = 0;
   int64_t chunkBytes = 0;
+  int32_t lsaSize = 0, lsaRank = -1;  // as RankSchedule's
+  int64_t lsaBytes = 0;               // the window's slots (RankSchedule::lsaBytes)
+  int64_t lsaChunks = 0;              // the most chunks of this rank's LSA streams (the domain agrees on the max)
+  int32_t finalBarrier = 0;           // 1: a barrier of the domain after the last round
 };
 
 MoveDesc moveDescOf(const Problem& problem, const Transfer& t);
@@ -61,9 +73,12 @@ void coalesce(MoveDesc* d);
 // The local copies cut into segments of at most maxElements (the copy kernel's unit of work, one CTA each).
 std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements);
 
-// Flattens `plan` (this rank's lists) and its schedule (built with the same problem). Every stream goes by P2P
-// operations here (the schedule must have receive slots for all streams: ScheduleOptions::lsa = false).
+// Flattens `plan` (this rank's lists) and its schedule (built with the same problem). LSA streams get segments
+// staged in the windows and no P2P operation; their barriers are set by setLsaRounds.
 bool buildExecTables(const Problem& problem, const RankPlan& plan, const RankSchedule& schedule, ExecTables* out,
                      std::string* error);
+// The domain's agreed LSA round count (the max of its ranks' lsaChunks): at least that many rounds, each with a
+// barrier, and the final barrier when it is not 0.
+void setLsaRounds(ExecTables* tables, int64_t rounds);
 
 }  // namespace ncclm2n

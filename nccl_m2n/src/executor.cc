@@ -16,6 +16,7 @@
 #include "common/device_status.h"
 #include "common/domain.h"
 #include "common/log.h"
+#include "common/symmetric_memory.h"
 #include "common/watchdog.h"
 #include "nccl_m2n/src/agree.h"
 #include "nccl_m2n/src/exec_kernels.h"
@@ -65,6 +66,15 @@ struct ncclM2nPlan {
   ncclm2n::QuantDesc* quantDev = nullptr;
   int64_t quantMaxBlocks = 0;
   char* scratch = nullptr;
+  // LSA inside the NVLink domain (exec_tables.h, "LSA rounds"); all empty without LSA streams in the domain.
+  ncclext::VirtualDomain* virt = nullptr;             // the virtual-rank mode
+  std::unique_ptr<ncclext::Domain> domain;            // declared before the window, destroyed after it
+  std::unique_ptr<ncclext::SymmetricMemory> window;   // barrier flags, then the slots (at windowSlots)
+  std::unique_ptr<ncclext::DeviceStatus> status;      // the barriers' timeouts
+  uint64_t* epochs = nullptr;                         // the barrier's epoch (device)
+  size_t windowSlots = 0;
+  ncclm2n::DomainBarrier barrier;
+  bool created = false;  // createPlan returned it (a failed creation is freed without the virtual ranks' barriers)
 };
 
 namespace ncclm2n {
@@ -158,21 +168,59 @@ ncclResult_t chooseExchange(ncclComm_t comm, int rank, int device, const std::ve
   return ncclSuccess;
 }
 
+// Copies on plan creation's stream, which creation drains before it returns: the caller's stream (non-blocking,
+// or another thread's) does not order after the legacy default stream, so nothing here may use it.
 template <typename T>
-ncclResult_t upload(const std::vector<T>& host, T** dev) {
+ncclResult_t upload(const std::vector<T>& host, T** dev, cudaStream_t stream) {
   *dev = nullptr;
   if (host.empty()) return ncclSuccess;
   NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(dev), host.size() * sizeof(T)));
-  NCCLEXT_CUDA(cudaMemcpy(*dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  NCCLEXT_CUDA(cudaMemcpyAsync(*dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
   return ncclSuccess;
 }
 
 struct Round1 {
   int32_t domain = 0;
   int32_t valid = 1;
+  int32_t lsaSize = 1;  // NCCL's LSA team (virtual ranks: the domain)
+  int32_t lsa = 0;      // the config asks for LSA
   Digest digest;
   ExchangeVote exchange;
 };
+
+int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// LSA inside the domain (exec_tables.h, "LSA rounds"): the domain agrees on its LSA round count; a domain with LSA
+// traffic gets its window (barrier flags, then 2 slots per domain rank), the barrier's epoch and error word.
+// COLLECTIVE over the domain.
+ncclResult_t setUpLsa(ncclM2nPlan* plan, cudaStream_t stream) {
+  ncclext::Domain& d = *plan->domain;
+  const ncclext::Topology& topo = d.topo();
+  ExecTables& x = plan->tables;
+  std::vector<int64_t> chunks(topo.domainSize);
+  NCCLEXT_CHECK(d.allGather(&x.lsaChunks, sizeof(int64_t), chunks.data()));
+  const int64_t rounds = *std::max_element(chunks.begin(), chunks.end());
+  setLsaRounds(&x, rounds);
+  if (rounds == 0) return ncclSuccess;  // no rank of the domain reads another's window
+  plan->windowSlots = (size_t)alignUp((int64_t)topo.domainSize * (int64_t)sizeof(uint64_t), 256);
+  ncclext::SymmetricMemoryOptions so;
+  so.bytes = plan->windowSlots + (size_t)x.lsaBytes;
+  NCCLEXT_CHECK(ncclext::SymmetricMemory::create(d, so, stream, &plan->window));
+  NCCLEXT_CHECK(ncclext::DeviceStatus::create(&plan->status));
+  NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->epochs), sizeof(uint64_t)));
+  NCCLEXT_CUDA(cudaMemsetAsync(plan->epochs, 0, sizeof(uint64_t), stream));
+  DomainBarrier& b = plan->barrier;
+  b.peers = plan->window->peers();
+  b.flagsOffset = 0;
+  b.epochs = plan->epochs;
+  b.lsaRank = topo.domainRank;
+  b.lsaSize = topo.domainSize;
+  b.worldRankOfLsa0 = plan->rank - topo.domainRank;
+  b.rank = plan->rank;
+  b.err = plan->status->sink();
+  b.timeoutNs = (uint64_t)(plan->timeoutSeconds * 1e9);
+  return ncclSuccess;
+}
 
 // Which ranks hold a non-empty part of each tensor's source and destination.
 void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<char>* dst) {
@@ -284,10 +332,22 @@ ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream) {
 ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& fp8, const std::string& localError,
                         const ExecOptions& o, ncclM2nPlan** out) {
   // Any failure below frees what was allocated so far (destroyPlan frees the device memory, then the plan).
-  std::unique_ptr<ncclM2nPlan, void (*)(ncclM2nPlan*)> plan(new ncclM2nPlan(), destroyPlan);
+  std::unique_ptr<ncclM2nPlan, void (*)(ncclM2nPlan*)> plan(new ncclM2nPlan(),
+                                                         [](ncclM2nPlan* q) { (void)destroyPlan(q); });
   plan->comm = comm;
+  plan->virt = o.virt;
+  NCCLEXT_CHECK(loadExecKernels());
   NCCLEXT_NCCL(ncclCommUserRank(comm, &plan->rank));
   NCCLEXT_NCCL(ncclCommCount(comm, &plan->nRanks));
+  if (o.virt) {
+    NCCLEXT_ARG(plan->nRanks == 1,
+                "ncclM2nPlanCreate: with a virtualDomain, comm must be this thread's single-rank communicator (it has "
+                "%d ranks)", plan->nRanks);
+    NCCLEXT_ARG(o.virtualRank >= 0 && o.virtualRank < o.virt->size(),
+                "ncclM2nPlanCreate: virtualRank %d not in [0, %d)", o.virtualRank, o.virt->size());
+    plan->rank = o.virtualRank;
+    plan->nRanks = o.virt->size();
+  }
   ncclext::setLogRank(plan->rank);
   const int rank = plan->rank, n = plan->nRanks;
   cudaStream_t stream = nullptr;
@@ -299,20 +359,27 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
       if (!leak) cudaStreamDestroy(s);
     }
   } guard{stream};
+  // The host collectives of plan creation: over comm, or in the process for virtual ranks.
+  auto gather = [&](const void* mine, size_t bytes, void* all) {
+    return o.virt ? o.virt->allGather(rank, mine, bytes, all, o.timeoutSeconds)
+                  : ncclext::ncclAllGatherHost(comm, stream, mine, bytes, all, o.timeoutSeconds);
+  };
 
   // Round 1: every rank's domain, validity and digest.
   std::vector<uint64_t> hashes(p.tensors.size());
   for (size_t t = 0; t < p.tensors.size(); t++) hashes[t] = tensorHash(p.tensors[t]);
   Round1 mine;
-  mine.domain = domainIdOf(comm, rank);
+  mine.domain = o.virt ? 0 : domainIdOf(comm, rank);
+  mine.lsaSize = o.virt ? n : ncclTeamLsa(comm).nRanks;
+  mine.lsa = o.lsa;
   mine.valid = localError.empty();
   mine.digest = digestOf(hashes);
   std::shared_ptr<ExchangeComm> reusable;
   mine.exchange = voteFor(comm, &reusable);
   std::vector<Round1> all(n);
-  ncclResult_t res = ncclext::ncclAllGatherHost(comm, stream, &mine, sizeof(mine), all.data(), o.timeoutSeconds);
+  ncclResult_t res = gather(&mine, sizeof(mine), all.data());
   if (res != ncclSuccess) {
-    guard.leak = true;  // the all-gather may still run: leave its stream to the process
+    guard.leak = !o.virt;  // the all-gather may still run: leave its stream to the process
     return res;
   }
   std::vector<Digest> digests;
@@ -324,10 +391,9 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
       int64_t lo, hi;
       digestGroup((int64_t)hashes.size(), a.group, &lo, &hi);
       std::vector<uint64_t> groupAll((size_t)(hi - lo) * n);
-      res = ncclext::ncclAllGatherHost(comm, stream, hashes.data() + lo, (size_t)(hi - lo) * sizeof(uint64_t),
-                                       groupAll.data(), o.timeoutSeconds);
+      res = gather(hashes.data() + lo, (size_t)(hi - lo) * sizeof(uint64_t), groupAll.data());
       if (res != ncclSuccess) {
-        guard.leak = true;
+        guard.leak = !o.virt;
         return res;
       }
       std::vector<std::vector<uint64_t>> per(n);
@@ -342,15 +408,39 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   }
   if (!localError.empty())
     return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "ncclM2nPlanCreate: %s", localError.c_str());
-  for (int r = 0; r < n; r++)
+  for (int r = 0; r < n; r++) {
     if (!all[r].valid)
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
                            "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
+    if (all[r].lsa != all[0].lsa)
+      return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
+                           "ncclM2nPlanCreate: rank %d sets lsa to %d, rank 0 to %d: the ranks must agree", r,
+                           all[r].lsa, all[0].lsa);
+  }
 
-  // Every rank agreed. The exchange communicator (none for one rank, which exchanges nothing).
+  // Every rank agreed. The NVLink domains: with LSA and an LSA team of more than one rank somewhere, the domain
+  // communicator (ncclext::Domain, collective over comm: NCCL_EXT_LSA_DOMAIN_SIZE may split the teams), whose
+  // blocks of consecutive ranks are the domains; else NCCL's LSA teams, every stream by ncclSend / ncclRecv.
   plan->timeoutSeconds = o.timeoutSeconds;
   NCCLEXT_CUDA(cudaGetDevice(&plan->device));
-  if (n == 1) {
+  p.options.domainOfRank.resize(n);
+  for (int r = 0; r < n; r++) p.options.domainOfRank[r] = all[r].domain;
+  bool lsa = false;
+  for (int r = 0; r < n && o.lsa; r++) lsa = lsa || all[r].lsaSize > 1;
+  if (lsa) {
+    ncclext::DomainOptions dopt;
+    dopt.virt = o.virt;
+    dopt.virtualRank = o.virtualRank;
+    dopt.timeoutSeconds = o.timeoutSeconds;
+    NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &plan->domain));
+    const ncclext::Topology& topo = plan->domain->topo();
+    lsa = topo.domainSize > 1;  // the same on every rank
+    for (int r = 0; r < n; r++) p.options.domainOfRank[r] = r / topo.domainSize;
+    if (!lsa) plan->domain.reset();
+  }
+  // The exchange communicator: none for one rank, for virtual ranks and for one domain over LSA (nothing goes by
+  // ncclSend / ncclRecv); the same decision on every rank.
+  if (n == 1 || o.virt || (lsa && plan->domain->topo().nDomains == 1)) {
     plan->x = std::make_shared<ExchangeComm>();
   } else {
     std::vector<ExchangeVote> votes;
@@ -358,16 +448,14 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
     NCCLEXT_CHECK(chooseExchange(comm, rank, plan->device, votes, std::move(reusable), &plan->x));
   }
 
-  // The same batch everywhere: plan this rank's part with the NVLink domains NCCL found.
-  p.options.domainOfRank.resize(n);
-  for (int r = 0; r < n; r++) p.options.domainOfRank[r] = all[r].domain;
+  // The same batch everywhere: plan this rank's part with those domains.
   RankPlan rp;
   PlanStats stats;
   planRank(p, rank, &rp, &stats);
   ScheduleOptions so;
   so.stagingCapBytes = o.stagingBytes;
-  so.lsa = false;    // this executor: every stream by ncclSend/ncclRecv
-  so.direct = true;  // contiguous transfers straight between the tensors
+  so.lsa = lsa;      // streams inside the domain over its windows
+  so.direct = true;  // contiguous transfers across domains straight between the tensors
   RankSchedule sched;
   std::string why;
   NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
@@ -391,21 +479,24 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   }
 
   const ExecTables& x = plan->tables;
-  NCCLEXT_CHECK(upload(x.copies, &plan->copies));
-  NCCLEXT_CHECK(upload(x.sends, &plan->sends));
-  NCCLEXT_CHECK(upload(x.recvs, &plan->recvs));
-  NCCLEXT_CHECK(upload(plan->copySegs, &plan->copySegsDev));
-  NCCLEXT_CHECK(upload(x.pack, &plan->pack));
-  NCCLEXT_CHECK(upload(x.unpack, &plan->unpack));
+  NCCLEXT_CHECK(upload(x.copies, &plan->copies, stream));
+  NCCLEXT_CHECK(upload(x.sends, &plan->sends, stream));
+  NCCLEXT_CHECK(upload(x.recvs, &plan->recvs, stream));
+  NCCLEXT_CHECK(upload(plan->copySegs, &plan->copySegsDev, stream));
+  NCCLEXT_CHECK(upload(x.pack, &plan->pack, stream));
+  NCCLEXT_CHECK(upload(x.unpack, &plan->unpack, stream));
   if (x.stagingBytes > 0) NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->staging), x.stagingBytes));
-  NCCLEXT_CHECK(upload(plan->quant, &plan->quantDev));
+  NCCLEXT_CHECK(upload(plan->quant, &plan->quantDev, stream));
   if (scratchBytes > 0) NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->scratch), scratchBytes));
   if (plan->nTensors > 0) {
     NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->src),
                             sizeof(void*) * (plan->nTensors + plan->quant.size())));
     NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->dst), sizeof(void*) * plan->nTensors));
   }
+  if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), stream));
   NCCLEXT_CHECK(connectPeers(plan.get(), stream));
+  NCCLEXT_CHECK(ncclext::waitStream(stream, o.timeoutSeconds, "ncclM2nPlanCreate (uploading the tables)"));
+  plan->created = true;
   *out = plan.release();
   return ncclSuccess;
 }
@@ -421,6 +512,7 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   }
   ExchangeComm& xc = *plan->x;
   if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
+  if (plan->status) NCCLEXT_CHECK(plan->status->check("ncclM2nExecute (an earlier barrier of the domain)"));
   const ExecTables& x = plan->tables;
   // Quantised tensors: the moves read the scratch (values at tensor t, scales at t + 1); the quantiser reads the
   // caller's sources, whose pointers follow the tensors' in the device array.
@@ -446,8 +538,10 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
   char* const* d = reinterpret_cast<char* const*>(plan->dst);
   NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, (int64_t)plan->copySegs.size(), s, d, stream));
-  if (x.direct.empty() && x.rounds.empty()) return ncclSuccess;  // local copies only: nothing to watch
-  // Whatever happens below, what was enqueued is watched (a capture is not: its replays run later, unwatched).
+  if (x.direct.empty() && x.rounds.empty() && !x.finalBarrier) return ncclSuccess;  // local copies only
+  // Whatever happens below, what was enqueued by ncclSend / ncclRecv is watched (a capture is not: its replays run
+  // later, unwatched). The LSA barriers bound their own waits.
+  const bool p2p = !x.direct.empty() || !x.ops.empty();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capture);
   struct Watch {
@@ -457,8 +551,8 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     ~Watch() {
       if (on) watchStream(plan, stream, "ncclM2nExecute");
     }
-  } watch{plan, stream, capture == cudaStreamCaptureStatusNone};
-  if (capture != cudaStreamCaptureStatusNone) xc.captured = true;
+  } watch{plan, stream, p2p && capture == cudaStreamCaptureStatusNone};
+  if (p2p && capture != cudaStreamCaptureStatusNone) xc.captured = true;
   // Each NCCL group is enqueued under the communicator's lock, which the watchdog takes to abort it: no group of ours
   // starts on a freed communicator. Plan creation connected every peer, so an enqueue does not wait for one.
   if (!x.direct.empty()) {  // straight from and into the tensors (host pointers: the call's own arrays)
@@ -479,10 +573,13 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
       return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
                            "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(xc.comm));
   }
+  StageAreas stage;
+  stage.local = plan->staging;
+  if (plan->window) stage.peers = plan->window->peers();
+  stage.windowOffset = plan->windowSlots;
   for (const ExecRound& r : x.rounds) {
-    NCCLEXT_CHECK(
-        launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, plan->staging, stream));
-    {
+    NCCLEXT_CHECK(launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, stage, stream));
+    if (r.opEnd > r.opBegin) {
       std::lock_guard<std::timed_mutex> group(xc.mu);
       if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
       NCCLEXT_NCCL(ncclGroupStart());
@@ -498,15 +595,18 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
         return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
                              "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(xc.comm));
     }
-    NCCLEXT_CHECK(launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, plan->staging,
-                               d, stream));
+    if (r.barrier) NCCLEXT_CHECK(launchDomainBarrier(plan->barrier, stream));
+    NCCLEXT_CHECK(
+        launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, stage, d, stream));
   }
+  if (x.finalBarrier) NCCLEXT_CHECK(launchDomainBarrier(plan->barrier, stream));
   return ncclSuccess;
 }
 
 ncclResult_t asyncError(ncclM2nPlan* plan) {
-  if (!plan->x || !plan->x->aborted) return ncclSuccess;
-  return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->x->why.c_str());
+  if (plan->x && plan->x->aborted)
+    return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->x->why.c_str());
+  return plan->status ? plan->status->check("ncclM2nExecute (a barrier of the domain)") : ncclSuccess;
 }
 
 ncclResult_t retainExchange(ncclComm_t comm, double timeoutSeconds) {
@@ -539,15 +639,23 @@ void releaseExchange(ncclComm_t comm) {
   if (it != splitRecords().end()) dropped = std::move(it->second.retained);
 }
 
-void destroyPlan(ncclM2nPlan* plan) {
-  if (!plan) return;
+ncclResult_t destroyPlan(ncclM2nPlan* plan) {
+  if (!plan) return ncclSuccess;
+  // Virtual ranks: every rank is here (its executes done) before any frees, and every rank has freed before any
+  // goes on to launch kernels that spin for the others.
+  ncclext::VirtualDomain* virt = plan->created ? plan->virt : nullptr;
+  const int rank = plan->rank;
+  const double timeout = plan->timeoutSeconds;
+  ncclResult_t res = virt ? virt->barrier(rank, timeout) : ncclSuccess;
   ncclext::Watchdog::instance().removeOwner(plan);  // after it, no action of the watchdog touches the plan
   plan->x.reset();  // the exchange communicator goes with the last plan on it
   for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,
                   (void*)plan->pack, (void*)plan->unpack, (void*)plan->staging, (void*)plan->src, (void*)plan->dst,
-                  (void*)plan->quantDev, (void*)plan->scratch})
+                  (void*)plan->quantDev, (void*)plan->scratch, (void*)plan->epochs})
     if (p) cudaFree(p);
-  delete plan;
+  delete plan;  // the window before the domain
+  if (virt && res == ncclSuccess) res = virt->barrier(rank, timeout);
+  return res;
 }
 
 }  // namespace ncclm2n

@@ -9,17 +9,27 @@
 #include <string>
 #include <vector>
 
+#include "common/virtual_domain.h"
 #include "nccl_m2n/src/exec_tables.h"
 #include "nccl_m2n/src/plan.h"
 #include "nccl_m2n/src/quantize.h"
 
 struct ncclM2nPlan;
 
+// The one-GPU test mode's shared object (ncclM2nVirtualDomainCreate).
+struct ncclM2nVirtualDomain {
+  explicit ncclM2nVirtualDomain(int n) : domain(n) {}
+  ncclext::VirtualDomain domain;
+};
+
 namespace ncclm2n {
 
 struct ExecOptions {
   int64_t stagingBytes = 256ll << 20;
   double timeoutSeconds = 100;
+  bool lsa = false;                    // streams inside an NVLink domain over LSA (false: ncclSend / ncclRecv)
+  ncclext::VirtualDomain* virt = nullptr;  // the one-GPU virtual-rank mode: comm is this thread's single-rank one
+  int virtualRank = 0;
 };
 
 // COLLECTIVE over comm. `problem` holds the batch (nRanks set, options empty: the domains come from NCCL's LSA
@@ -29,7 +39,9 @@ struct ExecOptions {
 ncclResult_t createPlan(ncclComm_t comm, Problem&& problem, std::vector<Fp8Tensor>&& fp8,
                         const std::string& localError, const ExecOptions& options, ncclM2nPlan** out);
 ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst, cudaStream_t stream);
-void destroyPlan(ncclM2nPlan* plan);
+// Local, except with virtual ranks (a barrier of the domain before and after freeing: a free waits for every
+// kernel on the GPU, and a peer's barrier kernel waits for this rank). ncclRemoteError when that barrier fails.
+ncclResult_t destroyPlan(ncclM2nPlan* plan);
 // ncclSuccess, or ncclRemoteError (with the text) once the watchdog aborted the plan's exchanges.
 ncclResult_t asyncError(ncclM2nPlan* plan);
 // ncclM2nCommRetain (COLLECTIVE over comm) / ncclM2nCommRelease (local).

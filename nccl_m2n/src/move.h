@@ -36,13 +36,18 @@ struct MoveDesc {
   int64_t dstStride[kMoveMaxDims] = {};
 };
 
+// MoveSegment::where of a segment staged in the rank's own staging (the slots of ncclSend / ncclRecv streams).
+// Any other value names the domain rank whose symmetric window holds the slot (LSA streams: a pack writes its own
+// window, an unpack reads the sender's).
+constexpr uint32_t kStageLocal = 0xffffffffu;
+
 // A run of a MoveDesc's elements and where it sits in the staging buffer (pack: written there; unpack: read).
 struct MoveSegment {
   uint32_t desc = 0;         // index into the descriptor table of its direction (sends or receives)
-  uint32_t pad = 0;
+  uint32_t where = kStageLocal;
   int64_t firstElement = 0;  // row-major index in the box
   int64_t elements = 0;
-  int64_t stageOffset = 0;   // bytes from the staging buffer's start (slot + offset in the chunk)
+  int64_t stageOffset = 0;   // bytes from the start of the staging (or of the window's slots): slot + offset in chunk
 };
 
 NCCLM2N_HD void moveOffsets(const MoveDesc& d, int64_t e, int64_t* src, int64_t* dst) {

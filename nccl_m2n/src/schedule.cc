@@ -30,10 +30,14 @@ int64_t elementBytes(const Problem& p, const Transfer& t) {
 // transfers go to *directOut instead (by peer, then canonical order).
 template <typename PeerOf>
 std::vector<WireStream> streamsOf(const Problem& p, const std::vector<Transfer>& list, PeerOf peerOf, int me,
-                                  bool direct, std::vector<uint32_t>* directOut) {
+                                  const ScheduleOptions& o, std::vector<uint32_t>* directOut) {
   std::map<int, std::vector<uint32_t>> byPeer, directByPeer;
-  for (size_t i = 0; i < list.size(); i++)
-    (direct && directTransfer(p, list[i]) ? directByPeer : byPeer)[peerOf(list[i])].push_back((uint32_t)i);
+  const int myDomain = p.options.domainOf(me);
+  for (size_t i = 0; i < list.size(); i++) {
+    const int peer = peerOf(list[i]);
+    const bool direct = o.direct && directTransfer(p, list[i]) && !(o.lsa && p.options.domainOf(peer) == myDomain);
+    (direct ? directByPeer : byPeer)[peer].push_back((uint32_t)i);
+  }
   auto canonical = [&](std::vector<uint32_t>* idx) {
     std::stable_sort(idx->begin(), idx->end(), [&](uint32_t a, uint32_t b) { return canonicalLess(list[a], list[b]); });
   };
@@ -46,7 +50,8 @@ std::vector<WireStream> streamsOf(const Problem& p, const std::vector<Transfer>&
     canonical(&idx);
     WireStream s;
     s.peer = peer;
-    s.interDomain = p.options.domainOf(peer) != p.options.domainOf(me);
+    s.interDomain = p.options.domainOf(peer) != myDomain;
+    s.lsa = o.lsa && !s.interDomain;
     int64_t at = 0;
     for (uint32_t i : idx) {
       const int64_t bytes = list[i].elements() * elementBytes(p, list[i]);
@@ -93,22 +98,41 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
   s.chunkBytes = chunkBytesFor(p.nRanks, o, error);
   if (s.chunkBytes == 0) return false;
   s.sends = streamsOf(
-      p, plan.sends, [](const Transfer& t) { return t.dst; }, plan.rank, o.direct, &s.directSends);
+      p, plan.sends, [](const Transfer& t) { return t.dst; }, plan.rank, o, &s.directSends);
   s.recvs = streamsOf(
-      p, plan.recvs, [](const Transfer& t) { return t.src; }, plan.rank, o.direct, &s.directRecvs);
+      p, plan.recvs, [](const Transfer& t) { return t.src; }, plan.rank, o, &s.directRecvs);
+  // My domain's ranks in rank order: a rank's index among them addresses its window slots.
+  std::vector<int> lsaIndex;
+  if (o.lsa) {
+    const int mine = p.options.domainOf(plan.rank);
+    lsaIndex.assign(p.nRanks, -1);
+    for (int r = 0; r < p.nRanks; r++)
+      if (p.options.domainOf(r) == mine) lsaIndex[r] = s.lsaSize++;
+    s.lsaRank = lsaIndex[plan.rank];
+    if (s.lsaSize > 1) s.lsaBytes = 2 * s.chunkBytes * s.lsaSize;
+  }
   int64_t at = 0;
   for (WireStream& w : s.sends) {
+    if (w.lsa) {  // my window's slots for that peer
+      w.lsaPeer = lsaIndex[w.peer];
+      w.slotOffset = 2 * s.chunkBytes * w.lsaPeer;
+      continue;
+    }
     w.slotOffset = at;
     at += 2 * s.chunkBytes;
   }
   for (WireStream& w : s.recvs) {
-    if (o.lsa && !w.interDomain) continue;  // read from the sender's slots over LSA
+    if (w.lsa) {  // the sender's window's slots for me
+      w.lsaPeer = lsaIndex[w.peer];
+      w.slotOffset = 2 * s.chunkBytes * s.lsaRank;
+      continue;
+    }
     w.slotOffset = at;
     at += 2 * s.chunkBytes;
   }
   s.stagingBytes = at;
-  if (at > o.stagingCapBytes) {  // cannot happen with chunkBytesFor's split; kept as the promise's check
-    if (error) *error = "staging of " + std::to_string(at) + " bytes exceeds the cap";
+  if (at + s.lsaBytes > o.stagingCapBytes) {  // cannot happen with chunkBytesFor's split; kept as the promise's check
+    if (error) *error = "staging of " + std::to_string(at + s.lsaBytes) + " bytes exceeds the cap";
     return false;
   }
   *out = std::move(s);

@@ -12,10 +12,12 @@
 // element of every dtype. Chunk c of a stream uses staging slot c % 2 of that stream: double buffering, the sender
 // filling one slot while the receiver drains the other.
 //
-// Staging. Rank r's staging window holds two slots of chunkBytes for each stream it sends (it packs there; a peer of
-// its NVLink domain reads the slot over LSA, a peer elsewhere gets it by ncclSend) and two for each stream it receives
-// from another domain (ncclRecv lands there); streams inside the domain need no receive slots. Slots are laid out in
-// that order, peers ascending. Everything fits in stagingCapBytes whatever the model size: larger models only make
+// Staging. Rank r's staging holds two slots of chunkBytes for each stream it sends by ncclSend (it packs there) and
+// two for each stream it receives by ncclRecv (it lands there), laid out in that order, peers ascending. With LSA
+// (ScheduleOptions::lsa), a stream between two ranks of one NVLink domain has no such slots: the sender packs into
+// its symmetric window, where the slots of its stream to the peer of domain index i sit at i * 2 * chunkBytes (the
+// same layout on every rank, so that the receiver finds them without asking), and the receiver unpacks from the
+// sender's window over LSA. Everything fits in stagingCapBytes whatever the model size: larger models only make
 // more chunks.
 //
 // Direct transfers (ScheduleOptions::direct). A transfer whose box is one contiguous run on both sides and needs no
@@ -38,7 +40,8 @@ struct ScheduleOptions {
   int64_t stagingCapBytes = 256ll << 20;  // the rank's staging window may not exceed this
   int64_t maxChunkBytes = 4ll << 20;      // chunks stop growing here (more chunks pipeline better)
   bool lsa = true;                        // false: every stream goes by ncclSend/ncclRecv (receive slots for all)
-  bool direct = false;                    // true: contiguous transfers go straight between the tensors
+  bool direct = false;                    // true: contiguous transfers between domains (or, without lsa, any)
+                                          // go straight between the tensors
 };
 
 // One transfer's place in a stream.
@@ -50,10 +53,12 @@ struct StreamItem {
 
 struct WireStream {
   int peer = -1;             // the destination (send stream) or the source (receive stream)
-  bool interDomain = false;  // the peer is in another NVLink domain: ncclSend/ncclRecv, else LSA
+  bool interDomain = false;  // the peer is in another NVLink domain
+  bool lsa = false;          // over LSA through the sender's window (ScheduleOptions::lsa, same domain)
+  int lsaPeer = -1;          // lsa: the peer's index in the domain
   int64_t bytes = 0;         // the stream's length (the last item's end)
-  int64_t slotOffset = -1;   // staging bytes of slot 0 on this rank (slot 1 follows); -1: no slots here
-                             // (a receive stream read over LSA from the sender's slots)
+  int64_t slotOffset = -1;   // slot 0's bytes from the start of its area (slot 1 follows): the rank's staging, or
+                             // with lsa the sender's window slots (a receive stream: the sender's, at my index)
   std::vector<StreamItem> items;
   int64_t chunks(int64_t chunkBytes) const { return (bytes + chunkBytes - 1) / chunkBytes; }
 };
@@ -69,7 +74,9 @@ struct Segment {
 struct RankSchedule {
   int rank = -1;
   int64_t chunkBytes = 0;
-  int64_t stagingBytes = 0;       // slots of this rank, all streams
+  int64_t stagingBytes = 0;       // slots of this rank's ncclSend / ncclRecv streams
+  int lsaSize = 0, lsaRank = -1;  // lsa: my domain's size and my index in it (0 / -1: no LSA streams possible)
+  int64_t lsaBytes = 0;           // lsa: the window's slots, 2 x chunkBytes per index of the domain (every rank alike)
   std::vector<WireStream> sends;  // by peer ascending
   std::vector<WireStream> recvs;  // by peer ascending
   std::vector<uint32_t> directSends, directRecvs;  // plan list indices: by peer ascending, then canonical order

@@ -10,11 +10,15 @@
 // which every rank must refuse with a message naming that tensor. Every fifth batch's first tensor also goes through
 // the one-shot ncclM2nReshard. Then fp8 e4m3 with block scales (fp8Cases) against numeric.h's quantiser.
 //
-// --dead-peer: see runDeadPeer (the watchdog that bounds an execute whose peer died).
+// --dead-peer: see runDeadPeer (the watchdog that bounds an execute whose peer died; with virtual ranks, the LSA
+// barrier that bounds an execute whose peer never comes).
 //
-// Usage: m2n_exec_test [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE]
+// The modes: real ranks and one-GPU nodes move everything between ranks by ncclSend/ncclRecv (each node its own
+// domain); virtual ranks (--one-gpu virtual: one domain) move everything over LSA through the plans' windows.
+//
+// Usage: m2n_exec_test [--nranks N] [--one-gpu off|nodes|virtual] [--cases C] [--seed S] [--json FILE]
 //                      [--dead-peer --timeout-s S]
-// Exit: 0 pass, 1 fail, 77 no GPU. (Virtual ranks: the executor needs NCCL point-to-point between ranks.)
+// Exit: 0 pass, 1 fail, 77 no GPU.
 #include <getopt.h>
 #include <signal.h>
 #include <unistd.h>
@@ -50,7 +54,17 @@ struct Options {
   uint64_t seed = 0;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   std::string json;
+  ncclM2nVirtualDomain_t virt = nullptr;  // --one-gpu virtual: the library's in-process domain
 };
+
+// A plan's config on this rank (virtual ranks: the domain and this thread's rank in it).
+ncclM2nExecConfig_t configFor(const ncclext::harness::RankContext& ctx, const Options& o, double timeoutSeconds) {
+  ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+  cfg.timeoutSeconds = timeoutSeconds;
+  cfg.virtualDomain = o.virt;
+  cfg.virtualRank = o.virt ? ctx.rank : 0;
+  return cfg;
+}
 
 using testing::forEachElement;
 using testing::globalLinear;
@@ -194,7 +208,7 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
 // normal values with outliers. Every destination value and scale must equal the global tensor quantised row by
 // row with numeric.h's fp8QuantizeRow (whole blocks; a short last block padded with zeros); destinations poisoned
 // first. Returns this rank's wrong elements (or 1 for a call that failed).
-int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
+int64_t fp8Cases(ncclext::harness::RankContext& ctx, const Options& o, uint64_t seed) {
   const int n = ctx.nRanks;
   std::vector<int> all(n), reversed(n);
   for (int r = 0; r < n; r++) all[r] = r, reversed[r] = n - 1 - r;
@@ -248,8 +262,7 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
         cs.from(src);
         cd.from(dst);
         const ncclM2nTensorSpec_t specs[2] = {{"q", &cs.layout, &cd.layout}, {"q.scales", nullptr, nullptr}};
-        ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
-        cfg.timeoutSeconds = 60;
+        ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
         cfg.stagingBytes = 4096 * 4 * (size_t)std::max(1, n - 1);
         cfg.fp8BlockRows = blockRows;
         ncclM2nPlan_t plan = nullptr;
@@ -311,8 +324,8 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, uint64_t seed) {
         }
         cudaStreamSynchronize(ctx.stream);
         ncclM2nPlanDestroy(plan);
-        for (void* p : dev)
-          if (p) cudaFree(p);
+        for (void* p : dev)  // stream-ordered: a free that waits for the GPU would wait for other virtual ranks
+          if (p) cudaFreeAsync(p, ctx.stream);
         cases++;
       }
   printf("rank %d: fp8 e4m3 with block scales: %lld layout pairs, %lld wrong elements\n", ctx.rank, (long long)cases,
@@ -346,10 +359,9 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     std::string why;
     if (!validateProblem(b.p, &why)) continue;  // every rank skips the same cases
     b.build();
-    ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+    ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
     const int64_t chunk = (int64_t)16 << g.uniform(0, 8);  // 16 B .. 4 KiB chunks
     cfg.stagingBytes = (size_t)(chunk * 4 * std::max(1, ctx.nRanks - 1));
-    cfg.timeoutSeconds = 60;
     ncclM2nPlan_t plan = nullptr;
     const auto created = std::chrono::steady_clock::now();
     if (ncclM2nPlanCreate(&plan, ctx.comm, (int)b.specs.size(), b.specs.data(), &cfg) != ncclSuccess) {
@@ -418,7 +430,10 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       }
     }
     cudaStreamSynchronize(ctx.stream);
-    ncclM2nPlanDestroy(plan);
+    if (ncclM2nPlanDestroy(plan) != ncclSuccess) {
+      fprintf(stderr, "rank %d case %d: ncclM2nPlanDestroy: %s\n", ctx.rank, c, ncclM2nGetLastError());
+      return 1;
+    }
     // The graph outlives its plan, as Python's garbage collection may order it: destroying the plan must not wait
     // for the graph (NCCL's communicator destruction does; a hang here ends the run at its timeout).
     if (heldExec) cudaGraphExecDestroy(heldExec);
@@ -428,7 +443,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  errors += fp8Cases(ctx, o.seed);
+  errors += fp8Cases(ctx, o, o.seed);
 
   // Metadata that differs on one rank: every rank refuses the batch, naming the tensor.
   bool mismatchOk = true;
@@ -444,8 +459,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     if (ctx.rank == ctx.nRanks - 1) b.p.tensors[bad].name += "_other";
     b.build();
     ncclM2nPlan_t plan = nullptr;
-    ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
-    cfg.timeoutSeconds = 60;
+    ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
     const ncclResult_t r = ncclM2nPlanCreate(&plan, ctx.comm, (int)b.specs.size(), b.specs.data(), &cfg);
     const std::string msg = ncclM2nGetLastError();
     mismatchOk = r == ncclInvalidArgument && plan == nullptr &&
@@ -487,7 +501,10 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
 // --dead-peer: the last rank, the only source of a tensor every rank receives a part of, dies (SIGKILL) right after
 // plan creation. Each survivor's execute must end within the budget: the watchdog aborts the plan's communicator,
 // ncclM2nPlanGetAsyncError says so, the stream drains and the plan is destroyed; the caller's communicator stays.
+// Virtual ranks (threads: nothing to kill) have the last rank never execute: the survivors' LSA barrier times out,
+// ncclM2nPlanGetAsyncError says so, and a later execute is refused.
 int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
+  const bool virt = ctx.mode == ncclext::harness::OneGpu::kVirtual;
   const int victim = ctx.nRanks - 1;
   Batch b;
   TensorPair tp;
@@ -503,8 +520,7 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
   b.p.nRanks = ctx.nRanks;
   b.p.tensors.push_back(tp);
   b.build();
-  ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
-  cfg.timeoutSeconds = o.timeoutSeconds;
+  ncclM2nExecConfig_t cfg = configFor(ctx, o, o.timeoutSeconds);
   ncclM2nPlan_t plan = nullptr;
   if (ncclM2nPlanCreate(&plan, ctx.comm, 1, b.specs.data(), &cfg) != ncclSuccess) {
     fprintf(stderr, "rank %d: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
@@ -517,6 +533,11 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
   L.srcDev.assign(1, nullptr);
   L.dstDev.assign(1, nullptr);
   if (!fillSources(b.p, ctx.rank, 1, &L) || !poisonDestinations(b.p, ctx.rank, &L)) return 1;
+  if (ctx.rank == victim && virt) {  // silent: waits for the survivors' checks, then destroys with them
+    fprintf(stderr, "rank %d: never executing the plan\n", ctx.rank);
+    const bool met = ncclext::harness::barrier(ctx, 60) == ncclSuccess;
+    return ncclM2nPlanDestroy(plan) == ncclSuccess && met ? 0 : 1;
+  }
   if (ctx.rank == victim) {
     fprintf(stderr, "rank %d: dying now, after plan creation\n", ctx.rank);
     fflush(stderr);
@@ -537,10 +558,13 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
   const ncclResult_t drained = ncclext::waitStream(ctx.stream, o.timeoutSeconds, "m2n dead-peer teardown");
   const ncclResult_t again = ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(),
                                             ctx.stream);  // refused at once: the plan is broken
-  if (drained == ncclSuccess) ncclM2nPlanDestroy(plan);
-  ctx.peerDied = true;
+  bool met = true;
+  if (virt) met = ncclext::harness::barrier(ctx, 60) == ncclSuccess;  // the silent rank destroys with us
+  if (drained == ncclSuccess) met = ncclM2nPlanDestroy(plan) == ncclSuccess && met;
+  ctx.peerDied = !virt;
   const bool ok = enq == ncclSuccess && seen == ncclRemoteError && noticed <= bound && drained == ncclSuccess &&
-                  again == ncclRemoteError && msg.find("aborted") != std::string::npos;
+                  again == ncclRemoteError && met &&
+                  msg.find(virt ? "timed out" : "aborted") != std::string::npos;
   printf("rank %d: dead peer (%s, %d ranks): %s after %.2f s (budget %.1f s, bound %.1f s): \"%s\"; stream %s; "
          "a later execute -> %s -> %s\n",
          ctx.rank, ncclext::harness::oneGpuName(ctx.mode), ctx.nRanks, ncclGetErrorString(seen), noticed,
@@ -583,17 +607,24 @@ int main(int argc, char** argv) {
     else if (c == 't') o.timeoutSeconds = atof(optarg);
     else ok = false;
   }
-  if (!ok || o.cases < 1 || o.oneGpu == ncclext::harness::OneGpu::kVirtual || (o.deadPeer && o.nRanks < 2) ||
-      o.timeoutSeconds <= 0) {
-    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes] [--cases C] [--seed S] [--json FILE] "
-            "[--dead-peer --timeout-s S (N >= 2)]\n", argv[0]);
+  const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;
+  if (!ok || o.cases < 1 || (o.deadPeer && o.nRanks < 2) || (virt && o.nRanks < 1) || o.timeoutSeconds <= 0) {
+    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--cases C] [--seed S] "
+            "[--json FILE] [--dead-peer --timeout-s S (N >= 2)]\n", argv[0]);
     return 2;
+  }
+  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them.
+  if (virt && ncclM2nVirtualDomainCreate(&o.virt, o.nRanks) != ncclSuccess) {
+    fprintf(stderr, "ncclM2nVirtualDomainCreate: %s\n", ncclM2nGetLastError());
+    return 1;
   }
   printf("m2n_exec_test: seed %llu\n", (unsigned long long)o.seed);
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;
   if (o.deadPeer) lo.mayDie = o.nRanks - 1;
-  return ncclext::harness::launch(
+  const int rc = ncclext::harness::launch(
       lo, [&](ncclext::harness::RankContext& ctx) { return o.deadPeer ? runDeadPeer(ctx, o) : body(ctx, o); });
+  if (o.virt) ncclM2nVirtualDomainDestroy(o.virt);
+  return rc;
 }

@@ -167,4 +167,31 @@ TEST(M2nApi, RejectsSourceBoxesThatLeaveADestinationElementWithoutSource) {
   EXPECT_EQ(ncclM2nHostPlanDestroy(plan), ncclSuccess);
 }
 
+TEST(M2nApi, ExecConfigLsaAndVirtualFieldsAreChecked) {
+  // The checks come before the communicator is touched, so a stand-in handle serves on a machine without a GPU.
+  TwoRankTp t;
+  ncclComm_t notAComm = reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(0x10));
+  ncclM2nPlan_t plan = nullptr;
+  ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+  EXPECT_EQ(cfg.lsa, 0);
+  EXPECT_EQ(cfg.virtualDomain, nullptr);
+  cfg.lsa = 2;
+  EXPECT_EQ(ncclM2nPlanCreate(&plan, notAComm, 1, &t.spec, &cfg), ncclInvalidArgument);
+  EXPECT_TRUE(says("lsa 2: 0 or 1")) << ncclM2nGetLastError();
+  cfg.lsa = 0;
+  cfg.virtualRank = 1;
+  EXPECT_EQ(ncclM2nPlanCreate(&plan, notAComm, 1, &t.spec, &cfg), ncclInvalidArgument);
+  EXPECT_TRUE(says("virtualRank 1 without a virtualDomain")) << ncclM2nGetLastError();
+  EXPECT_EQ(plan, nullptr);
+  ncclM2nVirtualDomain_t vd = nullptr;
+  EXPECT_EQ(ncclM2nVirtualDomainCreate(&vd, 0), ncclInvalidArgument);
+  EXPECT_TRUE(says("0 ranks not in [1, 8]")) << ncclM2nGetLastError();
+  EXPECT_EQ(ncclM2nVirtualDomainCreate(&vd, 9), ncclInvalidArgument);
+  EXPECT_EQ(ncclM2nVirtualDomainCreate(nullptr, 2), ncclInvalidArgument);
+  ASSERT_EQ(ncclM2nVirtualDomainCreate(&vd, 4), ncclSuccess);
+  EXPECT_NE(vd, nullptr);
+  EXPECT_EQ(ncclM2nVirtualDomainDestroy(vd), ncclSuccess);
+  EXPECT_EQ(ncclM2nPlanDestroy(nullptr), ncclSuccess);
+}
+
 }  // namespace

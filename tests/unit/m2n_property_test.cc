@@ -1,5 +1,6 @@
 // Property tests of the M2N planner: thousands of random layout pairs executed by the CPU simulator, and
 // mutations of correct plans that the simulator must catch.
+#include <map>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -275,22 +276,79 @@ TEST(ScheduleProperty, ReceiversThatDisagreeWithTheirSendersAreCaught) {
   EXPECT_EQ(caught, tried);
 }
 
-// Every rank's executor tables with every stream by ncclSend/ncclRecv and chunks of `chunk` bytes.
+// Every rank's executor tables with chunks of `chunk` bytes: every stream by ncclSend/ncclRecv, or (lsa) the
+// streams inside a domain over its windows, each domain agreeing on its LSA rounds as plan creation makes it.
 std::vector<ExecTables> execTablesFor(const Problem& p, const std::vector<RankPlan>& plans, int64_t chunk,
-                                      bool direct = true) {
+                                      bool direct = true, bool lsa = false) {
   ScheduleOptions o;
   o.stagingCapBytes = chunk * 4 * std::max(1, p.nRanks - 1);
   o.maxChunkBytes = chunk;
-  o.lsa = false;
+  o.lsa = lsa;
   o.direct = direct;  // as the executor
   std::vector<ExecTables> out(plans.size());
   for (size_t r = 0; r < plans.size(); r++) {
     RankSchedule s;
     std::string why;
     EXPECT_TRUE(buildSchedule(p, plans[r], o, &s, &why)) << why;
+    EXPECT_LE(s.stagingBytes + s.lsaBytes, o.stagingCapBytes);
     EXPECT_TRUE(buildExecTables(p, plans[r], s, &out[r], &why)) << why;
   }
+  if (lsa) {
+    std::map<int, int64_t> rounds;  // by domain: the most LSA chunks of its ranks
+    for (size_t r = 0; r < plans.size(); r++) {
+      int64_t& m = rounds[p.options.domainOf((int)r)];
+      m = std::max(m, out[r].lsaChunks);
+    }
+    for (size_t r = 0; r < plans.size(); r++) setLsaRounds(&out[r], rounds[p.options.domainOf((int)r)]);
+  }
   return out;
+}
+
+TEST(ExecTablesProperty, LsaStreamsThroughTheWindowsAreDeliveredExactlyOnce) {
+  // Streams inside a domain packed into the sender's window and unpacked from it by the receiver, with the domain's
+  // barriers; across domains by ncclSend/ncclRecv as before. Removing one barrier before an LSA unpack, or giving
+  // one rank of a domain fewer rounds, must fail.
+  Gen g(20261204);
+  int64_t checked = 0, lsaSegments = 0, p2pOps = 0, cases = 0;
+  int broken = 0, caught = 0;
+  for (int c = 0; c < 1500; c++) {
+    Problem p;
+    std::vector<RankPlan> plans;
+    if (!drawPlanned(g, c % 3 == 2 ? 2 : 1, &p, &plans)) continue;
+    std::vector<ExecTables> t = execTablesFor(p, plans, (int64_t)16 << g.uniform(0, 4), c % 4 != 3, true);
+    for (const ExecTables& x : t) {
+      p2pOps += (int64_t)x.ops.size();
+      for (const MoveSegment& s : x.unpack) lsaSegments += s.where != kStageLocal;
+    }
+    SimulationResult r = emulateExecute(p, t);
+    ASSERT_TRUE(r.ok) << "case " << c << ": " << r.firstError;
+    checked += r.elementsChecked;
+    cases++;
+    for (size_t q = 0; q < t.size() && broken < 200; q++) {
+      const ExecTables& x = t[q];
+      for (size_t k = 0; k < x.rounds.size(); k++) {
+        bool lsaUnpack = false;
+        for (uint32_t i = x.rounds[k].unpackBegin; i < x.rounds[k].unpackEnd; i++)
+          lsaUnpack = lsaUnpack || x.unpack[i].where != kStageLocal;
+        if (!lsaUnpack) continue;
+        std::vector<ExecTables> bad = t;
+        if (broken % 2 == 0)
+          bad[q].rounds[k].barrier = 0;
+        else
+          setLsaRounds(&bad[q], 0), bad[q].finalBarrier = 0;
+        broken++;
+        caught += !emulateExecute(p, bad).ok;
+        break;
+      }
+    }
+  }
+  printf("executed %lld cases: %lld LSA unpack segments, %lld P2P operations, %lld destination elements checked; "
+         "barriers broken %d, caught %d\n",
+         (long long)cases, (long long)lsaSegments, (long long)p2pOps, (long long)checked, broken, caught);
+  EXPECT_GT(lsaSegments, 1000);
+  EXPECT_GT(p2pOps, 1000);
+  EXPECT_GT(broken, 50);
+  EXPECT_EQ(caught, broken);
 }
 
 TEST(ExecTablesProperty, RandomLayoutPairsExecutedFromTheTablesAreDeliveredExactlyOnce) {

@@ -158,10 +158,18 @@ SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const
     if (in == rd.recvs.end()) return error("wire " + pair + ": the receiver has no stream from the sender");
     if (in->bytes != out.bytes || rs.chunkBytes != rd.chunkBytes)
       return error("wire " + pair + ": the two sides' streams differ in length or chunking");
-    if (out.slotOffset < 0 || out.slotOffset + 2 * rs.chunkBytes > rs.stagingBytes)
-      return error("wire " + pair + ": the send slots lie outside the sender's staging");
-    if (in->interDomain && (in->slotOffset < 0 || in->slotOffset + 2 * rd.chunkBytes > rd.stagingBytes))
-      return error("wire " + pair + ": the receive slots lie outside the receiver's staging");
+    if (in->lsa != out.lsa) return error("wire " + pair + ": one side goes over LSA, the other not");
+    if (out.lsa) {  // the receiver reads the sender's window where its own schedule says the slots are
+      if (out.slotOffset < 0 || out.slotOffset + 2 * rs.chunkBytes > rs.lsaBytes)
+        return error("wire " + pair + ": the send slots lie outside the sender's window");
+      if (in->slotOffset != out.slotOffset || rs.lsaBytes != rd.lsaBytes)
+        return error("wire " + pair + ": the receiver looks for the slots elsewhere in the sender's window");
+    } else {
+      if (out.slotOffset < 0 || out.slotOffset + 2 * rs.chunkBytes > rs.stagingBytes)
+        return error("wire " + pair + ": the send slots lie outside the sender's staging");
+      if (in->slotOffset < 0 || in->slotOffset + 2 * rd.chunkBytes > rd.stagingBytes)
+        return error("wire " + pair + ": the receive slots lie outside the receiver's staging");
+    }
     std::vector<uint64_t> stage(rs.chunkBytes);
     for (int64_t c = 0; c < out.chunks(rs.chunkBytes); c++) {
       std::fill(stage.begin(), stage.end(), kUnpacked);
@@ -267,14 +275,32 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
   }
   std::vector<std::vector<const char*>> srcPtr(nr, std::vector<const char*>(nt, nullptr));
   std::vector<std::vector<char*>> dstPtr(nr, std::vector<char*>(nt, nullptr));
-  std::vector<std::vector<char>> stage(nr);
+  std::vector<std::vector<char>> stage(nr), win(nr);  // own staging; symmetric window's slots
   for (size_t r = 0; r < nr; r++) {
     for (size_t t = 0; t < nt; t++) {
       if (!src[r][t].empty()) srcPtr[r][t] = src[r][t].data();
       if (!dst[r][t].empty()) dstPtr[r][t] = dst[r][t].data();
     }
     stage[r].assign(tables[r].stagingBytes, (char)0xcd);
+    win[r].assign(tables[r].lsaBytes, (char)0xcd);
   }
+  // LSA: the world rank of index i of rank r's domain, and the barriers every rank of a domain must meet alike.
+  auto domainRank = [&](size_t r, uint32_t i) {
+    uint32_t seen = 0;
+    for (int q = 0; q < p.nRanks; q++)
+      if (p.options.domainOf(q) == p.options.domainOf((int)r) && seen++ == i) return q;
+    return -1;
+  };
+  std::vector<int64_t> barriers(nr, 0);
+  for (size_t r = 0; r < nr; r++) {
+    for (const ExecRound& R : tables[r].rounds) barriers[r] += R.barrier;
+    barriers[r] += tables[r].finalBarrier;
+  }
+  for (size_t r = 0; r < nr; r++)
+    for (size_t q = 0; q < nr; q++)
+      if (p.options.domainOf((int)q) == p.options.domainOf((int)r) && barriers[q] != barriers[r])
+        return error("ranks " + std::to_string(r) + " and " + std::to_string(q) +
+                     " of one domain meet different numbers of barriers"), res;
   // Bounds of one element move, checked before the shared function touches memory.
   auto inside = [&](size_t r, const MoveDesc& d, int64_t e, bool fromSource, bool toDest) {
     int64_t s, t;
@@ -354,13 +380,16 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
       for (uint32_t i = R.packBegin; i < R.packEnd; i++) {
         const MoveSegment& g = tables[r].pack[i];
         const MoveDesc& d = tables[r].sends[g.desc];
-        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)stage[r].size())
+        if (g.where != kStageLocal && g.where != (uint32_t)tables[r].lsaRank)
+          return error("rank " + std::to_string(r) + ": a pack into another rank's window"), res;
+        std::vector<char>& to = g.where == kStageLocal ? stage[r] : win[r];
+        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)to.size())
           return error("rank " + std::to_string(r) + ": a pack outside the staging"), res;
         for (int64_t e = 0; e < g.elements; e++)
           if (!inside(r, d, g.firstElement + e, true, false)) return error("a pack reads outside its source"), res;
         MoveEnds m;
         m.src = srcPtr[r].data();
-        m.stageOut = stage[r].data();
+        m.stageOut = to.data();
         team(Pack(), d, g, m);
       }
     }
@@ -393,13 +422,19 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
       for (uint32_t i = R.unpackBegin; i < R.unpackEnd; i++) {
         const MoveSegment& g = tables[r].unpack[i];
         const MoveDesc& d = tables[r].recvs[g.desc];
-        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)stage[r].size())
+        const int sender = g.where == kStageLocal ? (int)r : domainRank(r, g.where);
+        if (sender < 0 || (size_t)sender >= nr)
+          return error("rank " + std::to_string(r) + ": an unpack from no rank of its domain"), res;
+        if (g.where != kStageLocal && (!R.barrier || k >= tables[sender].rounds.size()))
+          return error("rank " + std::to_string(r) + ": an LSA unpack without the round's barrier"), res;
+        const std::vector<char>& from = g.where == kStageLocal ? stage[r] : win[sender];
+        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)from.size())
           return error("rank " + std::to_string(r) + ": an unpack outside the staging"), res;
         for (int64_t e = 0; e < g.elements; e++)
           if (!inside(r, d, g.firstElement + e, false, true)) return error("an unpack writes outside its tensor"), res;
         MoveEnds m;
         m.dst = dstPtr[r].data();
-        m.stageIn = stage[r].data();
+        m.stageIn = from.data();
         team(Unpack(), d, g, m);
         for (int64_t e = 0; e < g.elements; e++) countWrite(r, d, g.firstElement + e);
       }

@@ -37,9 +37,11 @@ SimulationResult simulateWire(const Problem& problem, const std::vector<RankPlan
 
 // The executor as its tables drive it (exec_tables.h), on host bytes with the real element sizes: the local copies,
 // then every round's packs (move.h's packElement, as the kernels call it), its ncclSend/ncclRecv pairs matched up
-// and copied between the ranks' staging buffers, and its unpacks. A send without its receive (or of another size),
-// a staging access outside the staging, or any destination element not written exactly once with its own value
-// fails it.
+// and copied between the ranks' staging buffers, and its unpacks. LSA segments pack into the rank's own window
+// and unpack from the sender's (found by its index in the domain). A send without its receive (or of another
+// size), a staging access outside the staging, a pack into another rank's window, an LSA unpack in a round without
+// its barrier, ranks of one domain that meet different numbers of barriers, or any destination element not written
+// exactly once with its own value fails it.
 SimulationResult emulateExecute(const Problem& problem, const std::vector<ExecTables>& tables);
 
 }  // namespace ncclm2n

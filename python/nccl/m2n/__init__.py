@@ -74,7 +74,8 @@ class _Transfer(ctypes.Structure):
 
 class _ExecConfig(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("stagingBytes", ctypes.c_size_t),
-                ("timeoutSeconds", ctypes.c_double), ("fp8BlockRows", ctypes.c_int)]
+                ("timeoutSeconds", ctypes.c_double), ("fp8BlockRows", ctypes.c_int), ("lsa", ctypes.c_int),
+                ("virtualDomain", ctypes.c_void_p), ("virtualRank", ctypes.c_int)]
 
 
 class _PlanInfo(ctypes.Structure):
@@ -435,12 +436,16 @@ class Plan:
     Layout), the same on every rank. execute() moves them, as often as wanted, and may be captured in a CUDA graph
     (docs/M2N.md says what the executor does not do yet)."""
 
-    def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0, fp8_block_rows: int = 1):
+    def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0, fp8_block_rows: int = 1,
+                 lsa: bool = False):
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
         self.tensors = list(tensors)
         self._specs, self._names = _specs(self.tensors)
-        cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, staging_bytes, timeout_s, fp8_block_rows)
+        # lsa=True: streams inside an NVLink domain over LSA (docs/M2N.md: not yet validated on GPUs; every rank
+        # alike); False: every stream between ranks by ncclSend/ncclRecv.
+        cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, staging_bytes, timeout_s, fp8_block_rows,
+                          1 if lsa else 0)
         self._h = ctypes.c_void_p()
         try:
             _call("ncclM2nPlanCreate", ctypes.byref(self._h), self.comm.handle, len(self.tensors), self._specs,
