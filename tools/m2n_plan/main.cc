@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "nccl_m2n/src/exec_tables.h"
 #include "nccl_m2n/src/schedule.h"
 #include "tools/m2n_plan/model.h"
 
@@ -145,18 +146,31 @@ int main(int argc, char** argv) {
     auto b0 = Clock::now();
     ncclm2n::planRank(problem, r, &mine, nullptr);
     const double secs = std::chrono::duration<double>(Clock::now() - b0).count();
-    // The executor's schedule of that plan (wire streams, chunks, staging) with the default staging cap.
+    // The rest of ncclM2nPlanCreate's host work on that plan, with the executor's default options (staging cap
+    // 256 MiB, every stream by ncclSend/ncclRecv, direct transfers): the schedule (wire streams, chunks, staging),
+    // then the tables an execute reads (exec_tables.h) and the local copies' segments.
+    ncclm2n::ScheduleOptions so;
+    so.lsa = false;
+    so.direct = true;
     ncclm2n::RankSchedule sched;
+    ncclm2n::ExecTables tables;
     std::string why;
     auto s0 = Clock::now();
-    const bool scheduled = ncclm2n::buildSchedule(problem, mine, ncclm2n::ScheduleOptions{}, &sched, &why);
+    bool scheduled = ncclm2n::buildSchedule(problem, mine, so, &sched, &why);
     const double schedSecs = std::chrono::duration<double>(Clock::now() - s0).count();
+    auto t0 = Clock::now();
+    scheduled = scheduled && ncclm2n::buildExecTables(problem, mine, sched, &tables, &why);
+    const size_t copySegs = scheduled ? ncclm2n::copySegments(tables.copies, ncclm2n::kCopySegmentElements).size() : 0;
+    const double tableSecs = std::chrono::duration<double>(Clock::now() - t0).count();
     int64_t chunks = 0;
     for (const auto* list : {&sched.sends, &sched.recvs})
       for (const ncclm2n::WireStream& w : *list) chunks += w.chunks(sched.chunkBytes);
-    benchTimes.push_back(secs + schedSecs);
+    benchTimes.push_back(secs + schedSecs + tableSecs);
     bench.push_back({{"rank", r}, {"seconds", secs}, {"sends", mine.sends.size()}, {"recvs", mine.recvs.size()},
-                     {"copies", mine.copies.size()}, {"schedule_seconds", schedSecs},
+                     {"copies", mine.copies.size()}, {"schedule_seconds", schedSecs}, {"tables_seconds", tableSecs},
+                     {"rounds", tables.rounds.size()}, {"pack_segments", tables.pack.size()},
+                     {"unpack_segments", tables.unpack.size()}, {"p2p_ops", tables.ops.size()},
+                     {"direct_ops", tables.direct.size()}, {"copy_segments", copySegs},
                      {"schedule", scheduled ? nlohmann::json{{"chunk_bytes", sched.chunkBytes},
                                                              {"staging_bytes", sched.stagingBytes},
                                                              {"send_streams", sched.sends.size()},
@@ -209,7 +223,7 @@ int main(int argc, char** argv) {
          slowest.seconds, nvlinkGBps, netGBps, slowest.rank, slowest.what);
   printf("  hashes               metadata/plan %s\n", hashes);
   if (!benchTimes.empty()) {
-    printf("  per-rank plan + schedule %zu ranks: median %.3f s, max %.3f s (one core)\n", benchTimes.size(),
+    printf("  per-rank plan + schedule + tables %zu ranks: median %.3f s, max %.3f s (one core)\n", benchTimes.size(),
            benchTimes[benchTimes.size() / 2], benchTimes.back());
   }
   return 0;

@@ -1,0 +1,388 @@
+// m2n_bench: nccl_m2n execute time for single tensors over layout pairs, beside baselines measured in the same run,
+// one process per GPU through tests/harness, or on one GPU as N one-GPU nodes (--one-gpu nodes: every piece between
+// ranks by ncclSend/ncclRecv over loopback sockets) or N virtual ranks (--one-gpu virtual: every piece over LSA
+// through the plans' windows, all ranks sharing one GPU; neither measures NVLink).
+//
+// Tensors: bf16 [R, C], 1 MiB to 1 GiB ([256, 2048], [2048, 4096], [16384, 8192], [16384, 16384] = the 2-GPU
+// issue's co-located case, [32768, 16384]; --large adds 4 GiB, --max-mib caps them). Layout pairs:
+//   1 rank:   copy      Replicate -> Replicate (one contiguous local copy)
+//             transpose Replicate -> Replicate into a column-major destination (a strided local copy)
+//   N ranks:  s0_s1     Shard(0) -> Shard(1) over every rank (co-located)
+//             s0_rep    Shard(0) -> Replicate over every rank
+//             rep_s0    Replicate -> Shard(0) (every piece local)
+//             tp4_tp2   Shard(1) over every rank -> Shard(1) over the first half (N >= 4: TP4 -> TP2)
+// Each case: a plan (created once), a check of every destination element after the first execute (sources filled
+// with a value that names the element, destinations poisoned first), then the median of the executes, each between
+// its own pair of CUDA events on the rank's stream, after a harness barrier. Baselines in the same run, on the same
+// ranks and bytes: 1 rank, the copy engine (cudaMemcpyAsync device to device) moving the tensor's bytes; one-GPU
+// nodes and real ranks, one NCCL group of ncclSend/ncclRecv on the same communicator moving exactly the bytes the
+// plan sends to and receives from each peer (ncclM2nHostPlanGetTransfers), between plain buffers; virtual ranks, the
+// copy engine moving the bytes this rank receives from its peers. Bytes: each destination element once (GB/s per
+// destination rank: the bytes it receives, its local copies included, over its median). Every rank times; rank 0
+// prints and writes one JSON line per case with its own median and the mean of every rank's median.
+//
+// Usage: m2n_bench [--nranks N] [--one-gpu off|nodes|virtual] [--lsa] [--iters I] [--max-mib M] [--large]
+//                  [--json FILE]
+// (--lsa: the plans' config lsa = 1 on real ranks; virtual ranks always use LSA.) Exit: 0 pass, 1 a failure or a
+// wrong element, 77 no GPU.
+#include <getopt.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "nccl_m2n.h"
+#include "tests/harness/launcher.h"
+
+namespace {
+
+struct Options {
+  int nRanks = 0, iters = 0;
+  bool lsa = false, large = false;
+  int64_t maxMiB = 1024;
+  std::string json;
+  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
+  ncclM2nVirtualDomain_t virt = nullptr;
+};
+
+// One side of a 2-D bf16 tensor: the mesh, the placement (or Replicate), and column-major local strides.
+struct Side {
+  std::vector<int> ranks;
+  int placement = NCCL_M2N_REPLICATE;
+  bool columnMajor = false;
+};
+
+struct Case {
+  const char* name;
+  Side src, dst;
+};
+
+// The public descriptors of one side, with the arrays they point into.
+struct CSide {
+  int64_t shape[2];
+  int dims[1];
+  std::vector<int> ranks;
+  int placement[1];
+  std::vector<int64_t> strides;
+  ncclM2nMesh_t mesh = NCCL_M2N_MESH_INITIALIZER;
+  ncclM2nLayout_t layout = NCCL_M2N_LAYOUT_INITIALIZER;
+  void build(const Side& s, int64_t rows, int64_t cols) {
+    shape[0] = rows;
+    shape[1] = cols;
+    ranks = s.ranks;
+    dims[0] = (int)ranks.size();
+    placement[0] = s.placement;
+    mesh.ndims = 1;
+    mesh.dims = dims;
+    mesh.ranks = ranks.data();
+    layout.ndims = 2;
+    layout.globalShape = shape;
+    layout.dtype = ncclBfloat16;
+    layout.mesh = &mesh;
+    layout.placements = placement;
+    layout.localStrides = nullptr;
+    if (s.columnMajor) {
+      strides.clear();
+      for (size_t pos = 0; pos < ranks.size(); pos++) {
+        int64_t off[2], shp[2];
+        int holds = 0;
+        ncclM2nLayoutLocalBox(&layout, ranks[pos], off, shp, &holds);
+        strides.push_back(1);
+        strides.push_back(std::max<int64_t>(1, shp[0]));
+      }
+      layout.localStrides = strides.data();
+    }
+  }
+};
+
+// This rank's part of one side: its box and element strides.
+struct Local {
+  bool holds = false;
+  int64_t off[2] = {0, 0}, shape[2] = {0, 0}, stride[2] = {0, 1};
+  __host__ __device__ int64_t elements() const { return shape[0] * shape[1]; }
+  int64_t span() const { return holds ? (shape[0] - 1) * stride[0] + (shape[1] - 1) * stride[1] + 1 : 0; }
+};
+
+Local localOf(const CSide& c, const Side& s, int rank) {
+  Local l;
+  int holds = 0;
+  ncclM2nLayoutLocalBox(&c.layout, rank, l.off, l.shape, &holds);
+  l.holds = holds && l.shape[0] > 0 && l.shape[1] > 0;
+  l.stride[0] = s.columnMajor ? 1 : l.shape[1];
+  l.stride[1] = s.columnMajor ? std::max<int64_t>(1, l.shape[0]) : 1;
+  return l;
+}
+
+// The value of global element (r, c): a bf16 bit pattern that names it (16 bits of a hash; what matters is that a
+// misplaced element is caught with high probability, and every element is checked).
+__host__ __device__ inline uint16_t valueAt(int64_t r, int64_t c, uint32_t seed) {
+  uint64_t x = (uint64_t)r * 0x9E3779B97F4A7C15ull ^ (uint64_t)c * 0xC2B2AE3D27D4EB4Full ^ seed;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return (uint16_t)(x & 0x7f7f);  // never 0xffff (the poison)
+}
+
+__global__ void fillKernel(uint16_t* p, Local l, uint32_t seed) {
+  const int64_t n = l.elements();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / l.shape[1], c = i % l.shape[1];
+    p[r * l.stride[0] + c * l.stride[1]] = valueAt(l.off[0] + r, l.off[1] + c, seed);
+  }
+}
+
+__global__ void checkKernel(const uint16_t* p, Local l, uint32_t seed, unsigned long long* wrong) {
+  const int64_t n = l.elements();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / l.shape[1], c = i % l.shape[1];
+    if (p[r * l.stride[0] + c * l.stride[1]] != valueAt(l.off[0] + r, l.off[1] + c, seed)) atomicAdd(wrong, 1ull);
+  }
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Median microseconds of `fn` (one call enqueued on `stream`), each call between its own events, after `warm`.
+template <typename F>
+double timeCalls(cudaStream_t stream, int warm, int iters, F fn, bool* failed) {
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (cudaEvent_t& e : ev) cudaEventCreate(&e);
+  for (int i = 0; i < warm; i++) *failed |= !fn();
+  for (int i = 0; i < iters; i++) {
+    cudaEventRecord(ev[2 * i], stream);
+    *failed |= !fn();
+    cudaEventRecord(ev[2 * i + 1], stream);
+  }
+  *failed |= cudaStreamSynchronize(stream) != cudaSuccess;
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+  return median(ms) * 1e3;
+}
+
+// Bytes this rank's plan sends to / receives from each peer, and its local bytes (the host planner's lists).
+bool peerBytes(const ncclM2nTensorSpec_t& spec, int rank, int nRanks, std::vector<int64_t>* send,
+               std::vector<int64_t>* recv, int64_t* local) {
+  ncclM2nPlanConfig_t pc = NCCL_M2N_PLAN_CONFIG_INITIALIZER;
+  pc.nRanks = nRanks;
+  ncclM2nHostPlan_t hp = nullptr;
+  if (ncclM2nHostPlanCreate(&hp, rank, 1, &spec, &pc) != ncclSuccess) return false;
+  send->assign(nRanks, 0);
+  recv->assign(nRanks, 0);
+  *local = 0;
+  for (ncclM2nTransferKind_t kind : {ncclM2nSends, ncclM2nRecvs, ncclM2nLocalCopies}) {
+    const ncclM2nTransfer_t* t = nullptr;
+    int64_t n = 0;
+    ncclM2nHostPlanGetTransfers(hp, kind, &t, &n);
+    for (int64_t i = 0; i < n; i++) {
+      int64_t bytes = 2;
+      for (int d = 0; d < t[i].ndims; d++) bytes *= t[i].extent[d];
+      if (kind == ncclM2nSends) (*send)[t[i].dstRank] += bytes;
+      else if (kind == ncclM2nRecvs) (*recv)[t[i].srcRank] += bytes;
+      else *local += bytes;
+    }
+  }
+  ncclM2nHostPlanDestroy(hp);
+  return true;
+}
+
+#define BENCH_CHECK(cond, ...)                         \
+  do {                                                 \
+    if (!(cond)) {                                     \
+      fprintf(stderr, "rank %d: ", ctx.rank);          \
+      fprintf(stderr, __VA_ARGS__);                    \
+      fprintf(stderr, "\n");                           \
+      return 1;                                        \
+    }                                                  \
+  } while (0)
+
+int body(ncclext::harness::RankContext& ctx, const Options& o) {
+  const int n = ctx.nRanks;
+  const bool virt = ctx.mode == ncclext::harness::OneGpu::kVirtual;
+  std::vector<int> all(n), half(std::max(1, n / 2));
+  for (int r = 0; r < n; r++) all[r] = r;
+  for (size_t r = 0; r < half.size(); r++) half[r] = (int)r;
+  std::vector<Case> cases;
+  if (n == 1) {
+    cases.push_back({"copy", {{0}, NCCL_M2N_REPLICATE, false}, {{0}, NCCL_M2N_REPLICATE, false}});
+    cases.push_back({"transpose", {{0}, NCCL_M2N_REPLICATE, false}, {{0}, NCCL_M2N_REPLICATE, true}});
+  } else {
+    cases.push_back({"s0_s1", {all, 0, false}, {all, 1, false}});
+    cases.push_back({"s0_rep", {all, 0, false}, {all, NCCL_M2N_REPLICATE, false}});
+    cases.push_back({"rep_s0", {all, NCCL_M2N_REPLICATE, false}, {all, 0, false}});
+    if (n >= 4) cases.push_back({"tp4_tp2", {all, 1, false}, {half, 1, false}});
+  }
+  std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {256, 2048}, {2048, 4096}, {16384, 8192}, {16384, 16384}, {32768, 16384}};
+  if (o.large) shapes.push_back({131072, 16384});
+  FILE* js = ctx.rank == 0 && !o.json.empty() ? fopen(o.json.c_str(), "a") : nullptr;
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, ctx.device);
+  const char* mode = ncclext::harness::oneGpuName(ctx.mode);
+  if (ctx.rank == 0)
+    printf("%-6s %-8s %-10s %12s %12s %12s %10s %12s %10s %8s\n", "ranks", "mode", "case", "shape", "MiB",
+           "execute_us", "GB/s/dst", "baseline_us", "base_GB/s", "ratio");
+  unsigned long long* wrong = nullptr;
+  BENCH_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&wrong), sizeof(*wrong), ctx.stream) == cudaSuccess,
+              "cudaMallocAsync");
+  bool failed = false;
+  uint64_t wrongAll = 0;
+  for (const auto& [rows, cols] : shapes) {
+    const int64_t bytes = rows * cols * 2;
+    if (bytes > o.maxMiB * (1ll << 20) && !(o.large && rows == 131072)) continue;
+    const int iters = o.iters > 0 ? o.iters : bytes <= (64ll << 20) ? 20 : 5;
+    for (const Case& k : cases) {
+      CSide cs, cd;
+      cs.build(k.src, rows, cols);
+      cd.build(k.dst, rows, cols);
+      const ncclM2nTensorSpec_t spec = {k.name, &cs.layout, &cd.layout};
+      const Local ls = localOf(cs, k.src, ctx.rank), ld = localOf(cd, k.dst, ctx.rank);
+      ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+      cfg.timeoutSeconds = 120;
+      cfg.lsa = o.lsa ? 1 : 0;
+      cfg.virtualDomain = o.virt;
+      cfg.virtualRank = o.virt ? ctx.rank : 0;
+      ncclM2nPlan_t plan = nullptr;
+      BENCH_CHECK(ncclM2nPlanCreate(&plan, ctx.comm, 1, &spec, &cfg) == ncclSuccess, "%s: ncclM2nPlanCreate: %s",
+                  k.name, ncclM2nGetLastError());
+      // Stream-ordered allocations (virtual ranks: a synchronous free would wait for the others' kernels).
+      void *src = nullptr, *dst = nullptr;
+      if (ls.holds) BENCH_CHECK(cudaMallocAsync(&src, ls.span() * 2, ctx.stream) == cudaSuccess, "alloc src");
+      if (ld.holds) BENCH_CHECK(cudaMallocAsync(&dst, ld.span() * 2, ctx.stream) == cudaSuccess, "alloc dst");
+      const uint32_t seed = 0x5eed0000u + (uint32_t)rows + (uint32_t)(&k - cases.data());
+      if (ls.holds) fillKernel<<<1024, 256, 0, ctx.stream>>>(static_cast<uint16_t*>(src), ls, seed);
+      if (ld.holds) BENCH_CHECK(cudaMemsetAsync(dst, 0xff, ld.span() * 2, ctx.stream) == cudaSuccess, "poison");
+      BENCH_CHECK(cudaMemsetAsync(wrong, 0, sizeof(*wrong), ctx.stream) == cudaSuccess, "memset");
+      BENCH_CHECK(cudaStreamSynchronize(ctx.stream) == cudaSuccess, "sync");
+      BENCH_CHECK(ncclext::harness::barrier(ctx, 120) == ncclSuccess, "barrier");
+      const void* sp = src;
+      void* dp = dst;
+      auto exec = [&] { return ncclM2nExecute(plan, &sp, &dp, ctx.stream) == ncclSuccess; };
+      failed |= !exec();
+      BENCH_CHECK(cudaStreamSynchronize(ctx.stream) == cudaSuccess, "execute: %s",
+                  cudaGetErrorString(cudaGetLastError()));
+      BENCH_CHECK(ncclM2nPlanGetAsyncError(plan) == ncclSuccess, "execute: %s", ncclM2nGetLastError());
+      unsigned long long bad = 0;
+      if (ld.holds) checkKernel<<<1024, 256, 0, ctx.stream>>>(static_cast<const uint16_t*>(dst), ld, seed, wrong);
+      BENCH_CHECK(cudaMemcpyAsync(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost, ctx.stream) == cudaSuccess &&
+                      cudaStreamSynchronize(ctx.stream) == cudaSuccess,
+                  "check");
+      uint64_t badAll = 0;
+      BENCH_CHECK(ncclext::harness::sumOverRanks(ctx, bad, &badAll, 120) == ncclSuccess, "sum");
+      wrongAll += badAll;
+      BENCH_CHECK(ncclext::harness::barrier(ctx, 120) == ncclSuccess, "barrier");
+      const double us = timeCalls(ctx.stream, 2, iters, exec, &failed);
+      // The baseline: the same bytes over the same transport (see the header).
+      std::vector<int64_t> send, recv;
+      int64_t local = 0;
+      BENCH_CHECK(peerBytes(spec, ctx.rank, n, &send, &recv, &local), "peer bytes: %s", ncclM2nGetLastError());
+      int64_t sent = 0, received = 0;
+      for (int r = 0; r < n; r++) sent += send[r], received += recv[r];
+      const int64_t baseBytes = n == 1 ? bytes : virt ? received : std::max(sent, received);
+      void *bs = nullptr, *br = nullptr;
+      BENCH_CHECK(cudaMallocAsync(&bs, std::max<int64_t>(1, std::max(sent, baseBytes)), ctx.stream) == cudaSuccess &&
+                      cudaMallocAsync(&br, std::max<int64_t>(1, std::max(received, baseBytes)), ctx.stream) ==
+                          cudaSuccess,
+                  "alloc baseline");
+      BENCH_CHECK(ncclext::harness::barrier(ctx, 120) == ncclSuccess, "barrier");
+      auto baseline = [&] {
+        if (n == 1 || virt)
+          return baseBytes == 0 || cudaMemcpyAsync(br, bs, baseBytes, cudaMemcpyDeviceToDevice, ctx.stream) ==
+                                       cudaSuccess;
+        bool ok = ncclGroupStart() == ncclSuccess;
+        int64_t so = 0, ro = 0;
+        for (int r = 0; r < n; r++) {
+          if (send[r]) ok = ok && ncclSend(static_cast<char*>(bs) + so, send[r], ncclUint8, r, ctx.comm, ctx.stream) ==
+                                      ncclSuccess;
+          if (recv[r]) ok = ok && ncclRecv(static_cast<char*>(br) + ro, recv[r], ncclUint8, r, ctx.comm, ctx.stream) ==
+                                      ncclSuccess;
+          so += send[r];
+          ro += recv[r];
+        }
+        return ncclGroupEnd() == ncclSuccess && ok;
+      };
+      const double baseUs = timeCalls(ctx.stream, 2, iters, baseline, &failed);
+      uint64_t usSum = 0;
+      BENCH_CHECK(ncclext::harness::sumOverRanks(ctx, (uint64_t)(us * 1000), &usSum, 120) == ncclSuccess, "sum");
+      const double meanUs = usSum / 1000.0 / n;
+      const int64_t dstBytes = received + local;
+      const double gbps = us > 0 ? dstBytes / us * 1e-3 : 0, baseGbps = baseUs > 0 ? baseBytes / baseUs * 1e-3 : 0;
+      const char* baseName = n == 1 ? "copy_engine" : virt ? "copy_engine_received_bytes" : "nccl_send_recv";
+      if (ctx.rank == 0) {
+        char shape[32];
+        snprintf(shape, sizeof(shape), "%lldx%lld", (long long)rows, (long long)cols);
+        printf("%-6d %-8s %-10s %12s %12.1f %12.1f %10.1f %12.1f %10.1f %8.3f%s\n", n, mode, k.name, shape,
+               bytes / 1048576.0, us, gbps, baseUs, baseGbps, baseUs > 0 ? us / baseUs : 0,
+               badAll ? "  WRONG" : "");
+        if (js)
+          fprintf(js,
+                  "{\"bench\": \"m2n\", \"gpu\": \"%s\", \"nranks\": %d, \"mode\": \"%s\", \"lsa\": %s, \"case\": "
+                  "\"%s\", \"rows\": %lld, \"cols\": %lld, \"dtype\": \"bf16\", \"tensor_bytes\": %lld, "
+                  "\"dst_bytes_rank0\": %lld, \"sent_bytes_rank0\": %lld, \"received_bytes_rank0\": %lld, "
+                  "\"iters\": %d, \"execute_us\": %.2f, \"execute_us_mean_over_ranks\": %.2f, \"gbps_per_dst\": %.2f, "
+                  "\"baseline\": \"%s\", \"baseline_bytes\": %lld, \"baseline_us\": %.2f, \"baseline_gbps\": %.2f, "
+                  "\"ratio\": %.4f, \"wrong_elements\": %llu}\n",
+                  prop.name, n, mode, (o.lsa || virt) ? "true" : "false", k.name, (long long)rows, (long long)cols,
+                  (long long)bytes, (long long)dstBytes, (long long)sent, (long long)received, iters, us, meanUs,
+                  gbps, baseName, (long long)baseBytes, baseUs, baseGbps, baseUs > 0 ? us / baseUs : 0,
+                  (unsigned long long)badAll);
+      }
+      BENCH_CHECK(cudaStreamSynchronize(ctx.stream) == cudaSuccess, "sync");
+      BENCH_CHECK(ncclM2nPlanDestroy(plan) == ncclSuccess, "ncclM2nPlanDestroy: %s", ncclM2nGetLastError());
+      for (void* p : {src, dst, bs, br})
+        if (p) cudaFreeAsync(p, ctx.stream);
+    }
+  }
+  cudaFreeAsync(wrong, ctx.stream);
+  cudaStreamSynchronize(ctx.stream);
+  if (js) fclose(js);
+  if (ctx.rank == 0)
+    printf("m2n_bench: %s (%llu wrong elements over every rank and case)\n",
+           failed || wrongAll ? "FAIL" : "PASS", (unsigned long long)wrongAll);
+  return failed || wrongAll ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
+                                 {"one-gpu", required_argument, nullptr, 'g'},
+                                 {"lsa", no_argument, nullptr, 'l'},
+                                 {"iters", required_argument, nullptr, 'i'},
+                                 {"max-mib", required_argument, nullptr, 'm'},
+                                 {"large", no_argument, nullptr, 'L'},
+                                 {"json", required_argument, nullptr, 'j'},
+                                 {nullptr, 0, nullptr, 0}};
+  bool ok = true;
+  for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
+    if (c == 'n') o.nRanks = atoi(optarg);
+    else if (c == 'g') ok = ncclext::harness::parseOneGpu(optarg, &o.oneGpu) && ok;
+    else if (c == 'l') o.lsa = true;
+    else if (c == 'i') o.iters = atoi(optarg);
+    else if (c == 'm') o.maxMiB = atoll(optarg);
+    else if (c == 'L') o.large = true;
+    else if (c == 'j') o.json = optarg;
+    else ok = false;
+  }
+  const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;
+  if (!ok || o.iters < 0 || o.maxMiB < 1 || (virt && o.nRanks < 1)) {
+    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--lsa] [--iters I] "
+            "[--max-mib M] [--large] [--json FILE]\n", argv[0]);
+    return 2;
+  }
+  if (virt && ncclM2nVirtualDomainCreate(&o.virt, o.nRanks) != ncclSuccess) {
+    fprintf(stderr, "ncclM2nVirtualDomainCreate: %s\n", ncclM2nGetLastError());
+    return 1;
+  }
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = o.nRanks;
+  lo.oneGpu = o.oneGpu;
+  const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) { return body(ctx, o); });
+  if (o.virt) ncclM2nVirtualDomainDestroy(o.virt);
+  return rc;
+}
