@@ -1,5 +1,6 @@
 """CPU checks of nccl.ep.autograd's pieces that need no GPU: the exact three-part bf16 split of fp32 weight
-gradients (Low-Latency combine moves bf16 only) and the refusals of what is not differentiable yet."""
+gradients (Low-Latency combine moves bf16 only), the refusals of what is not differentiable yet, and the
+EXPERT_MAJOR weights' gradients through a one-rank Low-Latency group written in torch (its documented semantics)."""
 
 import types
 
@@ -29,15 +30,117 @@ def test_what_is_not_differentiable_yet_is_refused():
     x = torch.zeros(4, 8)
     w = torch.ones(4, 2, requires_grad=True)
     group, handle = _fake("expert_major")
-    with pytest.raises(NotImplementedError, match="weights' gradient through EXPERT_MAJOR"):
-        epa.dispatch(group, x, None, w, handle=handle)
     with pytest.raises(NotImplementedError, match="owner's topk_weights"):
         epa.combine(group, x, handle)
-    with pytest.raises(NotImplementedError, match="gradient through EXPERT_MAJOR"):
-        epa.combine(group, x, handle, topk_weights=w)
     group, handle = _fake("expert_major", low_latency=False)
     with pytest.raises(NotImplementedError, match="High-Throughput EXPERT_MAJOR"):
         epa.dispatch(group, x, None, w.detach(), handle=handle)
     group, handle = _fake("rank_major")
     with pytest.raises(NotImplementedError, match="topk_weights are for EXPERT_MAJOR"):
         epa.combine(group, x, handle, topk_weights=w.detach())
+
+
+class _MockLowLatency:
+    """One rank of a Low-Latency group in EXPERT_MAJOR, in torch on the CPU, as nccl.ep documents it: dispatch
+    rows e * M + i (i < expert_counts[e]) hold the tokens routed to expert e in token order, each with its own
+    dispatched weight (rows past the counts: NaN, as unwritten memory may be); combine sums each token's rows in
+    fp32, weighted by the owner's topk_weights when given (else by the dispatched ones), and returns y's dtype."""
+
+    low_latency = True
+    size = 1
+
+    def __init__(self, experts, max_tokens):
+        self.local_experts, self.max_tokens_per_rank = experts, max_tokens
+        self.calls = []
+
+    def dispatch(self, x, handle, topk_weights=None):
+        idx = handle.topk_idx
+        m = self.max_tokens_per_rank
+        rows = self.local_experts * m
+        tokens = torch.full((rows, x.shape[1]), float("nan")).to(x.dtype)
+        weights = torch.full((rows,), float("nan"))
+        counts = torch.zeros(self.local_experts, dtype=torch.int32)
+        handle.rows = []
+        for e in range(self.local_experts):
+            for t in range(idx.shape[0]):
+                ks = (idx[t] == e).nonzero().flatten().tolist()
+                if ks:
+                    r = e * m + int(counts[e])
+                    tokens[r] = x[t]
+                    weights[r] = 1.0 if topk_weights is None else topk_weights[t, ks[0]]
+                    handle.rows.append((r, t, ks[0]))
+                    counts[e] += 1
+        handle.dispatched = weights
+        self.calls.append(("dispatch", x.shape[1]))
+        return types.SimpleNamespace(tokens=tokens, topk_weights=None if topk_weights is None else weights,
+                                     expert_counts=counts, rank_counts=torch.tensor([idx.shape[0]]), topk_idx=None)
+
+    def combine(self, y, handle, topk_weights=None):
+        out = torch.zeros(handle.num_tokens, y.shape[1])
+        for r, t, k in handle.rows:
+            out[t] += (handle.dispatched[r] if topk_weights is None else topk_weights[t, k]) * y[r].float()
+        self.calls.append(("combine", y.shape[1]))
+        return out.to(y.dtype)
+
+
+def _routing(tokens, k, experts, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+
+
+def _mock(tokens=6, k=3, experts=5, max_tokens=8, seed=3):
+    group = _MockLowLatency(experts, max_tokens)
+    idx = _routing(tokens, k, experts, seed)
+    handle = types.SimpleNamespace(layout="expert_major", topk_idx=idx, num_tokens=tokens)
+    return group, handle, idx
+
+
+def test_expert_major_row_scalars_reach_their_owner_column_exactly():
+    group, handle, idx = _mock()
+    k = idx.shape[1]
+    cols = epa._em_columns(group, handle, k, "cpu")
+    group.dispatch(torch.zeros(6, 8), handle)  # the rows as a real dispatch lays them out
+    want = torch.full((6, k), 0.0)
+    s = torch.zeros(len(cols))
+    gen = torch.Generator().manual_seed(9)
+    for r, t, col in handle.rows:
+        assert cols[r] == col  # every row learns its top-k column
+        s[r] = torch.randn(1, generator=gen) * 10 ** float(torch.randint(-5, 6, (1,), generator=gen))
+        want[t, col] = s[r]
+    assert int((cols >= 0).sum()) == len(handle.rows)  # rows past the counts: -1
+    s[cols < 0] = float("nan")  # never read
+    assert torch.equal(epa._em_to_owner(group, handle, s, cols, k), want)
+
+
+def test_expert_major_gradients_match_a_dense_reference():
+    # dispatch(x, w) -> each row times its expert's matrix and its dispatched weight -> owner-weighted combine (w2):
+    # gradients of x, w and w2 through the mock against the same computation written densely.
+    tokens, k, experts, hidden = 6, 3, 5, 32
+    group, handle, idx = _mock(tokens, k, experts)
+    gen = torch.Generator().manual_seed(11)
+    mats = torch.randn(experts, hidden, hidden, generator=gen) / hidden ** 0.5
+    x0 = torch.randn(tokens, hidden, generator=gen)
+    w0 = torch.rand(tokens, k, generator=gen) + 0.5
+    v0 = torch.rand(tokens, k, generator=gen) + 0.5
+    probe = torch.randn(tokens, hidden, generator=gen)
+
+    x, w, v = (t.clone().requires_grad_() for t in (x0, w0, v0))
+    recv_x, recv_w, _ = epa.dispatch(group, x, idx, w, handle=handle)
+    expert = torch.arange(recv_x.shape[0]) // group.max_tokens_per_rank
+    y = torch.einsum("rh,rhg->rg", recv_x.float(), mats[expert]) * recv_w.unsqueeze(1)
+    out = epa.combine(group, y, handle, topk_weights=v)
+    (out.float() * probe).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (x, w, v))
+
+    xr, wr, vr = (t.clone().requires_grad_() for t in (x0, w0, v0))
+    xb = xr.to(torch.bfloat16).float()  # what the Low-Latency dispatch moves
+    rows = torch.einsum("th,tkhg->tkg", xb, mats[idx]) * wr.unsqueeze(2)
+    ref = (vr.unsqueeze(2) * rows.to(torch.bfloat16).float()).sum(dim=1)
+    (ref * probe).sum().backward()
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (v.grad, vr.grad)):
+        torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+    # The calls, in order: the forward pair; combine's backward (the output gradient dispatched, then the columns
+    # and the weights' parts, 3 x 3 columns padded to 16); dispatch's backward (x's combine, the columns, the parts).
+    assert group.calls == [("dispatch", hidden), ("combine", hidden),
+                           ("dispatch", hidden), ("dispatch", 8), ("combine", 16),
+                           ("combine", hidden), ("dispatch", 8), ("combine", 16)], group.calls

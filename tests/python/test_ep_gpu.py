@@ -563,15 +563,13 @@ def test_low_latency_autograd_rank_major_matches_a_torch_reference(ll_group):
 
 
 def test_low_latency_autograd_expert_major_matches_a_torch_reference(ll_group):
-    # EXPERT_MAJOR with the owner's weights at combine (DeepEP's API): differentiable in x and y; the weights'
-    # gradient is refused.
+    # EXPERT_MAJOR with the owner's weights at combine (DeepEP's API): differentiable in x and y, and in both
+    # weight tensors (the dispatched ones, which the expert side applies, and the owner's at combine).
     import nccl.ep.autograd as epa
 
     T, K = 80, 4
     idx, _ = _routing(T, K, ll_group.num_experts, 190)
     x0, w, g = _exact_tokens(T, LL_H, 191).float(), _exact_weights(T, K, 192), _exact_tokens(T, LL_H, 193).float()
-    with pytest.raises(NotImplementedError, match="EXPERT_MAJOR"):
-        epa.dispatch(ll_group, x0, idx, w.clone().requires_grad_(), layout="expert_major")
     xa = x0.clone().requires_grad_()
     recv_x, _, handle = epa.dispatch(ll_group, xa, idx, w, layout="expert_major")
     y = recv_x.float().pow(2) * 0.5
@@ -585,3 +583,21 @@ def test_low_latency_autograd_expert_major_matches_a_torch_reference(ll_group):
     ((xb.pow(2) * 0.5 * ws) * g).sum().backward()
     assert torch.allclose(out.float(), x0.pow(2) * 0.5 * ws, rtol=1e-2, atol=1e-2)
     assert torch.allclose(xa.grad, xb.grad, rtol=2e-2, atol=2e-2)
+
+    # Both weight tensors differentiated: each row scaled by its dispatched weight on the expert side, the rows
+    # weighted by the owner's at combine; the gradients come back to their top-k columns (0 where idx is -1).
+    xc, wd, wo = x0.clone().requires_grad_(), w.clone().requires_grad_(), w.clone().requires_grad_()
+    recv_x, recv_w, handle = epa.dispatch(ll_group, xc, idx, wd, layout="expert_major")
+    out = epa.combine(ll_group, recv_x.float().pow(2) * 0.5 * recv_w.unsqueeze(1), handle, topk_weights=wo)
+    (out.float() * g).sum().backward()
+    handle.close()
+    xr, wdr, wor = x0.clone().requires_grad_(), w.clone().requires_grad_(), w.clone().requires_grad_()
+    routed = idx >= 0
+    rows = (xr.pow(2) * 0.5).unsqueeze(1) * wdr.unsqueeze(2)  # [T, K, H]: row (t, k)
+    ref = (torch.where(routed, wor, torch.zeros_like(wor)).unsqueeze(2) * rows).sum(dim=1)
+    (ref * g).sum().backward()
+    assert torch.allclose(out.float(), ref.detach(), rtol=1e-2, atol=1e-2)
+    assert torch.allclose(xc.grad, xr.grad, rtol=2e-2, atol=2e-2)
+    for got, want in ((wd.grad, wdr.grad), (wo.grad, wor.grad)):
+        want = torch.where(routed, want, torch.zeros_like(want))
+        assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())

@@ -13,11 +13,15 @@ Layouts:
   the weights' gradients travel as three bf16 parts each (hi + mid + lo: the 24 bits of an fp32 mantissa), exactly:
   only the rank hosting a slot's expert sends a nonzero part for it.
 - EXPERT_MAJOR (Low-Latency): one row per (token, expert); dispatch is differentiable in x (its gradient sums a
-  token's expert rows: an owner-weighted combine with weights 1), and combine, given the owner's topk_weights (as
-  DeepEP's low_latency_combine), in y (each row's gradient is the token's output gradient times the row's weight).
-  The weights' gradients are not implemented there (the expert side does not know which top-k column a row came
-  from): topk_weights that require grad are refused with NotImplementedError. High-Throughput EXPERT_MAJOR is not
-  differentiable yet (NotImplementedError).
+  token's expert rows: an owner-weighted combine with weights 1) and in topk_weights (each row carries its own
+  weight; the row's gradient goes back to its token's top-k column), and combine, given the owner's topk_weights
+  (as DeepEP's low_latency_combine), in y (each row's gradient is the token's output gradient times the row's
+  weight) and in those weights (the dot product of the token's output gradient with the row, taken where the row
+  is). A row's scalar reaches its owner in its top-k column: the expert side learns each row's column from one
+  more dispatch (of a 16-byte row per token whose weights are the column numbers), places the scalar there as three
+  bf16 parts, and the owner-weighted combine with weights 1 sums a token's rows, whose columns are apart: exact.
+  That costs one dispatch and one combine of narrow rows per differentiated weight tensor. High-Throughput
+  EXPERT_MAJOR is not differentiable yet (NotImplementedError).
 
 The handle (nccl.ep.Handle) stays alive for the backward pass; close it after backward."""
 
@@ -45,6 +49,30 @@ def _from_bf16_parts(parts, k):
     return p[:, :k] + p[:, k:2 * k] + p[:, 2 * k:3 * k]
 
 
+def _em_columns(group: Group, handle: Handle, k: int, device):
+    """Low-Latency EXPERT_MAJOR: each received row's top-k column (int64 [rows], -1 past the counts), from a
+    dispatch of a zero row of 16 bytes per token whose weights are the column numbers (a token names each expert
+    at most once, so a row's (token, expert) has one column)."""
+    t = handle.num_tokens
+    cols = torch.arange(k, dtype=torch.float32, device=device).expand(t, k).contiguous()
+    recv = group.dispatch(torch.zeros(t, 8, dtype=torch.bfloat16, device=device), handle=handle, topk_weights=cols)
+    valid = _valid_rows(group, handle.layout, recv)
+    col = recv.topk_weights.float().round().long()
+    return torch.where(valid & (col >= 0) & (col < k), col, torch.full_like(col, -1))
+
+
+def _em_to_owner(group: Group, handle: Handle, s, cols, k: int):
+    """Per-row fp32 scalars s [rows] of a Low-Latency EXPERT_MAJOR output -> [T, k] fp32 at each token's owner,
+    each in its row's top-k column `cols` (-1: no row, dropped): one-hot rows of three bf16 parts (exact) summed by
+    the owner-weighted combine with weights 1."""
+    ok = cols >= 0
+    onehot = torch.zeros(s.shape[0], k, dtype=torch.float32, device=s.device)
+    vals = torch.where(ok, s.float(), torch.zeros_like(s, dtype=torch.float32))
+    onehot.scatter_(1, cols.clamp(min=0).unsqueeze(1), vals.unsqueeze(1))
+    ones = torch.ones(handle.num_tokens, k, dtype=torch.float32, device=s.device)
+    return _from_bf16_parts(group.combine(_bf16_parts(onehot), handle, topk_weights=ones), k)
+
+
 def _valid_rows(group: Group, layout: str, recv):
     """Low-Latency: which rows of a worst-case dispatch output hold data (the rest are left as they were, maybe not
     finite: zeroed here, so that nothing computed on them reaches a gradient)."""
@@ -66,6 +94,7 @@ class _Dispatch(torch.autograd.Function):
         tokens, weights, local = recv.tokens, recv.topk_weights, None
         if recv.topk_idx is not None:
             local = recv.topk_idx >= 0
+        valid = None
         if low_latency:
             valid = _valid_rows(group, handle.layout, recv)
             tokens = torch.where(valid.unsqueeze(1), tokens, torch.zeros_like(tokens))
@@ -74,6 +103,7 @@ class _Dispatch(torch.autograd.Function):
             if local is not None:
                 local &= valid.unsqueeze(1)
         ctx.local = local
+        ctx.valid = valid
         handle.topk_local = recv.topk_idx
         return tokens, weights
 
@@ -91,7 +121,11 @@ class _Dispatch(torch.autograd.Function):
                 grad_x = group.combine(grad_tokens.to(ctx.x_dtype).contiguous(), handle)
             grad_x = grad_x.to(ctx.x_dtype)
         if ctx.needs_input_grad[1] and grad_weights is not None:
-            if group.low_latency:
+            if ctx.layout == "expert_major":  # row r's weight came from its token's column cols[r]
+                s = torch.where(ctx.valid, grad_weights.float(), torch.zeros_like(grad_weights, dtype=torch.float32))
+                cols = _em_columns(group, handle, ctx.k, grad_weights.device)
+                grad_w = _em_to_owner(group, handle, s, cols, ctx.k).to(ctx.w_dtype)
+            elif group.low_latency:
                 w = torch.where(ctx.local, grad_weights.float(), torch.zeros_like(grad_weights, dtype=torch.float32))
                 grad_w = _from_bf16_parts(group.combine(_bf16_parts(w), handle), ctx.k).to(ctx.w_dtype)
             else:
@@ -103,11 +137,13 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, topk_weights, group: Group, handle: Handle):
         ctx.group, ctx.handle, ctx.y_dtype = group, handle, y.dtype
-        ctx.owner_weights = topk_weights
+        ctx.owner_weights = None if topk_weights is None else topk_weights.detach()
         if group.low_latency:
             y = y.to(torch.bfloat16)
         if topk_weights is None:
             return group.combine(y.contiguous(), handle)
+        ctx.w_dtype, ctx.k = topk_weights.dtype, topk_weights.shape[1]
+        ctx.rows = y if ctx.needs_input_grad[1] else None  # the weights' gradient takes dot products with them
         return group.combine(y.contiguous(), handle, topk_weights=topk_weights.float().contiguous())
 
     @staticmethod
@@ -120,10 +156,17 @@ class _Combine(torch.autograd.Function):
         else:  # each (token, expert) row: the token's output gradient times that row's owner weight
             recv = group.dispatch(g, handle=handle, topk_weights=w.float().contiguous())
             grad_y = recv.tokens.float() * recv.topk_weights.unsqueeze(1)
+        valid = None
         if group.low_latency:
-            valid = _valid_rows(group, handle.layout, recv).unsqueeze(1)
-            grad_y = torch.where(valid, grad_y, torch.zeros_like(grad_y))
-        return grad_y.to(ctx.y_dtype), None, None, None
+            valid = _valid_rows(group, handle.layout, recv)
+            grad_y = torch.where(valid.unsqueeze(1), grad_y, torch.zeros_like(grad_y))
+        grad_w = None
+        if w is not None and ctx.rows is not None:  # d out[t] / d w[t, k] = <grad_out[t], row (t, k)>
+            dots = (recv.tokens.float() * ctx.rows.float()).sum(dim=1)
+            dots = torch.where(valid, dots, torch.zeros_like(dots))
+            cols = _em_columns(group, handle, ctx.k, grad_out.device)
+            grad_w = _em_to_owner(group, handle, dots, cols, ctx.k).to(ctx.w_dtype)
+        return grad_y.to(ctx.y_dtype), grad_w, None, None
 
 
 def dispatch(group: Group, x, topk_idx, topk_weights, handle: Handle | None = None, layout: str | None = None):
@@ -141,9 +184,6 @@ def dispatch(group: Group, x, topk_idx, topk_weights, handle: Handle | None = No
     if not group.low_latency and handle.layout != "flat":
         raise NotImplementedError("nccl.ep.autograd: High-Throughput %s is not differentiable yet (FLAT is)"
                                   % handle.layout.upper())
-    if handle.layout == "expert_major" and topk_weights is not None and topk_weights.requires_grad:
-        raise NotImplementedError("nccl.ep.autograd: the top-k weights' gradient through EXPERT_MAJOR is not "
-                                  "implemented (use RANK_MAJOR, or pass weights that do not require grad)")
     if topk_weights is None:
         topk_weights = torch.ones(topk_idx.shape, dtype=torch.float32, device=x.device)
     recv_x, recv_w = _Dispatch.apply(x, topk_weights, group, handle)
@@ -153,14 +193,11 @@ def dispatch(group: Group, x, topk_idx, topk_weights, handle: Handle | None = No
 def combine(group: Group, y, handle: Handle, topk_weights=None):
     """[T, H], differentiable in y: FLAT and RANK_MAJOR each token's rows summed over the ranks it went to;
     EXPERT_MAJOR (Low-Latency) each token's expert rows weighted by the owner's `topk_weights` [T, K] (required
-    there; their gradient is not implemented: refused if they require grad) and summed."""
+    there; differentiable too) and summed."""
     if handle.layout == "expert_major":
         if topk_weights is None:
             raise NotImplementedError("nccl.ep.autograd.combine: EXPERT_MAJOR takes the owner's topk_weights (the "
                                       "dispatched-weights path is not differentiable yet)")
-        if topk_weights.requires_grad:
-            raise NotImplementedError("nccl.ep.autograd.combine: the top-k weights' gradient through "
-                                      "EXPERT_MAJOR is not implemented")
     elif topk_weights is not None:
         raise NotImplementedError("nccl.ep.autograd.combine: topk_weights are for EXPERT_MAJOR; FLAT and "
                                   "RANK_MAJOR rows come already weighted by the caller")
