@@ -562,6 +562,43 @@ def test_low_latency_autograd_rank_major_matches_a_torch_reference(ll_group):
     assert torch.equal(wa.grad, wb.grad)
 
 
+@pytest.mark.parametrize("layout", ["rank_major", "expert_major"])
+def test_low_latency_custom_ops_compile_fullgraph_and_differentiate(ll_group, layout):
+    # nccl_ep::ll_dispatch / ll_combine: eager and torch.compile(fullgraph) agree with the one-rank reference
+    # (RANK_MAJOR: each sent token's one row; EXPERT_MAJOR with the owner's weights: the routed slots' weights), and
+    # gradients flow to x and (EXPERT_MAJOR) the owner's weights.
+    import nccl.ep.ops as epops
+
+    T, K = 64, 4
+    idx, _ = _routing(T, K, ll_group.num_experts, 200)
+    x0, w = _exact_tokens(T, LL_H, 201), _exact_weights(T, K, 202)
+    routed = idx >= 0
+    h = ll_group.create_handle(idx, layout=layout)
+    hid = epops.register(h)
+    try:
+        def layer(x, idx, owner):
+            recv, _, _, _, _, _, _ = torch.ops.nccl_ep.ll_dispatch(hid, x, idx, None, False, False)
+            return torch.ops.nccl_ep.ll_combine(hid, recv * 2, owner)
+
+        owner = w if layout == "expert_major" else None
+        eager = layer(x0, idx, owner).float()
+        compiled = torch.compile(layer, fullgraph=True)(x0, idx, owner).float()
+        torch.cuda.synchronize()
+        scale = (torch.where(routed, w, torch.zeros_like(w)).sum(dim=1, keepdim=True) if owner is not None
+                 else routed.any(dim=1, keepdim=True).float())
+        assert torch.equal(eager, x0.float() * 2 * scale) and torch.equal(compiled, eager)
+        xg = x0.float().clone().requires_grad_()
+        wg = None if owner is None else w.clone().requires_grad_()
+        layer(xg.to(torch.bfloat16), idx, wg).float().sum().backward()
+        assert torch.allclose(xg.grad, (2 * scale).expand(T, LL_H), rtol=1e-2, atol=1e-2)
+        if wg is not None:  # d out / d w[t, k] = sum over columns of 2 x[t], on routed slots
+            want = torch.where(routed, (2 * x0.float()).sum(dim=1, keepdim=True).expand(T, K), torch.zeros_like(w))
+            assert torch.allclose(wg.grad, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+    finally:
+        epops.unregister(hid)
+        h.close()
+
+
 def test_low_latency_autograd_expert_major_matches_a_torch_reference(ll_group):
     # EXPERT_MAJOR with the owner's weights at combine (DeepEP's API): differentiable in x and y, and in both
     # weight tensors (the dispatched ones, which the expert side applies, and the owner's at combine).

@@ -1,6 +1,8 @@
 """nccl.ep.ops on the CPU: the custom ops' schemas, the handle registry's refusals, and tracing through the fake
 implementations (shapes from the registered handle), forward and backward, as torch.compile would see them."""
 
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -89,3 +91,146 @@ def test_the_backward_graph_is_a_combine_and_a_dispatch(hid):
     assert targets.count("nccl_ep.dispatch.default") == 1
     assert targets.count("nccl_ep.redispatch.default") == 1  # combine's backward
     assert targets.count("nccl_ep.combine.default") == 3  # forward, and dispatch's backward (rows, weights)
+
+
+# -- Low-Latency ops ------------------------------------------------------------------------------------------------
+class _MockLowLatency:
+    """One rank of a Low-Latency group in EXPERT_MAJOR, in torch on the CPU, as nccl.ep documents it (see
+    test_ep_autograd_cpu.py): rows e * M + i in token order, rows past the counts NaN; combine sums in fp32, owner-
+    weighted when weights are given, and returns bf16."""
+
+    low_latency, size = True, 1
+
+    def __init__(self, experts, max_tokens):
+        self.local_experts, self.max_tokens_per_rank = experts, max_tokens
+        self.calls = []
+
+    def dispatch(self, x, handle, topk_weights=None, out_dtype=None, round_scale=False):
+        idx, m = handle.topk_idx, self.max_tokens_per_rank
+        tokens = torch.full((self.local_experts * m, x.shape[1]), float("nan")).to(x.dtype)
+        weights = torch.full((self.local_experts * m,), float("nan"))
+        counts = torch.zeros(self.local_experts, dtype=torch.int32)
+        handle.rows = []
+        for e in range(self.local_experts):
+            for t in range(idx.shape[0]):
+                ks = (idx[t] == e).nonzero().flatten().tolist()
+                if ks:
+                    r = e * m + int(counts[e])
+                    tokens[r], weights[r] = x[t], 1.0 if topk_weights is None else topk_weights[t, ks[0]]
+                    handle.rows.append((r, t, ks[0]))
+                    counts[e] += 1
+        handle.dispatched = weights
+        self.calls.append(("dispatch", x.shape[1]))
+        return types.SimpleNamespace(tokens=tokens, topk_weights=None if topk_weights is None else weights,
+                                     expert_counts=counts, rank_counts=torch.tensor([idx.shape[0]], dtype=torch.int32),
+                                     topk_idx=None, scales=None,
+                                     src_info=torch.zeros(self.local_experts * m, dtype=torch.int32))
+
+    def combine(self, y, handle, topk_weights=None):
+        out = torch.zeros(handle.num_tokens, y.shape[1])
+        for r, t, k in handle.rows:
+            out[t] += (handle.dispatched[r] if topk_weights is None else topk_weights[t, k]) * y[r].float()
+        self.calls.append(("combine", y.shape[1]))
+        return out.to(torch.bfloat16)
+
+
+class _MockLowLatencyHandle:
+    low_latency, layout, sizing = True, "expert_major", "worst_case"
+
+    def __init__(self, group, topk_idx):
+        self.group = group
+        self.update(topk_idx)
+
+    def update(self, topk_idx, stream=None):
+        self.topk_idx, self.num_tokens, self.topk = topk_idx, topk_idx.shape[0], topk_idx.shape[1]
+
+    def output_rows(self):
+        return self.group.local_experts * self.group.size * self.group.max_tokens_per_rank
+
+
+def test_low_latency_ops_schemas_shapes_and_refusals():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert ("handle_id, Tensor x, Tensor topk_idx, Tensor? topk_weights, bool fp8, bool round_scale) -> (Tensor, "
+            "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)") in str(torch.ops.nccl_ep.ll_dispatch.default._schema)
+    assert "handle_id, Tensor y, Tensor? topk_weights) -> Tensor" in str(torch.ops.nccl_ep.ll_combine.default._schema)
+    group = _MockLowLatency(5, 8)
+    idx = torch.stack([torch.randperm(5)[:3] for _ in range(6)])
+    hid = epops.register(_MockLowLatencyHandle(group, idx))
+    ht = epops.register(_FakeHandle())
+    few = idx[:5].clone()
+    try:
+        with FakeTensorMode() as mode:
+            x, i, w = (mode.from_tensor(t) for t in (torch.randn(6, 256).bfloat16(), idx, torch.rand(6, 3)))
+            outs = torch.ops.nccl_ep.ll_dispatch(hid, x, i, w, True, False)
+            shapes = [(tuple(o.shape), o.dtype) for o in outs]
+            assert shapes == [((40, 256), torch.float8_e4m3fn), ((40, 2), torch.float32), ((40,), torch.float32),
+                              ((0,), torch.int32), ((40,), torch.int32), ((5,), torch.int32), ((1,), torch.int32)]
+            out = torch.ops.nccl_ep.ll_combine(hid, mode.from_tensor(torch.randn(40, 256).bfloat16()), w)
+            assert tuple(out.shape) == (6, 256) and out.dtype == torch.bfloat16
+            with pytest.raises(ep.NcclInvalidArgument, match="5 tokens for a handle of 6"):
+                torch.ops.nccl_ep.ll_dispatch(hid, mode.from_tensor(torch.randn(5, 256).bfloat16()),
+                                              mode.from_tensor(few), None, False, False)
+            with pytest.raises(ep.NcclInvalidUsage, match="Low-Latency handle; use the ll_dispatch"):
+                torch.ops.nccl_ep.combine(hid, mode.from_tensor(torch.randn(40, 8)))
+            with pytest.raises(ep.NcclInvalidUsage, match="High-Throughput handle; use the dispatch"):
+                torch.ops.nccl_ep.ll_combine(ht, mode.from_tensor(torch.randn(24, 8)), None)
+    finally:
+        epops.unregister(hid)
+        epops.unregister(ht)
+
+
+def test_low_latency_ops_gradients_match_a_dense_reference():
+    # Through the ops on the one-rank torch model: dispatch(x, w) -> rows times their expert's matrix and their
+    # dispatched weight -> owner-weighted combine (v); gradients of x, w and v against the dense computation.
+    tokens, k, experts, hidden = 6, 3, 5, 32
+    gen = torch.Generator().manual_seed(21)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+    group = _MockLowLatency(experts, 8)
+    hid = epops.register(_MockLowLatencyHandle(group, idx))
+    try:
+        mats = torch.randn(experts, hidden, hidden, generator=gen) / hidden ** 0.5
+        x0, probe = torch.randn(tokens, hidden, generator=gen), torch.randn(tokens, hidden, generator=gen)
+        w0, v0 = torch.rand(tokens, k, generator=gen) + 0.5, torch.rand(tokens, k, generator=gen) + 0.5
+
+        x, w, v = (t.clone().requires_grad_() for t in (x0, w0, v0))
+        recv, _, rw, _, _, counts, _ = torch.ops.nccl_ep.ll_dispatch(hid, x.to(torch.bfloat16), idx, w, False, False)
+        assert torch.isfinite(recv).all() and int(counts.sum()) == tokens * k  # rows past the counts zeroed
+        expert = torch.arange(recv.shape[0]) // 8
+        y = torch.einsum("rh,rhg->rg", recv.float(), mats[expert]) * rw.unsqueeze(1)
+        out = torch.ops.nccl_ep.ll_combine(hid, y, v)
+        (out.float() * probe).sum().backward()
+
+        xr, wr, vr = (t.clone().requires_grad_() for t in (x0, w0, v0))
+        rows = torch.einsum("th,tkhg->tkg", xr.to(torch.bfloat16).float(), mats[idx]) * wr.unsqueeze(2)
+        ((vr.unsqueeze(2) * rows.to(torch.bfloat16).float()).sum(dim=1) * probe).sum().backward()
+        for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (v.grad, vr.grad)):
+            torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+    finally:
+        epops.unregister(hid)
+
+
+def test_low_latency_backward_graph_traces_through_the_fake_implementations():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    group = _MockLowLatency(5, 8)
+    idx = torch.stack([torch.randperm(5)[:3] for _ in range(6)])
+    hid = epops.register(_MockLowLatencyHandle(group, idx))
+    try:
+        def step(x, idx, w, v):
+            recv, _, rw, _, _, _, _ = torch.ops.nccl_ep.ll_dispatch(hid, x, idx, w, False, False)
+            out = torch.ops.nccl_ep.ll_combine(hid, recv.float() * rw.unsqueeze(1), v)
+            return torch.autograd.grad(out.float().sum(), (x, w, v))
+
+        args = (torch.randn(6, 32, requires_grad=True), idx, torch.rand(6, 3, requires_grad=True),
+                torch.rand(6, 3, requires_grad=True))
+        gm = make_fx(step, tracing_mode="fake")(*args)
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        assert targets.count("nccl_ep.ll_dispatch.default") == 1
+        # combine's backward: the output gradient and the columns; dispatch's: the columns again.
+        assert targets.count("nccl_ep.ll_redispatch.default") == 3
+        # forward; the owner weights' parts; x's gradient; the dispatched weights' parts.
+        assert targets.count("nccl_ep.ll_combine.default") == 4
+        assert group.calls == []  # nothing ran: tracing only
+    finally:
+        epops.unregister(hid)

@@ -17,6 +17,21 @@ copy of the per-local-expert receive counts. `combine` returns each token's rows
 sends rows through the routing as bound (combine's gradient). All have fake (meta) implementations for tracing;
 dispatch and combine have an autograd formula (dispatch's gradient is a combine, combine's a redispatch). One handle
 per layer: a backward uses the routing its handle holds then.
+
+Low-Latency groups (decode) have their own ops on a registered Low-Latency handle (RANK_MAJOR or EXPERT_MAJOR; its
+outputs are always worst-case sized):
+
+    tokens, scales, weights, local_ids, src_info, expert_counts, rank_counts = \
+        torch.ops.nccl_ep.ll_dispatch(hid, x, topk_idx, topk_weights_or_None, fp8, round_scale)
+    out = torch.ops.nccl_ep.ll_combine(hid, y, owner_topk_weights_or_None)   # [T, H] bf16
+
+`ll_dispatch` binds the routing (local) and sends: tokens [N, H] (bf16, rows past the counts zeroed so that nothing
+computed on them is NaN; or float8_e4m3fn quantised by the sender with `fp8`, scales [N, H/128], rows past the
+counts as left), weights (RANK_MAJOR [N, K], EXPERT_MAJOR [N], when given; else [0]), local_ids (RANK_MAJOR [N, K]
+int32, -1 elsewhere; EXPERT_MAJOR [0]), src_info [N] and copies of this dispatch's counts. `ll_combine` is the
+group's combine (EXPERT_MAJOR: owner-weighted with the given weights, as DeepEP's low_latency_combine, or weighted by
+the dispatched ones). Autograd as nccl.ep.autograd's Low-Latency formulas (bf16 tokens): x, both weight tensors and
+y; `ll_redispatch` (the handle's routing as bound) is combine's gradient.
 Ordering: combine must consume a tensor computed from dispatch's outputs (it does in any MoE layer), which keeps the
 two in order in a compiled graph; the group's calls must still run in the same order on every rank.
 """
@@ -36,8 +51,12 @@ _ids = itertools.count(1)
 
 
 def register(handle: Handle) -> int:
-    """The id the ops take for `handle` (FLAT layout, worst-case sizing). unregister() it before closing it."""
-    if handle.layout != "flat" or handle.sizing != "worst_case":
+    """The id the ops take for `handle`: High-Throughput FLAT with worst-case sizing (dispatch / combine), or a
+    Low-Latency handle (ll_dispatch / ll_combine). unregister() it before closing it."""
+    if getattr(handle, "low_latency", False):
+        if handle.layout not in ("rank_major", "expert_major"):  # Handle refuses others; kept for stand-ins
+            raise NcclInvalidArgument("nccl.ep.ops: a Low-Latency handle is 'rank_major' or 'expert_major'")
+    elif handle.layout != "flat" or handle.sizing != "worst_case":
         raise NcclInvalidArgument("nccl.ep.ops: a handle of layout 'flat' and sizing 'worst_case' is needed (static "
                                   "shapes); this one is %s / %s" % (handle.layout, handle.sizing))
     with _lock:
@@ -51,10 +70,14 @@ def unregister(handle_id: int) -> None:
         _handles.pop(handle_id, None)
 
 
-def _handle(handle_id: int) -> Handle:
+def _handle(handle_id: int, low_latency: bool = False) -> Handle:
     h = _handles.get(handle_id)
     if h is None:
         raise NcclInvalidUsage("nccl.ep.ops: no handle registered as %d" % handle_id)
+    if bool(getattr(h, "low_latency", False)) != low_latency:
+        raise NcclInvalidUsage("nccl.ep.ops: handle %d is a %s handle; use the %s ops" % (
+            handle_id, "Low-Latency" if not low_latency else "High-Throughput",
+            "ll_dispatch / ll_combine" if not low_latency else "dispatch / combine"))
     return h
 
 
@@ -129,3 +152,184 @@ def _combine_backward(ctx, grad_out):
 
 torch.library.register_autograd("nccl_ep::dispatch", _dispatch_backward, setup_context=_dispatch_setup)
 torch.library.register_autograd("nccl_ep::combine", _combine_backward, setup_context=_combine_setup)
+
+
+# -- Low-Latency ---------------------------------------------------------------------------------------------------
+_FP8_BLOCK = 128
+
+
+def _ll_valid(h: Handle, expert_counts, rank_counts):
+    """Rows of a Low-Latency output that hold data (RANK_MAJOR row s * M + j: j < rank_counts[s]; EXPERT_MAJOR row
+    e * R * M + i: i < expert_counts[e])."""
+    g = h.group
+    counts, width = ((rank_counts, g.max_tokens_per_rank) if h.layout == "rank_major"
+                     else (expert_counts, g.size * g.max_tokens_per_rank))
+    return (torch.arange(width, device=counts.device).unsqueeze(0) < counts.unsqueeze(1)).flatten()
+
+
+def _ll_shapes(h: Handle, hidden: int, weights: bool, fp8: bool):
+    """Shapes and dtypes of ll_dispatch's outputs."""
+    rows, k, rm = h.output_rows(), h.topk, h.layout == "rank_major"
+    e4m3 = getattr(torch, "float8_e4m3fn", None)
+    return (((rows, hidden), e4m3 if fp8 else torch.bfloat16), ((rows, hidden // _FP8_BLOCK) if fp8 else (0,),
+            torch.float32), (((rows, k) if rm else (rows,)) if weights else (0,), torch.float32),
+            ((rows, k) if rm else (0,), torch.int32), ((rows,), torch.int32),
+            ((h.group.local_experts,), torch.int32), ((h.group.size,), torch.int32))
+
+
+def _ll_send(h: Handle, x, topk_weights, fp8: bool, round_scale: bool):
+    """One Low-Latency dispatch on the handle as bound; the outputs as ll_dispatch returns them."""
+    e4m3 = getattr(torch, "float8_e4m3fn", None)
+    w = None if topk_weights is None else topk_weights.float().contiguous()
+    recv = h.group.dispatch(x.contiguous(), handle=h, topk_weights=w, out_dtype=e4m3 if fp8 else None,
+                            round_scale=round_scale)
+    ec, rc = recv.expert_counts.clone(), recv.rank_counts.clone()
+    valid = _ll_valid(h, ec, rc)
+    tokens = recv.tokens
+    if not fp8:
+        tokens = torch.where(valid.unsqueeze(1), tokens, torch.zeros_like(tokens))
+    empty = x.new_empty((0,), dtype=torch.float32)
+    weights = empty
+    if w is not None:
+        weights = recv.topk_weights
+        weights = torch.where(valid.view((-1,) + (1,) * (weights.dim() - 1)), weights, torch.zeros_like(weights))
+    ids = recv.topk_idx.clone() if h.layout == "rank_major" else x.new_empty((0,), dtype=torch.int32)
+    scales = recv.scales if fp8 else empty.clone()
+    src = recv.src_info.clone() if recv.src_info is not None else x.new_empty((h.output_rows(),), dtype=torch.int32)
+    return tokens, scales, weights, ids, src, ec, rc
+
+
+def _ll_fake(h: Handle, x, weights: bool, fp8: bool):
+    return tuple(x.new_empty(shape, dtype=dt) for shape, dt in _ll_shapes(h, x.shape[1], weights, fp8))
+
+
+def _ll_check(h: Handle, x, what: str):
+    if x.shape[0] != h.num_tokens:
+        raise NcclInvalidArgument("nccl_ep::%s: %d tokens for a handle of %d (its shapes are static)"
+                                  % (what, x.shape[0], h.num_tokens))
+
+
+@torch.library.custom_op("nccl_ep::ll_dispatch", mutates_args=())
+def ll_dispatch(handle_id: int, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None,
+                fp8: bool, round_scale: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
+    h = _handle(handle_id, low_latency=True)
+    h.update(topk_idx)
+    return _ll_send(h, x, topk_weights, fp8, round_scale)
+
+
+@ll_dispatch.register_fake
+def _(handle_id, x, topk_idx, topk_weights, fp8, round_scale):
+    h = _handle(handle_id, low_latency=True)
+    _ll_check(h, x, "ll_dispatch")
+    return _ll_fake(h, x, topk_weights is not None, fp8)
+
+
+@torch.library.custom_op("nccl_ep::ll_redispatch", mutates_args=())
+def ll_redispatch(handle_id: int, x: torch.Tensor, topk_weights: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16 rows x [T, H] through the handle's routing as bound (tokens, weights, expert_counts, rank_counts):
+    ll_combine's gradient, and the top-k columns of EXPERT_MAJOR weight gradients."""
+    tokens, _, weights, _, _, ec, rc = _ll_send(_handle(handle_id, low_latency=True), x, topk_weights, False, False)
+    return tokens, weights, ec, rc
+
+
+@ll_redispatch.register_fake
+def _(handle_id, x, topk_weights):
+    h = _handle(handle_id, low_latency=True)
+    tokens, _, weights, _, _, ec, rc = _ll_fake(h, x, topk_weights is not None, False)
+    return tokens, weights, ec, rc
+
+
+@torch.library.custom_op("nccl_ep::ll_combine", mutates_args=())
+def ll_combine(handle_id: int, y: torch.Tensor, topk_weights: torch.Tensor | None) -> torch.Tensor:
+    h = _handle(handle_id, low_latency=True)
+    w = None if topk_weights is None else topk_weights.float().contiguous()
+    return h.group.combine(y.to(torch.bfloat16).contiguous(), h, topk_weights=w)
+
+
+@ll_combine.register_fake
+def _(handle_id, y, topk_weights):
+    h = _handle(handle_id, low_latency=True)
+    return y.new_empty((h.num_tokens, y.shape[1]), dtype=torch.bfloat16)
+
+
+def _ll_to_owner(handle_id: int, num_tokens: int, s, cols, k: int):
+    """Per-row fp32 scalars s [rows] -> [T, k] at each token's owner in the row's top-k column (EXPERT_MAJOR):
+    nccl.ep.autograd's one-hot rows of three bf16 parts, summed by the owner-weighted combine with weights 1."""
+    from .autograd import _bf16_parts, _from_bf16_parts
+
+    onehot = torch.zeros(s.shape[0], k, dtype=torch.float32, device=s.device)
+    onehot.scatter_(1, cols.unsqueeze(1), s.float().unsqueeze(1))
+    ones = torch.ones(num_tokens, k, dtype=torch.float32, device=s.device)
+    return _from_bf16_parts(torch.ops.nccl_ep.ll_combine(handle_id, _bf16_parts(onehot), ones), k)
+
+
+def _ll_columns(handle_id: int, num_tokens: int, k: int, device):
+    """Each EXPERT_MAJOR row's top-k column (0 past the counts, where the scalars are 0): the weights of a dispatch
+    of a 16-byte zero row per token whose weights are the column numbers."""
+    cols = torch.arange(k, dtype=torch.float32, device=device).expand(num_tokens, k).contiguous()
+    zeros = torch.zeros(num_tokens, 8, dtype=torch.bfloat16, device=device)
+    _, weights, _, _ = torch.ops.nccl_ep.ll_redispatch(handle_id, zeros, cols)
+    return weights.round().long().clamp(0, k - 1)
+
+
+def _ll_dispatch_setup(ctx, inputs, output):
+    handle_id, x, topk_idx, topk_weights, fp8, _ = inputs
+    h = _handle(handle_id, low_latency=True)
+    ctx.handle_id, ctx.layout, ctx.x_dtype, ctx.fp8 = handle_id, h.layout, x.dtype, fp8
+    ctx.num_tokens, ctx.k = topk_idx.shape[0], topk_idx.shape[1]
+    ctx.w_dtype = None if topk_weights is None else topk_weights.dtype
+    valid = _ll_valid(h, output[5], output[6])
+    ctx.valid = valid
+    ctx.local = (output[3] >= 0) & valid.unsqueeze(1) if h.layout == "rank_major" else None
+
+
+def _ll_dispatch_backward(ctx, grad_tokens, grad_scales, grad_weights, grad_ids, grad_src, grad_ec, grad_rc):
+    from .autograd import _bf16_parts, _from_bf16_parts
+
+    if ctx.fp8:
+        raise NotImplementedError("nccl_ep::ll_dispatch with fp8=True is not differentiable")
+    grad_x = grad_w = None
+    hid, em = ctx.handle_id, ctx.layout == "expert_major"
+    if grad_tokens is not None:
+        ones = torch.ones(ctx.num_tokens, ctx.k, dtype=torch.float32, device=grad_tokens.device) if em else None
+        grad_x = torch.ops.nccl_ep.ll_combine(hid, grad_tokens.to(torch.bfloat16), ones).to(ctx.x_dtype)
+    if grad_weights is not None and ctx.w_dtype is not None and grad_weights.numel():
+        if em:
+            s = torch.where(ctx.valid, grad_weights.float(), torch.zeros_like(grad_weights, dtype=torch.float32))
+            cols = _ll_columns(hid, ctx.num_tokens, ctx.k, grad_weights.device)
+            grad_w = _ll_to_owner(hid, ctx.num_tokens, s, cols, ctx.k)
+        else:
+            w = torch.where(ctx.local, grad_weights.float(), torch.zeros_like(grad_weights, dtype=torch.float32))
+            grad_w = _from_bf16_parts(torch.ops.nccl_ep.ll_combine(hid, _bf16_parts(w), None), ctx.k)
+        grad_w = grad_w.to(ctx.w_dtype)
+    return None, grad_x, None, grad_w, None, None
+
+
+def _ll_combine_setup(ctx, inputs, output):
+    handle_id, y, topk_weights = inputs
+    h = _handle(handle_id, low_latency=True)
+    ctx.handle_id, ctx.y_dtype, ctx.num_tokens, ctx.k = handle_id, y.dtype, h.num_tokens, h.topk
+    ctx.w = None if topk_weights is None else topk_weights.detach()
+    ctx.w_dtype = None if topk_weights is None else topk_weights.dtype
+    ctx.rows = y.detach() if topk_weights is not None else None
+
+
+def _ll_combine_backward(ctx, grad_out):
+    hid, w = ctx.handle_id, ctx.w
+    g = grad_out.to(torch.bfloat16)
+    tokens, weights, ec, rc = torch.ops.nccl_ep.ll_redispatch(hid, g, None if w is None else w.float())
+    grad_y = tokens.float() if w is None else tokens.float() * weights.unsqueeze(1)  # rows past the counts: 0
+    grad_w = None
+    if w is not None:  # d out[t] / d w[t, k] = <grad_out[t], row (t, k)>, taken where the row is
+        valid = _ll_valid(_handle(hid, low_latency=True), ec, rc)
+        dots = (tokens.float() * ctx.rows.float()).sum(dim=1)
+        dots = torch.where(valid, dots, torch.zeros_like(dots))  # y's rows past the counts may hold anything
+        cols = _ll_columns(hid, ctx.num_tokens, ctx.k, grad_out.device)
+        grad_w = _ll_to_owner(hid, ctx.num_tokens, dots, cols, ctx.k).to(ctx.w_dtype)
+    return None, grad_y.to(ctx.y_dtype), grad_w
+
+
+torch.library.register_autograd("nccl_ep::ll_dispatch", _ll_dispatch_backward, setup_context=_ll_dispatch_setup)
+torch.library.register_autograd("nccl_ep::ll_combine", _ll_combine_backward, setup_context=_ll_combine_setup)
