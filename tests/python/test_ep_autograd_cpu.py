@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import nccl.ep.autograd as epa  # noqa: E402
+from ep_mock import MockLowLatency, MockLowLatencyHandle  # noqa: E402
 
 
 def test_three_bf16_parts_give_fp32_back_exactly():
@@ -40,59 +41,15 @@ def test_what_is_not_differentiable_yet_is_refused():
         epa.combine(group, x, handle, topk_weights=w.detach())
 
 
-class _MockLowLatency:
-    """One rank of a Low-Latency group in EXPERT_MAJOR, in torch on the CPU, as nccl.ep documents it: dispatch
-    rows e * M + i (i < expert_counts[e]) hold the tokens routed to expert e in token order, each with its own
-    dispatched weight (rows past the counts: NaN, as unwritten memory may be); combine sums each token's rows in
-    fp32, weighted by the owner's topk_weights when given (else by the dispatched ones), and returns y's dtype."""
-
-    low_latency = True
-    size = 1
-
-    def __init__(self, experts, max_tokens):
-        self.local_experts, self.max_tokens_per_rank = experts, max_tokens
-        self.calls = []
-
-    def dispatch(self, x, handle, topk_weights=None):
-        idx = handle.topk_idx
-        m = self.max_tokens_per_rank
-        rows = self.local_experts * m
-        tokens = torch.full((rows, x.shape[1]), float("nan")).to(x.dtype)
-        weights = torch.full((rows,), float("nan"))
-        counts = torch.zeros(self.local_experts, dtype=torch.int32)
-        handle.rows = []
-        for e in range(self.local_experts):
-            for t in range(idx.shape[0]):
-                ks = (idx[t] == e).nonzero().flatten().tolist()
-                if ks:
-                    r = e * m + int(counts[e])
-                    tokens[r] = x[t]
-                    weights[r] = 1.0 if topk_weights is None else topk_weights[t, ks[0]]
-                    handle.rows.append((r, t, ks[0]))
-                    counts[e] += 1
-        handle.dispatched = weights
-        self.calls.append(("dispatch", x.shape[1]))
-        return types.SimpleNamespace(tokens=tokens, topk_weights=None if topk_weights is None else weights,
-                                     expert_counts=counts, rank_counts=torch.tensor([idx.shape[0]]), topk_idx=None)
-
-    def combine(self, y, handle, topk_weights=None):
-        out = torch.zeros(handle.num_tokens, y.shape[1])
-        for r, t, k in handle.rows:
-            out[t] += (handle.dispatched[r] if topk_weights is None else topk_weights[t, k]) * y[r].float()
-        self.calls.append(("combine", y.shape[1]))
-        return out.to(y.dtype)
-
-
 def _routing(tokens, k, experts, seed):
     gen = torch.Generator().manual_seed(seed)
     return torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
 
 
 def _mock(tokens=6, k=3, experts=5, max_tokens=8, seed=3):
-    group = _MockLowLatency(experts, max_tokens)
+    group = MockLowLatency(experts, max_tokens)
     idx = _routing(tokens, k, experts, seed)
-    handle = types.SimpleNamespace(layout="expert_major", topk_idx=idx, num_tokens=tokens)
-    return group, handle, idx
+    return group, MockLowLatencyHandle(group, idx), idx
 
 
 def test_expert_major_row_scalars_reach_their_owner_column_exactly():

@@ -1,13 +1,12 @@
 """nccl.ep.ops on the CPU: the custom ops' schemas, the handle registry's refusals, and tracing through the fake
 implementations (shapes from the registered handle), forward and backward, as torch.compile would see them."""
 
-import types
-
 import pytest
 
 torch = pytest.importorskip("torch")
 import nccl.ep as ep  # noqa: E402
 import nccl.ep.ops as epops  # noqa: E402
+from ep_mock import MockLowLatency, MockLowLatencyHandle  # noqa: E402
 
 
 class _FakeGroup:
@@ -94,69 +93,15 @@ def test_the_backward_graph_is_a_combine_and_a_dispatch(hid):
 
 
 # -- Low-Latency ops ------------------------------------------------------------------------------------------------
-class _MockLowLatency:
-    """One rank of a Low-Latency group in EXPERT_MAJOR, in torch on the CPU, as nccl.ep documents it (see
-    test_ep_autograd_cpu.py): rows e * M + i in token order, rows past the counts NaN; combine sums in fp32, owner-
-    weighted when weights are given, and returns bf16."""
-
-    low_latency, size = True, 1
-
-    def __init__(self, experts, max_tokens):
-        self.local_experts, self.max_tokens_per_rank = experts, max_tokens
-        self.calls = []
-
-    def dispatch(self, x, handle, topk_weights=None, out_dtype=None, round_scale=False):
-        idx, m = handle.topk_idx, self.max_tokens_per_rank
-        tokens = torch.full((self.local_experts * m, x.shape[1]), float("nan")).to(x.dtype)
-        weights = torch.full((self.local_experts * m,), float("nan"))
-        counts = torch.zeros(self.local_experts, dtype=torch.int32)
-        handle.rows = []
-        for e in range(self.local_experts):
-            for t in range(idx.shape[0]):
-                ks = (idx[t] == e).nonzero().flatten().tolist()
-                if ks:
-                    r = e * m + int(counts[e])
-                    tokens[r], weights[r] = x[t], 1.0 if topk_weights is None else topk_weights[t, ks[0]]
-                    handle.rows.append((r, t, ks[0]))
-                    counts[e] += 1
-        handle.dispatched = weights
-        self.calls.append(("dispatch", x.shape[1]))
-        return types.SimpleNamespace(tokens=tokens, topk_weights=None if topk_weights is None else weights,
-                                     expert_counts=counts, rank_counts=torch.tensor([idx.shape[0]], dtype=torch.int32),
-                                     topk_idx=None, scales=None,
-                                     src_info=torch.zeros(self.local_experts * m, dtype=torch.int32))
-
-    def combine(self, y, handle, topk_weights=None):
-        out = torch.zeros(handle.num_tokens, y.shape[1])
-        for r, t, k in handle.rows:
-            out[t] += (handle.dispatched[r] if topk_weights is None else topk_weights[t, k]) * y[r].float()
-        self.calls.append(("combine", y.shape[1]))
-        return out.to(torch.bfloat16)
-
-
-class _MockLowLatencyHandle:
-    low_latency, layout, sizing = True, "expert_major", "worst_case"
-
-    def __init__(self, group, topk_idx):
-        self.group = group
-        self.update(topk_idx)
-
-    def update(self, topk_idx, stream=None):
-        self.topk_idx, self.num_tokens, self.topk = topk_idx, topk_idx.shape[0], topk_idx.shape[1]
-
-    def output_rows(self):
-        return self.group.local_experts * self.group.size * self.group.max_tokens_per_rank
-
-
 def test_low_latency_ops_schemas_shapes_and_refusals():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     assert ("handle_id, Tensor x, Tensor topk_idx, Tensor? topk_weights, bool fp8, bool round_scale) -> (Tensor, "
             "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)") in str(torch.ops.nccl_ep.ll_dispatch.default._schema)
     assert "handle_id, Tensor y, Tensor? topk_weights) -> Tensor" in str(torch.ops.nccl_ep.ll_combine.default._schema)
-    group = _MockLowLatency(5, 8)
+    group = MockLowLatency(5, 8)
     idx = torch.stack([torch.randperm(5)[:3] for _ in range(6)])
-    hid = epops.register(_MockLowLatencyHandle(group, idx))
+    hid = epops.register(MockLowLatencyHandle(group, idx))
     ht = epops.register(_FakeHandle())
     few = idx[:5].clone()
     try:
@@ -186,8 +131,8 @@ def test_low_latency_ops_gradients_match_a_dense_reference():
     tokens, k, experts, hidden = 6, 3, 5, 32
     gen = torch.Generator().manual_seed(21)
     idx = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
-    group = _MockLowLatency(experts, 8)
-    hid = epops.register(_MockLowLatencyHandle(group, idx))
+    group = MockLowLatency(experts, 8)
+    hid = epops.register(MockLowLatencyHandle(group, idx))
     try:
         mats = torch.randn(experts, hidden, hidden, generator=gen) / hidden ** 0.5
         x0, probe = torch.randn(tokens, hidden, generator=gen), torch.randn(tokens, hidden, generator=gen)
@@ -213,9 +158,9 @@ def test_low_latency_ops_gradients_match_a_dense_reference():
 def test_low_latency_backward_graph_traces_through_the_fake_implementations():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    group = _MockLowLatency(5, 8)
+    group = MockLowLatency(5, 8)
     idx = torch.stack([torch.randperm(5)[:3] for _ in range(6)])
-    hid = epops.register(_MockLowLatencyHandle(group, idx))
+    hid = epops.register(MockLowLatencyHandle(group, idx))
     try:
         def step(x, idx, w, v):
             recv, _, rw, _, _, _, _ = torch.ops.nccl_ep.ll_dispatch(hid, x, idx, w, False, False)
