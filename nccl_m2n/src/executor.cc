@@ -496,6 +496,9 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), stream));
   NCCLEXT_CHECK(connectPeers(plan.get(), stream));
   NCCLEXT_CHECK(ncclext::waitStream(stream, o.timeoutSeconds, "ncclM2nPlanCreate (uploading the tables)"));
+  // Virtual ranks: no rank launches an execute's barrier before every rank is done with the calls above, some of
+  // which (cudaHostAlloc, cudaMalloc) may wait for all work on the GPU, a peer's spinning barrier included.
+  if (plan->domain && plan->domain->isVirtual()) NCCLEXT_CHECK(plan->domain->barrier());
   plan->created = true;
   *out = plan.release();
   return ncclSuccess;

@@ -293,9 +293,11 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, const Options& o, uint64_t 
         for (int k = 0; k < 3 && ok; k++) {
           bytes[k] = host[k].size();
           if (bytes[k] == 0) continue;
-          ok = cudaMalloc(&dev[k], bytes[k]) == cudaSuccess &&
-               (k == 0 ? cudaMemcpy(dev[k], host[0].data(), bytes[k], cudaMemcpyHostToDevice)
-                       : cudaMemset(dev[k], 0xff, bytes[k])) == cudaSuccess;
+          // Stream-ordered: the execute on ctx.stream must see them, and (virtual ranks) an allocation that waits
+          // for the GPU would wait for the other ranks' barriers, which wait for this rank.
+          ok = cudaMallocAsync(&dev[k], bytes[k], ctx.stream) == cudaSuccess &&
+               (k == 0 ? cudaMemcpyAsync(dev[k], host[0].data(), bytes[k], cudaMemcpyHostToDevice, ctx.stream)
+                       : cudaMemsetAsync(dev[k], 0xff, bytes[k], ctx.stream)) == cudaSuccess;
         }
         const void* srcPtrs[2] = {dev[0], nullptr};
         void* dstPtrs[2] = {dev[1], dev[2]};
