@@ -58,3 +58,54 @@ class MockLowLatencyHandle:
 
     def output_rows(self):
         return self.group.local_experts * self.group.size * self.group.max_tokens_per_rank
+
+
+class MockHighThroughput:
+    """One rank of a High-Throughput group in EXPERT_MAJOR with exact sizing: each local expert's zone holds the
+    tokens routed to it in token order, padded to `alignment` rows (pads: NaN tokens, weight 0); the handle's
+    expert_counts / expert_offsets give the zones; combine weights each row with the last dispatch's weights and
+    sums a token's rows in fp32, returning y's dtype."""
+
+    low_latency, size = False, 1
+
+    def __init__(self, experts, alignment=4):
+        self.local_experts, self.alignment = experts, alignment
+        self.calls = []
+
+    def dispatch(self, x, handle, topk_weights=None):
+        idx, a = handle.topk_idx, self.alignment
+        zones = [[(t, (idx[t] == e).nonzero().flatten().tolist()[0]) for t in range(idx.shape[0]) if (idx[t] == e).any()]
+                 for e in range(self.local_experts)]
+        starts, at = [], 0
+        for z in zones:
+            starts.append(at)
+            at += -(-len(z) // a) * a
+        tokens = torch.full((at, x.shape[1]), float("nan")).to(x.dtype)
+        weights = torch.zeros(at)
+        handle.rows = []
+        for e, z in enumerate(zones):
+            for i, (t, k) in enumerate(z):
+                r = starts[e] + i
+                tokens[r], weights[r] = x[t], 1.0 if topk_weights is None else topk_weights[t, k]
+                handle.rows.append((r, t, k))
+        handle.expert_counts = torch.tensor([len(z) for z in zones], dtype=torch.int32)
+        handle.expert_offsets = torch.tensor(starts, dtype=torch.int32)
+        handle.dispatched = weights
+        self.calls.append(("dispatch", x.shape[1]))
+        return types.SimpleNamespace(tokens=tokens, topk_weights=None if topk_weights is None else weights,
+                                     topk_idx=None, expert_counts=handle.expert_counts)
+
+    def combine(self, y, handle, topk_weights=None):
+        assert topk_weights is None, "High-Throughput combine takes no owner weights"
+        out = torch.zeros(handle.num_tokens, y.shape[1])
+        for r, t, k in handle.rows:
+            out[t] += handle.dispatched[r] * y[r].float()
+        self.calls.append(("combine", y.shape[1]))
+        return out.to(y.dtype)
+
+
+class MockHighThroughputHandle:
+    low_latency, layout, sizing = False, "expert_major", "exact"
+
+    def __init__(self, group, topk_idx):
+        self.group, self.topk_idx, self.num_tokens, self.topk = group, topk_idx, topk_idx.shape[0], topk_idx.shape[1]

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import nccl.ep.autograd as epa  # noqa: E402
-from ep_mock import MockLowLatency, MockLowLatencyHandle  # noqa: E402
+from ep_mock import MockHighThroughput, MockHighThroughputHandle, MockLowLatency, MockLowLatencyHandle  # noqa: E402,E501
 
 
 def test_three_bf16_parts_give_fp32_back_exactly():
@@ -27,15 +27,12 @@ def _fake(layout, low_latency=True):
     return group, types.SimpleNamespace(layout=layout, topk_idx=None)
 
 
-def test_what_is_not_differentiable_yet_is_refused():
+def test_combines_without_the_weights_they_need_are_refused():
     x = torch.zeros(4, 8)
     w = torch.ones(4, 2, requires_grad=True)
     group, handle = _fake("expert_major")
-    with pytest.raises(NotImplementedError, match="owner's topk_weights"):
+    with pytest.raises(NotImplementedError, match="top-k weights it applies"):
         epa.combine(group, x, handle)
-    group, handle = _fake("expert_major", low_latency=False)
-    with pytest.raises(NotImplementedError, match="High-Throughput EXPERT_MAJOR"):
-        epa.dispatch(group, x, None, w.detach(), handle=handle)
     group, handle = _fake("rank_major")
     with pytest.raises(NotImplementedError, match="topk_weights are for EXPERT_MAJOR"):
         epa.combine(group, x, handle, topk_weights=w.detach())
@@ -101,3 +98,34 @@ def test_expert_major_gradients_match_a_dense_reference():
     assert group.calls == [("dispatch", hidden), ("combine", hidden),
                            ("dispatch", hidden), ("dispatch", 8), ("combine", 16),
                            ("combine", hidden), ("dispatch", 8), ("combine", 16)], group.calls
+
+
+def test_high_throughput_expert_major_gradients_match_a_dense_reference():
+    # dispatch(x, w) -> each row times its expert's matrix -> combine, which weights the rows with the dispatched
+    # weights (so combine gets that tensor): gradients of x and w against the dense computation; zone pads (NaN in
+    # the model) must not reach them.
+    tokens, k, experts, hidden = 7, 3, 5, 32
+    group = MockHighThroughput(experts, alignment=4)
+    idx = _routing(tokens, k, experts, 13)
+    handle = MockHighThroughputHandle(group, idx)
+    gen = torch.Generator().manual_seed(17)
+    mats = torch.randn(experts, hidden, hidden, generator=gen) / hidden ** 0.5
+    x0, probe = torch.randn(tokens, hidden, generator=gen), torch.randn(tokens, hidden, generator=gen)
+    w0 = torch.rand(tokens, k, generator=gen) + 0.5
+
+    x, w, m = x0.clone().requires_grad_(), w0.clone().requires_grad_(), mats.clone().requires_grad_()
+    recv_x, recv_w, _ = epa.dispatch(group, x, idx, w, handle=handle)
+    zone = torch.searchsorted(handle.expert_offsets.long(), torch.arange(recv_x.shape[0]), right=True) - 1
+    y = torch.einsum("rh,rhg->rg", recv_x, m[zone]) * recv_w.unsqueeze(1)  # the expert also uses its weight
+    out = epa.combine(group, y, handle, topk_weights=w)
+    (out * probe).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (x, w, m))  # the pads' NaN reached nothing
+
+    xr, wr, mr = x0.clone().requires_grad_(), w0.clone().requires_grad_(), mats.clone().requires_grad_()
+    rows = torch.einsum("th,tkhg->tkg", xr, mr[idx]) * wr.unsqueeze(2)
+    ((wr.unsqueeze(2) * rows).sum(dim=1) * probe).sum().backward()
+    torch.testing.assert_close(out, (wr.unsqueeze(2) * rows).sum(dim=1).detach(), rtol=1e-5, atol=1e-5)
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (m.grad, mr.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(NotImplementedError, match="top-k weights it applies"):
+        epa.combine(group, y, handle)

@@ -20,8 +20,11 @@ Layouts:
   is). A row's scalar reaches its owner in its top-k column: the expert side learns each row's column from one
   more dispatch (of a 16-byte row per token whose weights are the column numbers), places the scalar there as three
   bf16 parts, and the owner-weighted combine with weights 1 sums a token's rows, whose columns are apart: exact.
-  That costs one dispatch and one combine of narrow rows per differentiated weight tensor. High-Throughput
-  EXPERT_MAJOR is not differentiable yet (NotImplementedError).
+  That costs one dispatch and one combine of narrow rows per differentiated weight tensor.
+- EXPERT_MAJOR (High-Throughput): as Low-Latency's, where combine weights each row with the dispatched weights (the
+  last dispatch's on the handle): `combine(group, y, handle, topk_weights=w)` takes that tensor so that its
+  gradient flows, and each unweighted sum of the backward (x's gradient, the scalars' return) follows a narrow
+  dispatch with weights 1 (one more narrow dispatch each).
 
 The handle (nccl.ep.Handle) stays alive for the backward pass; close it after backward."""
 
@@ -49,28 +52,46 @@ def _from_bf16_parts(parts, k):
     return p[:, :k] + p[:, k:2 * k] + p[:, 2 * k:3 * k]
 
 
+def _narrow_dispatch(group: Group, handle: Handle, weights):
+    """A dispatch of a zero row of 16 bytes per token with these top-k weights [T, k] (what EXPERT_MAJOR outputs
+    learn from it: each row's weight)."""
+    zeros = torch.zeros(handle.num_tokens, 8, dtype=torch.bfloat16, device=weights.device)
+    return group.dispatch(zeros, handle=handle, topk_weights=weights.contiguous())
+
+
 def _em_columns(group: Group, handle: Handle, k: int, device):
-    """Low-Latency EXPERT_MAJOR: each received row's top-k column (int64 [rows], -1 past the counts), from a
-    dispatch of a zero row of 16 bytes per token whose weights are the column numbers (a token names each expert
-    at most once, so a row's (token, expert) has one column)."""
-    t = handle.num_tokens
-    cols = torch.arange(k, dtype=torch.float32, device=device).expand(t, k).contiguous()
-    recv = group.dispatch(torch.zeros(t, 8, dtype=torch.bfloat16, device=device), handle=handle, topk_weights=cols)
-    valid = _valid_rows(group, handle.layout, recv)
-    col = recv.topk_weights.float().round().long()
-    return torch.where(valid & (col >= 0) & (col < k), col, torch.full_like(col, -1))
+    """EXPERT_MAJOR: each received row's top-k column (int64 [rows]; -1 on pads and, Low-Latency, past the counts),
+    from a narrow dispatch whose weights are the column numbers + 1 (a token names each expert at most once, so a
+    row's (token, expert) has one column; pads carry weight 0)."""
+    cols = torch.arange(1, k + 1, dtype=torch.float32, device=device).expand(handle.num_tokens, k)
+    recv = _narrow_dispatch(group, handle, cols)
+    col = recv.topk_weights.float().round().long() - 1
+    ok = (col >= 0) & (col < k)
+    if group.low_latency:
+        ok &= _valid_rows(group, handle.layout, recv)
+    return torch.where(ok, col, torch.full_like(col, -1))
+
+
+def _unweighted_combine(group: Group, handle: Handle, y, k: int):
+    """EXPERT_MAJOR: each token's rows y summed (fp32, y's dtype). Low-Latency: the owner-weighted combine with
+    weights 1; High-Throughput, whose EXPERT_MAJOR combine weights the rows with the last dispatch's weights: after
+    a narrow dispatch with weights 1."""
+    ones = torch.ones(handle.num_tokens, k, dtype=torch.float32, device=y.device)
+    if group.low_latency:
+        return group.combine(y.contiguous(), handle, topk_weights=ones)
+    _narrow_dispatch(group, handle, ones)
+    return group.combine(y.contiguous(), handle)
 
 
 def _em_to_owner(group: Group, handle: Handle, s, cols, k: int):
-    """Per-row fp32 scalars s [rows] of a Low-Latency EXPERT_MAJOR output -> [T, k] fp32 at each token's owner,
-    each in its row's top-k column `cols` (-1: no row, dropped): one-hot rows of three bf16 parts (exact) summed by
-    the owner-weighted combine with weights 1."""
+    """Per-row fp32 scalars s [rows] of an EXPERT_MAJOR output -> [T, k] fp32 at each token's owner, each in its
+    row's top-k column `cols` (-1: no row, dropped): one-hot rows of three bf16 parts (exact), summed unweighted (a
+    token's rows have their columns apart)."""
     ok = cols >= 0
     onehot = torch.zeros(s.shape[0], k, dtype=torch.float32, device=s.device)
     vals = torch.where(ok, s.float(), torch.zeros_like(s, dtype=torch.float32))
     onehot.scatter_(1, cols.clamp(min=0).unsqueeze(1), vals.unsqueeze(1))
-    ones = torch.ones(handle.num_tokens, k, dtype=torch.float32, device=s.device)
-    return _from_bf16_parts(group.combine(_bf16_parts(onehot), handle, topk_weights=ones), k)
+    return _from_bf16_parts(_unweighted_combine(group, handle, _bf16_parts(onehot), k), k)
 
 
 def _valid_rows(group: Group, layout: str, recv):
@@ -81,6 +102,20 @@ def _valid_rows(group: Group, layout: str, recv):
     else:  # row e * R * M + i: row i of zone e
         counts, width = recv.expert_counts, group.size * group.max_tokens_per_rank
     return (torch.arange(width, device=counts.device).unsqueeze(0) < counts.unsqueeze(1)).flatten()
+
+
+def _data_rows(group: Group, handle: Handle, recv):
+    """Which rows of a dispatch output hold data (None: all of them): Low-Latency, those within the counts
+    (_valid_rows); High-Throughput EXPERT_MAJOR, those within each expert's zone count (the zone's alignment pads,
+    and with worst-case sizing the rows past the last zone, are left as they were)."""
+    if group.low_latency:
+        return _valid_rows(group, handle.layout, recv)
+    if handle.layout != "expert_major":
+        return None
+    r = torch.arange(recv.tokens.shape[0], device=recv.tokens.device)
+    starts, counts = handle.expert_offsets.long(), handle.expert_counts.long()
+    e = (torch.searchsorted(starts, r, right=True) - 1).clamp(min=0)
+    return (r >= starts[e]) & (r < starts[e] + counts[e])
 
 
 class _Dispatch(torch.autograd.Function):
@@ -94,9 +129,8 @@ class _Dispatch(torch.autograd.Function):
         tokens, weights, local = recv.tokens, recv.topk_weights, None
         if recv.topk_idx is not None:
             local = recv.topk_idx >= 0
-        valid = None
-        if low_latency:
-            valid = _valid_rows(group, handle.layout, recv)
+        valid = _data_rows(group, handle, recv)
+        if valid is not None:
             tokens = torch.where(valid.unsqueeze(1), tokens, torch.zeros_like(tokens))
             shape = (-1,) + (1,) * (weights.dim() - 1)
             weights = torch.where(valid.view(shape), weights, torch.zeros_like(weights))
@@ -112,9 +146,9 @@ class _Dispatch(torch.autograd.Function):
         grad_x = grad_w = None
         group, handle = ctx.group, ctx.handle
         if ctx.needs_input_grad[0] and grad_tokens is not None:
-            if ctx.layout == "expert_major":  # the token's expert rows, summed (owner weights 1)
-                ones = torch.ones(handle.num_tokens, ctx.k, dtype=torch.float32, device=grad_tokens.device)
-                grad_x = group.combine(grad_tokens.to(torch.bfloat16).contiguous(), handle, topk_weights=ones)
+            if ctx.layout == "expert_major":  # the token's expert rows, summed
+                dt = torch.bfloat16 if group.low_latency else ctx.x_dtype
+                grad_x = _unweighted_combine(group, handle, grad_tokens.to(dt), ctx.k)
             elif group.low_latency:
                 grad_x = group.combine(grad_tokens.to(torch.bfloat16).contiguous(), handle)
             else:
@@ -122,7 +156,9 @@ class _Dispatch(torch.autograd.Function):
             grad_x = grad_x.to(ctx.x_dtype)
         if ctx.needs_input_grad[1] and grad_weights is not None:
             if ctx.layout == "expert_major":  # row r's weight came from its token's column cols[r]
-                s = torch.where(ctx.valid, grad_weights.float(), torch.zeros_like(grad_weights, dtype=torch.float32))
+                s = grad_weights.float()
+                if ctx.valid is not None:
+                    s = torch.where(ctx.valid, s, torch.zeros_like(s))
                 cols = _em_columns(group, handle, ctx.k, grad_weights.device)
                 grad_w = _em_to_owner(group, handle, s, cols, ctx.k).to(ctx.w_dtype)
             elif group.low_latency:
@@ -144,6 +180,8 @@ class _Combine(torch.autograd.Function):
             return group.combine(y.contiguous(), handle)
         ctx.w_dtype, ctx.k = topk_weights.dtype, topk_weights.shape[1]
         ctx.rows = y if ctx.needs_input_grad[1] else None  # the weights' gradient takes dot products with them
+        if not group.low_latency:  # High-Throughput EXPERT_MAJOR: weighted by the dispatch's (the same) weights
+            return group.combine(y.contiguous(), handle)
         return group.combine(y.contiguous(), handle, topk_weights=topk_weights.float().contiguous())
 
     @staticmethod
@@ -156,14 +194,14 @@ class _Combine(torch.autograd.Function):
         else:  # each (token, expert) row: the token's output gradient times that row's owner weight
             recv = group.dispatch(g, handle=handle, topk_weights=w.float().contiguous())
             grad_y = recv.tokens.float() * recv.topk_weights.unsqueeze(1)
-        valid = None
-        if group.low_latency:
-            valid = _valid_rows(group, handle.layout, recv)
+        valid = _data_rows(group, handle, recv)
+        if valid is not None:
             grad_y = torch.where(valid.unsqueeze(1), grad_y, torch.zeros_like(grad_y))
         grad_w = None
         if w is not None and ctx.rows is not None:  # d out[t] / d w[t, k] = <grad_out[t], row (t, k)>
             dots = (recv.tokens.float() * ctx.rows.float()).sum(dim=1)
-            dots = torch.where(valid, dots, torch.zeros_like(dots))
+            if valid is not None:
+                dots = torch.where(valid, dots, torch.zeros_like(dots))
             cols = _em_columns(group, handle, ctx.k, grad_out.device)
             grad_w = _em_to_owner(group, handle, dots, cols, ctx.k).to(ctx.w_dtype)
         return grad_y.to(ctx.y_dtype), grad_w, None, None
@@ -181,9 +219,6 @@ def dispatch(group: Group, x, topk_idx, topk_weights, handle: Handle | None = No
         handle = group.create_handle(topk_idx, layout=layout, sizing=sizing)
     elif topk_idx is not None and topk_idx is not handle.topk_idx:
         handle.update(topk_idx)
-    if not group.low_latency and handle.layout != "flat":
-        raise NotImplementedError("nccl.ep.autograd: High-Throughput %s is not differentiable yet (FLAT is)"
-                                  % handle.layout.upper())
     if topk_weights is None:
         topk_weights = torch.ones(topk_idx.shape, dtype=torch.float32, device=x.device)
     recv_x, recv_w = _Dispatch.apply(x, topk_weights, group, handle)
@@ -192,12 +227,14 @@ def dispatch(group: Group, x, topk_idx, topk_weights, handle: Handle | None = No
 
 def combine(group: Group, y, handle: Handle, topk_weights=None):
     """[T, H], differentiable in y: FLAT and RANK_MAJOR each token's rows summed over the ranks it went to;
-    EXPERT_MAJOR (Low-Latency) each token's expert rows weighted by the owner's `topk_weights` [T, K] (required
-    there; differentiable too) and summed."""
+    EXPERT_MAJOR each token's expert rows weighted by `topk_weights` [T, K] (required there; differentiable too) and
+    summed: Low-Latency, the owner's (DeepEP's low_latency_combine); High-Throughput, whose combine weights the rows
+    with the dispatched weights, the very tensor given to dispatch (the combine must follow that dispatch on the
+    handle, with no other dispatch between)."""
     if handle.layout == "expert_major":
         if topk_weights is None:
-            raise NotImplementedError("nccl.ep.autograd.combine: EXPERT_MAJOR takes the owner's topk_weights (the "
-                                      "dispatched-weights path is not differentiable yet)")
+            raise NotImplementedError("nccl.ep.autograd.combine: EXPERT_MAJOR takes the top-k weights it applies (Low-"
+                                      "Latency: the owner's; High-Throughput: the dispatched ones)")
     elif topk_weights is not None:
         raise NotImplementedError("nccl.ep.autograd.combine: topk_weights are for EXPERT_MAJOR; FLAT and "
                                   "RANK_MAJOR rows come already weighted by the caller")
