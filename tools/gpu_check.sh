@@ -37,7 +37,7 @@ RUNS=(
   "m2n_dead_peer|$BUILDDIR/bin/m2n_exec_test --dead-peer --timeout-s 3 --nranks NRANKS --json JSON|2|nodes virtual"
   # The M2N benchmark (single tensors over layout pairs, beside the copy engine or NCCL send/recv of the same bytes
   # in the same run; docs/PERFORMANCE.md). Every destination element is checked once per case.
-  "m2n_bench|$BUILDDIR/bin/m2n_bench --nranks NRANKS --max-mib 512 --json JSON|1|nodes virtual"
+  "m2n_bench|$BUILDDIR/bin/m2n_bench --nranks NRANKS --max-mib 256 --json JSON|1|nodes virtual"
 )
 # The Python package's GPU tests (1 rank; several ranks on one GPU need EP across domains), on the build tree's
 # libraries and python/ (make test-python tests the wheel itself, on any machine).

@@ -99,7 +99,7 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
                        int64_t k, std::vector<MoveSegment>* segs, int64_t* elements) {
     for (const WireStream& w : streams) {
       if (k >= w.chunks(s.chunkBytes)) continue;
-      const int64_t slot = w.slotOffset + (k % 2) * s.chunkBytes;
+      const int64_t slot = w.slotOffset + (k % 2) * w.slotBytes;
       const uint32_t where = !w.lsa ? kStageLocal : (uint32_t)(send ? s.lsaRank : w.lsaPeer);
       for (const Segment& g : chunkSegments(p, list, w, s.chunkBytes, k)) {
         segs->push_back({g.transfer, where, g.firstElement, g.elements, slot + g.chunkOffset});

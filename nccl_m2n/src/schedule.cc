@@ -112,23 +112,30 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
     if (s.lsaSize > 1) s.lsaBytes = 2 * s.chunkBytes * s.lsaSize;
   }
   int64_t at = 0;
+  // A stream by ncclSend / ncclRecv: two slots of a chunk, or one of its own length (both sides see the same length).
+  auto place = [&](WireStream& w) {
+    const bool one = w.chunks(s.chunkBytes) <= 1;
+    w.slotBytes = one ? alignUp(w.bytes, kStreamAlign) : s.chunkBytes;
+    w.slotOffset = at;
+    at += (one ? 1 : 2) * w.slotBytes;
+  };
   for (WireStream& w : s.sends) {
     if (w.lsa) {  // my window's slots for that peer
       w.lsaPeer = lsaIndex[w.peer];
       w.slotOffset = 2 * s.chunkBytes * w.lsaPeer;
+      w.slotBytes = s.chunkBytes;
       continue;
     }
-    w.slotOffset = at;
-    at += 2 * s.chunkBytes;
+    place(w);
   }
   for (WireStream& w : s.recvs) {
     if (w.lsa) {  // the sender's window's slots for me
       w.lsaPeer = lsaIndex[w.peer];
       w.slotOffset = 2 * s.chunkBytes * s.lsaRank;
+      w.slotBytes = s.chunkBytes;
       continue;
     }
-    w.slotOffset = at;
-    at += 2 * s.chunkBytes;
+    place(w);
   }
   s.stagingBytes = at;
   if (at + s.lsaBytes > o.stagingCapBytes) {  // cannot happen with chunkBytesFor's split; kept as the promise's check

@@ -13,7 +13,8 @@
 // filling one slot while the receiver drains the other.
 //
 // Staging. Rank r's staging holds two slots of chunkBytes for each stream it sends by ncclSend (it packs there) and
-// two for each stream it receives by ncclRecv (it lands there), laid out in that order, peers ascending. With LSA
+// two for each stream it receives by ncclRecv (it lands there), laid out in that order, peers ascending; a stream
+// of one chunk has one slot of its own length instead. With LSA
 // (ScheduleOptions::lsa), a stream between two ranks of one NVLink domain has no such slots: the sender packs into
 // its symmetric window, where the slots of its stream to the peer of domain index i sit at i * 2 * chunkBytes (the
 // same layout on every rank, so that the receiver finds them without asking), and the receiver unpacks from the
@@ -38,7 +39,9 @@ constexpr int64_t kStreamAlign = 16;  // bytes: 16-byte vectors in pack/unpack, 
 
 struct ScheduleOptions {
   int64_t stagingCapBytes = 256ll << 20;  // the rank's staging window may not exceed this
-  int64_t maxChunkBytes = 4ll << 20;      // chunks stop growing here (more chunks pipeline better)
+  int64_t maxChunkBytes = 64ll << 20;     // chunks stop growing here. The rounds run one after another (pack,
+                                          // exchange, unpack), so fewer, larger chunks cost fewer rounds; a stream
+                                          // shorter than a chunk gets slots of its own length
   bool lsa = true;                        // false: every stream goes by ncclSend/ncclRecv (receive slots for all)
   bool direct = false;                    // true: contiguous transfers between domains (or, without lsa, any)
                                           // go straight between the tensors
@@ -59,6 +62,8 @@ struct WireStream {
   int64_t bytes = 0;         // the stream's length (the last item's end)
   int64_t slotOffset = -1;   // slot 0's bytes from the start of its area (slot 1 follows): the rank's staging, or
                              // with lsa the sender's window slots (a receive stream: the sender's, at my index)
+  int64_t slotBytes = 0;     // each slot: chunkBytes; a stream of one chunk by ncclSend/ncclRecv has one slot of
+                             // its own length (rounded up to kStreamAlign), the same on both sides
   std::vector<StreamItem> items;
   int64_t chunks(int64_t chunkBytes) const { return (bytes + chunkBytes - 1) / chunkBytes; }
 };

@@ -473,10 +473,11 @@ TEST(ExecTablesProperty, BrokenTablesAreCaught) {
 }
 
 TEST(Schedule, ChunkSizeIsTheSameOnEveryRankAndFitsTheCap) {
-  ScheduleOptions o;  // 256 MiB, chunks up to 4 MiB
+  ScheduleOptions o;  // 256 MiB, chunks up to 64 MiB
   std::string why;
-  EXPECT_EQ(chunkBytesFor(2, o, &why), 4ll << 20);
-  EXPECT_EQ(chunkBytesFor(1, o, &why), 4ll << 20);
+  EXPECT_EQ(chunkBytesFor(2, o, &why), 64ll << 20);
+  EXPECT_EQ(chunkBytesFor(1, o, &why), 64ll << 20);
+  EXPECT_EQ(chunkBytesFor(8, o, &why), (256ll << 20) / 28 / kStreamAlign * kStreamAlign);
   const int64_t c = chunkBytesFor(1024, o, &why);  // 4 slots per peer, 1023 peers
   EXPECT_EQ(c % kStreamAlign, 0);
   EXPECT_LE(c * 4 * 1023, o.stagingCapBytes);

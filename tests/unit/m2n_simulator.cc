@@ -159,15 +159,21 @@ SimulationResult run(const Problem& p, const std::vector<RankPlan>& plans, const
     if (in->bytes != out.bytes || rs.chunkBytes != rd.chunkBytes)
       return error("wire " + pair + ": the two sides' streams differ in length or chunking");
     if (in->lsa != out.lsa) return error("wire " + pair + ": one side goes over LSA, the other not");
+    // The slots a stream uses: two, or one for a stream of one chunk; each must hold a chunk of the stream.
+    auto span = [&](const WireStream& w, int64_t chunk) {
+      return (w.chunks(chunk) > 1 ? 2 : 1) * w.slotBytes;
+    };
+    if (out.slotBytes < std::min(rs.chunkBytes, out.bytes) || in->slotBytes < std::min(rd.chunkBytes, in->bytes))
+      return error("wire " + pair + ": a slot shorter than the chunks it holds");
     if (out.lsa) {  // the receiver reads the sender's window where its own schedule says the slots are
-      if (out.slotOffset < 0 || out.slotOffset + 2 * rs.chunkBytes > rs.lsaBytes)
+      if (out.slotOffset < 0 || out.slotOffset + span(out, rs.chunkBytes) > rs.lsaBytes)
         return error("wire " + pair + ": the send slots lie outside the sender's window");
       if (in->slotOffset != out.slotOffset || rs.lsaBytes != rd.lsaBytes)
         return error("wire " + pair + ": the receiver looks for the slots elsewhere in the sender's window");
     } else {
-      if (out.slotOffset < 0 || out.slotOffset + 2 * rs.chunkBytes > rs.stagingBytes)
+      if (out.slotOffset < 0 || out.slotOffset + span(out, rs.chunkBytes) > rs.stagingBytes)
         return error("wire " + pair + ": the send slots lie outside the sender's staging");
-      if (in->slotOffset < 0 || in->slotOffset + 2 * rd.chunkBytes > rd.stagingBytes)
+      if (in->slotOffset < 0 || in->slotOffset + span(*in, rd.chunkBytes) > rd.stagingBytes)
         return error("wire " + pair + ": the receive slots lie outside the receiver's staging");
     }
     std::vector<uint64_t> stage(rs.chunkBytes);
