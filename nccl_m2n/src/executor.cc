@@ -459,6 +459,15 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   RankSchedule sched;
   std::string why;
   NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
+  if (plan->domain) {  // the LSA window sized by the domain's longest LSA stream, when shorter than a chunk
+    std::vector<int64_t> longest(plan->domain->topo().domainSize);
+    NCCLEXT_CHECK(plan->domain->allGather(&sched.lsaStreamMax, sizeof(int64_t), longest.data()));
+    const int64_t m = *std::max_element(longest.begin(), longest.end());
+    if (m > 0 && m < sched.chunkBytes) {
+      so.lsaSlotBytes = m;
+      NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
+    }
+  }
   NCCLEXT_ARG(buildExecTables(p, rp, sched, &plan->tables, &why), "ncclM2nPlanCreate: %s", why.c_str());
   plan->copySegs = copySegments(plan->tables.copies, kCopySegmentElements);
   plan->nTensors = (int)p.tensors.size();

@@ -109,8 +109,22 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
     for (int r = 0; r < p.nRanks; r++)
       if (p.options.domainOf(r) == mine) lsaIndex[r] = s.lsaSize++;
     s.lsaRank = lsaIndex[plan.rank];
-    if (s.lsaSize > 1) s.lsaBytes = 2 * s.chunkBytes * s.lsaSize;
   }
+  // LSA slots: a chunk each, two per domain rank; or, when the domain agreed that its longest LSA stream fits in
+  // less than a chunk (lsaSlotBytes), one of that size per domain rank.
+  for (const auto* list : {&s.sends, &s.recvs})
+    for (const WireStream& w : *list)
+      if (w.lsa) s.lsaStreamMax = std::max(s.lsaStreamMax, alignUp(w.bytes, kStreamAlign));
+  const int64_t lsaSlot = o.lsaSlotBytes > 0 ? std::min(alignUp(o.lsaSlotBytes, kStreamAlign), s.chunkBytes)
+                                             : s.chunkBytes;
+  const int64_t lsaSlots = lsaSlot < s.chunkBytes ? 1 : 2;
+  if (lsaSlot < s.chunkBytes && s.lsaStreamMax > lsaSlot) {
+    if (error)
+      *error = "an LSA stream of " + std::to_string(s.lsaStreamMax) + " bytes does not fit the agreed slot of " +
+               std::to_string(lsaSlot) + " bytes";
+    return false;
+  }
+  if (o.lsa && s.lsaSize > 1) s.lsaBytes = lsaSlots * lsaSlot * s.lsaSize;
   int64_t at = 0;
   // A stream by ncclSend / ncclRecv: two slots of a chunk, or one of its own length (both sides see the same length).
   auto place = [&](WireStream& w) {
@@ -122,8 +136,8 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
   for (WireStream& w : s.sends) {
     if (w.lsa) {  // my window's slots for that peer
       w.lsaPeer = lsaIndex[w.peer];
-      w.slotOffset = 2 * s.chunkBytes * w.lsaPeer;
-      w.slotBytes = s.chunkBytes;
+      w.slotOffset = lsaSlots * lsaSlot * w.lsaPeer;
+      w.slotBytes = lsaSlot;
       continue;
     }
     place(w);
@@ -131,8 +145,8 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
   for (WireStream& w : s.recvs) {
     if (w.lsa) {  // the sender's window's slots for me
       w.lsaPeer = lsaIndex[w.peer];
-      w.slotOffset = 2 * s.chunkBytes * s.lsaRank;
-      w.slotBytes = s.chunkBytes;
+      w.slotOffset = lsaSlots * lsaSlot * s.lsaRank;
+      w.slotBytes = lsaSlot;
       continue;
     }
     place(w);

@@ -17,8 +17,9 @@
 // of one chunk has one slot of its own length instead. With LSA
 // (ScheduleOptions::lsa), a stream between two ranks of one NVLink domain has no such slots: the sender packs into
 // its symmetric window, where the slots of its stream to the peer of domain index i sit at i * 2 * chunkBytes (the
-// same layout on every rank, so that the receiver finds them without asking), and the receiver unpacks from the
-// sender's window over LSA. Everything fits in stagingCapBytes whatever the model size: larger models only make
+// same layout on every rank, so that the receiver finds them without asking; one slot of the domain's longest
+// stream instead when that is shorter than a chunk: ScheduleOptions::lsaSlotBytes), and the receiver unpacks from
+// the sender's window over LSA. Everything fits in stagingCapBytes whatever the model size: larger models only make
 // more chunks.
 //
 // Direct transfers (ScheduleOptions::direct). A transfer whose box is one contiguous run on both sides and needs no
@@ -45,6 +46,9 @@ struct ScheduleOptions {
   bool lsa = true;                        // false: every stream goes by ncclSend/ncclRecv (receive slots for all)
   bool direct = false;                    // true: contiguous transfers between domains (or, without lsa, any)
                                           // go straight between the tensors
+  int64_t lsaSlotBytes = 0;               // LSA slots: 0, two of a chunk per domain rank; else one of this size
+                                          // (below a chunk: every LSA stream of the domain must fit, so plan
+                                          // creation agrees on the domain's longest, RankSchedule::lsaStreamMax)
 };
 
 // One transfer's place in a stream.
@@ -81,7 +85,8 @@ struct RankSchedule {
   int64_t chunkBytes = 0;
   int64_t stagingBytes = 0;       // slots of this rank's ncclSend / ncclRecv streams
   int lsaSize = 0, lsaRank = -1;  // lsa: my domain's size and my index in it (0 / -1: no LSA streams possible)
-  int64_t lsaBytes = 0;           // lsa: the window's slots, 2 x chunkBytes per index of the domain (every rank alike)
+  int64_t lsaBytes = 0;           // lsa: the window's slots, per index of the domain (every rank alike)
+  int64_t lsaStreamMax = 0;       // lsa: this rank's longest LSA stream, rounded up to kStreamAlign
   std::vector<WireStream> sends;  // by peer ascending
   std::vector<WireStream> recvs;  // by peer ascending
   std::vector<uint32_t> directSends, directRecvs;  // plan list indices: by peer ascending, then canonical order

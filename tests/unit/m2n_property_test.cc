@@ -286,12 +286,25 @@ std::vector<ExecTables> execTablesFor(const Problem& p, const std::vector<RankPl
   o.lsa = lsa;
   o.direct = direct;  // as the executor
   std::vector<ExecTables> out(plans.size());
+  std::vector<RankSchedule> sched(plans.size());
+  std::map<int, int64_t> longest;  // by domain: its longest LSA stream (plan creation's agreement)
   for (size_t r = 0; r < plans.size(); r++) {
-    RankSchedule s;
     std::string why;
-    EXPECT_TRUE(buildSchedule(p, plans[r], o, &s, &why)) << why;
-    EXPECT_LE(s.stagingBytes + s.lsaBytes, o.stagingCapBytes);
-    EXPECT_TRUE(buildExecTables(p, plans[r], s, &out[r], &why)) << why;
+    EXPECT_TRUE(buildSchedule(p, plans[r], o, &sched[r], &why)) << why;
+    int64_t& m = longest[p.options.domainOf((int)r)];
+    m = std::max(m, sched[r].lsaStreamMax);
+  }
+  for (size_t r = 0; r < plans.size(); r++) {
+    std::string why;
+    const int64_t m = longest[p.options.domainOf((int)r)];
+    if (lsa && m > 0 && m < sched[r].chunkBytes) {  // the window's slots shrink to the domain's longest stream
+      ScheduleOptions shrunk = o;
+      shrunk.lsaSlotBytes = m;
+      EXPECT_TRUE(buildSchedule(p, plans[r], shrunk, &sched[r], &why)) << why;
+      EXPECT_EQ(sched[r].lsaBytes, sched[r].lsaSize > 1 ? m * sched[r].lsaSize : 0);
+    }
+    EXPECT_LE(sched[r].stagingBytes + sched[r].lsaBytes, o.stagingCapBytes);
+    EXPECT_TRUE(buildExecTables(p, plans[r], sched[r], &out[r], &why)) << why;
   }
   if (lsa) {
     std::map<int, int64_t> rounds;  // by domain: the most LSA chunks of its ranks
