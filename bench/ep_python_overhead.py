@@ -7,6 +7,8 @@ worst-case sizing, a handle bound once) after warm-ups, and the host time of enq
   c        ncclEpDispatch + ncclEpCombine through ctypes with their structs and output tensors built once (the floor
            any binding pays);
   python   Group.dispatch(x, handle=h) + Group.combine(y, h) (descriptors and output tensors made per call);
+  python_out the same with the outputs of an earlier call written again (dispatch(..., out=prev), combine(...,
+           out=tensor)): no allocation, as DeepEP's buffer views;
   alloc    the torch.empty calls of `python`'s outputs alone (tokens, their expert ids, the combined tokens): what
            any API that returns new tensors pays, inside `python`'s overhead;
   ops      torch.ops.nccl_ep.dispatch + combine (nccl.ep.ops), which also bind the routing again (ncclEpUpdateHandle),
@@ -84,6 +86,13 @@ def main():
             recv = group.dispatch(x, handle=h)
             return group.combine(recv.tokens, h)
 
+        prev = group.dispatch(x, handle=h)
+        combined_out = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
+
+        def python_out_pair():
+            recv = group.dispatch(x, handle=h, out=prev)
+            return group.combine(recv.tokens, h, out=combined_out)
+
         hid = epops.register(h)
 
         def ops_pair():
@@ -112,13 +121,15 @@ def main():
             graphs[name] = g
 
         row = {"tokens": T}
-        for name, fn in (("c", c_pair), ("python", python_pair), ("alloc", alloc), ("ops", ops_pair),
+        for name, fn in (("c", c_pair), ("python", python_pair), ("python_out", python_out_pair), ("alloc", alloc),
+                         ("ops", ops_pair),
                          ("ops_work", ops_work), ("graph_c", graphs["c"].replay),
                          ("graph_python", graphs["python"].replay)):
             wall, host = host_and_wall(fn, a.iters, warmup=5)
             row[name] = {"wall_us": wall, "enqueue_us": host}
         row["overhead_python_us"] = row["python"]["wall_us"] - row["c"]["wall_us"]
         row["overhead_python_enqueue_us"] = row["python"]["enqueue_us"] - row["c"]["enqueue_us"]
+        row["overhead_python_out_us"] = row["python_out"]["wall_us"] - row["c"]["wall_us"]
         row["overhead_graph_us"] = row["graph_python"]["wall_us"] - row["graph_c"]["wall_us"]
         row["torch_library_us"] = row["ops"]["wall_us"] - row["ops_work"]["wall_us"]
         del graphs
@@ -126,7 +137,7 @@ def main():
         # Each path once more on poisoned outputs: at 1 rank each sent token's one row comes back as it went.
         combined.fill_(float("nan"))
         c_pair()
-        for out in (combined, python_pair(), ops_pair()):
+        for out in (combined, python_pair(), python_out_pair(), ops_pair()):
             torch.cuda.synchronize()
             ok = ok and torch.equal(out[sent], x[sent])
         row["overhead_python"] = (row["python"]["wall_us"] - row["c"]["wall_us"]) / row["c"]["wall_us"]
@@ -135,12 +146,13 @@ def main():
         epops.unregister(hid)
         h.close()
         print("ep_python_overhead: T %5d: c %7.1f us (enqueue %5.1f), python %7.1f us (+%.1f us; enqueue %5.1f, "
-              "+%.1f us; of it alloc %.1f), graph c %.1f / python %.1f us, ops %.1f us (same work through Group "
-              "%.1f us)" % (
+              "+%.1f us; of it alloc %.1f), python with out= %.1f us (+%.1f us), graph c %.1f / python %.1f us, "
+              "ops %.1f us (same work through Group %.1f us)" % (
                   T, row["c"]["wall_us"], row["c"]["enqueue_us"], row["python"]["wall_us"],
                   row["overhead_python_us"], row["python"]["enqueue_us"], row["overhead_python_enqueue_us"],
-                  row["alloc"]["enqueue_us"], row["graph_c"]["wall_us"], row["graph_python"]["wall_us"],
-                  row["ops"]["wall_us"], row["ops_work"]["wall_us"]))
+                  row["alloc"]["enqueue_us"], row["python_out"]["wall_us"], row["overhead_python_out_us"],
+                  row["graph_c"]["wall_us"], row["graph_python"]["wall_us"], row["ops"]["wall_us"],
+                  row["ops_work"]["wall_us"]))
     group.close()
     result = {"test": "ep_python_overhead", "pass": ok, "gpu": torch.cuda.get_device_name(0), "ranks": 1,
               "hidden": H, "topk": K, "experts": E, "iters": a.iters, "rows": rows_out}

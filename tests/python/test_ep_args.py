@@ -297,3 +297,25 @@ def test_low_latency_group_size_is_checked_first():
         ep.Group(num_experts=8, max_tokens_per_rank=2048, hidden=64, algorithm="low_latency")
     with pytest.raises(ep.NcclInvalidArgument, match="algorithm='fastest': expected one of"):
         ep.Group(num_experts=8, max_tokens_per_rank=16, hidden=64, algorithm="fastest")
+
+
+@pytest.mark.parametrize("low_latency,layout", [(True, "rank_major"), (True, "expert_major"), (False, "flat")])
+def test_dispatch_out_reuses_the_outputs_of_an_earlier_dispatch(on_cpu, low_latency, layout):
+    # out=: the same tensors (and, Low-Latency, the same counts tensor) written again, no new allocation; a result of
+    # another signature or handle is refused.
+    g = _shell(low_latency)
+    h = _FakeHandle(g, layout)
+    x = torch.zeros(5, H, dtype=torch.bfloat16)
+    w = torch.rand(5, K)
+    first = g.dispatch(x, topk_weights=w, handle=h, stream=_Stream())
+    kept = [first.tokens.data_ptr(), first.topk_weights.data_ptr()]
+    again = g.dispatch(torch.ones(5, H, dtype=torch.bfloat16), topk_weights=w, handle=h, out=first, stream=_Stream())
+    assert again is first and [again.tokens.data_ptr(), again.topk_weights.data_ptr()] == kept
+    (prep, _), (prep2, _) = on_cpu
+    assert prep is prep2 and prep.structs[1].tokens.data == kept[0]
+    if low_latency:
+        assert again.expert_counts.data_ptr() == first.expert_counts.data_ptr()
+    with pytest.raises(ep.NcclInvalidArgument, match="out must be the result of an earlier dispatch"):
+        g.dispatch(x, handle=h, out=first, stream=_Stream())  # no weights: another signature
+    with pytest.raises(ep.NcclInvalidArgument, match="out must be the result of an earlier dispatch"):
+        g.dispatch(x, topk_weights=w, handle=_FakeHandle(g, layout), out=first, stream=_Stream())

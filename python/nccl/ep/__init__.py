@@ -188,14 +188,22 @@ class _Prepared:
         self.counts = counts
         self.device, self.device_index = device, device.index or 0
 
-    def fill(self, tensors):
+    def fill(self, tensors, reuse=None):
         """Points the descriptors at the caller's tensors and at new outputs (returned, in `made` order, then the
-        counts tensor if the call has one)."""
+        counts tensor if the call has one), or at `reuse`: the outputs an earlier fill of this call returned."""
         import torch
 
         for (d, nonempty), t in zip(self.given, tensors):
             if d is not None:
                 d.data = t.data_ptr() if nonempty else None
+        if reuse is not None:
+            for (d, _, _), t in zip(self.made, reuse):
+                d.data = t.data_ptr() if t.numel() else None
+            if self.counts is not None:
+                base = reuse[-1].data_ptr()
+                for d, offset in self.counts[1]:
+                    d.data = base + 4 * offset
+            return reuse
         outs = []
         for d, shape, dtype in self.made:
             t = torch.empty(*shape, dtype=dtype, device=self.device)  # ints, not a tuple: half the parsing
@@ -358,7 +366,8 @@ class Group:
 
     def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
                  layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
-                 send_only: bool = False, num_sms: int = 0, stream=None) -> "DispatchResult":
+                 send_only: bool = False, num_sms: int = 0, out: "DispatchResult | None" = None,
+                 stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it, of
         `layout`: "flat" for High-Throughput groups and "expert_major" for Low-Latency ones by default) or a handle
@@ -378,7 +387,11 @@ class Group:
         `complete(handle)`, which must come before the handle's next call. The staging is double-buffered: up to
         two send-only calls of each kind may be open at once, on different handles (e.g. two micro-batches'
         dispatches), completed in the order they were issued (completing the later one first raises
-        NcclInvalidUsage); a plain call of a kind while one of that kind is open is refused."""
+        NcclInvalidUsage); a plain call of a kind while one of that kind is open is refused.
+
+        `out`: a result of an earlier dispatch of the same signature (tensor shapes and dtypes, options) on this
+        handle, whose tensors this call writes again instead of allocating new ones (and returns, updated): for
+        loops that are done with the previous outputs, as DeepEP's buffer views are reused by its next calls."""
         if handle is None:
             if topk_idx is None:
                 raise NcclInvalidArgument("dispatch: give topk_idx or handle")
@@ -395,14 +408,19 @@ class Group:
                                 and (scales is None or scales.is_contiguous())):
             prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale,
                                           send_only)
-        outs = prep.fill((x, topk_weights, scales))
+        if out is not None and (key is None or out.handle is not handle or getattr(out, "_key", None) != key):
+            raise NcclInvalidArgument("dispatch: out must be the result of an earlier dispatch of this signature "
+                                      "(shapes, dtypes, options) on this handle")
+        outs = prep.fill((x, topk_weights, scales), None if out is None else out._outs)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
                     _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
         handle._open_outputs = outs if send_only else None  # a send-only call's outputs: written by complete()
-        out = DispatchResult(tokens=outs[0], handle=handle, expert_counts=handle.expert_counts,
-                             rank_counts=handle.rank_counts, expert_offsets=handle.expert_offsets,
-                             recv_total=handle.recv_total)
+        if out is None:
+            out = DispatchResult(tokens=outs[0], handle=handle, expert_counts=handle.expert_counts,
+                                 rank_counts=handle.rank_counts, expert_offsets=handle.expert_offsets,
+                                 recv_total=handle.recv_total)
+            out._key, out._outs = key, outs
         for name, t in zip(prep.names, outs):
             setattr(out, name, t)
         if prep.counts is not None:  # Low-Latency: this dispatch's counts, also the handle's until the next one
