@@ -129,3 +129,17 @@ def test_high_throughput_expert_major_gradients_match_a_dense_reference():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(NotImplementedError, match="top-k weights it applies"):
         epa.combine(group, y, handle)
+
+
+def test_high_throughput_expert_major_data_rows_with_empty_zones_and_trailing_rows():
+    # Zones of 4-row alignment: expert 0 has 3 rows, 1 none, 2 has 5, 3 none (at the end), then 4 rows past the last
+    # zone (worst-case sizing): only the 8 rows inside the counts hold data.
+    group = types.SimpleNamespace(low_latency=False)
+    handle = types.SimpleNamespace(layout="expert_major", expert_offsets=torch.tensor([0, 4, 4, 12]),
+                                   expert_counts=torch.tensor([3, 0, 5, 0]))
+    recv = types.SimpleNamespace(tokens=torch.zeros(16, 8))
+    want = torch.zeros(16, dtype=torch.bool)
+    want[0:3] = True
+    want[4:9] = True
+    assert torch.equal(epa._data_rows(group, handle, recv), want)
+    assert epa._data_rows(group, types.SimpleNamespace(layout="flat"), recv) is None
