@@ -68,6 +68,8 @@ if command -v mpirun >/dev/null 2>&1; then
   RUNS+=("symmem_smoke_mpirun|mpirun --allow-run-as-root --oversubscribe -np NRANKS -x NCCL_NVLS_ENABLE=0 $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2|nodes")
 fi
 if command -v torchrun >/dev/null 2>&1; then
+  # The C example of docs/M2N.md: an RL weight update (trainers' fp32 row shards -> inference bf16 TP shards).
+  RUNS+=("m2n_c_example|torchrun --standalone --nproc_per_node NRANKS --no-python $BUILDDIR/bin/m2n_weight_update --steps 3 --json JSON|1|nodes")
   RUNS+=("symmem_smoke_torchrun|torchrun --standalone --nproc_per_node NRANKS --no-python $BUILDDIR/bin/symmetric_memory_test --test smoke --iters 5 --json JSON|2|nodes")
 fi
 
