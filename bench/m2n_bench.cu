@@ -325,11 +325,11 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
                   "\"dst_bytes_rank0\": %lld, \"sent_bytes_rank0\": %lld, \"received_bytes_rank0\": %lld, "
                   "\"iters\": %d, \"execute_us\": %.2f, \"execute_us_mean_over_ranks\": %.2f, \"gbps_per_dst\": %.2f, "
                   "\"baseline\": \"%s\", \"baseline_bytes\": %lld, \"baseline_us\": %.2f, \"baseline_gbps\": %.2f, "
-                  "\"ratio\": %.4f, \"wrong_elements\": %llu}\n",
+                  "\"ratio\": %.4f, \"wrong_elements\": %llu, \"pass\": %s}\n",
                   prop.name, n, mode, (o.lsa || virt) ? "true" : "false", k.name, (long long)rows, (long long)cols,
                   (long long)bytes, (long long)dstBytes, (long long)sent, (long long)received, iters, us, meanUs,
                   gbps, baseName, (long long)baseBytes, baseUs, baseGbps, baseUs > 0 ? us / baseUs : 0,
-                  (unsigned long long)badAll);
+                  (unsigned long long)badAll, badAll == 0 && !failed ? "true" : "false");
       }
       BENCH_CHECK(cudaStreamSynchronize(ctx.stream) == cudaSuccess, "sync");
       BENCH_CHECK(ncclM2nPlanDestroy(plan) == ncclSuccess, "ncclM2nPlanDestroy: %s", ncclM2nGetLastError());

@@ -101,8 +101,14 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
       if (k >= w.chunks(s.chunkBytes)) continue;
       const int64_t slot = w.slotOffset + (k % 2) * w.slotBytes;
       const uint32_t where = !w.lsa ? kStageLocal : (uint32_t)(send ? s.lsaRank : w.lsaPeer);
+      const std::vector<MoveDesc>& descs = send ? x.sends : x.recvs;
       for (const Segment& g : chunkSegments(p, list, w, s.chunkBytes, k)) {
-        segs->push_back({g.transfer, where, g.firstElement, g.elements, slot + g.chunkOffset});
+        // Pieces of at most kCopySegmentElements, one CTA each (a chunk of one transfer would be one CTA).
+        const int64_t eb = descs[g.transfer].elemBytes;
+        for (int64_t at = 0; at < g.elements; at += kCopySegmentElements) {
+          const int64_t n = std::min(kCopySegmentElements, g.elements - at);
+          segs->push_back({g.transfer, where, g.firstElement + at, n, slot + g.chunkOffset + at * eb});
+        }
         *elements += g.elements;
       }
       if (!w.lsa) x.ops.push_back({w.peer, send ? 1 : 0, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});

@@ -71,6 +71,8 @@ def unregister(handle_id: int) -> None:
 
 
 def _handle(handle_id: int, low_latency: bool = False) -> Handle:
+    if not isinstance(handle_id, int):  # a SymInt when torch.compile made the id dynamic: specialise on it
+        handle_id = int(handle_id)
     h = _handles.get(handle_id)
     if h is None:
         raise NcclInvalidUsage("nccl.ep.ops: no handle registered as %d" % handle_id)
