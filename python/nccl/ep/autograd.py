@@ -59,17 +59,38 @@ def _narrow_dispatch(group: Group, handle: Handle, weights):
     return group.dispatch(zeros, handle=handle, topk_weights=weights.contiguous())
 
 
+def _column_weights(num_tokens: int, k: int, device):
+    """Top-k weights that name their column: column c weighs c + 1 (a pad, which weighs 0, names none)."""
+    return torch.arange(1, k + 1, dtype=torch.float32, device=device).expand(num_tokens, k).contiguous()
+
+
+def _columns_of(row_weights, k: int, valid=None):
+    """Each EXPERT_MAJOR row's top-k column (int64 [rows]) from the weights it received of a dispatch with
+    _column_weights (a token names each expert at most once, so a row's (token, expert) has one column); -1 on pads
+    and where `valid` (if given) is False."""
+    col = row_weights.float().round().long() - 1
+    ok = (col >= 0) & (col < k)
+    if valid is not None:
+        ok &= valid
+    return torch.where(ok, col, torch.full_like(col, -1))
+
+
+def _onehot_parts(s, cols, k: int):
+    """Per-row fp32 scalars s [rows] placed in their top-k columns `cols` (-1: dropped), as three bf16 parts each
+    (_bf16_parts): summed over a token's rows, whose columns are apart, they give [T, k] back exactly."""
+    ok = cols >= 0
+    onehot = torch.zeros(s.shape[0], k, dtype=torch.float32, device=s.device)
+    vals = torch.where(ok, s.float(), torch.zeros_like(s, dtype=torch.float32))
+    onehot.scatter_(1, cols.clamp(min=0).unsqueeze(1), vals.unsqueeze(1))
+    return _bf16_parts(onehot)
+
+
 def _em_columns(group: Group, handle: Handle, k: int, device):
     """EXPERT_MAJOR: each received row's top-k column (int64 [rows]; -1 on pads and, Low-Latency, past the counts),
-    from a narrow dispatch whose weights are the column numbers + 1 (a token names each expert at most once, so a
-    row's (token, expert) has one column; pads carry weight 0)."""
-    cols = torch.arange(1, k + 1, dtype=torch.float32, device=device).expand(handle.num_tokens, k)
-    recv = _narrow_dispatch(group, handle, cols)
-    col = recv.topk_weights.float().round().long() - 1
-    ok = (col >= 0) & (col < k)
-    if group.low_latency:
-        ok &= _valid_rows(group, handle.layout, recv)
-    return torch.where(ok, col, torch.full_like(col, -1))
+    from a narrow dispatch with _column_weights."""
+    recv = _narrow_dispatch(group, handle, _column_weights(handle.num_tokens, k, device))
+    valid = _valid_rows(group, handle.layout, recv.expert_counts, recv.rank_counts) if group.low_latency else None
+    return _columns_of(recv.topk_weights, k, valid)
 
 
 def _unweighted_combine(group: Group, handle: Handle, y, k: int):
@@ -85,22 +106,17 @@ def _unweighted_combine(group: Group, handle: Handle, y, k: int):
 
 def _em_to_owner(group: Group, handle: Handle, s, cols, k: int):
     """Per-row fp32 scalars s [rows] of an EXPERT_MAJOR output -> [T, k] fp32 at each token's owner, each in its
-    row's top-k column `cols` (-1: no row, dropped): one-hot rows of three bf16 parts (exact), summed unweighted (a
-    token's rows have their columns apart)."""
-    ok = cols >= 0
-    onehot = torch.zeros(s.shape[0], k, dtype=torch.float32, device=s.device)
-    vals = torch.where(ok, s.float(), torch.zeros_like(s, dtype=torch.float32))
-    onehot.scatter_(1, cols.clamp(min=0).unsqueeze(1), vals.unsqueeze(1))
-    return _from_bf16_parts(_unweighted_combine(group, handle, _bf16_parts(onehot), k), k)
+    row's top-k column `cols` (-1: no row, dropped): _onehot_parts, summed unweighted."""
+    return _from_bf16_parts(_unweighted_combine(group, handle, _onehot_parts(s, cols, k), k), k)
 
 
-def _valid_rows(group: Group, layout: str, recv):
-    """Low-Latency: which rows of a worst-case dispatch output hold data (the rest are left as they were, maybe not
-    finite: zeroed here, so that nothing computed on them reaches a gradient)."""
+def _valid_rows(group: Group, layout: str, expert_counts, rank_counts):
+    """Low-Latency: which rows of a worst-case dispatch output hold data, from that dispatch's counts (the rest are
+    left as they were, maybe not finite: zeroed here, so that nothing computed on them reaches a gradient)."""
     if layout == "rank_major":  # row s * M + j: slot j of source s
-        counts, width = recv.rank_counts, group.max_tokens_per_rank
+        counts, width = rank_counts, group.max_tokens_per_rank
     else:  # row e * R * M + i: row i of zone e
-        counts, width = recv.expert_counts, group.size * group.max_tokens_per_rank
+        counts, width = expert_counts, group.size * group.max_tokens_per_rank
     return (torch.arange(width, device=counts.device).unsqueeze(0) < counts.unsqueeze(1)).flatten()
 
 
@@ -109,7 +125,7 @@ def _data_rows(group: Group, handle: Handle, recv):
     (_valid_rows); High-Throughput EXPERT_MAJOR, those within each expert's zone count (the zone's alignment pads,
     and with worst-case sizing the rows past the last zone, are left as they were)."""
     if group.low_latency:
-        return _valid_rows(group, handle.layout, recv)
+        return _valid_rows(group, handle.layout, recv.expert_counts, recv.rank_counts)
     if handle.layout != "expert_major":
         return None
     r = torch.arange(recv.tokens.shape[0], device=recv.tokens.device)

@@ -44,6 +44,7 @@ import threading
 import torch
 
 from . import Handle, NcclInvalidArgument, NcclInvalidUsage, _combine_weights
+from .autograd import _bf16_parts, _column_weights, _columns_of, _from_bf16_parts, _onehot_parts, _valid_rows
 
 _lock = threading.Lock()
 _handles: dict[int, Handle] = {}
@@ -160,15 +161,6 @@ torch.library.register_autograd("nccl_ep::combine", _combine_backward, setup_con
 _FP8_BLOCK = 128
 
 
-def _ll_valid(h: Handle, expert_counts, rank_counts):
-    """Rows of a Low-Latency output that hold data (RANK_MAJOR row s * M + j: j < rank_counts[s]; EXPERT_MAJOR row
-    e * R * M + i: i < expert_counts[e])."""
-    g = h.group
-    counts, width = ((rank_counts, g.max_tokens_per_rank) if h.layout == "rank_major"
-                     else (expert_counts, g.size * g.max_tokens_per_rank))
-    return (torch.arange(width, device=counts.device).unsqueeze(0) < counts.unsqueeze(1)).flatten()
-
-
 def _ll_shapes(h: Handle, hidden: int, weights: bool, fp8: bool):
     """Shapes and dtypes of ll_dispatch's outputs."""
     rows, k, rm = h.output_rows(), h.topk, h.layout == "rank_major"
@@ -186,7 +178,7 @@ def _ll_send(h: Handle, x, topk_weights, fp8: bool, round_scale: bool):
     recv = h.group.dispatch(x.contiguous(), handle=h, topk_weights=w, out_dtype=e4m3 if fp8 else None,
                             round_scale=round_scale)
     ec, rc = recv.expert_counts.clone(), recv.rank_counts.clone()
-    valid = _ll_valid(h, ec, rc)
+    valid = _valid_rows(h.group, h.layout, ec, rc)
     tokens = recv.tokens
     if not fp8:
         tokens = torch.where(valid.unsqueeze(1), tokens, torch.zeros_like(tokens))
@@ -258,22 +250,17 @@ def _(handle_id, y, topk_weights):
 
 def _ll_to_owner(handle_id: int, num_tokens: int, s, cols, k: int):
     """Per-row fp32 scalars s [rows] -> [T, k] at each token's owner in the row's top-k column (EXPERT_MAJOR):
-    nccl.ep.autograd's one-hot rows of three bf16 parts, summed by the owner-weighted combine with weights 1."""
-    from .autograd import _bf16_parts, _from_bf16_parts
-
-    onehot = torch.zeros(s.shape[0], k, dtype=torch.float32, device=s.device)
-    onehot.scatter_(1, cols.unsqueeze(1), s.float().unsqueeze(1))
+    nccl.ep.autograd's _onehot_parts, summed by the owner-weighted combine with weights 1."""
     ones = torch.ones(num_tokens, k, dtype=torch.float32, device=s.device)
-    return _from_bf16_parts(torch.ops.nccl_ep.ll_combine(handle_id, _bf16_parts(onehot), ones), k)
+    return _from_bf16_parts(torch.ops.nccl_ep.ll_combine(handle_id, _onehot_parts(s, cols, k), ones), k)
 
 
 def _ll_columns(handle_id: int, num_tokens: int, k: int, device):
-    """Each EXPERT_MAJOR row's top-k column (0 past the counts, where the scalars are 0): the weights of a dispatch
-    of a 16-byte zero row per token whose weights are the column numbers."""
-    cols = torch.arange(k, dtype=torch.float32, device=device).expand(num_tokens, k).contiguous()
+    """Each EXPERT_MAJOR row's top-k column (-1 past the counts, where ll_redispatch zeroed the weights): a dispatch
+    of a 16-byte zero row per token with nccl.ep.autograd's _column_weights."""
     zeros = torch.zeros(num_tokens, 8, dtype=torch.bfloat16, device=device)
-    _, weights, _, _ = torch.ops.nccl_ep.ll_redispatch(handle_id, zeros, cols)
-    return weights.round().long().clamp(0, k - 1)
+    _, weights, _, _ = torch.ops.nccl_ep.ll_redispatch(handle_id, zeros, _column_weights(num_tokens, k, device))
+    return _columns_of(weights, k)
 
 
 def _ll_dispatch_setup(ctx, inputs, output):
@@ -282,14 +269,12 @@ def _ll_dispatch_setup(ctx, inputs, output):
     ctx.handle_id, ctx.layout, ctx.x_dtype, ctx.fp8 = handle_id, h.layout, x.dtype, fp8
     ctx.num_tokens, ctx.k = topk_idx.shape[0], topk_idx.shape[1]
     ctx.w_dtype = None if topk_weights is None else topk_weights.dtype
-    valid = _ll_valid(h, output[5], output[6])
+    valid = _valid_rows(h.group, h.layout, output[5], output[6])
     ctx.valid = valid
     ctx.local = (output[3] >= 0) & valid.unsqueeze(1) if h.layout == "rank_major" else None
 
 
 def _ll_dispatch_backward(ctx, grad_tokens, grad_scales, grad_weights, grad_ids, grad_src, grad_ec, grad_rc):
-    from .autograd import _bf16_parts, _from_bf16_parts
-
     if ctx.fp8:
         raise NotImplementedError("nccl_ep::ll_dispatch with fp8=True is not differentiable")
     grad_x = grad_w = None
@@ -325,7 +310,8 @@ def _ll_combine_backward(ctx, grad_out):
     grad_y = tokens.float() if w is None else tokens.float() * weights.unsqueeze(1)  # rows past the counts: 0
     grad_w = None
     if w is not None:  # d out[t] / d w[t, k] = <grad_out[t], row (t, k)>, taken where the row is
-        valid = _ll_valid(_handle(hid, low_latency=True), ec, rc)
+        h = _handle(hid, low_latency=True)
+        valid = _valid_rows(h.group, h.layout, ec, rc)
         dots = (tokens.float() * ctx.rows.float()).sum(dim=1)
         dots = torch.where(valid, dots, torch.zeros_like(dots))  # y's rows past the counts may hold anything
         cols = _ll_columns(hid, ctx.num_tokens, ctx.k, grad_out.device)
