@@ -84,6 +84,7 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
   x.lsaSize = s.lsaSize;
   x.lsaRank = s.lsaRank;
   x.lsaBytes = s.lsaBytes;
+  x.lsaChunks = s.lsaChunks;
   int64_t rounds = 0;
   for (const auto* list : {&s.sends, &s.recvs})
     for (const WireStream& w : *list) {
@@ -92,7 +93,6 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
         return false;
       }
       rounds = std::max(rounds, w.chunks(s.chunkBytes));
-      if (w.lsa) x.lsaChunks = std::max(x.lsaChunks, w.chunks(s.chunkBytes));
     }
   // Chunk k of every stream of one direction: its segments (into `segs`) and its P2P operation (none over LSA).
   auto addChunks = [&](const std::vector<WireStream>& streams, const std::vector<Transfer>& list, bool send,

@@ -190,16 +190,13 @@ struct Round1 {
 
 int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-// LSA inside the domain (exec_tables.h, "LSA rounds"): the domain agrees on its LSA round count; a domain with LSA
-// traffic gets its window (barrier flags, then 2 slots per domain rank), the barrier's epoch and error word.
-// COLLECTIVE over the domain.
-ncclResult_t setUpLsa(ncclM2nPlan* plan, cudaStream_t stream) {
+// LSA inside the domain (exec_tables.h, "LSA rounds"): the domain's agreed LSA round count `rounds` set in the
+// tables; a domain with LSA traffic gets its window (barrier flags, then the slots), the barrier's epoch and error
+// word. COLLECTIVE over the domain.
+ncclResult_t setUpLsa(ncclM2nPlan* plan, int64_t rounds, cudaStream_t stream) {
   ncclext::Domain& d = *plan->domain;
   const ncclext::Topology& topo = d.topo();
   ExecTables& x = plan->tables;
-  std::vector<int64_t> chunks(topo.domainSize);
-  NCCLEXT_CHECK(d.allGather(&x.lsaChunks, sizeof(int64_t), chunks.data()));
-  const int64_t rounds = *std::max_element(chunks.begin(), chunks.end());
   setLsaRounds(&x, rounds);
   if (rounds == 0) return ncclSuccess;  // no rank of the domain reads another's window
   plan->windowSlots = (size_t)alignUp((int64_t)topo.domainSize * (int64_t)sizeof(uint64_t), 256);
@@ -459,10 +456,18 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   RankSchedule sched;
   std::string why;
   NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
-  if (plan->domain) {  // the LSA window sized by the domain's longest LSA stream, when shorter than a chunk
-    std::vector<int64_t> longest(plan->domain->topo().domainSize);
-    NCCLEXT_CHECK(plan->domain->allGather(&sched.lsaStreamMax, sizeof(int64_t), longest.data()));
-    const int64_t m = *std::max_element(longest.begin(), longest.end());
+  // LSA: one all-gather over the domain of each rank's longest LSA stream and its most LSA chunks (the chunk count
+  // does not depend on the slots): the window sized by the longest stream when shorter than a chunk, and the rounds.
+  int64_t lsaRounds = 0;
+  if (plan->domain) {
+    const int64_t mineLsa[2] = {sched.lsaStreamMax, sched.lsaChunks};
+    std::vector<int64_t> allLsa(2 * (size_t)plan->domain->topo().domainSize);
+    NCCLEXT_CHECK(plan->domain->allGather(mineLsa, sizeof(mineLsa), allLsa.data()));
+    int64_t m = 0;
+    for (size_t r = 0; r < allLsa.size(); r += 2) {
+      m = std::max(m, allLsa[r]);
+      lsaRounds = std::max(lsaRounds, allLsa[r + 1]);
+    }
     if (m > 0 && m < sched.chunkBytes) {
       so.lsaSlotBytes = m;
       NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
@@ -502,7 +507,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
                             sizeof(void*) * (plan->nTensors + plan->quant.size())));
     NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->dst), sizeof(void*) * plan->nTensors));
   }
-  if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), stream));
+  if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), lsaRounds, stream));
   NCCLEXT_CHECK(connectPeers(plan.get(), stream));
   NCCLEXT_CHECK(ncclext::waitStream(stream, o.timeoutSeconds, "ncclM2nPlanCreate (uploading the tables)"));
   // Virtual ranks: no rank launches an execute's barrier before every rank is done with the calls above, some of

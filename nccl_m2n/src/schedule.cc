@@ -114,7 +114,10 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
   // less than a chunk (lsaSlotBytes), one of that size per domain rank.
   for (const auto* list : {&s.sends, &s.recvs})
     for (const WireStream& w : *list)
-      if (w.lsa) s.lsaStreamMax = std::max(s.lsaStreamMax, alignUp(w.bytes, kStreamAlign));
+      if (w.lsa) {
+        s.lsaStreamMax = std::max(s.lsaStreamMax, alignUp(w.bytes, kStreamAlign));
+        s.lsaChunks = std::max(s.lsaChunks, w.chunks(s.chunkBytes));
+      }
   const int64_t lsaSlot = o.lsaSlotBytes > 0 ? std::min(alignUp(o.lsaSlotBytes, kStreamAlign), s.chunkBytes)
                                              : s.chunkBytes;
   const int64_t lsaSlots = lsaSlot < s.chunkBytes ? 1 : 2;

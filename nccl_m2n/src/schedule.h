@@ -87,6 +87,7 @@ struct RankSchedule {
   int lsaSize = 0, lsaRank = -1;  // lsa: my domain's size and my index in it (0 / -1: no LSA streams possible)
   int64_t lsaBytes = 0;           // lsa: the window's slots, per index of the domain (every rank alike)
   int64_t lsaStreamMax = 0;       // lsa: this rank's longest LSA stream, rounded up to kStreamAlign
+  int64_t lsaChunks = 0;          // lsa: the most chunks of this rank's LSA streams
   std::vector<WireStream> sends;  // by peer ascending
   std::vector<WireStream> recvs;  // by peer ascending
   std::vector<uint32_t> directSends, directRecvs;  // plan list indices: by peer ascending, then canonical order
