@@ -57,4 +57,36 @@ ncclResult_t VirtualDomain::allGather(int rank, const void* mine, size_t bytes, 
   return ncclSuccess;
 }
 
+uint64_t VirtualDomain::newKey(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rank >= 0 && rank < n_ ? keys_[rank]++ : ~0ull;
+}
+
+ncclResult_t VirtualDomain::fence(int rank, uint64_t key, double timeoutSeconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (rank < 0 || rank >= n_)
+    return fail(ncclInvalidArgument, __FILE__, __LINE__, "virtual domain: rank %d not in [0, %d)", rank, n_);
+  std::vector<uint64_t>& made = fences_[key];
+  made.resize(n_, 0);
+  const uint64_t mine = ++made[rank];
+  cv_.notify_all();
+  auto all = [&] {
+    for (uint64_t m : fences_[key])
+      if (m < mine) return false;
+    return true;
+  };
+  if (cv_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds), all)) return ncclSuccess;
+  std::string absent;
+  for (int r = 0; r < n_; r++)
+    if (fences_[key][r] < mine) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+  return fail(ncclRemoteError, __FILE__, __LINE__,
+              "virtual domain: rank %d waited %.1f s at launch fence %llu for virtual rank(s) %s", rank,
+              timeoutSeconds, (unsigned long long)mine, absent.c_str());
+}
+
+void VirtualDomain::forget(uint64_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fences_.erase(key);
+}
+
 }  // namespace ncclext

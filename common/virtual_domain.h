@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -26,6 +27,19 @@ class VirtualDomain {
   ncclResult_t allGather(int rank, const void* mine, size_t bytes, void* all, double timeoutSeconds);
   ncclResult_t barrier(int rank, double timeoutSeconds) { return allGather(rank, nullptr, 0, nullptr, timeoutSeconds); }
 
+  // Launch fences. The virtual ranks' streams share the GPU's few hardware work queues, and a queue runs its work in
+  // order: a rank's kernel that waits on its own spinning barrier kernel holds up everything queued behind it in the
+  // same hardware queue, maybe the barrier kernel of a peer that the spinning one waits for (a deadlock until the
+  // device timeout). A rank that enqueued a spinning kernel therefore calls fence() before it enqueues anything that
+  // depends on it: every rank's matching kernel is then queued ahead of any work that waits for one.
+  //
+  // The k-th fence(rank, key) of each rank returns once every rank made its k-th fence on `key` (one key per plan,
+  // from newKey, which every rank calls in the same order). Unlike the collectives above, a fence that runs out of
+  // time leaves the domain usable: it returns ncclRemoteError, and the kernels' own timeout reports the absent rank.
+  uint64_t newKey(int rank);
+  ncclResult_t fence(int rank, uint64_t key, double timeoutSeconds);
+  void forget(uint64_t key);  // the key's plan is gone (after a barrier that every rank passed with it)
+
  private:
   const int n_;
   std::mutex mu_;
@@ -36,6 +50,8 @@ class VirtualDomain {
   std::vector<char> in_, out_;  // the round being gathered; the last completed round's result
   std::vector<char> present_;
   bool broken_ = false;
+  std::vector<uint64_t> keys_ = std::vector<uint64_t>(kMaxRanks, 0);  // newKey's count, by rank
+  std::map<uint64_t, std::vector<uint64_t>> fences_;                  // fences made, by key and rank
 };
 
 }  // namespace ncclext

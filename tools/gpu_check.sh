@@ -37,8 +37,9 @@ RUNS=(
   # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md).
   "ep_ll_bench|$BUILDDIR/bin/ep_bench --mode ll --nranks NRANKS --json JSON|1|virtual"
   # nodes: every piece between ranks by ncclSend/ncclRecv; virtual: every piece over LSA through the plans' windows.
-  # The LSA path fails now and then at 4 virtual ranks (a barrier whose peer's flag never shows; docs/M2N.md): that
-  # run is quarantined (mode virtual:2, at most 2 ranks) unless GPU_CHECK_M2N_VIRTUAL4=1.
+  # The LSA path failed now and then at 4 virtual ranks (a barrier whose peer's flag never shows; docs/M2N.md). The
+  # launch fences meant to cure it have not run on a GPU yet: that run stays quarantined (mode virtual:2, at most 2
+  # ranks) unless GPU_CHECK_M2N_VIRTUAL4=1.
   "m2n_exec|$BUILDDIR/bin/m2n_exec_test --nranks NRANKS --cases 100 --json JSON|1|nodes virtual:$M2N_VIRTUAL_MAX"
   "m2n_dead_peer|$BUILDDIR/bin/m2n_exec_test --dead-peer --timeout-s 3 --nranks NRANKS --json JSON|2|nodes virtual"
   # The M2N benchmark (single tensors over layout pairs, beside the copy engine or NCCL send/recv of the same bytes

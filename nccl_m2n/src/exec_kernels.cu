@@ -22,16 +22,68 @@ __global__ void setPointersKernel(const void** arr, PointerBatch b) {
   for (int i = threadIdx.x; i < b.count; i += blockDim.x) arr[b.first + i] = b.p[i];
 }
 
-// One CTA per segment at a time, each thread its share (move.h).
-template <int K>
-__global__ void moveKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m) {
-  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
-    const MoveSegment g = segs[si];
-    moveSegmentShare<K>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
+// A tile's elements in shared memory, destination-typed; a row one element longer than the tile, so that the
+// column reads of the second half fall in different banks.
+template <typename T>
+using TileRows = T (*)[kTileEdge + 1];
+constexpr int kTileBufferWords = kTileEdge * (kTileEdge + 1);  // 8-byte words: room for the widest elements
+static_assert(kThreads % kTileEdge == 0, "a CTA is whole groups of kTileEdge threads");
+
+// A tile segment of a transposing local copy (move.h, tileSpanOf), one tile after another: the CTA reads the tile's
+// rows along the source's contiguous (last) dim into shared memory, converting there, and writes its columns along
+// the destination's contiguous dim b. Thread x of each group of kTileEdge takes column x on the way in and row x on
+// the way out, so that both global accesses are coalesced.
+template <typename T>
+__device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, TileRows<T> tile) {
+  const int b = tileDimOf(d), last = d.ndims - 1;
+  const int x = threadIdx.x % kTileEdge, y0 = threadIdx.x / kTileEdge, ys = blockDim.x / kTileEdge;
+  const char* src = m.src[d.tensor];
+  T* dst = reinterpret_cast<T*>(m.dst[d.tensor]);
+  const int sb = sourceBytes(d);
+  const int64_t rowStride = d.srcStride[b], colStride = d.dstStride[last];
+  for (int64_t t = g.firstElement; t < g.firstElement + g.elements; t++) {
+    const TileSpan s = tileSpanOf(d, b, t);
+    int64_t s0, t0;
+    moveOffsets(d, s.e0, &s0, &t0);
+    if (x < s.cols) {
+      for (int i = y0; i < s.rows; i += ys) {
+        const char* from = src + (s0 + i * rowStride + x) * sb;
+        if (d.convert == kConvertNone)
+          tile[i][x] = *reinterpret_cast<const T*>(from);
+        else
+          convertElement(from, reinterpret_cast<char*>(&tile[i][x]), d.convert, (int)sizeof(T));
+      }
+    }
+    __syncthreads();
+    if (x < s.rows)
+      for (int j = y0; j < s.cols; j += ys) dst[t0 + j * colStride + x] = tile[x][j];
+    __syncthreads();  // the tile is refilled next
   }
 }
 
-// Pack or unpack: as moveKernel, each segment's staging where MoveSegment::where says.
+__device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, uint64_t* buffer) {
+  switch (d.elemBytes) {
+    case 1: copyTiles<uint8_t>(d, g, m, reinterpret_cast<TileRows<uint8_t>>(buffer)); break;
+    case 2: copyTiles<uint16_t>(d, g, m, reinterpret_cast<TileRows<uint16_t>>(buffer)); break;
+    case 4: copyTiles<uint32_t>(d, g, m, reinterpret_cast<TileRows<uint32_t>>(buffer)); break;
+    default: copyTiles<uint64_t>(d, g, m, reinterpret_cast<TileRows<uint64_t>>(buffer)); break;
+  }
+}
+
+// The local copies: one CTA per segment at a time, each thread its share (move.h); tile segments through shared
+// memory.
+__global__ void copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m) {
+  __shared__ uint64_t tileBuffer[kTileBufferWords];
+  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+    const MoveSegment g = segs[si];
+    if (g.where == kTileSegment)
+      copyTileSegment(descs[g.desc], g, m, tileBuffer);
+    else
+      moveSegmentShare<kMoveCopy>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
+  }
+}
+
+// Pack or unpack: as copyKernel, each segment's staging where MoveSegment::where says.
 template <int K>
 __global__ void stagedMoveKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m,
                                  StageAreas stage) {
@@ -85,14 +137,6 @@ __global__ void quantizeKernel(const QuantDesc* descs, const char* const* src, c
 
 unsigned gridFor(int64_t segments) { return (unsigned)std::max<int64_t>(1, std::min<int64_t>(segments, kMaxCtas)); }
 
-// One launch of the move kernel K over n segments (none: nothing to launch).
-template <int K>
-ncclResult_t launchMove(const char* name, const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m,
-                        cudaStream_t stream) {
-  if (n == 0) return ncclSuccess;
-  return ncclext::launchKernel(name, moveKernel<K>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs, segs, n, m);
-}
-
 }  // namespace
 
 ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_t n, cudaStream_t stream) {
@@ -119,7 +163,9 @@ ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlock
 
 ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
                           char* const* dst, cudaStream_t stream) {
-  return launchMove<kMoveCopy>("m2n copy", descs, segs, n, MoveEnds{src, dst, nullptr, nullptr}, stream);
+  if (n == 0) return ncclSuccess;
+  return ncclext::launchKernel("m2n copy", copyKernel, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs, segs, n,
+                               MoveEnds{src, dst, nullptr, nullptr});
 }
 
 ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
@@ -141,7 +187,7 @@ ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stre
 }
 
 ncclResult_t loadExecKernels() {
-  return ncclext::loadKernels("nccl_m2n", setPointersKernel, moveKernel<kMoveCopy>, stagedMoveKernel<kMovePack>,
+  return ncclext::loadKernels("nccl_m2n", setPointersKernel, copyKernel, stagedMoveKernel<kMovePack>,
                               stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel);
 }
 

@@ -55,9 +55,12 @@ void coalesce(MoveDesc* d) {
 std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements) {
   std::vector<MoveSegment> out;
   for (size_t i = 0; i < copies.size(); i++) {
-    const int64_t n = product(copies[i].extent, copies[i].ndims);
-    for (int64_t first = 0; first < n; first += maxElements)
-      out.push_back({(uint32_t)i, kStageLocal, first, std::min(maxElements, n - first), 0});
+    const int b = tileDimOf(copies[i]);
+    // Tiled: segments of whole tiles, about as many elements each.
+    const int64_t n = b >= 0 ? tileCountOf(copies[i], b) : product(copies[i].extent, copies[i].ndims);
+    const int64_t per = b >= 0 ? std::max<int64_t>(1, maxElements / (kTileEdge * kTileEdge)) : maxElements;
+    for (int64_t first = 0; first < n; first += per)
+      out.push_back({(uint32_t)i, b >= 0 ? kTileSegment : kStageLocal, first, std::min(per, n - first), 0});
   }
   return out;
 }

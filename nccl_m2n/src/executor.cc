@@ -74,6 +74,9 @@ struct ncclM2nPlan {
   uint64_t* epochs = nullptr;                         // the barrier's epoch (device)
   size_t windowSlots = 0;
   ncclm2n::DomainBarrier barrier;
+  // Virtual ranks: the plan's launch fences (common/virtual_domain.h), skipped once one ran out of time.
+  uint64_t fenceKey = 0;
+  bool fenceLost = false;
   bool created = false;  // createPlan returned it (a failed creation is freed without the virtual ranks' barriers)
 };
 
@@ -216,6 +219,17 @@ ncclResult_t setUpLsa(ncclM2nPlan* plan, int64_t rounds, cudaStream_t stream) {
   b.rank = plan->rank;
   b.err = plan->status->sink();
   b.timeoutNs = (uint64_t)(plan->timeoutSeconds * 1e9);
+  if (plan->virt) plan->fenceKey = plan->virt->newKey(plan->rank);
+  return ncclSuccess;
+}
+
+// A barrier of the domain. Virtual ranks then meet at a launch fence (common/virtual_domain.h) before this rank
+// enqueues anything that waits for it. A fence that runs out of time is not an error of its own: the barrier kernel,
+// launched first, times out on the same budget and reports the absent rank as every barrier does.
+ncclResult_t domainBarrier(ncclM2nPlan* plan, cudaStream_t stream) {
+  NCCLEXT_CHECK(launchDomainBarrier(plan->barrier, stream));
+  if (plan->virt && !plan->fenceLost)
+    plan->fenceLost = plan->virt->fence(plan->rank, plan->fenceKey, plan->timeoutSeconds) != ncclSuccess;
   return ncclSuccess;
 }
 
@@ -612,11 +626,11 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
         return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
                              "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(xc.comm));
     }
-    if (r.barrier) NCCLEXT_CHECK(launchDomainBarrier(plan->barrier, stream));
+    if (r.barrier) NCCLEXT_CHECK(domainBarrier(plan, stream));
     NCCLEXT_CHECK(
         launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, stage, d, stream));
   }
-  if (x.finalBarrier) NCCLEXT_CHECK(launchDomainBarrier(plan->barrier, stream));
+  if (x.finalBarrier) NCCLEXT_CHECK(domainBarrier(plan, stream));
   return ncclSuccess;
 }
 
@@ -664,6 +678,7 @@ ncclResult_t destroyPlan(ncclM2nPlan* plan) {
   const int rank = plan->rank;
   const double timeout = plan->timeoutSeconds;
   ncclResult_t res = virt ? virt->barrier(rank, timeout) : ncclSuccess;
+  if (virt && res == ncclSuccess && plan->window) virt->forget(plan->fenceKey);  // every rank is past its fences
   ncclext::Watchdog::instance().removeOwner(plan);  // after it, no action of the watchdog touches the plan
   plan->x.reset();  // the exchange communicator goes with the last plan on it
   for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,

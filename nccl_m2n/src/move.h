@@ -41,6 +41,10 @@ struct MoveDesc {
 // window, an unpack reads the sender's).
 constexpr uint32_t kStageLocal = 0xffffffffu;
 
+// MoveSegment::where of a local copy's segment of tiles (a transposing box, see tileDimOf): firstElement and
+// elements then count tiles, not elements.
+constexpr uint32_t kTileSegment = 0xfffffffeu;
+
 // A run of a MoveDesc's elements and where it sits in the staging buffer (pack: written there; unpack: read).
 struct MoveSegment {
   uint32_t desc = 0;         // index into the descriptor table of its direction (sends or receives)
@@ -49,6 +53,65 @@ struct MoveSegment {
   int64_t elements = 0;
   int64_t stageOffset = 0;   // bytes from the start of the staging (or of the window's slots): slot + offset in chunk
 };
+
+// Transposing boxes. A local copy whose source is contiguous along the box's last dim and whose destination is
+// contiguous along an earlier dim b (a row-major source into a column-major destination, say) is moved in square
+// tiles of kTileEdge x kTileEdge elements over dims (b, last): the kernel reads a tile's rows along the source's
+// contiguous dim and writes its columns along the destination's, through shared memory, so that both sides are
+// coalesced (element by element, one side would be read or written kTileEdge times as wide as it moves).
+constexpr int kTileEdge = 64;
+constexpr int64_t kTileMinExtent = 16;  // both tiled dims at least this long (else tiles are mostly empty)
+
+// The dim b that tiles d with its last dim, or -1 when d is not a transposing box.
+NCCLM2N_HD int tileDimOf(const MoveDesc& d) {
+  const int last = d.ndims - 1;
+  if (last < 1 || d.srcStride[last] != 1 || d.dstStride[last] == 1 || d.extent[last] < kTileMinExtent) return -1;
+  for (int b = last - 1; b >= 0; b--)
+    if (d.dstStride[b] == 1) return d.extent[b] >= kTileMinExtent ? b : -1;
+  return -1;
+}
+
+// Tiles of d over dims (b, last): every index of the other dims times the tiles of the (b, last) plane.
+NCCLM2N_HD int64_t tileCountOf(const MoveDesc& d, int b) {
+  const int last = d.ndims - 1;
+  int64_t n = ((d.extent[b] + kTileEdge - 1) / kTileEdge) * ((d.extent[last] + kTileEdge - 1) / kTileEdge);
+  for (int k = 0; k < last; k++)
+    if (k != b) n *= d.extent[k];
+  return n;
+}
+
+// Tile `tile` of d: its corner's row-major element index in the box, its rows (along b) and columns (along the last
+// dim), and the row-major index step of one row. Element (i, j) of the tile is element e0 + i * rowStep + j.
+struct TileSpan {
+  int64_t e0 = 0, rows = 0, cols = 0, rowStep = 0;
+};
+
+NCCLM2N_HD TileSpan tileSpanOf(const MoveDesc& d, int b, int64_t tile) {
+  const int last = d.ndims - 1;
+  const int64_t colTiles = (d.extent[last] + kTileEdge - 1) / kTileEdge;
+  const int64_t rowTiles = (d.extent[b] + kTileEdge - 1) / kTileEdge;
+  const int64_t ct = tile % colTiles, rt = (tile / colTiles) % rowTiles;
+  int64_t outer = tile / colTiles / rowTiles;
+  TileSpan s;
+  s.cols = d.extent[last] - ct * kTileEdge < kTileEdge ? d.extent[last] - ct * kTileEdge : kTileEdge;
+  s.rows = d.extent[b] - rt * kTileEdge < kTileEdge ? d.extent[b] - rt * kTileEdge : kTileEdge;
+  int64_t step = 1;  // the row-major index step of dim k, from the last dim inwards
+  for (int k = last; k >= 0; k--) {
+    int64_t i;
+    if (k == last) {
+      i = ct * kTileEdge;
+    } else if (k == b) {
+      i = rt * kTileEdge;
+      s.rowStep = step;
+    } else {
+      i = outer % d.extent[k];
+      outer /= d.extent[k];
+    }
+    s.e0 += i * step;
+    step *= d.extent[k];
+  }
+  return s;
+}
 
 NCCLM2N_HD void moveOffsets(const MoveDesc& d, int64_t e, int64_t* src, int64_t* dst) {
   int64_t s = d.srcOffset, t = d.dstOffset;
@@ -109,10 +172,18 @@ NCCLM2N_HD void groupCopy(int64_t lane, int64_t lanes, const char* from, char* t
   if (head > bytes) head = bytes;
   for (int64_t i = lane; i < head; i += lanes) to[i] = from[i];
   const int64_t n = vec > 1 ? (bytes - head) / vec : 0, body = head + n * vec;  // vec 1: all in the tail loop
-  if (vec == 16) {
+  if (vec == 16) {  // four loads in flight per thread before their stores (to and from may alias for the compiler)
     const MoveVec16* f = reinterpret_cast<const MoveVec16*>(from + head);
     MoveVec16* t = reinterpret_cast<MoveVec16*>(to + head);
-    for (int64_t i = lane; i < n; i += lanes) t[i] = f[i];
+    int64_t i = lane;
+    for (; i + 3 * lanes < n; i += 4 * lanes) {
+      const MoveVec16 v0 = f[i], v1 = f[i + lanes], v2 = f[i + 2 * lanes], v3 = f[i + 3 * lanes];
+      t[i] = v0;
+      t[i + lanes] = v1;
+      t[i + 2 * lanes] = v2;
+      t[i + 3 * lanes] = v3;
+    }
+    for (; i < n; i += lanes) t[i] = f[i];
   } else if (vec == 4) {
     const uint32_t* f = reinterpret_cast<const uint32_t*>(from + head);
     uint32_t* t = reinterpret_cast<uint32_t*>(to + head);
@@ -149,9 +220,25 @@ NCCLM2N_HD void moveEnds(const MoveDesc& d, const MoveSegment& g, int64_t e, con
 // converted, the segment is a list of byte runs, one per row: runs of at least 4 KB take the whole team each,
 // shorter ones a warp each. Otherwise the threads take single elements (converting them). The threads write
 // disjoint bytes, so the host emulator may run the shares one after another.
+//
+// A local copy's tile segment (kTileSegment): the threads take the tiles' elements one by one. This is the host
+// emulator's reference; the copy kernel moves tiles through shared memory instead (exec_kernels.cu).
 template <int K>
 NCCLM2N_HD void moveSegmentShare(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, int tid, int nThreads) {
   const int last = d.ndims - 1;
+  if (K == kMoveCopy && g.where == kTileSegment) {
+    const int b = tileDimOf(d);
+    for (int64_t t = g.firstElement; t < g.firstElement + g.elements; t++) {
+      const TileSpan s = tileSpanOf(d, b, t);
+      for (int64_t k = tid; k < s.rows * s.cols; k += nThreads) {
+        const char* from;
+        char* to;
+        moveEnds<K>(d, g, s.e0 + (k / s.cols) * s.rowStep + k % s.cols, m, &from, &to);
+        convertElement(from, to, d.convert, d.elemBytes);
+      }
+    }
+    return;
+  }
   const int64_t end = g.firstElement + g.elements;
   const int convert = K == kMoveUnpack ? (int)kConvertNone : d.convert;  // the staging holds converted elements
   const bool runs = last >= 0 && convert == kConvertNone && (K == kMoveUnpack || d.srcStride[last] == 1) &&

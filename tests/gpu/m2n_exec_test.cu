@@ -335,6 +335,64 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, const Options& o, uint64_t 
   return bad;
 }
 
+// Transposing layouts big enough for the copy kernel's tiles (move.h, tileDimOf): a [3, 150, 77] tensor in rows
+// over every rank into a replica on every rank stored with dim 1 innermost (dims 1 and 2 transposed, dim 0
+// outside them), for every element size and conversion. This rank's own rows are a tiled local copy; the others'
+// arrive packed and are unpacked element by element. Returns this rank's wrong elements (1 for a failed call).
+int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
+  const int n = ctx.nRanks;
+  std::vector<int> all(n);
+  for (int r = 0; r < n; r++) all[r] = r;
+  const std::vector<int64_t> shape = {3, 150, 77};
+  const std::pair<ncclDataType_t, ncclDataType_t> kTypes[] = {
+      {ncclInt8, ncclInt8},       {ncclBfloat16, ncclBfloat16}, {ncclFloat32, ncclFloat32},
+      {ncclInt64, ncclInt64},     {ncclFloat32, ncclBfloat16},  {ncclBfloat16, ncclFloat32}};
+  int64_t bad = 0;
+  for (const auto& [from, to] : kTypes) {
+    Batch b;
+    b.p.nRanks = n;
+    TensorPair tp;
+    tp.name = "transposed";
+    tp.src = testing::layout(shape, {n}, all, {1}, from);
+    tp.dst = testing::layout(shape, {n}, all, {kReplicate}, to);
+    for (int pos = 0; pos < n; pos++) tp.dst.strides.insert(tp.dst.strides.end(), {150 * 77, 1, 150});
+    b.p.tensors.push_back(tp);
+    std::string why;
+    if (!validateProblem(b.p, &why)) {
+      fprintf(stderr, "rank %d: transposing case invalid: %s\n", ctx.rank, why.c_str());
+      return bad + 1;
+    }
+    b.build();
+    ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
+    ncclM2nPlan_t plan = nullptr;
+    if (ncclM2nPlanCreate(&plan, ctx.comm, 1, b.specs.data(), &cfg) != ncclSuccess) {
+      fprintf(stderr, "rank %d transposing case: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
+      return bad + 1;
+    }
+    Locals L;
+    L.stream = ctx.stream;
+    L.srcHost.resize(1);
+    L.dstHost.resize(1);
+    L.srcDev.assign(1, nullptr);
+    L.dstDev.assign(1, nullptr);
+    const bool ok = fillSources(b.p, ctx.rank, 7, &L) && poisonDestinations(b.p, ctx.rank, &L) &&
+                    ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(),
+                                   ctx.stream) == ncclSuccess &&
+                    ncclext::waitStream(ctx.stream, 60, "m2n transposing execute") == ncclSuccess;
+    if (!ok) {
+      fprintf(stderr, "rank %d transposing case: %s\n", ctx.rank, ncclM2nGetLastError());
+      bad++;
+    } else {
+      bad += checkDestinations(b.p, ctx.rank, 7, &L, "transposing");
+    }
+    cudaStreamSynchronize(ctx.stream);
+    ncclM2nPlanDestroy(plan);
+  }
+  printf("rank %d: transposing layouts (tiled local copies), %zu element types: %lld wrong elements\n", ctx.rank,
+         sizeof(kTypes) / sizeof(kTypes[0]), (long long)bad);
+  return bad;
+}
+
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
   int64_t errors = 0, cases = 0, elements = 0, oneShots = 0;
   bool graphDone = false, graphOk = true;
@@ -445,6 +503,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  errors += transposeCases(ctx, o);
   errors += fp8Cases(ctx, o, o.seed);
 
   // Metadata that differs on one rank: every rank refuses the batch, naming the tensor.

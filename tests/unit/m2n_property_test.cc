@@ -1,5 +1,7 @@
 // Property tests of the M2N planner: thousands of random layout pairs executed by the CPU simulator, and
 // mutations of correct plans that the simulator must catch.
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -541,6 +543,79 @@ TEST(ExecTables, CoalesceMergesWhatBothSidesContinue) {
     moveOffsets(after, e, &s1, &t1);
     ASSERT_EQ(s0, s1) << e;
     ASSERT_EQ(t0, t1) << e;
+  }
+}
+
+// Transposing copies move in tiles (move.h): every element of the box once, from and to the places the row-major
+// element path gives, whatever the tiles' fit (partial tiles at both edges, dims outside the tile plane on either
+// side of it, conversions).
+TEST(ExecTables, TransposingCopiesAreTiledAndMoveEveryElementOnce) {
+  struct Case {
+    MoveDesc d;
+    int tileDim;  // expected
+  };
+  std::vector<Case> cases = {
+      {box({70, 100}, {100, 1}, {1, 70}), 0},                               // row-major -> column-major
+      {box({3, 40, 50}, {2000, 50, 1}, {2000, 1, 40}), 1},                  // batched
+      {box({2, 20, 3, 17}, {1020, 51, 17, 1}, {1020, 1, 340, 20}), 1},      // a dim between the tiled ones
+      {box({64, 128}, {128, 1}, {1, 64}), 0},                               // whole tiles only
+      {box({70, 10}, {10, 1}, {1, 70}), -1},                                // too narrow to tile
+      {box({70, 100}, {100, 1}, {100, 1}), -1},                             // not transposing
+  };
+  MoveDesc converted = box({33, 65}, {65, 1}, {1, 33});
+  converted.convert = kConvertF32ToBf16;
+  cases.push_back({converted, 0});
+  for (size_t c = 0; c < cases.size(); c++) {
+    const MoveDesc& d = cases[c].d;
+    ASSERT_EQ(tileDimOf(d), cases[c].tileDim) << "case " << c;
+    const int64_t n = product(d.extent, d.ndims);
+    const int sb = sourceBytes(d), eb = d.elemBytes;
+    int64_t srcSpan = 0, dstSpan = 0;
+    for (int64_t e = 0; e < n; e++) {
+      int64_t s, t;
+      moveOffsets(d, e, &s, &t);
+      srcSpan = std::max(srcSpan, s + 1);
+      dstSpan = std::max(dstSpan, t + 1);
+    }
+    std::vector<char> src(srcSpan * sb), dst(dstSpan * eb, (char)0xff), want(dst);
+    for (size_t i = 0; i < src.size(); i++) src[i] = (char)(i * 7 + 3);
+    if (d.convert == kConvertF32ToBf16)  // finite floats
+      for (size_t i = 0; i < src.size(); i += 4) {
+        const float f = (float)i * 0.25f - 100.0f;
+        memcpy(&src[i], &f, 4);
+      }
+    for (int64_t e = 0; e < n; e++) {
+      int64_t s, t;
+      moveOffsets(d, e, &s, &t);
+      convertElement(&src[s * sb], &want[t * eb], d.convert, eb);
+    }
+    const std::vector<MoveDesc> copies = {d};
+    const std::vector<MoveSegment> segs = copySegments(copies, 3 * kTileEdge * kTileEdge);
+    const char* srcs[1] = {src.data()};
+    char* dsts[1] = {dst.data()};
+    const MoveEnds m{srcs, dsts, nullptr, nullptr};
+    std::vector<int> seen(n, 0);
+    for (const MoveSegment& g : segs) {
+      ASSERT_EQ(g.where == kTileSegment, cases[c].tileDim >= 0) << "case " << c;
+      if (g.where == kTileSegment) {
+        EXPECT_LE(g.elements, 3) << "case " << c;
+        for (int64_t t = g.firstElement; t < g.firstElement + g.elements; t++) {
+          const TileSpan sp = tileSpanOf(d, tileDimOf(d), t);
+          ASSERT_TRUE(sp.rows > 0 && sp.rows <= kTileEdge && sp.cols > 0 && sp.cols <= kTileEdge) << "case " << c;
+          for (int64_t i = 0; i < sp.rows; i++)
+            for (int64_t j = 0; j < sp.cols; j++) {
+              const int64_t e = sp.e0 + i * sp.rowStep + j;
+              ASSERT_TRUE(e >= 0 && e < n) << "case " << c << " tile " << t;  // before the move touches memory
+              seen[e]++;
+            }
+        }
+      } else {
+        for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) seen[e]++;
+      }
+      for (int tid = 0; tid < kMoveThreads; tid++) moveSegmentShare<kMoveCopy>(d, g, m, tid, kMoveThreads);
+    }
+    for (int64_t e = 0; e < n; e++) ASSERT_EQ(seen[e], 1) << "case " << c << " element " << e;
+    EXPECT_EQ(dst, want) << "case " << c;
   }
 }
 

@@ -336,11 +336,24 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
     m.dst = dstPtr[r].data();
     for (const MoveSegment& g : segs) {
       const MoveDesc& d = tables[r].copies[g.desc];
-      for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++)
+      // The segment's elements: a run of row-major indices, or its tiles' (move.h, tileSpanOf).
+      std::vector<int64_t> elems;
+      if (g.where == kTileSegment) {
+        const int b = tileDimOf(d);
+        if (b < 0) return error("rank " + std::to_string(r) + ": a tile segment of a box that does not tile"), res;
+        for (int64_t t = g.firstElement; t < g.firstElement + g.elements; t++) {
+          const TileSpan sp = tileSpanOf(d, b, t);
+          for (int64_t i = 0; i < sp.rows; i++)
+            for (int64_t j = 0; j < sp.cols; j++) elems.push_back(sp.e0 + i * sp.rowStep + j);
+        }
+      } else {
+        for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) elems.push_back(e);
+      }
+      for (int64_t e : elems)
         if (!inside(r, d, e, true, true))
           return error("rank " + std::to_string(r) + ": a local copy out of bounds"), res;
       team(Copy(), d, g, m);
-      for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) countWrite(r, d, e);
+      for (int64_t e : elems) countWrite(r, d, e);
     }
   }
   // Direct transfers: the i-th send of s to d meets the i-th receive of d from s, as NCCL matches them in a group.

@@ -1,6 +1,7 @@
 // The virtual-rank mode's in-process host collectives (common/virtual_domain.h): results in rank order over many
 // rounds of changing sizes, and the failures a dead or misbehaving virtual rank must produce (a timeout naming the
 // absent ranks, a broken domain afterwards, a size mismatch), never a hang.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -94,6 +95,66 @@ TEST(VirtualDomain, RankOutOfRange) {
   VirtualDomain d(2);
   EXPECT_EQ(d.barrier(2, 1), ncclInvalidArgument);
   EXPECT_EQ(d.barrier(-1, 1), ncclInvalidArgument);
+}
+
+// Launch fences: the k-th fence of every rank on a key meets the others' k-th (no rank runs ahead by one), keys
+// count apart, and one that runs out of time says who was absent without breaking the domain.
+TEST(VirtualDomain, LaunchFencesMatchByCountPerKeyAndATimeoutLeavesTheDomainUsable) {
+  constexpr int kRanks = 4, kFences = 500;
+  VirtualDomain d(kRanks);
+  std::vector<uint64_t> keyA(kRanks), keyB(kRanks);
+  for (int r = 0; r < kRanks; r++) keyA[r] = d.newKey(r);
+  for (int r = 0; r < kRanks; r++) keyB[r] = d.newKey(r);
+  EXPECT_EQ(keyA[0], keyA[3]);
+  EXPECT_NE(keyA[0], keyB[0]);
+  std::vector<int> passed(kRanks, 0);          // fences each rank passed
+  std::vector<std::atomic<int>> reached(kRanks);  // the fence each rank is at (or past)
+  std::vector<int> ahead(kRanks, 0), bad(kRanks, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; r++) {
+    threads.emplace_back([&, r] {
+      for (int k = 1; k <= kFences; k++) {
+        reached[r].store(k);
+        const uint64_t key = k % 3 == 0 ? keyB[r] : keyA[r];
+        if (d.fence(r, key, 10) != ncclSuccess) {
+          bad[r]++;
+          return;
+        }
+        // Past my k-th fence on this key: every rank reached the fence that matches it.
+        for (int s = 0; s < kRanks; s++)
+          if (reached[s].load() < k) ahead[r]++;
+        passed[r]++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; r++) {
+    EXPECT_EQ(bad[r], 0) << "rank " << r;
+    EXPECT_EQ(ahead[r], 0) << "rank " << r;
+    EXPECT_EQ(passed[r], kFences) << "rank " << r;
+  }
+  // Rank 3 never fences on a new key: the others run out of time, naming it, and the domain still works.
+  std::vector<uint64_t> keyC(kRanks);
+  for (int r = 0; r < kRanks; r++) keyC[r] = d.newKey(r);
+  std::vector<ncclResult_t> res(3);
+  std::vector<std::string> msg(3);
+  threads.clear();
+  for (int r = 0; r < 3; r++)
+    threads.emplace_back([&, r] {
+      res[r] = d.fence(r, keyC[r], 0.2);
+      msg[r] = lastError();
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; r++) {
+    EXPECT_EQ(res[r], ncclRemoteError);
+    EXPECT_NE(msg[r].find("virtual rank(s) 3"), std::string::npos) << msg[r];
+  }
+  d.forget(keyC[0]);
+  threads.clear();
+  std::vector<ncclResult_t> after(kRanks);
+  for (int r = 0; r < kRanks; r++) threads.emplace_back([&, r] { after[r] = d.barrier(r, 10); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; r++) EXPECT_EQ(after[r], ncclSuccess) << "rank " << r;
 }
 
 }  // namespace
