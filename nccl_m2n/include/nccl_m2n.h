@@ -190,7 +190,7 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
  * shared by the plans created while one lives). Those exchanges are watched: past the timeout that communicator is
  * aborted (ncclM2nPlanGetAsyncError). A plan may be destroyed before the CUDA graphs that captured its execute (not
  * replayed after). bf16 or fp32 -> fp8 e4m3 with one fp32 scale per 128 columns: see ncclM2nTensorSpec_t.
- * Zero-copy (reading the caller's tensors in a peer's window) is not implemented yet.
+ * Zero-copy inside an NVLink domain (the config's zeroCopy, with lsa): see ncclM2nRegister.
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nPlan* ncclM2nPlan_t;
 
@@ -214,8 +214,29 @@ typedef struct {
                             ncclSend/ncclRecv there too. Virtual ranks always use LSA */
   ncclM2nVirtualDomain_t virtualDomain; /* NULL; or the one-GPU test mode (ncclM2nVirtualDomainCreate) */
   int virtualRank;       /* with virtualDomain: this thread's rank in it */
+  int zeroCopy;          /* with lsa (all ranks alike): NCCL_M2N_ZERO_COPY_OFF, _PULL or _PUSH (ncclM2nRegister) */
 } ncclM2nExecConfig_t;
-#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0, 0, 0, NULL, 0}
+#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0, 0, 0, NULL, 0, 0}
+
+/* Zero-copy inside an NVLink domain. Between two ranks of one domain a plan with lsa = 1 normally stages every
+ * stream in the sender's window. With zeroCopy = NCCL_M2N_ZERO_COPY_PULL the receiver instead reads the sender's
+ * source tensor in place (no staging, no pack); with NCCL_M2N_ZERO_COPY_PUSH the sender writes the receiver's
+ * destination tensor in place. Every execute then publishes each rank's tensors of that side to its domain, meets
+ * a barrier of the domain, moves every such piece in one kernel and meets a final barrier (the execute ends only
+ * when no peer still reads or writes this rank's tensors). Across domains nothing changes.
+ * The published tensors (the sources with PULL, the destinations with PUSH) must lie, at every execute, in memory
+ * registered with ncclM2nRegister on the plan's communicator; an execute with one outside is refused naming the
+ * tensor. ncclM2nRegister: COLLECTIVE over comm's NVLink domain (the first registration on a communicator: over
+ * comm; every rank registers its own buffer, in the same order; sizes may differ); the buffer must suit
+ * ncclCommWindowRegister (ncclMemAlloc, or cuMem with the handle types NCCL needs). Deregister (collective likewise)
+ * only when no execute or graph that uses it can run any more. Virtual ranks (virtualDomain) need no registration:
+ * any device memory works. Not with fp8 tensors (refused at plan time). */
+#define NCCL_M2N_ZERO_COPY_OFF 0
+#define NCCL_M2N_ZERO_COPY_PULL 1
+#define NCCL_M2N_ZERO_COPY_PUSH 2
+typedef struct ncclM2nRegistration* ncclM2nRegistration_t;
+NCCL_M2N_API ncclResult_t ncclM2nRegister(ncclComm_t comm, void* buffer, size_t bytes, ncclM2nRegistration_t* reg);
+NCCL_M2N_API ncclResult_t ncclM2nDeregister(ncclM2nRegistration_t reg);
 
 NCCL_M2N_API ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors,
                                             const ncclM2nTensorSpec_t* tensors, const ncclM2nExecConfig_t* config);

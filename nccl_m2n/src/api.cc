@@ -12,6 +12,7 @@
 #include "common/version.h"
 #include "common/env.h"
 #include "nccl_m2n/src/executor.h"
+#include "nccl_m2n/src/registry.h"
 #include "nccl_m2n/src/plan.h"
 #include "nccl_m2n/src/quantize.h"
 
@@ -296,6 +297,12 @@ ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensor
                 config ? config->lsa : 0);
     NCCLEXT_ARG(config == nullptr || config->virtualDomain != nullptr || config->virtualRank == 0,
                 "ncclM2nPlanCreate: virtualRank %d without a virtualDomain", config ? config->virtualRank : 0);
+    NCCLEXT_ARG(config == nullptr || (config->zeroCopy >= NCCL_M2N_ZERO_COPY_OFF &&
+                                      config->zeroCopy <= NCCL_M2N_ZERO_COPY_PUSH),
+                "ncclM2nPlanCreate: zeroCopy %d: NCCL_M2N_ZERO_COPY_OFF, _PULL or _PUSH", config ? config->zeroCopy : 0);
+    NCCLEXT_ARG(config == nullptr || config->zeroCopy == 0 || config->lsa == 1 || config->virtualDomain,
+                "ncclM2nPlanCreate: zeroCopy %d needs lsa = 1 (it moves the streams inside an NVLink domain in place)",
+                config ? config->zeroCopy : 0);
     NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nPlanCreate: %d tensors at %p",
                 nTensors, (const void*)tensors);
     NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
@@ -318,6 +325,9 @@ ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensor
       o.virt = config->virtualDomain ? &config->virtualDomain->domain : nullptr;
       o.lsa = config->lsa == 1 || o.virt;  // virtual ranks reach each other only over LSA
       o.virtualRank = config->virtualRank;
+      o.zeroCopy = config->zeroCopy;
+      if (o.zeroCopy && !fp8.empty() && why.empty())  // every rank fails together (the batch is the same)
+        why = "zeroCopy with fp8 tensors is not supported (their quantised values live in plan-owned scratch)";
     }
     o.timeoutSeconds = config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
     return ncclm2n::createPlan(comm, std::move(p), std::move(fp8), why, o, plan);
@@ -381,6 +391,26 @@ ncclResult_t ncclM2nCommRelease(ncclComm_t comm) {
     NCCLEXT_ARG(comm != nullptr, "ncclM2nCommRelease: comm is NULL");
     ncclm2n::releaseExchange(comm);
     return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclM2nRegister(ncclComm_t comm, void* buffer, size_t bytes, ncclM2nRegistration_t* reg) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nRegister", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(reg != nullptr, "ncclM2nRegister: reg is NULL");
+    *reg = nullptr;
+    NCCLEXT_ARG(comm != nullptr, "ncclM2nRegister: comm is NULL");
+    NCCLEXT_ARG(buffer != nullptr && bytes > 0, "ncclM2nRegister: buffer %p of %zu bytes", buffer, bytes);
+    NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
+    return ncclm2n::registerBuffer(comm, buffer, bytes, reg);
+  });
+}
+
+ncclResult_t ncclM2nDeregister(ncclM2nRegistration_t reg) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nDeregister", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(reg != nullptr, "ncclM2nDeregister: reg is NULL");
+    return ncclm2n::deregisterBuffer(reg);
   });
 }
 

@@ -99,6 +99,40 @@ __global__ void stagedMoveKernel(const MoveDesc* descs, const MoveSegment* segs,
   }
 }
 
+constexpr int kPublishedPerLaunch = 240;  // 240 x 16 bytes of parameters, under the classic 4 KB limit
+
+struct PublishBatch {
+  int64_t first;
+  int count;
+  Published p[kPublishedPerLaunch];
+};
+
+__global__ void publishKernel(ncclext::dev::Peers peers, size_t tableOffset, PublishBatch b) {
+  Published* table = static_cast<Published*>(peers.local(tableOffset));
+  for (int i = threadIdx.x; i < b.count; i += blockDim.x) table[b.first + i] = b.p[i];
+}
+
+// Zero-copy moves. The peer's table entry was published before the barrier that precedes this kernel on the stream
+// (its release orders the peer's publish and every earlier store of the peer's stream, its tensor's contents
+// included, before this rank's acquire); the final barrier after it keeps the peer from touching its tensor before
+// every rank is done with it.
+__global__ void remoteKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, RemoteMoves rm,
+                             const char* const* src, char* const* dst) {
+  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+    const MoveSegment g = segs[si];
+    MoveDesc d = descs[g.desc];
+    const int peer = (int)g.where;
+    const Published* e = static_cast<const Published*>(rm.peers.at(rm.tableOffset, peer)) + d.tensor;
+    const uint64_t a = __ldcg(&e->a), b = __ldcg(&e->b);
+    char* theirs = b == kPublishedAddress ? reinterpret_cast<char*>(a)
+                                          : static_cast<char*>(ncclGetLsaPointer(rm.windows[a], b, peer));
+    const char* from[1] = {rm.pull ? theirs : src[d.tensor]};
+    char* to[1] = {rm.pull ? dst[d.tensor] : theirs};
+    d.tensor = 0;  // both ends are the one-element arrays above
+    moveSegmentShare<kMoveCopy>(d, g, MoveEnds{from, to, nullptr, nullptr}, threadIdx.x, blockDim.x);
+  }
+}
+
 // The domain's barrier. Its release orders every store of this rank's earlier kernels on the stream (the packs)
 // before the peers' acquires; the unpacks after it read what every peer packed.
 __global__ void domainBarrierKernel(DomainBarrier d) {
@@ -182,13 +216,33 @@ ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_
                                stream, descs, segs, n, MoveEnds{nullptr, dst, nullptr, nullptr}, stage);
 }
 
+ncclResult_t launchPublish(const ncclext::dev::Peers& peers, size_t tableOffset, const Published* published, int64_t n,
+                           cudaStream_t stream) {
+  for (int64_t first = 0; first < n; first += kPublishedPerLaunch) {
+    PublishBatch b;
+    b.first = first;
+    b.count = (int)std::min<int64_t>(kPublishedPerLaunch, n - first);
+    for (int i = 0; i < b.count; i++) b.p[i] = published[first + i];
+    NCCLEXT_CHECK(
+        ncclext::launchKernel("m2n publish", publishKernel, dim3(1), dim3(128), 0, stream, peers, tableOffset, b));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t launchRemote(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const RemoteMoves& rm,
+                          const char* const* src, char* const* dst, cudaStream_t stream) {
+  if (n == 0) return ncclSuccess;
+  return ncclext::launchKernel("m2n in-place moves", remoteKernel, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
+                               segs, n, rm, src, dst);
+}
+
 ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stream) {
   return ncclext::launchKernel("m2n domain barrier", domainBarrierKernel, dim3(1), dim3(32), 0, stream, barrier);
 }
 
 ncclResult_t loadExecKernels() {
   return ncclext::loadKernels("nccl_m2n", setPointersKernel, copyKernel, stagedMoveKernel<kMovePack>,
-                              stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel);
+                              stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel, publishKernel, remoteKernel);
 }
 
 }  // namespace ncclm2n

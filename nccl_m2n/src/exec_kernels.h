@@ -43,6 +43,29 @@ struct DomainBarrier {
   uint64_t timeoutNs = 0;
 };
 ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stream);
+
+// Zero-copy (exec_tables.h): one tensor as a rank publishes it in its window. Real ranks: a = the registration's
+// slot (registry.h), b = the offset in it; virtual ranks: a = the address, b = kPublishedAddress. Nothing: both 0
+// (a tensor the rank holds no part of on that side, which no peer's table reads).
+constexpr uint64_t kPublishedAddress = ~0ull;
+struct Published {
+  uint64_t a = 0, b = 0;
+};
+// table[0, n) of this rank's window at `tableOffset` = published[0, n), by kernels whose parameters carry them.
+ncclResult_t launchPublish(const ncclext::dev::Peers& peers, size_t tableOffset, const Published* published, int64_t n,
+                           cudaStream_t stream);
+// The in-place moves, one CTA per segment at a time: segment g's peer (MoveSegment::where, a domain rank) published
+// its tensor at `tableOffset` of its window; pull reads it into this rank's destination (descs: the receives), push
+// writes this rank's source into it (descs: the sends). `windows`: the registry's device table (real ranks), NULL
+// for virtual ranks. src / dst: this rank's device arrays of the call's pointers.
+struct RemoteMoves {
+  ncclext::dev::Peers peers{};
+  size_t tableOffset = 0;
+  ncclWindow_t* windows = nullptr;
+  int pull = 1;
+};
+ncclResult_t launchRemote(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const RemoteMoves& rm,
+                          const char* const* src, char* const* dst, cudaStream_t stream);
 // The kernels, loaded before any of them runs (ncclext::loadKernels: the virtual ranks' barrier spins).
 ncclResult_t loadExecKernels();
 

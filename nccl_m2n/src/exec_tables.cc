@@ -66,7 +66,7 @@ std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64
 }
 
 bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule& s, ExecTables* out,
-                     std::string* error) {
+                     std::string* error, int zeroCopy) {
   ExecTables x;
   x.chunkBytes = s.chunkBytes;
   x.stagingBytes = s.stagingBytes;
@@ -88,9 +88,12 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
   x.lsaRank = s.lsaRank;
   x.lsaBytes = s.lsaBytes;
   x.lsaChunks = s.lsaChunks;
+  x.zeroCopy = s.lsaSize > 1 ? zeroCopy : kZeroCopyOff;
+  const bool inPlace = x.zeroCopy != kZeroCopyOff;
   int64_t rounds = 0;
   for (const auto* list : {&s.sends, &s.recvs})
     for (const WireStream& w : *list) {
+      if (inPlace && w.lsa) continue;  // moved in place (below)
       if (w.slotOffset < 0) {
         if (error) *error = "stream with rank " + std::to_string(w.peer) + " has no staging slots";
         return false;
@@ -101,7 +104,7 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
   auto addChunks = [&](const std::vector<WireStream>& streams, const std::vector<Transfer>& list, bool send,
                        int64_t k, std::vector<MoveSegment>* segs, int64_t* elements) {
     for (const WireStream& w : streams) {
-      if (k >= w.chunks(s.chunkBytes)) continue;
+      if ((inPlace && w.lsa) || k >= w.chunks(s.chunkBytes)) continue;
       const int64_t slot = w.slotOffset + (k % 2) * w.slotBytes;
       const uint32_t where = !w.lsa ? kStageLocal : (uint32_t)(send ? s.lsaRank : w.lsaPeer);
       const std::vector<MoveDesc>& descs = send ? x.sends : x.recvs;
@@ -129,6 +132,19 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
     r.opEnd = (uint32_t)x.ops.size();
     x.rounds.push_back(r);
   }
+  // Zero-copy: the receiver's LSA streams (pull) or the sender's (push), whole transfers in pieces of
+  // kCopySegmentElements, each from or to the peer's tensor.
+  if (inPlace) {
+    const bool pull = x.zeroCopy == kZeroCopyPull;
+    for (const WireStream& w : pull ? s.recvs : s.sends) {
+      if (!w.lsa) continue;
+      for (const StreamItem& it : w.items) {
+        const int64_t n = (pull ? plan.recvs : plan.sends)[it.transfer].elements();
+        for (int64_t at = 0; at < n; at += kCopySegmentElements)
+          x.remote.push_back({it.transfer, (uint32_t)w.lsaPeer, at, std::min(kCopySegmentElements, n - at), 0});
+      }
+    }
+  }
   if (x.pack.size() > UINT32_MAX || x.unpack.size() > UINT32_MAX || x.ops.size() > UINT32_MAX) {
     if (error) *error = "the plan has more than 2^32 segments on one rank";
     return false;
@@ -147,6 +163,11 @@ void setLsaRounds(ExecTables* x, int64_t rounds) {
   }
   for (int64_t k = 0; k < (int64_t)x->rounds.size(); k++) x->rounds[k].barrier = k < rounds;
   x->finalBarrier = rounds > 0;
+}
+
+void setRemoteBarriers(ExecTables* x, int64_t domainStreams) {
+  x->remoteBarrier = x->zeroCopy != kZeroCopyOff && domainStreams > 0;
+  if (x->remoteBarrier) x->finalBarrier = 1;
 }
 
 }  // namespace ncclm2n

@@ -51,9 +51,17 @@ struct ExecRound {
   int32_t barrier = 0;                      // 1: the domain's barrier between the packs and the unpacks (LSA)
 };
 
+// Zero-copy (schedule.h, ZeroCopy). Before its in-place moves every rank of the domain publishes where its tensors
+// are (pull: its sources; push: its destinations) in its window; a barrier of the domain; then one kernel moves every
+// in-place segment (MoveSegment::where: the peer's domain rank) between the peer's tensor, reached through what it
+// published, and this rank's; the final barrier ends the execute only once nobody reads or writes a peer's tensors
+// any more. Every rank of a domain with an LSA stream anywhere meets those two barriers (setRemoteBarriers).
 struct ExecTables {
   std::vector<MoveDesc> copies, sends, recvs;  // from the plan's lists, in their order
   std::vector<MoveSegment> pack, unpack;       // indexing sends / recvs
+  std::vector<MoveSegment> remote;             // zero-copy: indexing recvs (pull) or sends (push)
+  int32_t zeroCopy = 0;                        // ZeroCopy
+  int32_t remoteBarrier = 0;                   // 1: publish, the domain's barrier, the in-place moves
   std::vector<P2pOp> ops;
   std::vector<ExecRound> rounds;
   std::vector<DirectOp> direct;                // sends then receives, issued in one group before the rounds
@@ -74,12 +82,16 @@ void coalesce(MoveDesc* d);
 // a transposing box (move.h, tileDimOf) into segments of whole tiles, at most maxElements / kTileEdge^2 (at least 1).
 std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements);
 
-// Flattens `plan` (this rank's lists) and its schedule (built with the same problem). LSA streams get segments
-// staged in the windows and no P2P operation; their barriers are set by setLsaRounds.
+// Flattens `plan` (this rank's lists) and its schedule (built with the same problem and, for zero-copy, the same
+// ScheduleOptions::zeroCopy). LSA streams get segments staged in the windows and no P2P operation, their barriers
+// set by setLsaRounds; with zero-copy, in-place segments instead (setRemoteBarriers).
 bool buildExecTables(const Problem& problem, const RankPlan& plan, const RankSchedule& schedule, ExecTables* out,
-                     std::string* error);
+                     std::string* error, int zeroCopy = kZeroCopyOff);
 // The domain's agreed LSA round count (the max of its ranks' lsaChunks): at least that many rounds, each with a
 // barrier, and the final barrier when it is not 0.
 void setLsaRounds(ExecTables* tables, int64_t rounds);
+// Zero-copy: `domainStreams` is the number of LSA streams of the whole domain (the sum of its ranks'
+// RankSchedule::lsaStreams). Any: this rank publishes, meets the barrier before the in-place moves and the final one.
+void setRemoteBarriers(ExecTables* tables, int64_t domainStreams);
 
 }  // namespace ncclm2n

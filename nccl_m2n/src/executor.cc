@@ -20,6 +20,7 @@
 #include "common/watchdog.h"
 #include "nccl_m2n/src/agree.h"
 #include "nccl_m2n/src/exec_kernels.h"
+#include "nccl_m2n/src/registry.h"
 #include "nccl_m2n/src/schedule.h"
 
 namespace ncclm2n {
@@ -51,11 +52,12 @@ struct ncclM2nPlan {
   int nTensors = 0;
   std::vector<std::string> names;
   std::vector<char> needSrc, needDst;  // this rank holds part of tensor t's source / destination
+  std::vector<int64_t> srcBytes, dstBytes;  // the bytes of this rank's part of tensor t (its span; 0: none)
   ncclm2n::ExecTables tables;
   std::vector<ncclm2n::MoveSegment> copySegs;
   // Device memory (one allocation each, freed by destroyPlan).
   ncclm2n::MoveDesc *copies = nullptr, *sends = nullptr, *recvs = nullptr;
-  ncclm2n::MoveSegment *copySegsDev = nullptr, *pack = nullptr, *unpack = nullptr;
+  ncclm2n::MoveSegment *copySegsDev = nullptr, *pack = nullptr, *unpack = nullptr, *remote = nullptr;
   char* staging = nullptr;
   const void** src = nullptr;  // [nTensors + quant.size()] the call's pointers (with the scratch's), set by execute
   void** dst = nullptr;
@@ -73,6 +75,7 @@ struct ncclM2nPlan {
   std::unique_ptr<ncclext::DeviceStatus> status;      // the barriers' timeouts
   uint64_t* epochs = nullptr;                         // the barrier's epoch (device)
   size_t windowSlots = 0;
+  size_t windowTable = 0;  // zero-copy: the published tensors (ncclm2n::Published [nTensors]) in the window
   ncclm2n::DomainBarrier barrier;
   // Virtual ranks: the plan's launch fences (common/virtual_domain.h), skipped once one ran out of time.
   uint64_t fenceKey = 0;
@@ -187,22 +190,27 @@ struct Round1 {
   int32_t valid = 1;
   int32_t lsaSize = 1;  // NCCL's LSA team (virtual ranks: the domain)
   int32_t lsa = 0;      // the config asks for LSA
+  int32_t zeroCopy = 0;  // the config's
   Digest digest;
   ExchangeVote exchange;
 };
 
 int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-// LSA inside the domain (exec_tables.h, "LSA rounds"): the domain's agreed LSA round count `rounds` set in the
-// tables; a domain with LSA traffic gets its window (barrier flags, then the slots), the barrier's epoch and error
-// word. COLLECTIVE over the domain.
-ncclResult_t setUpLsa(ncclM2nPlan* plan, int64_t rounds, cudaStream_t stream) {
+// LSA inside the domain (exec_tables.h, "LSA rounds"): the domain's agreed LSA round count `rounds` and its LSA
+// streams (zero-copy's barriers) set in the tables; a domain with LSA traffic gets its window (barrier flags, then
+// with zero-copy the published tensors, then the slots), the barrier's epoch and error word. COLLECTIVE over the
+// domain.
+ncclResult_t setUpLsa(ncclM2nPlan* plan, int64_t rounds, int64_t domainStreams, cudaStream_t stream) {
   ncclext::Domain& d = *plan->domain;
   const ncclext::Topology& topo = d.topo();
   ExecTables& x = plan->tables;
   setLsaRounds(&x, rounds);
-  if (rounds == 0) return ncclSuccess;  // no rank of the domain reads another's window
-  plan->windowSlots = (size_t)alignUp((int64_t)topo.domainSize * (int64_t)sizeof(uint64_t), 256);
+  setRemoteBarriers(&x, domainStreams);
+  if (rounds == 0 && !x.remoteBarrier) return ncclSuccess;  // no rank of the domain reaches another's memory
+  plan->windowTable = (size_t)alignUp((int64_t)topo.domainSize * (int64_t)sizeof(uint64_t), 256);
+  const int64_t table = x.remoteBarrier ? (int64_t)plan->nTensors * (int64_t)sizeof(Published) : 0;
+  plan->windowSlots = plan->windowTable + (size_t)alignUp(table, 256);
   ncclext::SymmetricMemoryOptions so;
   so.bytes = plan->windowSlots + (size_t)x.lsaBytes;
   NCCLEXT_CHECK(ncclext::SymmetricMemory::create(d, so, stream, &plan->window));
@@ -223,6 +231,39 @@ ncclResult_t setUpLsa(ncclM2nPlan* plan, int64_t rounds, cudaStream_t stream) {
   return ncclSuccess;
 }
 
+// Zero-copy: what this rank publishes for each tensor at an execute (pull: its sources; push: its destinations).
+// Virtual ranks publish addresses; real ranks the registration slot and the offset in it (registry.h), checked to
+// hold this rank's whole part. Tensors this rank holds no part of publish nothing.
+ncclResult_t publishedTensors(const ncclM2nPlan* plan, const void* const* src, void* const* dst,
+                              std::vector<Published>* out, ncclWindow_t** windows) {
+  const bool pull = plan->tables.zeroCopy == kZeroCopyPull;
+  out->assign(plan->nTensors, Published{});
+  *windows = nullptr;
+  // Real ranks resolve their peers' slots through the registry's windows, even where they publish nothing.
+  if (!plan->virt)
+    NCCLEXT_USAGE(registryWindows(plan->comm, plan->domain->topo().domainSize, windows),
+                  "ncclM2nExecute: the plan moves tensors in place (zeroCopy %s), but no memory is registered with "
+                  "ncclM2nRegister on this communicator (or its NVLink domains differ from the plan's)",
+                  pull ? "PULL" : "PUSH");
+  Registered r;
+  for (int t = 0; t < plan->nTensors; t++) {
+    const void* p = pull ? (src ? src[t] : nullptr) : (dst ? dst[t] : nullptr);
+    const int64_t bytes = pull ? plan->srcBytes[t] : plan->dstBytes[t];
+    if (!p || bytes == 0) continue;
+    if (plan->virt) {
+      (*out)[t] = Published{(uint64_t)(uintptr_t)p, kPublishedAddress};
+      continue;
+    }
+    NCCLEXT_ARG(findRegistered(plan->comm, p, (size_t)bytes, plan->domain->topo().domainSize, &r),
+                "ncclM2nExecute: tensor %d (%s)'s %s (%p, %lld bytes) is not inside memory registered with "
+                "ncclM2nRegister on this communicator (the plan moves it in place: zeroCopy %s)",
+                t, plan->names[t].c_str(), pull ? "source" : "destination", p, (long long)bytes,
+                pull ? "PULL" : "PUSH");
+    (*out)[t] = Published{(uint64_t)r.slot, r.offset};
+  }
+  return ncclSuccess;
+}
+
 // A barrier of the domain. Virtual ranks then meet at a launch fence (common/virtual_domain.h) before this rank
 // enqueues anything that waits for it. A fence that runs out of time is not an error of its own: the barrier kernel,
 // launched first, times out on the same budget and reports the absent rank as every barrier does.
@@ -233,17 +274,27 @@ ncclResult_t domainBarrier(ncclM2nPlan* plan, cudaStream_t stream) {
   return ncclSuccess;
 }
 
-// Which ranks hold a non-empty part of each tensor's source and destination.
-void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<char>* dst) {
+// Whether `rank` holds a non-empty part of each tensor's source and destination, and the bytes its local tensors
+// span (their strides included).
+void holdings(const Problem& p, int rank, std::vector<char>* src, std::vector<char>* dst,
+              std::vector<int64_t>* srcBytes, std::vector<int64_t>* dstBytes) {
   src->assign(p.tensors.size(), 0);
   dst->assign(p.tensors.size(), 0);
+  srcBytes->assign(p.tensors.size(), 0);
+  dstBytes->assign(p.tensors.size(), 0);
   for (size_t t = 0; t < p.tensors.size(); t++) {
     const TensorPair& tp = p.tensors[t];
     const ShardGrid sg(tp.src), dg(tp.dst);
     for (int pos = 0; pos < tp.src.mesh.size(); pos++)
-      if (tp.src.mesh.ranks[pos] == rank && !sg.boxOfPosition(pos).empty()) (*src)[t] = 1;
+      if (tp.src.mesh.ranks[pos] == rank && !sg.boxOfPosition(pos).empty()) {
+        (*src)[t] = 1;
+        (*srcBytes)[t] = std::max((*srcBytes)[t], sg.localSpan(pos) * (int64_t)elementSize(tp.src.dtype));
+      }
     for (int pos = 0; pos < tp.dst.mesh.size(); pos++)
-      if (tp.dst.mesh.ranks[pos] == rank && !dg.boxOfPosition(pos).empty()) (*dst)[t] = 1;
+      if (tp.dst.mesh.ranks[pos] == rank && !dg.boxOfPosition(pos).empty()) {
+        (*dst)[t] = 1;
+        (*dstBytes)[t] = std::max((*dstBytes)[t], dg.localSpan(pos) * (int64_t)elementSize(tp.dst.dtype));
+      }
   }
 }
 
@@ -383,6 +434,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   mine.domain = o.virt ? 0 : domainIdOf(comm, rank);
   mine.lsaSize = o.virt ? n : ncclTeamLsa(comm).nRanks;
   mine.lsa = o.lsa;
+  mine.zeroCopy = o.zeroCopy;
   mine.valid = localError.empty();
   mine.digest = digestOf(hashes);
   std::shared_ptr<ExchangeComm> reusable;
@@ -427,6 +479,10 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
                            "ncclM2nPlanCreate: rank %d sets lsa to %d, rank 0 to %d: the ranks must agree", r,
                            all[r].lsa, all[0].lsa);
+    if (all[r].zeroCopy != all[0].zeroCopy)
+      return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
+                           "ncclM2nPlanCreate: rank %d sets zeroCopy to %d, rank 0 to %d: the ranks must agree", r,
+                           all[r].zeroCopy, all[0].zeroCopy);
   }
 
   // Every rank agreed. The NVLink domains: with LSA and an LSA team of more than one rank somewhere, the domain
@@ -467,31 +523,35 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   so.stagingCapBytes = o.stagingBytes;
   so.lsa = lsa;      // streams inside the domain over its windows
   so.direct = true;  // contiguous transfers across domains straight between the tensors
+  so.zeroCopy = lsa ? o.zeroCopy : kZeroCopyOff;
   RankSchedule sched;
   std::string why;
   NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
   // LSA: one all-gather over the domain of each rank's longest LSA stream and its most LSA chunks (the chunk count
   // does not depend on the slots): the window sized by the longest stream when shorter than a chunk, and the rounds.
-  int64_t lsaRounds = 0;
+  // Its LSA streams too: with zero-copy, whether the domain publishes and meets the in-place moves' barriers.
+  int64_t lsaRounds = 0, domainStreams = 0;
   if (plan->domain) {
-    const int64_t mineLsa[2] = {sched.lsaStreamMax, sched.lsaChunks};
-    std::vector<int64_t> allLsa(2 * (size_t)plan->domain->topo().domainSize);
+    const int64_t mineLsa[3] = {sched.lsaStreamMax, sched.lsaChunks, sched.lsaStreams};
+    std::vector<int64_t> allLsa(3 * (size_t)plan->domain->topo().domainSize);
     NCCLEXT_CHECK(plan->domain->allGather(mineLsa, sizeof(mineLsa), allLsa.data()));
     int64_t m = 0;
-    for (size_t r = 0; r < allLsa.size(); r += 2) {
+    for (size_t r = 0; r < allLsa.size(); r += 3) {
       m = std::max(m, allLsa[r]);
       lsaRounds = std::max(lsaRounds, allLsa[r + 1]);
+      domainStreams += allLsa[r + 2];
     }
     if (m > 0 && m < sched.chunkBytes) {
       so.lsaSlotBytes = m;
       NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
     }
   }
-  NCCLEXT_ARG(buildExecTables(p, rp, sched, &plan->tables, &why), "ncclM2nPlanCreate: %s", why.c_str());
+  NCCLEXT_ARG(buildExecTables(p, rp, sched, &plan->tables, &why, so.zeroCopy), "ncclM2nPlanCreate: %s",
+              why.c_str());
   plan->copySegs = copySegments(plan->tables.copies, kCopySegmentElements);
   plan->nTensors = (int)p.tensors.size();
   for (const TensorPair& tp : p.tensors) plan->names.push_back(tp.name);
-  holdings(p, rank, &plan->needSrc, &plan->needDst);
+  holdings(p, rank, &plan->needSrc, &plan->needDst, &plan->srcBytes, &plan->dstBytes);
   // A quantised tensor's moves read the scratch; the caller passes the bf16 / fp32 source, and no scales source.
   int64_t scratchBytes = 0;
   plan->quant = quantDescs(fp8, rank, &scratchBytes);
@@ -521,7 +581,8 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
                             sizeof(void*) * (plan->nTensors + plan->quant.size())));
     NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->dst), sizeof(void*) * plan->nTensors));
   }
-  if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), lsaRounds, stream));
+  NCCLEXT_CHECK(upload(plan->tables.remote, &plan->remote, stream));
+  if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), lsaRounds, domainStreams, stream));
   NCCLEXT_CHECK(connectPeers(plan.get(), stream));
   NCCLEXT_CHECK(ncclext::waitStream(stream, o.timeoutSeconds, "ncclM2nPlanCreate (uploading the tables)"));
   // Virtual ranks: no rank launches an execute's barrier before every rank is done with the calls above, some of
@@ -545,6 +606,11 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
   if (plan->status) NCCLEXT_CHECK(plan->status->check("ncclM2nExecute (an earlier barrier of the domain)"));
   const ExecTables& x = plan->tables;
+  // Zero-copy: what this rank publishes (exec_tables.h), checked before anything is enqueued (a refused execute
+  // leaves its peers to time out in the barrier they meet it at).
+  std::vector<Published> published;
+  ncclWindow_t* windows = nullptr;
+  if (x.remoteBarrier) NCCLEXT_CHECK(publishedTensors(plan, src, dst, &published, &windows));
   // Quantised tensors: the moves read the scratch (values at tensor t, scales at t + 1); the quantiser reads the
   // caller's sources, whose pointers follow the tensors' in the device array.
   std::vector<const void*> withScratch;
@@ -603,6 +669,18 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     if (res != ncclSuccess || ended != ncclSuccess)
       return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
                            "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(xc.comm));
+  }
+  if (x.remoteBarrier) {
+    const ncclext::dev::Peers peers = plan->window->peers();
+    NCCLEXT_CHECK(launchPublish(peers, plan->windowTable, published.data(), (int64_t)published.size(), stream));
+    NCCLEXT_CHECK(domainBarrier(plan, stream));
+    RemoteMoves rm;
+    rm.peers = peers;
+    rm.tableOffset = plan->windowTable;
+    rm.windows = windows;
+    rm.pull = x.zeroCopy == kZeroCopyPull;
+    NCCLEXT_CHECK(launchRemote(rm.pull ? plan->recvs : plan->sends, plan->remote, (int64_t)x.remote.size(), rm, s, d,
+                               stream));
   }
   StageAreas stage;
   stage.local = plan->staging;
@@ -682,8 +760,9 @@ ncclResult_t destroyPlan(ncclM2nPlan* plan) {
   ncclext::Watchdog::instance().removeOwner(plan);  // after it, no action of the watchdog touches the plan
   plan->x.reset();  // the exchange communicator goes with the last plan on it
   for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,
-                  (void*)plan->pack, (void*)plan->unpack, (void*)plan->staging, (void*)plan->src, (void*)plan->dst,
-                  (void*)plan->quantDev, (void*)plan->scratch, (void*)plan->epochs})
+                  (void*)plan->pack, (void*)plan->unpack, (void*)plan->remote, (void*)plan->staging,
+                  (void*)plan->src, (void*)plan->dst, (void*)plan->quantDev, (void*)plan->scratch,
+                  (void*)plan->epochs})
     if (p) cudaFree(p);
   delete plan;  // the window before the domain
   if (virt && res == ncclSuccess) res = virt->barrier(rank, timeout);

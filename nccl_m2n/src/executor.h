@@ -30,6 +30,7 @@ struct ExecOptions {
   bool lsa = false;                    // streams inside an NVLink domain over LSA (false: ncclSend / ncclRecv)
   ncclext::VirtualDomain* virt = nullptr;  // the one-GPU virtual-rank mode: comm is this thread's single-rank one
   int virtualRank = 0;
+  int zeroCopy = 0;                        // ZeroCopy (schedule.h), with lsa
 };
 
 // COLLECTIVE over comm. `problem` holds the batch (nRanks set, options empty: the domains come from NCCL's LSA

@@ -115,6 +115,8 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
   for (const auto* list : {&s.sends, &s.recvs})
     for (const WireStream& w : *list)
       if (w.lsa) {
+        s.lsaStreams++;
+        if (o.zeroCopy != kZeroCopyOff) continue;  // in place: no slots, no chunks
         s.lsaStreamMax = std::max(s.lsaStreamMax, alignUp(w.bytes, kStreamAlign));
         s.lsaChunks = std::max(s.lsaChunks, w.chunks(s.chunkBytes));
       }
@@ -127,7 +129,7 @@ bool buildSchedule(const Problem& p, const RankPlan& plan, const ScheduleOptions
                std::to_string(lsaSlot) + " bytes";
     return false;
   }
-  if (o.lsa && s.lsaSize > 1) s.lsaBytes = lsaSlots * lsaSlot * s.lsaSize;
+  if (o.lsa && s.lsaSize > 1 && o.zeroCopy == kZeroCopyOff) s.lsaBytes = lsaSlots * lsaSlot * s.lsaSize;
   int64_t at = 0;
   // A stream by ncclSend / ncclRecv: two slots of a chunk, or one of its own length (both sides see the same length).
   auto place = [&](WireStream& w) {

@@ -49,7 +49,14 @@ struct ScheduleOptions {
   int64_t lsaSlotBytes = 0;               // LSA slots: 0, two of a chunk per domain rank; else one of this size
                                           // (below a chunk: every LSA stream of the domain must fit, so plan
                                           // creation agrees on the domain's longest, RankSchedule::lsaStreamMax)
+  int zeroCopy = 0;                       // with lsa, ZeroCopy: LSA streams move in place, without slots
 };
+
+// Zero-copy inside an NVLink domain (the plan config's zeroCopy, the same on every rank). kZeroCopyPull: the
+// receiver of an LSA stream reads its transfers straight from the sender's source tensor (the sources lie in
+// memory its peers can load from); kZeroCopyPush: the sender writes them straight into the receiver's destination
+// tensor. Such streams have no slots and no chunks: RankSchedule::lsaStreams counts them for the domain's barriers.
+enum ZeroCopy { kZeroCopyOff = 0, kZeroCopyPull = 1, kZeroCopyPush = 2 };
 
 // One transfer's place in a stream.
 struct StreamItem {
@@ -87,7 +94,8 @@ struct RankSchedule {
   int lsaSize = 0, lsaRank = -1;  // lsa: my domain's size and my index in it (0 / -1: no LSA streams possible)
   int64_t lsaBytes = 0;           // lsa: the window's slots, per index of the domain (every rank alike)
   int64_t lsaStreamMax = 0;       // lsa: this rank's longest LSA stream, rounded up to kStreamAlign
-  int64_t lsaChunks = 0;          // lsa: the most chunks of this rank's LSA streams
+  int64_t lsaChunks = 0;          // lsa: the most chunks of this rank's LSA streams (0 with zero-copy)
+  int64_t lsaStreams = 0;         // lsa: this rank's LSA streams, both directions
   std::vector<WireStream> sends;  // by peer ascending
   std::vector<WireStream> recvs;  // by peer ascending
   std::vector<uint32_t> directSends, directRecvs;  // plan list indices: by peer ascending, then canonical order

@@ -127,6 +127,8 @@ struct Locals {
   std::vector<std::vector<char>> srcHost, dstHost;
   std::vector<void*> srcDev, dstDev;
   cudaStream_t stream = nullptr;
+  Locals() = default;
+  Locals(cudaStream_t s, size_t nt) : srcHost(nt), dstHost(nt), srcDev(nt, nullptr), dstDev(nt, nullptr), stream(s) {}
   ~Locals() {
     for (void* p : srcDev) if (p) cudaFreeAsync(p, stream);
     for (void* p : dstDev) if (p) cudaFreeAsync(p, stream);
@@ -369,12 +371,7 @@ int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
       fprintf(stderr, "rank %d transposing case: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
       return bad + 1;
     }
-    Locals L;
-    L.stream = ctx.stream;
-    L.srcHost.resize(1);
-    L.dstHost.resize(1);
-    L.srcDev.assign(1, nullptr);
-    L.dstDev.assign(1, nullptr);
+    Locals L(ctx.stream, 1);
     const bool ok = fillSources(b.p, ctx.rank, 7, &L) && poisonDestinations(b.p, ctx.rank, &L) &&
                     ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(),
                                    ctx.stream) == ncclSuccess &&
@@ -390,6 +387,66 @@ int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
   }
   printf("rank %d: transposing layouts (tiled local copies), %zu element types: %lld wrong elements\n", ctx.rank,
          sizeof(kTypes) / sizeof(kTypes[0]), (long long)bad);
+  return bad;
+}
+
+// Real ranks: ncclM2nRegister / ncclM2nDeregister of an ncclMemAlloc buffer on the test's communicator, and a
+// zero-copy plan executed on tensors inside it (one-GPU modes have no NVLink peer, so its pieces move as without
+// zero-copy: what this checks is the registration's collectives and the plan's acceptance). Returns 0 on success.
+int64_t registrationCase(ncclext::harness::RankContext& ctx, const Options& o) {
+  const int n = ctx.nRanks;
+  std::vector<int> all(n);
+  for (int r = 0; r < n; r++) all[r] = r;
+  const size_t bytes = 1 << 20;
+  void* buf = nullptr;
+  if (ncclMemAlloc(&buf, bytes) != ncclSuccess) return 1;
+  ncclM2nRegistration_t reg = nullptr;
+  int64_t bad = 0;
+  if (ncclM2nRegister(ctx.comm, buf, bytes, &reg) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclM2nRegister: %s\n", ctx.rank, ncclM2nGetLastError());
+    ncclMemFree(buf);
+    return 1;
+  }
+  Batch b;
+  b.p.nRanks = n;
+  TensorPair tp;
+  tp.name = "registered";
+  tp.src = testing::layout({64, 96}, {n}, all, {0}, ncclFloat32);
+  tp.dst = testing::layout({64, 96}, {n}, all, {1}, ncclFloat32);
+  b.p.tensors.push_back(tp);
+  b.build();
+  ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
+  cfg.lsa = 1;
+  cfg.zeroCopy = NCCL_M2N_ZERO_COPY_PULL;
+  ncclM2nPlan_t plan = nullptr;
+  if (ncclM2nPlanCreate(&plan, ctx.comm, 1, b.specs.data(), &cfg) != ncclSuccess) {
+    fprintf(stderr, "rank %d: zero-copy plan: %s\n", ctx.rank, ncclM2nGetLastError());
+    bad++;
+  } else {
+    Locals L(ctx.stream, 1);
+    const bool ok = fillSources(b.p, ctx.rank, 5, &L) && poisonDestinations(b.p, ctx.rank, &L);
+    // The source inside the registered buffer: a copy of the one fillSources made.
+    const size_t srcBytes = L.srcHost[0].size();
+    const void* src[1] = {buf};
+    if (!ok || srcBytes > bytes ||
+        cudaMemcpyAsync(buf, L.srcDev[0], srcBytes, cudaMemcpyDeviceToDevice, ctx.stream) != cudaSuccess ||
+        ncclM2nExecute(plan, src, L.dstDev.data(), ctx.stream) != ncclSuccess ||
+        ncclext::waitStream(ctx.stream, 60, "m2n zero-copy execute") != ncclSuccess) {
+      fprintf(stderr, "rank %d: zero-copy execute: %s\n", ctx.rank, ncclM2nGetLastError());
+      bad++;
+    } else {
+      bad += checkDestinations(b.p, ctx.rank, 5, &L, "zero-copy (registered source)");
+    }
+    cudaStreamSynchronize(ctx.stream);
+    ncclM2nPlanDestroy(plan);
+  }
+  if (ncclM2nDeregister(reg) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclM2nDeregister: %s\n", ctx.rank, ncclM2nGetLastError());
+    bad++;
+  }
+  ncclMemFree(buf);
+  printf("rank %d: ncclM2nRegister, a zero-copy plan on registered memory, ncclM2nDeregister: %s\n", ctx.rank,
+         bad ? "FAILED" : "ok");
   return bad;
 }
 
@@ -420,6 +477,9 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     if (!validateProblem(b.p, &why)) continue;  // every rank skips the same cases
     b.build();
     ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
+    // Virtual ranks: a third of the batches move the domain's streams in place, pulling, and a third pushing.
+    if (o.virt)
+      cfg.zeroCopy = c % 3 == 0 ? NCCL_M2N_ZERO_COPY_OFF : c % 3 == 1 ? NCCL_M2N_ZERO_COPY_PULL : NCCL_M2N_ZERO_COPY_PUSH;
     const int64_t chunk = (int64_t)16 << g.uniform(0, 8);  // 16 B .. 4 KiB chunks
     cfg.stagingBytes = (size_t)(chunk * 4 * std::max(1, ctx.nRanks - 1));
     ncclM2nPlan_t plan = nullptr;
@@ -430,13 +490,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     }
     createSeconds[c >= retainAt] += std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
     creates[c >= retainAt]++;
-    Locals L;
-    L.stream = ctx.stream;
-    const size_t nt = b.p.tensors.size();
-    L.srcHost.resize(nt);
-    L.dstHost.resize(nt);
-    L.srcDev.assign(nt, nullptr);
-    L.dstDev.assign(nt, nullptr);
+    Locals L(ctx.stream, b.p.tensors.size());
     if (!fillSources(b.p, ctx.rank, 1, &L) || !poisonDestinations(b.p, ctx.rank, &L)) return 1;
     if (ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(), ctx.stream) !=
         ncclSuccess) {
@@ -504,6 +558,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   errors += transposeCases(ctx, o);
+  if (!o.virt) errors += registrationCase(ctx, o);
   errors += fp8Cases(ctx, o, o.seed);
 
   // Metadata that differs on one rank: every rank refuses the batch, naming the tensor.
@@ -587,12 +642,7 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
     fprintf(stderr, "rank %d: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
     return 1;
   }
-  Locals L;
-  L.stream = ctx.stream;
-  L.srcHost.resize(1);
-  L.dstHost.resize(1);
-  L.srcDev.assign(1, nullptr);
-  L.dstDev.assign(1, nullptr);
+  Locals L(ctx.stream, 1);
   if (!fillSources(b.p, ctx.rank, 1, &L) || !poisonDestinations(b.p, ctx.rank, &L)) return 1;
   if (ctx.rank == victim && virt) {  // silent: waits for the survivors' checks, then destroys with them
     fprintf(stderr, "rank %d: never executing the plan\n", ctx.rank);

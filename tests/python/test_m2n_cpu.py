@@ -219,3 +219,18 @@ def test_fp8_scales_entries_plan_on_the_host():
         m2n.HostPlan([("w", m2n.Layout((200, 256), torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE]),
                        m2n.Layout((200, 256), torch.float8_e4m3fn, mesh=[2, 3], placements=[m2n.shard(0)])),
                       ("w.scales", None, None)], rank=0, n_ranks=4, fp8_block_rows=128)
+
+
+def test_zero_copy_arguments_are_checked_without_a_gpu():
+    from nccl.m2n import Plan
+    from nccl._ext.errors import NcclInvalidArgument
+
+    with pytest.raises(NcclInvalidArgument, match="zero_copy 'sideways': None, 'pull' or 'push'"):
+        Plan([], group=None, zero_copy="sideways")  # refused before any communicator is made
+    with pytest.raises(NcclInvalidArgument, match="register: a contiguous CUDA tensor"):
+        m2n.register(None, torch.zeros(4))
+    assert ctypes_field_names(m2n._ExecConfig)[-1] == "zeroCopy"
+
+
+def ctypes_field_names(cls):
+    return [name for name, _ in cls._fields_]

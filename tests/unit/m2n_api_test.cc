@@ -194,4 +194,27 @@ TEST(M2nApi, ExecConfigLsaAndVirtualFieldsAreChecked) {
   EXPECT_EQ(ncclM2nPlanDestroy(nullptr), ncclSuccess);
 }
 
+TEST(M2nApi, ZeroCopyFieldsAndRegistrationArgumentsAreChecked) {
+  TwoRankTp t;
+  ncclComm_t notAComm = reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(0x10));
+  ncclM2nPlan_t plan = nullptr;
+  ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+  EXPECT_EQ(cfg.zeroCopy, NCCL_M2N_ZERO_COPY_OFF);
+  cfg.zeroCopy = 3;
+  EXPECT_EQ(ncclM2nPlanCreate(&plan, notAComm, 1, &t.spec, &cfg), ncclInvalidArgument);
+  EXPECT_TRUE(says("zeroCopy 3: NCCL_M2N_ZERO_COPY_OFF, _PULL or _PUSH")) << ncclM2nGetLastError();
+  cfg.zeroCopy = NCCL_M2N_ZERO_COPY_PULL;  // lsa 0
+  EXPECT_EQ(ncclM2nPlanCreate(&plan, notAComm, 1, &t.spec, &cfg), ncclInvalidArgument);
+  EXPECT_TRUE(says("zeroCopy 1 needs lsa = 1")) << ncclM2nGetLastError();
+  EXPECT_EQ(plan, nullptr);
+  ncclM2nRegistration_t reg = reinterpret_cast<ncclM2nRegistration_t>(static_cast<uintptr_t>(0x20));
+  EXPECT_EQ(ncclM2nRegister(nullptr, reinterpret_cast<void*>(0x1000), 4096, &reg), ncclInvalidArgument);
+  EXPECT_EQ(reg, nullptr);
+  EXPECT_TRUE(says("comm is NULL")) << ncclM2nGetLastError();
+  EXPECT_EQ(ncclM2nRegister(notAComm, nullptr, 4096, &reg), ncclInvalidArgument);
+  EXPECT_TRUE(says("buffer (nil) of 4096 bytes")) << ncclM2nGetLastError();
+  EXPECT_EQ(ncclM2nRegister(notAComm, reinterpret_cast<void*>(0x1000), 4096, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclM2nDeregister(nullptr), ncclInvalidArgument);
+}
+
 }  // namespace

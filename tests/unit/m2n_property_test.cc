@@ -281,11 +281,12 @@ TEST(ScheduleProperty, ReceiversThatDisagreeWithTheirSendersAreCaught) {
 // Every rank's executor tables with chunks of `chunk` bytes: every stream by ncclSend/ncclRecv, or (lsa) the
 // streams inside a domain over its windows, each domain agreeing on its LSA rounds as plan creation makes it.
 std::vector<ExecTables> execTablesFor(const Problem& p, const std::vector<RankPlan>& plans, int64_t chunk,
-                                      bool direct = true, bool lsa = false) {
+                                      bool direct = true, bool lsa = false, int zeroCopy = kZeroCopyOff) {
   ScheduleOptions o;
   o.stagingCapBytes = chunk * 4 * std::max(1, p.nRanks - 1);
   o.maxChunkBytes = chunk;
   o.lsa = lsa;
+  o.zeroCopy = zeroCopy;
   o.direct = direct;  // as the executor
   std::vector<ExecTables> out(plans.size());
   std::vector<RankSchedule> sched(plans.size());
@@ -306,15 +307,19 @@ std::vector<ExecTables> execTablesFor(const Problem& p, const std::vector<RankPl
       EXPECT_EQ(sched[r].lsaBytes, sched[r].lsaSize > 1 ? m * sched[r].lsaSize : 0);
     }
     EXPECT_LE(sched[r].stagingBytes + sched[r].lsaBytes, o.stagingCapBytes);
-    EXPECT_TRUE(buildExecTables(p, plans[r], sched[r], &out[r], &why)) << why;
+    EXPECT_TRUE(buildExecTables(p, plans[r], sched[r], &out[r], &why, zeroCopy)) << why;
   }
   if (lsa) {
-    std::map<int, int64_t> rounds;  // by domain: the most LSA chunks of its ranks
+    std::map<int, int64_t> rounds, streams;  // by domain: the most LSA chunks of its ranks, their LSA streams
     for (size_t r = 0; r < plans.size(); r++) {
       int64_t& m = rounds[p.options.domainOf((int)r)];
       m = std::max(m, out[r].lsaChunks);
+      streams[p.options.domainOf((int)r)] += sched[r].lsaStreams;
     }
-    for (size_t r = 0; r < plans.size(); r++) setLsaRounds(&out[r], rounds[p.options.domainOf((int)r)]);
+    for (size_t r = 0; r < plans.size(); r++) {
+      setLsaRounds(&out[r], rounds[p.options.domainOf((int)r)]);
+      setRemoteBarriers(&out[r], streams[p.options.domainOf((int)r)]);
+    }
   }
   return out;
 }
@@ -362,6 +367,48 @@ TEST(ExecTablesProperty, LsaStreamsThroughTheWindowsAreDeliveredExactlyOnce) {
          (long long)cases, (long long)lsaSegments, (long long)p2pOps, (long long)checked, broken, caught);
   EXPECT_GT(lsaSegments, 1000);
   EXPECT_GT(p2pOps, 1000);
+  EXPECT_GT(broken, 50);
+  EXPECT_EQ(caught, broken);
+}
+
+TEST(ExecTablesProperty, ZeroCopyStreamsMoveInPlaceExactlyOnce) {
+  // Zero-copy inside a domain: the receiver pulls from the sender's source (pull) or the sender pushes into the
+  // receiver's destination (push), no window slots, no LSA rounds; across domains by ncclSend/ncclRecv as before.
+  // Dropping one rank's publishing barrier, or an in-place segment, must fail.
+  Gen g(20261205);
+  int64_t checked = 0, remote = 0, cases = 0;
+  int broken = 0, caught = 0;
+  for (int c = 0; c < 1200; c++) {
+    Problem p;
+    std::vector<RankPlan> plans;
+    if (!drawPlanned(g, c % 3 == 2 ? 2 : 1, &p, &plans)) continue;
+    const int mode = c % 2 == 0 ? kZeroCopyPull : kZeroCopyPush;
+    std::vector<ExecTables> t = execTablesFor(p, plans, (int64_t)16 << g.uniform(0, 4), c % 4 != 3, true, mode);
+    for (const ExecTables& x : t) {
+      remote += (int64_t)x.remote.size();
+      EXPECT_EQ(x.lsaBytes, 0);
+      for (const MoveSegment& s : x.unpack) EXPECT_EQ(s.where, kStageLocal);
+      for (const MoveSegment& s : x.pack) EXPECT_EQ(s.where, kStageLocal);
+    }
+    SimulationResult r = emulateExecute(p, t);
+    ASSERT_TRUE(r.ok) << "case " << c << ": " << r.firstError;
+    checked += r.elementsChecked;
+    cases++;
+    for (size_t q = 0; q < t.size() && broken < 200; q++) {
+      if (t[q].remote.empty()) continue;
+      std::vector<ExecTables> bad = t;
+      if (broken % 2 == 0)
+        bad[q].remoteBarrier = 0;
+      else
+        bad[q].remote.pop_back();
+      broken++;
+      caught += !emulateExecute(p, bad).ok;
+      break;
+    }
+  }
+  printf("executed %lld cases: %lld in-place segments, %lld destination elements checked; broken %d, caught %d\n",
+         (long long)cases, (long long)remote, (long long)checked, broken, caught);
+  EXPECT_GT(remote, 1000);
   EXPECT_GT(broken, 50);
   EXPECT_EQ(caught, broken);
 }

@@ -300,7 +300,7 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
   std::vector<int64_t> barriers(nr, 0);
   for (size_t r = 0; r < nr; r++) {
     for (const ExecRound& R : tables[r].rounds) barriers[r] += R.barrier;
-    barriers[r] += tables[r].finalBarrier;
+    barriers[r] += tables[r].finalBarrier + tables[r].remoteBarrier;
   }
   for (size_t r = 0; r < nr; r++)
     for (size_t q = 0; q < nr; q++)
@@ -388,6 +388,34 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
       for (const DirectOp& o : tables[d].direct) want += !o.send && o.peer == (int)s;
       if (want != next[d]) return error("rank " + std::to_string(d) + ": a direct receive from " +
                                         std::to_string(s) + " that no send meets"), res;
+    }
+  }
+  // Zero-copy: every in-place segment between this rank's tensor and its peer's (pull: the peer's source into my
+  // destination; push: my source into the peer's destination), both ranks past the publishing barrier.
+  for (size_t r = 0; r < nr; r++) {
+    const ExecTables& x = tables[r];
+    const bool pull = x.zeroCopy == kZeroCopyPull;
+    for (const MoveSegment& g : x.remote) {
+      const MoveDesc& d = pull ? x.recvs[g.desc] : x.sends[g.desc];
+      const int peer = domainRank(r, g.where);
+      const std::string who = "rank " + std::to_string(r) + ": an in-place " + (pull ? "pull" : "push");
+      if (x.zeroCopy == kZeroCopyOff || peer < 0 || (size_t)peer >= nr || peer == (int)r)
+        return error(who + " from no peer of its domain"), res;
+      if (!x.remoteBarrier || !tables[peer].remoteBarrier || !x.finalBarrier)
+        return error(who + " without the publishing and final barriers"), res;
+      const size_t sr = pull ? peer : r, dr = pull ? r : peer;  // the ranks whose source / destination it moves
+      for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) {
+        int64_t so, to;
+        moveOffsets(d, e, &so, &to);
+        if (so < 0 || (so + 1) * sourceBytes(d) > (int64_t)src[sr][d.tensor].size() || to < 0 ||
+            (to + 1) * d.elemBytes > (int64_t)dst[dr][d.tensor].size())
+          return error(who + " out of bounds"), res;
+      }
+      MoveEnds m;
+      m.src = srcPtr[sr].data();
+      m.dst = dstPtr[dr].data();
+      team(Copy(), d, g, m);
+      for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) countWrite(dr, d, e);
     }
   }
   size_t rounds = 0;

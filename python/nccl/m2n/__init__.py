@@ -25,7 +25,7 @@ from .._ext.errors import NcclError, NcclInvalidArgument
 from .._ext.tensor import nccl_dtype
 
 __all__ = ["Layout", "HostPlan", "Plan", "Communicator", "WeightSync", "reshard", "release_communicators", "retain",
-           "release", "shard", "REPLICATE", "version", "NcclError"]
+           "release", "register", "Registration", "shard", "REPLICATE", "version", "NcclError"]
 
 _MAGIC = 0x6d326e31  # NCCL_M2N_MAGIC
 MAX_DIMS = 8
@@ -75,7 +75,7 @@ class _Transfer(ctypes.Structure):
 class _ExecConfig(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("stagingBytes", ctypes.c_size_t),
                 ("timeoutSeconds", ctypes.c_double), ("fp8BlockRows", ctypes.c_int), ("lsa", ctypes.c_int),
-                ("virtualDomain", ctypes.c_void_p), ("virtualRank", ctypes.c_int)]
+                ("virtualDomain", ctypes.c_void_p), ("virtualRank", ctypes.c_int), ("zeroCopy", ctypes.c_int)]
 
 
 class _PlanInfo(ctypes.Structure):
@@ -102,7 +102,10 @@ _SIGNATURES = {
     "ncclM2nPlanGetAsyncError": [_P],
     "ncclM2nCommRetain": [_P, ctypes.POINTER(_ExecConfig)],
     "ncclM2nCommRelease": [_P],
+    "ncclM2nRegister": [_P, _P, ctypes.c_size_t, ctypes.POINTER(_P)],
+    "ncclM2nDeregister": [_P],
 }
+_ZERO_COPY = {None: 0, "pull": 1, "push": 2}  # NCCL_M2N_ZERO_COPY_*
 
 
 def _lib() -> ctypes.CDLL:
@@ -437,15 +440,20 @@ class Plan:
     (docs/M2N.md says what the executor does not do yet)."""
 
     def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0, fp8_block_rows: int = 1,
-                 lsa: bool = False):
+                 lsa: bool = False, zero_copy=None):
+        if zero_copy not in _ZERO_COPY:
+            raise NcclInvalidArgument("Plan: zero_copy %r: None, 'pull' or 'push'" % (zero_copy,))
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
         self.tensors = list(tensors)
         self._specs, self._names = _specs(self.tensors)
         # lsa=True: streams inside an NVLink domain over LSA (docs/M2N.md: not yet validated on GPUs; every rank
-        # alike); False: every stream between ranks by ncclSend/ncclRecv.
+        # alike); False: every stream between ranks by ncclSend/ncclRecv. zero_copy ('pull' / 'push', with lsa):
+        # those streams move in place, the sources (pull) or destinations (push) in memory register()ed on the
+        # plan's communicator.
         cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, staging_bytes, timeout_s, fp8_block_rows,
                           1 if lsa else 0)
+        cfg.zeroCopy = _ZERO_COPY[zero_copy]
         self._h = ctypes.c_void_p()
         try:
             _call("ncclM2nPlanCreate", ctypes.byref(self._h), self.comm.handle, len(self.tensors), self._specs,
@@ -554,6 +562,39 @@ def retain(comm: Communicator, timeout_s: float = 0) -> None:
 def release(comm: Communicator) -> None:
     """Local: undoes retain() (the exchange communicator goes with the last plan on it)."""
     _call("ncclM2nCommRelease", comm.handle)
+
+
+class Registration:
+    """Memory registered for zero-copy plans (ncclM2nRegister); close() (or the with block's end) deregisters it,
+    COLLECTIVE over the communicator's NVLink domain, once no execute or graph that uses it can run."""
+
+    def __init__(self, handle, tensor):
+        self._h = handle
+        self.tensor = tensor  # kept alive while registered
+
+    def close(self) -> None:
+        if self._h is not None:
+            h, self._h = self._h, None
+            _call("ncclM2nDeregister", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+
+def register(comm: Communicator, tensor) -> Registration:
+    """COLLECTIVE over `comm`'s NVLink domain (over `comm` the first time): registers `tensor`'s memory (the same
+    number of bytes on every rank of the domain, in memory NCCL can map: ncclMemAlloc or cuMem, e.g. a
+    torch.cuda.MemPool on NCCL's allocator) for plans created with zero_copy."""
+    if not getattr(tensor, "is_cuda", False) or not tensor.is_contiguous():
+        raise NcclInvalidArgument("register: a contiguous CUDA tensor, not %s" % type(tensor).__name__)
+    h = ctypes.c_void_p()
+    _call("ncclM2nRegister", comm.handle, ctypes.c_void_p(tensor.data_ptr()), tensor.numel() * tensor.element_size(),
+          ctypes.byref(h))
+    return Registration(h, tensor)
 
 
 from .sync import WeightSync, release_communicators, reshard  # noqa: E402  (they build on the classes above)

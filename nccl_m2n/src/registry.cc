@@ -1,0 +1,151 @@
+#include "nccl_m2n/src/registry.h"
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/domain.h"
+#include "common/env.h"
+#include "common/status.h"
+
+struct ncclM2nRegistration {
+  ncclComm_t comm = nullptr;
+  int slot = -1;
+};
+
+namespace ncclm2n {
+namespace {
+
+struct Slot {
+  char* base = nullptr;
+  size_t bytes = 0;
+  ncclWindow_t window = nullptr;
+};
+
+struct Registry {
+  std::mutex mu;  // one registration or lookup at a time (its collectives included)
+  std::unique_ptr<ncclext::Domain> domain;
+  ncclWindow_t* devWindows = nullptr;  // [kMaxRegistrations], device
+  std::vector<Slot> slots = std::vector<Slot>(kMaxRegistrations);
+  int live = 0;
+  ~Registry() {
+    if (devWindows) cudaFree(devWindows);
+  }
+};
+
+std::mutex registriesMu;
+std::map<ncclComm_t, std::shared_ptr<Registry>>& registries() {
+  static std::map<ncclComm_t, std::shared_ptr<Registry>> m;
+  return m;
+}
+
+std::shared_ptr<Registry> registryOf(ncclComm_t comm, bool create) {
+  std::lock_guard<std::mutex> lock(registriesMu);
+  auto it = registries().find(comm);
+  if (it != registries().end()) return it->second;
+  if (!create) return nullptr;
+  auto r = std::make_shared<Registry>();
+  registries()[comm] = r;
+  return r;
+}
+
+void dropIfEmpty(ncclComm_t comm, const std::shared_ptr<Registry>& r) {
+  std::lock_guard<std::mutex> lock(registriesMu);
+  if (r->live == 0 && !r->domain) registries().erase(comm);
+}
+
+}  // namespace
+
+ncclResult_t registerBuffer(ncclComm_t comm, void* buffer, size_t bytes, ncclM2nRegistration** out) {
+  std::shared_ptr<Registry> r = registryOf(comm, true);
+  std::unique_lock<std::mutex> lock(r->mu);
+  ncclResult_t res = ncclSuccess;
+  if (!r->domain) {  // the first registration: the NVLink domains of comm (collective over comm)
+    ncclext::DomainOptions opts;
+    opts.timeoutSeconds = ncclext::env().timeoutSeconds;
+    res = ncclext::Domain::create(comm, opts, &r->domain);
+    if (res == ncclSuccess && cudaMalloc(reinterpret_cast<void**>(&r->devWindows),
+                                         sizeof(ncclWindow_t) * kMaxRegistrations) != cudaSuccess)
+      res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "ncclM2nRegister: cudaMalloc failed");
+    if (res == ncclSuccess && cudaMemset(r->devWindows, 0, sizeof(ncclWindow_t) * kMaxRegistrations) != cudaSuccess)
+      res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "ncclM2nRegister: cudaMemset failed");
+    if (res != ncclSuccess) {
+      r->domain.reset();
+      lock.unlock();
+      dropIfEmpty(comm, r);
+      return res;
+    }
+  }
+  ncclext::Domain& d = *r->domain;
+  // The same size on every rank of the domain, and a free slot (the same one everywhere: registrations come in the
+  // same order on every rank).
+  std::vector<uint64_t> sizes(d.topo().domainSize);
+  const uint64_t mine = bytes;
+  NCCLEXT_CHECK(d.allGather(&mine, sizeof(mine), sizes.data()));
+  for (size_t i = 0; i < sizes.size(); i++)
+    NCCLEXT_ARG(sizes[i] == mine,
+                "ncclM2nRegister: domain rank %zu registers %llu bytes, this rank %llu: NCCL 2.28 needs the same size "
+                "on every rank of the domain",
+                i, (unsigned long long)sizes[i], (unsigned long long)mine);
+  int slot = 0;
+  while (slot < kMaxRegistrations && r->slots[slot].base) slot++;
+  NCCLEXT_USAGE(slot < kMaxRegistrations, "ncclM2nRegister: %d registrations live on this communicator already",
+                kMaxRegistrations);
+  ncclWindow_t win = nullptr;
+  NCCLEXT_NCCL(ncclCommWindowRegister(d.domainComm(), buffer, bytes, &win, NCCL_WIN_DEFAULT));
+  NCCLEXT_USAGE(win != nullptr, "ncclM2nRegister: NCCL returned no window (symmetric memory unsupported?)");
+  NCCLEXT_CUDA(cudaMemcpy(r->devWindows + slot, &win, sizeof(win), cudaMemcpyHostToDevice));
+  r->slots[slot] = Slot{static_cast<char*>(buffer), bytes, win};
+  r->live++;
+  *out = new ncclM2nRegistration{comm, slot};
+  return ncclSuccess;
+}
+
+ncclResult_t deregisterBuffer(ncclM2nRegistration* reg) {
+  std::shared_ptr<Registry> r = registryOf(reg->comm, false);
+  NCCLEXT_USAGE(r && reg->slot >= 0 && reg->slot < kMaxRegistrations, "ncclM2nDeregister: unknown registration");
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    Slot& s = r->slots[reg->slot];
+    NCCLEXT_USAGE(s.base != nullptr, "ncclM2nDeregister: registration already released");
+    const ncclWindow_t none = nullptr;
+    NCCLEXT_CUDA(cudaMemcpy(r->devWindows + reg->slot, &none, sizeof(none), cudaMemcpyHostToDevice));
+    NCCLEXT_NCCL(ncclCommWindowDeregister(r->domain->domainComm(), s.window));
+    s = Slot{};
+    if (--r->live == 0) r->domain.reset();  // the last one: the domain's communicators go with it
+  }
+  dropIfEmpty(reg->comm, r);
+  delete reg;
+  return ncclSuccess;
+}
+
+bool findRegistered(ncclComm_t comm, const void* p, size_t bytes, int domainSize, Registered* out) {
+  std::shared_ptr<Registry> r = registryOf(comm, false);
+  if (!r) return false;
+  std::lock_guard<std::mutex> lock(r->mu);
+  if (!r->domain || r->domain->topo().domainSize != domainSize) return false;
+  const char* c = static_cast<const char*>(p);
+  for (int i = 0; i < kMaxRegistrations; i++) {
+    const Slot& s = r->slots[i];
+    if (s.base && c >= s.base && c + bytes <= s.base + s.bytes) {
+      *out = Registered{i, (uint64_t)(c - s.base)};
+      return true;
+    }
+  }
+  return false;
+}
+
+bool registryWindows(ncclComm_t comm, int domainSize, ncclWindow_t** windows) {
+  std::shared_ptr<Registry> r = registryOf(comm, false);
+  if (!r) return false;
+  std::lock_guard<std::mutex> lock(r->mu);
+  if (!r->domain || r->domain->topo().domainSize != domainSize) return false;
+  *windows = r->devWindows;
+  return true;
+}
+
+}  // namespace ncclm2n

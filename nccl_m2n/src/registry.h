@@ -1,0 +1,35 @@
+// The memory registered with ncclM2nRegister (nccl_m2n.h, zero-copy): per caller communicator, the NVLink-domain
+// communicator it is registered on and a table of its windows in device memory. Registration is collective and in
+// the same order on every rank of a domain, so slot i names the same registration on each of them: a rank publishes
+// (slot, offset) for a tensor and its peers reach it as ncclGetLsaPointer(windows[slot], offset, peer).
+#pragma once
+
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <cstddef>
+#include <cstdint>
+
+struct ncclM2nRegistration;
+
+namespace ncclm2n {
+
+constexpr int kMaxRegistrations = 64;  // live registrations per communicator
+
+// Where a pointer lies in the registered memory of a communicator.
+struct Registered {
+  int slot = -1;
+  uint64_t offset = 0;
+};
+
+// COLLECTIVE over comm's domain (over comm for its first registration). Every rank of the domain must pass the same
+// `bytes` (NCCL 2.28 maps each peer's buffer with the local size).
+ncclResult_t registerBuffer(ncclComm_t comm, void* buffer, size_t bytes, ncclM2nRegistration** out);
+// COLLECTIVE over the domain; the last one on a communicator frees its record.
+ncclResult_t deregisterBuffer(ncclM2nRegistration* reg);
+// [p, p + bytes) inside one registration of comm: its slot and p's offset in it.
+bool findRegistered(ncclComm_t comm, const void* p, size_t bytes, int domainSize, Registered* out);
+// The device table of comm's windows (by slot), when comm has registrations in domains of `domainSize` ranks.
+bool registryWindows(ncclComm_t comm, int domainSize, ncclWindow_t** windows);
+
+}  // namespace ncclm2n
