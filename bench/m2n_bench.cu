@@ -21,10 +21,12 @@
 // destination rank: the bytes it receives, its local copies included, over its median). Every rank times; rank 0
 // prints and writes one JSON line per case with its own median and the mean of every rank's median.
 //
-// Usage: m2n_bench [--nranks N] [--one-gpu off|nodes|virtual] [--lsa] [--iters I] [--max-mib M] [--large]
-//                  [--json FILE]
-// (--lsa: the plans' config lsa = 1 on real ranks; virtual ranks always use LSA.) Exit: 0 pass, 1 a failure or a
-// wrong element, 77 no GPU.
+// Usage: m2n_bench [--nranks N] [--one-gpu off|nodes|virtual] [--lsa] [--zero-copy pull|push] [--iters I]
+//                  [--max-mib M] [--large] [--json FILE]
+// (--lsa: the plans' config lsa = 1 on real ranks; virtual ranks always use LSA. --zero-copy: the config's zeroCopy,
+// with lsa; on real ranks the published side, sources for pull and destinations for push, lies in an ncclMemAlloc
+// buffer of the same size on every rank, registered with ncclM2nRegister.) Exit: 0 pass, 1 a failure or a wrong
+// element, 77 no GPU.
 #include <getopt.h>
 
 #include <algorithm>
@@ -39,7 +41,7 @@
 namespace {
 
 struct Options {
-  int nRanks = 0, iters = 0;
+  int nRanks = 0, iters = 0, zeroCopy = NCCL_M2N_ZERO_COPY_OFF;
   bool lsa = false, large = false;
   int64_t maxMiB = 1024;
   std::string json;
@@ -244,6 +246,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
       cfg.timeoutSeconds = 120;
       cfg.lsa = o.lsa ? 1 : 0;
+      cfg.zeroCopy = o.zeroCopy;
       cfg.virtualDomain = o.virt;
       cfg.virtualRank = o.virt ? ctx.rank : 0;
       ncclM2nPlan_t plan = nullptr;
@@ -251,8 +254,25 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
                   k.name, ncclM2nGetLastError());
       // Stream-ordered allocations (virtual ranks: a synchronous free would wait for the others' kernels).
       void *src = nullptr, *dst = nullptr;
-      if (ls.holds) BENCH_CHECK(cudaMallocAsync(&src, ls.span() * 2, ctx.stream) == cudaSuccess, "alloc src");
-      if (ld.holds) BENCH_CHECK(cudaMallocAsync(&dst, ld.span() * 2, ctx.stream) == cudaSuccess, "alloc dst");
+      // Zero-copy on real ranks: the published side in a registered ncclMemAlloc buffer, as large as the largest
+      // part of any rank (NCCL 2.28 maps every peer's buffer with its own size).
+      const bool registered = o.zeroCopy != NCCL_M2N_ZERO_COPY_OFF && !virt;
+      const bool pull = o.zeroCopy == NCCL_M2N_ZERO_COPY_PULL;
+      void* regBuf = nullptr;
+      ncclM2nRegistration_t reg = nullptr;
+      if (registered) {
+        int64_t most = 0;
+        for (int r = 0; r < n; r++)
+          most = std::max(most, (pull ? localOf(cs, k.src, r) : localOf(cd, k.dst, r)).span() * 2);
+        const size_t granule = 1 << 21;  // whole 2 MiB pages
+        const size_t regBytes = ((size_t)std::max<int64_t>(most, 1) + granule - 1) / granule * granule;
+        BENCH_CHECK(ncclMemAlloc(&regBuf, regBytes) == ncclSuccess, "ncclMemAlloc");
+        BENCH_CHECK(ncclM2nRegister(ctx.comm, regBuf, regBytes, &reg) == ncclSuccess, "ncclM2nRegister: %s",
+                    ncclM2nGetLastError());
+        (pull ? src : dst) = regBuf;
+      }
+      if (ls.holds && !src) BENCH_CHECK(cudaMallocAsync(&src, ls.span() * 2, ctx.stream) == cudaSuccess, "alloc src");
+      if (ld.holds && !dst) BENCH_CHECK(cudaMallocAsync(&dst, ld.span() * 2, ctx.stream) == cudaSuccess, "alloc dst");
       const uint32_t seed = 0x5eed0000u + (uint32_t)rows + (uint32_t)(&k - cases.data());
       if (ls.holds) fillKernel<<<1024, 256, 0, ctx.stream>>>(static_cast<uint16_t*>(src), ls, seed);
       if (ld.holds) BENCH_CHECK(cudaMemsetAsync(dst, 0xff, ld.span() * 2, ctx.stream) == cudaSuccess, "poison");
@@ -320,13 +340,16 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
                badAll ? "  WRONG" : "");
         if (js)
           fprintf(js,
-                  "{\"bench\": \"m2n\", \"gpu\": \"%s\", \"nranks\": %d, \"mode\": \"%s\", \"lsa\": %s, \"case\": "
+                  "{\"bench\": \"m2n\", \"gpu\": \"%s\", \"nranks\": %d, \"mode\": \"%s\", \"lsa\": %s, "
+                  "\"zero_copy\": \"%s\", \"case\": "
                   "\"%s\", \"rows\": %lld, \"cols\": %lld, \"dtype\": \"bf16\", \"tensor_bytes\": %lld, "
                   "\"dst_bytes_rank0\": %lld, \"sent_bytes_rank0\": %lld, \"received_bytes_rank0\": %lld, "
                   "\"iters\": %d, \"execute_us\": %.2f, \"execute_us_mean_over_ranks\": %.2f, \"gbps_per_dst\": %.2f, "
                   "\"baseline\": \"%s\", \"baseline_bytes\": %lld, \"baseline_us\": %.2f, \"baseline_gbps\": %.2f, "
                   "\"ratio\": %.4f, \"wrong_elements\": %llu, \"pass\": %s}\n",
-                  prop.name, n, mode, (o.lsa || virt) ? "true" : "false", k.name, (long long)rows, (long long)cols,
+                  prop.name, n, mode, (o.lsa || virt) ? "true" : "false",
+                  o.zeroCopy == NCCL_M2N_ZERO_COPY_PULL ? "pull" : o.zeroCopy == NCCL_M2N_ZERO_COPY_PUSH ? "push" : "off",
+                  k.name, (long long)rows, (long long)cols,
                   (long long)bytes, (long long)dstBytes, (long long)sent, (long long)received, iters, us, meanUs,
                   gbps, baseName, (long long)baseBytes, baseUs, baseGbps, baseUs > 0 ? us / baseUs : 0,
                   (unsigned long long)badAll, badAll == 0 && !failed ? "true" : "false");
@@ -334,7 +357,12 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       BENCH_CHECK(cudaStreamSynchronize(ctx.stream) == cudaSuccess, "sync");
       BENCH_CHECK(ncclM2nPlanDestroy(plan) == ncclSuccess, "ncclM2nPlanDestroy: %s", ncclM2nGetLastError());
       for (void* p : {src, dst, bs, br})
-        if (p) cudaFreeAsync(p, ctx.stream);
+        if (p && p != regBuf) cudaFreeAsync(p, ctx.stream);
+      if (reg) {
+        BENCH_CHECK(cudaStreamSynchronize(ctx.stream) == cudaSuccess, "sync");
+        BENCH_CHECK(ncclM2nDeregister(reg) == ncclSuccess, "ncclM2nDeregister: %s", ncclM2nGetLastError());
+        ncclMemFree(regBuf);
+      }
     }
   }
   cudaFreeAsync(wrong, ctx.stream);
@@ -353,6 +381,7 @@ int main(int argc, char** argv) {
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
                                  {"one-gpu", required_argument, nullptr, 'g'},
                                  {"lsa", no_argument, nullptr, 'l'},
+                                 {"zero-copy", required_argument, nullptr, 'z'},
                                  {"iters", required_argument, nullptr, 'i'},
                                  {"max-mib", required_argument, nullptr, 'm'},
                                  {"large", no_argument, nullptr, 'L'},
@@ -363,6 +392,8 @@ int main(int argc, char** argv) {
     if (c == 'n') o.nRanks = atoi(optarg);
     else if (c == 'g') ok = ncclext::harness::parseOneGpu(optarg, &o.oneGpu) && ok;
     else if (c == 'l') o.lsa = true;
+    else if (c == 'z' && !strcmp(optarg, "pull")) o.zeroCopy = NCCL_M2N_ZERO_COPY_PULL;
+    else if (c == 'z' && !strcmp(optarg, "push")) o.zeroCopy = NCCL_M2N_ZERO_COPY_PUSH;
     else if (c == 'i') o.iters = atoi(optarg);
     else if (c == 'm') o.maxMiB = atoll(optarg);
     else if (c == 'L') o.large = true;
@@ -370,9 +401,10 @@ int main(int argc, char** argv) {
     else ok = false;
   }
   const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;
-  if (!ok || o.iters < 0 || o.maxMiB < 1 || (virt && o.nRanks < 1)) {
-    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--lsa] [--iters I] "
-            "[--max-mib M] [--large] [--json FILE]\n", argv[0]);
+  if (!ok || o.iters < 0 || o.maxMiB < 1 || (virt && o.nRanks < 1) || (o.zeroCopy && !o.lsa && !virt)) {
+    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--lsa] "
+            "[--zero-copy pull|push (with --lsa or virtual)] [--iters I] [--max-mib M] [--large] [--json FILE]\n",
+            argv[0]);
     return 2;
   }
   if (virt && ncclM2nVirtualDomainCreate(&o.virt, o.nRanks) != ncclSuccess) {

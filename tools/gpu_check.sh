@@ -45,6 +45,8 @@ RUNS=(
   # The M2N benchmark (single tensors over layout pairs, beside the copy engine or NCCL send/recv of the same bytes
   # in the same run; docs/PERFORMANCE.md). Every destination element is checked once per case.
   "m2n_bench|$BUILDDIR/bin/m2n_bench --nranks NRANKS --max-mib 256 --json JSON|1|nodes virtual"
+  # The same in place (zero-copy pull: receivers read the senders' sources) between virtual ranks.
+  "m2n_bench_zero_copy|$BUILDDIR/bin/m2n_bench --nranks NRANKS --zero-copy pull --max-mib 256 --json JSON|2|virtual"
 )
 # The Python package's GPU tests (1 rank; several ranks on one GPU need EP across domains), on the build tree's
 # libraries and python/ (make test-python tests the wheel itself, on any machine).
