@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/checks.h"
+#include "common/watchdog.h"
 
 namespace ncclext {
 namespace {
@@ -125,6 +126,38 @@ ncclResult_t copyToHostAfter(cudaStream_t stream, void* dst, const void* src, si
     return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "%s: copy to the host failed: %s", what,
                 cudaGetErrorString(cudaGetLastError()));
   return ncclSuccess;
+}
+
+void watchStream(const void* owner, double seconds, cudaStream_t stream, std::function<void()> expire) {
+  int device = 0;
+  cudaEvent_t ev = nullptr;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(ev, stream) != cudaSuccess) {
+    if (ev) cudaEventDestroy(ev);
+    return;
+  }
+  struct Event {
+    cudaEvent_t e;
+    int device;
+    ~Event() {
+      cudaSetDevice(device);
+      cudaEventDestroy(e);
+    }
+  };
+  std::shared_ptr<Event> event(new Event{ev, device});  // destroyed with the watch's last probe
+  Watchdog::instance().add(
+      owner, seconds,
+      [event] {
+        // This thread's queries must not invalidate a capture that another thread began in the global mode.
+        static thread_local bool relaxed = [] {
+          cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+          return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+        }();
+        (void)relaxed;
+        cudaSetDevice(event->device);
+        return cudaEventQuery(event->e) != cudaErrorNotReady;  // done, or failed: nothing left to wait for
+      },
+      std::move(expire));
 }
 
 }  // namespace ncclext

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <functional>
 #include <memory>
 
 #include "common/device_error.h"
@@ -45,6 +46,12 @@ constexpr double kHostMarginSeconds = 5.0;
 // process cannot tear down cleanly). Returns status->check(what) once the stream is done.
 ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* what,
                         const DeviceStatus* status = nullptr);
+
+// Watches the work enqueued on `stream` so far (an event recorded now) with common/watchdog.h: if it has not
+// finished `seconds` from now, `expire` runs once on the watchdog thread (e.g. aborting the communicator whose peer
+// never came). `owner` ends the watch with Watchdog::removeOwner. Without an event to record (an error), nothing is
+// watched: the stream's own error reaches the caller. Not for a stream being captured.
+void watchStream(const void* owner, double seconds, cudaStream_t stream, std::function<void()> expire);
 
 // Copies `bytes` from device memory to (pageable) host memory once `stream` has drained, within waitStream's budget.
 // A device-to-pageable cudaMemcpyAsync returns only when the copy is done: queued behind a collective whose peer is

@@ -163,14 +163,24 @@ ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool
 }
 
 // Launches a Low-Latency call whole, or (send-only) its send half, keeping the receive half in `*keep` for
-// ncclEpComplete and marking the call open.
+// ncclEpComplete and marking the call open. Across NVLink domains the halves are always apart, with the rail
+// exchange between them (ncclEpGroup::railExchange): the send half, the exchange, and (a whole call) the receive half.
 template <typename Call>
 ncclResult_t launchLlCall(ncclEpHandle* h, ncclep::CallKind kind, Call c, int ctas, bool sendOnly, Call* keep,
                           ncclResult_t (*launch)(const ncclep::GroupView&, const ncclep::HandleView&, const Call&, int,
                                                  cudaStream_t),
                           cudaStream_t stream) {
-  c.phases = sendOnly ? ncclep::kLlSend : ncclep::kLlSend | ncclep::kLlReceive;
-  NCCLEXT_CHECK(launch(h->group->view, h->view, c, ctas, stream));
+  ncclEpGroup* g = h->group;
+  const bool rail = g->railComm != nullptr;
+  c.phases = sendOnly || rail ? ncclep::kLlSend : ncclep::kLlSend | ncclep::kLlReceive;
+  NCCLEXT_CHECK(launch(g->view, h->view, c, ctas, stream));
+  if (rail) {
+    NCCLEXT_CHECK(g->railExchange(kind, stream));
+    if (!sendOnly) {
+      c.phases = ncclep::kLlReceive;
+      return launch(g->view, h->view, c, ctas, stream);
+    }
+  }
   if (!sendOnly) return ncclSuccess;
   c.phases = ncclep::kLlReceive;
   *keep = c;
@@ -275,6 +285,11 @@ ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs
                   "inputs.topk_weights at combine: RANK_MAJOR rows are already reduced per (token, rank) by the "
                   "caller; the owner-weighted path is EXPERT_MAJOR's");
     NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
+    NCCLEXT_USAGE(g->railComm == nullptr,
+                  "inputs.topk_weights at combine across %d NVLink domains: the owner-weighted Low-Latency combine "
+                  "(one row per (token, expert) into the owner's [token][k] staging) is not implemented across "
+                  "domains yet; combine without topk_weights (the dispatched weights, applied on the expert side)",
+                  g->domain->topo().nDomains);
     c.mode = ncclep::kLlOwnerWeighted;
     c.weights = static_cast<const float*>(inputs->topk_weights.data);
   } else {

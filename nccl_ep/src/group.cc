@@ -1,11 +1,15 @@
 #include "nccl_ep/src/group.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "common/checks.h"
 #include "common/env.h"
 #include "common/topology.h"
+#include "common/watchdog.h"
 #include "nccl_ep/src/ll.h"
 
 namespace {
@@ -19,6 +23,77 @@ constexpr size_t kMaskOffset = 16 * sizeof(uint64_t);
 constexpr size_t kStateBytes = kMaskOffset + ncclep::kMaxRanks * sizeof(int);
 
 }  // namespace
+
+namespace ncclep {
+
+void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* out) {
+  GroupView& v = *out;
+  const int rank = topo.rank, nRanks = topo.nRanks;
+  v.rank = rank;
+  v.nRanks = nRanks;
+  v.numExperts = config.num_experts;
+  v.localExperts = config.num_experts / nRanks;
+  v.maxTokens = config.max_tokens_per_rank;
+  v.nChunks = (config.max_tokens_per_rank + kChunkTokens - 1) / kChunkTokens;
+  v.rowStride = config.max_token_bytes;
+  v.lowLatency = config.algorithm == NCCL_EP_ALGO_LOW_LATENCY;
+  v.meta.maxTopk = config.max_topk;
+  v.meta.maxScales = std::max(1, config.max_token_bytes / 128);
+  v.meta.bytes = alignUp(v.meta.tokenOff() + 4, 16);
+  WindowLayout& w = v.wl;
+  const size_t regionRows = (size_t)nRanks * v.maxTokens;
+  // LL combine staging also holds one row per (token, expert) of the owner: [maxTokens][maxTopk].
+  w.combSlots = (int)std::max(regionRows, v.lowLatency ? (size_t)v.maxTokens * config.max_topk : 0);
+  w.headerBytes = v.lowLatency ? (int)alignUp(12 + 4 * (size_t)v.localExperts, 16) : 0;
+  w.slices = v.lowLatency ? (config.max_token_bytes + kLlSliceCols - 1) / kLlSliceCols : 1;
+  size_t off = 0;
+  w.barrierFlags = off;
+  off = alignUp(off + (size_t)nRanks * 8, 256);
+  w.dispDone = off;
+  off = alignUp(off + (size_t)nRanks * 8, 256);
+  w.combDone = off;
+  off = alignUp(off + (size_t)nRanks * 8, 256);
+  w.cleanFlags = off;
+  off = alignUp(off + (size_t)nRanks * 8, 256);
+  w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
+  w.exchange = off;
+  off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 4096);
+  // The staging bank (LL: two of them, so that two send-only calls of a kind may be open at once).
+  const size_t bankStart = off;
+  w.combFlags = off;
+  off = alignUp(off + (size_t)w.combSlots * w.slices * 8, 256);
+  w.header = off;
+  off = alignUp(off + (size_t)nRanks * w.headerBytes, 256);
+  w.dispFlags = off;
+  off = alignUp(off + (v.lowLatency ? regionRows * w.slices * 8 : 0), 4096);
+  w.dispRows = off;
+  off = alignUp(off + regionRows * v.rowStride, 4096);
+  w.dispMeta = off;
+  off = alignUp(off + regionRows * v.meta.bytes, 4096);
+  w.combRows = off;
+  off = alignUp(off + (size_t)w.combSlots * v.rowStride, 4096);
+  w.bankBytes = v.lowLatency ? off - bankStart : 0;
+  w.total = off + w.bankBytes;
+  // Several domains (LL): my slices of the staging regions by source, laid end to end in each outbox (ht.h).
+  RailView& rv = v.rail;
+  rv.domainBase = topo.domainIndex * topo.domainSize;
+  rv.domainSize = topo.domainSize;
+  rv.bankStart = bankStart;
+  const size_t flagSlice = (size_t)v.maxTokens * w.slices * 8, rowSlice = (size_t)v.maxTokens * v.rowStride;
+  const size_t bases[kRailRegions] = {w.header, w.dispFlags, w.dispRows, w.dispMeta, w.combFlags, w.combRows};
+  const size_t slices[kRailRegions] = {(size_t)w.headerBytes, flagSlice, rowSlice, (size_t)v.maxTokens * v.meta.bytes,
+                                       flagSlice, rowSlice};
+  size_t outbox = 0;
+  for (int i = 0; i < kRailRegions; i++) {
+    rv.base[i] = bases[i];
+    rv.slice[i] = slices[i];
+    rv.outOff[i] = outbox;
+    outbox = alignUp(outbox + slices[i], 256);
+  }
+  rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
+}
+
+}  // namespace ncclep
 
 ncclResult_t ncclEpGroup::deviceAlloc(void** ptr, size_t bytes) {
   if (config.alloc.alloc_fn) {
@@ -62,7 +137,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   g->config = config;
   const ncclext::Env& env = ncclext::env();
   g->timeoutSeconds = config.timeout_ns ? config.timeout_ns * 1e-9 : env.timeoutSeconds;
-  // The domain and rail communicators (collective over `comm`), then the single-domain check, which every rank
+  // The domain and rail communicators (collective over `comm`), then the checks of several domains, which every rank
   // reaches with the same topology.
   ncclext::DomainOptions dopt;
   dopt.domainSize = config.lsa_domain_size;
@@ -71,10 +146,15 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   dopt.timeoutSeconds = g->timeoutSeconds;
   NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &g->domain));
   const ncclext::Topology& topo = g->domain->topo();
-  NCCLEXT_USAGE(topo.nDomains == 1,
-                "the %d ranks span %d NVLink domains of %d: dispatch and combine across domains (the rail hop, "
-                "issue \"nccl_ep across NVLink domains\") are not implemented yet; every rank must share one domain",
+  NCCLEXT_USAGE(topo.nDomains == 1 || config.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
+                "the %d ranks span %d NVLink domains of %d: High-Throughput dispatch and combine across domains (the "
+                "rail hop, issue \"nccl_ep across NVLink domains\") are not implemented yet; every rank must share "
+                "one domain (Low-Latency groups may span domains)",
                 topo.nRanks, topo.nDomains, topo.domainSize);
+  NCCLEXT_USAGE(topo.nDomains == 1 || !config.enable_mask,
+                "enable_mask across %d NVLink domains: not supported (a masked rank of another domain would leave "
+                "its NCCL sends and receives unmatched)",
+                topo.nDomains);
   const int rank = topo.rank, nRanks = topo.nRanks;
   int dev = 0;
   ncclext::setLogRank(rank);
@@ -99,51 +179,9 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
 
   // Window layout.
   ncclep::GroupView& v = g->view;
-  v.rank = rank;
-  v.nRanks = nRanks;
-  v.numExperts = config.num_experts;
-  v.localExperts = config.num_experts / nRanks;
-  v.maxTokens = config.max_tokens_per_rank;
-  v.nChunks = (config.max_tokens_per_rank + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
-  v.rowStride = config.max_token_bytes;
-  v.lowLatency = config.algorithm == NCCL_EP_ALGO_LOW_LATENCY;
-  v.meta.maxTopk = config.max_topk;
-  v.meta.maxScales = std::max(1, config.max_token_bytes / 128);
-  v.meta.bytes = alignUp(v.meta.tokenOff() + 4, 16);
+  ncclep::layoutGroup(config, topo, &v);
   ncclep::WindowLayout& w = v.wl;
-  const size_t regionRows = (size_t)nRanks * v.maxTokens;
-  // LL combine staging also holds one row per (token, expert) of the owner: [maxTokens][maxTopk].
-  w.combSlots = (int)std::max(regionRows, v.lowLatency ? (size_t)v.maxTokens * config.max_topk : 0);
-  w.headerBytes = v.lowLatency ? (int)alignUp(12 + 4 * (size_t)v.localExperts, 16) : 0;
-  w.slices = v.lowLatency ? (config.max_token_bytes + ncclep::kLlSliceCols - 1) / ncclep::kLlSliceCols : 1;
-  size_t off = 0;
-  w.barrierFlags = off;
-  off = alignUp(off + (size_t)nRanks * 8, 256);
-  w.dispDone = off;
-  off = alignUp(off + (size_t)nRanks * 8, 256);
-  w.combDone = off;
-  off = alignUp(off + (size_t)nRanks * 8, 256);
-  w.cleanFlags = off;
-  off = alignUp(off + (size_t)nRanks * 8, 256);
-  w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
-  w.exchange = off;
-  off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 4096);
-  // The staging bank (LL: two of them, so that two send-only calls of a kind may be open at once).
-  const size_t bankStart = off;
-  w.combFlags = off;
-  off = alignUp(off + (size_t)w.combSlots * w.slices * 8, 256);
-  w.header = off;
-  off = alignUp(off + (size_t)nRanks * w.headerBytes, 256);
-  w.dispFlags = off;
-  off = alignUp(off + (v.lowLatency ? regionRows * w.slices * 8 : 0), 4096);
-  w.dispRows = off;
-  off = alignUp(off + regionRows * v.rowStride, 4096);
-  w.dispMeta = off;
-  off = alignUp(off + regionRows * v.meta.bytes, 4096);
-  w.combRows = off;
-  off = alignUp(off + (size_t)w.combSlots * v.rowStride, 4096);
-  w.bankBytes = v.lowLatency ? off - bankStart : 0;
-  w.total = off + w.bankBytes;
+  ncclep::RailView& rv = v.rail;
 
   // Symmetric memory on the domain (collective).
   cudaStream_t stream = nullptr;
@@ -162,6 +200,23 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
     if (res == ncclSuccess && config.enable_mask) res = g->setMask(std::vector<int>(nRanks, 1).data(), stream);
     if (res == ncclSuccess && cudaStreamSynchronize(stream) != cudaSuccess)
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "group state: mask fill failed");
+  }
+  // The outboxes and the communicator their exchanges go over (every rank of comm, split once: the caller's own
+  // traffic on comm never meets ours).
+  if (res == ncclSuccess && rv.outboxBytes) {
+    void* ob = nullptr;
+    res = g->deviceAlloc(&ob, 2 * rv.outboxBytes * nRanks);  // the outboxes, then the inboxes
+    rv.outbox = static_cast<char*>(ob);
+    rv.inbox = rv.outbox + rv.outboxBytes * nRanks;
+    g->outbox = ob;
+    if (res == ncclSuccess) {
+      ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
+      cc.blocking = 1;
+      const ncclResult_t split = ncclCommSplit(comm, 0, rank, &g->railComm, &cc);
+      if (split != ncclSuccess)
+        res = ncclext::fail(split, __FILE__, __LINE__, "the Low-Latency rail communicator: ncclCommSplit: %s",
+                            ncclGetErrorString(split));
+    }
   }
   cudaStreamDestroy(stream);
   NCCLEXT_CHECK(res);
@@ -203,7 +258,78 @@ ncclResult_t ncclEpGroup::maskClean(cudaStream_t stream) {
   return ncclep::launchLlCleanBarrier(view, 2 * epoch, stream);
 }
 
+namespace {
+
+// The watchdog's action on an exchange past its budget: abort the rail communicator (its NCCL kernels end, and a host
+// call blocked in NCCL on it returns), then every later call fails. As nccl_m2n's abortExchanges: an enqueue that
+// does not let the lock go within a second is blocked inside NCCL, which ncclCommAbort from another thread ends.
+void abortRail(ncclEpGroup* g, double seconds) {
+  std::unique_lock<std::timed_mutex> lock(g->railMu, std::defer_lock);
+  (void)lock.try_lock_for(std::chrono::seconds(1));
+  if (g->railAborted) return;
+  char msg[400];
+  snprintf(msg, sizeof(msg),
+           "Low-Latency across NVLink domains: a rail exchange did not finish within %.1f s (a peer that died or "
+           "never calls): the group's rail communicator was aborted; destroy the group",
+           seconds);
+  g->railWhy = msg;
+  g->railAborted = true;
+  ncclComm_t c = g->railComm;
+  if (g->railCaptured) {
+    std::thread([c] { ncclCommAbort(c); }).detach();
+  } else {
+    ncclCommAbort(c);
+  }
+}
+
+}  // namespace
+
+ncclResult_t ncclEpGroup::railExchange(int kind, cudaStream_t stream) {
+  if (!railComm) return ncclSuccess;
+  if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capture);
+  if (capture != cudaStreamCaptureStatusNone) railCaptured = true;
+  std::lock_guard<std::timed_mutex> lock(railMu);
+  if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
+  const ncclep::RailView& rv = view.rail;
+  const int first = kind == ncclep::kDispatch ? ncclep::kRailHeader : ncclep::kRailCombFlags;
+  const int last = kind == ncclep::kDispatch ? ncclep::kRailDispMeta : ncclep::kRailCombRows;
+  NCCLEXT_NCCL(ncclGroupStart());
+  ncclResult_t res = ncclSuccess;
+  for (int r = 0; r < view.nRanks && res == ncclSuccess; r++) {
+    if (rv.local(r)) continue;
+    for (int i = first; i <= last && res == ncclSuccess; i++) {
+      res = ncclSend(rv.outbox + (size_t)r * rv.outboxBytes + rv.outOff[i], rv.slice[i], ncclUint8, r, railComm,
+                     stream);
+      if (res == ncclSuccess)
+        res = ncclRecv(rv.inbox + (size_t)r * rv.outboxBytes + rv.outOff[i], rv.slice[i], ncclUint8, r, railComm,
+                       stream);
+    }
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (res != ncclSuccess || ended != ncclSuccess)
+    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                         "Low-Latency %s across NVLink domains: NCCL point-to-point: %s",
+                         kind == ncclep::kDispatch ? "dispatch" : "combine", ncclGetLastError(railComm));
+  if (capture == cudaStreamCaptureStatusNone) {  // a replay runs later, unwatched
+    const double seconds = timeoutSeconds;
+    ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
+  }
+  return ncclep::launchLlRailInbox(view, (ncclep::CallKind)kind, stream);
+}
+
 ncclEpGroup::~ncclEpGroup() {
+  ncclext::Watchdog::instance().removeOwner(this);  // after it, no action of the watchdog touches the group
+  if (railComm && !railAborted) {
+    // NCCL's destruction waits for the graphs that captured work on the communicator: on a thread of its own then.
+    ncclComm_t c = railComm;
+    if (railCaptured)
+      std::thread([c] { ncclCommDestroy(c); }).detach();
+    else
+      NCCLEXT_WARN_ON(ncclCommDestroy(c));
+  }
+  if (outbox) freeNow(outbox);
   if (state) freeNow(state);
   for (void* p : retiredDevice_) freeNow(p);
   for (void* p : retiredHost_) NCCLEXT_WARN_ON(cudaFreeHost(p));
@@ -225,6 +351,7 @@ ncclResult_t ncclEpGroup::destroy(ncclEpGroup* g) {
 }
 
 ncclResult_t ncclEpGroup::asyncError(const char* what) {
+  if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s: %s", what, railWhy.c_str());
   ncclext::DeviceErrorWord w;
   if (!status || !status->read(&w)) return ncclSuccess;
   if (w.code == ncclext::kDevicePeerMasked) {  // reported once: the group goes on without the peer

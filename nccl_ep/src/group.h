@@ -2,8 +2,11 @@
 // bound once). Internal: api.cc validates the public structs and calls these.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/device_status.h"
@@ -19,6 +22,12 @@ struct ncclEpVirtualDomain {
   explicit ncclEpVirtualDomain(int n) : domain(n) {}
   ncclext::VirtualDomain domain;
 };
+
+namespace ncclep {
+// The group's window layout, sizes and rail view (outbox pointer aside) for `config` on `topo`: pure host
+// arithmetic, the same on every rank (ncclEpGroup::create; host tests).
+void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view);
+}  // namespace ncclep
 
 // The device pointers of an optional ncclEpLayoutInfo_t (all NULL without one): HT handle binding and LL dispatch.
 inline ncclep::LayoutInfoOut layoutInfoOut(const ncclEpLayoutInfo_t* info) {
@@ -47,6 +56,20 @@ struct ncclEpGroup {
   // Low-Latency: the handles whose send-only calls of each kind (ncclep::CallKind) await ncclEpComplete, oldest
   // first (at most two: the staging banks).
   std::deque<ncclEpHandle*> pending[2];
+  // Low-Latency across NVLink domains (ht.h, RailView): the outboxes and inboxes (one allocation) and the
+  // communicator of their exchanges (NULL with one domain).
+  void* outbox = nullptr;
+  ncclComm_t railComm = nullptr;
+  // Between a call's send half and its receive half: every remote rank's slices of `kind` (ncclSend from my
+  // outbox for it, ncclRecv into my inbox), in one NCCL group on `stream`, then the inbox copied into the call's
+  // bank (launchLlRailInbox). Watched (not when
+  // captured): an exchange that does not finish within the group's budget (a peer that died or never calls) has the
+  // watchdog abort railComm; every later call of the group then fails with railWhy.
+  ncclResult_t railExchange(int kind, cudaStream_t stream);
+  std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort
+  std::atomic<bool> railAborted{false};
+  std::atomic<bool> railCaptured{false};  // an exchange was captured in a CUDA graph (destroy on a thread of its own)
+  std::string railWhy;                 // written once, before railAborted
 
   static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out);
   ~ncclEpGroup();

@@ -85,8 +85,35 @@ struct DerivedLayout {
   // that hold rows for me (1 + the last such chunk of any peer)
 };
 
+// Low-Latency across NVLink domains (docs/ARCHITECTURE.md, "Low-Latency across domains"). A rank reaches the windows
+// of its own domain by LSA; for a rank of another domain its kernels write, instead of that rank's window, its outbox
+// for that rank: the slices of the staging regions that are this rank's in every window (regions indexed by source:
+// the header row, the dispatch rows, metadata and slice flags, the combine rows and slice flags of [source][slot]),
+// laid end to end. Between the send half and the receive half of a call the host sends each remote rank its outbox
+// slices with ncclSend, and receives each remote rank's into that rank's slices of its own window's bank with
+// ncclRecv into my inbox (the same layout, by source), in one NCCL group on the stream; then a kernel copies each
+// remote source's slices from the inbox into that source's slices of the call's bank (chosen on the device from the
+// call's number, so that CUDA graph replays alternate the banks as the kernels do): the receive half then finds
+// every remote row and flag in place.
+constexpr int kRailRegions = 6;
+enum RailRegion { kRailHeader = 0, kRailDispFlags, kRailDispRows, kRailDispMeta, kRailCombFlags, kRailCombRows };
+
+struct RailView {
+  int domainBase = 0, domainSize = 0;  // my domain's ranks: [domainBase, domainBase + domainSize)
+  char* outbox = nullptr;              // [R][outboxBytes]: rank r's at r * outboxBytes (remote ranks only)
+  char* inbox = nullptr;               // [R][outboxBytes]: what remote rank r sent me, in its outbox's layout
+  size_t outboxBytes = 0;
+  size_t bankStart = 0;                // the first bank's start (WindowLayout::combFlags)
+  size_t base[kRailRegions];           // region i of a bank (offsets in bank 0)
+  size_t slice[kRailRegions];          // one source's slice of region i: source s's at base[i] + s * slice[i]
+  size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
+
+  __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
+};
+
 struct GroupView {
-  ncclext::dev::Peers peers;  // the window of every rank (real: LSA; virtual ranks: addresses)
+  ncclext::dev::Peers peers;  // the window of every rank of my domain (real: LSA; virtual ranks: addresses)
+  RailView rail;              // several domains (LL only); with one, every rank is local
   WindowLayout wl;
   MetaLayout meta;
   int rank, nRanks, numExperts, localExperts, maxTokens, nChunks, rowStride;
@@ -145,6 +172,33 @@ struct CombineCall {
   int dtype;  // ncclDataType_t
   int nSenders, nReceivers;
 };
+
+// Where `offset` bytes into a remote rank's window (one of my slices of its staging, either bank) sits in my outbox
+// for that rank: bytes from the outbox's start. False for any other offset (only my slices exist in an outbox).
+__host__ __device__ inline bool railOutboxOffset(const GroupView& g, size_t offset, size_t* out) {
+  const RailView& rv = g.rail;
+  const size_t bank = g.wl.bankBytes && offset >= rv.bankStart + g.wl.bankBytes ? g.wl.bankBytes : 0;
+  const size_t rel = offset - bank;
+  for (int i = 0; i < kRailRegions; i++) {
+    const size_t mine = rv.base[i] + (size_t)g.rank * rv.slice[i];
+    if (rel >= mine && rel < mine + rv.slice[i]) {
+      *out = rv.outOff[i] + (rel - mine);
+      return true;
+    }
+  }
+  return false;
+}
+
+#ifdef __CUDACC__
+// `offset` bytes into rank r's window: by LSA inside my domain (Peers numbers the domain's ranks from 0), else the
+// same place in my outbox for r (RailView). Any offset towards a remote rank outside my slices is a bug: NULL.
+__device__ __forceinline__ void* peerAt(const GroupView& g, size_t offset, int r) {
+  const RailView& rv = g.rail;
+  if (rv.local(r)) return g.peers.at(offset, r - rv.domainBase);
+  size_t at = 0;
+  return railOutboxOffset(g, offset, &at) ? rv.outbox + (size_t)r * rv.outboxBytes + at : nullptr;
+}
+#endif
 
 // Each family's kernels loaded now (group creation; see ncclext::loadKernels).
 ncclResult_t loadRouteKernels();

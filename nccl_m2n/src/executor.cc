@@ -323,36 +323,9 @@ void abortExchanges(ncclM2nPlan* plan, const char* what) {
 // error within the budget, and an execute never connects (its enqueue never waits for a peer).
 ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream);
 
-// Watches the work enqueued on `stream` so far: done when an event recorded now completes.
+// Watches the work enqueued on `stream` so far: past the budget, the watchdog aborts the plan's exchanges.
 void watchStream(ncclM2nPlan* plan, cudaStream_t stream, const char* what) {
-  cudaEvent_t ev = nullptr;
-  if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
-      cudaEventRecord(ev, stream) != cudaSuccess) {
-    if (ev) cudaEventDestroy(ev);
-    return;  // nothing to watch with; the stream's own error reaches the caller
-  }
-  struct Event {
-    cudaEvent_t e;
-    int device;
-    ~Event() {
-      cudaSetDevice(device);
-      cudaEventDestroy(e);
-    }
-  };
-  std::shared_ptr<Event> event(new Event{ev, plan->device});  // destroyed with the watch's last probe
-  ncclext::Watchdog::instance().add(
-      plan, plan->timeoutSeconds,
-      [event] {
-        // This thread's queries must not invalidate a capture that another thread began in the global mode.
-        static thread_local bool relaxed = [] {
-          cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-          return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-        }();
-        (void)relaxed;
-        cudaSetDevice(event->device);
-        return cudaEventQuery(event->e) != cudaErrorNotReady;  // done, or failed: nothing left to wait for
-      },
-      [plan, what] { abortExchanges(plan, what); });
+  ncclext::watchStream(plan, plan->timeoutSeconds, stream, [plan, what] { abortExchanges(plan, what); });
 }
 
 ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream) {

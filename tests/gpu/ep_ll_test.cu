@@ -30,8 +30,9 @@
 // ranks) the timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no
 // call hangs.
 //
-// With several domains (--one-gpu nodes: every rank a domain of its own) group creation must refuse cleanly on every
-// rank. Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
+// With several domains (--one-gpu nodes: every rank a domain of its own) the same suite runs over the rail exchange,
+// without what is not supported across domains yet (masks, the owner-weighted combine, the silent-peer test: see
+// main). Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
 //
 // Usage: ep_ll_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S]
 //                   [--quick] [--json FILE]
@@ -1216,33 +1217,6 @@ void writeJson(const std::string& json, const char* line) {
   }
 }
 
-// One-GPU nodes: every rank is an NVLink domain of its own. Creating a Low-Latency group must refuse the
-// communicator on every rank with ncclInvalidUsage and a message naming the NVLink domains, leave nothing behind,
-// and not hang.
-int runAcrossDomains(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg, const std::string& json,
-                     uint64_t seed) {
-  ncclEpGroup_t group = nullptr;
-  const ncclResult_t res = ncclEpCreateGroup(&group, ctx.comm, &cfg);
-  const std::string msg = ncclEpGetLastError();
-  const bool ok = res == ncclInvalidUsage && group == nullptr && msg.find("NVLink domains") != std::string::npos;
-  if (group) ncclEpGroupDestroy(group);
-  uint64_t bad = ok ? 0 : 1, total = 0;
-  const bool agreed = ncclext::harness::sumOverRanks(ctx, bad, &total, 60) == ncclSuccess;
-  const bool pass = agreed && total == 0;
-  printf("rank %d: LL group across %d one-GPU nodes -> %s: \"%s\" -> %s (seed %llu)\n", ctx.rank, ctx.nRanks,
-         ncclGetErrorString(res), msg.c_str(), pass ? "PASS" : "FAIL", (unsigned long long)seed);
-  if (ctx.rank == 0) {
-    char line[320];
-    snprintf(line, sizeof(line),
-             "{\"test\": \"ep_ll\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"refused_across_domains\": %s, "
-             "\"seed\": %llu}",
-             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", ok ? "true" : "false",
-             (unsigned long long)seed);
-    writeJson(json, line);
-  }
-  return pass ? 0 : 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1287,11 +1261,21 @@ int main(int argc, char** argv) {
       cases.swap(few);
     }
     Runner run{ctx, base};
-    if (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) {
-      const Case& c = cases.front();
-      return runAcrossDomains(ctx, run.groupConfig(c.maxTokens, c.expertsPerRank, c.hidden), json, seed);
+    // One-GPU nodes: every rank an NVLink domain of its own, every row over the rail exchange (ncclSend / ncclRecv
+    // over loopback sockets). Not supported across domains yet, so left out: masks, the owner-weighted combine
+    // (its cases run with the dispatched weights instead) and the silent-peer test; fewer graph replays (each
+    // moves every outbox over the sockets).
+    const bool acrossDomains = ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1;
+    if (acrossDomains) {
+      std::vector<Case> kept;
+      for (Case c : cases) {
+        if (c.kind == kMasked || (c.kind == kGraph && c.combine == kWeightsAtCombine && !c.sendOnly)) continue;
+        if (c.combine == kWeightsAtCombine || c.combine == kBothPaths) c.combine = kWeightsAtDispatch;
+        kept.push_back(c);
+      }
+      cases.swap(kept);
     }
-    const int replays = quick ? 5 : kReplays;
+    const int replays = quick ? 5 : acrossDomains ? 20 : kReplays;
     int failedCases = 0, rc = 0;
     for (size_t i = 0; i < cases.size() && !rc; i++) {
       const Case& c = cases[i];
@@ -1336,7 +1320,7 @@ int main(int argc, char** argv) {
     }
     bool timeoutOk = true;
     double waited = 0;
-    if (ctx.nRanks > 1 && runSilentPeer(ctx, base, &waited, &timeoutOk)) timeoutOk = false;
+    if (ctx.nRanks > 1 && !acrossDomains && runSilentPeer(ctx, base, &waited, &timeoutOk)) timeoutOk = false;
     const bool pass = total == 0 && timeoutOk && tCudaErrors == 0;
     printf(
         "rank %d: %zu cases (%d failed), %d graph replays, %d argument checks, timeout %s, %s, CUDA errors in the "
@@ -1349,9 +1333,10 @@ int main(int argc, char** argv) {
       snprintf(line, sizeof(line),
                "{\"test\": \"ep_ll\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %zu, "
                "\"graph_replays\": %d, \"argument_checks\": %d, \"timeout_tested\": %s, \"timeout_waited_s\": %.3f, "
-               "\"seed\": %llu}",
+               "\"across_domains\": %s, \"seed\": %llu}",
                ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", cases.size(), replays,
-               run.validationChecks, ctx.nRanks > 1 ? "true" : "false", waited, (unsigned long long)seed);
+               run.validationChecks, ctx.nRanks > 1 && !acrossDomains ? "true" : "false", waited,
+               acrossDomains ? "true" : "false", (unsigned long long)seed);
       writeJson(json, line);
     }
     return pass ? 0 : 1;

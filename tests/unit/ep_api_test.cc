@@ -2,9 +2,12 @@
 // its config before touching the communicator, and handle/dispatch/combine checks run on a group and handle
 // assembled here by hand (no device memory: every case below fails before any CUDA call).
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/topology.h"
 #include "nccl_ep/src/group.h"
 #include "tests/harness/ep_tensor.h"
 
@@ -335,6 +338,87 @@ TEST(EpApi, MasksAndOpenCalls) {
   for (ncclEpHandle* h : {&a, &b}) h->pendingKind = -1;  // nothing for the destructors to unlink
   f.group.pending[ncclep::kDispatch].clear();
   f.group.view.mask = nullptr;
+}
+
+// Low-Latency across NVLink domains (ht.h, RailView): every byte a sender's kernels write towards a rank of another
+// domain has its place in the sender's outbox for that rank (one byte each), and the rail exchange (slice i of the
+// outbox into the receiver's inbox at the same place, then copied to base[i] + sender * slice[i] of the call's
+// bank, 8 bytes at a time) puts it exactly where the kernels would have written it over LSA. Every rank lays the
+// window out alike; ranks of the own domain are local.
+TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
+  struct Shape {
+    int nRanks, lsaSize, domainSize;
+  };
+  for (const Shape sh : {Shape{3, 1, 0}, Shape{4, 4, 2}, Shape{8, 8, 4}, Shape{2, 2, 1}}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+    cfg.num_experts = 2 * sh.nRanks;
+    cfg.max_tokens_per_rank = 5;
+    cfg.max_token_bytes = 1536;  // three slices of 512 columns
+    cfg.max_topk = 4;
+    std::vector<ncclep::GroupView> v(sh.nRanks);
+    std::vector<ncclext::Topology> topo(sh.nRanks);
+    for (int r = 0; r < sh.nRanks; r++)
+      ASSERT_EQ(ncclext::makeTopology(r, sh.nRanks, r % sh.lsaSize, sh.lsaSize, sh.domainSize, &topo[r]),
+                ncclSuccess);
+    for (int r = 0; r < sh.nRanks; r++) {
+      ncclep::layoutGroup(cfg, topo[r], &v[r]);
+      ASSERT_EQ(v[r].wl.total, v[0].wl.total);
+      ASSERT_EQ(v[r].rail.outboxBytes, v[0].rail.outboxBytes);
+      for (int i = 0; i < ncclep::kRailRegions; i++) {
+        ASSERT_EQ(v[r].rail.base[i], v[0].rail.base[i]);
+        ASSERT_EQ(v[r].rail.slice[i], v[0].rail.slice[i]);
+        ASSERT_EQ(v[r].rail.outOff[i], v[0].rail.outOff[i]);
+      }
+      for (int q = 0; q < sh.nRanks; q++)
+        EXPECT_EQ(v[r].rail.local(q), topo[q].domainIndex == topo[r].domainIndex) << r << " " << q;
+    }
+    const ncclep::WindowLayout& w = v[0].wl;
+    const ncclep::RailView& rv = v[0].rail;
+    ASSERT_GT(rv.outboxBytes, 0u);
+    for (int i = 0; i < ncclep::kRailRegions; i++)  // the inbox copy moves 8-byte words
+      ASSERT_TRUE(rv.base[i] % 8 == 0 && rv.slice[i] % 8 == 0 && rv.outOff[i] % 8 == 0 && w.bankBytes % 8 == 0) << i;
+    const int M = v[0].maxTokens, S = w.slices;
+    const size_t stride = v[0].rowStride, meta = v[0].meta.bytes;
+    int64_t checked = 0;
+    for (int me = 0; me < sh.nRanks; me++) {
+      // The byte ranges LL's kernels write into another rank's window as sender `me` (ll_lsa.cu): its header row,
+      // its dispatch rows' slice flags, rows and metadata, its combine rows' slice flags and rows ([me][slot]).
+      std::vector<std::pair<size_t, size_t>> ranges = {{w.header + (size_t)me * w.headerBytes, (size_t)w.headerBytes}};
+      for (int j = 0; j < M; j++) {
+        const size_t row = (size_t)me * M + j;
+        for (int sl = 0; sl < S; sl++) {
+          ranges.push_back({w.dispFlags + (row * S + sl) * 8, 8});
+          ranges.push_back({w.combFlags + (row * S + sl) * 8, 8});
+        }
+        ranges.push_back({w.dispRows + row * stride, stride});
+        ranges.push_back({w.dispMeta + row * meta, meta});
+        ranges.push_back({w.combRows + row * stride, stride});
+      }
+      for (size_t bank : {(size_t)0, w.bankBytes}) {
+        std::vector<char> used(rv.outboxBytes, 0);
+        for (const auto& [start, len] : ranges)
+          for (size_t b = 0; b < len; b++) {
+            const size_t off = bank + start + b;
+            size_t at = 0;
+            ASSERT_TRUE(ncclep::railOutboxOffset(v[me], off, &at)) << "rank " << me << " offset " << off;
+            ASSERT_LT(at, rv.outboxBytes);
+            ASSERT_EQ(used[at]++, 0) << "two bytes at outbox " << at;
+            // The exchange: outbox slice i lands at base[i] + me * slice[i] of the receiver's bank.
+            int i = 0;
+            while (i + 1 < ncclep::kRailRegions && at >= rv.outOff[i + 1]) i++;
+            ASSERT_LT(at - rv.outOff[i], rv.slice[i]) << "outbox " << at << " outside its region's slice";
+            EXPECT_EQ(bank + rv.base[i] + (size_t)me * rv.slice[i] + (at - rv.outOff[i]), off);
+            checked++;
+          }
+      }
+      // What is not a sender's slice has no place: the done flags, another source's rows.
+      size_t at = 0;
+      EXPECT_FALSE(ncclep::railOutboxOffset(v[me], w.dispDone + (size_t)me * 8, &at));
+      EXPECT_FALSE(ncclep::railOutboxOffset(v[me], w.dispRows + (size_t)((me + 1) % sh.nRanks) * M * stride, &at));
+    }
+    EXPECT_GT(checked, 0);
+  }
 }
 
 }  // namespace

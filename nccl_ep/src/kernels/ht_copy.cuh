@@ -117,9 +117,8 @@ __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t done
   // after __syncthreads in kernels whose halves had synchronised on named barriers a different number of times).
   if (!__syncthreads_or(last)) return;
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
-    if (r != g.rank)
-      ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(doneOff + (size_t)g.rank * 8, r)),
-                                 seq);
+    if (r != g.rank && g.rail.local(r))  // another domain's ranks need no done flag (see waitBankFree, LL)
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, doneOff + (size_t)g.rank * 8, r)), seq);
 }
 
 // One warp (all lanes, warp-uniform control flow), after it wrote a row (and its metadata) into a peer's staging:

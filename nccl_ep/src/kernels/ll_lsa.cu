@@ -140,7 +140,9 @@ __device__ __forceinline__ bool warpWaitOrMask(const GroupView& g, const uint64_
 __device__ bool waitBankFree(const GroupView& g, size_t doneOff, uint64_t seq, uint64_t* active) {
   bool ok = true;
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
-    if (r == g.rank || !isOn(*active, r)) continue;
+    // A rank of another domain needs no done flag: what I write for it goes to my outbox, and lands in its bank only
+    // by its own copy after its exchange of call seq, which its stream runs after its receive half of seq - 2.
+    if (r == g.rank || !isOn(*active, r) || !g.rail.local(r)) continue;
     const uint64_t* done = static_cast<const uint64_t*>(g.peers.local(doneOff + (size_t)r * 8));
     if (!waitOrMask(g, done, seq - 2, r, ncclext::kSiteFlag, 0)) ok = false;
   }
@@ -185,12 +187,12 @@ __device__ void sendHeaders(const GroupView& g, const HandleView& h, uint64_t se
   for (int i = threadIdx.x; i < R * (1 + L); i += blockDim.x) {
     const int r = i / (1 + L), j = i % (1 + L);
     if (isOn(active, r))
-      headerCounts(g.peers.at(headerOff(g, bank, g.rank), r))[j] = j == 0 ? totals[r] : totals[R + r * L + j - 1];
+      headerCounts(peerAt(g, headerOff(g, bank, g.rank), r))[j] = j == 0 ? totals[r] : totals[R + r * L + j - 1];
   }
   __syncthreads();
   for (int r = threadIdx.x; r < R; r += blockDim.x)
     if (isOn(active, r))
-      ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(headerOff(g, bank, g.rank), r)), seq);
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, headerOff(g, bank, g.rank), r)), seq);
 }
 
 // The columns [lo, hi) of slice `sl` of a row of `hidden` columns: a warp's unit of work (kLlSliceCols columns), so
@@ -206,10 +208,10 @@ struct Cols {
 __device__ __forceinline__ int slicesOf(int hidden) { return (hidden + kLlSliceCols - 1) / kLlSliceCols; }
 
 __device__ __forceinline__ uint64_t* dispFlag(const GroupView& g, size_t bank, size_t rowIndex, int sl, int rank) {
-  return static_cast<uint64_t*>(g.peers.at(bank + g.wl.dispFlags + (rowIndex * g.wl.slices + sl) * 8, rank));
+  return static_cast<uint64_t*>(peerAt(g, bank + g.wl.dispFlags + (rowIndex * g.wl.slices + sl) * 8, rank));
 }
 __device__ __forceinline__ uint64_t* combFlag(const GroupView& g, size_t bank, size_t at, int sl, int rank) {
-  return static_cast<uint64_t*>(g.peers.at(bank + g.wl.combFlags + (at * g.wl.slices + sl) * 8, rank));
+  return static_cast<uint64_t*>(peerAt(g, bank + g.wl.combFlags + (at * g.wl.slices + sl) * 8, rank));
 }
 
 // One warp: columns `cols` of token t's row quantised to e4m3 into every destination's staging row, the blocks'
@@ -238,10 +240,10 @@ __device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const
       const int slot = slots.of(r);
       if (slot < 0 || !isOn(active, r)) continue;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* dst = static_cast<char*>(g.peers.at(bank + g.wl.dispRows + rowIndex * g.rowStride, r));
+      char* dst = static_cast<char*>(peerAt(g, bank + g.wl.dispRows + rowIndex * g.rowStride, r));
       reinterpret_cast<uint32_t*>(dst + (size_t)b * 128)[lane] = q;
       if (lane == 0) {
-        char* meta = static_cast<char*>(g.peers.at(bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+        char* meta = static_cast<char*>(peerAt(g, bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
         reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = scale;
       }
     }
@@ -269,9 +271,9 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
       const int slot = slots.of(r);
       if (slot < 0 || !isOn(active, r)) continue;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* meta = static_cast<char*>(g.peers.at(bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+      char* meta = static_cast<char*>(peerAt(g, bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       if (!c.quantize) {
-        char* dst = static_cast<char*>(g.peers.at(bank + g.wl.dispRows + rowIndex * g.rowStride, r));
+        char* dst = static_cast<char*>(peerAt(g, bank + g.wl.dispRows + rowIndex * g.rowStride, r));
         warpCopy<false>(lane, dst + (size_t)cols.lo * inElem, row + (size_t)cols.lo * inElem,
                         (cols.hi - cols.lo) * inElem);
         if (c.scales)
@@ -507,7 +509,7 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
   const size_t slotIndex = (size_t)s * M + j, bank = bankOf(g, seq);
   const int4* in = reinterpret_cast<const int4*>(c.in);
   auto stagingRow = [&](size_t at) {
-    return static_cast<int4*>(g.peers.at(bank + g.wl.combRows + at * g.rowStride, s)) + v0;
+    return static_cast<int4*>(peerAt(g, bank + g.wl.combRows + at * g.rowStride, s)) + v0;
   };
   if (c.mode == kLlRankRows) {
     const size_t at = (size_t)me * M + j;
@@ -661,7 +663,7 @@ __global__ void __launch_bounds__(kLlThreads) llCleanBarrierKernel(GroupView g, 
   __threadfence_system();  // this rank's earlier writes into peers' windows before its arrival
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
     if (isOn(active, r))
-      ncclext::dev::storeRelease(static_cast<uint64_t*>(g.peers.at(g.wl.cleanFlags + (size_t)g.rank * 8, r)), epoch);
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, g.wl.cleanFlags + (size_t)g.rank * 8, r)), epoch);
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
     if (isOn(active, r))
       waitOrMask(g, static_cast<const uint64_t*>(g.peers.local(g.wl.cleanFlags + (size_t)r * 8)), epoch, r,
@@ -669,10 +671,36 @@ __global__ void __launch_bounds__(kLlThreads) llCleanBarrierKernel(GroupView g, 
   __syncthreads();
 }
 
+// Across domains (ht.h, RailView): the grid copies every remote source's slices of `kind` from the inbox into its
+// slices of the call's bank, 8 bytes a thread at a time (every slice and its offsets are multiples of 8). The call is
+// the last send half of its kind, whose number this rank's sent counter holds (the send half ran before on the
+// stream); the receive half that reads them comes after.
+__global__ void __launch_bounds__(kLlThreads) llRailInboxKernel(GroupView g, int kind) {
+  const RailView& rv = g.rail;
+  char* bank = static_cast<char*>(g.peers.local(bankOf(g, g.sent[kind])));
+  const int first = kind == kDispatch ? kRailHeader : kRailCombFlags;
+  const int last = kind == kDispatch ? kRailDispMeta : kRailCombRows;
+  const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
+  for (int s = 0; s < g.nRanks; s++) {
+    if (rv.local(s)) continue;
+    for (int i = first; i <= last; i++) {
+      const uint64_t* from = reinterpret_cast<const uint64_t*>(rv.inbox + (size_t)s * rv.outboxBytes + rv.outOff[i]);
+      uint64_t* to = reinterpret_cast<uint64_t*>(bank + rv.base[i] + (size_t)s * rv.slice[i]);
+      for (size_t k = tid; k < rv.slice[i] / 8; k += nt) to[k] = from[k];
+    }
+  }
+}
+
 }  // namespace
 
 ncclResult_t loadLlKernels() {
-  return ncclext::loadKernels("Low-Latency", llDispatchKernel, llCombineKernel, llCleanBarrierKernel);
+  return ncclext::loadKernels("Low-Latency", llDispatchKernel, llCombineKernel, llCleanBarrierKernel,
+                              llRailInboxKernel);
+}
+
+ncclResult_t launchLlRailInbox(const GroupView& g, CallKind kind, cudaStream_t stream) {
+  return ncclext::launchKernel("ll railInboxKernel", llRailInboxKernel, dim3(64), dim3(kLlThreads), 0, stream, g,
+                               (int)kind);
 }
 
 ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,
