@@ -162,6 +162,10 @@ ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool
   return ncclSuccess;
 }
 
+// Whether a call's combine rows go to the owner by (token, expert): its exchange moves their own regions.
+bool ownerWeighted(const ncclep::LlDispatchCall&) { return false; }
+bool ownerWeighted(const ncclep::LlCombineCall& c) { return c.mode == ncclep::kLlOwnerWeighted; }
+
 // Launches a Low-Latency call whole, or (send-only) its send half, keeping the receive half in `*keep` for
 // ncclEpComplete and marking the call open. Across NVLink domains the halves are always apart, with the rail
 // exchange between them (ncclEpGroup::railExchange): the send half, the exchange, and (a whole call) the receive half.
@@ -175,7 +179,7 @@ ncclResult_t launchLlCall(ncclEpHandle* h, ncclep::CallKind kind, Call c, int ct
   c.phases = sendOnly || rail ? ncclep::kLlSend : ncclep::kLlSend | ncclep::kLlReceive;
   NCCLEXT_CHECK(launch(g->view, h->view, c, ctas, stream));
   if (rail) {
-    NCCLEXT_CHECK(g->railExchange(kind, stream));
+    NCCLEXT_CHECK(g->railExchange(kind, ownerWeighted(c), stream));
     if (!sendOnly) {
       c.phases = ncclep::kLlReceive;
       return launch(g->view, h->view, c, ctas, stream);
@@ -285,11 +289,6 @@ ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs
                   "inputs.topk_weights at combine: RANK_MAJOR rows are already reduced per (token, rank) by the "
                   "caller; the owner-weighted path is EXPERT_MAJOR's");
     NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
-    NCCLEXT_USAGE(g->railComm == nullptr,
-                  "inputs.topk_weights at combine across %d NVLink domains: the owner-weighted Low-Latency combine "
-                  "(one row per (token, expert) into the owner's [token][k] staging) is not implemented across "
-                  "domains yet; combine without topk_weights (the dispatched weights, applied on the expert side)",
-                  g->domain->topo().nDomains);
     c.mode = ncclep::kLlOwnerWeighted;
     c.weights = static_cast<const float*>(inputs->topk_weights.data);
   } else {

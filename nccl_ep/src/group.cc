@@ -72,6 +72,12 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   off = alignUp(off + regionRows * v.meta.bytes, 4096);
   w.combRows = off;
   off = alignUp(off + (size_t)w.combSlots * v.rowStride, 4096);
+  // Across domains (LL): the owner-weighted combine's rows from other domains, by (source, slot, column).
+  const size_t ownerRowsCount = v.lowLatency && topo.nDomains > 1 ? regionRows * config.max_topk : 0;
+  w.ownerFlags = off;
+  off = alignUp(off + ownerRowsCount * w.slices * 8, 256);
+  w.ownerRows = off;
+  off = alignUp(off + ownerRowsCount * v.rowStride, 4096);
   w.bankBytes = v.lowLatency ? off - bankStart : 0;
   w.total = off + w.bankBytes;
   // Several domains (LL): my slices of the staging regions by source, laid end to end in each outbox (ht.h).
@@ -80,9 +86,11 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   rv.domainSize = topo.domainSize;
   rv.bankStart = bankStart;
   const size_t flagSlice = (size_t)v.maxTokens * w.slices * 8, rowSlice = (size_t)v.maxTokens * v.rowStride;
-  const size_t bases[kRailRegions] = {w.header, w.dispFlags, w.dispRows, w.dispMeta, w.combFlags, w.combRows};
+  const size_t mk = topo.nDomains > 1 ? (size_t)config.max_topk : 0;  // the owner regions exist across domains only
+  const size_t bases[kRailRegions] = {w.header,    w.dispFlags, w.dispRows,   w.dispMeta,
+                                      w.combFlags, w.combRows,  w.ownerFlags, w.ownerRows};
   const size_t slices[kRailRegions] = {(size_t)w.headerBytes, flagSlice, rowSlice, (size_t)v.maxTokens * v.meta.bytes,
-                                       flagSlice, rowSlice};
+                                       flagSlice,             rowSlice,  mk * flagSlice, mk * rowSlice};
   size_t outbox = 0;
   for (int i = 0; i < kRailRegions; i++) {
     rv.base[i] = bases[i];
@@ -284,7 +292,7 @@ void abortRail(ncclEpGroup* g, double seconds) {
 
 }  // namespace
 
-ncclResult_t ncclEpGroup::railExchange(int kind, cudaStream_t stream) {
+ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream) {
   if (!railComm) return ncclSuccess;
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -293,13 +301,12 @@ ncclResult_t ncclEpGroup::railExchange(int kind, cudaStream_t stream) {
   std::lock_guard<std::timed_mutex> lock(railMu);
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   const ncclep::RailView& rv = view.rail;
-  const int first = kind == ncclep::kDispatch ? ncclep::kRailHeader : ncclep::kRailCombFlags;
-  const int last = kind == ncclep::kDispatch ? ncclep::kRailDispMeta : ncclep::kRailCombRows;
+  const ncclep::RailRegions regions = ncclep::RailRegions::of(kind, ownerWeighted);
   NCCLEXT_NCCL(ncclGroupStart());
   ncclResult_t res = ncclSuccess;
   for (int r = 0; r < view.nRanks && res == ncclSuccess; r++) {
     if (rv.local(r)) continue;
-    for (int i = first; i <= last && res == ncclSuccess; i++) {
+    for (int i = regions.first; i <= regions.last && res == ncclSuccess; i++) {
       res = ncclSend(rv.outbox + (size_t)r * rv.outboxBytes + rv.outOff[i], rv.slice[i], ncclUint8, r, railComm,
                      stream);
       if (res == ncclSuccess)
@@ -316,7 +323,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, cudaStream_t stream) {
     const double seconds = timeoutSeconds;
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
-  return ncclep::launchLlRailInbox(view, (ncclep::CallKind)kind, stream);
+  return ncclep::launchLlRailInbox(view, (ncclep::CallKind)kind, ownerWeighted, stream);
 }
 
 ncclEpGroup::~ncclEpGroup() {

@@ -65,7 +65,8 @@ struct ncclEpGroup {
   // bank (launchLlRailInbox). Watched (not when
   // captured): an exchange that does not finish within the group's budget (a peer that died or never calls) has the
   // watchdog abort railComm; every later call of the group then fails with railWhy.
-  ncclResult_t railExchange(int kind, cudaStream_t stream);
+  // `ownerWeighted`: a combine of that mode, whose rows go in their own regions (ht.h, RailRegions).
+  ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream);
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort
   std::atomic<bool> railAborted{false};
   std::atomic<bool> railCaptured{false};  // an exchange was captured in a CUDA graph (destroy on a thread of its own)

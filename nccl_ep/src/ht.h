@@ -55,6 +55,10 @@ struct WindowLayout {
   size_t header;        // LL: [R][headerBytes]: row s written by source s (its flag, then its counts for me)
   size_t dispFlags;     // LL: u64 [R][maxTokens][slices]: flag of each slice of dispatch staging row [s][slot]
                         // (LL combine flags are [combSlots][slices] likewise)
+  size_t ownerFlags;    // LL across domains: u64 [R][maxTokens][maxTopk][slices], the flags of ownerRows
+  size_t ownerRows;     // LL across domains: [R][maxTokens][maxTopk][rowStride]: the owner-weighted combine's rows
+                        // from another domain's rank s, for the slot j of my token it received and column k
+                        // (inside my domain they go to combRows [token][k]); 0 bytes with one domain
   size_t bankBytes;     // LL: the second bank's distance from the first; HT: 0
   size_t total;
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
@@ -95,8 +99,25 @@ struct DerivedLayout {
 // remote source's slices from the inbox into that source's slices of the call's bank (chosen on the device from the
 // call's number, so that CUDA graph replays alternate the banks as the kernels do): the receive half then finds
 // every remote row and flag in place.
-constexpr int kRailRegions = 6;
-enum RailRegion { kRailHeader = 0, kRailDispFlags, kRailDispRows, kRailDispMeta, kRailCombFlags, kRailCombRows };
+constexpr int kRailRegions = 8;
+enum RailRegion {
+  kRailHeader = 0,
+  kRailDispFlags,
+  kRailDispRows,
+  kRailDispMeta,
+  kRailCombFlags,  // combine, one row per (token, rank): [source][slot]
+  kRailCombRows,
+  kRailOwnerFlags,  // the owner-weighted combine towards another domain: [source][slot][k] (WindowLayout::ownerRows)
+  kRailOwnerRows
+};
+// The regions a call's exchange moves: [first, last] of its kind (the owner-weighted combine: its own two).
+struct RailRegions {
+  int first, last;
+  __host__ __device__ static RailRegions of(int kind, bool ownerWeighted) {
+    if (kind == 0) return {kRailHeader, kRailDispMeta};
+    return ownerWeighted ? RailRegions{kRailOwnerFlags, kRailOwnerRows} : RailRegions{kRailCombFlags, kRailCombRows};
+  }
+};
 
 struct RailView {
   int domainBase = 0, domainSize = 0;  // my domain's ranks: [domainBase, domainBase + domainSize)

@@ -31,8 +31,7 @@
 // call hangs.
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) the same suite runs over the rail exchange,
-// without what is not supported across domains yet (masks, the owner-weighted combine, the silent-peer test: see
-// main). Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
+// without what is not supported across domains yet (masks, the silent-peer test: see main). Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
 //
 // Usage: ep_ll_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S]
 //                   [--quick] [--json FILE]
@@ -1262,17 +1261,13 @@ int main(int argc, char** argv) {
     }
     Runner run{ctx, base};
     // One-GPU nodes: every rank an NVLink domain of its own, every row over the rail exchange (ncclSend / ncclRecv
-    // over loopback sockets). Not supported across domains yet, so left out: masks, the owner-weighted combine
-    // (its cases run with the dispatched weights instead) and the silent-peer test; fewer graph replays (each
-    // moves every outbox over the sockets).
+    // over loopback sockets). Not supported across domains yet, so left out: masks and the silent-peer test; fewer
+    // graph replays (each moves every outbox over the sockets).
     const bool acrossDomains = ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1;
     if (acrossDomains) {
       std::vector<Case> kept;
-      for (Case c : cases) {
-        if (c.kind == kMasked || (c.kind == kGraph && c.combine == kWeightsAtCombine && !c.sendOnly)) continue;
-        if (c.combine == kWeightsAtCombine || c.combine == kBothPaths) c.combine = kWeightsAtDispatch;
-        kept.push_back(c);
-      }
+      for (const Case& c : cases)
+        if (c.kind != kMasked) kept.push_back(c);
       cases.swap(kept);
     }
     const int replays = quick ? 5 : acrossDomains ? 20 : kReplays;

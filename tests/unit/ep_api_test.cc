@@ -383,7 +383,8 @@ TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
     int64_t checked = 0;
     for (int me = 0; me < sh.nRanks; me++) {
       // The byte ranges LL's kernels write into another rank's window as sender `me` (ll_lsa.cu): its header row,
-      // its dispatch rows' slice flags, rows and metadata, its combine rows' slice flags and rows ([me][slot]).
+      // its dispatch rows' slice flags, rows and metadata, its combine rows' slice flags and rows ([me][slot]), and
+      // the owner-weighted combine's ([me][slot][k]).
       std::vector<std::pair<size_t, size_t>> ranges = {{w.header + (size_t)me * w.headerBytes, (size_t)w.headerBytes}};
       for (int j = 0; j < M; j++) {
         const size_t row = (size_t)me * M + j;
@@ -394,6 +395,11 @@ TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
         ranges.push_back({w.dispRows + row * stride, stride});
         ranges.push_back({w.dispMeta + row * meta, meta});
         ranges.push_back({w.combRows + row * stride, stride});
+        for (int k = 0; k < cfg.max_topk; k++) {  // the owner-weighted combine's [me][j][k]
+          const size_t at = row * cfg.max_topk + k;
+          for (int sl = 0; sl < S; sl++) ranges.push_back({w.ownerFlags + (at * S + sl) * 8, 8});
+          ranges.push_back({w.ownerRows + at * stride, stride});
+        }
       }
       for (size_t bank : {(size_t)0, w.bankBytes}) {
         std::vector<char> used(rv.outboxBytes, 0);

@@ -213,6 +213,9 @@ __device__ __forceinline__ uint64_t* dispFlag(const GroupView& g, size_t bank, s
 __device__ __forceinline__ uint64_t* combFlag(const GroupView& g, size_t bank, size_t at, int sl, int rank) {
   return static_cast<uint64_t*>(peerAt(g, bank + g.wl.combFlags + (at * g.wl.slices + sl) * 8, rank));
 }
+__device__ __forceinline__ uint64_t* ownerFlag(const GroupView& g, size_t bank, size_t at, int sl, int rank) {
+  return static_cast<uint64_t*>(peerAt(g, bank + g.wl.ownerFlags + (at * g.wl.slices + sl) * 8, rank));
+}
 
 // One warp: columns `cols` of token t's row quantised to e4m3 into every destination's staging row, the blocks'
 // scales into their metadata. Lane i holds columns 4 i .. 4 i + 3 of each block of 128.
@@ -519,15 +522,27 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
   }
   const int pos = lane < K ? h.emPos[slotIndex * MK + lane] : -1;
   if (c.mode == kLlOwnerWeighted) {
+    // Inside my domain into the owner's [token][k]; towards another domain into my slice of its ownerRows, at
+    // [me][j][k] (the owner finds it from its token's slot towards me).
     const int token = h.llToken[slotIndex];
+    const bool remote = !g.rail.local(s);
+    auto rowAt = [&](int k) {
+      if (!remote) return stagingRow((size_t)token * MK + k);
+      const size_t at = ((size_t)me * M + j) * MK + k;
+      return static_cast<int4*>(peerAt(g, bank + g.wl.ownerRows + at * g.rowStride, s)) + v0;
+    };
     for (int k = 0; k < K; k++) {
       const int p = __shfl_sync(kAll, pos, k);
-      if (p >= 0) warpCopy<false>(lane, stagingRow((size_t)token * MK + k), in + (size_t)p * rowVecs + v0, vecs * 16);
+      if (p >= 0) warpCopy<false>(lane, rowAt(k), in + (size_t)p * rowVecs + v0, vecs * 16);
     }
     // Every row's slice, then their flags at once: lane k releases row k's (cumulativity after __syncwarp, as
     // warpPublish's lane 0 does for one row).
     __syncwarp();
-    if (pos >= 0) ncclext::dev::storeRelease(combFlag(g, bank, (size_t)token * MK + lane, sl, s), seq);
+    if (pos >= 0) {
+      uint64_t* flag = remote ? ownerFlag(g, bank, ((size_t)me * M + j) * MK + lane, sl, s)
+                              : combFlag(g, bank, (size_t)token * MK + lane, sl, s);
+      ncclext::dev::storeRelease(flag, seq);
+    }
     return;
   }
   // kLlExpertWeighted: sum_k w_k * row(e_k), fma in column order, rounded to bf16.
@@ -570,25 +585,34 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     if (lane == 0) c.missing[t] = n;
   }
   if (c.mode == kLlOwnerWeighted) {
-    // Column k is delivered where routing kept it (emIdx >= 0) and its rank is active; its row sits at [t][k].
+    // Column k is delivered where routing kept it (emIdx >= 0) and its rank is active; its row sits at [t][k], or,
+    // from another domain's rank r, at ownerRows [r][j][k] (j: my token's slot towards r).
     const bool kept = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
     const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
     const int owner = kept ? loadExpert(h, t, lane) / g.localExperts : -1;
     const bool on = kept && isOn(active, owner);
+    const bool remote = on && !g.rail.local(owner);
+    const size_t at = remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * MK + lane
+                             : (size_t)t * MK + lane;  // lane k's row in its region
     unsigned colsOn = __ballot_sync(kAll, on);
+    const unsigned remoteCols = __ballot_sync(kAll, remote);
     // Lane k waits for row k's flag; the rows that did not come are left out (with masks) or fail the call.
     const unsigned late = __ballot_sync(
-        kAll, on && !waitOrMask(g, combFlag(g, bank, (size_t)t * MK + lane, sl, g.rank), seq, owner,
-                                ncclext::kSiteRow, (uint32_t)t));
+        kAll, on && !waitOrMask(g, remote ? ownerFlag(g, bank, at, sl, g.rank) : combFlag(g, bank, at, sl, g.rank),
+                                seq, owner, ncclext::kSiteRow, (uint32_t)t));
     if (late && !g.mask) return false;
     colsOn &= ~late;
     __syncwarp();  // lane k's acquire before every lane's reads of row k (bar.warp.sync orders memory in the warp)
+    const char* owned = static_cast<const char*>(g.peers.local(bank + g.wl.ownerRows));
     for (int i0 = 0; i0 < vecs; i0 += 32) {
       const int i = i0 + lane;
       float acc[8] = {};
       for (int k = 0; k < K; k++) {
         const float wk = __shfl_sync(kAll, wt, k);
-        if ((colsOn >> k & 1) && i < vecs) fmaBf16(acc, __ldcg(stagingRow((size_t)t * MK + k) + i), wk);
+        const unsigned long long ak = __shfl_sync(kAll, (unsigned long long)at, k);
+        const int4* row = (remoteCols >> k & 1) ? reinterpret_cast<const int4*>(owned + ak * g.rowStride) + v0
+                                                : stagingRow(ak);
+        if ((colsOn >> k & 1) && i < vecs) fmaBf16(acc, __ldcg(row + i), wk);
       }
       if (i < vecs) out[i] = packBf16(acc);
     }
@@ -675,11 +699,11 @@ __global__ void __launch_bounds__(kLlThreads) llCleanBarrierKernel(GroupView g, 
 // slices of the call's bank, 8 bytes a thread at a time (every slice and its offsets are multiples of 8). The call is
 // the last send half of its kind, whose number this rank's sent counter holds (the send half ran before on the
 // stream); the receive half that reads them comes after.
-__global__ void __launch_bounds__(kLlThreads) llRailInboxKernel(GroupView g, int kind) {
+__global__ void __launch_bounds__(kLlThreads) llRailInboxKernel(GroupView g, int kind, int ownerWeighted) {
   const RailView& rv = g.rail;
   char* bank = static_cast<char*>(g.peers.local(bankOf(g, g.sent[kind])));
-  const int first = kind == kDispatch ? kRailHeader : kRailCombFlags;
-  const int last = kind == kDispatch ? kRailDispMeta : kRailCombRows;
+  const RailRegions regions = RailRegions::of(kind, ownerWeighted != 0);
+  const int first = regions.first, last = regions.last;
   const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
   for (int s = 0; s < g.nRanks; s++) {
     if (rv.local(s)) continue;
@@ -698,9 +722,9 @@ ncclResult_t loadLlKernels() {
                               llRailInboxKernel);
 }
 
-ncclResult_t launchLlRailInbox(const GroupView& g, CallKind kind, cudaStream_t stream) {
+ncclResult_t launchLlRailInbox(const GroupView& g, CallKind kind, bool ownerWeighted, cudaStream_t stream) {
   return ncclext::launchKernel("ll railInboxKernel", llRailInboxKernel, dim3(64), dim3(kLlThreads), 0, stream, g,
-                               (int)kind);
+                               (int)kind, ownerWeighted ? 1 : 0);
 }
 
 ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,
