@@ -920,6 +920,17 @@ TEST(M2nFuzz, ExecutionPlanArguments) {
     c.expectRejected(k, "ncclM2nCommRetain", "comm NULL");
     c.expectRejected(c.call(Lib::kM2n, "ncclM2nCommRelease", [&] { return ncclM2nCommRelease(nullptr); }),
                      "ncclM2nCommRelease", "comm NULL");
+    // Zero-copy registration: a NULL communicator, buffer or handle refused (*reg cleared), a NULL one released.
+    ncclM2nRegistration_t reg = reinterpret_cast<ncclM2nRegistration_t>(static_cast<uintptr_t>(0x40));
+    const bool nullOut = rng.chance(1, 3);
+    void* buf = rng.chance(1, 2) ? nullptr : reinterpret_cast<void*>(static_cast<uintptr_t>(0x10000));
+    const ncclResult_t rg = c.call(Lib::kM2n, "ncclM2nRegister", [&] {
+      return ncclM2nRegister(nullptr, buf, (size_t)rng.below(1 << 20), nullOut ? nullptr : &reg);
+    });
+    c.expectRejected(rg, "ncclM2nRegister", nullOut ? "reg NULL" : "comm NULL");
+    if (!nullOut && reg != nullptr) c.fail("ncclM2nRegister left *reg set on failure");
+    c.expectRejected(c.call(Lib::kM2n, "ncclM2nDeregister", [&] { return ncclM2nDeregister(nullptr); }),
+                     "ncclM2nDeregister", "reg NULL");
   });
 }
 
