@@ -13,7 +13,13 @@
 // Bytes: payload = rows this rank sends (one per (token, destination rank), its own included) x row bytes (fp8:
 // + 4 bytes per 128 columns). Every rank reports; rank 0 prints.
 //
-// Usage: ep_ll_bench [--nranks N] [--one-gpu off|virtual] [--sms N] [--json FILE] [--quick]
+// Across NVLink domains (--one-gpu nodes: every rank a domain of its own, loopback sockets between them; or several
+// nodes): the group's rail exchange moves fixed-size slices per call (ncclEpGroupGetInfo), and the baseline in the
+// same run is one NCCL group of ncclSend/ncclRecv moving exactly those bytes to and from every rank of another domain
+// on the same communicator: dispatch_us / rail_dispatch_us is our cost over the transport (issue 12: <= 1.1). Fewer
+// shapes (bf16, 1 and 128 tokens) and iterations (5 warm-up, 20 timed) there: every call crosses the sockets.
+//
+// Usage: ep_ll_bench [--nranks N] [--one-gpu off|nodes|virtual] [--sms N] [--json FILE] [--quick]
 // (also: ep_bench --mode ll). --sms: the calls' num_sms (default: the group's, 64 capped by the GPU).
 #include <getopt.h>
 
@@ -32,7 +38,8 @@ namespace {
 
 using ncclext::harness::epTensor;
 
-constexpr int kHidden = 7168, kTopk = 8, kExperts = 256, kMaxTokens = 256, kWarm = 20, kIters = 100;
+constexpr int kHidden = 7168, kTopk = 8, kExperts = 256, kMaxTokens = 256;
+int gWarm = 20, gIters = 100;  // across domains: 5 and 20
 
 struct Shape {
   int tokens, hidden;
@@ -59,17 +66,17 @@ __global__ void emptyKernel() {}
 // Median microseconds of `fn` (which enqueues one call on `stream`), each call between its own events.
 template <typename F>
 double timeCalls(cudaStream_t stream, F fn, int* failed) {
-  std::vector<cudaEvent_t> ev(2 * kIters);
+  std::vector<cudaEvent_t> ev(2 * gIters);
   for (cudaEvent_t& e : ev) cudaEventCreate(&e);
-  for (int i = 0; i < kWarm; i++) *failed |= fn() != 0;
-  for (int i = 0; i < kIters; i++) {
+  for (int i = 0; i < gWarm; i++) *failed |= fn() != 0;
+  for (int i = 0; i < gIters; i++) {
     cudaEventRecord(ev[2 * i], stream);
     *failed |= fn() != 0;
     cudaEventRecord(ev[2 * i + 1], stream);
   }
   *failed |= cudaStreamSynchronize(stream) != cudaSuccess;
-  std::vector<float> ms(kIters);
-  for (int i = 0; i < kIters; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
+  std::vector<float> ms(gIters);
+  for (int i = 0; i < gIters; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
   for (cudaEvent_t& e : ev) cudaEventDestroy(e);
   return median(ms) * 1e3;
 }
@@ -99,6 +106,8 @@ int main(int argc, char** argv) {
   for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
     for (bool fp8 : {false, true}) shapes.push_back({128, 4096, l, fp8});
   if (quick) shapes.resize(2);
+  // Across domains (known once the group exists, below): bf16 at 1 and 128 tokens only.
+  auto acrossDomainsShape = [](const Shape& s) { return !s.fp8 && s.hidden == kHidden && (s.tokens == 1 || s.tokens == 128); };
   static ncclEpVirtualDomain_t virtualDomain = nullptr;
   if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
       ncclEpVirtualDomainCreate(&virtualDomain, nRanks > 0 ? nRanks : 1) != ncclSuccess)
@@ -118,6 +127,18 @@ int main(int argc, char** argv) {
     cfg.virtual_rank = virtualDomain ? ctx.rank : 0;
     ncclEpGroup_t group = nullptr;
     NCCLEXT_BENCH_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
+    NCCLEXT_BENCH_EP(ncclEpGroupGetInfo(group, &info));
+    const bool rail = info.n_domains > 1;
+    if (rail) {
+      gWarm = 5;
+      gIters = 20;
+    }
+    std::vector<int> remote;  // the ranks of other domains
+    for (int r = 0; r < R; r++)
+      if (r / info.domain_size != ctx.rank / info.domain_size) remote.push_back(r);
+    const size_t railMost =
+        std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, info.rail_combine_owner_bytes, (size_t)16});
     cudaStream_t st = ctx.stream;
     const int L = kExperts / R;
     const int64_t rmRows = (int64_t)R * kMaxTokens, emRows = rmRows * L;
@@ -136,6 +157,23 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemcpyAsync(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice, st));
     void* copyDst = nullptr;
     CHECK_CUDA(cudaMallocAsync(&copyDst, (size_t)kMaxTokens * R * (kHidden * 2), st));
+    // The rail baseline's buffers: one slice per remote rank each way.
+    void *railSend = nullptr, *railRecv = nullptr;
+    if (rail) {
+      CHECK_CUDA(cudaMallocAsync(&railSend, railMost * remote.size(), st));
+      CHECK_CUDA(cudaMallocAsync(&railRecv, railMost * remote.size(), st));
+    }
+    // One NCCL group moving `bytes` to and from every rank of another domain (the exchange's bytes, not its calls).
+    auto railBaseline = [&](size_t bytes) {
+      bool ok = ncclGroupStart() == ncclSuccess;
+      for (size_t i = 0; i < remote.size(); i++) {
+        ok = ok && ncclSend(static_cast<char*>(railSend) + i * railMost, bytes, ncclUint8, remote[i], ctx.comm, st) ==
+                       ncclSuccess;
+        ok = ok && ncclRecv(static_cast<char*>(railRecv) + i * railMost, bytes, ncclUint8, remote[i], ctx.comm, st) ==
+                       ncclSuccess;
+      }
+      return (ncclGroupEnd() == ncclSuccess && ok) ? 0 : 1;
+    };
     CHECK_CUDA(cudaStreamSynchronize(st));
     NCCLEXT_BENCH_EP(ncclext::harness::barrier(ctx, 60));
     FILE* js = ctx.rank == 0 && !json.empty() ? fopen(json.c_str(), "a") : nullptr;
@@ -145,6 +183,7 @@ int main(int argc, char** argv) {
       printf("%-6s %-12s %-5s %6s %6s %4s %10s %10s %10s %10s %9s %9s %11s\n", "ranks", "layout", "dtype", "tokens",
              "hidden", "SMs", "dispatch", "combine", "d+c", "graph_d+c", "floor", "ce_copy", "payload_KB");
     for (const Shape& s : shapes) {
+      if (rail && !acrossDomainsShape(s)) continue;
       const int T = s.tokens, K = kTopk, H = s.hidden;
       std::mt19937 rng(4321 + ctx.rank * 7 + T);
       std::vector<int> idx((size_t)T * K), pool(kExperts);
@@ -190,7 +229,7 @@ int main(int argc, char** argv) {
         cudaEvent_t a, b;
         cudaEventCreate(&a);
         cudaEventCreate(&b);
-        for (int i = 0; i < kWarm + kIters; i++) {
+        for (int i = 0; i < gWarm + gIters; i++) {
           failed |= dispatch();
           cudaEventRecord(a, st);
           failed |= combine();
@@ -198,7 +237,7 @@ int main(int argc, char** argv) {
           failed |= cudaEventSynchronize(b) != cudaSuccess;
           float ms = 0;
           cudaEventElapsedTime(&ms, a, b);
-          if (i >= kWarm) cMs.push_back(ms);
+          if (i >= gWarm) cMs.push_back(ms);
         }
         cudaEventDestroy(a);
         cudaEventDestroy(b);
@@ -230,6 +269,13 @@ int main(int argc, char** argv) {
       const double ceUs = timeCalls(st, [&]() {
         return payload ? (int)cudaMemcpyAsync(copyDst, y, payload, cudaMemcpyDeviceToDevice, st) : 0;
       }, &failed);
+      // Across domains: the same bytes over the same transport, dispatch's and this layout's combine's.
+      const size_t railD = info.rail_dispatch_bytes, railC = rm ? info.rail_combine_bytes : info.rail_combine_owner_bytes;
+      double railDUs = 0, railCUs = 0;
+      if (rail) {
+        railDUs = timeCalls(st, [&]() { return railBaseline(railD); }, &failed);
+        railCUs = timeCalls(st, [&]() { return railBaseline(railC); }, &failed);
+      }
       if (ncclEpGroupGetAsyncError(group) != ncclSuccess || failed) {
         fprintf(stderr, "rank %d: a timed call failed: %s\n", ctx.rank, ncclEpGetLastError());
         return 1;
@@ -238,6 +284,11 @@ int main(int argc, char** argv) {
       if (ctx.rank == 0) {
         printf("%-6d %-12s %-5s %6d %6d %4d %10.1f %10.1f %10.1f %10.1f %9.1f %9.1f %11.1f\n", R, layout,
                s.fp8 ? "fp8" : "bf16", T, H, ctas, dUs, cUs, pairUs, gUs, floorUs, ceUs, payload / 1024.0);
+        if (rail)
+          printf("       rail: %zu + %zu bytes per remote rank x %zu ranks; NCCL send/recv of them %.1f / %.1f us; "
+                 "ratio %.3f / %.3f\n",
+                 railD, railC, remote.size(), railDUs, railCUs, railDUs > 0 ? dUs / railDUs : 0,
+                 railCUs > 0 ? cUs / railCUs : 0);
         if (js)
           fprintf(js,
                   "{\"bench\": \"ep_ll\", \"pass\": true, \"gpu\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, "
@@ -246,16 +297,22 @@ int main(int argc, char** argv) {
                   "\"sms\": %d, "
                   "\"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_combine_us\": %.2f, "
                   "\"graph_dispatch_combine_us\": %.2f, \"graph_dispatch_us\": %.2f, \"graph_combine_us\": %.2f, "
-                  "\"empty_kernel_us\": %.2f, \"ce_copy_us\": %.2f, \"payload_bytes\": %zu, \"iters\": %d}\n",
-                  prop.name, virtualDomain ? "virtual ranks on one GPU" : "real GPUs", R, layout,
-                  s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, pairUs, gUs, graphUs[0], graphUs[1],
-                  floorUs, ceUs, payload, kIters);
+                  "\"empty_kernel_us\": %.2f, \"ce_copy_us\": %.2f, \"payload_bytes\": %zu, \"iters\": %d, "
+                  "\"domains\": %d, \"rail_dispatch_bytes_per_peer\": %zu, \"rail_combine_bytes_per_peer\": %zu, "
+                  "\"rail_peers\": %zu, \"rail_dispatch_us\": %.2f, \"rail_combine_us\": %.2f}\n",
+                  prop.name,
+                  virtualDomain ? "virtual ranks on one GPU"
+                  : ctx.mode == ncclext::harness::OneGpu::kNodes ? "one-GPU nodes" : "real GPUs",
+                  R, layout, s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, pairUs, gUs, graphUs[0],
+                  graphUs[1], floorUs, ceUs, payload, gIters, info.n_domains, rail ? railD : (size_t)0,
+                  rail ? railC : (size_t)0, remote.size(), railDUs, railCUs);
       }
       CHECK_CUDA(cudaStreamSynchronize(st));
       NCCLEXT_BENCH_EP(ncclEpHandleDestroy(h));
     }
     if (js) fclose(js);
-    for (void* p : {x, w, idxBuf, y, scales, comb, out, copyDst}) cudaFreeAsync(p, st);
+    for (void* p : {x, w, idxBuf, y, scales, comb, out, copyDst, railSend, railRecv})
+      if (p) cudaFreeAsync(p, st);
     CHECK_CUDA(cudaStreamSynchronize(st));
     NCCLEXT_BENCH_EP(ncclEpGroupDestroy(group));
     return 0;

@@ -34,8 +34,9 @@ RUNS=(
   "ep_ll|$BUILDDIR/bin/ep_ll_test --nranks NRANKS --json JSON|1|nodes virtual"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|virtual"
-  # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md).
-  "ep_ll_bench|$BUILDDIR/bin/ep_bench --mode ll --nranks NRANKS --json JSON|1|virtual"
+  # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md). As
+  # one-GPU nodes, across domains: beside NCCL send/recv of the rail exchange's bytes in the same run.
+  "ep_ll_bench|$BUILDDIR/bin/ep_bench --mode ll --nranks NRANKS --json JSON|1|nodes virtual"
   # nodes: every piece between ranks by ncclSend/ncclRecv; virtual: every piece over LSA through the plans' windows.
   # The LSA path failed now and then at 4 virtual ranks (a barrier whose peer's flag never shows; docs/M2N.md). The
   # launch fences meant to cure it have not run on a GPU yet: that run stays quarantined (mode virtual:2, at most 2

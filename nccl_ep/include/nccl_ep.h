@@ -221,8 +221,10 @@ NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain
 /* COLLECTIVE over `comm` (every rank, same config), blocking: sizes and registers the symmetric buffers once.
  * `comm` may span several nodes: the group derives the communicator of this rank's NVLink domain (NCCL's LSA team,
  * or blocks of `lsa_domain_size` / NCCL_EXT_LSA_DOMAIN_SIZE ranks) and the rail communicator (the ranks with this
- * rank's index in every domain) with ncclCommSplit, and keeps its windows on the domain communicator. Dispatch and
- * combine across several domains are not implemented yet: such a group is refused with ncclInvalidUsage. The group's
+ * rank's index in every domain) with ncclCommSplit, and keeps its windows on the domain communicator. Across several
+ * domains, Low-Latency groups work (rows for another domain's ranks go by ncclSend/ncclRecv between a call's send
+ * and receive halves, fixed-size per peer; no enable_mask there); High-Throughput groups are refused with
+ * ncclInvalidUsage (not implemented yet). The group's
  * calls (handle binding, dispatch, combine) run one after another on the GPU: issue them on one stream, or order
  * the streams with events, in the same order on every rank. Handles with different routings may alternate.
  * NCCL_EP_ALGO_LOW_LATENCY (decode): everything is sized here for max_tokens_per_rank (<= 1024); handle creation
@@ -233,6 +235,22 @@ NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm
 NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
 /* ncclSuccess, or ncclRemoteError with a message when a device wait of this group timed out. Local, never blocks. */
 NCCL_EP_API ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group);
+
+/* What a group is, as created (local, never blocks): its NVLink domains and what a Low-Latency call moves to each
+ * rank of another domain (every call moves these fixed sizes, whatever the routing: the network bytes per call are
+ * rail_*_bytes x the ranks outside this rank's domain, each way). */
+typedef struct {
+  size_t size;              /* sizeof(ncclEpGroupInfo_t) */
+  unsigned int magic;       /* NCCL_EP_MAGIC */
+  int n_domains;            /* NVLink domains the group spans */
+  int domain_size;          /* ranks per domain */
+  size_t window_bytes;      /* this rank's symmetric window */
+  size_t rail_dispatch_bytes;       /* Low-Latency dispatch, per rank of another domain (0 with one domain) */
+  size_t rail_combine_bytes;        /* Low-Latency combine, rows per (token, rank) (RANK_MAJOR, expert-side weights) */
+  size_t rail_combine_owner_bytes;  /* Low-Latency combine with inputs.topk_weights (rows per (token, expert)) */
+} ncclEpGroupInfo_t;
+#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0}
+NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice
  * in a row) once; dispatch, combine and the backward pass reuse it. T may be 0. EXACT sizing blocks until the

@@ -397,6 +397,29 @@ ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group) {
   return group->asyncError("ncclEp");
 }
 
+ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetInfo: group is NULL");
+  NCCLEXT_ARG(info != nullptr, "ncclEpGroupGetInfo: info is NULL");
+  CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
+  const ncclext::Topology& topo = group->domain->topo();
+  const ncclep::RailView& rv = group->view.rail;
+  info->n_domains = topo.nDomains;
+  info->domain_size = topo.domainSize;
+  info->window_bytes = group->view.wl.total;
+  auto bytesOf = [&](int kind, bool owner) {
+    if (!group->railComm) return (size_t)0;
+    const ncclep::RailRegions r = ncclep::RailRegions::of(kind, owner);
+    size_t n = 0;
+    for (int i = r.first; i <= r.last; i++) n += rv.slice[i];
+    return n;
+  };
+  info->rail_dispatch_bytes = bytesOf(ncclep::kDispatch, false);
+  info->rail_combine_bytes = bytesOf(ncclep::kCombine, false);
+  info->rail_combine_owner_bytes = bytesOf(ncclep::kCombine, true);
+  return ncclSuccess;
+}
+
 static ncclResult_t checkTopk(const ncclEpGroup* g, const ncclEpTensor_t* topk) {
   NCCLEXT_ARG(topk != nullptr, "topk_idx is NULL");
   NCCLEXT_CHECK(checkTensor(*topk, "topk_idx", 2, {ncclInt32, ncclInt64}, {-1, -1}));

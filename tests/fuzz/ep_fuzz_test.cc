@@ -555,6 +555,15 @@ TEST(EpFuzz, Handles) {
       c.expectRejected(ra, "ncclEpGroupGetAsyncError", "group NULL");
     else if (ra != ncclSuccess)
       c.fail("ncclEpGroupGetAsyncError failed on a group with no device status");
+    // ncclEpGroupGetInfo: a NULL group, a NULL info or a broken header refused (the fake group has no domain, so a
+    // good header is not sent to it).
+    ncclEpGroupInfo_t gi = NCCL_EP_GROUP_INFO_INIT;
+    const int infoCase = (int)rng.below(3);
+    if (infoCase == 2) gi.magic ^= 1u + (unsigned)rng.below(1000);
+    const ncclResult_t rinfo = c.call(Lib::kEp, "ncclEpGroupGetInfo", [&] {
+      return ncclEpGroupGetInfo(infoCase == 0 ? nullptr : &f.group, infoCase == 1 ? nullptr : &gi);
+    });
+    c.expectRejected(rinfo, "ncclEpGroupGetInfo", infoCase == 0 ? "group NULL" : infoCase == 1 ? "info NULL" : "magic");
     if (c.call(Lib::kEp, "ncclEpHandleDestroy", [&] { return ncclEpHandleDestroy(nullptr); }) != ncclSuccess)
       c.fail("ncclEpHandleDestroy(NULL) failed");
     if (c.call(Lib::kEp, "ncclEpGroupDestroy", [&] { return ncclEpGroupDestroy(nullptr); }) != ncclSuccess)
