@@ -64,6 +64,8 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   if command -v torchrun >/dev/null 2>&1; then
     PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --tee 3 --nproc_per_node NRANKS"
     RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_m2n_gpu.py --json JSON|2|nodes")
+    # nccl.ep Low-Latency on several ranks: as one-GPU nodes, across NVLink domains (the rail exchange).
+    RUNS+=("python_ep_ll|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ll_ranks.py --json JSON|2|nodes")
     RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
     RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
     # A whole Qwen3-32B-like model rank 0 -> rank 1 beside per-tensor broadcast, at 1/64 of its weights' size (the

@@ -1,0 +1,117 @@
+"""nccl.ep Low-Latency on any number of ranks: 1, or several under torchrun (on one GPU with --one-gpu nodes: every
+rank an NVLink domain of its own, so every row between ranks goes over the rail exchange of docs/ARCHITECTURE.md,
+"Low-Latency across NVLink domains"). Every rank derives every rank's inputs from the seed and the rank, so each
+checks its own outputs against a torch reference without any exchange: RANK_MAJOR rows from every source in source
+order, EXPERT_MAJOR zones, the counts, and combine by rank, with the dispatched weights and with the owner's weights.
+Values are multiples of 1/8 small enough that every product and sum is exact in fp32, so outputs compare exactly."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nccl.ep as ep  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+M, H, LOCAL, K = 24, 512, 2, 3  # tokens per rank at most, hidden, experts per rank, top-k
+
+
+def _inputs(s, R):
+    """Source s's tokens: (T_s, the routing [T_s, K] over R * LOCAL experts with some -1, x [T_s, H] bf16, dispatch
+    weights and owner weights [T_s, K])."""
+    gen = torch.Generator().manual_seed(9000 + 17 * s + R)
+    T = 5 + (7 * s) % (M - 5)
+    E = R * LOCAL
+    k = min(K, E)
+    idx = torch.full((T, K), -1, dtype=torch.int64)
+    for t in range(T):
+        idx[t, :k] = torch.randperm(E, generator=gen)[:k]
+    idx[torch.rand(T, K, generator=gen) < 0.15] = -1
+    x = (torch.randint(-32, 33, (T, H), generator=gen) * 0.125).to(torch.bfloat16)
+    w = torch.randint(1, 9, (T, K), generator=gen) * 0.125
+    w_owner = torch.randint(1, 9, (T, K), generator=gen) * 0.125
+    return T, idx, x, w, w_owner
+
+
+def _mine(idx, d):
+    """Whether each column's expert lives on rank d."""
+    return (idx >= 0) & (idx // LOCAL == d)
+
+
+@pytest.fixture(scope="module")
+def ll(world):
+    rank, R = world
+    g = ep.Group(algorithm="low_latency", num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, max_topk=K,
+                 num_sms=8, timeout_s=30)
+    yield g, rank, R
+    g.close()
+
+
+def test_rank_major_rows_from_every_source_and_combine_by_rank(ll):
+    g, me, R = ll
+    T, idx, x, w, _ = _inputs(me, R)
+    h = g.create_handle(idx.cuda(), layout="rank_major")
+    recv = g.dispatch(x.cuda(), topk_weights=w.cuda(), handle=h)
+    torch.cuda.synchronize()
+    assert recv.tokens.shape == (R * M, H)
+    total = 0
+    for s in range(R):
+        _, idx_s, x_s, w_s, _ = _inputs(s, R)
+        hit = _mine(idx_s, me)
+        sent = hit.any(dim=1)
+        n = int(sent.sum())
+        total += n
+        assert int(recv.rank_counts[s]) == n, s
+        rows = recv.tokens[s * M:s * M + n].cpu()
+        assert torch.equal(rows, x_s[sent]), s
+        assert torch.equal(recv.src_info[s * M:s * M + n].long().cpu(), sent.nonzero().squeeze(1)), s
+        local_ids = torch.where(hit, idx_s - me * LOCAL, torch.full_like(idx_s, -1))[sent]
+        assert torch.equal(recv.topk_idx[s * M:s * M + n].long().cpu(), local_ids), s
+        assert torch.equal(recv.topk_weights[s * M:s * M + n].cpu(), torch.where(hit, w_s, 0.0)[sent]), s
+    assert int(recv.recv_total[0]) == total
+    # Every destination doubles the rows it got: my token t comes back once from each rank it was sent to.
+    out = g.combine(recv.tokens * 2, h)
+    torch.cuda.synchronize()
+    ranks_hit = torch.stack([_mine(idx, d).any(dim=1) for d in range(R)], dim=1).sum(dim=1)
+    ref = (x.float() * 2 * ranks_hit.unsqueeze(1)).to(torch.bfloat16)
+    assert torch.equal(out.cpu(), ref)
+    h.close()
+
+
+def test_expert_major_zones_and_both_weightings(ll):
+    g, me, R = ll
+    T, idx, x, w, w_owner = _inputs(me, R)
+    h = g.create_handle(idx.cuda(), layout="expert_major")
+    recv = g.dispatch(x.cuda(), topk_weights=w.cuda(), handle=h)
+    torch.cuda.synchronize()
+    zone = R * M
+    assert recv.tokens.shape == (LOCAL * zone, H)
+    for l in range(LOCAL):
+        e = me * LOCAL + l
+        want, want_w = [], []
+        for s in range(R):  # zone l: source by source, each source's (token, column) pairs naming e in token order
+            _, idx_s, x_s, w_s, _ = _inputs(s, R)
+            t, k = (idx_s == e).nonzero(as_tuple=True)
+            want.append(x_s[t])
+            want_w.append(w_s[t, k])
+        rows = torch.cat(want)
+        c = rows.shape[0]
+        assert int(recv.expert_counts[l]) == c, l
+        assert torch.equal(recv.tokens[l * zone:l * zone + c].cpu(), rows), l
+        assert torch.equal(recv.topk_weights[l * zone:l * zone + c].cpu(), torch.cat(want_w)), l
+    # Expert e multiplies by (e % 3 + 1); combine weights by the dispatched weights, then by the owner's.
+    factor = (torch.arange(LOCAL) + me * LOCAL) % 3 + 1
+    y = (recv.tokens.float() * factor.cuda().float().repeat_interleave(zone).unsqueeze(1)).to(torch.bfloat16)
+    c_of = torch.where(idx >= 0, (idx.clamp(min=0) % 3 + 1).float(), 0.0)
+    # With the dispatched weights each rank sums its experts' rows (exact in fp32) and sends that row rounded to
+    # bf16; the owner sums the ranks' rows (exact) and rounds once more.
+    parts = [(x.double() * (w * c_of * _mine(idx, d)).double().sum(dim=1, keepdim=True)).float().to(torch.bfloat16)
+             for d in range(R)]
+    ref_dispatch = torch.stack([p.float() for p in parts]).sum(dim=0).to(torch.bfloat16)
+    # With the owner's weights every (token, expert) row comes back as is and the owner weighs and sums once.
+    ref_owner = (x.double() * (w_owner * c_of).double().sum(dim=1, keepdim=True)).float().to(torch.bfloat16)
+    for ref, kwargs in ((ref_dispatch, {}), (ref_owner, {"topk_weights": w_owner.float().cuda()})):
+        out = g.combine(y, h, **kwargs)
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), ref), list(kwargs)
+    h.close()
