@@ -1,7 +1,7 @@
 """An analytic model of nccl_ep dispatch and combine across NVLink domains (issue 12, "Plan past the machines we
 have"): expected bytes per rank on each link class, and the time those bytes take at given link rates, for N nodes
 of G GPUs, each node one NVLink domain. A prediction, not a measurement: it is unvalidated until cross-domain
-dispatch exists (docs/PERFORMANCE.md, "nccl_ep across nodes: analytic model").
+dispatch has run (docs/PERFORMANCE.md, "nccl_ep across nodes: analytic model").
 
     python3 bench/ep_internode_model.py [--nodes 2,4,8,16] [--gpus-per-node 8] [--experts 256] [--topk 8]
         [--hidden 7168] [--ht-tokens 4096] [--ll-tokens 128] [--modes ht,ll] [--dtypes bf16,fp8]
@@ -32,6 +32,16 @@ Low-Latency (DeepEP-style, no hierarchy): one row per (token, destination rank),
     dispatch rail = (N - 1) G p_rank, NVLink = (G - 1) p_rank
     combine, one row per (token, expert) (DeepEP's owner-weighted API): rail = k (E - E_d) / E,
              NVLink = k (E_d - E_r) / E; per (token, rank) ("rank"): as dispatch.
+
+Low-Latency as nccl_ep implements it across domains today (--ll-fixed-slices M): every call moves, to and from
+every rank of another domain, fixed slices sized for M = max_tokens_per_rank rows whatever the routing
+(docs/ARCHITECTURE.md, "Low-Latency across NVLink domains"; the byte counts follow nccl_ep's layoutGroup, which
+ncclEpGroupGetInfo reports):
+
+    dispatch per remote rank = header + M (rowStride + metaBytes + 8 slices)
+    combine  per remote rank = M (rowStride + 8 slices), x top-k with the owner-weighted combine
+    (rowStride = 2H bf16 rows, slices = ceil(rowStride / 512), metaBytes = 16-aligned 12 + 12 k + 4 rowStride / 128,
+     header = 16-aligned 12 + 4 E_r)
 
 Bytes = T x rows x row bytes (bf16: 2H; fp8: H + 4 H/128, the e4m3 payload and fp32 scales per 128 channels; plus
 --meta-bytes per row, 0 by default). Time per op: rail bytes / rail rate and NVLink bytes / NVLink rate, combined
@@ -180,6 +190,25 @@ def ll_rows(nodes: int, gpus: int, experts: int, k: int, node_limit: int = 0, co
     return {"dispatch_rail": d_rail, "dispatch_nvlink": d_nvl, "combine_rail": c_rail, "combine_nvlink": c_nvl, **p}
 
 
+def _align(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def ll_fixed_slice_bytes(nodes: int, gpus: int, experts: int, k: int, hidden: int, max_tokens: int,
+                         combine: str = "expert") -> dict:
+    """Rail bytes per rank and call of nccl_ep's Low-Latency exchange across domains (fixed slices: see the module
+    docstring), for bf16 rows of `hidden` columns in a group of max_token_bytes = 2 hidden and max_topk = k."""
+    row = 2 * hidden
+    slices = -(-row // 512)
+    meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
+    header = _align(12 + 4 * (experts // (nodes * gpus)), 16)
+    remote = (nodes - 1) * gpus
+    dispatch = header + max_tokens * (row + meta + 8 * slices)
+    comb = max_tokens * (row + 8 * slices) * (k if combine == "expert" else 1)
+    return {"dispatch_rail_bytes": remote * dispatch, "combine_rail_bytes": remote * comb,
+            "dispatch_per_peer": dispatch, "combine_per_peer": comb, "remote_ranks": remote}
+
+
 def op_time(rail_bytes: float, nvlink_bytes: float, rail_gbs: float, nvlink_gbs: float, latency_us: float) -> dict:
     """Time of one op from its bytes per rank: overlapped (max over the link classes) and serial (sum)."""
     rail_us = rail_bytes / (rail_gbs * 1e3) if rail_bytes else 0.0  # bytes / (GB/s * 1e9) in us
@@ -192,9 +221,10 @@ def op_time(rail_bytes: float, nvlink_bytes: float, rail_gbs: float, nvlink_gbs:
 def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, experts: int, dtype: str,
             rail_gbs: float = RAIL_GBS, nvlink_gbs: float = NVLINK_GBS, latency_us: float | None = None,
             node_limit: int = 0, ll_combine: str = "expert", meta_bytes: int = 0, all_rail: bool = False,
-            ll_dispatch: str = "rank") -> list:
+            ll_dispatch: str = "rank", ll_fixed_slices: int = 0) -> list:
     """Predicted dispatch and combine for one configuration: a list of two dicts (op = dispatch, combine), bytes
-    per rank out (= in). dtype is the dispatch row's; combine rows are bf16."""
+    per rank out (= in). dtype is the dispatch row's; combine rows are bf16. ll_fixed_slices M > 0: the rail bytes of
+    nccl_ep's Low-Latency exchange as implemented (fixed slices of M rows per remote rank; bf16 only)."""
     if mode not in ("ht", "ll"):
         raise ValueError("mode must be ht or ll, got %r" % mode)
     if latency_us is None:
@@ -209,9 +239,16 @@ def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, 
         r = ll_rows(nodes, gpus, experts, k, node_limit, ll_combine, all_rail, ll_dispatch)
         per_op = {"dispatch": (r["dispatch_rail"], r["dispatch_nvlink"], d_row),
                   "combine": (r["combine_rail"], r["combine_nvlink"], c_row)}
+    fixed = None
+    if ll_fixed_slices:
+        if mode != "ll" or dtype != "bf16" or ll_fixed_slices < tokens:
+            raise ValueError("ll_fixed_slices: Low-Latency bf16 with max_tokens >= tokens")
+        fixed = ll_fixed_slice_bytes(nodes, gpus, experts, k, hidden, ll_fixed_slices, ll_combine)
     out = []
     for op, (rail_rows, nvl_rows, row) in per_op.items():
         rail_b, nvl_b = tokens * rail_rows * row, tokens * nvl_rows * row
+        if fixed:
+            rail_b = fixed[op + "_rail_bytes"]
         rec = {"what": "ep_internode_model", "mode": mode, "op": op, "nodes": nodes, "gpus_per_node": gpus,
                "ranks": nodes * gpus, "tokens": tokens, "hidden": hidden, "topk": k, "experts": experts,
                "dtype": dtype if op == "dispatch" else "bf16", "row_bytes": row, "node_limit": node_limit,
@@ -219,6 +256,7 @@ def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, 
                "ll_dispatch": ll_dispatch if mode == "ll" else None, "all_rail": all_rail,
                "rail_rows_per_token": rail_rows, "nvlink_rows_per_token": nvl_rows,
                "rail_bytes": rail_b, "nvlink_bytes": nvl_b, "rail_gbs": rail_gbs, "nvlink_gbs": nvlink_gbs,
+               "ll_fixed_slices": ll_fixed_slices if mode == "ll" else 0,
                "p_dom": r["p_dom"], "p_rank": r["p_rank"]}
         rec.update(op_time(rail_b, nvl_b, rail_gbs, nvlink_gbs, latency_us))
         out.append(rec)
@@ -337,6 +375,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ll-dispatch", choices=["rank", "expert"], default="rank",
                     help="LL dispatch rows: per (token, rank) (ours, NCCL EP's) or per (token, expert) (DeepEP V1's)")
     ap.add_argument("--node-limit", type=int, default=0, help="domains a token may reach (0: any)")
+    ap.add_argument("--ll-fixed-slices", type=int, default=0, metavar="M",
+                    help="LL rail bytes of nccl_ep's exchange as implemented: fixed slices of M = max_tokens_per_rank "
+                         "rows to every remote rank (bf16; 0: the expected rows)")
     ap.add_argument("--meta-bytes", type=int, default=0, help="extra bytes per row (flags, ids, weights)")
     ap.add_argument("--rail-gbs", type=float, default=RAIL_GBS, help="rail (NIC) GB/s per GPU per direction")
     ap.add_argument("--nvlink-gbs", type=float, default=NVLINK_GBS, help="NVLink GB/s per GPU per direction")
@@ -360,7 +401,7 @@ def main(argv=None) -> int:
                     for n in nodes_list:
                         preds = predict(mode, n, a.gpus_per_node, tokens, a.hidden, a.topk, a.experts, dtype,
                                         a.rail_gbs, a.nvlink_gbs, lat, a.node_limit, comb_kind, a.meta_bytes,
-                                        False, a.ll_dispatch)
+                                        False, a.ll_dispatch, a.ll_fixed_slices if mode == "ll" else 0)
                         # Dispatch once per dtype; combine (bf16 whatever the dispatch dtype) once per kind.
                         rows.extend(p for p in preds if (p["op"] == "dispatch" and comb_kind == combines[0])
                                     or (p["op"] == "combine" and dtype == dtypes[0]))

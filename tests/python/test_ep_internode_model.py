@@ -260,3 +260,21 @@ def test_cli_as_a_script(tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(BENCH, "ep_internode_model.py"), "--nodes", "3"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "split evenly" in bad.stderr
+
+
+def test_ll_fixed_slices_follow_the_library_layout():
+    # nodes 2 x 1 GPU, 4 experts, top-2, hidden 256, max_tokens 4: row 512 B, one slice, metadata 64 B, header 32 B;
+    # tests/unit/ep_api_test.cc (EpRail.FixedSliceBytesMatchTheModel) checks the same numbers against layoutGroup.
+    b = m.ll_fixed_slice_bytes(2, 1, 4, 2, 256, 4, "expert")
+    assert b["dispatch_per_peer"] == 32 + 4 * (512 + 64 + 8) == 2368
+    assert b["combine_per_peer"] == 4 * (512 + 8) * 2 == 4160
+    assert m.ll_fixed_slice_bytes(2, 1, 4, 2, 256, 4, "rank")["combine_per_peer"] == 2080
+    assert b["remote_ranks"] == 1 and b["dispatch_rail_bytes"] == 2368
+    # In predict: the rail bytes are the fixed slices, whatever the tokens; refused for HT, fp8 or too few rows.
+    d, c = m.predict("ll", 2, 1, 3, 256, 2, 4, "bf16", ll_fixed_slices=4)
+    assert d["rail_bytes"] == 2368 and c["rail_bytes"] == 4160 and d["ll_fixed_slices"] == 4
+    for bad in (dict(mode="ht"), dict(dtype="fp8"), dict(tokens=5)):
+        args = dict(mode="ll", nodes=2, gpus=1, tokens=3, hidden=256, k=2, experts=4, dtype="bf16")
+        args.update(bad)
+        with pytest.raises(ValueError):
+            m.predict(ll_fixed_slices=4, **args)

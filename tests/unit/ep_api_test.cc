@@ -427,4 +427,28 @@ TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
   }
 }
 
+// The analytic model's fixed-slice bytes (bench/ep_internode_model.py, ll_fixed_slice_bytes; its test checks the
+// same numbers) are the library's: 2 one-GPU domains, 4 experts, top-2, rows of 512 bytes, 4 tokens.
+TEST(EpRail, FixedSliceBytesMatchTheModel) {
+  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+  cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+  cfg.num_experts = 4;
+  cfg.max_tokens_per_rank = 4;
+  cfg.max_token_bytes = 512;
+  cfg.max_topk = 2;
+  ncclext::Topology topo;
+  ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
+  ncclep::GroupView v;
+  ncclep::layoutGroup(cfg, topo, &v);
+  auto bytes = [&](int kind, bool owner) {
+    const ncclep::RailRegions r = ncclep::RailRegions::of(kind, owner);
+    size_t n = 0;
+    for (int i = r.first; i <= r.last; i++) n += v.rail.slice[i];
+    return n;
+  };
+  EXPECT_EQ(bytes(ncclep::kDispatch, false), 2368u);
+  EXPECT_EQ(bytes(ncclep::kCombine, false), 2080u);
+  EXPECT_EQ(bytes(ncclep::kCombine, true), 4160u);
+}
+
 }  // namespace
