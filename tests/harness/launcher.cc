@@ -111,6 +111,11 @@ int runVirtual(int nRanks, const std::function<int(RankContext&)>& body) {
   // (CUDA's lazy-loading notes: kernels that rely on running concurrently must be loaded first). Seen: the LL
   // dispatch of one virtual rank timed out while the other's first launch of a test kernel waited for it.
   setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  // The ranks' streams share the GPU's hardware work queues (8 by default), which start work in order: a rank's
+  // kernel that waits on its own spinning kernel can hold up a peer's kernel queued behind it in the same queue
+  // (docs/ARCHITECTURE.md, "One GPU, many ranks"). nccl_m2n meets that with launch fences; for everything else, as
+  // many queues as CUDA allows makes such sharing rarer. An explicit setting (e.g. 1, the worst case) is kept.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   VirtualDomain domain(nRanks);
   std::vector<int> rcs(nRanks, 1);
   std::vector<std::thread> threads;
