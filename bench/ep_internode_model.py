@@ -39,7 +39,7 @@ every rank of another domain, fixed slices sized for M = max_tokens_per_rank row
 ncclEpGroupGetInfo reports):
 
     dispatch per remote rank = header + M (rowStride + metaBytes + 8 slices)
-    combine  per remote rank = M (rowStride + 8 slices), x top-k with the owner-weighted combine
+    combine  per remote rank = M (rowStride + 8 slices), x min(top-k, E_r) with the owner-weighted combine
     (rowStride = 2H bf16 rows, slices = ceil(rowStride / 512), metaBytes = 16-aligned 12 + 12 k + 4 rowStride / 128,
      header = 16-aligned 12 + 4 E_r)
 
@@ -204,7 +204,7 @@ def ll_fixed_slice_bytes(nodes: int, gpus: int, experts: int, k: int, hidden: in
     header = _align(12 + 4 * (experts // (nodes * gpus)), 16)
     remote = (nodes - 1) * gpus
     dispatch = header + max_tokens * (row + meta + 8 * slices)
-    comb = max_tokens * (row + 8 * slices) * (k if combine == "expert" else 1)
+    comb = max_tokens * (row + 8 * slices) * (min(k, max(1, experts // (nodes * gpus))) if combine == "expert" else 1)
     return {"dispatch_rail_bytes": remote * dispatch, "combine_rail_bytes": remote * comb,
             "dispatch_per_peer": dispatch, "combine_per_peer": comb, "remote_ranks": remote}
 

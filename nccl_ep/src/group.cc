@@ -73,7 +73,8 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   w.combRows = off;
   off = alignUp(off + (size_t)w.combSlots * v.rowStride, 4096);
   // Across domains (LL): the owner-weighted combine's rows from other domains, by (source, slot, column).
-  const size_t ownerRowsCount = v.lowLatency && topo.nDomains > 1 ? regionRows * config.max_topk : 0;
+  w.ownerCols = std::min(config.max_topk, std::max(1, v.localExperts));
+  const size_t ownerRowsCount = v.lowLatency && topo.nDomains > 1 ? regionRows * w.ownerCols : 0;
   w.ownerFlags = off;
   off = alignUp(off + ownerRowsCount * w.slices * 8, 256);
   w.ownerRows = off;
@@ -86,7 +87,7 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   rv.domainSize = topo.domainSize;
   rv.bankStart = bankStart;
   const size_t flagSlice = (size_t)v.maxTokens * w.slices * 8, rowSlice = (size_t)v.maxTokens * v.rowStride;
-  const size_t mk = topo.nDomains > 1 ? (size_t)config.max_topk : 0;  // the owner regions exist across domains only
+  const size_t mk = topo.nDomains > 1 ? (size_t)w.ownerCols : 0;  // the owner regions exist across domains only
   const size_t bases[kRailRegions] = {w.header,    w.dispFlags, w.dispRows,   w.dispMeta,
                                       w.combFlags, w.combRows,  w.ownerFlags, w.ownerRows};
   const size_t slices[kRailRegions] = {(size_t)w.headerBytes, flagSlice, rowSlice, (size_t)v.maxTokens * v.meta.bytes,

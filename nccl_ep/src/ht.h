@@ -55,16 +55,18 @@ struct WindowLayout {
   size_t header;        // LL: [R][headerBytes]: row s written by source s (its flag, then its counts for me)
   size_t dispFlags;     // LL: u64 [R][maxTokens][slices]: flag of each slice of dispatch staging row [s][slot]
                         // (LL combine flags are [combSlots][slices] likewise)
-  size_t ownerFlags;    // LL across domains: u64 [R][maxTokens][maxTopk][slices], the flags of ownerRows
-  size_t ownerRows;     // LL across domains: [R][maxTokens][maxTopk][rowStride]: the owner-weighted combine's rows
-                        // from another domain's rank s, for the slot j of my token it received and column k
-                        // (inside my domain they go to combRows [token][k]); 0 bytes with one domain
+  size_t ownerFlags;    // LL across domains: u64 [R][maxTokens][ownerCols][slices], the flags of ownerRows
+  size_t ownerRows;     // LL across domains: [R][maxTokens][ownerCols][rowStride]: the owner-weighted combine's rows
+                        // from another domain's rank s, for the slot j of my token it received and the c-th of the
+                        // token's columns whose expert lives on s (inside my domain they go to combRows
+                        // [token][k]); 0 bytes with one domain
   size_t bankBytes;     // LL: the second bank's distance from the first; HT: 0
   size_t total;
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
   int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)
   int combSlots;     // rows of the combine staging: R x maxTokens (LL: at least maxTokens x maxTopk)
   int slices;        // LL: flags per staging row (ceil(max_token_bytes / kLlSliceCols): any row's slices); HT: 1
+  int ownerCols;     // LL: min(max_topk, local experts), the most of a token's columns one rank can host
 };
 
 // Per-row metadata sent with every dispatched row: the row's flag (u64, released last), K local expert ids (-1: not
@@ -107,7 +109,7 @@ enum RailRegion {
   kRailDispMeta,
   kRailCombFlags,  // combine, one row per (token, rank): [source][slot]
   kRailCombRows,
-  kRailOwnerFlags,  // the owner-weighted combine towards another domain: [source][slot][k] (WindowLayout::ownerRows)
+  kRailOwnerFlags,  // the owner-weighted combine towards another domain: [source][slot][c] (WindowLayout::ownerRows)
   kRailOwnerRows
 };
 // The regions a call's exchange moves: [first, last] of its kind (the owner-weighted combine: its own two).

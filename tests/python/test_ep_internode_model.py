@@ -269,6 +269,7 @@ def test_ll_fixed_slices_follow_the_library_layout():
     assert b["dispatch_per_peer"] == 32 + 4 * (512 + 64 + 8) == 2368
     assert b["combine_per_peer"] == 4 * (512 + 8) * 2 == 4160
     assert m.ll_fixed_slice_bytes(2, 1, 4, 2, 256, 4, "rank")["combine_per_peer"] == 2080
+    assert m.ll_fixed_slice_bytes(2, 1, 2, 2, 256, 4, "expert")["combine_per_peer"] == 2080  # one expert a rank
     assert b["remote_ranks"] == 1 and b["dispatch_rail_bytes"] == 2368
     # In predict: the rail bytes are the fixed slices, whatever the tokens; refused for HT, fp8 or too few rows.
     d, c = m.predict("ll", 2, 1, 3, 256, 2, 4, "bf16", ll_fixed_slices=4)

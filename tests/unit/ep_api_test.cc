@@ -395,8 +395,8 @@ TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
         ranges.push_back({w.dispRows + row * stride, stride});
         ranges.push_back({w.dispMeta + row * meta, meta});
         ranges.push_back({w.combRows + row * stride, stride});
-        for (int k = 0; k < cfg.max_topk; k++) {  // the owner-weighted combine's [me][j][k]
-          const size_t at = row * cfg.max_topk + k;
+        for (int k = 0; k < w.ownerCols; k++) {  // the owner-weighted combine's [me][j][c]
+          const size_t at = row * w.ownerCols + k;
           for (int sl = 0; sl < S; sl++) ranges.push_back({w.ownerFlags + (at * S + sl) * 8, 8});
           ranges.push_back({w.ownerRows + at * stride, stride});
         }
@@ -449,6 +449,11 @@ TEST(EpRail, FixedSliceBytesMatchTheModel) {
   EXPECT_EQ(bytes(ncclep::kDispatch, false), 2368u);
   EXPECT_EQ(bytes(ncclep::kCombine, false), 2080u);
   EXPECT_EQ(bytes(ncclep::kCombine, true), 4160u);
+  // One expert a rank: a token's columns on one rank are at most one, so the owner slices hold one row a slot.
+  cfg.num_experts = 2;
+  ncclep::layoutGroup(cfg, topo, &v);
+  EXPECT_EQ(v.wl.ownerCols, 1);
+  EXPECT_EQ(bytes(ncclep::kCombine, true), 2080u);
 }
 
 }  // namespace

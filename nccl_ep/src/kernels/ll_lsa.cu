@@ -523,13 +523,16 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
   const int pos = lane < K ? h.emPos[slotIndex * MK + lane] : -1;
   if (c.mode == kLlOwnerWeighted) {
     // Inside my domain into the owner's [token][k]; towards another domain into my slice of its ownerRows, at
-    // [me][j][k] (the owner finds it from its token's slot towards me).
+    // [me][j][c], c: column k's place among the token's columns whose expert is mine (the owner finds it from its
+    // token's slot towards me and the same count).
     const int token = h.llToken[slotIndex];
     const bool remote = !g.rail.local(s);
+    const int C = g.wl.ownerCols;
+    const unsigned mineCols = __ballot_sync(kAll, pos >= 0);
+    auto ownerAt = [&](int k) { return ((size_t)me * M + j) * C + __popc(mineCols & ((1u << k) - 1)); };
     auto rowAt = [&](int k) {
       if (!remote) return stagingRow((size_t)token * MK + k);
-      const size_t at = ((size_t)me * M + j) * MK + k;
-      return static_cast<int4*>(peerAt(g, bank + g.wl.ownerRows + at * g.rowStride, s)) + v0;
+      return static_cast<int4*>(peerAt(g, bank + g.wl.ownerRows + ownerAt(k) * g.rowStride, s)) + v0;
     };
     for (int k = 0; k < K; k++) {
       const int p = __shfl_sync(kAll, pos, k);
@@ -539,7 +542,7 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
     // warpPublish's lane 0 does for one row).
     __syncwarp();
     if (pos >= 0) {
-      uint64_t* flag = remote ? ownerFlag(g, bank, ((size_t)me * M + j) * MK + lane, sl, s)
+      uint64_t* flag = remote ? ownerFlag(g, bank, ownerAt(lane), sl, s)
                               : combFlag(g, bank, (size_t)token * MK + lane, sl, s);
       ncclext::dev::storeRelease(flag, seq);
     }
@@ -586,13 +589,19 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   }
   if (c.mode == kLlOwnerWeighted) {
     // Column k is delivered where routing kept it (emIdx >= 0) and its rank is active; its row sits at [t][k], or,
-    // from another domain's rank r, at ownerRows [r][j][k] (j: my token's slot towards r).
+    // from another domain's rank r, at ownerRows [r][j][c] (j: my token's slot towards r; c: the kept columns
+    // before k whose expert also lives on r, as the sender counts them).
     const bool kept = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
     const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
     const int owner = kept ? loadExpert(h, t, lane) / g.localExperts : -1;
     const bool on = kept && isOn(active, owner);
     const bool remote = on && !g.rail.local(owner);
-    const size_t at = remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * MK + lane
+    int before = 0;
+    for (int k2 = 0; k2 < K; k2++) {  // warp-uniform: the loop shuffles
+      const int o2 = __shfl_sync(kAll, owner, k2);
+      before += k2 < lane && owner >= 0 && o2 == owner;
+    }
+    const size_t at = remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * g.wl.ownerCols + before
                              : (size_t)t * MK + lane;  // lane k's row in its region
     unsigned colsOn = __ballot_sync(kAll, on);
     const unsigned remoteCols = __ballot_sync(kAll, remote);
