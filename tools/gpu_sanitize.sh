@@ -41,6 +41,8 @@ TESTS=(
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 6 --die-at 2 --ctas 4 --timeout-s 10 --slot-elems 65536 --rail-elems 4096 --nranks NRANKS --json JSON|nodes virtual"
   "ep_ht|$BUILDDIR/bin/ep_ht_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON|real nodes virtual"
   "m2n_exec|$BUILDDIR/bin/m2n_exec_test --cases 8 --nranks NRANKS --json JSON|real nodes"
+  # Low-Latency; as one-GPU nodes across NVLink domains (the outboxes, the rail exchange, the inbox copy).
+  "ep_ll|$BUILDDIR/bin/ep_ll_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON|real nodes"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --iters 8 --die-at 3 --timeout-s 20 --nranks NRANKS --json JSON|virtual"
 )
 TOOLS=${GPU_SANITIZE_TOOLS:-memcheck racecheck synccheck}
