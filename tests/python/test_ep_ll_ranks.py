@@ -47,12 +47,18 @@ def ll(world):
     g.close()
 
 
-def test_rank_major_rows_from_every_source_and_combine_by_rank(ll):
-    g, me, R = ll
-    T, idx, x, w, _ = _inputs(me, R)
-    h = g.create_handle(idx.cuda(), layout="rank_major")
+def _dispatched(g, me, R, layout):
+    """This rank's inputs, its handle of `layout` and what its dispatch (with the dispatch weights) received."""
+    T, idx, x, w, w_owner = _inputs(me, R)
+    h = g.create_handle(idx.cuda(), layout=layout)
     recv = g.dispatch(x.cuda(), topk_weights=w.cuda(), handle=h)
     torch.cuda.synchronize()
+    return idx, x, w, w_owner, h, recv
+
+
+def test_rank_major_rows_from_every_source_and_combine_by_rank(ll):
+    g, me, R = ll
+    idx, x, w, _, h, recv = _dispatched(g, me, R, "rank_major")
     assert recv.tokens.shape == (R * M, H)
     total = 0
     for s in range(R):
@@ -80,10 +86,7 @@ def test_rank_major_rows_from_every_source_and_combine_by_rank(ll):
 
 def test_expert_major_zones_and_both_weightings(ll):
     g, me, R = ll
-    T, idx, x, w, w_owner = _inputs(me, R)
-    h = g.create_handle(idx.cuda(), layout="expert_major")
-    recv = g.dispatch(x.cuda(), topk_weights=w.cuda(), handle=h)
-    torch.cuda.synchronize()
+    idx, x, w, w_owner, h, recv = _dispatched(g, me, R, "expert_major")
     zone = R * M
     assert recv.tokens.shape == (LOCAL * zone, H)
     for l in range(LOCAL):
