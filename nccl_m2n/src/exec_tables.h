@@ -3,7 +3,8 @@
 //
 // An execute runs the local copies, then rounds k = 0, 1, ...: in round k every stream with a chunk k takes part -
 // the sender packs chunk k into its send slot k % 2, the pair moves it (ncclSend from the sender's slot into the
-// receiver's slot k % 2; or, with LSA, the receiver reads the sender's slot), and the receiver unpacks it. A rank's
+// receiver's slot k % 2; or, with LSA, the receiver reads the sender's slot), and the receiver unpacks it. Without
+// LSA a round holds two chunks, 2k and 2k + 1 (both slots, one NCCL group; buildExecTables says why that is safe). A rank's
 // rounds end with its longest stream; its peers' streams with it end at the same chunk count on both sides. Direct
 // transfers (schedule.h) are issued before the rounds, in one NCCL group.
 //

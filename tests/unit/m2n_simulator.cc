@@ -440,10 +440,12 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
         team(Pack(), d, g, m);
       }
     }
-    // The round's sends and receives, matched per (sender, receiver) as NCCL matches them (in order).
+    // The round's sends and receives, matched per (sender, receiver) as NCCL matches them: the i-th send of r to d
+    // in the round with the i-th receive of d from r.
     for (size_t r = 0; r < nr; r++) {
       if (k >= tables[r].rounds.size()) continue;
       const ExecRound& R = tables[r].rounds[k];
+      std::vector<int> sent(nr, 0);  // sends of r to each receiver so far in this round
       for (uint32_t i = R.opBegin; i < R.opEnd; i++) {
         const P2pOp& op = tables[r].ops[i];
         if (!op.send) continue;
@@ -452,10 +454,11 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
           return error("send " + pair + ": the receiver has no such round"), res;
         const ExecRound& Q = tables[op.peer].rounds[k];
         const P2pOp* match = nullptr;
-        for (uint32_t j = Q.opBegin; j < Q.opEnd; j++) {
+        for (uint32_t j = Q.opBegin, seen = 0; j < Q.opEnd && !match; j++) {
           const P2pOp& o = tables[op.peer].ops[j];
-          if (!o.send && o.peer == (int)r) match = &o;
+          if (!o.send && o.peer == (int)r && (int)seen++ == sent[op.peer]) match = &o;
         }
+        sent[op.peer]++;
         if (!match || match->bytes != op.bytes) return error("send " + pair + ": no receive of the same size"), res;
         if (op.stageOffset + op.bytes > (int64_t)stage[r].size() ||
             match->stageOffset + match->bytes > (int64_t)stage[op.peer].size())
