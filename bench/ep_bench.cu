@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/device_status.h"
+#include "bench/timing.cuh"
 #include "nccl_ep.h"
 #include "tests/harness/launcher.h"
 #include "tests/harness/ep_tensor.h"
@@ -47,10 +48,7 @@ struct Shape {
 
 using ncclext::harness::epTensor;
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using ncclext::bench::median;
 
 }  // namespace
 

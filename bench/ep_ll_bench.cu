@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.cuh"
 #include "nccl_ep.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/launcher.h"
@@ -47,10 +48,7 @@ struct Shape {
   bool fp8;
 };
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using ncclext::bench::median;
 
 __global__ void emptyKernel() {}
 
@@ -63,22 +61,14 @@ __global__ void emptyKernel() {}
     }                                                                                          \
   } while (0)
 
-// Median microseconds of `fn` (which enqueues one call on `stream`), each call between its own events.
+// Median microseconds of `fn` (which enqueues one call on `stream` and returns 0 when it was enqueued), after
+// gWarm untimed calls: bench/timing.cuh with this file's iteration counts.
 template <typename F>
 double timeCalls(cudaStream_t stream, F fn, int* failed) {
-  std::vector<cudaEvent_t> ev(2 * gIters);
-  for (cudaEvent_t& e : ev) cudaEventCreate(&e);
-  for (int i = 0; i < gWarm; i++) *failed |= fn() != 0;
-  for (int i = 0; i < gIters; i++) {
-    cudaEventRecord(ev[2 * i], stream);
-    *failed |= fn() != 0;
-    cudaEventRecord(ev[2 * i + 1], stream);
-  }
-  *failed |= cudaStreamSynchronize(stream) != cudaSuccess;
-  std::vector<float> ms(gIters);
-  for (int i = 0; i < gIters; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
-  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
-  return median(ms) * 1e3;
+  bool bad = false;
+  const double us = ncclext::bench::timeCalls(stream, gWarm, gIters, [&]() { return fn() == 0; }, &bad);
+  *failed |= bad ? 1 : 0;
+  return us;
 }
 
 }  // namespace

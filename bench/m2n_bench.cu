@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.cuh"
 #include "nccl_m2n.h"
 #include "tests/harness/launcher.h"
 
@@ -143,28 +144,8 @@ __global__ void checkKernel(const uint16_t* p, Local l, uint32_t seed, unsigned 
   }
 }
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Median microseconds of `fn` (one call enqueued on `stream`), each call between its own events, after `warm`.
-template <typename F>
-double timeCalls(cudaStream_t stream, int warm, int iters, F fn, bool* failed) {
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (cudaEvent_t& e : ev) cudaEventCreate(&e);
-  for (int i = 0; i < warm; i++) *failed |= !fn();
-  for (int i = 0; i < iters; i++) {
-    cudaEventRecord(ev[2 * i], stream);
-    *failed |= !fn();
-    cudaEventRecord(ev[2 * i + 1], stream);
-  }
-  *failed |= cudaStreamSynchronize(stream) != cudaSuccess;
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
-  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
-  return median(ms) * 1e3;
-}
+using ncclext::bench::median;
+using ncclext::bench::timeCalls;
 
 // Bytes this rank's plan sends to / receives from each peer, and its local bytes (the host planner's lists).
 bool peerBytes(const ncclM2nTensorSpec_t& spec, int rank, int nRanks, std::vector<int64_t>* send,
