@@ -108,7 +108,7 @@ typedef struct {
   uint64_t timeout_ns;          /* budget of every device wait; NCCL_EP_AUTO: NCCL_EXT_TIMEOUT_S (100 s) */
   ncclEpZeroCopyMode_t zero_copy;
   ncclEpAllocConfig_t alloc;    /* for the library's non-window device buffers */
-  int lsa_domain_size;          /* NCCL_EP_AUTO: NCCL's LSA team; k splits it (multi-domain paths: not yet) */
+  int lsa_domain_size;          /* NCCL_EP_AUTO: NCCL's LSA team; k splits it (several domains: Low-Latency only) */
   ncclEpVirtualDomain_t virtual_domain; /* NULL; or the one-GPU test mode: see ncclEpVirtualDomainCreate */
   int virtual_rank;             /* with virtual_domain: this thread's rank in it */
   int enable_mask;              /* LL: 1 = a mask of active ranks (ncclEpMaskQuery/Update/Clean): a peer that does
@@ -240,7 +240,7 @@ NCCL_EP_API ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group);
  * rank of another domain (every call moves these fixed sizes, whatever the routing: the network bytes per call are
  * rail_*_bytes x the ranks outside this rank's domain, each way). */
 typedef struct {
-  size_t size;              /* sizeof(ncclEpGroupInfo_t) */
+  unsigned int size;        /* sizeof(ncclEpGroupInfo_t) */
   unsigned int magic;       /* NCCL_EP_MAGIC */
   int n_domains;            /* NVLink domains the group spans */
   int domain_size;          /* ranks per domain */

@@ -26,6 +26,7 @@ STRUCTS = {
     "ncclEpCombineConfig_t": ep._CombineConfig,
     "ncclEpCombineInputs_t": ep._CombineInputs,
     "ncclEpCombineOutputs_t": ep._CombineOutputs,
+    "ncclEpGroupInfo_t": ep._GroupInfo,
     "ncclM2nMesh_t": m2n._Mesh,
     "ncclM2nBox_t": m2n._Box,
     "ncclM2nLayout_t": m2n._Layout,

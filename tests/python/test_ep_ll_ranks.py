@@ -118,3 +118,15 @@ def test_expert_major_zones_and_both_weightings(ll):
         torch.cuda.synchronize()
         assert torch.equal(out.cpu(), ref), list(kwargs)
     h.close()
+
+
+def test_group_info_says_what_crosses_domains(ll):
+    g, me, R = ll
+    info = g.info()
+    assert info["n_domains"] * info["domain_size"] == R and info["window_bytes"] > 0
+    across = info["n_domains"] > 1
+    for key in ("rail_dispatch_bytes", "rail_combine_bytes", "rail_combine_owner_bytes"):
+        assert (info[key] > 0) == across, (key, info)
+    if across:  # a dispatch slice holds M rows of H bf16 columns at least; the owner-weighted combine's more
+        assert info["rail_dispatch_bytes"] >= M * H * 2
+        assert info["rail_combine_owner_bytes"] >= info["rail_combine_bytes"] >= M * H * 2

@@ -109,12 +109,20 @@ class _CombineConfig(_Header):
                 ("send_only", ctypes.c_int)]
 
 
+class _GroupInfo(_Header):
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("n_domains", ctypes.c_int),
+                ("domain_size", ctypes.c_int), ("window_bytes", ctypes.c_size_t),
+                ("rail_dispatch_bytes", ctypes.c_size_t), ("rail_combine_bytes", ctypes.c_size_t),
+                ("rail_combine_owner_bytes", ctypes.c_size_t)]
+
+
 _P = ctypes.c_void_p
 _SIGNATURES = {
     "ncclEpGetVersion": [ctypes.POINTER(ctypes.c_int)],
     "ncclEpCreateGroup": [ctypes.POINTER(_P), _P, ctypes.POINTER(_GroupConfig)],
     "ncclEpGroupDestroy": [_P],
     "ncclEpGroupGetAsyncError": [_P],
+    "ncclEpGroupGetInfo": [_P, ctypes.POINTER(_GroupInfo)],
     "ncclEpCreateHandle": [ctypes.POINTER(_P), _P, ctypes.c_int, ctypes.POINTER(CTensor),
                            ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_HandleConfig), _P],
     "ncclEpUpdateHandle": [_P, ctypes.POINTER(CTensor), ctypes.POINTER(_LayoutInfo), _P],
@@ -604,6 +612,14 @@ class Group:
         # here on only if they stay referenced, so the handle holds them until its next call.
         handle._inputs_alive = (handle._inputs_alive, handle._open_outputs)
         handle._open_outputs = None
+
+    def info(self) -> dict:
+        """What the group is (ncclEpGroupGetInfo, local): n_domains, domain_size, window_bytes, and the fixed bytes a
+        Low-Latency call moves to each rank of another domain (rail_dispatch_bytes, rail_combine_bytes,
+        rail_combine_owner_bytes: 0 with one domain)."""
+        raw = _GroupInfo.new()
+        _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
+        return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
 
     def close(self) -> None:
         """COLLECTIVE: waits for the group's work, frees it, and (if the group made it) its communicator."""
