@@ -337,6 +337,33 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, const Options& o, uint64_t 
   return bad;
 }
 
+// One execute of a plan of b's one tensor on fresh sources (round `round`) and poisoned destinations, then every
+// destination element checked: this rank's wrong elements, or 1 for a call that failed. With `registered`, the
+// source is first copied into that buffer (`registeredBytes`) and executed from there.
+int64_t executeOnce(ncclext::harness::RankContext& ctx, ncclM2nPlan_t plan, const Batch& b, uint64_t round,
+                    const char* what, void* registered = nullptr, size_t registeredBytes = 0) {
+  Locals L(ctx.stream, 1);
+  bool ok = fillSources(b.p, ctx.rank, round, &L) && poisonDestinations(b.p, ctx.rank, &L);
+  const void* src[1] = {L.srcDev[0]};
+  if (ok && registered) {
+    const size_t srcBytes = L.srcHost[0].size();
+    ok = srcBytes <= registeredBytes &&
+         cudaMemcpyAsync(registered, L.srcDev[0], srcBytes, cudaMemcpyDeviceToDevice, ctx.stream) == cudaSuccess;
+    src[0] = registered;
+  }
+  ok = ok && ncclM2nExecute(plan, src, L.dstDev.data(), ctx.stream) == ncclSuccess &&
+       ncclext::waitStream(ctx.stream, 60, what) == ncclSuccess;
+  int64_t bad = 0;
+  if (!ok) {
+    fprintf(stderr, "rank %d [%s] execute: %s\n", ctx.rank, what, ncclM2nGetLastError());
+    bad = 1;
+  } else {
+    bad = checkDestinations(b.p, ctx.rank, round, &L, what);
+  }
+  cudaStreamSynchronize(ctx.stream);
+  return bad;
+}
+
 // Transposing layouts big enough for the copy kernel's tiles (move.h, tileDimOf): a [3, 150, 77] tensor in rows
 // over every rank into a replica on every rank stored with dim 1 innermost (dims 1 and 2 transposed, dim 0
 // outside them), for every element size and conversion. This rank's own rows are a tiled local copy; the others'
@@ -371,18 +398,7 @@ int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
       fprintf(stderr, "rank %d transposing case: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
       return bad + 1;
     }
-    Locals L(ctx.stream, 1);
-    const bool ok = fillSources(b.p, ctx.rank, 7, &L) && poisonDestinations(b.p, ctx.rank, &L) &&
-                    ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(),
-                                   ctx.stream) == ncclSuccess &&
-                    ncclext::waitStream(ctx.stream, 60, "m2n transposing execute") == ncclSuccess;
-    if (!ok) {
-      fprintf(stderr, "rank %d transposing case: %s\n", ctx.rank, ncclM2nGetLastError());
-      bad++;
-    } else {
-      bad += checkDestinations(b.p, ctx.rank, 7, &L, "transposing");
-    }
-    cudaStreamSynchronize(ctx.stream);
+    bad += executeOnce(ctx, plan, b, 7, "transposing");
     ncclM2nPlanDestroy(plan);
   }
   printf("rank %d: transposing layouts (tiled local copies), %zu element types: %lld wrong elements\n", ctx.rank,
@@ -423,21 +439,7 @@ int64_t registrationCase(ncclext::harness::RankContext& ctx, const Options& o) {
     fprintf(stderr, "rank %d: zero-copy plan: %s\n", ctx.rank, ncclM2nGetLastError());
     bad++;
   } else {
-    Locals L(ctx.stream, 1);
-    const bool ok = fillSources(b.p, ctx.rank, 5, &L) && poisonDestinations(b.p, ctx.rank, &L);
-    // The source inside the registered buffer: a copy of the one fillSources made.
-    const size_t srcBytes = L.srcHost[0].size();
-    const void* src[1] = {buf};
-    if (!ok || srcBytes > bytes ||
-        cudaMemcpyAsync(buf, L.srcDev[0], srcBytes, cudaMemcpyDeviceToDevice, ctx.stream) != cudaSuccess ||
-        ncclM2nExecute(plan, src, L.dstDev.data(), ctx.stream) != ncclSuccess ||
-        ncclext::waitStream(ctx.stream, 60, "m2n zero-copy execute") != ncclSuccess) {
-      fprintf(stderr, "rank %d: zero-copy execute: %s\n", ctx.rank, ncclM2nGetLastError());
-      bad++;
-    } else {
-      bad += checkDestinations(b.p, ctx.rank, 5, &L, "zero-copy (registered source)");
-    }
-    cudaStreamSynchronize(ctx.stream);
+    bad += executeOnce(ctx, plan, b, 5, "zero-copy (registered source)", buf, bytes);
     ncclM2nPlanDestroy(plan);
   }
   if (ncclM2nDeregister(reg) != ncclSuccess) {
