@@ -408,11 +408,7 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->domain_size = topo.domainSize;
   info->window_bytes = group->view.wl.total;
   auto bytesOf = [&](int kind, bool owner) {
-    if (!group->railComm) return (size_t)0;
-    const ncclep::RailRegions r = ncclep::RailRegions::of(kind, owner);
-    size_t n = 0;
-    for (int i = r.first; i <= r.last; i++) n += rv.slice[i];
-    return n;
+    return group->railComm ? rv.bytesOf(ncclep::RailRegions::of(kind, owner)) : (size_t)0;
   };
   info->rail_dispatch_bytes = bytesOf(ncclep::kDispatch, false);
   info->rail_combine_bytes = bytesOf(ncclep::kCombine, false);

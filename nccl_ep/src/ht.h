@@ -132,6 +132,12 @@ struct RailView {
   size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
 
   __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
+  // What a call's exchange moves to (and from) each remote rank: the slices of its regions.
+  size_t bytesOf(RailRegions regions) const {
+    size_t n = 0;
+    for (int i = regions.first; i <= regions.last; i++) n += slice[i];
+    return n;
+  }
 };
 
 struct GroupView {

@@ -440,12 +440,7 @@ TEST(EpRail, FixedSliceBytesMatchTheModel) {
   ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
   ncclep::GroupView v;
   ncclep::layoutGroup(cfg, topo, &v);
-  auto bytes = [&](int kind, bool owner) {
-    const ncclep::RailRegions r = ncclep::RailRegions::of(kind, owner);
-    size_t n = 0;
-    for (int i = r.first; i <= r.last; i++) n += v.rail.slice[i];
-    return n;
-  };
+  auto bytes = [&](int kind, bool owner) { return v.rail.bytesOf(ncclep::RailRegions::of(kind, owner)); };
   EXPECT_EQ(bytes(ncclep::kDispatch, false), 2368u);
   EXPECT_EQ(bytes(ncclep::kCombine, false), 2080u);
   EXPECT_EQ(bytes(ncclep::kCombine, true), 4160u);
