@@ -217,7 +217,6 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
     res = g->deviceAlloc(&ob, 2 * rv.outboxBytes * nRanks);  // the outboxes, then the inboxes
     rv.outbox = static_cast<char*>(ob);
     rv.inbox = rv.outbox + rv.outboxBytes * nRanks;
-    g->outbox = ob;
     if (res == ncclSuccess) {
       ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
       cc.blocking = 1;
@@ -337,7 +336,7 @@ ncclEpGroup::~ncclEpGroup() {
     else
       NCCLEXT_WARN_ON(ncclCommDestroy(c));
   }
-  if (outbox) freeNow(outbox);
+  if (view.rail.outbox) freeNow(view.rail.outbox);
   if (state) freeNow(state);
   for (void* p : retiredDevice_) freeNow(p);
   for (void* p : retiredHost_) NCCLEXT_WARN_ON(cudaFreeHost(p));

@@ -56,9 +56,8 @@ struct ncclEpGroup {
   // Low-Latency: the handles whose send-only calls of each kind (ncclep::CallKind) await ncclEpComplete, oldest
   // first (at most two: the staging banks).
   std::deque<ncclEpHandle*> pending[2];
-  // Low-Latency across NVLink domains (ht.h, RailView): the outboxes and inboxes (one allocation) and the
-  // communicator of their exchanges (NULL with one domain).
-  void* outbox = nullptr;
+  // Low-Latency across NVLink domains (ht.h, RailView: its outboxes and inboxes are one allocation, at
+  // view.rail.outbox): the communicator of their exchanges (NULL with one domain).
   ncclComm_t railComm = nullptr;
   // Between a call's send half and its receive half: every remote rank's slices of `kind` (ncclSend from my
   // outbox for it, ncclRecv into my inbox), in one NCCL group on `stream`, then the inbox copied into the call's
