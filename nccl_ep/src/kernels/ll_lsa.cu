@@ -528,7 +528,7 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
     const int token = h.llToken[slotIndex];
     const bool remote = !g.rail.local(s);
     const int C = g.wl.ownerCols;
-    const unsigned mineCols = __ballot_sync(kAll, pos >= 0);
+    const unsigned mineCols = remote ? __ballot_sync(kAll, pos >= 0) : 0u;  // remote: warp-uniform (s is)
     auto ownerAt = [&](int k) { return ((size_t)me * M + j) * C + __popc(mineCols & ((1u << k) - 1)); };
     auto rowAt = [&](int k) {
       if (!remote) return stagingRow((size_t)token * MK + k);
@@ -597,10 +597,11 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     const bool on = kept && isOn(active, owner);
     const bool remote = on && !g.rail.local(owner);
     int before = 0;
-    for (int k2 = 0; k2 < K; k2++) {  // warp-uniform: the loop shuffles
-      const int o2 = __shfl_sync(kAll, owner, k2);
-      before += k2 < lane && owner >= 0 && o2 == owner;
-    }
+    if (__any_sync(kAll, remote))  // only across domains: not on the single-domain path
+      for (int k2 = 0; k2 < K; k2++) {  // warp-uniform: the loop shuffles
+        const int o2 = __shfl_sync(kAll, owner, k2);
+        before += k2 < lane && owner >= 0 && o2 == owner;
+      }
     const size_t at = remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * g.wl.ownerCols + before
                              : (size_t)t * MK + lane;  // lane k's row in its region
     unsigned colsOn = __ballot_sync(kAll, on);
