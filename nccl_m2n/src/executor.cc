@@ -239,27 +239,34 @@ ncclResult_t publishedTensors(const ncclM2nPlan* plan, const void* const* src, v
   const bool pull = plan->tables.zeroCopy == kZeroCopyPull;
   out->assign(plan->nTensors, Published{});
   *windows = nullptr;
-  // Real ranks resolve their peers' slots through the registry's windows, even where they publish nothing.
-  if (!plan->virt)
-    NCCLEXT_USAGE(registryWindows(plan->comm, plan->domain->topo().domainSize, windows),
-                  "ncclM2nExecute: the plan moves tensors in place (zeroCopy %s), but no memory is registered with "
-                  "ncclM2nRegister on this communicator (or its NVLink domains differ from the plan's)",
-                  pull ? "PULL" : "PUSH");
-  Registered r;
-  for (int t = 0; t < plan->nTensors; t++) {
+  const int n = plan->nTensors;
+  std::vector<const void*> ptrs(n, nullptr);
+  for (int t = 0; t < n; t++) {
     const void* p = pull ? (src ? src[t] : nullptr) : (dst ? dst[t] : nullptr);
-    const int64_t bytes = pull ? plan->srcBytes[t] : plan->dstBytes[t];
-    if (!p || bytes == 0) continue;
-    if (plan->virt) {
-      (*out)[t] = Published{(uint64_t)(uintptr_t)p, kPublishedAddress};
-      continue;
-    }
-    NCCLEXT_ARG(findRegistered(plan->comm, p, (size_t)bytes, plan->domain->topo().domainSize, &r),
+    if ((pull ? plan->srcBytes[t] : plan->dstBytes[t]) > 0) ptrs[t] = p;  // nothing of it here: nothing published
+  }
+  if (plan->virt) {
+    for (int t = 0; t < n; t++)
+      if (ptrs[t]) (*out)[t] = Published{(uint64_t)(uintptr_t)ptrs[t], kPublishedAddress};
+    return ncclSuccess;
+  }
+  // Real ranks: one look at the registry for every tensor; its windows resolve the peers' slots too, so it is needed
+  // even where this rank publishes nothing.
+  const std::vector<int64_t>& bytes = pull ? plan->srcBytes : plan->dstBytes;
+  std::vector<Registered> reg(n);
+  NCCLEXT_USAGE(resolveRegistered(plan->comm, plan->domain->topo().domainSize, ptrs.data(), bytes.data(), n,
+                                  reg.data(), windows),
+                "ncclM2nExecute: the plan moves tensors in place (zeroCopy %s), but no memory is registered with "
+                "ncclM2nRegister on this communicator (or its NVLink domains differ from the plan's)",
+                pull ? "PULL" : "PUSH");
+  for (int t = 0; t < n; t++) {
+    if (!ptrs[t]) continue;
+    NCCLEXT_ARG(reg[t].slot >= 0,
                 "ncclM2nExecute: tensor %d (%s)'s %s (%p, %lld bytes) is not inside memory registered with "
                 "ncclM2nRegister on this communicator (the plan moves it in place: zeroCopy %s)",
-                t, plan->names[t].c_str(), pull ? "source" : "destination", p, (long long)bytes,
+                t, plan->names[t].c_str(), pull ? "source" : "destination", ptrs[t], (long long)bytes[t],
                 pull ? "PULL" : "PUSH");
-    (*out)[t] = Published{(uint64_t)r.slot, r.offset};
+    (*out)[t] = Published{(uint64_t)reg[t].slot, reg[t].offset};
   }
   return ncclSuccess;
 }

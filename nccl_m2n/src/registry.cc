@@ -123,28 +123,24 @@ ncclResult_t deregisterBuffer(ncclM2nRegistration* reg) {
   return ncclSuccess;
 }
 
-bool findRegistered(ncclComm_t comm, const void* p, size_t bytes, int domainSize, Registered* out) {
-  std::shared_ptr<Registry> r = registryOf(comm, false);
-  if (!r) return false;
-  std::lock_guard<std::mutex> lock(r->mu);
-  if (!r->domain || r->domain->topo().domainSize != domainSize) return false;
-  const char* c = static_cast<const char*>(p);
-  for (int i = 0; i < kMaxRegistrations; i++) {
-    const Slot& s = r->slots[i];
-    if (s.base && c >= s.base && c + bytes <= s.base + s.bytes) {
-      *out = Registered{i, (uint64_t)(c - s.base)};
-      return true;
-    }
-  }
-  return false;
-}
-
-bool registryWindows(ncclComm_t comm, int domainSize, ncclWindow_t** windows) {
+bool resolveRegistered(ncclComm_t comm, int domainSize, const void* const* ptrs, const int64_t* bytes, int n,
+                       Registered* out, ncclWindow_t** windows) {
   std::shared_ptr<Registry> r = registryOf(comm, false);
   if (!r) return false;
   std::lock_guard<std::mutex> lock(r->mu);
   if (!r->domain || r->domain->topo().domainSize != domainSize) return false;
   *windows = r->devWindows;
+  for (int t = 0; t < n; t++) {
+    out[t] = Registered{};
+    const char* c = static_cast<const char*>(ptrs[t]);
+    for (int i = 0; c && i < kMaxRegistrations; i++) {
+      const Slot& s = r->slots[i];
+      if (s.base && c >= s.base && c + bytes[t] <= s.base + s.bytes) {
+        out[t] = Registered{i, (uint64_t)(c - s.base)};
+        break;
+      }
+    }
+  }
   return true;
 }
 

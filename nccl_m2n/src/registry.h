@@ -27,9 +27,10 @@ struct Registered {
 ncclResult_t registerBuffer(ncclComm_t comm, void* buffer, size_t bytes, ncclM2nRegistration** out);
 // COLLECTIVE over the domain; the last one on a communicator frees its record.
 ncclResult_t deregisterBuffer(ncclM2nRegistration* reg);
-// [p, p + bytes) inside one registration of comm: its slot and p's offset in it.
-bool findRegistered(ncclComm_t comm, const void* p, size_t bytes, int domainSize, Registered* out);
-// The device table of comm's windows (by slot), when comm has registrations in domains of `domainSize` ranks.
-bool registryWindows(ncclComm_t comm, int domainSize, ncclWindow_t** windows);
+// One look at comm's registrations (in domains of `domainSize` ranks; false when it has none): the device table of
+// its windows (by slot), and for each of the n buffers [ptrs[i], ptrs[i] + bytes[i]) the registration that holds
+// it whole, slot -1 for one that none holds (or a NULL pointer).
+bool resolveRegistered(ncclComm_t comm, int domainSize, const void* const* ptrs, const int64_t* bytes, int n,
+                       Registered* out, ncclWindow_t** windows);
 
 }  // namespace ncclm2n
