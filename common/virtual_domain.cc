@@ -70,15 +70,15 @@ ncclResult_t VirtualDomain::fence(int rank, uint64_t key, double timeoutSeconds)
   made.resize(n_, 0);
   const uint64_t mine = ++made[rank];
   cv_.notify_all();
-  auto all = [&] {
-    for (uint64_t m : fences_[key])
+  auto all = [&] {  // `made` stays valid: a key is erased only after every rank is past its fences
+    for (uint64_t m : made)
       if (m < mine) return false;
     return true;
   };
   if (cv_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds), all)) return ncclSuccess;
   std::string absent;
   for (int r = 0; r < n_; r++)
-    if (fences_[key][r] < mine) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+    if (made[r] < mine) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
   return fail(ncclRemoteError, __FILE__, __LINE__,
               "virtual domain: rank %d waited %.1f s at launch fence %llu for virtual rank(s) %s", rank,
               timeoutSeconds, (unsigned long long)mine, absent.c_str());
