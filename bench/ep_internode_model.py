@@ -204,8 +204,10 @@ def ll_fixed_slice_bytes(nodes: int, gpus: int, experts: int, k: int, hidden: in
     meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
     header = _align(12 + 4 * (experts // (nodes * gpus)), 16)
     remote = (nodes - 1) * gpus
-    dispatch = header + max_tokens * (row + meta + 8 * slices)
-    comb = max_tokens * (row + 8 * slices) * (min(k, max(1, experts // (nodes * gpus))) if combine == "expert" else 1)
+    cols = min(k, max(1, experts // (nodes * gpus))) if combine == "expert" else 1
+    flags = max_tokens * 8 * slices  # a call's regions lie end to end, each 16-byte aligned: one message a peer
+    dispatch = header + _align(flags, 16) + max_tokens * (row + meta)
+    comb = _align(cols * flags, 16) + cols * max_tokens * row
     return {"dispatch_rail_bytes": remote * dispatch, "combine_rail_bytes": remote * comb,
             "dispatch_per_peer": dispatch, "combine_per_peer": comb, "remote_ranks": remote}
 

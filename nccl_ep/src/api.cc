@@ -408,7 +408,7 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->domain_size = topo.domainSize;
   info->window_bytes = group->view.wl.total;
   auto bytesOf = [&](int kind, bool owner) {
-    return group->railComm ? rv.bytesOf(ncclep::RailRegions::of(kind, owner)) : (size_t)0;
+    return group->railComm ? rv.spanOf(ncclep::RailRegions::of(kind, owner)) : (size_t)0;
   };
   info->rail_dispatch_bytes = bytesOf(ncclep::kDispatch, false);
   info->rail_combine_bytes = bytesOf(ncclep::kCombine, false);

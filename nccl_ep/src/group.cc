@@ -81,7 +81,9 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   off = alignUp(off + ownerRowsCount * v.rowStride, 4096);
   w.bankBytes = v.lowLatency ? off - bankStart : 0;
   w.total = off + w.bankBytes;
-  // Several domains (LL): my slices of the staging regions by source, laid end to end in each outbox (ht.h).
+  // Several domains (LL): my slices of the staging regions by source, laid end to end in each outbox (ht.h), 16-byte
+  // aligned (the kernels' widest store) and no more, so that a call's regions form one span that the exchange sends
+  // as one message per peer (RailView::spanOf).
   RailView& rv = v.rail;
   rv.domainBase = topo.domainIndex * topo.domainSize;
   rv.domainSize = topo.domainSize;
@@ -97,7 +99,7 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
     rv.base[i] = bases[i];
     rv.slice[i] = slices[i];
     rv.outOff[i] = outbox;
-    outbox = alignUp(outbox + slices[i], 256);
+    outbox = alignUp(outbox + slices[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
 }
@@ -302,17 +304,16 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   const ncclep::RailView& rv = view.rail;
   const ncclep::RailRegions regions = ncclep::RailRegions::of(kind, ownerWeighted);
+  // One message each way per remote rank: the call's regions lie end to end in the outbox (a message has a fixed
+  // cost of its own, milliseconds over sockets: docs/PERFORMANCE.md).
+  const size_t from = rv.outOff[regions.first], bytes = rv.spanOf(regions);
   NCCLEXT_NCCL(ncclGroupStart());
   ncclResult_t res = ncclSuccess;
   for (int r = 0; r < view.nRanks && res == ncclSuccess; r++) {
     if (rv.local(r)) continue;
-    for (int i = regions.first; i <= regions.last && res == ncclSuccess; i++) {
-      res = ncclSend(rv.outbox + (size_t)r * rv.outboxBytes + rv.outOff[i], rv.slice[i], ncclUint8, r, railComm,
-                     stream);
-      if (res == ncclSuccess)
-        res = ncclRecv(rv.inbox + (size_t)r * rv.outboxBytes + rv.outOff[i], rv.slice[i], ncclUint8, r, railComm,
-                       stream);
-    }
+    res = ncclSend(rv.outbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
+    if (res == ncclSuccess)
+      res = ncclRecv(rv.inbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
   }
   const ncclResult_t ended = ncclGroupEnd();
   if (res != ncclSuccess || ended != ncclSuccess)

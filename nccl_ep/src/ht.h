@@ -132,12 +132,9 @@ struct RailView {
   size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
 
   __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
-  // What a call's exchange moves to (and from) each remote rank: the slices of its regions.
-  size_t bytesOf(RailRegions regions) const {
-    size_t n = 0;
-    for (int i = regions.first; i <= regions.last; i++) n += slice[i];
-    return n;
-  }
+  // What a call's exchange moves to (and from) each remote rank, as one message: its regions' slices, from the
+  // first's start to the last's end in the outbox (with the few bytes that align each slice to 16).
+  size_t spanOf(RailRegions regions) const { return outOff[regions.last] + slice[regions.last] - outOff[regions.first]; }
 };
 
 struct GroupView {

@@ -270,6 +270,11 @@ def test_ll_fixed_slices_follow_the_library_layout():
     assert b["combine_per_peer"] == 4 * (512 + 8) * 2 == 4160
     assert m.ll_fixed_slice_bytes(2, 1, 4, 2, 256, 4, "rank")["combine_per_peer"] == 2080
     assert m.ll_fixed_slice_bytes(2, 1, 2, 2, 256, 4, "expert")["combine_per_peer"] == 2080  # one expert a rank
+    # Three rows: the flag slices (24 bytes) are padded to 16 before the next region of the same message.
+    b3 = m.ll_fixed_slice_bytes(2, 1, 4, 2, 256, 3, "expert")
+    assert b3["dispatch_per_peer"] == 32 + 32 + 3 * (512 + 64) == 1792
+    assert b3["combine_per_peer"] == 48 + 2 * 3 * 512 == 3120
+    assert m.ll_fixed_slice_bytes(2, 1, 4, 2, 256, 3, "rank")["combine_per_peer"] == 32 + 3 * 512 == 1568
     assert b["remote_ranks"] == 1 and b["dispatch_rail_bytes"] == 2368
     # In predict: the rail bytes are the fixed slices, whatever the tokens; refused for HT, fp8 or too few rows.
     d, c = m.predict("ll", 2, 1, 3, 256, 2, 4, "bf16", ll_fixed_slices=4)

@@ -414,6 +414,14 @@ TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
             int i = 0;
             while (i + 1 < ncclep::kRailRegions && at >= rv.outOff[i + 1]) i++;
             ASSERT_LT(at - rv.outOff[i], rv.slice[i]) << "outbox " << at << " outside its region's slice";
+            // ... and inside the one message its call's exchange sends.
+            for (const auto kind : {ncclep::RailRegions::of(ncclep::kDispatch, false),
+                                    ncclep::RailRegions::of(ncclep::kCombine, false),
+                                    ncclep::RailRegions::of(ncclep::kCombine, true)})
+              if (i >= kind.first && i <= kind.last) {
+                ASSERT_GE(at, rv.outOff[kind.first]);
+                ASSERT_LT(at - rv.outOff[kind.first], rv.spanOf(kind)) << "outbox " << at << " outside its message";
+              }
             EXPECT_EQ(bank + rv.base[i] + (size_t)me * rv.slice[i] + (at - rv.outOff[i]), off);
             checked++;
           }
@@ -440,7 +448,7 @@ TEST(EpRail, FixedSliceBytesMatchTheModel) {
   ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
   ncclep::GroupView v;
   ncclep::layoutGroup(cfg, topo, &v);
-  auto bytes = [&](int kind, bool owner) { return v.rail.bytesOf(ncclep::RailRegions::of(kind, owner)); };
+  auto bytes = [&](int kind, bool owner) { return v.rail.spanOf(ncclep::RailRegions::of(kind, owner)); };
   EXPECT_EQ(bytes(ncclep::kDispatch, false), 2368u);
   EXPECT_EQ(bytes(ncclep::kCombine, false), 2080u);
   EXPECT_EQ(bytes(ncclep::kCombine, true), 4160u);
@@ -449,6 +457,13 @@ TEST(EpRail, FixedSliceBytesMatchTheModel) {
   ncclep::layoutGroup(cfg, topo, &v);
   EXPECT_EQ(v.wl.ownerCols, 1);
   EXPECT_EQ(bytes(ncclep::kCombine, true), 2080u);
+  // Three rows: a flag slice of 24 bytes is padded to 16 before the next region of the call's one message.
+  cfg.num_experts = 4;
+  cfg.max_tokens_per_rank = 3;
+  ncclep::layoutGroup(cfg, topo, &v);
+  EXPECT_EQ(bytes(ncclep::kDispatch, false), 1792u);
+  EXPECT_EQ(bytes(ncclep::kCombine, false), 1568u);
+  EXPECT_EQ(bytes(ncclep::kCombine, true), 3120u);
 }
 
 }  // namespace
