@@ -17,7 +17,15 @@
 // Same run, per shape: the copy engine moving the dispatch's NVLink bytes from every rank to the next at once
 // (cudaMemcpyPeerAsync, ranks synced; ce_same_bytes*), the practical limit at that size.
 //
-// Usage: ep_bench [--mode ht|ll] [--nranks N] [--json FILE] [--quick]
+// Across NVLink domains (--one-gpu nodes: every rank a domain of its own, every row over the rail exchange and
+// loopback sockets): 512 tokens a rank (the group sized for them: its rail slices are max_tokens_per_rank rows per
+// peer), 24 SMs, 3 warm-up and 20 timed calls, no copy-engine row (one GPU); beside each row, in the same run, one
+// NCCL group of ncclSend/ncclRecv moving exactly the exchange's bytes to and from every rank of another domain
+// (ncclEpGroupGetInfo): rail_bytes_per_peer, rail_us_median, and the ratio of our call to it is issue 12's overhead
+// over the transport.
+//
+// Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes] [--json FILE] [--quick]
+// --quick: the first shape only (across domains: both of theirs).
 // --mode ll runs the Low-Latency benchmark, ep_ll_bench (beside this binary), with the other arguments.
 #include <cuda_bf16.h>
 #include <getopt.h>
@@ -90,13 +98,20 @@ int main(int argc, char** argv) {
   }
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
                                  {"quick", no_argument, nullptr, 'q'},        {"mode", required_argument, nullptr, 'm'},
-                                 {nullptr, 0, nullptr, 0}};
+                                 {"one-gpu", required_argument, nullptr, 'g'}, {nullptr, 0, nullptr, 0}};
+  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
     if (c == 'n') nRanks = atoi(optarg);
     else if (c == 'j') json = optarg;
     else if (c == 'q') quick = true;
+    else if (c == 'g' && ncclext::harness::parseOneGpu(optarg, &oneGpu)) continue;
     else if (c != 'm') return 2;
   }
+  if (oneGpu == ncclext::harness::OneGpu::kVirtual) {
+    fprintf(stderr, "ep_bench: --one-gpu virtual: not for the High-Throughput benchmark (off or nodes)\n");
+    return 2;
+  }
+  const bool nodes = oneGpu == ncclext::harness::OneGpu::kNodes;
   std::vector<Shape> shapes = {
       {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {16, 24, 32, 64, 132}},
       {4096, 7168, 8, 256, ncclFloat8e4m3, NCCL_EP_LAYOUT_FLAT, {24, 64, 132}},
@@ -105,9 +120,14 @@ int main(int argc, char** argv) {
       {16384, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
       {4096, 4096, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
   };
-  if (quick) shapes.resize(1);
+  if (nodes)  // across domains over loopback sockets: what the rail moves is sized by max_tokens_per_rank
+    shapes = {{512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {24}},
+              {512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, {24}}};
+  if (quick && !nodes) shapes.resize(1);
+  const int warm = nodes ? 3 : 10, iters = nodes ? 20 : 60, warmSynced = nodes ? 3 : 5;
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
+  lo.oneGpu = oneGpu;
   return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
     int maxTokens = 0;
     for (const Shape& s : shapes) maxTokens = std::max(maxTokens, s.tokens);
@@ -119,6 +139,17 @@ int main(int argc, char** argv) {
     cfg.num_sms = 132;
     ncclEpGroup_t group = nullptr;
     NCCLEXT_BENCH_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
+    NCCLEXT_BENCH_EP(ncclEpGroupGetInfo(group, &info));
+    std::vector<int> remote;  // the ranks of other domains
+    for (int r = 0; r < ctx.nRanks; r++)
+      if (r / info.domain_size != ctx.rank / info.domain_size) remote.push_back(r);
+    const size_t railMost = std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
+    void *railSend = nullptr, *railRecv = nullptr;  // the rail baseline's buffers: one slice per remote rank each way
+    if (!remote.empty()) {
+      cudaMalloc(&railSend, railMost * remote.size());
+      cudaMalloc(&railRecv, railMost * remote.size());
+    }
     int dev = 0, smCount = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, dev);
@@ -245,12 +276,25 @@ int main(int argc, char** argv) {
             return ncclEpDispatch(hw, &in, &o, nullptr, nullptr, ctx.stream);
           }, 3, 20, &tHandle))
         return 1;
+      // Across domains: NCCL send/recv of exactly the exchange's bytes (dispatch, combine), same communicator.
+      double railUs[2] = {0, 0};
+      for (int op = 0; op < 2 && !remote.empty(); op++) {
+        const size_t bytes = op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes;
+        std::vector<float> tr;
+        if (timeIt([&](int) {
+              return ncclext::bench::railSendRecv(ctx.comm, remote, railSend, railRecv, railMost, bytes, ctx.stream)
+                         ? ncclSuccess
+                         : ncclSystemError;
+            }, warm, iters, &tr))
+          return 1;
+        railUs[op] = median(tr);
+      }
       ncclEpHandleDestroy(hw);
       // The practical limit at this size: the copy engine moving the same NVLink bytes (dispatch payload) from every
       // rank to the next at once, ranks synced before each copy. 0 with one rank.
       double ceUs = 0;
       const size_t ceBytes = (size_t)sentRows * payload;
-      if (R > 1 && ceBytes > 0) {
+      if (R > 1 && ceBytes > 0 && !nodes) {  // one-GPU nodes share one GPU: no peer to copy to
         const int peer = (ctx.device + 1) % R;
         void *ceSrc = nullptr, *ceDst = nullptr;
         cudaMalloc(&ceSrc, ceBytes);
@@ -292,8 +336,9 @@ int main(int argc, char** argv) {
           o.tokens = epTensor(cout, ncclBfloat16, {T, H});
           return ncclEpCombine(h, &in, &o, &cc, ctx.stream);
         };
-        if (timeIt(dispatchCall, 10, 60, &td) || timeIt(dispatchCall, 5, 60, &tds, true)) return 1;
-        if (!fp8 && (timeIt(combineCall, 10, 60, &tc) || timeIt(combineCall, 5, 60, &tcs, true))) return 1;
+        if (timeIt(dispatchCall, warm, iters, &td) || timeIt(dispatchCall, warmSynced, iters, &tds, true)) return 1;
+        if (!fp8 && (timeIt(combineCall, warm, iters, &tc) || timeIt(combineCall, warmSynced, iters, &tcs, true)))
+          return 1;
         const char* dn = fp8 ? "fp8" : "bf16";
         const char* ln = flat ? "flat" : "expert_major";
         for (int op = 0; op < (fp8 ? 1 : 2); op++) {
@@ -305,6 +350,11 @@ int main(int argc, char** argv) {
             printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn,
                    ln, T, H, sms, us, usSynced, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3,
                    nvB / 1e6);
+            if (!remote.empty())
+              printf("       rail: %zu bytes per remote rank x %zu ranks; NCCL send/recv of them %.1f us; ours / "
+                     "that %.2f\n",
+                     op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, remote.size(), railUs[op],
+                     railUs[op] > 0 ? us / railUs[op] : 0.0);
             if (out)
               fprintf(out,
                       "{\"what\": \"ep_%s\", \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, \"hidden\": %d, "
@@ -312,12 +362,16 @@ int main(int argc, char** argv) {
                       "\"us_median_synced\": %.2f, "
                       "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
                       "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
-                      "\"ce_same_bytes_us_median\": %.2f, \"iters\": 60, \"gpu\": \"%s\", "
+                      "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
+                      "\"domains\": %d, \"rail_peers\": %zu, \"rail_bytes_per_peer\": %zu, "
+                      "\"rail_us_median\": %.2f, "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
-                      "incl. local x payload\"}\n",
+                      "incl. local x payload; rail = the exchange's fixed bytes to each rank of another domain\"}\n",
                       op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
                       op == 0 ? median(tHandle) : 0.0, nvB,
-                      nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, prop.name);
+                      nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
+                      ncclext::harness::oneGpuName(ctx.mode), info.n_domains, remote.size(),
+                      op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op]);
           }
         }
       }
@@ -341,6 +395,8 @@ int main(int argc, char** argv) {
       ncclEpHandleDestroy(h);
     }
     if (out) fclose(out);
+    cudaFree(railSend);
+    cudaFree(railRecv);
     NCCLEXT_BENCH_EP(ncclEpGroupGetAsyncError(group));
     ncclEpGroupDestroy(group);
     return 0;

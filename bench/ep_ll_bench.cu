@@ -155,14 +155,7 @@ int main(int argc, char** argv) {
     }
     // One NCCL group moving `bytes` to and from every rank of another domain (the exchange's bytes, not its calls).
     auto railBaseline = [&](size_t bytes) {
-      bool ok = ncclGroupStart() == ncclSuccess;
-      for (size_t i = 0; i < remote.size(); i++) {
-        ok = ok && ncclSend(static_cast<char*>(railSend) + i * railMost, bytes, ncclUint8, remote[i], ctx.comm, st) ==
-                       ncclSuccess;
-        ok = ok && ncclRecv(static_cast<char*>(railRecv) + i * railMost, bytes, ncclUint8, remote[i], ctx.comm, st) ==
-                       ncclSuccess;
-      }
-      return (ncclGroupEnd() == ncclSuccess && ok) ? 0 : 1;
+      return ncclext::bench::railSendRecv(ctx.comm, remote, railSend, railRecv, railMost, bytes, st) ? 0 : 1;
     };
     CHECK_CUDA(cudaStreamSynchronize(st));
     NCCLEXT_BENCH_EP(ncclext::harness::barrier(ctx, 60));

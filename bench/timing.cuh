@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <vector>
@@ -32,6 +33,19 @@ double timeCalls(cudaStream_t stream, int warm, int iters, F fn, bool* failed) {
   for (int i = 0; i < iters; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
   for (cudaEvent_t& e : ev) cudaEventDestroy(e);
   return median(ms) * 1e3;
+}
+
+// The rail baseline of the benchmarks across NVLink domains: one NCCL group moving `bytes` to and from every rank of
+// `remote` on `comm` (from send + i * stride, into recv + i * stride for the i-th), what an exchange moves without
+// its calls. True when enqueued.
+inline bool railSendRecv(ncclComm_t comm, const std::vector<int>& remote, void* send, void* recv, size_t stride,
+                         size_t bytes, cudaStream_t stream) {
+  bool ok = ncclGroupStart() == ncclSuccess;
+  for (size_t i = 0; i < remote.size(); i++) {
+    ok = ok && ncclSend(static_cast<char*>(send) + i * stride, bytes, ncclUint8, remote[i], comm, stream) == ncclSuccess;
+    ok = ok && ncclRecv(static_cast<char*>(recv) + i * stride, bytes, ncclUint8, remote[i], comm, stream) == ncclSuccess;
+  }
+  return ncclGroupEnd() == ncclSuccess && ok;
 }
 
 }  // namespace bench

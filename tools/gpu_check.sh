@@ -34,6 +34,9 @@ RUNS=(
   # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md). As
   # one-GPU nodes, across domains: beside NCCL send/recv of the rail exchange's bytes in the same run.
   "ep_ll_bench|$BUILDDIR/bin/ep_bench --mode ll --nranks NRANKS --json JSON|1|nodes virtual"
+  # The High-Throughput benchmark across domains (one-GPU nodes: beside NCCL send/recv of the rail exchange's bytes
+  # in the same run; --quick keeps real-GPU runs to one shape, the full benchmark being bench/run_ep_bench.sh's).
+  "ep_ht_bench|$BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes"
   # nodes: every piece between ranks by ncclSend/ncclRecv; virtual: every piece over LSA through the plans' windows
   # (its 4-rank failures of earlier sessions were cured by the virtual ranks' launch fences: docs/M2N.md).
   "m2n_exec|$BUILDDIR/bin/m2n_exec_test --nranks NRANKS --cases 100 --json JSON|1|nodes virtual"
@@ -44,8 +47,8 @@ RUNS=(
   # The same in place (zero-copy pull: receivers read the senders' sources) between virtual ranks.
   "m2n_bench_zero_copy|$BUILDDIR/bin/m2n_bench --nranks NRANKS --zero-copy pull --max-mib 256 --json JSON|2|virtual"
 )
-# The Python package's GPU tests (1 rank; several ranks on one GPU need EP across domains), on the build tree's
-# libraries and python/ (make test-python tests the wheel itself, on any machine).
+# The Python package's GPU tests (1 rank), on the build tree's libraries and python/ (make test-python tests the wheel
+# itself, on any machine).
 if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   # A test that hangs prints every thread's Python stack before the run's timeout ends it (torchrun: per rank, its
   # lines prefixed with the rank by --tee).
@@ -59,8 +62,9 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   if command -v torchrun >/dev/null 2>&1; then
     PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --tee 3 --nproc_per_node NRANKS"
     RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_m2n_gpu.py --json JSON|2|nodes")
-    # nccl.ep Low-Latency on several ranks: as one-GPU nodes, across NVLink domains (the rail exchange).
+    # nccl.ep on several ranks: as one-GPU nodes, across NVLink domains (the rail exchange).
     RUNS+=("python_ep_ll|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ll_ranks.py --json JSON|2|nodes")
+    RUNS+=("python_ep_ht|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ht_ranks.py --json JSON|2|nodes")
     RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
     RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
     # A whole Qwen3-32B-like model rank 0 -> rank 1 beside per-tensor broadcast, at 1/64 of its weights' size (the

@@ -222,9 +222,9 @@ NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain
  * `comm` may span several nodes: the group derives the communicator of this rank's NVLink domain (NCCL's LSA team,
  * or blocks of `lsa_domain_size` / NCCL_EXT_LSA_DOMAIN_SIZE ranks) and the rail communicator (the ranks with this
  * rank's index in every domain) with ncclCommSplit, and keeps its windows on the domain communicator. Across several
- * domains, Low-Latency groups work (rows for another domain's ranks go by ncclSend/ncclRecv between a call's send
- * and receive halves, fixed-size per peer; no enable_mask there); High-Throughput groups are refused with
- * ncclInvalidUsage (not implemented yet). The group's
+ * domains both modes work: rows for another domain's ranks go by ncclSend/ncclRecv between a call's (and a
+ * High-Throughput handle creation's) send and receive halves, fixed-size per peer (sized for max_tokens_per_rank
+ * rows whatever the routing); no enable_mask there. The group's
  * calls (handle binding, dispatch, combine) run one after another on the GPU: issue them on one stream, or order
  * the streams with events, in the same order on every rank. Handles with different routings may alternate.
  * NCCL_EP_ALGO_LOW_LATENCY (decode): everything is sized here for max_tokens_per_rank (<= 1024); handle creation
@@ -236,18 +236,18 @@ NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
 /* ncclSuccess, or ncclRemoteError with a message when a device wait of this group timed out. Local, never blocks. */
 NCCL_EP_API ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group);
 
-/* What a group is, as created (local, never blocks): its NVLink domains and what a Low-Latency call moves to each
- * rank of another domain (every call moves these fixed sizes, whatever the routing: the network bytes per call are
- * rail_*_bytes x the ranks outside this rank's domain, each way). */
+/* What a group is, as created (local, never blocks): its NVLink domains and what a call moves to each rank of another
+ * domain (every call moves these fixed sizes, whatever the routing: the network bytes per call are rail_*_bytes x
+ * the ranks outside this rank's domain, each way; a High-Throughput handle's creation moves its count row too). */
 typedef struct {
   unsigned int size;        /* sizeof(ncclEpGroupInfo_t) */
   unsigned int magic;       /* NCCL_EP_MAGIC */
   int n_domains;            /* NVLink domains the group spans */
   int domain_size;          /* ranks per domain */
   size_t window_bytes;      /* this rank's symmetric window */
-  size_t rail_dispatch_bytes;       /* Low-Latency dispatch, per rank of another domain (0 with one domain) */
-  size_t rail_combine_bytes;        /* Low-Latency combine, rows per (token, rank) (RANK_MAJOR, expert-side weights) */
-  size_t rail_combine_owner_bytes;  /* Low-Latency combine with inputs.topk_weights (rows per (token, expert)) */
+  size_t rail_dispatch_bytes;       /* dispatch, per rank of another domain (0 with one domain) */
+  size_t rail_combine_bytes;        /* combine, rows per (token, rank): HT, LL RANK_MAJOR / expert-side weights */
+  size_t rail_combine_owner_bytes;  /* LL combine with inputs.topk_weights (rows per (token, expert)); 0 in HT */
 } ncclEpGroupInfo_t;
 #define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);

@@ -194,6 +194,22 @@ ncclResult_t launchLlCall(ncclEpHandle* h, ncclep::CallKind kind, Call c, int ct
   return ncclSuccess;
 }
 
+// Launches a High-Throughput call: whole inside one NVLink domain; across domains its send half, the rail exchange
+// of its kind, then its receive half (ht.h, HtPhase).
+template <typename Call>
+ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
+                          ncclResult_t (*launch)(const ncclep::GroupView&, const ncclep::HandleView&, const Call&,
+                                                 cudaStream_t),
+                          cudaStream_t stream) {
+  ncclEpGroup* g = h->group;
+  if (!g->railComm) return launch(g->view, h->view, c, stream);
+  c.phase = ncclep::kHtSendHalf;
+  NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
+  NCCLEXT_CHECK(g->railExchange(kind, false, stream));
+  c.phase = ncclep::kHtReceiveHalf;
+  return launch(g->view, h->view, c, stream);
+}
+
 // Low-Latency dispatch (headers checked): bf16 or e4m3 in, bf16 / e4m3 (quantised) / e4m3 (forwarded) out.
 ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
                         const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
@@ -408,7 +424,7 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->domain_size = topo.domainSize;
   info->window_bytes = group->view.wl.total;
   auto bytesOf = [&](int kind, bool owner) {
-    return group->railComm ? rv.spanOf(ncclep::RailRegions::of(kind, owner)) : (size_t)0;
+    return group->railComm && !(owner && rv.highThroughput) ? rv.spanOf(rv.regionsOf(kind, owner)) : (size_t)0;
   };
   info->rail_dispatch_bytes = bytesOf(ncclep::kDispatch, false);
   info->rail_combine_bytes = bytesOf(ncclep::kCombine, false);
@@ -593,7 +609,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     c.nSenders = balancedCtas(sms, chunks);
     c.nReceivers = sms;
   }
-  return ncclep::launchDispatch(g->view, handle->view, c, stream);
+  return launchHtCall(handle, ncclep::kDispatch, c, ncclep::launchDispatch, stream);
 }
 
 ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
@@ -633,7 +649,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
   c.dtype = x.datatype;
   // Receivers reduce several rows per token for this rank's own tokens; senders push rows back to their owners.
   splitCombine(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, &c.nSenders, &c.nReceivers);
-  return ncclep::launchCombine(g->view, handle->view, c, stream);
+  return launchHtCall(handle, ncclep::kCombine, c, ncclep::launchCombine, stream);
 }
 
 ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config, cudaStream_t stream) {

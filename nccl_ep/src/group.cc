@@ -88,12 +88,18 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   rv.domainBase = topo.domainIndex * topo.domainSize;
   rv.domainSize = topo.domainSize;
   rv.bankStart = bankStart;
+  // High-Throughput: no slice flags (its row flags are in the metadata) and no owner regions; its first region is
+  // the handle's exchange row instead of LL's header row.
+  rv.highThroughput = !v.lowLatency;
   const size_t flagSlice = (size_t)v.maxTokens * w.slices * 8, rowSlice = (size_t)v.maxTokens * v.rowStride;
-  const size_t mk = topo.nDomains > 1 ? (size_t)w.ownerCols : 0;  // the owner regions exist across domains only
-  const size_t bases[kRailRegions] = {w.header,    w.dispFlags, w.dispRows,   w.dispMeta,
+  const size_t mk = topo.nDomains > 1 && v.lowLatency ? (size_t)w.ownerCols : 0;  // owner regions: LL across domains
+  const size_t first = v.lowLatency ? w.header : w.exchange;
+  const size_t firstSlice = v.lowLatency ? (size_t)w.headerBytes : (size_t)w.exchangeInts * 4;
+  const size_t bases[kRailRegions] = {first,       w.dispFlags, w.dispRows,   w.dispMeta,
                                       w.combFlags, w.combRows,  w.ownerFlags, w.ownerRows};
-  const size_t slices[kRailRegions] = {(size_t)w.headerBytes, flagSlice, rowSlice, (size_t)v.maxTokens * v.meta.bytes,
-                                       flagSlice,             rowSlice,  mk * flagSlice, mk * rowSlice};
+  const size_t slices[kRailRegions] = {firstSlice, v.lowLatency ? flagSlice : 0, rowSlice,
+                                       (size_t)v.maxTokens * v.meta.bytes, flagSlice, rowSlice, mk * flagSlice,
+                                       mk * rowSlice};
   size_t outbox = 0;
   for (int i = 0; i < kRailRegions; i++) {
     rv.base[i] = bases[i];
@@ -157,11 +163,6 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   dopt.timeoutSeconds = g->timeoutSeconds;
   NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &g->domain));
   const ncclext::Topology& topo = g->domain->topo();
-  NCCLEXT_USAGE(topo.nDomains == 1 || config.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
-                "the %d ranks span %d NVLink domains of %d: High-Throughput dispatch and combine across domains (the "
-                "rail hop, issue \"nccl_ep across NVLink domains\") are not implemented yet; every rank must share "
-                "one domain (Low-Latency groups may span domains)",
-                topo.nRanks, topo.nDomains, topo.domainSize);
   NCCLEXT_USAGE(topo.nDomains == 1 || !config.enable_mask,
                 "enable_mask across %d NVLink domains: not supported (a masked rank of another domain would leave "
                 "its NCCL sends and receives unmatched)",
@@ -224,7 +225,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
       cc.blocking = 1;
       const ncclResult_t split = ncclCommSplit(comm, 0, rank, &g->railComm, &cc);
       if (split != ncclSuccess)
-        res = ncclext::fail(split, __FILE__, __LINE__, "the Low-Latency rail communicator: ncclCommSplit: %s",
+        res = ncclext::fail(split, __FILE__, __LINE__, "the rail communicator: ncclCommSplit: %s",
                             ncclGetErrorString(split));
     }
   }
@@ -279,8 +280,8 @@ void abortRail(ncclEpGroup* g, double seconds) {
   if (g->railAborted) return;
   char msg[400];
   snprintf(msg, sizeof(msg),
-           "Low-Latency across NVLink domains: a rail exchange did not finish within %.1f s (a peer that died or "
-           "never calls): the group's rail communicator was aborted; destroy the group",
+           "across NVLink domains: a rail exchange timed out (not finished within %.1f s: a peer of another domain "
+           "that died or never calls): the group's rail communicator was aborted; destroy the group",
            seconds);
   g->railWhy = msg;
   g->railAborted = true;
@@ -303,7 +304,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   std::lock_guard<std::timed_mutex> lock(railMu);
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   const ncclep::RailView& rv = view.rail;
-  const ncclep::RailRegions regions = ncclep::RailRegions::of(kind, ownerWeighted);
+  const ncclep::RailRegions regions = rv.regionsOf(kind, ownerWeighted);
   // One message each way per remote rank: the call's regions lie end to end in the outbox (a message has a fixed
   // cost of its own, milliseconds over sockets: docs/PERFORMANCE.md).
   const size_t from = rv.outOff[regions.first], bytes = rv.spanOf(regions);
@@ -318,13 +319,14 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   const ncclResult_t ended = ncclGroupEnd();
   if (res != ncclSuccess || ended != ncclSuccess)
     return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                         "Low-Latency %s across NVLink domains: NCCL point-to-point: %s",
-                         kind == ncclep::kDispatch ? "dispatch" : "combine", ncclGetLastError(railComm));
+                         "%s across NVLink domains: NCCL point-to-point: %s",
+                         kind == ncclep::kDispatch ? "dispatch" : kind == ncclep::kCombine ? "combine" : "handle",
+                         ncclGetLastError(railComm));
   if (capture == cudaStreamCaptureStatusNone) {  // a replay runs later, unwatched
     const double seconds = timeoutSeconds;
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
-  return ncclep::launchLlRailInbox(view, (ncclep::CallKind)kind, ownerWeighted, stream);
+  return ncclep::launchRailInbox(view, kind, ownerWeighted, stream);
 }
 
 ncclEpGroup::~ncclEpGroup() {
@@ -468,7 +470,16 @@ ncclResult_t ncclEpHandle::bind(const ncclEpTensor_t& topkIdx, const ncclEpLayou
   view.numTokens = (int)topkIdx.sizes[0];
   view.topkIdx = topkIdx.data;
   view.topkIs64 = topkIdx.datatype == ncclInt64 || topkIdx.datatype == ncclUint64;
-  NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, layoutInfoOut(info), !group->view.lowLatency, stream));
+  const ncclep::LayoutInfoOut out = layoutInfoOut(info);
+  if (group->view.lowLatency) {  // the counts travel with every dispatch
+    NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, false, ncclep::kHtWhole, stream));
+  } else if (!group->railComm) {
+    NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, true, ncclep::kHtWhole, stream));
+  } else {  // across domains: the exchange kernel's halves around the rail exchange of the count rows
+    NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, true, ncclep::kHtSendHalf, stream));
+    NCCLEXT_CHECK(group->railExchange(ncclep::kRailHandle, false, stream));
+    NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, true, ncclep::kHtReceiveHalf, stream));
+  }
   if (config.sizing == NCCL_EP_SIZING_EXACT) {
     // The caller reads the error word through group->asyncError (input errors get their own message there).
     NCCLEXT_CHECK(ncclext::waitStream(stream, group->timeoutSeconds, "handle creation"));

@@ -56,12 +56,12 @@ struct ncclEpGroup {
   // Low-Latency: the handles whose send-only calls of each kind (ncclep::CallKind) await ncclEpComplete, oldest
   // first (at most two: the staging banks).
   std::deque<ncclEpHandle*> pending[2];
-  // Low-Latency across NVLink domains (ht.h, RailView: its outboxes and inboxes are one allocation, at
-  // view.rail.outbox): the communicator of their exchanges (NULL with one domain).
+  // Across NVLink domains (ht.h, RailView: its outboxes and inboxes are one allocation, at view.rail.outbox): the
+  // communicator of their exchanges (NULL with one domain).
   ncclComm_t railComm = nullptr;
-  // Between a call's send half and its receive half: every remote rank's slices of `kind` (ncclSend from my
-  // outbox for it, ncclRecv into my inbox), in one NCCL group on `stream`, then the inbox copied into the call's
-  // bank (launchLlRailInbox). Watched (not when
+  // Between a call's (or HT handle's exchange kernel's) send half and its receive half: every remote rank's slices
+  // of `kind` (ncclep::CallKind, or ncclep::kRailHandle; one ncclSend from my outbox for it, one ncclRecv into my
+  // inbox), in one NCCL group on `stream`, then the inbox copied into my window (launchRailInbox). Watched (not when
   // captured): an exchange that does not finish within the group's budget (a peer that died or never calls) has the
   // watchdog abort railComm; every later call of the group then fails with railWhy.
   // `ownerWeighted`: a combine of that mode, whose rows go in their own regions (ht.h, RailRegions).

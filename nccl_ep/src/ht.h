@@ -91,28 +91,32 @@ struct DerivedLayout {
   // that hold rows for me (1 + the last such chunk of any peer)
 };
 
-// Low-Latency across NVLink domains (docs/ARCHITECTURE.md, "Low-Latency across domains"). A rank reaches the windows
-// of its own domain by LSA; for a rank of another domain its kernels write, instead of that rank's window, its outbox
-// for that rank: the slices of the staging regions that are this rank's in every window (regions indexed by source:
-// the header row, the dispatch rows, metadata and slice flags, the combine rows and slice flags of [source][slot]),
-// laid end to end. Between the send half and the receive half of a call the host sends each remote rank its outbox
-// slices with ncclSend, and receives each remote rank's into that rank's slices of its own window's bank with
-// ncclRecv into my inbox (the same layout, by source), in one NCCL group on the stream; then a kernel copies each
+// Across NVLink domains (docs/ARCHITECTURE.md, "Low-Latency across NVLink domains" and "High-Throughput across NVLink
+// domains"). A rank reaches the windows of its own domain by LSA; for a rank of another domain its kernels write,
+// instead of that rank's window, its outbox for that rank: the slices of the staging regions that are this rank's in
+// every window (regions indexed by source: the header row, the dispatch rows, metadata and slice flags, the combine
+// rows and slice flags of [source][slot]), laid end to end. Between the send half and the receive half of a call the
+// host sends each remote rank its outbox span with ncclSend, and receives each remote rank's into my inbox (the same
+// layout, by source) with ncclRecv, in one NCCL group on the stream; then a kernel copies each
 // remote source's slices from the inbox into that source's slices of the call's bank (chosen on the device from the
 // call's number, so that CUDA graph replays alternate the banks as the kernels do): the receive half then finds
-// every remote row and flag in place.
+// every remote row and flag in place. High-Throughput uses the same regions by source (its row flags live in the
+// metadata, so it has no slice flags), and one more exchange: the handle's count rows (kRailHeader's place), between
+// the halves of the exchange kernel (kernels/ht_route.cu).
 constexpr int kRailRegions = 8;
 enum RailRegion {
-  kRailHeader = 0,
-  kRailDispFlags,
+  kRailHeader = 0,  // LL: the header row; HT: the handle's exchange row (WindowLayout::exchange)
+  kRailDispFlags,   // LL only
   kRailDispRows,
   kRailDispMeta,
   kRailCombFlags,  // combine, one row per (token, rank): [source][slot]
   kRailCombRows,
-  kRailOwnerFlags,  // the owner-weighted combine towards another domain: [source][slot][c] (WindowLayout::ownerRows)
+  kRailOwnerFlags,  // LL, the owner-weighted combine to another domain: [source][slot][c] (WindowLayout::ownerRows)
   kRailOwnerRows
 };
-// The regions a call's exchange moves: [first, last] of its kind (the owner-weighted combine: its own two).
+// The exchanges of a group across domains: a dispatch, a combine (CallKind), and HT's handle creation.
+constexpr int kRailHandle = 2;
+// The regions an exchange moves: [first, last] of its kind (the owner-weighted combine: its own two).
 struct RailRegions {
   int first, last;
   __host__ __device__ static RailRegions of(int kind, bool ownerWeighted) {
@@ -123,6 +127,7 @@ struct RailRegions {
 
 struct RailView {
   int domainBase = 0, domainSize = 0;  // my domain's ranks: [domainBase, domainBase + domainSize)
+  int highThroughput = 0;              // the group's mode: which regions each exchange moves (regionsOf)
   char* outbox = nullptr;              // [R][outboxBytes]: rank r's at r * outboxBytes (remote ranks only)
   char* inbox = nullptr;               // [R][outboxBytes]: what remote rank r sent me, in its outbox's layout
   size_t outboxBytes = 0;
@@ -132,6 +137,12 @@ struct RailView {
   size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
 
   __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
+  // The regions exchange `kind` (kDispatch, kCombine, kRailHandle) moves in this group's mode.
+  __host__ __device__ RailRegions regionsOf(int kind, bool ownerWeighted) const {
+    if (!highThroughput) return RailRegions::of(kind, ownerWeighted);
+    if (kind == kRailHandle) return {kRailHeader, kRailHeader};
+    return kind == 0 ? RailRegions{kRailDispRows, kRailDispMeta} : RailRegions{kRailCombFlags, kRailCombRows};
+  }
   // What a call's exchange moves to (and from) each remote rank, as one message: its regions' slices, from the
   // first's start to the last's end in the outbox (with the few bytes that align each slice to 16).
   size_t spanOf(RailRegions regions) const { return outOff[regions.last] + slice[regions.last] - outOff[regions.first]; }
@@ -139,7 +150,7 @@ struct RailView {
 
 struct GroupView {
   ncclext::dev::Peers peers;  // the window of every rank of my domain (real: LSA; virtual ranks: addresses)
-  RailView rail;              // several domains (LL only); with one, every rank is local
+  RailView rail;              // several domains; with one, every rank is local
   WindowLayout wl;
   MetaLayout meta;
   int rank, nRanks, numExperts, localExperts, maxTokens, nChunks, rowStride;
@@ -179,6 +190,10 @@ struct LayoutInfoOut {
   int* recvTotal;
 };
 
+// Which part of a High-Throughput kernel runs. Inside one domain a call (and a handle's exchange) runs whole; across
+// domains its send half, the rail exchange, then its receive half (api.cc).
+enum HtPhase { kHtWhole = 0, kHtSendHalf = 1, kHtReceiveHalf = 2 };
+
 struct DispatchCall {
   const char* tokens;
   const float* weights;  // [T][K] or NULL
@@ -189,6 +204,7 @@ struct DispatchCall {
   float* outScales;
   int rowBytes, nScales;
   int nSenders, nReceivers;
+  int phase;  // HtPhase
 };
 
 struct CombineCall {
@@ -197,6 +213,7 @@ struct CombineCall {
   int rowBytes;
   int dtype;  // ncclDataType_t
   int nSenders, nReceivers;
+  int phase;  // HtPhase
 };
 
 // Where `offset` bytes into a remote rank's window (one of my slices of its staging, either bank) sits in my outbox
@@ -232,9 +249,13 @@ ncclResult_t loadDispatchKernels();
 ncclResult_t loadCombineKernels();
 
 // Host entry points (one per kernel family); each enqueues on `stream` and returns an error code.
-// `exchange` false (Low-Latency handles): the local kernels only, no exchange between ranks.
-ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange,
+// `exchange` false (Low-Latency handles): the local kernels only, no exchange between ranks. `phase` (HtPhase): the
+// whole handle, or (across domains) the local kernels and the exchange kernel's send half, or its receive half only.
+ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange, int phase,
                          cudaStream_t stream);
+// Across domains, after an exchange's NCCL group: copies every remote source's slices of exchange `kind` (kDispatch,
+// kCombine, kRailHandle) from the inbox into its slices of my window (LL: the bank of the kind's last send half).
+ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

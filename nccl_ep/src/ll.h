@@ -59,9 +59,6 @@ ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlD
                               cudaStream_t stream);
 ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCombineCall& c, int ctas,
                              cudaStream_t stream);
-// Across NVLink domains, after the rail exchange of a call of `kind` (its send half done on this stream): every
-// remote source's slices of that kind from the inbox into the call's bank (ht.h, RailView).
-ncclResult_t launchLlRailInbox(const GroupView& g, CallKind kind, bool ownerWeighted, cudaStream_t stream);
 // ncclEpMaskClean's barrier (one CTA): meets every rank active in the mask at `epoch` on the window's cleanFlags;
 // a rank that does not arrive within the timeout is masked.
 ncclResult_t launchLlCleanBarrier(const GroupView& g, uint64_t epoch, cudaStream_t stream);

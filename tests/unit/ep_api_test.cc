@@ -435,6 +435,74 @@ TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
   }
 }
 
+// High-Throughput across NVLink domains: the same, for what its kernels write towards another domain's rank: the
+// handle's exchange row (int32 counts), the dispatch rows and metadata (the row flag inside) of [me][slot], and the
+// combine rows and flags of [me][slot]. Each byte lies in the one message of its exchange (handle, dispatch or
+// combine: RailView::regionsOf); nothing else (done flags, barrier flags) has a place.
+TEST(EpRail, HighThroughputOutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
+  for (const int nRanks : {2, 3}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.num_experts = 3 * nRanks;
+    cfg.max_tokens_per_rank = 37;  // two chunks, an odd exchange row (R + E + NC + 1 ints)
+    cfg.max_token_bytes = 96;
+    cfg.max_topk = 3;
+    std::vector<ncclep::GroupView> v(nRanks);
+    for (int r = 0; r < nRanks; r++) {
+      ncclext::Topology topo;
+      ASSERT_EQ(ncclext::makeTopology(r, nRanks, 0, 1, 0, &topo), ncclSuccess);  // one-GPU nodes
+      ncclep::layoutGroup(cfg, topo, &v[r]);
+    }
+    const ncclep::WindowLayout& w = v[0].wl;
+    const ncclep::RailView& rv = v[0].rail;
+    ASSERT_TRUE(rv.highThroughput);
+    ASSERT_EQ(rv.slice[ncclep::kRailDispFlags], 0u);
+    ASSERT_EQ(rv.slice[ncclep::kRailOwnerRows], 0u);
+    for (int i = 0; i < ncclep::kRailRegions; i++)  // the inbox copy moves 8-byte words, or 4-byte ones
+      ASSERT_TRUE((rv.base[i] | rv.slice[i]) % 4 == 0 && rv.outOff[i] % 16 == 0) << i;
+    const int M = v[0].maxTokens;
+    const size_t stride = v[0].rowStride, meta = v[0].meta.bytes, row = (size_t)w.exchangeInts * 4;
+    int64_t checked = 0;
+    for (int me = 0; me < nRanks; me++) {
+      // (offset, bytes, exchange kind) of everything me's kernels write into another rank's window.
+      struct Range {
+        size_t start, len;
+        int kind;
+      };
+      std::vector<Range> ranges = {{w.exchange + (size_t)me * row, row, ncclep::kRailHandle}};
+      for (int j = 0; j < M; j++) {
+        const size_t at = (size_t)me * M + j;
+        ranges.push_back({w.dispRows + at * stride, stride, ncclep::kDispatch});
+        ranges.push_back({w.dispMeta + at * meta, meta, ncclep::kDispatch});
+        ranges.push_back({w.combRows + at * stride, stride, ncclep::kCombine});
+        ranges.push_back({w.combFlags + at * 8, 8, ncclep::kCombine});
+      }
+      std::vector<char> used(rv.outboxBytes, 0);
+      for (const Range& rg : ranges) {
+        const ncclep::RailRegions kind = rv.regionsOf(rg.kind, false);
+        for (size_t b = 0; b < rg.len; b++) {
+          const size_t off = rg.start + b;
+          size_t at = 0;
+          ASSERT_TRUE(ncclep::railOutboxOffset(v[me], off, &at)) << "rank " << me << " offset " << off;
+          ASSERT_LT(at, rv.outboxBytes);
+          ASSERT_EQ(used[at]++, 0) << "two bytes at outbox " << at;
+          int i = 0;  // the region whose slice holds outbox byte `at`
+          while (i < ncclep::kRailRegions && !(at >= rv.outOff[i] && at - rv.outOff[i] < rv.slice[i])) i++;
+          ASSERT_LT(i, ncclep::kRailRegions) << "outbox " << at << " in no region's slice";
+          EXPECT_EQ(rv.base[i] + (size_t)me * rv.slice[i] + (at - rv.outOff[i]), off);
+          ASSERT_TRUE(i >= kind.first && i <= kind.last) << "offset " << off << " in region " << i;
+          ASSERT_LT(at - rv.outOff[kind.first], rv.spanOf(kind));
+          checked++;
+        }
+      }
+      size_t at = 0;
+      EXPECT_FALSE(ncclep::railOutboxOffset(v[me], w.dispDone + (size_t)me * 8, &at));
+      EXPECT_FALSE(ncclep::railOutboxOffset(v[me], w.barrierFlags + (size_t)me * 8, &at));
+      EXPECT_FALSE(ncclep::railOutboxOffset(v[me], w.dispRows + (size_t)((me + 1) % nRanks) * M * stride, &at));
+    }
+    EXPECT_GT(checked, 0);
+  }
+}
+
 // The analytic model's fixed-slice bytes (bench/ep_internode_model.py, ll_fixed_slice_bytes; its test checks the
 // same numbers) are the library's: 2 one-GPU domains, 4 experts, top-2, rows of 512 bytes, 4 tokens.
 TEST(EpRail, FixedSliceBytesMatchTheModel) {

@@ -14,6 +14,8 @@
 //   and writes the output dtype; tokens routed nowhere get zeros. After its last chunk the CTA adds its chunk count
 //   to my counter in every peer's window (release).
 //   Dtypes: bf16, fp16, fp32 (template). Sequence numbers and timeouts as in dispatch.
+//   Across NVLink domains (c.phase) as dispatch: the send half's senders write another domain's owner's rows and
+//   flags into my outbox for it; after the rail exchange and the inbox copy the receive half's receivers reduce.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -131,7 +133,7 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
     const int base = x.d[x.h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* dst = static_cast<char*>(g.peers.at(g.wl.combRows + rowIndex * g.rowStride, s));
+      char* dst = static_cast<char*>(peerAt(g, g.wl.combRows + rowIndex * g.rowStride, s));
       if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
         warpCopy<false>(lane, dst, x.c.in + (size_t)(base + slot) * x.c.rowBytes, x.c.rowBytes);
       } else {
@@ -147,7 +149,7 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
             if (i0 + 32 * u < vecs) reinterpret_cast<int4*>(dst)[i0 + 32 * u] = Vec<T>::pack(acc[u]);
         }
       }
-      warpPublish(lane, static_cast<uint64_t*>(g.peers.at(g.wl.combFlags + rowIndex * 8, s)), seq);
+      warpPublish(lane, static_cast<uint64_t*>(peerAt(g, g.wl.combFlags + rowIndex * 8, s)), seq);
     }
   }
 }
@@ -223,18 +225,19 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
   const int first = sender ? blockIdx.x : blockIdx.x - c.nSenders, stride = sender ? c.nSenders : c.nReceivers;
   const uint64_t seq = callNumber(g, kCombine);
   bool ok = true;  // this thread's outcome; finishCall agrees on the CTA's
-  if (sender) {
+  if (sender && c.phase != kHtReceiveHalf) {
     ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);
     if (ok)
       for (int chunk = first; chunk < x.d[h.dl.peerChunks]; chunk += stride)
         sendChunk<T>(x, chunk, seq, warp, nWarps, lane);
-  } else {
+  } else if (!sender && c.phase != kHtSendHalf) {
     const int chunks = (h.numTokens + kChunkTokens - 1) / kChunkTokens;
     for (int chunk = first; chunk < chunks && ok; chunk += stride) {
       const int t0 = chunk * kChunkTokens, t1 = min(h.numTokens, t0 + kChunkTokens);
       for (int t = t0 + warp; t < t1 && ok; t += nWarps) ok = reduceToken<T>(x, t, seq, lane);
     }
   }
+  if (c.phase == kHtSendHalf) return;  // a failed wait is in the error word; the receive half ends the call
   finishCall(g, kCombine, g.wl.combDone, seq, !ok);
 }
 

@@ -23,6 +23,10 @@
 //   ownership may differ between calls and ranks. Every wait has the group's time budget; a timed-out CTA records
 //   the error word and returns (the host reports ncclRemoteError).
 //   Pad rows of EXPERT_MAJOR zones are zero-filled by the senders (local memory).
+//   Across NVLink domains (c.phase): the send half runs the senders only, writing another domain's rank's rows and
+//   metadata into my outbox for it (peerAt); the host's rail exchange and railInboxKernel put every remote source's
+//   rows and metadata, flags included, into my window; the receive half runs the receivers, which find them as
+//   they find LSA rows, and ends the call (finishCall). Another domain's rank is never waited on for its done flag.
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
@@ -148,8 +152,8 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
         continue;
       }
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
-      char* dst = static_cast<char*>(g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, r));
-      char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+      char* dst = static_cast<char*>(peerAt(g, g.wl.dispRows + rowIndex * g.rowStride, r));
+      char* meta = static_cast<char*>(peerAt(g, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
       if (lane < K) {  // the metadata from the stage: expert ids local to r, weights, indices
         reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = localExpert(g, st->expert[j][lane], r);
@@ -242,8 +246,10 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
   TeamShared* sh = &shared[half];
   const bool sender = c.nReceivers == 0 || half == 0;
   const int j = c.nReceivers == 0 ? 2 * blockIdx.x + half : blockIdx.x;
+  const bool runs = sender ? c.phase != kHtReceiveHalf : c.phase != kHtSendHalf;
   bool ok = true;
-  if (j < (sender ? c.nSenders : c.nReceivers)) ok = runTeam(team, x, sh, sender, j, seq);
+  if (runs && j < (sender ? c.nSenders : c.nReceivers)) ok = runTeam(team, x, sh, sender, j, seq);
+  if (c.phase == kHtSendHalf) return;  // a failed wait is in the error word; the receive half ends the call
   finishCall(g, kDispatch, g.wl.dispDone, seq, !ok);
 }
 

@@ -15,7 +15,14 @@
 //                (source, expert) offsets, chunk prefixes from every source), writes the optional layout-info
 //                outputs and the number of peer chunks holding rows for me, and meets the ranks again so that no rank
 //                overwrites exchange rows still being read. Low-Latency handles skip it (exchange off): their counts
-//                travel with every dispatch (kernels/ll_lsa.cu).
+//                travel with every dispatch (kernels/ll_lsa.cu). Across NVLink domains it runs in two halves: the
+//                send half writes the rows (another domain's rank's into my outbox for it, peerAt); the host's rail
+//                exchange and railInboxKernel bring every remote source's row into my window; the receive half meets
+//                my domain's ranks and derives (the barriers span my domain only: another domain's rows are in
+//                place by stream order, and its next rows reach my window only through my next exchange, which my
+//                stream runs after this kernel).
+//   railInboxKernel  across domains, after an exchange's NCCL group (both modes): each remote source's slices of the
+//                exchange's regions, inbox -> my window (LL: the kind's bank), 8 or 4 bytes a thread at a time.
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
@@ -120,20 +127,24 @@ __global__ void slotKernel(GroupView g, HandleView h) {
   }
 }
 
-__global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info) {
+__global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, int phase) {
   ncclCoopCta cta;
   const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, me = g.rank;
   const int cols = R + E;
   const int* totals = h.tileCount + (size_t)NC * cols;
-  // (1) My row into every rank's exchange area.
-  for (int r = 0; r < R; r++) {
-    int* row = static_cast<int*>(
-        g.peers.at(g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
-    for (int i = threadIdx.x; i < R + E; i += blockDim.x) row[i] = totals[i];
-    for (int c = threadIdx.x; c <= NC; c += blockDim.x) row[R + E + c] = h.tileCount[(size_t)c * cols + r];
+  // (1) My row into every rank's exchange area (another domain's rank's: into my outbox for it).
+  if (phase != kHtReceiveHalf) {
+    for (int r = 0; r < R; r++) {
+      int* row = static_cast<int*>(peerAt(g, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
+      for (int i = threadIdx.x; i < R + E; i += blockDim.x) row[i] = totals[i];
+      for (int c = threadIdx.x; c <= NC; c += blockDim.x) row[R + E + c] = h.tileCount[(size_t)c * cols + r];
+    }
+    if (phase == kHtSendHalf) return;  // the rail exchange runs next (the kernel's end orders my stores before it)
   }
-  // (2) Meet every rank (its stores released, theirs acquired).
-  ncclext::dev::LsaBarrier bar{g.peers, g.wl.barrierFlags, g.barrierEpoch, me, R, 0, {g.err, g.timeoutNs, me}};
+  // (2) Meet every rank of my domain (its stores released, theirs acquired).
+  const RailView& rv = g.rail;
+  ncclext::dev::LsaBarrier bar{g.peers,          g.wl.barrierFlags, g.barrierEpoch,         me - rv.domainBase,
+                               rv.domainSize,    rv.domainBase,     {g.err, g.timeoutNs, me}};
   if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
   // (3) Derive my receive layout.
   const int* rows = static_cast<const int*>(g.peers.local(g.wl.exchange));
@@ -199,14 +210,47 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info) {
   ncclext::dev::lsaBarrierSync(cta, bar, 0);
 }
 
+// Every slice and offset of a region is a multiple of 8 bytes but HT's exchange rows (int32 counts): 4 there.
+__global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kind, int ownerWeighted) {
+  const RailView& rv = g.rail;
+  // LL: the bank of the kind's last send half, which ran before on the stream (the receive half reading it comes
+  // after); HT and the handle's exchange: one bank.
+  const size_t bank = g.wl.bankBytes && kind != kRailHandle ? (g.sent[kind] & 1) * g.wl.bankBytes : 0;
+  char* window = static_cast<char*>(g.peers.local(bank));
+  const RailRegions regions = rv.regionsOf(kind, ownerWeighted != 0);
+  const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
+  for (int s = 0; s < g.nRanks; s++) {
+    if (rv.local(s)) continue;
+    for (int i = regions.first; i <= regions.last; i++) {
+      const char* from = rv.inbox + (size_t)s * rv.outboxBytes + rv.outOff[i];
+      char* to = window + rv.base[i] + (size_t)s * rv.slice[i];
+      if ((rv.base[i] | rv.slice[i]) % 8 == 0) {
+        for (size_t k = tid; k < rv.slice[i] / 8; k += nt)
+          reinterpret_cast<uint64_t*>(to)[k] = reinterpret_cast<const uint64_t*>(from)[k];
+      } else {
+        for (size_t k = tid; k < rv.slice[i] / 4; k += nt)
+          reinterpret_cast<uint32_t*>(to)[k] = reinterpret_cast<const uint32_t*>(from)[k];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ncclResult_t loadRouteKernels() {
-  return ncclext::loadKernels("handle", countKernel, scanKernel, slotKernel, exchangeKernel);
+  return ncclext::loadKernels("handle", countKernel, scanKernel, slotKernel, exchangeKernel, railInboxKernel);
 }
 
-ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange,
+ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream) {
+  return ncclext::launchKernel("railInboxKernel", railInboxKernel, dim3(64), dim3(kThreads), 0, stream, g, kind,
+                               ownerWeighted ? 1 : 0);
+}
+
+ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange, int phase,
                          cudaStream_t stream) {
+  if (phase == kHtReceiveHalf)
+    return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info,
+                                 phase);
   const int tiles = (h.numTokens + kChunkTokens - 1) / kChunkTokens;
   const size_t smem = sizeof(int) * (g.nRanks + g.numExperts);
   NCCLEXT_CHECK(ncclext::launchKernel("ht countKernel", countKernel, dim3(tiles > 0 ? tiles : 1), dim3(kChunkTokens),
@@ -216,7 +260,8 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
   if (tiles > 0)
     NCCLEXT_CHECK(ncclext::launchKernel("ht slotKernel", slotKernel, dim3(tiles), dim3(kChunkTokens), 0, stream, g, h));
   if (!exchange) return ncclSuccess;  // LL: the counts travel with dispatch
-  return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info);
+  return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info,
+                               phase);
 }
 
 }  // namespace ncclep

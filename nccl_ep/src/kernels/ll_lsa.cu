@@ -705,36 +705,10 @@ __global__ void __launch_bounds__(kLlThreads) llCleanBarrierKernel(GroupView g, 
   __syncthreads();
 }
 
-// Across domains (ht.h, RailView): the grid copies every remote source's slices of `kind` from the inbox into its
-// slices of the call's bank, 8 bytes a thread at a time (every slice and its offsets are multiples of 8). The call is
-// the last send half of its kind, whose number this rank's sent counter holds (the send half ran before on the
-// stream); the receive half that reads them comes after.
-__global__ void __launch_bounds__(kLlThreads) llRailInboxKernel(GroupView g, int kind, int ownerWeighted) {
-  const RailView& rv = g.rail;
-  char* bank = static_cast<char*>(g.peers.local(bankOf(g, g.sent[kind])));
-  const RailRegions regions = RailRegions::of(kind, ownerWeighted != 0);
-  const int first = regions.first, last = regions.last;
-  const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
-  for (int s = 0; s < g.nRanks; s++) {
-    if (rv.local(s)) continue;
-    for (int i = first; i <= last; i++) {
-      const uint64_t* from = reinterpret_cast<const uint64_t*>(rv.inbox + (size_t)s * rv.outboxBytes + rv.outOff[i]);
-      uint64_t* to = reinterpret_cast<uint64_t*>(bank + rv.base[i] + (size_t)s * rv.slice[i]);
-      for (size_t k = tid; k < rv.slice[i] / 8; k += nt) to[k] = from[k];
-    }
-  }
-}
-
 }  // namespace
 
 ncclResult_t loadLlKernels() {
-  return ncclext::loadKernels("Low-Latency", llDispatchKernel, llCombineKernel, llCleanBarrierKernel,
-                              llRailInboxKernel);
-}
-
-ncclResult_t launchLlRailInbox(const GroupView& g, CallKind kind, bool ownerWeighted, cudaStream_t stream) {
-  return ncclext::launchKernel("ll railInboxKernel", llRailInboxKernel, dim3(64), dim3(kLlThreads), 0, stream, g,
-                               (int)kind, ownerWeighted ? 1 : 0);
+  return ncclext::loadKernels("Low-Latency", llDispatchKernel, llCombineKernel, llCleanBarrierKernel);
 }
 
 ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,

@@ -11,8 +11,9 @@
 
 Every call runs on the current torch CUDA stream (or `stream=`), asynchronously, like a torch collective. Failures
 raise nccl.ep.NcclError subclasses carrying the library's text; a device wait that timed out (a peer gone) is raised
-by the next call or by Group.check(). Two modes, inside one NVLink domain: High-Throughput (the default; FLAT and
-EXPERT_MAJOR layouts) and Low-Latency (`algorithm="low_latency"`, decode: sized once for at most 1024 tokens per
+by the next call or by Group.check(). Two modes, inside one NVLink domain or across several (rows for another
+domain's ranks go over NCCL send/recv between a call's halves): High-Throughput (the default; FLAT and EXPERT_MAJOR
+layouts) and Low-Latency (`algorithm="low_latency"`, decode: sized once for at most 1024 tokens per
 rank, fixed worst-case outputs in RANK_MAJOR or EXPERT_MAJOR layout, the receive counts produced by each dispatch,
 fp8 quantisation on the way, and with `enable_mask=True` a mask of active ranks for fault tolerance: see
 Group.dispatch and Group.mask_update). nccl.ep.autograd has differentiable dispatch/combine (FLAT),
@@ -615,8 +616,8 @@ class Group:
 
     def info(self) -> dict:
         """What the group is (ncclEpGroupGetInfo, local): n_domains, domain_size, window_bytes, and the fixed bytes a
-        Low-Latency call moves to each rank of another domain (rail_dispatch_bytes, rail_combine_bytes,
-        rail_combine_owner_bytes: 0 with one domain)."""
+        call moves to each rank of another domain (rail_dispatch_bytes, rail_combine_bytes, rail_combine_owner_bytes:
+        0 with one domain; the last is Low-Latency's owner-weighted combine, 0 in High-Throughput)."""
         raw = _GroupInfo.new()
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}

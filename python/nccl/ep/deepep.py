@@ -63,8 +63,9 @@ _KNOWN_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
 
 
 def _unsupported(what: str) -> NotImplementedError:
-    return NotImplementedError("nccl.ep.deepep: %s is not implemented by nccl.ep yet (High-Throughput dispatch "
-                               "and combine inside one NVLink domain are, and Low-Latency across domains too)" % what)
+    return NotImplementedError("nccl.ep.deepep: %s is not implemented by nccl.ep yet (High-Throughput and "
+                               "Low-Latency dispatch and combine are, inside one NVLink domain and across domains)"
+                               % what)
 
 
 class _Hook:

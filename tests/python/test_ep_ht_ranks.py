@@ -1,0 +1,122 @@
+"""nccl.ep High-Throughput on any number of ranks: 1, or several under torchrun (on one GPU with --one-gpu nodes: every
+rank an NVLink domain of its own, so every row between ranks goes over the rail exchange of docs/ARCHITECTURE.md,
+"High-Throughput across NVLink domains"). Every rank derives every rank's inputs from the seed and the rank, so each
+checks its own outputs against a torch reference without any exchange: FLAT rows by source in token order with their
+local expert ids and weights, EXPERT_MAJOR zones by (source, token), the counts, and both combines. Values are
+multiples of 1/8 small enough that every product and sum is exact in fp32, so outputs compare exactly."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nccl.ep as ep  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+M, H, LOCAL, K = 48, 256, 3, 4  # tokens per rank at most, hidden, experts per rank, top-k
+
+
+def _inputs(s, R):
+    """Source s's tokens: (the routing [T_s, K] over R * LOCAL experts with some -1, x [T_s, H] bf16, weights)."""
+    gen = torch.Generator().manual_seed(7000 + 31 * s + R)
+    T = 9 + (11 * s) % (M - 9)
+    E = R * LOCAL
+    k = min(K, E)
+    idx = torch.full((T, K), -1, dtype=torch.int64)
+    for t in range(T):
+        idx[t, :k] = torch.randperm(E, generator=gen)[:k]
+    idx[torch.rand(T, K, generator=gen) < 0.15] = -1
+    x = (torch.randint(-32, 33, (T, H), generator=gen) * 0.125).to(torch.bfloat16)
+    w = torch.randint(1, 9, (T, K), generator=gen) * 0.125
+    return idx, x, w
+
+
+def _mine(idx, d):
+    """Whether each column's expert lives on rank d."""
+    return (idx >= 0) & (idx // LOCAL == d)
+
+
+@pytest.fixture(scope="module")
+def ht(world):
+    rank, R = world
+    g = ep.Group(num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, max_topk=K, num_sms=8, timeout_s=30)
+    yield g, rank, R
+    g.close()
+
+
+@pytest.mark.parametrize("sizing", ["exact", "worst_case"])
+def test_flat_rows_from_every_source_and_combine(ht, sizing):
+    g, me, R = ht
+    idx, x, w = _inputs(me, R)
+    recv = g.dispatch(x.cuda(), idx.cuda(), w.float().cuda(), layout="flat", sizing=sizing)
+    torch.cuda.synchronize()
+    want, want_idx, want_w = [], [], []
+    for s in range(R):  # source by source, each source's tokens with an expert here in token order
+        idx_s, x_s, w_s = _inputs(s, R)
+        hit = _mine(idx_s, me)
+        sent = hit.any(dim=1)
+        assert int(recv.rank_counts[s]) == int(sent.sum()), s
+        want.append(x_s[sent])
+        want_idx.append(torch.where(hit, idx_s - me * LOCAL, torch.full_like(idx_s, -1))[sent])
+        want_w.append(torch.where(hit, w_s, 0.0)[sent])
+    rows = torch.cat(want)
+    n = rows.shape[0]
+    if sizing == "exact":
+        assert recv.tokens.shape[0] == n
+    assert torch.equal(recv.tokens[:n].cpu(), rows)
+    assert torch.equal(recv.topk_idx[:n].long().cpu(), torch.cat(want_idx))
+    assert torch.equal(recv.topk_weights[:n].cpu(), torch.cat(want_w).float())
+    # Every rank doubles the rows it got: my token t comes back once from each rank it was sent to.
+    out = g.combine(recv.tokens * 2, recv.handle)
+    torch.cuda.synchronize()
+    ranks_hit = torch.stack([_mine(idx, d).any(dim=1) for d in range(R)], dim=1).sum(dim=1)
+    assert torch.equal(out.cpu(), (x.float() * 2 * ranks_hit.unsqueeze(1)).to(torch.bfloat16))
+    recv.handle.close()
+
+
+def test_expert_major_zones_and_weighted_combine(ht):
+    g, me, R = ht
+    idx, x, w = _inputs(me, R)
+    recv = g.dispatch(x.cuda(), idx.cuda(), w.float().cuda(), layout="expert_major", sizing="exact")
+    torch.cuda.synchronize()
+    offsets = recv.expert_offsets.long().cpu()
+    for l in range(LOCAL):
+        e = me * LOCAL + l
+        want, want_w = [], []
+        for s in range(R):  # zone l: source by source, each source's tokens naming e in token order
+            idx_s, x_s, w_s = _inputs(s, R)
+            t, k = (idx_s == e).nonzero(as_tuple=True)
+            want.append(x_s[t])
+            want_w.append(w_s[t, k])
+        rows = torch.cat(want)
+        c, o = rows.shape[0], int(offsets[l])
+        assert int(recv.expert_counts[l]) == c, l
+        assert torch.equal(recv.tokens[o:o + c].cpu(), rows), l
+        assert torch.equal(recv.topk_weights[o:o + c].cpu(), torch.cat(want_w).float()), l
+    # Expert e multiplies by (e % 3 + 1); combine weighs each expert's row by its dispatched weight: every other rank
+    # sums its experts' rows (exact in fp32) and sends that row rounded to bf16; the owner adds its own experts' rows
+    # unrounded, sums (exact in fp32) and rounds once.
+    factor = torch.zeros(recv.tokens.shape[0])
+    for l in range(LOCAL):
+        o, c = int(offsets[l]), int(recv.expert_counts[l])
+        factor[o:o + c] = (me * LOCAL + l) % 3 + 1
+    y = (recv.tokens.float() * factor.cuda().unsqueeze(1)).to(torch.bfloat16)
+    out = g.combine(y, recv.handle)
+    torch.cuda.synchronize()
+    c_of = torch.where(idx >= 0, (idx.clamp(min=0) % 3 + 1).float(), 0.0)
+    parts = [(x.double() * (w * c_of * _mine(idx, d)).double().sum(dim=1, keepdim=True)).float() for d in range(R)]
+    ref = torch.stack([p if d == me else p.to(torch.bfloat16).float() for d, p in enumerate(parts)]).sum(dim=0)
+    ref = ref.to(torch.bfloat16)
+    assert torch.equal(out.cpu(), ref)
+    recv.handle.close()
+
+
+def test_group_info_says_what_crosses_domains(ht):
+    g, me, R = ht
+    info = g.info()
+    assert info["n_domains"] * info["domain_size"] == R
+    across = info["n_domains"] > 1
+    assert (info["rail_dispatch_bytes"] > 0) == across and (info["rail_combine_bytes"] > 0) == across
+    assert info["rail_combine_owner_bytes"] == 0  # no owner-weighted combine in High-Throughput
+    if across:  # a dispatch slice holds M rows of H bf16 columns and their metadata
+        assert info["rail_dispatch_bytes"] > M * H * 2 and info["rail_combine_bytes"] >= M * H * 2
