@@ -29,22 +29,57 @@ using TileRows = T (*)[kTileEdge + 1];
 constexpr int kTileBufferWords = kTileEdge * (kTileEdge + 1);  // 8-byte words: room for the widest elements
 static_assert(kThreads % kTileEdge == 0, "a CTA is whole groups of kTileEdge threads");
 
+// 16 bytes as T elements.
+template <typename T>
+union Vec16 {
+  int4 v;
+  T e[16 / sizeof(T)];
+};
+
 // A tile segment of a transposing local copy (move.h, tileSpanOf), one tile after another: the CTA reads the tile's
 // rows along the source's contiguous (last) dim into shared memory, converting there, and writes its columns along
-// the destination's contiguous dim b. Thread x of each group of kTileEdge takes column x on the way in and row x on
-// the way out, so that both global accesses are coalesced.
+// the destination's contiguous dim b. A whole tile with nothing to convert whose rows and columns start on 16 bytes
+// (the common case: a large row-major tensor into a column-major one) moves in 16-byte vectors both ways: thread v
+// loads vector v of the tile's rows (row v / (64 / V), V elements a vector) and stores vector v of its columns,
+// gathered from shared memory. Otherwise thread x of each group of kTileEdge takes column x on the way in and row x
+// on the way out, one element at a time, so that both global accesses are still coalesced.
 template <typename T>
 __device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, TileRows<T> tile) {
+  constexpr int V = 16 / sizeof(T), kVecs = kTileEdge * kTileEdge / V, kPerLine = kTileEdge / V;
   const int b = tileDimOf(d), last = d.ndims - 1;
   const int x = threadIdx.x % kTileEdge, y0 = threadIdx.x / kTileEdge, ys = blockDim.x / kTileEdge;
   const char* src = m.src[d.tensor];
   T* dst = reinterpret_cast<T*>(m.dst[d.tensor]);
   const int sb = sourceBytes(d);
   const int64_t rowStride = d.srcStride[b], colStride = d.dstStride[last];
+  const bool stridesAligned = d.convert == kConvertNone && (rowStride * sb) % 16 == 0 &&
+                              (colStride * (int64_t)sizeof(T)) % 16 == 0;
   for (int64_t t = g.firstElement; t < g.firstElement + g.elements; t++) {
     const TileSpan s = tileSpanOf(d, b, t);
     int64_t s0, t0;
     moveOffsets(d, s.e0, &s0, &t0);
+    const char* from0 = src + s0 * sb;
+    T* to0 = dst + t0;
+    if (stridesAligned && s.rows == kTileEdge && s.cols == kTileEdge &&
+        (reinterpret_cast<uintptr_t>(from0) | reinterpret_cast<uintptr_t>(to0)) % 16 == 0) {
+      for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
+        const int i = v / kPerLine, j = (v % kPerLine) * V;
+        Vec16<T> u;
+        u.v = __ldg(reinterpret_cast<const int4*>(from0 + (i * rowStride + j) * sb));
+#pragma unroll
+        for (int k = 0; k < V; k++) tile[i][j + k] = u.e[k];
+      }
+      __syncthreads();
+      for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
+        const int j = v / kPerLine, i = (v % kPerLine) * V;
+        Vec16<T> u;
+#pragma unroll
+        for (int k = 0; k < V; k++) u.e[k] = tile[i + k][j];
+        *reinterpret_cast<int4*>(to0 + j * colStride + i) = u.v;
+      }
+      __syncthreads();  // the tile is refilled next
+      continue;
+    }
     if (x < s.cols) {
       for (int i = y0; i < s.rows; i += ys) {
         const char* from = src + (s0 + i * rowStride + x) * sb;

@@ -59,8 +59,14 @@ struct ncclM2nPlan {
   ncclm2n::MoveDesc *copies = nullptr, *sends = nullptr, *recvs = nullptr;
   ncclm2n::MoveSegment *copySegsDev = nullptr, *pack = nullptr, *unpack = nullptr, *remote = nullptr;
   char* staging = nullptr;
-  const void** src = nullptr;  // [nTensors + quant.size()] the call's pointers (with the scratch's), set by execute
+  // The call's pointers, one allocation set by one launch per execute: src [nTensors + quant.size()] (with the
+  // scratch's), then dst [nTensors]. `uploaded` is what the last upload wrote; an eager execute with the same
+  // pointers skips it (executes of a plan are stream-ordered, as its staging requires). Once an execute was
+  // captured, never: a replay rewrites the array with the captured pointers behind the host's back.
+  const void** src = nullptr;
   void** dst = nullptr;
+  std::vector<const void*> uploaded;
+  bool everCaptured = false;
   // fp8 quantisation (quantize.h): the quantised tensors, this rank's descriptors, their scratch.
   std::vector<int> fp8Tensors;
   std::vector<ncclm2n::QuantDesc> quant;
@@ -557,9 +563,9 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   NCCLEXT_CHECK(upload(plan->quant, &plan->quantDev, stream));
   if (scratchBytes > 0) NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->scratch), scratchBytes));
   if (plan->nTensors > 0) {
-    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->src),
-                            sizeof(void*) * (plan->nTensors + plan->quant.size())));
-    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->dst), sizeof(void*) * plan->nTensors));
+    const size_t nSrc = plan->nTensors + plan->quant.size();
+    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&plan->src), sizeof(void*) * (nSrc + plan->nTensors)));
+    plan->dst = const_cast<void**>(plan->src + nSrc);
   }
   NCCLEXT_CHECK(upload(plan->tables.remote, &plan->remote, stream));
   if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), lsaRounds, domainStreams, stream));
@@ -607,11 +613,20 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     }
     src = withScratch.data();
   }
-  NCCLEXT_CHECK(launchSetPointers(plan->src, src, plan->nTensors + (int64_t)plan->quant.size(), stream));
+  // The pointers, sources then destinations, in one launch (none when an eager execute repeats the last ones).
+  const size_t nSrc = plan->nTensors + plan->quant.size();
+  std::vector<const void*> pointers(nSrc + plan->nTensors, nullptr);
+  if (src) std::copy(src, src + nSrc, pointers.begin());
+  if (dst) std::copy(dst, dst + plan->nTensors, pointers.begin() + nSrc);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  NCCLEXT_CUDA(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) plan->everCaptured = true;
+  if (plan->everCaptured || pointers != plan->uploaded) {
+    NCCLEXT_CHECK(launchSetPointers(plan->src, pointers.data(), (int64_t)pointers.size(), stream));
+    plan->uploaded = pointers;
+  }
   NCCLEXT_CHECK(launchQuantize(plan->quantDev, (int)plan->quant.size(), plan->quantMaxBlocks,
                                reinterpret_cast<const char* const*>(plan->src), plan->scratch, stream));
-  NCCLEXT_CHECK(launchSetPointers(const_cast<const void**>(plan->dst), const_cast<const void* const*>(dst),
-                                  plan->nTensors, stream));
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
   char* const* d = reinterpret_cast<char* const*>(plan->dst);
   NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, (int64_t)plan->copySegs.size(), s, d, stream));
@@ -619,8 +634,6 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   // Whatever happens below, what was enqueued by ncclSend / ncclRecv is watched (a capture is not: its replays run
   // later, unwatched). The LSA barriers bound their own waits.
   const bool p2p = !x.direct.empty() || !x.ops.empty();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing(stream, &capture);
   struct Watch {
     ncclM2nPlan* plan;
     cudaStream_t stream;
@@ -741,7 +754,7 @@ ncclResult_t destroyPlan(ncclM2nPlan* plan) {
   plan->x.reset();  // the exchange communicator goes with the last plan on it
   for (void* p : {(void*)plan->copies, (void*)plan->sends, (void*)plan->recvs, (void*)plan->copySegsDev,
                   (void*)plan->pack, (void*)plan->unpack, (void*)plan->remote, (void*)plan->staging,
-                  (void*)plan->src, (void*)plan->dst, (void*)plan->quantDev, (void*)plan->scratch,
+                  (void*)plan->src, (void*)plan->quantDev, (void*)plan->scratch,
                   (void*)plan->epochs})
     if (p) cudaFree(p);
   delete plan;  // the window before the domain
