@@ -39,8 +39,8 @@ def world():
 def one_rank_world(world):
     """world, for a module written for one rank: skipped under a launcher with several."""
     if world[1] != 1:
-        pytest.skip("written for 1 rank (%d here): several ranks need their own tests (Low-Latency: "
-                    "test_ep_ll_ranks.py, High-Throughput: test_ep_ht_ranks.py)" % world[1])
+        pytest.skip("written for 1 rank (%d here): several ranks need their own tests (test_ep_ll_ranks.py, "
+                    "test_ep_ht_ranks.py, test_deepep_ranks.py)" % world[1])
     yield world
 
 

@@ -1,6 +1,6 @@
-"""A DeepEP-style intranode test of nccl.ep.deepep, written as code for deep_ep is (1 rank here; several ranks on
-one GPU need EP across NVLink domains, several GPUs the 2-GPU runs): layout, dispatch (plain, cached, worst-case),
-combine, events, against torch on fresh random data.
+"""A DeepEP-style intranode test of nccl.ep.deepep, written as code for deep_ep is (1 rank here; several ranks:
+test_deepep_ranks.py): layout, dispatch (plain, cached, worst-case), combine, events, against torch on fresh random
+data.
 
 Low-Latency, as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
 input (a pattern carrying rank and token index, and random data), bf16 and fp8 (with and without power-of-two

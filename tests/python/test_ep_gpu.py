@@ -2,7 +2,7 @@
 the launcher's). Against a torch reference on fresh random data, outputs poisoned by the library's own contract
 (rows past the receive count untouched); a CUDA graph of handle update + dispatch + combine replayed with new
 routings, the torch.library ops compiled (fullgraph) against eager with their gradients, and fp8 rows with their
-scales forwarded byte-exact. Several ranks on one GPU need EP across NVLink domains (issue 12).
+scales forwarded byte-exact. Several ranks: test_ep_ht_ranks.py, test_ep_ll_ranks.py.
 
 Low-Latency (a group of its own; skipped with a library that does not have the mode): both layouts against the
 contract of tests/unit/ep_ll_reference.h, exactly - rows, src_info, counts, the fp8 quantiser reimplemented in

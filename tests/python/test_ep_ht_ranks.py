@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import nccl.ep as ep  # noqa: E402
+from _seeded import on_rank, routed_tokens  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -18,22 +19,11 @@ M, H, LOCAL, K = 48, 256, 3, 4  # tokens per rank at most, hidden, experts per r
 
 def _inputs(s, R):
     """Source s's tokens: (the routing [T_s, K] over R * LOCAL experts with some -1, x [T_s, H] bf16, weights)."""
-    gen = torch.Generator().manual_seed(7000 + 31 * s + R)
-    T = 9 + (11 * s) % (M - 9)
-    E = R * LOCAL
-    k = min(K, E)
-    idx = torch.full((T, K), -1, dtype=torch.int64)
-    for t in range(T):
-        idx[t, :k] = torch.randperm(E, generator=gen)[:k]
-    idx[torch.rand(T, K, generator=gen) < 0.15] = -1
-    x = (torch.randint(-32, 33, (T, H), generator=gen) * 0.125).to(torch.bfloat16)
-    w = torch.randint(1, 9, (T, K), generator=gen) * 0.125
-    return idx, x, w
+    return routed_tokens(s, R, max_tokens=M, hidden=H, local=LOCAL, topk=K, seed=7000)
 
 
 def _mine(idx, d):
-    """Whether each column's expert lives on rank d."""
-    return (idx >= 0) & (idx // LOCAL == d)
+    return on_rank(idx, d, LOCAL)
 
 
 @pytest.fixture(scope="module")

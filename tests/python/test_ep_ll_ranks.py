@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import nccl.ep as ep  # noqa: E402
+from _seeded import on_rank, routed_tokens  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -19,23 +20,12 @@ M, H, LOCAL, K = 24, 512, 2, 3  # tokens per rank at most, hidden, experts per r
 def _inputs(s, R):
     """Source s's tokens: (T_s, the routing [T_s, K] over R * LOCAL experts with some -1, x [T_s, H] bf16, dispatch
     weights and owner weights [T_s, K])."""
-    gen = torch.Generator().manual_seed(9000 + 17 * s + R)
-    T = 5 + (7 * s) % (M - 5)
-    E = R * LOCAL
-    k = min(K, E)
-    idx = torch.full((T, K), -1, dtype=torch.int64)
-    for t in range(T):
-        idx[t, :k] = torch.randperm(E, generator=gen)[:k]
-    idx[torch.rand(T, K, generator=gen) < 0.15] = -1
-    x = (torch.randint(-32, 33, (T, H), generator=gen) * 0.125).to(torch.bfloat16)
-    w = torch.randint(1, 9, (T, K), generator=gen) * 0.125
-    w_owner = torch.randint(1, 9, (T, K), generator=gen) * 0.125
-    return T, idx, x, w, w_owner
+    idx, x, w, w_owner = routed_tokens(s, R, max_tokens=M, hidden=H, local=LOCAL, topk=K, seed=9000, n_weights=2)
+    return idx.shape[0], idx, x, w, w_owner
 
 
 def _mine(idx, d):
-    """Whether each column's expert lives on rank d."""
-    return (idx >= 0) & (idx // LOCAL == d)
+    return on_rank(idx, d, LOCAL)
 
 
 @pytest.fixture(scope="module")

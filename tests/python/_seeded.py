@@ -1,0 +1,26 @@
+"""Inputs every rank derives for every rank, for the tests of several ranks that check their own outputs against
+torch without any exchange (test_ep_ll_ranks.py, test_ep_ht_ranks.py, test_deepep_ranks.py). Values are multiples
+of 1/8 small enough that every product and sum those tests form is exact in fp32."""
+
+import torch
+
+
+def routed_tokens(s, R, *, max_tokens, hidden, local, topk, seed, n_weights=1):
+    """Source s's tokens among R ranks: (the routing [T_s, topk] over R * local experts, distinct ids with some -1;
+    x [T_s, hidden] bf16 in [-4, 4]; n_weights weight tensors [T_s, topk] in [1/8, 1]), T_s in [5, max_tokens)."""
+    gen = torch.Generator().manual_seed(seed + 17 * s + R)
+    T = 5 + (7 * s + seed) % (max_tokens - 5)
+    E = R * local
+    k = min(topk, E)
+    idx = torch.full((T, topk), -1, dtype=torch.int64)
+    for t in range(T):
+        idx[t, :k] = torch.randperm(E, generator=gen)[:k]
+    idx[torch.rand(T, topk, generator=gen) < 0.15] = -1
+    x = (torch.randint(-32, 33, (T, hidden), generator=gen) * 0.125).to(torch.bfloat16)
+    weights = [torch.randint(1, 9, (T, topk), generator=gen) * 0.125 for _ in range(n_weights)]
+    return (idx, x, *weights)
+
+
+def on_rank(idx, d, local):
+    """Whether each column's expert lives on rank d (local experts a rank)."""
+    return (idx >= 0) & (idx // local == d)
