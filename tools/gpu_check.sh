@@ -37,9 +37,11 @@ RUNS=(
   # The High-Throughput benchmark across domains (one-GPU nodes: beside NCCL send/recv of the rail exchange's bytes
   # in the same run; --quick keeps real-GPU runs to one shape, the full benchmark being bench/run_ep_bench.sh's).
   "ep_ht_bench|$BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes"
-  # nodes: every piece between ranks by ncclSend/ncclRecv; virtual: every piece over LSA through the plans' windows
-  # (its 4-rank failures of earlier sessions were cured by the virtual ranks' launch fences: docs/M2N.md).
-  "m2n_exec|$BUILDDIR/bin/m2n_exec_test --nranks NRANKS --cases 100 --json JSON|1|nodes virtual"
+  # nodes: every piece between ranks by ncclSend/ncclRecv (100 batches: loopback sockets are slow); real GPUs and
+  # virtual ranks, every piece over LSA through the plans' windows: 1000 batches, about 2000 layout pairs (the
+  # virtual ranks' 4-rank failures of earlier sessions were cured by their launch fences: docs/M2N.md).
+  "m2n_exec|$BUILDDIR/bin/m2n_exec_test --nranks NRANKS --cases 100 --json JSON|2|nodes"
+  "m2n_exec_many|$BUILDDIR/bin/m2n_exec_test --nranks NRANKS --cases 1000 --json JSON|1|virtual"
   "m2n_dead_peer|$BUILDDIR/bin/m2n_exec_test --dead-peer --timeout-s 3 --nranks NRANKS --json JSON|2|nodes virtual"
   # The M2N benchmark (single tensors over layout pairs, beside the copy engine or NCCL send/recv of the same bytes
   # in the same run; docs/PERFORMANCE.md). Every destination element is checked once per case.

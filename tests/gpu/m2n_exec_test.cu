@@ -453,7 +453,7 @@ int64_t registrationCase(ncclext::harness::RankContext& ctx, const Options& o) {
 }
 
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
-  int64_t errors = 0, cases = 0, elements = 0, oneShots = 0;
+  int64_t errors = 0, cases = 0, pairs = 0, elements = 0, oneShots = 0;
   bool graphDone = false, graphOk = true;
   cudaGraph_t heldGraph = nullptr;
   cudaGraphExec_t heldExec = nullptr;
@@ -520,6 +520,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       const ShardGrid dg(tp.dst);
       for (int pos = 0; pos < tp.dst.mesh.size(); pos++) elements += dg.boxOfPosition(pos).elements();
     }
+    pairs += (int64_t)b.p.tensors.size();
     cases++;
     // Once: the same execute captured in a graph and replayed with fresh source values.
     if (!graphDone && !b.p.tensors.empty()) {
@@ -597,19 +598,20 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   const uint64_t mine = (uint64_t)errors + (graphOk ? 0 : 1) + (mismatchOk ? 0 : 1);
   if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = mine + 1;
   const bool pass = total == 0 && cases > 0;
-  printf("rank %d: %lld batches executed (%lld destination elements in all), %lld one-shot reshards, graph replays "
-         "%s, mismatch %s, errors %lld (all ranks %llu), %.1f s -> %s (seed %llu)\n",
-         ctx.rank, (long long)cases, (long long)elements, (long long)oneShots, graphOk ? "ok" : "FAILED",
+  printf("rank %d: %lld batches executed (%lld layout pairs, %lld destination elements in all), %lld one-shot "
+         "reshards, graph replays %s, mismatch %s, errors %lld (all ranks %llu), %.1f s -> %s (seed %llu)\n",
+         ctx.rank, (long long)cases, (long long)pairs, (long long)elements, (long long)oneShots,
+         graphOk ? "ok" : "FAILED",
          mismatchOk ? "ok" : "FAILED",
          (long long)errors, (unsigned long long)total, seconds, pass ? "PASS" : "FAIL", (unsigned long long)o.seed);
   if (ctx.rank == 0 && !o.json.empty()) {
     if (FILE* f = fopen(o.json.c_str(), "a")) {
       fprintf(f,
               "{\"test\": \"m2n_exec\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %lld, "
-              "\"elements\": %lld, \"seconds\": %.3f, \"seed\": %llu, \"plan_create_ms\": %.2f, "
-              "\"plan_create_retained_ms\": %.2f}\n",
+              "\"layout_pairs\": %lld, \"elements\": %lld, \"seconds\": %.3f, \"seed\": %llu, "
+              "\"plan_create_ms\": %.2f, \"plan_create_retained_ms\": %.2f}\n",
               ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", (long long)cases,
-              (long long)elements, seconds, (unsigned long long)o.seed, createMs[0], createMs[1]);
+              (long long)pairs, (long long)elements, seconds, (unsigned long long)o.seed, createMs[0], createMs[1]);
       fclose(f);
     }
   }
