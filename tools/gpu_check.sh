@@ -87,6 +87,18 @@ if command -v torchrun >/dev/null 2>&1; then
 fi
 
 : > "$RAW/runs.tsv"
+# GPU_CHECK_PART=K/N: only every N-th run of the selection, starting at the K-th (1-based), so that N calls of at most
+# a few minutes each (a device lease's per-call limit) cover the whole check between them, each with its own JSON.
+PART_K=1 PART_N=1
+if [ -n "${GPU_CHECK_PART:-}" ]; then
+  if ! [[ $GPU_CHECK_PART =~ ^([0-9]+)/([0-9]+)$ ]] || [ "${BASH_REMATCH[1]}" -lt 1 ] ||
+     [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
+    echo "gpu-check: GPU_CHECK_PART=$GPU_CHECK_PART: K/N with 1 <= K <= N" >&2
+    exit 2
+  fi
+  PART_K=${BASH_REMATCH[1]} PART_N=${BASH_REMATCH[2]}
+fi
+SELECTED=0
 # run NAME NRANKS MODE CMD: one row of the table.
 run() {
   local name=$1 n=$2 mode=$3 cmd=$4
@@ -94,6 +106,8 @@ run() {
   [ "$mode" != real ] && tag="$name[$mode]"
   # GPU_CHECK_ONLY=REGEX: only the runs whose name matches (e.g. 'm2n|python').
   [ -n "${GPU_CHECK_ONLY:-}" ] && ! [[ $name =~ ${GPU_CHECK_ONLY} ]] && return 0
+  SELECTED=$((SELECTED + 1))
+  [ $(((SELECTED - 1) % PART_N)) -ne $((PART_K - 1)) ] && return 0
   local json="$RAW/$tag.$n.jsonl" log="$RAW/$tag.$n.log"
   : > "$json"
   cmd=${cmd//NRANKS/$n}
@@ -139,8 +153,8 @@ done
 
 python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-check-$STAMP.json"
 status=$?
-# Benchmarks (after the tests, on every GPU): GPU_CHECK_BENCH=0 skips them.
-if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ $status -eq 0 ]; then
+# Benchmarks (after the tests, on every GPU; with GPU_CHECK_PART, after the last part's): GPU_CHECK_BENCH=0 skips them.
+if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ $status -eq 0 ] && [ "$PART_K" = "$PART_N" ]; then  # (the last part)
   BUILDDIR=$BUILDDIR BENCH_OUT=$OUTDIR bench/run_ep_bench.sh || status=1
 fi
 exit $status
