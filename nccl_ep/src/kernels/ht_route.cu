@@ -139,7 +139,12 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
       for (int i = threadIdx.x; i < R + E; i += blockDim.x) row[i] = totals[i];
       for (int c = threadIdx.x; c <= NC; c += blockDim.x) row[R + E + c] = h.tileCount[(size_t)c * cols + r];
     }
-    if (phase == kHtSendHalf) return;  // the rail exchange runs next (the kernel's end orders my stores before it)
+    // Across domains the release that publishes these rows to my domain is the receive half's barrier, a later
+    // kernel: each thread's stores are made visible at system scope before this kernel can end.
+    if (phase == kHtSendHalf) {
+      __threadfence_system();
+      return;
+    }
   }
   // (2) Meet every rank of my domain (its stores released, theirs acquired).
   const RailView& rv = g.rail;
