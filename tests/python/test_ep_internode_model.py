@@ -262,6 +262,25 @@ def test_cli_as_a_script(tmp_path):
     assert bad.returncode == 2 and "split evenly" in bad.stderr
 
 
+def test_ht_fixed_slices_follow_the_library_layout():
+    # nodes 2 x 1 GPU, top-2, hidden 256, max_tokens 4: row 512 B, metadata 64 B (12 + 24 + 16 scales, 16-aligned);
+    # tests/unit/ep_api_test.cc (EpRail.HighThroughputFixedSliceBytesMatchTheModel) checks the same numbers.
+    b = m.ht_fixed_slice_bytes(2, 1, 256, 2, 4)
+    assert b["dispatch_per_peer"] == 4 * (512 + 64) == 2304
+    assert b["combine_per_peer"] == 32 + 4 * 512 == 2080 and b["remote_ranks"] == 1
+    assert m.ht_fixed_slice_bytes(2, 1, 256, 2, 3)["combine_per_peer"] == 32 + 3 * 512  # 24 flag bytes, 16-aligned
+    # In predict: fixed rail bytes, NVLink only to the own domain's other ranks; refused for LL or too few rows.
+    d, c = m.predict("ht", 2, 1, 3, 256, 2, 4, "bf16", ht_fixed_slices=4)
+    assert d["rail_bytes"] == 2304 and c["rail_bytes"] == 2080 and d["nvlink_bytes"] == 0 and d["ht_fixed_slices"] == 4
+    two_gpus = m.predict("ht", 2, 2, 3, 256, 2, 8, "bf16", ht_fixed_slices=4)[0]
+    assert two_gpus["rail_bytes"] == 2 * 2304 and two_gpus["nvlink_bytes"] > 0
+    for bad in (dict(mode="ll"), dict(tokens=5)):
+        args = dict(mode="ht", nodes=2, gpus=1, tokens=3, hidden=256, k=2, experts=4, dtype="bf16")
+        args.update(bad)
+        with pytest.raises(ValueError):
+            m.predict(ht_fixed_slices=4, **args)
+
+
 def test_ll_fixed_slices_follow_the_library_layout():
     # nodes 2 x 1 GPU, 4 experts, top-2, hidden 256, max_tokens 4: row 512 B, one slice, metadata 64 B, header 32 B;
     # tests/unit/ep_api_test.cc (EpRail.FixedSliceBytesMatchTheModel) checks the same numbers against layoutGroup.

@@ -534,4 +534,25 @@ TEST(EpRail, FixedSliceBytesMatchTheModel) {
   EXPECT_EQ(bytes(ncclep::kCombine, true), 3120u);
 }
 
+// The same for High-Throughput's flat exchange (ht_fixed_slice_bytes): 2 one-GPU domains, top-2, rows of 512 bytes,
+// 4 tokens: dispatch rows + metadata (64 bytes a row), combine flags + rows.
+TEST(EpRail, HighThroughputFixedSliceBytesMatchTheModel) {
+  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+  cfg.num_experts = 4;
+  cfg.max_tokens_per_rank = 4;
+  cfg.max_token_bytes = 512;
+  cfg.max_topk = 2;
+  ncclext::Topology topo;
+  ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
+  ncclep::GroupView v;
+  ncclep::layoutGroup(cfg, topo, &v);
+  auto bytes = [&](int kind) { return v.rail.spanOf(v.rail.regionsOf(kind, false)); };
+  EXPECT_EQ(v.meta.bytes, 64u);
+  EXPECT_EQ(bytes(ncclep::kDispatch), 2304u);
+  EXPECT_EQ(bytes(ncclep::kCombine), 2080u);
+  cfg.max_tokens_per_rank = 3;  // 24 flag bytes, padded to 16 before the rows
+  ncclep::layoutGroup(cfg, topo, &v);
+  EXPECT_EQ(bytes(ncclep::kCombine), 32u + 3 * 512);
+}
+
 }  // namespace
