@@ -503,56 +503,46 @@ TEST(EpRail, HighThroughputOutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
   }
 }
 
-// The analytic model's fixed-slice bytes (bench/ep_internode_model.py, ll_fixed_slice_bytes; its test checks the
-// same numbers) are the library's: 2 one-GPU domains, 4 experts, top-2, rows of 512 bytes, 4 tokens.
-TEST(EpRail, FixedSliceBytesMatchTheModel) {
+// What one exchange of `kind` moves to each remote rank (RailView::spanOf), on rank 0 of 2 one-GPU domains: top-2,
+// rows of 512 bytes.
+size_t fixedSliceBytes(int algorithm, int experts, int tokens, int kind, bool ownerWeighted) {
   ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-  cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
-  cfg.num_experts = 4;
-  cfg.max_tokens_per_rank = 4;
+  cfg.algorithm = (ncclEpAlgorithm_t)algorithm;
+  cfg.num_experts = experts;
+  cfg.max_tokens_per_rank = tokens;
   cfg.max_token_bytes = 512;
   cfg.max_topk = 2;
   ncclext::Topology topo;
-  ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
+  EXPECT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
   ncclep::GroupView v;
   ncclep::layoutGroup(cfg, topo, &v);
-  auto bytes = [&](int kind, bool owner) { return v.rail.spanOf(ncclep::RailRegions::of(kind, owner)); };
-  EXPECT_EQ(bytes(ncclep::kDispatch, false), 2368u);
-  EXPECT_EQ(bytes(ncclep::kCombine, false), 2080u);
-  EXPECT_EQ(bytes(ncclep::kCombine, true), 4160u);
-  // One expert a rank: a token's columns on one rank are at most one, so the owner slices hold one row a slot.
-  cfg.num_experts = 2;
-  ncclep::layoutGroup(cfg, topo, &v);
-  EXPECT_EQ(v.wl.ownerCols, 1);
-  EXPECT_EQ(bytes(ncclep::kCombine, true), 2080u);
-  // Three rows: a flag slice of 24 bytes is padded to 16 before the next region of the call's one message.
-  cfg.num_experts = 4;
-  cfg.max_tokens_per_rank = 3;
-  ncclep::layoutGroup(cfg, topo, &v);
-  EXPECT_EQ(bytes(ncclep::kDispatch, false), 1792u);
-  EXPECT_EQ(bytes(ncclep::kCombine, false), 1568u);
-  EXPECT_EQ(bytes(ncclep::kCombine, true), 3120u);
+  return v.rail.spanOf(v.rail.regionsOf(kind, ownerWeighted));
 }
 
-// The same for High-Throughput's flat exchange (ht_fixed_slice_bytes): 2 one-GPU domains, top-2, rows of 512 bytes,
-// 4 tokens: dispatch rows + metadata (64 bytes a row), combine flags + rows.
+// The analytic model's fixed-slice bytes (bench/ep_internode_model.py, ll_fixed_slice_bytes; its test checks the
+// same numbers) are the library's: 4 experts, 4 tokens.
+TEST(EpRail, FixedSliceBytesMatchTheModel) {
+  auto ll = [](int experts, int tokens, int kind, bool owner) {
+    return fixedSliceBytes(NCCL_EP_ALGO_LOW_LATENCY, experts, tokens, kind, owner);
+  };
+  EXPECT_EQ(ll(4, 4, ncclep::kDispatch, false), 2368u);
+  EXPECT_EQ(ll(4, 4, ncclep::kCombine, false), 2080u);
+  EXPECT_EQ(ll(4, 4, ncclep::kCombine, true), 4160u);
+  // One expert a rank: a token's columns on one rank are at most one, so the owner slices hold one row a slot.
+  EXPECT_EQ(ll(2, 4, ncclep::kCombine, true), 2080u);
+  // Three rows: a flag slice of 24 bytes is padded to 16 before the next region of the call's one message.
+  EXPECT_EQ(ll(4, 3, ncclep::kDispatch, false), 1792u);
+  EXPECT_EQ(ll(4, 3, ncclep::kCombine, false), 1568u);
+  EXPECT_EQ(ll(4, 3, ncclep::kCombine, true), 3120u);
+}
+
+// The same for High-Throughput's flat exchange (ht_fixed_slice_bytes): dispatch rows + metadata (64 bytes a row),
+// combine flags + rows.
 TEST(EpRail, HighThroughputFixedSliceBytesMatchTheModel) {
-  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-  cfg.num_experts = 4;
-  cfg.max_tokens_per_rank = 4;
-  cfg.max_token_bytes = 512;
-  cfg.max_topk = 2;
-  ncclext::Topology topo;
-  ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
-  ncclep::GroupView v;
-  ncclep::layoutGroup(cfg, topo, &v);
-  auto bytes = [&](int kind) { return v.rail.spanOf(v.rail.regionsOf(kind, false)); };
-  EXPECT_EQ(v.meta.bytes, 64u);
-  EXPECT_EQ(bytes(ncclep::kDispatch), 2304u);
-  EXPECT_EQ(bytes(ncclep::kCombine), 2080u);
-  cfg.max_tokens_per_rank = 3;  // 24 flag bytes, padded to 16 before the rows
-  ncclep::layoutGroup(cfg, topo, &v);
-  EXPECT_EQ(bytes(ncclep::kCombine), 32u + 3 * 512);
+  auto ht = [](int tokens, int kind) { return fixedSliceBytes(NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, tokens, kind, false); };
+  EXPECT_EQ(ht(4, ncclep::kDispatch), 4u * (512 + 64));
+  EXPECT_EQ(ht(4, ncclep::kCombine), 2080u);
+  EXPECT_EQ(ht(3, ncclep::kCombine), 32u + 3 * 512);  // 24 flag bytes, padded to 16 before the rows
 }
 
 }  // namespace
