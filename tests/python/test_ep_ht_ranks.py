@@ -2,8 +2,11 @@
 rank an NVLink domain of its own, so every row between ranks goes over the rail exchange of docs/ARCHITECTURE.md,
 "High-Throughput across NVLink domains"). Every rank derives every rank's inputs from the seed and the rank, so each
 checks its own outputs against a torch reference without any exchange: FLAT rows by source in token order with their
-local expert ids and weights, EXPERT_MAJOR zones by (source, token), the counts, and both combines. Values are
-multiples of 1/8 small enough that every product and sum is exact in fp32, so outputs compare exactly."""
+local expert ids and weights, EXPERT_MAJOR zones by (source, token), the counts, and both combines; autograd
+(FLAT) against a torch model of the same layer; and a CUDA graph of handle update + dispatch + combine replayed with
+new routings. Values are multiples of 1/8 small enough that every product and sum is exact in fp32, so outputs
+compare exactly (autograd: to fp32 rounding). torch.compile stays with the one-rank tests: a rank's first compile
+can outlast a peer's device-side wait."""
 
 import pytest
 
@@ -29,7 +32,9 @@ def _mine(idx, d):
 @pytest.fixture(scope="module")
 def ht(world):
     rank, R = world
-    g = ep.Group(num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, max_topk=K, num_sms=8, timeout_s=30)
+    # fp32 rows (the autograd test's) are the widest the tests send.
+    g = ep.Group(num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, dtype=torch.float32, max_topk=K, num_sms=8,
+                 timeout_s=30)
     yield g, rank, R
     g.close()
 
@@ -110,3 +115,68 @@ def test_group_info_says_what_crosses_domains(ht):
     assert info["rail_combine_owner_bytes"] == 0  # no owner-weighted combine in High-Throughput
     if across:  # a dispatch slice holds M rows of H bf16 columns and their metadata
         assert info["rail_dispatch_bytes"] > M * H * 2 and info["rail_combine_bytes"] >= M * H * 2
+
+
+def test_autograd_flat_matches_a_torch_model(ht):
+    import nccl.ep.autograd as epa
+
+    g, me, R = ht
+    idx, x0, w0 = _inputs(me, R)
+    x0, w0 = x0.float().cuda(), w0.float().cuda()
+    grad = torch.linspace(-1, 1, x0.numel(), device="cuda").view_as(x0)
+    xa, wa = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    recv_x, recv_w, handle = epa.dispatch(g, xa, idx.cuda(), wa)
+    y = recv_x * recv_w.sum(dim=1, keepdim=True) + recv_x.pow(2)  # each rank: its columns' weights, then x^2
+    out = epa.combine(g, y, handle)
+    (out * grad).sum().backward()
+    handle.close()
+    # The same layer in torch: every rank the token went to adds x * (its columns' weights) + x^2.
+    xb, wb = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    routed = (idx >= 0).cuda()
+    hits = torch.stack([_mine(idx, d).any(dim=1) for d in range(R)], dim=1).sum(dim=1).cuda().float()
+    ref = xb * torch.where(routed, wb, torch.zeros_like(wb)).sum(dim=1, keepdim=True) + hits.unsqueeze(1) * xb.pow(2)
+    (ref * grad).sum().backward()
+    assert torch.allclose(out, ref.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(xa.grad, xb.grad, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(wa.grad, torch.where(routed, wb.grad, torch.zeros_like(wb.grad)), rtol=1e-4, atol=1e-4)
+
+
+def _fixed_routing(s, R, T, seed):
+    """Source s's routing of T tokens for replay `seed` (the captured graph's inputs keep their shape)."""
+    gen = torch.Generator().manual_seed(100 * seed + 13 * s + R)
+    idx = torch.stack([torch.randperm(LOCAL * R, generator=gen)[:min(K, LOCAL * R)] for _ in range(T)])
+    idx = torch.cat([idx, torch.full((T, K - idx.shape[1]), -1)], dim=1)
+    idx[torch.rand(T, K, generator=gen) < 0.15] = -1
+    return idx
+
+
+def test_a_captured_update_dispatch_combine_replays_with_new_routings(ht):
+    g, me, R = ht
+    T = 17 + 3 * me
+    idx_buf = _fixed_routing(me, R, T, 0).cuda()
+    x_buf = (torch.randint(-32, 33, (T, H)) * 0.125).to(torch.bfloat16).cuda()
+    h = g.create_handle(idx_buf, layout="flat", sizing="worst_case")
+    recv = g.dispatch(x_buf, handle=h)  # warm-up outside the capture
+    g.combine(recv.tokens * 2, h)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h.update(idx_buf)
+        recv = g.dispatch(x_buf, handle=h)
+        out = g.combine(recv.tokens * 2, h)
+    for seed in range(1, 4):
+        idx = _fixed_routing(me, R, T, seed)
+        idx_buf.copy_(idx)
+        x_buf.copy_((torch.randint(-32, 33, (T, H)) * 0.125).to(torch.bfloat16))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        hits = torch.stack([_mine(idx, d).any(dim=1) for d in range(R)], dim=1).sum(dim=1)
+        ref = (x_buf.float().cpu() * 2 * hits.unsqueeze(1)).to(torch.bfloat16)
+        assert torch.equal(out.cpu(), ref), seed  # tokens routed nowhere come back as zeros
+        counts = torch.zeros(LOCAL, dtype=torch.int64)
+        for s in range(R):
+            idx_s = _fixed_routing(s, R, 17 + 3 * s, seed)
+            counts += torch.bincount(idx_s[_mine(idx_s, me)] - me * LOCAL, minlength=LOCAL)
+        assert torch.equal(h.expert_counts.long().cpu(), counts), seed
+    h.close()
