@@ -164,21 +164,34 @@ int main(int argc, char** argv) {
       const bool fp8 = s.dtype == ncclFloat8e4m3;
       const size_t esz = fp8 ? 1 : 2;
       const size_t payload = H * esz + (fp8 ? H / 128 * 4 : 0);
-      // Routing: top-k distinct experts per token, uniform.
-      std::mt19937 rng(1234 + ctx.rank);
-      std::vector<int> idx(T * K);
-      std::vector<int> pool(E);
-      std::iota(pool.begin(), pool.end(), 0);
-      int64_t sentRows = 0, logicalRows = 0;
-      for (int t = 0; t < T; t++) {
-        for (int k = 0; k < K; k++) std::swap(pool[k], pool[k + rng() % (E - k)]);
-        uint64_t mask = 0;
-        for (int k = 0; k < K; k++) {
-          idx[t * K + k] = pool[k];
-          mask |= 1ull << (pool[k] / (E / R));
+      // Routing: top-k distinct experts per token, uniform, seeded by the rank (so that every rank can derive every
+      // rank's); toRank[r] / fromRank[r]: my tokens that go to rank r, rank r's that come to me.
+      auto routingOf = [&](int rank, std::vector<int>* idx, std::vector<int64_t>* toRank) {
+        std::mt19937 rng(1234 + rank);
+        std::vector<int> pool(E);
+        std::iota(pool.begin(), pool.end(), 0);
+        idx->assign((size_t)T * K, 0);
+        toRank->assign(R, 0);
+        for (int t = 0; t < T; t++) {
+          for (int k = 0; k < K; k++) std::swap(pool[k], pool[k + rng() % (E - k)]);
+          uint64_t mask = 0;
+          for (int k = 0; k < K; k++) {
+            (*idx)[(size_t)t * K + k] = pool[k];
+            mask |= 1ull << (pool[k] / (E / R));
+          }
+          for (int r = 0; r < R; r++) (*toRank)[r] += mask >> r & 1;
         }
-        sentRows += __builtin_popcountll(mask & ~(1ull << ctx.rank));
+      };
+      std::vector<int> idx, other;
+      std::vector<int64_t> toRank, fromRank(R, 0), theirs;
+      routingOf(ctx.rank, &idx, &toRank);
+      for (int r = 0; r < R && !remote.empty(); r++) {
+        routingOf(r, &other, &theirs);
+        fromRank[r] = theirs[ctx.rank];
       }
+      int64_t sentRows = 0, logicalRows = 0;
+      for (int r = 0; r < R; r++)
+        if (r != ctx.rank) sentRows += toRank[r];
       int *dIdx = nullptr, *dTotal = nullptr;
       cudaMalloc(&dIdx, idx.size() * 4);
       cudaMalloc(&dTotal, 4);
@@ -276,17 +289,33 @@ int main(int argc, char** argv) {
             return ncclEpDispatch(hw, &in, &o, nullptr, nullptr, ctx.stream);
           }, 3, 20, &tHandle))
         return 1;
-      // Across domains: NCCL send/recv of exactly the exchange's bytes (dispatch, combine), same communicator.
+      // Across domains: NCCL send/recv of exactly what the exchange of an EXACT handle moves (the rows the routing
+      // fills, a message per region: dispatch rows and metadata, combine flags and rows), same communicator.
       double railUs[2] = {0, 0};
+      size_t railSent[2] = {0, 0};
+      const size_t rowStride = cfg.max_token_bytes;
+      const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
       for (int op = 0; op < 2 && !remote.empty(); op++) {
-        const size_t bytes = op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes;
+        const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
+        auto exchange = [&](int) {
+          bool ok = ncclGroupStart() == ncclSuccess;
+          for (size_t i = 0; i < remote.size(); i++) {
+            const int r = remote[i];
+            const int64_t out = op == 0 ? toRank[r] : fromRank[r], in = op == 0 ? fromRank[r] : toRank[r];
+            size_t at = 0;
+            for (const size_t b : per) {
+              char* send = static_cast<char*>(railSend) + i * railMost + at;
+              char* recv = static_cast<char*>(railRecv) + i * railMost + at;
+              if (out > 0) ok = ok && ncclSend(send, out * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
+              if (in > 0) ok = ok && ncclRecv(recv, in * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
+              at += (size_t)cfg.max_tokens_per_rank * b;
+            }
+          }
+          return ncclGroupEnd() == ncclSuccess && ok ? ncclSuccess : ncclSystemError;
+        };
+        for (const int r : remote) railSent[op] += (size_t)(op == 0 ? toRank[r] : fromRank[r]) * (per[0] + per[1]);
         std::vector<float> tr;
-        if (timeIt([&](int) {
-              return ncclext::bench::railSendRecv(ctx.comm, remote, railSend, railRecv, railMost, bytes, ctx.stream)
-                         ? ncclSuccess
-                         : ncclSystemError;
-            }, warm, iters, &tr))
-          return 1;
+        if (timeIt(exchange, warm, iters, &tr)) return 1;
         railUs[op] = median(tr);
       }
       ncclEpHandleDestroy(hw);
@@ -351,10 +380,10 @@ int main(int argc, char** argv) {
                    ln, T, H, sms, us, usSynced, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3,
                    nvB / 1e6);
             if (!remote.empty())
-              printf("       rail: %zu bytes per remote rank x %zu ranks; NCCL send/recv of them %.1f us; ours / "
-                     "that %.2f\n",
-                     op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, remote.size(), railUs[op],
-                     railUs[op] > 0 ? us / railUs[op] : 0.0);
+              printf("       rail: %zu bytes sent to %zu ranks (at most %zu each); NCCL send/recv of them %.1f us; "
+                     "ours / that %.2f\n",
+                     railSent[op], remote.size(), op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
+                     railUs[op], railUs[op] > 0 ? us / railUs[op] : 0.0);
             if (out)
               fprintf(out,
                       "{\"what\": \"ep_%s\", \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, \"hidden\": %d, "
@@ -363,14 +392,15 @@ int main(int argc, char** argv) {
                       "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
                       "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
                       "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
-                      "\"domains\": %d, \"rail_peers\": %zu, \"rail_bytes_per_peer\": %zu, "
-                      "\"rail_us_median\": %.2f, "
+                      "\"domains\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
+                      "\"rail_fixed_bytes_per_peer\": %zu, \"rail_us_median\": %.2f, "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
-                      "incl. local x payload; rail = the exchange's fixed bytes to each rank of another domain\"}\n",
+                      "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
+                      "metadata)\"}\n",
                       op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
                       op == 0 ? median(tHandle) : 0.0, nvB,
                       nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
-                      ncclext::harness::oneGpuName(ctx.mode), info.n_domains, remote.size(),
+                      ncclext::harness::oneGpuName(ctx.mode), info.n_domains, remote.size(), railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op]);
           }
         }

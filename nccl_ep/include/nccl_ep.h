@@ -237,8 +237,9 @@ NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
 NCCL_EP_API ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group);
 
 /* What a group is, as created (local, never blocks): its NVLink domains and what a call moves to each rank of another
- * domain (every call moves these fixed sizes, whatever the routing: the network bytes per call are rail_*_bytes x
- * the ranks outside this rank's domain, each way; a High-Throughput handle's creation moves its count row too). */
+ * domain: these fixed sizes whatever the routing (the network bytes per call are rail_*_bytes x the ranks outside
+ * this rank's domain, each way), but for the eager calls of an EXACT High-Throughput handle, which move only the rows
+ * their routing fills; a High-Throughput handle's creation moves its count row too. */
 typedef struct {
   unsigned int size;        /* sizeof(ncclEpGroupInfo_t) */
   unsigned int magic;       /* NCCL_EP_MAGIC */

@@ -205,7 +205,9 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   if (!g->railComm) return launch(g->view, h->view, c, stream);
   c.phase = ncclep::kHtSendHalf;
   NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
-  NCCLEXT_CHECK(g->railExchange(kind, false, stream));
+  // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel.
+  const bool exact = h->config.sizing == NCCL_EP_SIZING_EXACT;
+  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr));
   c.phase = ncclep::kHtReceiveHalf;
   return launch(g->view, h->view, c, stream);
 }

@@ -295,7 +295,7 @@ void abortRail(ncclEpGroup* g, double seconds) {
 
 }  // namespace
 
-ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream) {
+ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts) {
   if (!railComm) return ncclSuccess;
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -305,16 +305,33 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   const ncclep::RailView& rv = view.rail;
   const ncclep::RailRegions regions = rv.regionsOf(kind, ownerWeighted);
-  // One message each way per remote rank: the call's regions lie end to end in the outbox (a message has a fixed
-  // cost of its own, milliseconds over sockets: docs/PERFORMANCE.md).
-  const size_t from = rv.outOff[regions.first], bytes = rv.spanOf(regions);
+  const int R = view.nRanks;
   NCCLEXT_NCCL(ncclGroupStart());
   ncclResult_t res = ncclSuccess;
-  for (int r = 0; r < view.nRanks && res == ncclSuccess; r++) {
-    if (rv.local(r)) continue;
-    res = ncclSend(rv.outbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
-    if (res == ncclSuccess)
-      res = ncclRecv(rv.inbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
+  if (counts && capture == cudaStreamCaptureStatusNone) {
+    // An EXACT handle's eager HT call: the rows its routing fills, from slot 0 of each region (slots are dense), a
+    // message per region and direction where there is any; what my peer sends me is what I count from it.
+    const bool dispatch = kind == ncclep::kDispatch;
+    for (int r = 0; r < R && res == ncclSuccess; r++) {
+      if (rv.local(r)) continue;
+      const int64_t out = dispatch ? counts[r] : counts[R + r], in = dispatch ? counts[R + r] : counts[r];
+      for (int i = regions.first; i <= regions.last && res == ncclSuccess; i++) {
+        const size_t perSlot = rv.slice[i] / (size_t)view.maxTokens, at = (size_t)r * rv.outboxBytes + rv.outOff[i];
+        if (out > 0) res = ncclSend(rv.outbox + at, (size_t)out * perSlot, ncclUint8, r, railComm, stream);
+        if (in > 0 && res == ncclSuccess)
+          res = ncclRecv(rv.inbox + at, (size_t)in * perSlot, ncclUint8, r, railComm, stream);
+      }
+    }
+  } else {
+    // One message each way per remote rank: the call's regions lie end to end in the outbox (a message has a fixed
+    // cost of its own, milliseconds over sockets: docs/PERFORMANCE.md).
+    const size_t from = rv.outOff[regions.first], bytes = rv.spanOf(regions);
+    for (int r = 0; r < R && res == ncclSuccess; r++) {
+      if (rv.local(r)) continue;
+      res = ncclSend(rv.outbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
+      if (res == ncclSuccess)
+        res = ncclRecv(rv.inbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
+    }
   }
   const ncclResult_t ended = ncclGroupEnd();
   if (res != ncclSuccess || ended != ncclSuccess)
@@ -443,9 +460,10 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   v.llRecvCount = reinterpret_cast<int*>(b + offsets[6]);
   v.llToken = reinterpret_cast<int*>(b + offsets[7]);
   void* host = nullptr;
-  NCCLEXT_CUDA(cudaHostAlloc(&host, 2 * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
+  const size_t hostInts = 2 + 2 * (size_t)R;  // HandleView::hostTotals
+  NCCLEXT_CUDA(cudaHostAlloc(&host, hostInts * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
   h->hostTotals = static_cast<int64_t*>(host);
-  h->hostTotals[0] = h->hostTotals[1] = -1;
+  std::fill(h->hostTotals, h->hostTotals + hostInts, -1);
   if (config.sizing == NCCL_EP_SIZING_EXACT) {
     void* dev = nullptr;
     NCCLEXT_CUDA(cudaHostGetDevicePointer(&dev, host, 0));

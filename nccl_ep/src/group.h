@@ -65,7 +65,10 @@ struct ncclEpGroup {
   // captured): an exchange that does not finish within the group's budget (a peer that died or never calls) has the
   // watchdog abort railComm; every later call of the group then fails with railWhy.
   // `ownerWeighted`: a combine of that mode, whose rows go in their own regions (ht.h, RailRegions).
-  ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream);
+  // `counts` (HT, an EXACT handle's hostTotals + 2: my rows to each rank, then each source's rows to me): an eager
+  // call then moves only the rows its routing fills, a message per region (the ranks of a group run a call eagerly
+  // or capture it alike); NULL, or a capture: the fixed slices.
+  ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr);
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort
   std::atomic<bool> railAborted{false};
   std::atomic<bool> railCaptured{false};  // an exchange was captured in a CUDA graph (destroy on a thread of its own)

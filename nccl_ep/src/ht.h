@@ -176,7 +176,9 @@ struct HandleView {
   DerivedLayout dl;
   int* emPos;           // [maxFlatRows][maxTopk]: EXPERT_MAJOR row of each (received flat row, k); -1
   float* flatW;         // [maxFlatRows][maxTopk]: its weight
-  int64_t* hostTotals;  // pinned mapped: [0] FLAT rows, [1] EM rows (EXACT sizing)
+  // pinned mapped (EXACT sizing): [0] FLAT rows, [1] EM rows, then [2 + r] my rows to rank r, [2 + R + s] rows from
+  // source s (what an eager call's rail exchange sends and receives; api.cc)
+  int64_t* hostTotals;
   // LL, written by dispatch for combine: rows received from each source, and the source token of each slot [s][j]
   // (emPos / flatW are indexed by slot s * maxTokens + j there).
   int* llRecvCount;  // [R]

@@ -204,6 +204,11 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
       h.hostTotals[1] = pos;
     }
   }
+  if (h.hostTotals)
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      h.hostTotals[2 + r] = totals[r];
+      h.hostTotals[2 + R + r] = d[dl.srcCount + r];
+    }
   __syncthreads();
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     if (info.expertCounters) info.expertCounters[l] = d[dl.expCount + l];
