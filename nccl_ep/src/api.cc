@@ -205,9 +205,14 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   if (!g->railComm) return launch(g->view, h->view, c, stream);
   c.phase = ncclep::kHtSendHalf;
   NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
-  // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel.
+  // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel. Every
+  // handle knows them on the device: only those rows are copied out of the inbox (dispatch: the rows each source
+  // sent me; combine: my rows each expert rank returns).
   const bool exact = h->config.sizing == NCCL_EP_SIZING_EXACT;
-  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr));
+  const ncclep::GroupView& v = g->view;
+  const int* rows = kind == ncclep::kDispatch ? h->view.derived + h->view.dl.srcCount
+                                              : h->view.tileCount + (size_t)v.nChunks * (v.nRanks + v.numExperts);
+  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr, rows));
   c.phase = ncclep::kHtReceiveHalf;
   return launch(g->view, h->view, c, stream);
 }

@@ -295,7 +295,8 @@ void abortRail(ncclEpGroup* g, double seconds) {
 
 }  // namespace
 
-ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts) {
+ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
+                                       const int* rows) {
   if (!railComm) return ncclSuccess;
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -343,7 +344,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     const double seconds = timeoutSeconds;
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
-  return ncclep::launchRailInbox(view, kind, ownerWeighted, stream);
+  return ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
 }
 
 ncclEpGroup::~ncclEpGroup() {

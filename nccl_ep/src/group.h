@@ -68,7 +68,9 @@ struct ncclEpGroup {
   // `counts` (HT, an EXACT handle's hostTotals + 2: my rows to each rank, then each source's rows to me): an eager
   // call then moves only the rows its routing fills, a message per region (the ranks of a group run a call eagerly
   // or capture it alike); NULL, or a capture: the fixed slices.
-  ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr);
+  // `rows` (HT calls): the handle's device-side count of each source's filled slots (launchRailInbox).
+  ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,
+                            const int* rows = nullptr);
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort
   std::atomic<bool> railAborted{false};
   std::atomic<bool> railCaptured{false};  // an exchange was captured in a CUDA graph (destroy on a thread of its own)

@@ -257,7 +257,9 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
                          cudaStream_t stream);
 // Across domains, after an exchange's NCCL group: copies every remote source's slices of exchange `kind` (kDispatch,
 // kCombine, kRailHandle) from the inbox into its slices of my window (LL: the bank of the kind's last send half).
-ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream);
+// `rows` (HT calls; device memory): the slots source s filled, rows[s] (dispatch: the rows it sent me; combine: my
+// rows it returns), the rest of its slices is not copied; NULL: whole slices.
+ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

@@ -221,7 +221,7 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
 }
 
 // Every slice and offset of a region is a multiple of 8 bytes but HT's exchange rows (int32 counts): 4 there.
-__global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kind, int ownerWeighted) {
+__global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kind, int ownerWeighted, const int* rows) {
   const RailView& rv = g.rail;
   // LL: the bank of the kind's last send half, which ran before on the stream (the receive half reading it comes
   // after); HT and the handle's exchange: one bank.
@@ -234,11 +234,13 @@ __global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kin
     for (int i = regions.first; i <= regions.last; i++) {
       const char* from = rv.inbox + (size_t)s * rv.outboxBytes + rv.outOff[i];
       char* to = window + rv.base[i] + (size_t)s * rv.slice[i];
+      // With `rows`: the filled slots only (a slot of region i is slice / maxTokens bytes, a multiple of 8).
+      const size_t bytes = rows ? (size_t)rows[s] * (rv.slice[i] / (size_t)g.maxTokens) : rv.slice[i];
       if ((rv.base[i] | rv.slice[i]) % 8 == 0) {
-        for (size_t k = tid; k < rv.slice[i] / 8; k += nt)
+        for (size_t k = tid; k < bytes / 8; k += nt)
           reinterpret_cast<uint64_t*>(to)[k] = reinterpret_cast<const uint64_t*>(from)[k];
       } else {
-        for (size_t k = tid; k < rv.slice[i] / 4; k += nt)
+        for (size_t k = tid; k < bytes / 4; k += nt)
           reinterpret_cast<uint32_t*>(to)[k] = reinterpret_cast<const uint32_t*>(from)[k];
       }
     }
@@ -251,9 +253,9 @@ ncclResult_t loadRouteKernels() {
   return ncclext::loadKernels("handle", countKernel, scanKernel, slotKernel, exchangeKernel, railInboxKernel);
 }
 
-ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream) {
+ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream) {
   return ncclext::launchKernel("railInboxKernel", railInboxKernel, dim3(64), dim3(kThreads), 0, stream, g, kind,
-                               ownerWeighted ? 1 : 0);
+                               ownerWeighted ? 1 : 0, rows);
 }
 
 ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange, int phase,
