@@ -7,9 +7,10 @@
 //      call that succeeded (a loop that runs to its end with no error fails: the death went unnoticed);
 //   2. destroy its handle and group within a bounded time (the destruction's barrier finds the peer gone);
 //   3. exit cleanly (its communicator aborted, no CUDA error left).
-// One-GPU nodes cannot run it yet: nccl_ep refuses a communicator that spans several NVLink domains.
+// As one-GPU nodes (every rank a domain of its own) the victim's process dies too, and the survivors notice it in the
+// rail exchange (NCCL's error, or the watchdog aborting the rail communicator past the budget).
 //
-// Usage: ep_dead_peer_test [--nranks N] [--one-gpu off|virtual] [--iters I] [--die-at K] [--victim R]
+// Usage: ep_dead_peer_test [--nranks N] [--one-gpu off|nodes|virtual] [--iters I] [--die-at K] [--victim R]
 //                          [--timeout-s S] [--json FILE]                     Exit: 0 pass, 1 fail, 77 no GPU.
 #include <getopt.h>
 #include <signal.h>
@@ -70,8 +71,7 @@ bool parse(int argc, char** argv, Options* o) {
     }
   }
   if (o->victim < 0) o->victim = o->nRanks - 1;
-  return o->nRanks >= 2 && o->victim < o->nRanks && o->dieAt >= 0 && o->dieAt < o->iters &&
-         o->timeoutSeconds > 0 && o->oneGpu != ncclext::harness::OneGpu::kNodes;
+  return o->nRanks >= 2 && o->victim < o->nRanks && o->dieAt >= 0 && o->dieAt < o->iters && o->timeoutSeconds > 0;
 }
 
 struct Buffers {
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o)) {
     fprintf(stderr,
-            "usage: %s [--nranks N>=2] [--one-gpu off|virtual] [--iters I] [--die-at K<I] [--victim R] "
+            "usage: %s [--nranks N>=2] [--one-gpu off|nodes|virtual] [--iters I] [--die-at K<I] [--victim R] "
             "[--timeout-s S] [--json FILE]\n",
             argv[0]);
     return 2;
