@@ -1,8 +1,9 @@
-"""A DeepEP-style intranode test of nccl.ep.deepep, written as code for deep_ep is (1 rank here; several ranks:
-test_deepep_ranks.py): layout, dispatch (plain, cached, worst-case), combine, events, against torch on fresh random
-data.
+"""A DeepEP-style intranode test of nccl.ep.deepep, written as code for deep_ep is (High-Throughput: 1 rank here;
+several ranks: test_deepep_ranks.py): layout, dispatch (plain, cached, worst-case), combine, events, against torch on
+fresh random data.
 
-Low-Latency, as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
+Low-Latency (at any rank count: under torchrun on one GPU, as one-GPU nodes across NVLink domains; shrink mode at one
+rank only: it masks itself, and masks do not cross domains), as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
 input (a pattern carrying rank and token index, and random data), bf16 and fp8 (with and without power-of-two
 scales), with async_finish or the receive hook: per local expert the count against the routing, the cumulative
 statistics, layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input);
@@ -96,7 +97,7 @@ LL_M, LL_H, LL_K = 128, 2048, 8
 
 
 @pytest.fixture(scope="module")
-def ll_buffer(one_rank_world):
+def ll_buffer(world):
     R = dist.get_world_size()
     E = 32 * R
     rdma = deep_ep.Buffer.get_low_latency_rdma_size_hint(LL_M, LL_H, R, E)
@@ -155,9 +156,9 @@ def test_low_latency_round_trip(ll_buffer, use_fp8, round_scale, hook):
     R, rank, T = buf.group_size, buf.rank, 100
     local = E // R
     x, x_rand, topk_idx, topk_w = _ll_inputs(T, E, 7, rank)
-    all_idx = torch.empty((R * T, LL_K), dtype=topk_idx.dtype, device="cuda")  # flat: gloo wants it so
-    dist.all_gather_into_tensor(all_idx, topk_idx)
-    all_idx = all_idx.view(R, T, LL_K)
+    all_idx = torch.empty((R * T, LL_K), dtype=topk_idx.dtype)  # flat, on the host: gloo wants it so
+    dist.all_gather_into_tensor(all_idx, topk_idx.cpu())
+    all_idx = all_idx.view(R, T, LL_K).cuda()
     for current_x in (x, x_rand):
         stats = torch.zeros(local, dtype=torch.int32, device="cuda")
         recv_x, recv_count, handle, event, hook_fn = _ll_or_skip(lambda: buf.low_latency_dispatch(
