@@ -26,6 +26,7 @@ import ctypes
 from dataclasses import dataclass
 
 from .._ext import _loader
+from .._ext.closing import Closing
 from .._ext.comm import Communicator
 from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
                            NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
@@ -261,7 +262,7 @@ def _choice(table: dict, value: str, name: str) -> int:
     return table[value]
 
 
-class Group:
+class Group(Closing):
     """A dispatch/combine group over the ranks of a process group (COLLECTIVE, blocking): sizes and registers the
     symmetric buffers once, for tokens of up to `max_tokens_per_rank` rows of `hidden` elements of `dtype` (or
     `max_token_bytes`) and up to `max_topk` experts each. `group` is a torch ProcessGroup (None: the default group)
@@ -632,15 +633,8 @@ class Group:
                 if self._owns_comm:
                     self.comm.close()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
-
-
-class Handle:
+class Handle(Closing):
     """A routing bound to a group (COLLECTIVE, stream-ordered; ncclEpCreateHandle): topk_idx [T, K] int32/int64.
     layout "flat" (one row per (token, destination rank), grouped by source rank) or "expert_major" (one row per
     (token, local expert), grouped by expert, zones aligned to `alignment` rows); Low-Latency groups: "rank_major"
@@ -732,13 +726,6 @@ class Handle:
         if self._h:
             h, self._h = self._h, ctypes.c_void_p()
             _call("ncclEpHandleDestroy", h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
 
 
 @dataclass

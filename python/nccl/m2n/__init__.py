@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 
 from .._ext import _loader
+from .._ext.closing import Closing
 from .._ext.comm import Communicator
 from .._ext.errors import NcclError, NcclInvalidArgument
 from .._ext.tensor import nccl_dtype
@@ -345,7 +346,7 @@ class Layout:
 _KINDS = {"sends": 0, "recvs": 1, "copies": 2}
 
 
-class HostPlan:
+class HostPlan(Closing):
     """The host planner (ncclM2nHostPlanCreate; local, CPU only): what `rank` sends, receives and copies to move
     every tensor of `tensors` ((name, source Layout, destination Layout) triples) in a communicator of `n_ranks`."""
 
@@ -381,13 +382,6 @@ class HostPlan:
         if self._h:
             h, self._h = self._h, ctypes.c_void_p()
             _call("ncclM2nHostPlanDestroy", h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
 
 
 def _specs(tensors):
@@ -433,7 +427,7 @@ class _Side:
         self.last = None  # (the tensors of the last call, their pointers' array): a repeat skips the checks
 
 
-class Plan:
+class Plan(Closing):
     """An execution plan (ncclM2nPlanCreate; COLLECTIVE over `group`, a torch ProcessGroup, None for the default,
     or a Communicator, which many plans may share): `tensors` is a list of (name, source Layout, destination
     Layout), the same on every rank. execute() moves them, as often as wanted, and may be captured in a CUDA graph
@@ -543,13 +537,6 @@ class Plan:
             if self._owns_comm:
                 self.comm.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
-
 
 def retain(comm: Communicator, timeout_s: float = 0) -> None:
     """COLLECTIVE over `comm`: keeps the communicator that plans on `comm` exchange over alive between plans
@@ -564,7 +551,7 @@ def release(comm: Communicator) -> None:
     _call("ncclM2nCommRelease", comm.handle)
 
 
-class Registration:
+class Registration(Closing):
     """Memory registered for zero-copy plans (ncclM2nRegister); close() (or the with block's end) deregisters it,
     COLLECTIVE over the communicator's NVLink domain, once no execute or graph that uses it can run."""
 
@@ -576,13 +563,6 @@ class Registration:
         if self._h is not None:
             h, self._h = self._h, None
             _call("ncclM2nDeregister", h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
 
 
 def register(comm: Communicator, tensor) -> Registration:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 
+from .._ext.closing import Closing
 from .._ext.objects import all_gather_bytes
 from .._ext.tensor import NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT8E4M3
 from . import Communicator, Layout, NcclInvalidArgument, Plan, release, retain
@@ -167,7 +168,7 @@ def match(everyone, name_map=None) -> list:
     return tensors
 
 
-class WeightSync:
+class WeightSync(Closing):
     """Weights from trainer ranks to inference ranks (disjoint or co-located) in one process group, matched by
     name, once per training step (fp32 trainer weights into bf16 inference tensors are converted on the way):
 
@@ -251,10 +252,3 @@ class WeightSync:
         if self._plan is not None:
             p, self._plan = self._plan, None
             p.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
