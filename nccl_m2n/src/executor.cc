@@ -597,27 +597,22 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   std::vector<Published> published;
   ncclWindow_t* windows = nullptr;
   if (x.remoteBarrier) NCCLEXT_CHECK(publishedTensors(plan, src, dst, &published, &windows));
-  // Quantised tensors: the moves read the scratch (values at tensor t, scales at t + 1); the quantiser reads the
-  // caller's sources, whose pointers follow the tensors' in the device array.
-  std::vector<const void*> withScratch;
-  if (!plan->fp8Tensors.empty()) {
-    withScratch.assign(plan->nTensors + plan->quant.size(), nullptr);
-    for (int t = 0; t < plan->nTensors; t++) withScratch[t] = src ? src[t] : nullptr;
-    for (int t : plan->fp8Tensors) withScratch[t] = withScratch[t + 1] = nullptr;
-    for (size_t j = 0; j < plan->quant.size(); j++) {
-      const QuantDesc& q = plan->quant[j];
-      const int t = plan->quantTensor[j];
-      withScratch[q.srcIndex] = src[t];
-      withScratch[t] = plan->scratch + q.valuesOffset;
-      withScratch[t + 1] = plan->scratch + q.scalesOffset;
-    }
-    src = withScratch.data();
-  }
-  // The pointers, sources then destinations, in one launch (none when an eager execute repeats the last ones).
+  // The pointers the kernels read, sources then destinations. Quantised tensors: the moves read the scratch (values
+  // at tensor t, scales at t + 1); the quantiser reads the caller's sources, whose pointers follow the tensors'.
   const size_t nSrc = plan->nTensors + plan->quant.size();
   std::vector<const void*> pointers(nSrc + plan->nTensors, nullptr);
-  if (src) std::copy(src, src + nSrc, pointers.begin());
+  if (src) std::copy(src, src + plan->nTensors, pointers.begin());
   if (dst) std::copy(dst, dst + plan->nTensors, pointers.begin() + nSrc);
+  for (int t : plan->fp8Tensors) pointers[t] = pointers[t + 1] = nullptr;
+  for (size_t j = 0; j < plan->quant.size(); j++) {
+    const QuantDesc& q = plan->quant[j];
+    const int t = plan->quantTensor[j];
+    pointers[q.srcIndex] = src[t];
+    pointers[t] = plan->scratch + q.valuesOffset;
+    pointers[t + 1] = plan->scratch + q.scalesOffset;
+  }
+  if (!plan->fp8Tensors.empty()) src = pointers.data();  // the direct sends of quantised tensors read the scratch
+  // One launch for them all (none when an eager execute repeats the last ones).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   NCCLEXT_CUDA(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) plan->everCaptured = true;
