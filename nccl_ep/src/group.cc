@@ -81,7 +81,7 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   off = alignUp(off + ownerRowsCount * v.rowStride, 4096);
   w.bankBytes = v.lowLatency ? off - bankStart : 0;
   w.total = off + w.bankBytes;
-  // Several domains (LL): my slices of the staging regions by source, laid end to end in each outbox (ht.h), 16-byte
+  // Several domains: my slices of the staging regions by source, laid end to end in each outbox (ht.h), 16-byte
   // aligned (the kernels' widest store) and no more, so that a call's regions form one span that the exchange sends
   // as one message per peer (RailView::spanOf).
   RailView& rv = v.rail;

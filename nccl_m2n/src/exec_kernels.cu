@@ -10,16 +10,33 @@ namespace {
 
 constexpr int kThreads = kMoveThreads;
 constexpr int kMaxCtas = 1024;
-constexpr int kPointersPerLaunch = 480;  // 480 x 8 bytes of parameters, under the classic 4 KB limit
 
-struct PointerBatch {
+// Host values into device memory, by kernels whose parameters carry them (no host buffer outlives the call, so
+// consecutive executes and graph replays each see their own values), in batches of 3,840 bytes: under the classic
+// 4 KB parameter limit.
+template <typename T>
+struct ParamBatch {
+  static constexpr int kCount = 3840 / (int)sizeof(T);
   int64_t first;
   int count;
-  const void* p[kPointersPerLaunch];
+  T p[kCount];
 };
 
-__global__ void setPointersKernel(const void** arr, PointerBatch b) {
+template <typename T>
+__global__ void paramCopyKernel(T* arr, ParamBatch<T> b) {
   for (int i = threadIdx.x; i < b.count; i += blockDim.x) arr[b.first + i] = b.p[i];
+}
+
+template <typename T>
+ncclResult_t launchParamCopy(const char* what, T* arr, const T* host, int64_t n, cudaStream_t stream) {
+  for (int64_t first = 0; first < n; first += ParamBatch<T>::kCount) {
+    ParamBatch<T> b;
+    b.first = first;
+    b.count = (int)std::min<int64_t>(ParamBatch<T>::kCount, n - first);
+    for (int i = 0; i < b.count; i++) b.p[i] = host[first + i];
+    NCCLEXT_CHECK(ncclext::launchKernel(what, paramCopyKernel<T>, dim3(1), dim3(128), 0, stream, arr, b));
+  }
+  return ncclSuccess;
 }
 
 // A tile's elements in shared memory, destination-typed; a row one element longer than the tile, so that the
@@ -134,19 +151,6 @@ __global__ void stagedMoveKernel(const MoveDesc* descs, const MoveSegment* segs,
   }
 }
 
-constexpr int kPublishedPerLaunch = 240;  // 240 x 16 bytes of parameters, under the classic 4 KB limit
-
-struct PublishBatch {
-  int64_t first;
-  int count;
-  Published p[kPublishedPerLaunch];
-};
-
-__global__ void publishKernel(ncclext::dev::Peers peers, size_t tableOffset, PublishBatch b) {
-  Published* table = static_cast<Published*>(peers.local(tableOffset));
-  for (int i = threadIdx.x; i < b.count; i += blockDim.x) table[b.first + i] = b.p[i];
-}
-
 // Zero-copy moves. The peer's table entry was published before the barrier that precedes this kernel on the stream
 // (its release orders the peer's publish and every earlier store of the peer's stream, its tensor's contents
 // included, before this rank's acquire); the final barrier after it keeps the peer from touching its tensor before
@@ -209,14 +213,7 @@ unsigned gridFor(int64_t segments) { return (unsigned)std::max<int64_t>(1, std::
 }  // namespace
 
 ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_t n, cudaStream_t stream) {
-  for (int64_t first = 0; first < n; first += kPointersPerLaunch) {
-    PointerBatch b;
-    b.first = first;
-    b.count = (int)std::min<int64_t>(kPointersPerLaunch, n - first);
-    for (int i = 0; i < b.count; i++) b.p[i] = host ? host[first + i] : nullptr;
-    NCCLEXT_CHECK(ncclext::launchKernel("m2n setPointers", setPointersKernel, dim3(1), dim3(128), 0, stream, arr, b));
-  }
-  return ncclSuccess;
+  return launchParamCopy("m2n setPointers", arr, host, n, stream);
 }
 
 ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlocks, const char* const* src,
@@ -251,17 +248,8 @@ ncclResult_t launchUnpack(const MoveDesc* descs, const MoveSegment* segs, int64_
                                stream, descs, segs, n, MoveEnds{nullptr, dst, nullptr, nullptr}, stage);
 }
 
-ncclResult_t launchPublish(const ncclext::dev::Peers& peers, size_t tableOffset, const Published* published, int64_t n,
-                           cudaStream_t stream) {
-  for (int64_t first = 0; first < n; first += kPublishedPerLaunch) {
-    PublishBatch b;
-    b.first = first;
-    b.count = (int)std::min<int64_t>(kPublishedPerLaunch, n - first);
-    for (int i = 0; i < b.count; i++) b.p[i] = published[first + i];
-    NCCLEXT_CHECK(
-        ncclext::launchKernel("m2n publish", publishKernel, dim3(1), dim3(128), 0, stream, peers, tableOffset, b));
-  }
-  return ncclSuccess;
+ncclResult_t launchPublish(Published* table, const Published* published, int64_t n, cudaStream_t stream) {
+  return launchParamCopy("m2n publish", table, published, n, stream);
 }
 
 ncclResult_t launchRemote(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const RemoteMoves& rm,
@@ -276,8 +264,9 @@ ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stre
 }
 
 ncclResult_t loadExecKernels() {
-  return ncclext::loadKernels("nccl_m2n", setPointersKernel, copyKernel, stagedMoveKernel<kMovePack>,
-                              stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel, publishKernel, remoteKernel);
+  return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel, stagedMoveKernel<kMovePack>,
+                              stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel,
+                              paramCopyKernel<Published>, remoteKernel);
 }
 
 }  // namespace ncclm2n

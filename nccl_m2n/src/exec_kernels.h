@@ -51,9 +51,8 @@ constexpr uint64_t kPublishedAddress = ~0ull;
 struct Published {
   uint64_t a = 0, b = 0;
 };
-// table[0, n) of this rank's window at `tableOffset` = published[0, n), by kernels whose parameters carry them.
-ncclResult_t launchPublish(const ncclext::dev::Peers& peers, size_t tableOffset, const Published* published, int64_t n,
-                           cudaStream_t stream);
+// table[0, n) (this rank's window's table, a device address) = published[0, n), as launchSetPointers sets its array.
+ncclResult_t launchPublish(Published* table, const Published* published, int64_t n, cudaStream_t stream);
 // The in-place moves, one CTA per segment at a time: segment g's peer (MoveSegment::where, a domain rank) published
 // its tensor at `tableOffset` of its window; pull reads it into this rank's destination (descs: the receives), push
 // writes this rank's source into it (descs: the sends). `windows`: the registry's device table (real ranks), NULL

@@ -660,7 +660,8 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   }
   if (x.remoteBarrier) {
     const ncclext::dev::Peers peers = plan->window->peers();
-    NCCLEXT_CHECK(launchPublish(peers, plan->windowTable, published.data(), (int64_t)published.size(), stream));
+    Published* table = reinterpret_cast<Published*>(static_cast<char*>(plan->window->localPtr()) + plan->windowTable);
+    NCCLEXT_CHECK(launchPublish(table, published.data(), (int64_t)published.size(), stream));
     NCCLEXT_CHECK(domainBarrier(plan, stream));
     RemoteMoves rm;
     rm.peers = peers;
