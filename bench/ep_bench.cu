@@ -27,6 +27,7 @@
 // Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes] [--json FILE] [--quick]
 // --quick: the first shape only (across domains: both of theirs).
 // --mode ll runs the Low-Latency benchmark, ep_ll_bench (beside this binary), with the other arguments.
+// A JSON row's "pass": every call of the row returned ncclSuccess (the outputs' values are ep_ht_test's to check).
 #include <cuda_bf16.h>
 #include <getopt.h>
 #include <unistd.h>
@@ -195,7 +196,10 @@ int main(int argc, char** argv) {
       int *dIdx = nullptr, *dTotal = nullptr;
       cudaMalloc(&dIdx, idx.size() * 4);
       cudaMalloc(&dTotal, 4);
-      cudaMemcpy(dIdx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice);
+      // On the rank's stream and waited for: a plain cudaMemcpy from pageable memory may return before its DMA is
+      // done, and the legacy stream it runs on does not order the rank's non-blocking stream after it.
+      cudaMemcpyAsync(dIdx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, ctx.stream);
+      cudaStreamSynchronize(ctx.stream);
       ncclEpTensor_t ti = epTensor(dIdx, ncclInt32, {T, K});
       ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
       hc.sizing = NCCL_EP_SIZING_EXACT;
@@ -226,6 +230,7 @@ int main(int argc, char** argv) {
         cudaMemset(ss[i], 0, (size_t)T * std::max<size_t>(nScales, 1) * 4);
         cudaMemset(cins[i], 0x01 * (i + 1), (size_t)std::max<int64_t>(rows, 1) * H * 2);
       }
+      cudaDeviceSynchronize();  // the fills (on the legacy stream) before the rank's stream reads them
       void *y = nullptr, *yw = nullptr, *ys = nullptr, *cout = nullptr;
       const bool flat = s.layout == NCCL_EP_LAYOUT_FLAT;
       int64_t maxRows = 0;  // a worst-case output, for the handle-creation timing
@@ -386,7 +391,8 @@ int main(int argc, char** argv) {
                      railUs[op], railUs[op] > 0 ? us / railUs[op] : 0.0);
             if (out)
               fprintf(out,
-                      "{\"what\": \"ep_%s\", \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, \"hidden\": %d, "
+                      "{\"what\": \"ep_%s\", \"pass\": true, \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, "
+                      "\"hidden\": %d, "
                       "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
                       "\"us_median_synced\": %.2f, "
                       "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "

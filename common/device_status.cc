@@ -160,4 +160,36 @@ void watchStream(const void* owner, double seconds, cudaStream_t stream, std::fu
       std::move(expire));
 }
 
+ncclResult_t connectPeers(ncclComm_t comm, const std::vector<char>& sendTo, const std::vector<char>& recvFrom,
+                          const void* owner, double seconds, cudaStream_t stream, std::function<void()> expire,
+                          const char* what) {
+  const int n = (int)sendTo.size();
+  bool any = false;
+  for (int r = 0; r < n; r++) any = any || sendTo[r] || recvFrom[r];
+  if (!any) return ncclSuccess;
+  char* bytes = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * (size_t)n, stream) != cudaSuccess)
+    return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "%s: connecting to the peers: cudaMallocAsync failed",
+                what);
+  const uint64_t watch = Watchdog::instance().add(owner, seconds, [] { return false; }, expire);
+  ncclResult_t res = ncclGroupStart();
+  for (int r = 0; r < n && res == ncclSuccess; r++) {
+    if (sendTo[r]) res = ncclSend(bytes + r, 1, ncclUint8, r, comm, stream);
+    if (recvFrom[r] && res == ncclSuccess) res = ncclRecv(bytes + n + r, 1, ncclUint8, r, comm, stream);
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  // The host call returned: the rest is device work, which the stream wait bounds.
+  Watchdog::instance().setProbe(watch, [] { return true; });
+  if (res != ncclSuccess || ended != ncclSuccess)
+    return fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__, "%s: connecting to the peers: %s", what,
+                ncclGetLastError(comm));
+  const ncclResult_t waited = waitStream(stream, seconds, what);
+  if (waited != ncclSuccess) {
+    expire();  // the exchange's kernels must not outlive the caller's error
+    return waited;
+  }
+  cudaFreeAsync(bytes, stream);
+  return ncclSuccess;
+}
+
 }  // namespace ncclext

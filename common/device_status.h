@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "common/device_error.h"
 
@@ -52,6 +53,16 @@ ncclResult_t waitStream(cudaStream_t stream, double timeoutSeconds, const char* 
 // never came). `owner` ends the watch with Watchdog::removeOwner. Without an event to record (an error), nothing is
 // watched: the stream's own error reaches the caller. Not for a stream being captured.
 void watchStream(const void* owner, double seconds, cudaStream_t stream, std::function<void()> expire);
+
+// NCCL connects a pair at its first point-to-point call on a communicator, and that call blocks the host until the
+// peer takes part. Exchanges one byte each way with the peers marked in sendTo / recvFrom (indexed by rank of comm)
+// now, while every rank is in the same collective call, under the watchdog: if the host call or its device work has
+// not finished `seconds` from now, `expire` runs once on the watchdog thread (it must abort comm: that ends a host call
+// blocked inside NCCL). Later calls on comm then never wait on the host for a peer. Returns the first error
+// (`what` names the call); after an expiry the caller's own abort text is the better one to report.
+ncclResult_t connectPeers(ncclComm_t comm, const std::vector<char>& sendTo, const std::vector<char>& recvFrom,
+                          const void* owner, double seconds, cudaStream_t stream, std::function<void()> expire,
+                          const char* what);
 
 // Copies `bytes` from device memory to (pageable) host memory once `stream` has drained, within waitStream's budget.
 // A device-to-pageable cudaMemcpyAsync returns only when the copy is done: queued behind a collective whose peer is

@@ -9,6 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILDDIR=${BUILDDIR:-build}
 export NCCL_NVLS_ENABLE=0   # NVLink multicast is forbidden on our machines
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}  # a failed run's log then says which NCCL call failed and why (the syscall)
 OUTDIR=${GPU_CHECK_OUT:-bench/results}
 mkdir -p "$OUTDIR"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)

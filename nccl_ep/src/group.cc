@@ -148,6 +148,10 @@ void ncclEpGroup::hostFree(void* ptr) {
   }
 }
 
+namespace {
+void abortRail(ncclEpGroup* g, double seconds);
+}  // namespace
+
 ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out) {
   std::unique_ptr<ncclEpGroup> g(new ncclEpGroup());
   g->comm = comm;
@@ -227,6 +231,18 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
       if (split != ncclSuccess)
         res = ncclext::fail(split, __FILE__, __LINE__, "the rail communicator: ncclCommSplit: %s",
                             ncclGetErrorString(split));
+    }
+    // Every pair of ranks in different domains connected now, while all are here: NCCL connects a pair at its first
+    // point-to-point call, which blocks the host until the peer takes part, so that a peer that later skips a call
+    // would hang the exchange's host call before the watchdog watches it.
+    if (res == ncclSuccess) {
+      std::vector<char> remote(nRanks, 0);
+      for (int r = 0; r < nRanks; r++) remote[r] = !rv.local(r);
+      ncclEpGroup* gp = g.get();
+      const double seconds = g->timeoutSeconds;
+      res = ncclext::connectPeers(g->railComm, remote, remote, gp, seconds, stream,
+                                  [gp, seconds] { abortRail(gp, seconds); }, "ncclEpCreateGroup (the rail)");
+      if (g->railAborted) res = ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", g->railWhy.c_str());
     }
   }
   cudaStreamDestroy(stream);

@@ -331,48 +331,22 @@ void abortExchanges(ncclM2nPlan* plan, const char* what) {
   releaseComm(x.comm, x.device, /*abort=*/true, x.captured);
 }
 
-// NCCL connects a pair at its first point-to-point call, and that call blocks the host until the peer takes part.
-// One byte each way with every peer of the plan, now, under the watchdog: a dead peer ends plan creation with an
-// error within the budget, and an execute never connects (its enqueue never waits for a peer).
-ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream);
-
 // Watches the work enqueued on `stream` so far: past the budget, the watchdog aborts the plan's exchanges.
 void watchStream(ncclM2nPlan* plan, cudaStream_t stream, const char* what) {
   ncclext::watchStream(plan, plan->timeoutSeconds, stream, [plan, what] { abortExchanges(plan, what); });
 }
 
+// Connects the plan's pairs now, at plan creation (ncclext::connectPeers): a dead peer ends plan creation with an
+// error within the budget, and an execute never connects (its enqueue never waits for a peer).
 ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream) {
   std::vector<char> sendTo(plan->nRanks, 0), recvFrom(plan->nRanks, 0);
   for (const DirectOp& op : plan->tables.direct) (op.send ? sendTo : recvFrom)[op.peer] = 1;
   for (const P2pOp& op : plan->tables.ops) (op.send ? sendTo : recvFrom)[op.peer] = 1;
-  bool any = false;
-  for (int r = 0; r < plan->nRanks; r++) any = any || sendTo[r] || recvFrom[r];
-  if (!any) return ncclSuccess;
-  char* bytes = nullptr;
-  NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * (size_t)plan->nRanks, stream));
-  const uint64_t watch = ncclext::Watchdog::instance().add(
-      plan, plan->timeoutSeconds, [] { return false; },
-      [plan] { abortExchanges(plan, "ncclM2nPlanCreate (connecting to the plan's peers)"); });
-  ncclResult_t res = ncclGroupStart();
-  for (int r = 0; r < plan->nRanks && res == ncclSuccess; r++) {
-    if (sendTo[r]) res = ncclSend(bytes + r, 1, ncclUint8, r, plan->x->comm, stream);
-    if (recvFrom[r] && res == ncclSuccess)
-      res = ncclRecv(bytes + plan->nRanks + r, 1, ncclUint8, r, plan->x->comm, stream);
-  }
-  const ncclResult_t ended = ncclGroupEnd();
-  // The host call returned: the rest is device work, which the stream wait bounds.
-  ncclext::Watchdog::instance().setProbe(watch, [] { return true; });
+  const char* what = "ncclM2nPlanCreate (connecting to the plan's peers)";
+  const ncclResult_t res = ncclext::connectPeers(plan->x->comm, sendTo, recvFrom, plan, plan->timeoutSeconds, stream,
+                                                 [plan, what] { abortExchanges(plan, what); }, what);
   if (plan->x->aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", plan->x->why.c_str());
-  if (res != ncclSuccess || ended != ncclSuccess)
-    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                         "ncclM2nPlanCreate: connecting to the plan's peers: %s", ncclGetLastError(plan->x->comm));
-  const ncclResult_t waited = ncclext::waitStream(stream, plan->timeoutSeconds, "ncclM2nPlanCreate (connecting)");
-  if (waited != ncclSuccess) {
-    abortExchanges(plan, "ncclM2nPlanCreate (connecting to the plan's peers)");  // its kernels must not outlive it
-    return waited;
-  }
-  cudaFreeAsync(bytes, stream);
-  return ncclSuccess;
+  return res;
 }
 
 }  // namespace

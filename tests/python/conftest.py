@@ -6,11 +6,29 @@ import json
 import pytest
 
 
+@pytest.fixture(scope="session")
+def launched_world():
+    """Under a launcher (torchrun: WORLD_SIZE set), the gloo group of its ranks for the whole session: made once and
+    destroyed at the end. A second init_process_group on the launcher's store would find the first group's keys
+    there, and a rank that reads them before rank 0 rewrites them connects to rank 0's closed gloo sockets."""
+    import datetime
+
+    import torch.distributed as dist
+
+    made = not dist.is_initialized()
+    if made:
+        # A bounded wait: a rank that fails alone must not leave the others in a collective for gloo's 30 minutes.
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    yield
+    if made:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
-def world():
-    """A torch.distributed group for a GPU test module: under a launcher (torchrun: WORLD_SIZE set) a gloo group of
-    its ranks, else a single-process gloo group of our own; destroyed after the module (the CPU tests that follow
-    expect none). Sets the CUDA device: LOCAL_RANK's, or 0 for every rank with --one-gpu nodes. Yields
+def world(request):
+    """A torch.distributed group for a GPU test module: under a launcher the session's gloo group of its ranks
+    (launched_world), else a single-process gloo group of our own, destroyed after the module (the CPU tests that
+    follow expect none). Sets the CUDA device: LOCAL_RANK's, or 0 for every rank with --one-gpu nodes. Yields
     (rank, size)."""
     import datetime
     import os
@@ -18,16 +36,14 @@ def world():
     import torch
     import torch.distributed as dist
 
-    made = not dist.is_initialized()
-    if made:
-        # A bounded wait: a rank that fails alone must not leave the others in a collective for gloo's 30 minutes.
-        timeout = datetime.timedelta(seconds=60)
-        if "WORLD_SIZE" in os.environ:
-            dist.init_process_group("gloo", timeout=timeout)
-        else:
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-            dist.init_process_group("gloo", rank=0, world_size=1, timeout=timeout)
+    made = False
+    if "WORLD_SIZE" in os.environ:
+        request.getfixturevalue("launched_world")
+    elif not dist.is_initialized():
+        made = True
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
     one_gpu = os.environ.get("NCCL_EXT_TEST_ONE_GPU") == "nodes"
     torch.cuda.set_device(0 if one_gpu else int(os.environ.get("LOCAL_RANK", 0)))
     yield dist.get_rank(), dist.get_world_size()
