@@ -66,9 +66,10 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
     PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python torchrun --standalone --tee 3 --nproc_per_node NRANKS"
     RUNS+=("python_m2n|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_m2n_gpu.py --json JSON|2|nodes")
     # nccl.ep on several ranks: as one-GPU nodes, across NVLink domains (the rail exchange); test_deepep_gpu.py's
-    # Low-Latency tests run at any rank count (its High-Throughput ones skip: test_deepep_ranks.py has theirs).
+    # Low-Latency tests run at any rank count (its High-Throughput ones skip: test_deepep_ranks.py has theirs), and
+    # the README's Python quick start runs as written.
     RUNS+=("python_ep_ll|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ll_ranks.py tests/python/test_deepep_gpu.py --json JSON|2|nodes")
-    RUNS+=("python_ep_ht|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ht_ranks.py tests/python/test_deepep_ranks.py --json JSON|2|nodes")
+    RUNS+=("python_ep_ht|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ht_ranks.py tests/python/test_deepep_ranks.py tests/python/test_readme_quickstart.py --json JSON|2|nodes")
     RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
     RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
     # A whole Qwen3-32B-like model rank 0 -> rank 1 beside per-tensor broadcast, at 1/64 of its weights' size (the
