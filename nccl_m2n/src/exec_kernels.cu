@@ -53,16 +53,54 @@ union Vec16 {
   T e[16 / sizeof(T)];
 };
 
-// A tile segment of a transposing local copy (move.h, tileSpanOf), one tile after another: the CTA reads the tile's
-// rows along the source's contiguous (last) dim into shared memory, converting there, and writes its columns along
-// the destination's contiguous dim b. A whole tile with nothing to convert whose rows and columns start on 16 bytes
-// (the common case: a large row-major tensor into a column-major one) moves in 16-byte vectors both ways: thread v
-// loads vector v of the tile's rows (row v / (64 / V), V elements a vector) and stores vector v of its columns,
-// gathered from shared memory. Otherwise thread x of each group of kTileEdge takes column x on the way in and row x
-// on the way out, one element at a time, so that both global accesses are still coalesced.
+// Whole tiles with nothing to convert whose rows and columns start on 16 bytes (the common case: a large row-major
+// tensor into a column-major one), n <= G of them at once, tile k in rows [k * kTileEdge, (k + 1) * kTileEdge) of
+// the buffer: thread v loads vector v of each tile's rows (row v / (64 / V), V elements a vector), all n loads in
+// flight before the first shared-memory store, then stores vector v of each tile's columns, gathered from shared
+// memory. G tiles a round keep G loads in flight per thread; one tile a round left the kernel waiting on one load's
+// latency between two barriers.
+template <typename T, int G>
+__device__ void moveWholeTiles(const char* const (&from)[G], T* const (&to)[G], int n, int64_t rowStride,
+                               int64_t colStride, TileRows<T> tile) {
+  constexpr int V = 16 / sizeof(T), kVecs = kTileEdge * kTileEdge / V, kPerLine = kTileEdge / V;
+  for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
+    const int i = v / kPerLine, j = (v % kPerLine) * V;
+    Vec16<T> u[G];
+#pragma unroll
+    for (int k = 0; k < G; k++)
+      if (k < n) u[k].v = __ldg(reinterpret_cast<const int4*>(from[k] + (i * rowStride + j) * (int64_t)sizeof(T)));
+#pragma unroll
+    for (int k = 0; k < G; k++)
+      if (k < n)
+#pragma unroll
+        for (int e = 0; e < V; e++) tile[k * kTileEdge + i][j + e] = u[k].e[e];
+  }
+  __syncthreads();
+  for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
+    const int j = v / kPerLine, i = (v % kPerLine) * V;
+#pragma unroll
+    for (int k = 0; k < G; k++)
+      if (k < n) {
+        Vec16<T> u;
+#pragma unroll
+        for (int e = 0; e < V; e++) u.e[e] = tile[k * kTileEdge + i + e][j];
+        *reinterpret_cast<int4*>(to[k] + j * colStride + i) = u.v;
+      }
+  }
+  __syncthreads();  // the buffer is refilled next
+}
+
+// A tile segment of a transposing local copy (move.h, tileSpanOf): the CTA reads a tile's rows along the source's
+// contiguous (last) dim into shared memory, converting there, and writes its columns along the destination's
+// contiguous dim b. The tiles are walked with a TileCursor (offsets stepped along a row of tiles, not recomputed);
+// whole aligned tiles collect, G at a time, for moveWholeTiles (the buffer, sized for one tile of 8-byte elements,
+// holds G = 8 / sizeof(T) tiles of T). Any other tile moves alone: thread x of each group of kTileEdge takes column
+// x on the way in and row x on the way out, one element at a time, so that both global accesses are still coalesced.
 template <typename T>
 __device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, TileRows<T> tile) {
-  constexpr int V = 16 / sizeof(T), kVecs = kTileEdge * kTileEdge / V, kPerLine = kTileEdge / V;
+  constexpr int G = (int)(sizeof(uint64_t) / sizeof(T));
+  static_assert(G * kTileEdge * (kTileEdge + 1) * sizeof(T) <= kTileBufferWords * sizeof(uint64_t),
+                "the buffer holds G tiles of T");
   const int b = tileDimOf(d), last = d.ndims - 1;
   const int x = threadIdx.x % kTileEdge, y0 = threadIdx.x / kTileEdge, ys = blockDim.x / kTileEdge;
   const char* src = m.src[d.tensor];
@@ -71,46 +109,43 @@ __device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnd
   const int64_t rowStride = d.srcStride[b], colStride = d.dstStride[last];
   const bool stridesAligned = d.convert == kConvertNone && (rowStride * sb) % 16 == 0 &&
                               (colStride * (int64_t)sizeof(T)) % 16 == 0;
-  for (int64_t t = g.firstElement; t < g.firstElement + g.elements; t++) {
-    const TileSpan s = tileSpanOf(d, b, t);
-    int64_t s0, t0;
-    moveOffsets(d, s.e0, &s0, &t0);
-    const char* from0 = src + s0 * sb;
-    T* to0 = dst + t0;
-    if (stridesAligned && s.rows == kTileEdge && s.cols == kTileEdge &&
+  const char* from[G];
+  T* to[G];
+  int n = 0;  // whole tiles collected
+  TileCursor c;
+  tileCursorAt(d, b, g.firstElement, &c);
+  for (int64_t t = 0; t < g.elements; t++, tileCursorNext(d, b, &c)) {
+    const char* from0 = src + c.src * sb;
+    T* to0 = dst + c.dst;
+    if (stridesAligned && c.s.rows == kTileEdge && c.s.cols == kTileEdge &&
         (reinterpret_cast<uintptr_t>(from0) | reinterpret_cast<uintptr_t>(to0)) % 16 == 0) {
-      for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
-        const int i = v / kPerLine, j = (v % kPerLine) * V;
-        Vec16<T> u;
-        u.v = __ldg(reinterpret_cast<const int4*>(from0 + (i * rowStride + j) * sb));
 #pragma unroll
-        for (int k = 0; k < V; k++) tile[i][j + k] = u.e[k];
+      for (int k = 0; k < G; k++)  // constant indices: the arrays stay in registers
+        if (k == n) {
+          from[k] = from0;
+          to[k] = to0;
+        }
+      if (++n == G) {
+        moveWholeTiles<T, G>(from, to, n, rowStride, colStride, tile);
+        n = 0;
       }
-      __syncthreads();
-      for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
-        const int j = v / kPerLine, i = (v % kPerLine) * V;
-        Vec16<T> u;
-#pragma unroll
-        for (int k = 0; k < V; k++) u.e[k] = tile[i + k][j];
-        *reinterpret_cast<int4*>(to0 + j * colStride + i) = u.v;
-      }
-      __syncthreads();  // the tile is refilled next
       continue;
     }
-    if (x < s.cols) {
-      for (int i = y0; i < s.rows; i += ys) {
-        const char* from = src + (s0 + i * rowStride + x) * sb;
+    if (x < c.s.cols) {
+      for (int i = y0; i < c.s.rows; i += ys) {
+        const char* p = from0 + (i * rowStride + x) * sb;
         if (d.convert == kConvertNone)
-          tile[i][x] = *reinterpret_cast<const T*>(from);
+          tile[i][x] = *reinterpret_cast<const T*>(p);
         else
-          convertElement(from, reinterpret_cast<char*>(&tile[i][x]), d.convert, (int)sizeof(T));
+          convertElement(p, reinterpret_cast<char*>(&tile[i][x]), d.convert, (int)sizeof(T));
       }
     }
     __syncthreads();
-    if (x < s.rows)
-      for (int j = y0; j < s.cols; j += ys) dst[t0 + j * colStride + x] = tile[x][j];
+    if (x < c.s.rows)
+      for (int j = y0; j < c.s.cols; j += ys) to0[j * colStride + x] = tile[x][j];
     __syncthreads();  // the tile is refilled next
   }
+  if (n > 0) moveWholeTiles<T, G>(from, to, n, rowStride, colStride, tile);
 }
 
 __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, uint64_t* buffer) {
@@ -123,8 +158,9 @@ __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const M
 }
 
 // The local copies: one CTA per segment at a time, each thread its share (move.h); tile segments through shared
-// memory.
-__global__ void copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m) {
+// memory. Launched with kThreads threads: the bound keeps the tile rounds' registers within what that allows.
+__global__ void __launch_bounds__(kThreads) copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n,
+                                                        MoveEnds m) {
   __shared__ uint64_t tileBuffer[kTileBufferWords];
   for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
     const MoveSegment g = segs[si];

@@ -125,6 +125,39 @@ NCCLM2N_HD void moveOffsets(const MoveDesc& d, int64_t e, int64_t* src, int64_t*
   *dst = t;
 }
 
+// A walk over consecutive tiles of d (a tile segment's): the current tile's span and the source and destination
+// offsets of its first element. The next tile of the same row of tiles is one tile's width further on both sides,
+// so stepping to it adds that instead of recomputing (tileSpanOf and moveOffsets divide by every dim's extent, which
+// for a whole aligned tile is most of the kernel's work); at the end of a row of tiles it recomputes.
+struct TileCursor {
+  TileSpan s;
+  int64_t tile = 0, colTile = 0, colTiles = 0, src = 0, dst = 0;
+};
+
+NCCLM2N_HD void tileCursorAt(const MoveDesc& d, int b, int64_t tile, TileCursor* c) {
+  const int last = d.ndims - 1;
+  c->tile = tile;
+  c->colTiles = (d.extent[last] + kTileEdge - 1) / kTileEdge;
+  c->colTile = tile % c->colTiles;
+  c->s = tileSpanOf(d, b, tile);
+  moveOffsets(d, c->s.e0, &c->src, &c->dst);
+}
+
+NCCLM2N_HD void tileCursorNext(const MoveDesc& d, int b, TileCursor* c) {
+  const int last = d.ndims - 1;
+  if (c->colTile + 1 >= c->colTiles) {
+    tileCursorAt(d, b, c->tile + 1, c);
+    return;
+  }
+  c->tile++;
+  c->colTile++;
+  c->s.e0 += kTileEdge;
+  c->src += kTileEdge * d.srcStride[last];
+  c->dst += kTileEdge * d.dstStride[last];
+  const int64_t left = d.extent[last] - c->colTile * kTileEdge;
+  c->s.cols = left < kTileEdge ? left : kTileEdge;
+}
+
 NCCLM2N_HD void copyElement(const char* from, char* to, int bytes) {
   switch (bytes) {
     case 1: *to = *from; break;

@@ -666,5 +666,43 @@ TEST(ExecTables, TransposingCopiesAreTiledAndMoveEveryElementOnce) {
   }
 }
 
+// The copy kernel walks a tile segment with a TileCursor (offsets stepped along a row of tiles): at every tile it
+// must agree with tileSpanOf + moveOffsets, the emulator's reference, from any first tile (a segment starts
+// anywhere), over partial tiles at both edges and dims on either side of the tile plane.
+TEST(ExecTables, TileCursorStepsToWhatTileSpanOfGives) {
+  const std::vector<MoveDesc> descs = {
+      box({70, 100}, {100, 1}, {1, 70}),
+      box({3, 40, 50}, {2000, 50, 1}, {2000, 1, 40}),
+      box({2, 20, 3, 17}, {1020, 51, 17, 1}, {1020, 1, 340, 20}),
+      box({64, 128}, {128, 1}, {1, 64}),
+      box({130, 200}, {1000, 1}, {1, 300}),  // strided on both sides (a box inside larger tensors)
+      box({5, 129, 64}, {9000, 64, 1}, {9000, 1, 129}),
+  };
+  for (size_t c = 0; c < descs.size(); c++) {
+    MoveDesc d = descs[c];
+    d.srcOffset = 11;
+    d.dstOffset = 7;
+    const int b = tileDimOf(d);
+    ASSERT_GE(b, 0) << "case " << c;
+    const int64_t tiles = tileCountOf(d, b);
+    for (int64_t first : {int64_t(0), int64_t(1), tiles / 3, tiles - 1}) {
+      TileCursor cur;
+      tileCursorAt(d, b, first, &cur);
+      for (int64_t t = first; t < tiles; t++, tileCursorNext(d, b, &cur)) {
+        const TileSpan want = tileSpanOf(d, b, t);
+        int64_t s, u;
+        moveOffsets(d, want.e0, &s, &u);
+        ASSERT_EQ(cur.tile, t) << "case " << c;
+        ASSERT_EQ(cur.s.e0, want.e0) << "case " << c << " tile " << t;
+        ASSERT_EQ(cur.s.rows, want.rows) << "case " << c << " tile " << t;
+        ASSERT_EQ(cur.s.cols, want.cols) << "case " << c << " tile " << t;
+        ASSERT_EQ(cur.s.rowStep, want.rowStep) << "case " << c << " tile " << t;
+        ASSERT_EQ(cur.src, s) << "case " << c << " tile " << t;
+        ASSERT_EQ(cur.dst, u) << "case " << c << " tile " << t;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ncclm2n
