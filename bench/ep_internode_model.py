@@ -1,7 +1,8 @@
 """An analytic model of nccl_ep dispatch and combine across NVLink domains (issue 12, "Plan past the machines we
 have"): expected bytes per rank on each link class, and the time those bytes take at given link rates, for N nodes
 of G GPUs, each node one NVLink domain. A prediction, not a measurement: its Low-Latency bytes and times were
-checked against one-GPU-node runs at their own rate, its High-Throughput part is unvalidated (docs/PERFORMANCE.md,
+checked against one-GPU-node runs at their own rate, its High-Throughput rail bytes at one GPU a domain (where the
+hierarchical protocol is the flat one built) too; the hierarchy's NVLink half is unvalidated (docs/PERFORMANCE.md,
 "nccl_ep across nodes: analytic model").
 
     python3 bench/ep_internode_model.py [--nodes 2,4,8,16] [--gpus-per-node 8] [--experts 256] [--topk 8]
