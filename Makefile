@@ -75,4 +75,4 @@ install: all
 	cmake --install $(BUILDDIR) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILDDIR) $(ASAN_BUILDDIR) $(BUILDDIR)-py
+	rm -rf $(BUILDDIR) $(ASAN_BUILDDIR) $(BUILDDIR)-py $(BUILDDIR)-wheel
