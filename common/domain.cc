@@ -80,7 +80,19 @@ ncclResult_t Domain::create(ncclComm_t comm, const DomainOptions& opts, std::uni
                   n, domainSize);
     d->virt_ = opts.virt;
     d->domain_ = comm;
-    NCCLEXT_CHECK(makeTopology(opts.virtualRank, n, opts.virtualRank, n, 0, &d->topo_));
+    int node = 0, nodes = 1;
+    if (opts.rail) {  // one domain of several: the rail's ranks are the domains, in order
+      NCCLEXT_NCCL(ncclCommUserRank(opts.rail, &node));
+      NCCLEXT_NCCL(ncclCommCount(opts.rail, &nodes));
+      NCCLEXT_CUDA(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking));
+      std::vector<int> sizes(nodes);
+      NCCLEXT_CHECK(ncclAllGatherHost(opts.rail, d->stream_, &n, sizeof(n), sizes.data(), opts.timeoutSeconds));
+      for (int k = 0; k < nodes; k++)
+        NCCLEXT_USAGE(sizes[k] == n, "virtual domains of different sizes over the rail (mine %d, domain %d's %d)", n,
+                      k, sizes[k]);
+      d->rail_ = nodes > 1 ? opts.rail : nullptr;
+    }
+    NCCLEXT_CHECK(makeTopology(node * n + opts.virtualRank, nodes * n, opts.virtualRank, n, 0, &d->topo_));
     NCCLEXT_CHECK(d->barrier());  // every virtual rank is here, with the same idea of the domain
     *out = std::move(d);
     return ncclSuccess;
@@ -115,6 +127,7 @@ ncclResult_t Domain::create(ncclComm_t comm, const DomainOptions& opts, std::uni
   NCCLEXT_CHECK(splitComm(comm, t.domainIndex, t.domainRank, &d->domain_));
   d->ownDomain_ = true;
   if (t.nDomains > 1) NCCLEXT_CHECK(splitComm(comm, t.domainRank, t.domainIndex, &d->rail_));
+  d->ownRail_ = d->rail_ != nullptr;
   int got = 0;
   NCCLEXT_NCCL(ncclCommCount(d->domain_, &got));
   NCCLEXT_USAGE(got == t.domainSize, "the domain communicator has %d ranks, expected %d", got, t.domainSize);
@@ -125,7 +138,7 @@ ncclResult_t Domain::create(ncclComm_t comm, const DomainOptions& opts, std::uni
 }
 
 Domain::~Domain() {
-  destroyComm(rail_, broken_);
+  if (ownRail_) destroyComm(rail_, broken_);
   if (ownDomain_) destroyComm(domain_, broken_);
   // A stream whose all-gather never finished cannot be destroyed without waiting for it; an aborted communicator's
   // kernels end, but leave the stream to the process's exit rather than risk the wait.
@@ -134,8 +147,9 @@ Domain::~Domain() {
 
 bool Domain::abort() {
   broken_ = true;
-  destroyComm(rail_, true);
+  if (ownRail_) destroyComm(rail_, true);  // a borrowed one (DomainOptions::rail) is its owner's to abort
   rail_ = nullptr;
+  ownRail_ = false;
   if (!ownDomain_) return false;
   destroyComm(domain_, true);
   domain_ = nullptr;

@@ -6,7 +6,9 @@
 //   - the rail communicator: the ranks with my index in every domain (NULL when there is one domain): whatever
 //     crosses domains goes through NCCL point-to-point on it, which works on every NCCL network.
 // In the virtual-rank mode (common/virtual_domain.h) the caller's communicator is this thread's single-rank one;
-// the domain is the process's virtual ranks, and its host collectives meet in the process.
+// the domain is the process's virtual ranks, and its host collectives meet in the process. With a rail given as
+// well (DomainOptions::rail: the test harness's mixed mode, one-GPU nodes each of virtual ranks) the process is one
+// domain of several: world rank = rail rank x domain size + virtual rank, and the rail is the given communicator.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +25,7 @@ struct DomainOptions {
   int domainSize = 0;               // 0: NCCL's LSA team (or NCCL_EXT_LSA_DOMAIN_SIZE); k: blocks of k ranks of it
   VirtualDomain* virt = nullptr;    // the virtual-rank mode
   int virtualRank = 0;
+  ncclComm_t rail = nullptr;        // with virt: the virtual ranks of my index on every domain (borrowed)
   double timeoutSeconds = 100;      // host collectives and barriers
 };
 
@@ -40,7 +43,7 @@ class Domain {
   bool isVirtual() const { return virt_ != nullptr; }
   ncclComm_t world() const { return world_; }          // the caller's (borrowed)
   ncclComm_t domainComm() const { return domain_; }    // windows and device communicators live here
-  ncclComm_t railComm() const { return rail_; }        // NULL with one domain and in the virtual mode
+  ncclComm_t railComm() const { return rail_; }        // NULL with one domain (and in the virtual mode, unless given)
   double timeoutSeconds() const { return timeoutSeconds_; }
 
   // Host collectives over the domain's ranks, bounded by the timeout. COLLECTIVE over the domain.
@@ -57,7 +60,7 @@ class Domain {
   Domain() = default;
   Topology topo_{};
   ncclComm_t world_ = nullptr, domain_ = nullptr, rail_ = nullptr;
-  bool ownDomain_ = false;
+  bool ownDomain_ = false, ownRail_ = false;
   VirtualDomain* virt_ = nullptr;
   double timeoutSeconds_ = 100;
   bool broken_ = false;

@@ -18,9 +18,13 @@
 //            ncclRemoteError or ncclSystemError within the budget (--timeout-s) plus the host margin, abort its
 //            domain, free its window without the collective deregistration, and exit cleanly. With one-GPU nodes
 //            this is the rail's path (NCCL over sockets) to a killed process; inside a domain the flag barrier's.
+//            Not in the mixed mode.
 //
-// Usage: symmetric_memory_test [--test smoke|timeout|dead-peer|all] [--nranks N] [--one-gpu off|nodes|virtual]
-//                              [--iters I] [--ctas C] [--threads T] [--slot-elems E] [--rail-elems E]
+// --one-gpu mixed --domain-size D (launcher.h): N / D one-GPU nodes of D virtual ranks each, so that the smoke test
+// runs LSA inside domains of D ranks and the rail between them at once (each rank's rail: the ranks of its index).
+//
+// Usage: symmetric_memory_test [--test smoke|timeout|dead-peer|all] [--nranks N]
+//                              [--one-gpu off|nodes|virtual|mixed] [--domain-size D] [--iters I] [--ctas C] [--threads T] [--slot-elems E] [--rail-elems E]
 //                              [--timeout-s S] [--die-at K] [--json FILE] [--break store|barrier]
 // (`all` is smoke and timeout.)
 // --break store skips the kernel's stores and --break barrier skips its exit barrier: both must make the smoke test
@@ -58,6 +62,7 @@ struct Options {
   std::string test = "all";
   int nRanks = 0;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
+  int domainSize = 2;  // --one-gpu mixed: virtual ranks a node
   size_t railElems = (size_t)1 << 15;  // uint64 per rail peer: 256 KiB
   int iters = 20;
   int ctas = 16;
@@ -157,7 +162,8 @@ ncclResult_t makeFixture(ncclext::harness::RankContext& ctx, size_t dataBytesPer
                          double timeoutSeconds, Fixture* f) {
   ncclext::DomainOptions dopt;
   dopt.virt = ctx.virt;
-  dopt.virtualRank = ctx.rank;
+  dopt.virtualRank = ctx.localRank;
+  dopt.rail = ctx.rail;
   dopt.timeoutSeconds = 60;
   NCCLEXT_CHECK(ncclext::Domain::create(ctx.comm, dopt, &f->domain));
   const ncclext::Topology& t = f->domain->topo();
@@ -192,8 +198,11 @@ ncclResult_t railExchange(ncclext::harness::RankContext& ctx, const Fixture& f, 
   if (!rail) return ncclSuccess;
   const size_t n = o.railElems, bytes = n * sizeof(uint64_t);
   std::vector<uint64_t> send((size_t)t.nDomains * n), recv((size_t)t.nDomains * n, kPoison);
+  // The pattern names my index in my domain too (the same as my rail peers'): a rail that linked ranks of different
+  // indices (the mixed mode's rails are one communicator per index) would deliver the wrong pattern.
+  const uint32_t tag = iter + 1000003u * (uint32_t)t.domainRank;
   for (int d = 0; d < t.nDomains; d++)
-    for (size_t i = 0; i < n; i++) send[(size_t)d * n + i] = pattern(iter, t.domainIndex, d, i);
+    for (size_t i = 0; i < n; i++) send[(size_t)d * n + i] = pattern(tag, t.domainIndex, d, i);
   uint64_t *dSend = nullptr, *dRecv = nullptr;
   NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&dSend), bytes * t.nDomains, ctx.stream));
   NCCLEXT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&dRecv), bytes * t.nDomains, ctx.stream));
@@ -214,7 +223,7 @@ ncclResult_t railExchange(ncclext::harness::RankContext& ctx, const Fixture& f, 
   for (int d = 0; d < t.nDomains; d++) {
     if (d == t.domainIndex) continue;
     for (size_t i = 0; i < n; i++)
-      if (recv[(size_t)d * n + i] != pattern(iter, d, t.domainIndex, i) && (*bad)++ < 3)
+      if (recv[(size_t)d * n + i] != pattern(tag, d, t.domainIndex, i) && (*bad)++ < 3)
         fprintf(stderr, "rank %d: rail from domain %d elem %zu: got %016llx\n", ctx.rank, d, i,
                 (unsigned long long)recv[(size_t)d * n + i]);
   }
@@ -444,6 +453,7 @@ bool parse(int argc, char** argv, Options* o) {
   static const option kLong[] = {{"test", required_argument, nullptr, 'x'},
                                  {"nranks", required_argument, nullptr, 'n'},
                                  {"one-gpu", required_argument, nullptr, 'g'},
+                                 {"domain-size", required_argument, nullptr, 'D'},
                                  {"rail-elems", required_argument, nullptr, 'r'},
                                  {"iters", required_argument, nullptr, 'i'},
                                  {"ctas", required_argument, nullptr, 'c'},
@@ -460,9 +470,10 @@ bool parse(int argc, char** argv, Options* o) {
       case 'x': o->test = optarg; break;
       case 'n': o->nRanks = atoi(optarg); break;
       case 'g':
-        if (!ncclext::harness::parseOneGpu(optarg, &o->oneGpu)) return false;
+        if (!ncclext::harness::parseOneGpu(optarg, &o->oneGpu, /*mixedToo=*/true)) return false;
         break;
       case 'r': o->railElems = strtoull(optarg, nullptr, 0); break;
+      case 'D': o->domainSize = atoi(optarg); break;
       case 'i': o->iters = atoi(optarg); break;
       case 'c': o->ctas = atoi(optarg); break;
       case 't': o->threads = atoi(optarg); break;
@@ -479,6 +490,10 @@ bool parse(int argc, char** argv, Options* o) {
     }
   }
   if (o->test == "dead-peer" && (o->nRanks < 2 || o->dieAt < 0 || o->dieAt >= o->iters)) return false;
+  if (o->test == "dead-peer" && o->oneGpu == ncclext::harness::OneGpu::kMixed) {
+    fprintf(stderr, "symmetric_memory_test: --test dead-peer does not run in the mixed mode\n");
+    return false;
+  }
   return (o->test == "smoke" || o->test == "timeout" || o->test == "dead-peer" || o->test == "all") &&
          o->nRanks >= 0 && o->iters >= 1 &&
          o->railElems >= 1 && o->ctas >= 1 && o->threads >= 32 && o->threads <= 1024 && o->slotElems >= 1 && o->timeoutSeconds > 0;
@@ -490,7 +505,8 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o)) {
     fprintf(stderr,
-            "usage: %s [--test smoke|timeout|dead-peer|all] [--nranks N] [--one-gpu off|nodes|virtual] [--iters I] "
+            "usage: %s [--test smoke|timeout|dead-peer|all] [--nranks N] [--one-gpu off|nodes|virtual|mixed] "
+            "[--domain-size D] [--iters I] "
             "[--ctas C] [--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S] [--die-at K<I (dead-peer, "
             "N>=2)] [--json FILE] [--break store|barrier]\n",
             argv[0]);
@@ -499,6 +515,7 @@ int main(int argc, char** argv) {
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;
+  lo.domainSize = o.domainSize;
   if (o.test == "dead-peer") lo.mayDie = o.nRanks - 1;
   return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
     if (o.test == "dead-peer") return runDeadPeer(ctx, o);

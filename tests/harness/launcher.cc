@@ -28,7 +28,21 @@ struct SharedBlock {
   std::atomic<int> idReady;
   std::atomic<int> gpuCount;
   ncclUniqueId id;
+  ncclUniqueId railIds[VirtualDomain::kMaxRanks];  // mixed: one rail communicator per thread index
 };
+
+// Waits (bounded) until process 0 published the ids in `shm`.
+bool waitForIds(SharedBlock* shm, int rank) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!shm->idReady.load(std::memory_order_acquire)) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) {
+      fprintf(stderr, "rank %d: no unique id from rank 0\n", rank);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 int envInt(const char* name, int fallback) {
   const char* v = getenv(name);
@@ -71,11 +85,14 @@ int runRank(RankContext ctx, const std::function<bool(RankContext&)>& init,
     _exit(1);  // cudaStreamDestroy and ncclCommDestroy would wait for the stuck kernel forever
   }
   cudaStreamDestroy(ctx.stream);
-  if (rc == 0 && !ctx.peerDied) {
-    ncclCommFinalize(ctx.comm);
-    ncclCommDestroy(ctx.comm);
-  } else {
-    ncclCommAbort(ctx.comm);  // a failed body may leave peers waiting: do not wait for them
+  for (ncclComm_t c : {ctx.rail, ctx.comm}) {
+    if (!c) continue;
+    if (rc == 0 && !ctx.peerDied) {
+      ncclCommFinalize(c);
+      ncclCommDestroy(c);
+    } else {
+      ncclCommAbort(c);  // a failed body may leave peers waiting: do not wait for them
+    }
   }
   // Any CUDA error left behind (an asynchronous fault, a failed call nobody checked) fails the rank.
   const cudaError_t sticky = cudaDeviceSynchronize();
@@ -104,8 +121,10 @@ std::function<bool(RankContext&)> initFromId(const std::function<bool(ncclUnique
   };
 }
 
-// Virtual ranks: nRanks threads of this process on GPU 0, each with its own single-rank communicator.
-int runVirtual(int nRanks, const std::function<int(RankContext&)>& body) {
+// Virtual ranks: `perNode` threads of this process on GPU 0, each with its own single-rank communicator. Mixed
+// (nodes > 1, or `shm` given): this process is node `node` of `nodes`, and thread i also joins the rail
+// communicator of index i (its id from process 0 through `shm`).
+int runVirtual(int perNode, int node, int nodes, SharedBlock* shm, const std::function<int(RankContext&)>& body) {
   // Before CUDA starts in this process: every kernel loaded at once. With lazy loading, the first launch of a kernel
   // may wait for the context to go idle, and a peer's kernel that spins for this rank's next call then never lets it
   // (CUDA's lazy-loading notes: kernels that rely on running concurrently must be loaded first). Seen: the LL
@@ -116,29 +135,47 @@ int runVirtual(int nRanks, const std::function<int(RankContext&)>& body) {
   // (docs/ARCHITECTURE.md, "One GPU, many ranks"). nccl_m2n meets that with launch fences; for everything else, as
   // many queues as CUDA allows makes such sharing rarer. An explicit setting (e.g. 1, the worst case) is kept.
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  VirtualDomain domain(nRanks);
-  std::vector<int> rcs(nRanks, 1);
+  if (shm && node == 0) {  // the rail communicators' ids, before any thread needs one
+    for (int i = 0; i < perNode; i++)
+      if (ncclGetUniqueId(&shm->railIds[i]) != ncclSuccess) {
+        fprintf(stderr, "node 0: ncclGetUniqueId failed\n");
+        return 1;
+      }
+    shm->idReady.store(1, std::memory_order_release);
+  }
+  VirtualDomain domain(perNode);
+  std::vector<int> rcs(perNode, 1);
   std::vector<std::thread> threads;
-  for (int r = 0; r < nRanks; r++) {
+  for (int r = 0; r < perNode; r++) {
     threads.emplace_back([&, r] {
       RankContext ctx;
-      ctx.rank = r;
-      ctx.nRanks = nRanks;
+      ctx.rank = node * perNode + r;
+      ctx.nRanks = nodes * perNode;
       ctx.localRank = r;
       ctx.device = 0;
-      ctx.mode = OneGpu::kVirtual;
+      ctx.mode = shm ? OneGpu::kMixed : OneGpu::kVirtual;
       ctx.virt = &domain;
-      auto init = [](RankContext& c) {
+      auto init = [shm, node, nodes, r](RankContext& c) {
         int dev = 0;
         ncclResult_t res = ncclCommInitAll(&c.comm, 1, &dev);
-        if (res != ncclSuccess) fprintf(stderr, "rank %d: ncclCommInitAll: %s\n", c.rank, ncclGetErrorString(res));
+        if (res != ncclSuccess) {
+          fprintf(stderr, "rank %d: ncclCommInitAll: %s\n", c.rank, ncclGetErrorString(res));
+          return false;
+        }
+        if (!shm) return true;
+        if (!waitForIds(shm, c.rank)) return false;
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 1;
+        res = ncclCommInitRankConfig(&c.rail, nodes, shm->railIds[r], node, &cfg);
+        if (res != ncclSuccess) fprintf(stderr, "rank %d: the rail: ncclCommInitRankConfig: %s\n", c.rank,
+                                        ncclGetErrorString(res));
         return res == ncclSuccess;
       };
       rcs[r] = runRank(ctx, init, body);
     });
   }
   int rc = 0;
-  for (int r = 0; r < nRanks; r++) {
+  for (int r = 0; r < perNode; r++) {
     threads[r].join();
     if (rcs[r] != 0 && rc == 0) rc = rcs[r];
   }
@@ -147,9 +184,9 @@ int runVirtual(int nRanks, const std::function<int(RankContext&)>& body) {
 
 int launchExternal(const LaunchOptions& opts, const std::function<int(RankContext&)>& body) {
   RankContext ctx;
-  if (opts.oneGpu == OneGpu::kVirtual) {
-    fprintf(stderr, "launcher: --one-gpu virtual runs every rank in one process; do not start it under mpirun or "
-                    "torchrun\n");
+  if (opts.oneGpu == OneGpu::kVirtual || opts.oneGpu == OneGpu::kMixed) {
+    fprintf(stderr, "launcher: --one-gpu %s starts its own processes and threads; do not start it under mpirun or "
+                    "torchrun\n", opts.oneGpu == OneGpu::kVirtual ? "virtual" : "mixed");
     return 1;
   }
   int localSize = 0;
@@ -217,10 +254,11 @@ int countGpus() {
   return n;
 }
 
-bool parseOneGpu(const char* s, OneGpu* out) {
+bool parseOneGpu(const char* s, OneGpu* out, bool mixedToo) {
   if (!strcmp(s, "off")) *out = OneGpu::kOff;
   else if (!strcmp(s, "nodes")) *out = OneGpu::kNodes;
   else if (!strcmp(s, "virtual")) *out = OneGpu::kVirtual;
+  else if (mixedToo && !strcmp(s, "mixed")) *out = OneGpu::kMixed;
   else return false;
   return true;
 }
@@ -229,24 +267,27 @@ const char* oneGpuName(OneGpu m) {
   switch (m) {
     case OneGpu::kNodes: return "one-GPU nodes";
     case OneGpu::kVirtual: return "virtual ranks";
+    case OneGpu::kMixed: return "one-GPU nodes of virtual ranks";
     default: return "real GPUs";
   }
 }
 
 ncclResult_t sumOverRanks(RankContext& ctx, uint64_t mine, uint64_t* total, double timeoutSeconds) {
-  if (ctx.virt) {
-    std::vector<uint64_t> all(ctx.nRanks);
-    ncclResult_t res = ctx.virt->allGather(ctx.rank, &mine, sizeof(mine), all.data(), timeoutSeconds);
+  if (ctx.virt) {  // the node's ranks here; mixed: then the nodes' sums over the rail of my index
+    std::vector<uint64_t> all(ctx.virt->size());
+    ncclResult_t res = ctx.virt->allGather(ctx.localRank, &mine, sizeof(mine), all.data(), timeoutSeconds);
     if (res != ncclSuccess) return res;
     *total = 0;
     for (uint64_t v : all) *total += v;
-    return ncclSuccess;
+    if (!ctx.rail) return ncclSuccess;
+    mine = *total;
   }
+  ncclComm_t comm = ctx.rail ? ctx.rail : ctx.comm;
   uint64_t* d = nullptr;
   if (cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(*d), ctx.stream) != cudaSuccess ||
       cudaMemcpyAsync(d, &mine, sizeof(mine), cudaMemcpyHostToDevice, ctx.stream) != cudaSuccess)
     return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "sumOverRanks: device buffer");
-  NCCLEXT_NCCL(ncclAllReduce(d, d, 1, ncclUint64, ncclSum, ctx.comm, ctx.stream));
+  NCCLEXT_NCCL(ncclAllReduce(d, d, 1, ncclUint64, ncclSum, comm, ctx.stream));
   NCCLEXT_CHECK(copyToHostAfter(ctx.stream, total, d, sizeof(*d), timeoutSeconds, "sum over ranks"));
   cudaFreeAsync(d, ctx.stream);
   return ncclSuccess;
@@ -273,6 +314,13 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
     fprintf(stderr, "launcher: at most %d virtual ranks\n", VirtualDomain::kMaxRanks);
     return 1;
   }
+  const int perNode = opts.oneGpu == OneGpu::kMixed ? opts.domainSize : 1;
+  if (opts.oneGpu == OneGpu::kMixed &&
+      (perNode < 2 || perNode > VirtualDomain::kMaxRanks || nRanks % perNode != 0)) {
+    fprintf(stderr, "launcher: --one-gpu mixed: %d virtual ranks a node must be in [2, %d] and divide the %d ranks\n",
+            perNode, VirtualDomain::kMaxRanks, nRanks);
+    return 1;
+  }
   if (!oneGpu && nRanks > nGpus) {
     fprintf(stderr, "launcher: %d ranks asked for, %d GPUs visible (NCCL allows one rank per GPU)\n", nRanks, nGpus);
     return kExitNoGpu;
@@ -288,8 +336,8 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
   fflush(stdout);
   fflush(stderr);
   std::vector<pid_t> pids;
-  // Virtual ranks: one child process holds them all (the parent stays the CUDA-free watchdog).
-  const int nChildren = opts.oneGpu == OneGpu::kVirtual ? 1 : nRanks;
+  // Virtual ranks: one child process holds them all (the parent stays the CUDA-free watchdog); mixed: one per node.
+  const int nChildren = opts.oneGpu == OneGpu::kVirtual ? 1 : nRanks / perNode;
   for (int r = 0; r < nChildren; r++) {
     pid_t pid = fork();
     if (pid < 0) {
@@ -297,8 +345,10 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
       for (pid_t p : pids) kill(p, SIGKILL);
       return 1;
     }
-    if (pid == 0 && opts.oneGpu == OneGpu::kVirtual) {
-      const int rc = runVirtual(nRanks, body);
+    if (pid == 0 && (opts.oneGpu == OneGpu::kVirtual || opts.oneGpu == OneGpu::kMixed)) {
+      const bool mixed = opts.oneGpu == OneGpu::kMixed;
+      if (mixed) becomeOneGpuNode(r);
+      const int rc = mixed ? runVirtual(perNode, r, nChildren, shm, body) : runVirtual(nRanks, 0, 1, nullptr, body);
       fflush(stdout);
       fflush(stderr);
       _exit(rc);
@@ -315,15 +365,8 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
         if (r == 0) {
           if (ncclGetUniqueId(&shm->id) != ncclSuccess) return false;
           shm->idReady.store(1, std::memory_order_release);
-        } else {
-          const auto t0 = std::chrono::steady_clock::now();
-          while (!shm->idReady.load(std::memory_order_acquire)) {
-            if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) {
-              fprintf(stderr, "rank %d: no unique id from rank 0\n", r);
-              return false;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
+        } else if (!waitForIds(shm, r)) {
+          return false;
         }
         *id = shm->id;
         return true;

@@ -13,6 +13,13 @@
 //   virtual  one forked process runs nRanks threads on GPU 0, each with its own single-rank communicator; the
 //            libraries join them into one NVLink domain (ncclEpVirtualDomainCreate; ncclext::Domain with
 //            DomainOptions::virt = RankContext::virt), so that LSA protocols run with 2..8 ranks.
+//   mixed    both at once: nRanks / domainSize forked processes, each a one-GPU node (as `nodes`) running
+//            domainSize threads as virtual ranks (as `virtual`): world rank = node * domainSize + thread. Besides its
+//            single-rank communicator each thread gets RankContext::rail, a communicator of the threads with its
+//            index on every node (ncclext::Domain with DomainOptions::rail), so that a domain of several ranks and
+//            the rail between domains run at once, on one GPU. There is no world communicator: two ranks of one
+//            NCCL communicator cannot share a GPU inside one host, so only protocols whose traffic between domains
+//            goes between ranks of the same index (hierarchical ones) can run here.
 // NCCL_NVLS_ENABLE is forced to 0 in every case (NVLink multicast is forbidden on our machines).
 #pragma once
 
@@ -27,16 +34,18 @@
 namespace ncclext {
 namespace harness {
 
-enum class OneGpu { kOff, kNodes, kVirtual };
-// "off", "nodes", "virtual"; false for anything else.
-bool parseOneGpu(const char* s, OneGpu* out);
+enum class OneGpu { kOff, kNodes, kVirtual, kMixed };
+// "off", "nodes", "virtual", and "mixed" where the program runs in that mode (`mixedToo`: its bodies take their
+// virtual rank from RankContext::localRank and their rail from RankContext::rail); false for anything else.
+bool parseOneGpu(const char* s, OneGpu* out, bool mixedToo = false);
 const char* oneGpuName(OneGpu m);
 
 struct RankContext {
   int rank = 0, nRanks = 1;
   int localRank = 0;
   int device = 0;
-  ncclComm_t comm = nullptr;      // the world; virtual ranks: this rank's single-rank communicator
+  ncclComm_t comm = nullptr;      // the world; virtual ranks (and mixed): this rank's single-rank communicator
+  ncclComm_t rail = nullptr;      // mixed: the ranks with my thread index on every node, in node order
   cudaStream_t stream = nullptr;
   OneGpu mode = OneGpu::kOff;
   VirtualDomain* virt = nullptr;  // virtual ranks: the in-process domain (host collectives of the harness's copy)
@@ -47,6 +56,7 @@ struct LaunchOptions {
   int nRanks = 0;                // 0: every visible GPU (fork mode)
   double timeoutSeconds = 600;   // the parent kills all children after this long
   OneGpu oneGpu = OneGpu::kOff;
+  int domainSize = 2;            // mixed: virtual ranks per node (2..VirtualDomain::kMaxRanks, dividing nRanks)
   int mayDie = -1;               // fork mode: this rank may end by SIGKILL (the dead-peer test); the others go on
 };
 
