@@ -4,9 +4,10 @@ rank an NVLink domain of its own, so every row between ranks goes over the rail 
 checks its own outputs against a torch reference without any exchange: FLAT rows by source in token order with their
 local expert ids and weights, EXPERT_MAJOR zones by (source, token), the counts, and both combines; autograd
 (FLAT) against a torch model of the same layer; and a CUDA graph of handle update + dispatch + combine replayed with
-new routings. Values are multiples of 1/8 small enough that every product and sum is exact in fp32, so outputs
-compare exactly (autograd: to fp32 rounding). torch.compile stays with the one-rank tests: a rank's first compile
-can outlast a peer's device-side wait."""
+new routings; and the torch.library ops compiled (fullgraph) against eager and torch, with their gradient. Values are
+multiples of 1/8 small enough that every product and sum is exact in fp32, so outputs compare exactly (autograd: to
+fp32 rounding). The compile test has a group of its own with a long device-wait budget: each rank compiles before
+its first collective, and one rank's compile can outlast the usual budget of a peer that finished first."""
 
 import pytest
 
@@ -180,3 +181,43 @@ def test_a_captured_update_dispatch_combine_replays_with_new_routings(ht):
             counts += torch.bincount(idx_s[_mine(idx_s, me)] - me * LOCAL, minlength=LOCAL)
         assert torch.equal(h.expert_counts.long().cpu(), counts), seed
     h.close()
+
+
+def test_custom_ops_compile_fullgraph_at_any_rank_count(world):
+    import torch.distributed as dist
+
+    import nccl.ep.ops as epops
+
+    me, R = world
+    idx, x, _ = _inputs(me, R)
+    idx, x = idx.cuda(), x.float().cuda()
+    w = torch.ones(idx.shape, device="cuda")
+    g = ep.Group(num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, dtype=torch.float32, max_topk=K, num_sms=8,
+                 timeout_s=300)
+    h = g.create_handle(idx, layout="flat", sizing="worst_case")
+    hid = epops.register(h)
+    try:
+        def layer(x, idx, w):
+            tokens, _, _, counts = torch.ops.nccl_ep.dispatch(hid, x, idx, w)
+            return torch.ops.nccl_ep.combine(hid, tokens * 3), counts
+
+        hits = torch.stack([_mine(idx.cpu(), d).any(dim=1) for d in range(R)], dim=1).sum(dim=1)
+        want = x.cpu() * 3 * hits.unsqueeze(1).float()  # token t comes back tripled from every rank it went to
+        eager, counts = layer(x, idx, w)
+        dist.barrier()  # the ranks start compiling together
+        compiled, _ = torch.compile(layer, fullgraph=True)(x, idx, w)
+        torch.cuda.synchronize()
+        assert torch.equal(eager.cpu(), want) and torch.equal(compiled.cpu(), want)
+        mine = torch.zeros(LOCAL, dtype=torch.int64)
+        for s in range(R):
+            idx_s = _inputs(s, R)[0]
+            mine += torch.bincount(idx_s[_mine(idx_s, me)] - me * LOCAL, minlength=LOCAL)
+        assert torch.equal(counts.long().cpu(), mine)
+        xg = x.clone().requires_grad_()
+        out, _ = layer(xg, idx, w)
+        out.sum().backward()  # d out / d x = 3 for each rank the token went to
+        assert torch.equal(xg.grad.cpu(), (3 * hits.float()).unsqueeze(1).expand_as(xg).contiguous())
+    finally:
+        epops.unregister(hid)
+        h.close()
+        g.close()
