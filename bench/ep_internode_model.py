@@ -45,9 +45,11 @@ ncclEpGroupGetInfo reports):
     (rowStride = 2H bf16 rows, slices = ceil(rowStride / 512), metaBytes = 16-aligned 12 + 12 k + 4 rowStride / 128,
      header = 16-aligned 12 + 4 E_r)
 
-High-Throughput as nccl_ep implements it across domains today (--ht-fixed-slices M): flat, not hierarchical (a token
-goes over the rail once per destination rank), in fixed slices of M = max_tokens_per_rank rows to and from every rank
-of another domain (docs/ARCHITECTURE.md, "High-Throughput across NVLink domains"):
+High-Throughput as nccl_ep implements it across domains today: flat, not hierarchical (a token goes over the rail
+once per destination rank). An EXACT handle's eager calls send the rows the routing fills (--ht-flat: the expected
+rows per (token, destination rank)); worst-case handles and captured calls send fixed slices of M =
+max_tokens_per_rank rows to and from every rank of another domain (--ht-fixed-slices M; docs/ARCHITECTURE.md,
+"High-Throughput across NVLink domains"):
 
     dispatch per remote rank = M (rowStride + metaBytes), metaBytes = 16-aligned 12 + 12 k + 4 max(1, rowStride / 128)
     combine  per remote rank = 16-aligned 8 M + M rowStride   (NVLink: the rows to the own domain's other ranks)
@@ -244,12 +246,15 @@ def op_time(rail_bytes: float, nvlink_bytes: float, rail_gbs: float, nvlink_gbs:
 def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, experts: int, dtype: str,
             rail_gbs: float = RAIL_GBS, nvlink_gbs: float = NVLINK_GBS, latency_us: float | None = None,
             node_limit: int = 0, ll_combine: str = "expert", meta_bytes: int = 0, all_rail: bool = False,
-            ll_dispatch: str = "rank", ll_fixed_slices: int = 0, ht_fixed_slices: int = 0) -> list:
+            ll_dispatch: str = "rank", ll_fixed_slices: int = 0, ht_fixed_slices: int = 0,
+            ht_flat: bool = False) -> list:
     """Predicted dispatch and combine for one configuration: a list of two dicts (op = dispatch, combine), bytes
     per rank out (= in). dtype is the dispatch row's; combine rows are bf16. ll_fixed_slices M > 0: the rail bytes of
     nccl_ep's Low-Latency exchange as implemented (fixed slices of M rows per remote rank; bf16 only);
     ht_fixed_slices M > 0: the same for High-Throughput's flat exchange (rail bytes fixed, NVLink only to the own
-    domain's other ranks, as Low-Latency's rank dispatch)."""
+    domain's other ranks, as Low-Latency's rank dispatch). ht_flat: High-Throughput's flat exchange with an EXACT
+    handle's eager calls, which send the rows the routing fills: a row per (token, destination rank) over the rail,
+    the expected rows, not fixed slices."""
     if mode not in ("ht", "ll"):
         raise ValueError("mode must be ht or ll, got %r" % mode)
     if latency_us is None:
@@ -269,10 +274,13 @@ def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, 
         if mode != "ll" or dtype != "bf16" or ll_fixed_slices < tokens:
             raise ValueError("ll_fixed_slices: Low-Latency bf16 with max_tokens >= tokens")
         fixed = ll_fixed_slice_bytes(nodes, gpus, experts, k, hidden, ll_fixed_slices, ll_combine)
+    if ht_flat and mode != "ht":
+        raise ValueError("ht_flat: a High-Throughput variant")
     if ht_fixed_slices:
         if mode != "ht" or ht_fixed_slices < tokens:
             raise ValueError("ht_fixed_slices: High-Throughput with max_tokens >= tokens")
         fixed = ht_fixed_slice_bytes(nodes, gpus, hidden, k, ht_fixed_slices)
+    if ht_fixed_slices or ht_flat:
         flat = ll_rows(nodes, gpus, experts, k, node_limit, "rank", False, "rank")  # a row per (token, rank)
         per_op = {op: (flat["dispatch_rail"], flat["dispatch_nvlink"], row) for op, (_, _, row) in per_op.items()}
     out = []
@@ -289,6 +297,7 @@ def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, 
                "rail_bytes": rail_b, "nvlink_bytes": nvl_b, "rail_gbs": rail_gbs, "nvlink_gbs": nvlink_gbs,
                "ll_fixed_slices": ll_fixed_slices if mode == "ll" else 0,
                "ht_fixed_slices": ht_fixed_slices if mode == "ht" else 0,
+               "ht_protocol": None if mode != "ht" else "flat" if (ht_flat or ht_fixed_slices) else "hierarchical",
                "p_dom": r["p_dom"], "p_rank": r["p_rank"]}
         rec.update(op_time(rail_b, nvl_b, rail_gbs, nvlink_gbs, latency_us))
         out.append(rec)
@@ -413,6 +422,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ht-fixed-slices", type=int, default=0, metavar="M",
                     help="HT rail bytes of nccl_ep's flat exchange as implemented: fixed slices of M = "
                          "max_tokens_per_rank rows to every remote rank (0: the hierarchical protocol's expected rows)")
+    ap.add_argument("--ht-flat", action="store_true",
+                    help="HT rail rows of nccl_ep's flat exchange with EXACT handles (a row per (token, destination "
+                         "rank), the expected rows) instead of the hierarchical protocol's")
     ap.add_argument("--meta-bytes", type=int, default=0, help="extra bytes per row (flags, ids, weights)")
     ap.add_argument("--rail-gbs", type=float, default=RAIL_GBS, help="rail (NIC) GB/s per GPU per direction")
     ap.add_argument("--nvlink-gbs", type=float, default=NVLINK_GBS, help="NVLink GB/s per GPU per direction")
@@ -437,7 +449,7 @@ def main(argv=None) -> int:
                         preds = predict(mode, n, a.gpus_per_node, tokens, a.hidden, a.topk, a.experts, dtype,
                                         a.rail_gbs, a.nvlink_gbs, lat, a.node_limit, comb_kind, a.meta_bytes,
                                         False, a.ll_dispatch, a.ll_fixed_slices if mode == "ll" else 0,
-                                        a.ht_fixed_slices if mode == "ht" else 0)
+                                        a.ht_fixed_slices if mode == "ht" else 0, a.ht_flat and mode == "ht")
                         # Dispatch once per dtype; combine (bf16 whatever the dispatch dtype) once per kind.
                         rows.extend(p for p in preds if (p["op"] == "dispatch" and comb_kind == combines[0])
                                     or (p["op"] == "combine" and dtype == dtypes[0]))

@@ -303,3 +303,20 @@ def test_ll_fixed_slices_follow_the_library_layout():
         args.update(bad)
         with pytest.raises(ValueError):
             m.predict(ll_fixed_slices=4, **args)
+
+
+def test_ht_flat_rows_are_per_destination_rank():
+    # One GPU a domain: flat and hierarchical are one protocol. Several: a token crosses the rail once per destination
+    # rank (flat) instead of once per destination domain, so flat moves more, and its fixed slices more still.
+    for nodes, gpus in ((2, 1), (4, 1)):
+        hier, flat = (m.predict("ht", nodes, gpus, 512, 7168, 8, 256, "bf16", ht_flat=f)[0] for f in (False, True))
+        assert flat["rail_bytes"] == pytest.approx(hier["rail_bytes"]) and flat["ht_protocol"] == "flat"
+        assert hier["ht_protocol"] == "hierarchical"
+    for nodes in (2, 4, 16):
+        hier, flat = (m.predict("ht", nodes, 8, 4096, 7168, 8, 256, "bf16", ht_flat=f)[0] for f in (False, True))
+        fixed = m.predict("ht", nodes, 8, 4096, 7168, 8, 256, "bf16", ht_fixed_slices=4096)[0]
+        assert hier["rail_bytes"] < flat["rail_bytes"] < fixed["rail_bytes"], nodes
+        rows = m.ll_rows(nodes, 8, 256, 8, 0, "rank", False, "rank")
+        assert flat["rail_rows_per_token"] == rows["dispatch_rail"] and flat["nvlink_bytes"] > 0
+    with pytest.raises(ValueError):
+        m.predict("ll", 2, 1, 3, 256, 2, 4, "bf16", ht_flat=True)
