@@ -94,11 +94,12 @@ __device__ void moveWholeTiles(const char* const (&from)[G], T* const (&to)[G], 
 // contiguous (last) dim into shared memory, converting there, and writes its columns along the destination's
 // contiguous dim b. The tiles are walked with a TileCursor (offsets stepped along a row of tiles, not recomputed);
 // whole aligned tiles collect, G at a time, for moveWholeTiles (the buffer, sized for one tile of 8-byte elements,
-// holds G = 8 / sizeof(T) tiles of T). Any other tile moves alone: thread x of each group of kTileEdge takes column
-// x on the way in and row x on the way out, one element at a time, so that both global accesses are still coalesced.
+// holds 8 / sizeof(T) tiles of T; G is that, at most 4: 1-byte elements would need eight 16-byte registers a
+// thread). Any other tile moves alone: thread x of each group of kTileEdge takes column x on the way in and row x on
+// the way out, one element at a time, so that both global accesses are still coalesced.
 template <typename T>
 __device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, TileRows<T> tile) {
-  constexpr int G = (int)(sizeof(uint64_t) / sizeof(T));
+  constexpr int G = sizeof(T) >= 2 ? (int)(sizeof(uint64_t) / sizeof(T)) : 4;  // the registers stay few (below)
   static_assert(G * kTileEdge * (kTileEdge + 1) * sizeof(T) <= kTileBufferWords * sizeof(uint64_t),
                 "the buffer holds G tiles of T");
   const int b = tileDimOf(d), last = d.ndims - 1;
@@ -158,8 +159,9 @@ __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const M
 }
 
 // The local copies: one CTA per segment at a time, each thread its share (move.h); tile segments through shared
-// memory. Launched with kThreads threads: the bound keeps the tile rounds' registers within what that allows.
-__global__ void __launch_bounds__(kThreads) copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n,
+// memory. The plain segments' throughput wants two CTAs of kThreads per SM (the bytes in flight): the bound holds
+// the kernel, tile rounds included (they share its registers), to what that allows.
+__global__ void __launch_bounds__(kThreads, 2) copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n,
                                                         MoveEnds m) {
   __shared__ uint64_t tileBuffer[kTileBufferWords];
   for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {

@@ -24,8 +24,9 @@
 // runs LSA inside domains of D ranks and the rail between them at once (each rank's rail: the ranks of its index).
 //
 // Usage: symmetric_memory_test [--test smoke|timeout|dead-peer|all] [--nranks N]
-//                              [--one-gpu off|nodes|virtual|mixed] [--domain-size D] [--iters I] [--ctas C] [--threads T] [--slot-elems E] [--rail-elems E]
-//                              [--timeout-s S] [--die-at K] [--json FILE] [--break store|barrier]
+//                              [--one-gpu off|nodes|virtual|mixed] [--domain-size D] [--iters I] [--ctas C]
+//                              [--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S] [--die-at K]
+//                              [--json FILE] [--break store|barrier]
 // (`all` is smoke and timeout.)
 // --break store skips the kernel's stores and --break barrier skips its exit barrier: both must make the smoke test
 // FAIL (the oracle can fail); gpu-check never passes --break.
