@@ -242,7 +242,11 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
       const double seconds = g->timeoutSeconds;
       res = ncclext::connectPeers(g->railComm, remote, remote, gp, seconds, stream,
                                   [gp, seconds] { abortRail(gp, seconds); }, "ncclEpCreateGroup (the rail)");
-      if (g->railAborted) res = ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", g->railWhy.c_str());
+      if (g->railAborted)
+        res = ncclext::fail(ncclRemoteError, __FILE__, __LINE__,
+                            "ncclEpCreateGroup: connecting to the ranks of the other NVLink domains did not finish "
+                            "within %.1f s (a peer that died or never called ncclEpCreateGroup)",
+                            seconds);
     }
   }
   cudaStreamDestroy(stream);
