@@ -59,6 +59,19 @@ def test_dispatch_layout_matches_brute_force(buffer, seed):
     assert torch.equal(per_expert, want_expert)
 
 
+def test_tokens_per_rdma_rank_follows_deepeps_nodes_of_eight():
+    from nccl.ep.deepep import _tokens_per_rdma_rank
+
+    assert _tokens_per_rdma_rank(torch.ones(5, 8, dtype=torch.bool)) is None  # intranode: up to 8 ranks
+    gen = torch.Generator().manual_seed(3)
+    hit = torch.rand(50, 24, generator=gen) < 0.1
+    got = _tokens_per_rdma_rank(hit)
+    want = [int(hit[:, 8 * n:8 * n + 8].any(dim=1).sum()) for n in range(3)]
+    assert got.dtype == torch.int32 and got.tolist() == want
+    with pytest.raises(NcclInvalidArgument, match="multiple of 8"):
+        _tokens_per_rdma_rank(torch.zeros(2, 12, dtype=torch.bool))
+
+
 def test_buffer_options_not_implemented(buffer):
     with pytest.raises(NotImplementedError, match="allow_mnnvl=True"):
         deep_ep.Buffer(dist.group.WORLD, 0, 0, allow_mnnvl=True)

@@ -328,8 +328,10 @@ class Buffer:
     # -- layout -----------------------------------------------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event=None, async_finish: bool = False,
                             allocate_on_comm_stream: bool = False):
-        """Local (no communication): (num_tokens_per_rank [R] int32, None, num_tokens_per_expert [E] int32,
-        is_token_in_rank [T, R] bool, event). A token counts once per rank however many of its experts are there."""
+        """Local (no communication): (num_tokens_per_rank [R] int32, num_tokens_per_rdma_rank, num_tokens_per_expert
+        [E] int32, is_token_in_rank [T, R] bool, event). A token counts once per rank however many of its experts are
+        there. num_tokens_per_rdma_rank is DeepEP's: None up to 8 ranks, else [R / 8] int32, the tokens that go to
+        each block of 8 ranks (DeepEP's RDMA ranks, its nodes of 8 GPUs); nccl.ep's dispatch does not need it."""
         self._wait(previous_event)
         if topk_idx.dim() != 2:
             raise NcclInvalidArgument("get_dispatch_layout: topk_idx must be [num_tokens, num_topk]")
@@ -342,7 +344,8 @@ class Buffer:
         is_token_in_rank = (rank_of.unsqueeze(-1) == ranks).any(dim=1)
         num_tokens_per_rank = is_token_in_rank.sum(dim=0, dtype=torch.int32)
         num_tokens_per_expert = torch.bincount(topk_idx[valid], minlength=num_experts).to(torch.int32)
-        return num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank, self._event(async_finish)
+        return (num_tokens_per_rank, _tokens_per_rdma_rank(is_token_in_rank), num_tokens_per_expert, is_token_in_rank,
+                self._event(async_finish))
 
     # -- dispatch / combine -----------------------------------------------------------------------------------------
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
@@ -714,6 +717,21 @@ class Buffer:
                           max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3])
             self._groups[num_experts] = group
         return group
+
+
+_NVL_PEERS = 8  # DeepEP's NUM_MAX_NVL_PEERS: the GPUs of one of its nodes (an RDMA rank)
+
+
+def _tokens_per_rdma_rank(is_token_in_rank):
+    """DeepEP's num_tokens_per_rdma_rank from is_token_in_rank [T, R]: None up to 8 ranks (its intranode settings),
+    else [R / 8] int32, how many tokens hit each block of 8 consecutive ranks."""
+    t, r = is_token_in_rank.shape
+    if r <= _NVL_PEERS:
+        return None
+    if r % _NVL_PEERS:
+        raise NcclInvalidArgument("get_dispatch_layout: %d ranks: DeepEP's internode layout takes a multiple of %d"
+                                  % (r, _NVL_PEERS))
+    return is_token_in_rank.view(t, r // _NVL_PEERS, _NVL_PEERS).any(dim=2).sum(dim=0, dtype=torch.int32)
 
 
 def _shape_dtype(t) -> str:
