@@ -113,10 +113,14 @@ typedef struct {
   int virtual_rank;             /* with virtual_domain: this thread's rank in it */
   int enable_mask;              /* LL: 1 = a mask of active ranks (ncclEpMaskQuery/Update/Clean): a peer that does
                                    not arrive within timeout_ns is masked instead of failing the group */
+  ncclComm_t virtual_rail;      /* NULL; with virtual_domain, the one-GPU mixed test mode (several virtual domains,
+                                   one a process): the communicator of the virtual ranks with this virtual_rank in
+                                   every domain, in domain order. High-Throughput only; the exchange between domains
+                                   then goes between ranks of the same index, relayed inside the domain */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0, NULL}
 
 typedef struct {
   unsigned int size;

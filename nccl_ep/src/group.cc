@@ -164,6 +164,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   dopt.domainSize = config.lsa_domain_size;
   dopt.virt = config.virtual_domain ? &config.virtual_domain->domain : nullptr;
   dopt.virtualRank = config.virtual_rank;
+  dopt.rail = config.virtual_rail;
   dopt.timeoutSeconds = g->timeoutSeconds;
   NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &g->domain));
   const ncclext::Topology& topo = g->domain->topo();
@@ -218,16 +219,23 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "group state: mask fill failed");
   }
   // The outboxes and the communicator their exchanges go over (every rank of comm, split once: the caller's own
-  // traffic on comm never meets ours).
+  // traffic on comm never meets ours; relay: the domain's rail, the ranks of my index in every domain, likewise).
+  rv.relay = config.virtual_rail != nullptr;
   if (res == ncclSuccess && rv.outboxBytes) {
     void* ob = nullptr;
     res = g->deviceAlloc(&ob, 2 * rv.outboxBytes * nRanks);  // the outboxes, then the inboxes
     rv.outbox = static_cast<char*>(ob);
     rv.inbox = rv.outbox + rv.outboxBytes * nRanks;
+    // Zeroed: slots that no call wrote yet travel too (whole slices), and their flags must read as no call's
+    // (relay mode copies them into a peer's window while it may be waiting on the slot's flag of a later call).
+    if (res == ncclSuccess && cudaMemsetAsync(ob, 0, 2 * rv.outboxBytes * nRanks, stream) != cudaSuccess)
+      res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the outboxes: zero-fill failed");
     if (res == ncclSuccess) {
       ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
       cc.blocking = 1;
-      const ncclResult_t split = ncclCommSplit(comm, 0, rank, &g->railComm, &cc);
+      const ncclResult_t split = rv.relay
+                                     ? ncclCommSplit(g->domain->railComm(), 0, topo.domainIndex, &g->railComm, &cc)
+                                     : ncclCommSplit(comm, 0, rank, &g->railComm, &cc);
       if (split != ncclSuccess)
         res = ncclext::fail(split, __FILE__, __LINE__, "the rail communicator: ncclCommSplit: %s",
                             ncclGetErrorString(split));
@@ -236,8 +244,9 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
     // point-to-point call, which blocks the host until the peer takes part, so that a peer that later skips a call
     // would hang the exchange's host call before the watchdog watches it.
     if (res == ncclSuccess) {
-      std::vector<char> remote(nRanks, 0);
-      for (int r = 0; r < nRanks; r++) remote[r] = !rv.local(r);
+      // Relay: the rail's ranks are the domains (mine excluded).
+      std::vector<char> remote(rv.relay ? topo.nDomains : nRanks, 0);
+      for (int r = 0; r < (int)remote.size(); r++) remote[r] = rv.relay ? r != topo.domainIndex : !rv.local(r);
       ncclEpGroup* gp = g.get();
       const double seconds = g->timeoutSeconds;
       res = ncclext::connectPeers(g->railComm, remote, remote, gp, seconds, stream,
@@ -329,7 +338,21 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   const int R = view.nRanks;
   NCCLEXT_NCCL(ncclGroupStart());
   ncclResult_t res = ncclSuccess;
-  if (counts && capture == cudaStreamCaptureStatusNone) {
+  if (rv.relay) {
+    // To the rank of my index in each other domain D (rail rank D): what I wrote for each of its ranks, one message
+    // per rank in rank order; from it, what it wrote for each rank of mine, into inbox[D * G + r] (matched in the
+    // same order). Whole fixed spans: a relay does not know another pair's counts.
+    const int G = rv.domainSize, myDomain = view.rank / G;
+    const size_t from = rv.outOff[regions.first], bytes = rv.spanOf(regions);
+    for (int d = 0; d < R / G && res == ncclSuccess; d++) {
+      if (d == myDomain) continue;
+      for (int r = 0; r < G && res == ncclSuccess; r++) {
+        const size_t at = (size_t)(d * G + r) * rv.outboxBytes + from;
+        res = ncclSend(rv.outbox + at, bytes, ncclUint8, d, railComm, stream);
+        if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, d, railComm, stream);
+      }
+    }
+  } else if (counts && capture == cudaStreamCaptureStatusNone) {
     // An EXACT handle's eager HT call: the rows its routing fills, from slot 0 of each region (slots are dense), a
     // message per region and direction where there is any; what my peer sends me is what I count from it.
     const bool dispatch = kind == ncclep::kDispatch;
@@ -364,7 +387,8 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     const double seconds = timeoutSeconds;
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
-  return ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
+  return rv.relay ? ncclep::launchRailRelay(view, kind, stream)
+                  : ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
 }
 
 ncclEpGroup::~ncclEpGroup() {

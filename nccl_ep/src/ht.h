@@ -128,6 +128,11 @@ struct RailRegions {
 struct RailView {
   int domainBase = 0, domainSize = 0;  // my domain's ranks: [domainBase, domainBase + domainSize)
   int highThroughput = 0;              // the group's mode: which regions each exchange moves (regionsOf)
+  // Relay (HT over a rail of one index: the mixed test mode, ncclEpGroupConfig_t::virtual_rail): the exchange goes
+  // only to the rank with my index in each other domain, which copies what I wrote for each rank of its domain into
+  // that rank's window (railRelayKernel). The outboxes are the same (rank r's at r * outboxBytes: a domain's ranks
+  // are one block); inbox[D * domainSize + r] holds what domain D's rank of my index wrote for my domain's rank r.
+  int relay = 0;
   char* outbox = nullptr;              // [R][outboxBytes]: rank r's at r * outboxBytes (remote ranks only)
   char* inbox = nullptr;               // [R][outboxBytes]: what remote rank r sent me, in its outbox's layout
   size_t outboxBytes = 0;
@@ -260,6 +265,9 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
 // `rows` (HT calls; device memory): the slots source s filled, rows[s] (dispatch: the rows it sent me; combine: my
 // rows it returns), the rest of its slices is not copied; NULL: whole slices.
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream);
+// Relay mode (RailView::relay, HT): instead, what each other domain's rank of my index wrote for each rank r of my
+// domain, from the inbox into r's window at that writer's slices (LSA), flags last (kernels/ht_route.cu).
+ncclResult_t launchRailRelay(const GroupView& g, int kind, cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

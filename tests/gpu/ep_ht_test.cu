@@ -16,8 +16,10 @@
 // expects the rail's watchdog. Any CUDA error of the test's own calls, and any left at the end (tests/harness),
 // fails the run.
 //
-// Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S]
+// Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S]
 //                   [--quick] [--json FILE]
+// --one-gpu mixed (launcher.h): one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail: domains of
+// two ranks and the relayed exchange between them at once (at 4 ranks).
 // --quick (the sanitizer runs): a few cases, no limits group, 2 graph replays. --silent-peer-s: the timeout test's
 // budget, on a group of its own (default: --timeout-s, on the test's group).     Exit: 0 pass, 1 fail, 77 no GPU.
 #include <cuda_bf16.h>
@@ -613,7 +615,7 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
     if (c == 'n') *nRanks = atoi(optarg);
     else if (c == 's') *seed = strtoull(optarg, nullptr, 0);
     else if (c == 'j') *json = optarg;
-    else if (c == 'g') { if (!ncclext::harness::parseOneGpu(optarg, oneGpu)) return false; }
+    else if (c == 'g') { if (!ncclext::harness::parseOneGpu(optarg, oneGpu, /*mixedToo=*/true)) return false; }
     else if (c == 'T') gTimeoutSeconds = atof(optarg);
     else if (c == 'q') *quick = true;
     else if (c == 'S') gSilentPeerSeconds = atof(optarg);
@@ -642,17 +644,20 @@ int main(int argc, char** argv) {
   bool quick = false;
   if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) {
     fprintf(stderr,
-            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--quick] [--json FILE]\n",
+            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--quick] "
+            "[--json FILE]\n",
             argv[0]);
     return 2;
   }
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
   lo.oneGpu = oneGpu;
-  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them.
+  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them
+  // (mixed: each node's process gets its copy, a domain of lo.domainSize ranks).
   ncclEpVirtualDomain_t virt = nullptr;
-  if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
-      ncclEpVirtualDomainCreate(&virt, nRanks > 0 ? nRanks : 2) != ncclSuccess) {
+  const bool mixed = oneGpu == ncclext::harness::OneGpu::kMixed;
+  if ((oneGpu == ncclext::harness::OneGpu::kVirtual || mixed) &&
+      ncclEpVirtualDomainCreate(&virt, mixed ? lo.domainSize : nRanks > 0 ? nRanks : 2) != ncclSuccess) {
     fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
     return 1;
   }
@@ -666,8 +671,10 @@ int main(int argc, char** argv) {
     cfg.num_sms = 24;
     cfg.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
     cfg.virtual_domain = virt;
-    cfg.virtual_rank = virt ? ctx.rank : 0;
-    const bool acrossDomains = ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1;
+    cfg.virtual_rank = virt ? ctx.localRank : 0;
+    cfg.virtual_rail = ctx.rail;  // mixed: the rail of my index (relayed exchanges; NULL otherwise)
+    const bool acrossDomains = (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) ||
+                               (mixed && ctx.nRanks > lo.domainSize);
     ncclEpGroup_t group = nullptr;
     if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpCreateGroup: %s\n", ctx.rank, ncclEpGetLastError());
@@ -833,11 +840,14 @@ int main(int argc, char** argv) {
         waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const ncclResult_t res = ncclEpGroupGetAsyncError(silent);
         const std::string msg = ncclEpGetLastError();
+        // Mixed (relayed exchanges): the silent rank's rail peers see the rail's abort; every other rank, whose
+        // exchanges complete, a device wait for the silent rank's rows timing out.
+        const bool railAbort = msg.find("rail exchange timed out") != std::string::npos;
+        const bool peerWait = msg.find("timed out") != std::string::npos &&
+                              msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos;
         timeoutOk = res == ncclRemoteError && waited >= budget * 0.99 &&
-                    (acrossDomains ? msg.find("rail exchange timed out") != std::string::npos && waited < 2 * budget + 10
-                                   : msg.find("timed out") != std::string::npos &&
-                                         msg.find("peer " + std::to_string(ctx.nRanks - 1)) != std::string::npos &&
-                                         waited < budget + 10);
+                    (mixed ? (railAbort || peerWait) && waited < 2 * budget + 10
+                           : acrossDomains ? railAbort && waited < 2 * budget + 10 : peerWait && waited < budget + 10);
         printf("rank %d: dispatch with a silent peer -> %s after %.2f s: %s\n", rank, ncclGetErrorString(res), waited,
                msg.c_str());
         // Later calls report the same error instead of hanging.

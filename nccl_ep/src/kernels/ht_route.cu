@@ -23,6 +23,13 @@
 //                stream runs after this kernel).
 //   railInboxKernel  across domains, after an exchange's NCCL group (both modes): each remote source's slices of the
 //                exchange's regions, inbox -> my window (LL: the kind's bank), 8 or 4 bytes a thread at a time.
+//   railRelayKernel  the same in relay mode (HT over a rail of one index, RailView::relay): what each other domain's
+//                rank of my index wrote for each rank r of my domain, inbox -> r's window (LSA), at that writer's
+//                slices. Dispatch and combine first wait until every rank of my domain consumed the previous call
+//                (its done flag, as a sender waits), then move slot by slot, the CTA's stores of a slot before its
+//                flag's release (the row flag in the metadata for dispatch, the combine flag region for combine):
+//                the receivers acquire the flags as they do LSA senders'. The handle's exchange rows need no flag
+//                (their readers meet after this kernel in the domain's barrier).
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
@@ -247,10 +254,70 @@ __global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kin
   }
 }
 
+// `bytes` (a multiple of 8) from `from` to `to` by the CTA, 8 bytes a thread at a time.
+__device__ __forceinline__ void ctaCopy8(void* to, const void* from, size_t bytes) {
+  for (size_t k = threadIdx.x; k < bytes / 8; k += blockDim.x)
+    static_cast<uint64_t*>(to)[k] = static_cast<const uint64_t*>(from)[k];
+}
+
+__global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind) {
+  const RailView& rv = g.rail;
+  const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
+  if (kind != kRailHandle) {
+    const size_t doneOff = kind == kDispatch ? g.wl.dispDone : g.wl.combDone;
+    if (!waitPeersConsumed(Team::wholeCta(), g, doneOff, callNumber(g, static_cast<CallKind>(kind)))) return;
+  }
+  // Items: (other domain, rank of mine, slot); the handle's exchange row is one slot of its whole slice.
+  const int slots = kind == kRailHandle ? 1 : g.maxTokens;
+  const int64_t items = (int64_t)(nDomains - 1) * G * slots;
+  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const int j = (int)(it % slots), r = (int)(it / slots % G), dd = (int)(it / slots / G);
+    const int d = dd < myDomain ? dd : dd + 1;
+    const int writer = d * G + myIndex;  // the rank of domain d whose slices these are
+    const char* sub = rv.inbox + (size_t)(d * G + r) * rv.outboxBytes;
+    auto dst = [&](int region, size_t slotBytes) {
+      return static_cast<char*>(
+          g.peers.at(rv.base[region] + (size_t)writer * rv.slice[region] + (size_t)j * slotBytes, r));
+    };
+    auto src = [&](int region, size_t slotBytes) { return sub + rv.outOff[region] + (size_t)j * slotBytes; };
+    if (kind == kRailHandle) {  // int32 rows: 4 bytes a thread
+      const size_t bytes = rv.slice[kRailHeader];
+      const uint32_t* from = reinterpret_cast<const uint32_t*>(src(kRailHeader, 0));
+      uint32_t* to = reinterpret_cast<uint32_t*>(dst(kRailHeader, 0));
+      for (size_t k = threadIdx.x; k < bytes / 4; k += blockDim.x) to[k] = from[k];
+      continue;
+    }
+    const size_t row = (size_t)g.rowStride;
+    uint64_t* flagTo;
+    const uint64_t* flagFrom;
+    if (kind == kDispatch) {  // the row, then the metadata after its flag (the flag's 8 bytes lead the metadata)
+      const size_t meta = g.meta.bytes;
+      ctaCopy8(dst(kRailDispRows, row), src(kRailDispRows, row), row);
+      ctaCopy8(dst(kRailDispMeta, meta) + 8, src(kRailDispMeta, meta) + 8, meta - 8);
+      flagTo = reinterpret_cast<uint64_t*>(dst(kRailDispMeta, meta));
+      flagFrom = reinterpret_cast<const uint64_t*>(src(kRailDispMeta, meta));
+    } else {  // combine: the row, then its flag
+      ctaCopy8(dst(kRailCombRows, row), src(kRailCombRows, row), row);
+      flagTo = reinterpret_cast<uint64_t*>(dst(kRailCombFlags, 8));
+      flagFrom = reinterpret_cast<const uint64_t*>(src(kRailCombFlags, 8));
+    }
+    // Every thread's stores of the slot before the flag: the barrier, then thread 0's system-scope release
+    // (cumulative over what the barrier ordered before it).
+    __syncthreads();
+    if (threadIdx.x == 0) ncclext::dev::storeRelease(flagTo, *flagFrom);
+    __syncthreads();  // the next slot's stores after this release (not needed for order; keeps the CTA in step)
+  }
+}
+
 }  // namespace
 
 ncclResult_t loadRouteKernels() {
-  return ncclext::loadKernels("handle", countKernel, scanKernel, slotKernel, exchangeKernel, railInboxKernel);
+  return ncclext::loadKernels("handle", countKernel, scanKernel, slotKernel, exchangeKernel, railInboxKernel,
+                              railRelayKernel);
+}
+
+ncclResult_t launchRailRelay(const GroupView& g, int kind, cudaStream_t stream) {
+  return ncclext::launchKernel("railRelayKernel", railRelayKernel, dim3(64), dim3(kThreads), 0, stream, g, kind);
 }
 
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream) {

@@ -70,7 +70,7 @@ class _GroupConfig(_Header):
                 ("max_token_bytes", ctypes.c_int), ("max_topk", ctypes.c_int), ("num_sms", ctypes.c_int),
                 ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
                 ("lsa_domain_size", ctypes.c_int), ("virtual_domain", ctypes.c_void_p), ("virtual_rank", ctypes.c_int),
-                ("enable_mask", ctypes.c_int)]
+                ("enable_mask", ctypes.c_int), ("virtual_rail", ctypes.c_void_p)]
 
 
 class _HandleConfig(_Header):
