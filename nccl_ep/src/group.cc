@@ -243,6 +243,10 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
     // Every pair of ranks in different domains connected now, while all are here: NCCL connects a pair at its first
     // point-to-point call, which blocks the host until the peer takes part, so that a peer that later skips a call
     // would hang the exchange's host call before the watchdog watches it.
+    if (rv.relay && g->domain->isVirtual()) {  // every virtual rank here, in the same order (VirtualDomain::newKey)
+      g->relayFenceKey = config.virtual_domain->domain.newKey(rank - rv.domainBase);
+      g->relayFenced = true;
+    }
     if (res == ncclSuccess) {
       // Relay: the rail's ranks are the domains (mine excluded).
       std::vector<char> remote(rv.relay ? topo.nDomains : nRanks, 0);
@@ -387,8 +391,17 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     const double seconds = timeoutSeconds;
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
-  return rv.relay ? ncclep::launchRailRelay(view, kind, stream)
-                  : ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
+  if (!rv.relay) return ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
+  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, stream));
+  // Virtual ranks share the GPU's hardware queues, which start work in order: my receive half, queued behind my
+  // relay (which waits for my domain's ranks to finish their previous call), must not sit in a queue ahead of a
+  // lagging peer's previous receive half. The fence: every rank enqueued its relay, so its earlier kernels, before
+  // anyone enqueues what waits for a relay (as nccl_m2n's launch fences; an expired one is skipped from then on, the
+  // kernels' own timeouts report the absent rank).
+  if (relayFenced && !relayFenceLost && capture == cudaStreamCaptureStatusNone)
+    relayFenceLost = config.virtual_domain->domain.fence(view.rank - rv.domainBase, relayFenceKey, timeoutSeconds) !=
+                     ncclSuccess;
+  return ncclSuccess;
 }
 
 ncclEpGroup::~ncclEpGroup() {
@@ -411,8 +424,9 @@ ncclResult_t ncclEpGroup::destroy(ncclEpGroup* g) {
   // (1) No peer reads or writes my window after this.
   ncclResult_t res = g->domain->barrier();
   ncclext::VirtualDomain* virt = g->config.virtual_domain ? &g->config.virtual_domain->domain : nullptr;
-  const int rank = g->view.rank;
+  const int rank = g->view.rank - g->view.rail.domainBase;  // in the virtual domain (mixed: not the world rank)
   const double timeout = g->timeoutSeconds;
+  if (res == ncclSuccess && g->relayFenced && virt) virt->forget(g->relayFenceKey);  // every rank is past its fences
   // (2) Free. A failed barrier means a peer is gone: the domain communicator is aborted first (no teardown call may
   // wait for the dead peer), and the window is then freed without its collective deregistration.
   if (res != ncclSuccess && g->domain->abort() && g->mem) g->mem->abandon();

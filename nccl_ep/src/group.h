@@ -75,6 +75,10 @@ struct ncclEpGroup {
   std::atomic<bool> railAborted{false};
   std::atomic<bool> railCaptured{false};  // an exchange was captured in a CUDA graph (destroy on a thread of its own)
   std::string railWhy;                 // written once, before railAborted
+  // Relay mode with virtual ranks (the mixed test mode): the launch fence after each relay kernel (its key, and
+  // whether one ran out of time: then skipped). See railExchange.
+  uint64_t relayFenceKey = 0;
+  bool relayFenced = false, relayFenceLost = false;
 
   static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out);
   ~ncclEpGroup();
