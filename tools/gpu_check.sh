@@ -26,12 +26,12 @@ MAXR=${GPU_CHECK_MAX_RANKS:-$NGPU}
 # name | command (NRANKS and JSON are substituted) | minimum ranks | one-GPU modes it runs in (MODE:MAX: at most MAX
 # ranks in that mode; MODE+MIN: at least MIN)
 RUNS=(
-  # mixed (symmetric_memory_test and ep_ht_test): one-GPU nodes of 2 virtual ranks each (tests/harness/launcher.h):
-  # at 4 ranks two domains of two, LSA inside them and the rail between them at once (HT: the relayed exchange).
+  # mixed (symmetric_memory_test, ep_ht_test, ep_ll_test): one-GPU nodes of 2 virtual ranks each (launcher.h):
+  # at 4 ranks two domains of two, LSA inside them and the rail between them at once (EP: the relayed exchange).
   "symmem_smoke|$BUILDDIR/bin/symmetric_memory_test --test smoke --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   "ep_ht|$BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
-  "ep_ll|$BUILDDIR/bin/ep_ll_test --nranks NRANKS --json JSON|1|nodes virtual"
+  "ep_ll|$BUILDDIR/bin/ep_ll_test --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|nodes virtual"
   # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md). As

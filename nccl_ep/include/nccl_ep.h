@@ -115,8 +115,8 @@ typedef struct {
                                    not arrive within timeout_ns is masked instead of failing the group */
   ncclComm_t virtual_rail;      /* NULL; with virtual_domain, the one-GPU mixed test mode (several virtual domains,
                                    one a process): the communicator of the virtual ranks with this virtual_rank in
-                                   every domain, in domain order. High-Throughput only; the exchange between domains
-                                   then goes between ranks of the same index, relayed inside the domain */
+                                   every domain, in domain order. The exchange between domains then goes between
+                                   ranks of the same index, relayed inside the domain (no masks across domains) */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \

@@ -387,9 +387,7 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
     NCCLEXT_ARG(c.virtual_rank == 0, "virtual_rank %d without a virtual_domain", c.virtual_rank);
     NCCLEXT_USAGE(c.virtual_rail == nullptr, "virtual_rail without a virtual_domain (the mixed test mode has both)");
   }
-  NCCLEXT_USAGE(c.virtual_rail == nullptr || c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT,
-                "virtual_rail (the mixed test mode): High-Throughput only (Low-Latency's exchange between domains "
-                "sends to every rank of another domain, which a rail of one index cannot reach)");
+
   ncclEpGroup* g = nullptr;
   NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
   *group = g;

@@ -392,7 +392,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
   if (!rv.relay) return ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
-  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, stream));
+  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, stream));
   // Virtual ranks share the GPU's hardware queues, which start work in order: my receive half, queued behind my
   // relay (which waits for my domain's ranks to finish their previous call), must not sit in a queue ahead of a
   // lagging peer's previous receive half. The fence: every rank enqueued its relay, so its earlier kernels, before

@@ -265,9 +265,9 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
 // `rows` (HT calls; device memory): the slots source s filled, rows[s] (dispatch: the rows it sent me; combine: my
 // rows it returns), the rest of its slices is not copied; NULL: whole slices.
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream);
-// Relay mode (RailView::relay, HT): instead, what each other domain's rank of my index wrote for each rank r of my
+// Relay mode (RailView::relay): instead, what each other domain's rank of my index wrote for each rank r of my
 // domain, from the inbox into r's window at that writer's slices (LSA), flags last (kernels/ht_route.cu).
-ncclResult_t launchRailRelay(const GroupView& g, int kind, cudaStream_t stream);
+ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

@@ -34,7 +34,8 @@
 // without masks (not supported across domains yet: see main); the timeout test then expects the rail's watchdog.
 // Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
 //
-// Usage: ep_ll_test [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S]
+// --one-gpu mixed: one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail (relayed exchanges).
+// Usage: ep_ll_test [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S]
 //                   [--quick] [--json FILE]
 // --quick (the sanitizer runs): a few cases, 5 graph replays, all checked. --silent-peer-s: the timeout test's
 // budget (default 1.5 s).                                                     Exit: 0 pass, 1 fail, 77 no GPU.
@@ -1018,6 +1019,7 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
   const std::string label = "silent peer";
   const int R = ctx.nRanks, M = 16, K = 2, H = 256, silentRank = R - 1;
   const bool acrossDomains = ctx.mode == ncclext::harness::OneGpu::kNodes;
+  const bool mixed = ctx.mode == ncclext::harness::OneGpu::kMixed;  // relayed: by position, either of the two
   const double budget = gSilentPeerSeconds;
   ncclEpGroupConfig_t cfg = base;
   cfg.num_experts = 2 * R;
@@ -1046,11 +1048,12 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
     *waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const ncclResult_t res = ncclEpGroupGetAsyncError(g);
     const std::string msg = ncclEpGetLastError();
+    const bool railAbort = msg.find("rail exchange timed out") != std::string::npos;
+    const bool peerWait = msg.find("timed out") != std::string::npos &&
+                          msg.find("peer " + std::to_string(silentRank)) != std::string::npos;
     *ok = drainedRes == ncclSuccess && res == ncclRemoteError && *waited >= budget * 0.99 &&
-          (acrossDomains ? msg.find("rail exchange timed out") != std::string::npos && *waited < 2 * budget + 10
-                         : msg.find("timed out") != std::string::npos &&
-                               msg.find("peer " + std::to_string(silentRank)) != std::string::npos &&
-                               *waited < budget + 10);
+          (mixed ? (railAbort || peerWait) && *waited < 2 * budget + 10
+                 : acrossDomains ? railAbort && *waited < 2 * budget + 10 : peerWait && *waited < budget + 10);
     printf("rank %d: LL dispatch with a silent peer -> %s after %.2f s: %s\n", ctx.rank, ncclGetErrorString(res),
            *waited, msg.c_str());
     // Later calls report the same error instead of hanging.
@@ -1192,7 +1195,7 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
         *json = optarg;
         break;
       case 'g':
-        if (!ncclext::harness::parseOneGpu(optarg, oneGpu)) return false;
+        if (!ncclext::harness::parseOneGpu(optarg, oneGpu, /*mixedToo=*/true)) return false;
         break;
       case 'T':
         gTimeoutSeconds = atof(optarg);
@@ -1232,7 +1235,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) {
     fprintf(stderr,
-            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual] [--seed S] [--timeout-s S] [--silent-peer-s S] "
+            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S] "
             "[--quick] [--json FILE]\n",
             argv[0]);
     return 2;
@@ -1242,10 +1245,12 @@ int main(int argc, char** argv) {
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
   lo.oneGpu = oneGpu;
-  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them.
+  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them
+  // (mixed: each node's process gets its copy, a domain of lo.domainSize ranks).
   ncclEpVirtualDomain_t virt = nullptr;
-  if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
-      ncclEpVirtualDomainCreate(&virt, nRanks > 0 ? nRanks : 2) != ncclSuccess) {
+  const bool mixed = oneGpu == ncclext::harness::OneGpu::kMixed;
+  if ((oneGpu == ncclext::harness::OneGpu::kVirtual || mixed) &&
+      ncclEpVirtualDomainCreate(&virt, mixed ? lo.domainSize : nRanks > 0 ? nRanks : 2) != ncclSuccess) {
     fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
     return 1;
   }
@@ -1257,7 +1262,8 @@ int main(int argc, char** argv) {
     base.num_sms = gSms;
     base.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
     base.virtual_domain = virt;
-    base.virtual_rank = virt ? ctx.rank : 0;
+    base.virtual_rank = virt ? ctx.localRank : 0;
+    base.virtual_rail = ctx.rail;  // mixed: the rail of my index (relayed exchanges; NULL otherwise)
     std::vector<Case> cases = buildCases();
     if (quick) {
       std::vector<Case> few;
@@ -1269,7 +1275,8 @@ int main(int argc, char** argv) {
     // One-GPU nodes: every rank an NVLink domain of its own, every row over the rail exchange (ncclSend / ncclRecv
     // over loopback sockets). Not supported across domains yet, so left out: masks; fewer graph replays (each moves
     // every outbox over the sockets).
-    const bool acrossDomains = ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1;
+    const bool acrossDomains = (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) ||
+                               (mixed && ctx.nRanks > lo.domainSize);
     if (acrossDomains) {
       std::vector<Case> kept;
       for (const Case& c : cases)

@@ -64,18 +64,6 @@ TEST(EpApi, GroupConfigRejections) {
     EXPECT_TRUE(says(b.message)) << "want \"" << b.message << "\" in: " << ncclEpGetLastError();
     EXPECT_EQ(g, nullptr);
   }
-  // The mixed test mode's rail (relayed exchanges) is High-Throughput's only.
-  ncclEpVirtualDomain_t virt = nullptr;
-  ASSERT_EQ(ncclEpVirtualDomainCreate(&virt, 2), ncclSuccess);
-  ncclEpGroupConfig_t x = goodConfig();
-  x.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
-  x.max_tokens_per_rank = 128;
-  x.virtual_domain = virt;
-  x.virtual_rail = reinterpret_cast<ncclComm_t>(0x2);
-  EXPECT_EQ(ncclEpCreateGroup(&g, fake, &x), ncclInvalidUsage);
-  EXPECT_TRUE(says("virtual_rail (the mixed test mode): High-Throughput only")) << ncclEpGetLastError();
-  EXPECT_EQ(g, nullptr);
-  EXPECT_EQ(ncclEpVirtualDomainDestroy(virt), ncclSuccess);
 }
 
 // A 2-rank group and a FLAT handle of 100 tokens, top-8, with no device state.

@@ -260,7 +260,58 @@ __device__ __forceinline__ void ctaCopy8(void* to, const void* from, size_t byte
     static_cast<uint64_t*>(to)[k] = static_cast<const uint64_t*>(from)[k];
 }
 
-__global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind) {
+// Low-Latency's relay: one CTA per (other domain, rank of mine), whole slices in the call's bank: the data (rows,
+// metadata, the header's counts), then every flag word (slice flags), then the header's flag, each released after a
+// CTA barrier: a receiver acquires the header first, then each row's slice flags, as from an LSA sender.
+__device__ void relayLowLatency(const GroupView& g, int kind, bool ownerWeighted) {
+  const RailView& rv = g.rail;
+  const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
+  const uint64_t seq = g.sent[kind];  // this call's send half, which ran before on my stream
+  const size_t bank = (seq & 1) * g.wl.bankBytes;
+  // Every rank of my domain consumed call seq - 2, the last one of this bank (as a sender waits: waitBankFree).
+  const size_t doneOff = kind == kDispatch ? g.wl.dispDone : g.wl.combDone;
+  bool ok = true;
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
+    if (r == g.rank || !rv.local(r)) continue;
+    const uint64_t* done = static_cast<const uint64_t*>(g.peers.local(doneOff + (size_t)r * 8));
+    if (!ncclext::dev::waitFlagAtLeast(done, seq - 2, {g.err, g.timeoutNs, g.rank}, r, ncclext::kSiteFlag, 0))
+      ok = false;
+  }
+  if (__syncthreads_or(!ok)) return;
+  const RailRegions regions = rv.regionsOf(kind, ownerWeighted);
+  auto isFlags = [](int i) { return i == kRailDispFlags || i == kRailCombFlags || i == kRailOwnerFlags; };
+  for (int it = blockIdx.x; it < (nDomains - 1) * G; it += gridDim.x) {
+    const int r = it % G, dd = it / G, d = dd < myDomain ? dd : dd + 1, writer = d * G + myIndex;
+    const char* sub = rv.inbox + (size_t)(d * G + r) * rv.outboxBytes;
+    auto to = [&](int i) {
+      return static_cast<char*>(g.peers.at(bank + rv.base[i] + (size_t)writer * rv.slice[i], r));
+    };
+    auto from = [&](int i) { return sub + rv.outOff[i]; };
+    for (int i = regions.first; i <= regions.last; i++) {
+      if (isFlags(i)) continue;
+      const size_t skip = i == kRailHeader ? 8 : 0;  // the header's flag word goes last
+      ctaCopy8(to(i) + skip, from(i) + skip, rv.slice[i] - skip);
+    }
+    __syncthreads();
+    for (int i = regions.first; i <= regions.last; i++) {
+      if (!isFlags(i)) continue;
+      uint64_t* t = reinterpret_cast<uint64_t*>(to(i));
+      const uint64_t* f = reinterpret_cast<const uint64_t*>(from(i));
+      for (size_t k = threadIdx.x; k < rv.slice[i] / 8; k += blockDim.x) ncclext::dev::storeRelease(t + k, f[k]);
+    }
+    __syncthreads();
+    if (regions.first == kRailHeader && threadIdx.x == 0)
+      ncclext::dev::storeRelease(reinterpret_cast<uint64_t*>(to(kRailHeader)),
+                                 *reinterpret_cast<const uint64_t*>(from(kRailHeader)));
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind, int ownerWeighted) {
+  if (g.lowLatency) {
+    relayLowLatency(g, kind, ownerWeighted != 0);
+    return;
+  }
   const RailView& rv = g.rail;
   const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
   if (kind != kRailHandle) {
@@ -316,8 +367,9 @@ ncclResult_t loadRouteKernels() {
                               railRelayKernel);
 }
 
-ncclResult_t launchRailRelay(const GroupView& g, int kind, cudaStream_t stream) {
-  return ncclext::launchKernel("railRelayKernel", railRelayKernel, dim3(64), dim3(kThreads), 0, stream, g, kind);
+ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream) {
+  return ncclext::launchKernel("railRelayKernel", railRelayKernel, dim3(64), dim3(kThreads), 0, stream, g, kind,
+                               ownerWeighted ? 1 : 0);
 }
 
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream) {
