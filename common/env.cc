@@ -70,6 +70,14 @@ Env parseEnv(const std::function<const char*(const char*)>& lookup, std::vector<
       complain("NCCL_EXT_LSA_DOMAIN_SIZE", v, "an integer >= 0");
     }
   }
+  if (const char* v = lookup("NCCL_EXT_HT_HIERARCHICAL")) {
+    long k = 0;
+    if (parseInt(v, &k) && (k == 0 || k == 1)) {
+      e.htHierarchical = static_cast<int>(k);
+    } else {
+      complain("NCCL_EXT_HT_HIERARCHICAL", v, "0 or 1");
+    }
+  }
   return e;
 }
 
@@ -97,8 +105,9 @@ const char* logLevelName(LogLevel level) {
 
 std::string describeEnv(const Env& e) {
   char buf[256];
-  snprintf(buf, sizeof(buf), "NCCL_EXT_LOG=%s NCCL_EXT_TIMEOUT_S=%g NCCL_EXT_LSA_DOMAIN_SIZE=%d",
-           logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize);
+  snprintf(buf, sizeof(buf),
+           "NCCL_EXT_LOG=%s NCCL_EXT_TIMEOUT_S=%g NCCL_EXT_LSA_DOMAIN_SIZE=%d NCCL_EXT_HT_HIERARCHICAL=%d",
+           logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize, e.htHierarchical);
   return buf;
 }
 

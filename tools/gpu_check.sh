@@ -32,6 +32,8 @@ RUNS=(
   "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   "ep_ht|$BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   "ep_ll|$BUILDDIR/bin/ep_ll_test --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
+  # The same HT suite with the hierarchical dispatch (experimental: one rail row per (token, destination domain)).
+  "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|mixed+4"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|nodes virtual"
   # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md). As

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <deque>
 #include <initializer_list>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/version.h"
@@ -205,6 +206,9 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   if (!g->railComm) return launch(g->view, h->view, c, stream);
   c.phase = ncclep::kHtSendHalf;
   NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
+  // The hierarchical dispatch (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): the rail rows per (token, domain) too.
+  if constexpr (std::is_same<Call, ncclep::DispatchCall>::value)
+    if (g->view.rail.hier) NCCLEXT_CHECK(ncclep::launchHierPack(g->view, h->view, c, stream));
   // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel. Every
   // handle knows them on the device: only those rows are copied out of the inbox (dispatch: the rows each source
   // sent me; combine: my rows each expert rank returns).

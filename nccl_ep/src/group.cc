@@ -230,6 +230,21 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
     // (relay mode copies them into a peer's window while it may be waiting on the slot's flag of a later call).
     if (res == ncclSuccess && cudaMemsetAsync(ob, 0, 2 * rv.outboxBytes * nRanks, stream) != cudaSuccess)
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the outboxes: zero-fill failed");
+    // The hierarchical dispatch's rail rows (relay mode, HT, NCCL_EXT_HT_HIERARCHICAL=1), zeroed likewise.
+    if (res == ncclSuccess && rv.relay && !v.lowLatency && env.htHierarchical) {
+      rv.hier = 1;
+      rv.hierRow.rowStride = (size_t)v.rowStride;
+      rv.hierRow.domainSize = topo.domainSize;
+      rv.hierRow.maxTopk = v.meta.maxTopk;
+      rv.hierRow.maxScales = v.meta.maxScales;
+      const size_t hierBytes = (size_t)topo.nDomains * v.maxTokens * rv.hierRow.bytes();
+      void* hb = nullptr;
+      res = g->deviceAlloc(&hb, 2 * hierBytes);
+      rv.hierOut = static_cast<char*>(hb);
+      rv.hierIn = rv.hierOut + hierBytes;
+      if (res == ncclSuccess && cudaMemsetAsync(hb, 0, 2 * hierBytes, stream) != cudaSuccess)
+        res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the hierarchical rows: zero-fill failed");
+    }
     if (res == ncclSuccess) {
       ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
       cc.blocking = 1;
@@ -342,7 +357,17 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   const int R = view.nRanks;
   NCCLEXT_NCCL(ncclGroupStart());
   ncclResult_t res = ncclSuccess;
-  if (rv.relay) {
+  if (rv.hier && kind == ncclep::kDispatch) {
+    // Hierarchical dispatch: my rail rows for each other domain D to its rank of my index (rail rank D), its rows
+    // for my domain from it, one message each way (fixed: a relay reads each row's call number).
+    const int G = rv.domainSize, myDomain = view.rank / G;
+    const size_t bytes = (size_t)view.maxTokens * rv.hierRow.bytes();
+    for (int d = 0; d < R / G && res == ncclSuccess; d++) {
+      if (d == myDomain) continue;
+      res = ncclSend(rv.hierOut + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
+      if (res == ncclSuccess) res = ncclRecv(rv.hierIn + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
+    }
+  } else if (rv.relay) {
     // To the rank of my index in each other domain D (rail rank D): what I wrote for each of its ranks, one message
     // per rank in rank order; from it, what it wrote for each rank of mine, into inbox[D * G + r] (matched in the
     // same order). Whole fixed spans: a relay does not know another pair's counts.
@@ -415,6 +440,7 @@ ncclEpGroup::~ncclEpGroup() {
       NCCLEXT_WARN_ON(ncclCommDestroy(c));
   }
   if (view.rail.outbox) freeNow(view.rail.outbox);
+  if (view.rail.hierOut) freeNow(view.rail.hierOut);
   if (state) freeNow(state);
   for (void* p : retiredDevice_) freeNow(p);
   for (void* p : retiredHost_) NCCLEXT_WARN_ON(cudaFreeHost(p));

@@ -125,6 +125,25 @@ struct RailRegions {
   }
 };
 
+// The hierarchical dispatch's rail row (relay mode with NCCL_EXT_HT_HIERARCHICAL=1): one per (token, destination
+// domain), at the token's position q in its source's stream to that domain: the row (rowStride bytes), then a tail
+// with what the relay needs to write each hit rank's staging row as the source would have (hierPackKernel,
+// railRelayKernel): the call's number (rows of earlier calls are stale), the source's top-k and scale counts, the
+// token's slot towards each rank of the domain (-1: none), its global expert ids (-1: none or ignored), weights
+// and (source, expert) indices per column, and its fp8 scales.
+struct HierRow {
+  size_t rowStride = 0;
+  int domainSize = 0, maxTopk = 0, maxScales = 0;
+  __host__ __device__ size_t seqOff() const { return rowStride; }
+  __host__ __device__ size_t countsOff() const { return rowStride + 8; }  // int32 top-k, int32 scales
+  __host__ __device__ size_t slotOff() const { return rowStride + 16; }
+  __host__ __device__ size_t expertOff() const { return slotOff() + 4 * (size_t)domainSize; }
+  __host__ __device__ size_t weightOff() const { return expertOff() + 4 * (size_t)maxTopk; }
+  __host__ __device__ size_t idxOff() const { return weightOff() + 4 * (size_t)maxTopk; }
+  __host__ __device__ size_t scaleOff() const { return idxOff() + 4 * (size_t)maxTopk; }
+  __host__ __device__ size_t bytes() const { return (scaleOff() + 4 * (size_t)maxScales + 15) / 16 * 16; }
+};
+
 struct RailView {
   int domainBase = 0, domainSize = 0;  // my domain's ranks: [domainBase, domainBase + domainSize)
   int highThroughput = 0;              // the group's mode: which regions each exchange moves (regionsOf)
@@ -133,6 +152,13 @@ struct RailView {
   // that rank's window (railRelayKernel). The outboxes are the same (rank r's at r * outboxBytes: a domain's ranks
   // are one block); inbox[D * domainSize + r] holds what domain D's rank of my index wrote for my domain's rank r.
   int relay = 0;
+  // Relay mode's hierarchical dispatch (NCCL_EXT_HT_HIERARCHICAL=1, HT): a rail row per (token, destination domain)
+  // instead of one per destination rank. hierOut[D][q] (D = every domain, mine unused): my rows for domain D;
+  // hierIn[D][q]: domain D's rank of my index's rows for my domain, expanded by railRelayKernel.
+  int hier = 0;
+  HierRow hierRow;
+  char* hierOut = nullptr;
+  char* hierIn = nullptr;
   char* outbox = nullptr;              // [R][outboxBytes]: rank r's at r * outboxBytes (remote ranks only)
   char* inbox = nullptr;               // [R][outboxBytes]: what remote rank r sent me, in its outbox's layout
   size_t outboxBytes = 0;
@@ -268,6 +294,9 @@ ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, c
 // Relay mode (RailView::relay): instead, what each other domain's rank of my index wrote for each rank r of my
 // domain, from the inbox into r's window at that writer's slices (LSA), flags last (kernels/ht_route.cu).
 ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream);
+// The hierarchical dispatch (RailView::hier), after the send half: my rail rows for each other domain, in token
+// order, into hierOut (kernels/ht_dispatch_lsa.cu).
+ncclResult_t launchHierPack(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

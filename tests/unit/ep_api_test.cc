@@ -347,6 +347,30 @@ TEST(EpApi, MasksAndOpenCalls) {
 // outbox into the receiver's inbox at the same place, then copied to base[i] + sender * slice[i] of the call's
 // bank, 8 bytes at a time) puts it exactly where the kernels would have written it over LSA. Every rank lays the
 // window out alike; ranks of the own domain are local.
+// The hierarchical dispatch's rail row (ht.h): the row, then the tail's fields in order, aligned for their loads,
+// none overlapping, the whole a multiple of 16 bytes (rows follow each other in the rail buffers).
+TEST(EpRail, HierarchicalRowTailIsLaidOutInOrder) {
+  for (int G : {1, 2, 8, 72})
+    for (int K : {1, 8, 32}) {
+      ncclep::HierRow hr;
+      hr.rowStride = 14336;
+      hr.domainSize = G;
+      hr.maxTopk = K;
+      hr.maxScales = 112;
+      EXPECT_EQ(hr.seqOff(), 14336u);
+      EXPECT_EQ(hr.countsOff(), hr.seqOff() + 8);
+      EXPECT_EQ(hr.slotOff(), hr.countsOff() + 8);
+      EXPECT_EQ(hr.expertOff(), hr.slotOff() + 4u * G);
+      EXPECT_EQ(hr.weightOff(), hr.expertOff() + 4u * K);
+      EXPECT_EQ(hr.idxOff(), hr.weightOff() + 4u * K);
+      EXPECT_EQ(hr.scaleOff(), hr.idxOff() + 4u * K);
+      EXPECT_GE(hr.bytes(), hr.scaleOff() + 4u * 112);
+      EXPECT_LT(hr.bytes(), hr.scaleOff() + 4u * 112 + 16);
+      EXPECT_EQ(hr.bytes() % 16, 0u);
+      EXPECT_EQ(hr.seqOff() % 8, 0u);
+    }
+}
+
 TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
   struct Shape {
     int nRanks, lsaSize, domainSize;

@@ -253,13 +253,73 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
   finishCall(g, kDispatch, g.wl.dispDone, seq, !ok);
 }
 
+// The hierarchical dispatch's pack (RailView::hier; ht.h, HierRow), after the send half: one CTA per other domain
+// D. Its tokens are taken in blocks of the CTA's threads in token order: a token that hits a rank of D (its sendSlot
+// there) gets the next rail position q (a block-wide exclusive scan), then one warp per hit token writes the row
+// and its tail into hierOut[D][q], the call's number last (the exchange that sends it follows on the stream).
+__global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleView h, DispatchCall c) {
+  const RailView& rv = g.rail;
+  const HierRow& hr = rv.hierRow;
+  const int G = rv.domainSize, d = blockIdx.x, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk;
+  if (d == g.rank / G) return;
+  const uint64_t seq = callNumber(g, kDispatch);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nWarps = blockDim.x >> 5;
+  __shared__ int warpHits[kThreads / 32];
+  __shared__ int tokens[kThreads];
+  int base = 0;  // rail positions given so far (every thread keeps the same count)
+  for (int t0 = 0; t0 < h.numTokens; t0 += blockDim.x) {
+    const int t = t0 + (int)threadIdx.x;
+    bool hit = false;
+    if (t < h.numTokens)
+      for (int rl = 0; rl < G; rl++) hit = hit || h.sendSlot[(size_t)t * R + d * G + rl] >= 0;
+    const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warpHits[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < nWarps; w++) {
+      before += w < warp ? warpHits[w] : 0;
+      total += warpHits[w];
+    }
+    if (hit) tokens[before + __popc(ballot & ((1u << lane) - 1))] = t;
+    __syncthreads();
+    for (int i = warp; i < total; i += nWarps) {
+      const int tt = tokens[i];
+      char* out = rv.hierOut + ((size_t)d * g.maxTokens + base + i) * hr.bytes();
+      warpCopy<false>(lane, out, c.tokens + (size_t)tt * c.rowBytes, c.rowBytes);
+      for (int rl = lane; rl < G; rl += 32)
+        reinterpret_cast<int*>(out + hr.slotOff())[rl] = h.sendSlot[(size_t)tt * R + d * G + rl];
+      if (lane < K) {  // as stageTokens: emIdx -1 marks a column routing ignored
+        const int idx = h.emIdx[(size_t)tt * MK + lane];
+        reinterpret_cast<int*>(out + hr.expertOff())[lane] = idx >= 0 ? loadExpert(h, tt, lane) : -1;
+        reinterpret_cast<float*>(out + hr.weightOff())[lane] = c.weights ? c.weights[(size_t)tt * K + lane] : 1.f;
+        reinterpret_cast<int*>(out + hr.idxOff())[lane] = idx;
+      }
+      for (int k = lane; k < c.nScales && c.scales; k += 32)
+        reinterpret_cast<float*>(out + hr.scaleOff())[k] = c.scales[(size_t)tt * c.nScales + k];
+      if (lane == 0) {
+        reinterpret_cast<int*>(out + hr.countsOff())[0] = K;
+        reinterpret_cast<int*>(out + hr.countsOff())[1] = c.scales ? c.nScales : 0;
+      }
+      __syncwarp();
+      if (lane == 0) *reinterpret_cast<uint64_t*>(out + hr.seqOff()) = seq;
+    }
+    base += total;
+    __syncthreads();  // `tokens` and `warpHits` are rewritten by the next block
+  }
+}
+
 }  // namespace
 
-ncclResult_t loadDispatchKernels() { return ncclext::loadKernels("HT dispatch", dispatchKernel); }
+ncclResult_t loadDispatchKernels() { return ncclext::loadKernels("HT dispatch", dispatchKernel, hierPackKernel); }
 
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream) {
   const int ctas = c.nReceivers > 0 ? max(c.nSenders, c.nReceivers) : (c.nSenders + 1) / 2;
   return ncclext::launchKernel("ht dispatchKernel", dispatchKernel, dim3(ctas), dim3(2 * kThreads), 0, stream, g, h, c);
+}
+
+ncclResult_t launchHierPack(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream) {
+  return ncclext::launchKernel("ht hierPackKernel", hierPackKernel, dim3(g.nRanks / g.rail.domainSize), dim3(kThreads),
+                               0, stream, g, h, c);
 }
 
 }  // namespace ncclep

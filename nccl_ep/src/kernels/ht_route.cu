@@ -307,6 +307,44 @@ __device__ void relayLowLatency(const GroupView& g, int kind, bool ownerWeighted
   }
 }
 
+// The hierarchical dispatch's relay (RailView::hier), after the done flags: one CTA per (other domain, rail
+// position); a row of this call is written into the staging of every rank of my domain its tail names, at the
+// source's slot towards that rank, with the metadata the source would have written for it (expert ids local to
+// that rank, weights, indices, scales), its flag released last after a CTA barrier.
+__device__ void relayHierarchical(const GroupView& g) {
+  const RailView& rv = g.rail;
+  const HierRow& hr = rv.hierRow;
+  const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
+  const uint64_t seq = callNumber(g, kDispatch);
+  const int M = g.maxTokens;
+  for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * M; it += gridDim.x) {
+    const int q = (int)(it % M), dd = (int)(it / M), d = dd < myDomain ? dd : dd + 1, writer = d * G + myIndex;
+    const char* in = rv.hierIn + ((size_t)d * M + q) * hr.bytes();
+    if (*reinterpret_cast<const uint64_t*>(in + hr.seqOff()) != seq) continue;  // not a row of this call
+    const int K = reinterpret_cast<const int*>(in + hr.countsOff())[0];
+    const int nScales = reinterpret_cast<const int*>(in + hr.countsOff())[1];
+    for (int rl = 0; rl < G; rl++) {
+      const int slot = reinterpret_cast<const int*>(in + hr.slotOff())[rl];
+      if (slot < 0) continue;
+      const int r = rv.domainBase + rl;
+      const size_t rowIndex = (size_t)writer * M + slot;
+      ctaCopy8(g.peers.at(g.wl.dispRows + rowIndex * g.rowStride, rl), in, hr.rowStride);
+      char* meta = static_cast<char*>(g.peers.at(g.wl.dispMeta + rowIndex * g.meta.bytes, rl));
+      for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        const int e = reinterpret_cast<const int*>(in + hr.expertOff())[k];
+        reinterpret_cast<int*>(meta + g.meta.expertOff())[k] = localExpert(g, e, r);
+        reinterpret_cast<float*>(meta + g.meta.weightOff())[k] = reinterpret_cast<const float*>(in + hr.weightOff())[k];
+        reinterpret_cast<int*>(meta + g.meta.emIdxOff())[k] = reinterpret_cast<const int*>(in + hr.idxOff())[k];
+      }
+      for (int i = threadIdx.x; i < nScales; i += blockDim.x)
+        reinterpret_cast<float*>(meta + g.meta.scaleOff())[i] = reinterpret_cast<const float*>(in + hr.scaleOff())[i];
+      __syncthreads();
+      if (threadIdx.x == 0) ncclext::dev::storeRelease(reinterpret_cast<uint64_t*>(meta + g.meta.flagOff()), seq);
+      __syncthreads();
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind, int ownerWeighted) {
   if (g.lowLatency) {
     relayLowLatency(g, kind, ownerWeighted != 0);
@@ -317,6 +355,10 @@ __global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kin
   if (kind != kRailHandle) {
     const size_t doneOff = kind == kDispatch ? g.wl.dispDone : g.wl.combDone;
     if (!waitPeersConsumed(Team::wholeCta(), g, doneOff, callNumber(g, static_cast<CallKind>(kind)))) return;
+  }
+  if (kind == kDispatch && rv.hier) {
+    relayHierarchical(g);
+    return;
   }
   // Items: (other domain, rank of mine, slot); the handle's exchange row is one slot of its whole slice.
   const int slots = kind == kRailHandle ? 1 : g.maxTokens;
