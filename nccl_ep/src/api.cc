@@ -206,9 +206,18 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   if (!g->railComm) return launch(g->view, h->view, c, stream);
   c.phase = ncclep::kHtSendHalf;
   NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
-  // The hierarchical dispatch (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): the rail rows per (token, domain) too.
-  if constexpr (std::is_same<Call, ncclep::DispatchCall>::value)
-    if (g->view.rail.hier) NCCLEXT_CHECK(ncclep::launchHierPack(g->view, h->view, c, stream));
+  // The hierarchical HT (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): dispatch packs its rail rows per (token, domain);
+  // combine first reduces, as a relay, its domain's rows for the other domains' sources (a kernel that waits for my
+  // domain's ranks: the fence follows), and after the exchange scatters its partials (below).
+  const bool hier = g->view.rail.hier;
+  if constexpr (std::is_same<Call, ncclep::DispatchCall>::value) {
+    if (hier) NCCLEXT_CHECK(ncclep::launchHierPack(g->view, h->view, c, stream));
+  } else {
+    if (hier) {
+      NCCLEXT_CHECK(ncclep::launchHierReduce(g->view, h->view, c, stream));
+      g->relayFence(stream);
+    }
+  }
   // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel. Every
   // handle knows them on the device: only those rows are copied out of the inbox (dispatch: the rows each source
   // sent me; combine: my rows each expert rank returns).
@@ -216,7 +225,9 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   const ncclep::GroupView& v = g->view;
   const int* rows = kind == ncclep::kDispatch ? h->view.derived + h->view.dl.srcCount
                                               : h->view.tileCount + (size_t)v.nChunks * (v.nRanks + v.numExperts);
-  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr, rows));
+  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr, rows, h->view.hierFwd));
+  if constexpr (std::is_same<Call, ncclep::CombineCall>::value)
+    if (hier) NCCLEXT_CHECK(ncclep::launchHierScatter(g->view, h->view, c, stream));
   c.phase = ncclep::kHtReceiveHalf;
   return launch(g->view, h->view, c, stream);
 }

@@ -108,6 +108,19 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
     outbox = alignUp(outbox + slices[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
+  // Relayed exchanges (the mixed test mode's rail of one index), and on them the hierarchical HT (experimental),
+  // whose relays read their domain's outboxes: those then live in the window.
+  rv.relay = config.virtual_rail != nullptr;
+  rv.hier = rv.relay && !v.lowLatency && topo.nDomains > 1 && ncclext::env().htHierarchical;
+  w.outboxes = 0;
+  if (rv.hier) {
+    rv.hierRow.rowStride = (size_t)v.rowStride;
+    rv.hierRow.domainSize = topo.domainSize;
+    rv.hierRow.maxTopk = v.meta.maxTopk;
+    rv.hierRow.maxScales = v.meta.maxScales;
+    w.outboxes = alignUp(w.total, 4096);
+    w.total = w.outboxes + (size_t)nRanks * rv.outboxBytes;
+  }
 }
 
 }  // namespace ncclep
@@ -220,29 +233,31 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   }
   // The outboxes and the communicator their exchanges go over (every rank of comm, split once: the caller's own
   // traffic on comm never meets ours; relay: the domain's rail, the ranks of my index in every domain, likewise).
-  rv.relay = config.virtual_rail != nullptr;
   if (res == ncclSuccess && rv.outboxBytes) {
     void* ob = nullptr;
-    res = g->deviceAlloc(&ob, 2 * rv.outboxBytes * nRanks);  // the outboxes, then the inboxes
-    rv.outbox = static_cast<char*>(ob);
-    rv.inbox = rv.outbox + rv.outboxBytes * nRanks;
+    const size_t boxes = rv.outboxBytes * nRanks;
+    // The outboxes, then the inboxes; the hierarchical HT: the inboxes only (its outboxes are in the window).
+    res = g->deviceAlloc(&ob, rv.hier ? boxes : 2 * boxes);
+    g->railAlloc = ob;
+    rv.outbox = rv.hier ? static_cast<char*>(g->mem->localPtr()) + w.outboxes : static_cast<char*>(ob);
+    rv.inbox = rv.hier ? static_cast<char*>(ob) : rv.outbox + boxes;
     // Zeroed: slots that no call wrote yet travel too (whole slices), and their flags must read as no call's
     // (relay mode copies them into a peer's window while it may be waiting on the slot's flag of a later call).
-    if (res == ncclSuccess && cudaMemsetAsync(ob, 0, 2 * rv.outboxBytes * nRanks, stream) != cudaSuccess)
+    if (res == ncclSuccess && (cudaMemsetAsync(rv.outbox, 0, boxes, stream) != cudaSuccess ||
+                               cudaMemsetAsync(rv.inbox, 0, boxes, stream) != cudaSuccess))
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the outboxes: zero-fill failed");
-    // The hierarchical dispatch's rail rows (relay mode, HT, NCCL_EXT_HT_HIERARCHICAL=1), zeroed likewise.
-    if (res == ncclSuccess && rv.relay && !v.lowLatency && env.htHierarchical) {
-      rv.hier = 1;
-      rv.hierRow.rowStride = (size_t)v.rowStride;
-      rv.hierRow.domainSize = topo.domainSize;
-      rv.hierRow.maxTopk = v.meta.maxTopk;
-      rv.hierRow.maxScales = v.meta.maxScales;
-      const size_t hierBytes = (size_t)topo.nDomains * v.maxTokens * rv.hierRow.bytes();
+    // The hierarchical HT's rail rows (dispatch: a row and its tail; combine: a partial row), out and in, zeroed.
+    if (res == ncclSuccess && rv.hier) {
+      const size_t slots = (size_t)topo.nDomains * v.maxTokens, dispBytes = slots * rv.hierRow.bytes(),
+                   combBytes = slots * (size_t)v.rowStride;
       void* hb = nullptr;
-      res = g->deviceAlloc(&hb, 2 * hierBytes);
+      res = g->deviceAlloc(&hb, 2 * (dispBytes + combBytes));
+      g->hierAlloc = hb;
       rv.hierOut = static_cast<char*>(hb);
-      rv.hierIn = rv.hierOut + hierBytes;
-      if (res == ncclSuccess && cudaMemsetAsync(hb, 0, 2 * hierBytes, stream) != cudaSuccess)
+      rv.hierIn = rv.hierOut + dispBytes;
+      rv.hierCombOut = rv.hierIn + dispBytes;
+      rv.hierCombIn = rv.hierCombOut + combBytes;
+      if (res == ncclSuccess && cudaMemsetAsync(hb, 0, 2 * (dispBytes + combBytes), stream) != cudaSuccess)
         res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the hierarchical rows: zero-fill failed");
     }
     if (res == ncclSuccess) {
@@ -344,7 +359,7 @@ void abortRail(ncclEpGroup* g, double seconds) {
 }  // namespace
 
 ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
-                                       const int* rows) {
+                                       const int* rows, int* hierFwd) {
   if (!railComm) return ncclSuccess;
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -357,15 +372,20 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   const int R = view.nRanks;
   NCCLEXT_NCCL(ncclGroupStart());
   ncclResult_t res = ncclSuccess;
-  if (rv.hier && kind == ncclep::kDispatch) {
-    // Hierarchical dispatch: my rail rows for each other domain D to its rank of my index (rail rank D), its rows
-    // for my domain from it, one message each way (fixed: a relay reads each row's call number).
+  const bool hierCall = rv.hier && kind != ncclep::kRailHandle;
+  if (hierCall) {
+    // The hierarchical HT: to each other domain D's rank of my index (rail rank D), dispatch: my rail rows for D;
+    // combine: my partials for its sources (as their relay); from it the same for my domain, one message each way
+    // (fixed sizes: a relay reads each dispatch row's call number, a source only the partials it expects).
     const int G = rv.domainSize, myDomain = view.rank / G;
-    const size_t bytes = (size_t)view.maxTokens * rv.hierRow.bytes();
+    const bool dispatch = kind == ncclep::kDispatch;
+    const size_t bytes = (size_t)view.maxTokens * (dispatch ? rv.hierRow.bytes() : (size_t)view.rowStride);
+    char* out = dispatch ? rv.hierOut : rv.hierCombOut;
+    char* in = dispatch ? rv.hierIn : rv.hierCombIn;
     for (int d = 0; d < R / G && res == ncclSuccess; d++) {
       if (d == myDomain) continue;
-      res = ncclSend(rv.hierOut + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
-      if (res == ncclSuccess) res = ncclRecv(rv.hierIn + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
+      res = ncclSend(out + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
+      if (res == ncclSuccess) res = ncclRecv(in + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
     }
   } else if (rv.relay) {
     // To the rank of my index in each other domain D (rail rank D): what I wrote for each of its ranks, one message
@@ -417,16 +437,23 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
   if (!rv.relay) return ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
-  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, stream));
-  // Virtual ranks share the GPU's hardware queues, which start work in order: my receive half, queued behind my
-  // relay (which waits for my domain's ranks to finish their previous call), must not sit in a queue ahead of a
-  // lagging peer's previous receive half. The fence: every rank enqueued its relay, so its earlier kernels, before
-  // anyone enqueues what waits for a relay (as nccl_m2n's launch fences; an expired one is skipped from then on, the
-  // kernels' own timeouts report the absent rank).
-  if (relayFenced && !relayFenceLost && capture == cudaStreamCaptureStatusNone)
-    relayFenceLost = config.virtual_domain->domain.fence(view.rank - rv.domainBase, relayFenceKey, timeoutSeconds) !=
-                     ncclSuccess;
+  if (hierCall && kind == ncclep::kCombine) return ncclSuccess;  // the source's scatter follows (api.cc)
+  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, hierFwd, stream));
+  relayFence(stream);
   return ncclSuccess;
+}
+
+// Virtual ranks share the GPU's hardware queues, which start work in order: my next kernel, queued behind one that
+// waits for my domain's ranks (a relay, the hierarchical combine's reduce), must not sit in a queue ahead of a
+// lagging peer's kernel that the waiting one needs. The fence: every rank enqueued its waiting kernel, so its
+// earlier ones, before anyone enqueues what depends on one (as nccl_m2n's launch fences; an expired one is skipped
+// from then on, the kernels' own timeouts report the absent rank). Not in a capture (replays have no fences).
+void ncclEpGroup::relayFence(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capture);
+  if (relayFenced && !relayFenceLost && capture == cudaStreamCaptureStatusNone)
+    relayFenceLost = config.virtual_domain->domain.fence(view.rank - view.rail.domainBase, relayFenceKey,
+                                                         timeoutSeconds) != ncclSuccess;
 }
 
 ncclEpGroup::~ncclEpGroup() {
@@ -439,8 +466,8 @@ ncclEpGroup::~ncclEpGroup() {
     else
       NCCLEXT_WARN_ON(ncclCommDestroy(c));
   }
-  if (view.rail.outbox) freeNow(view.rail.outbox);
-  if (view.rail.hierOut) freeNow(view.rail.hierOut);
+  if (railAlloc) freeNow(railAlloc);
+  if (hierAlloc) freeNow(hierAlloc);
   if (state) freeNow(state);
   for (void* p : retiredDevice_) freeNow(p);
   for (void* p : retiredHost_) NCCLEXT_WARN_ON(cudaFreeHost(p));
@@ -520,10 +547,14 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   dl.peerChunks = n;
   n += 1;
   dl.ints = n;
-  // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW, llRecvCount, llToken.
+  // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW, llRecvCount, llToken, and for the
+  // hierarchical HT hierPos and hierFwd.
+  const size_t hierDomains = g.rail.hier ? (size_t)(R / g.rail.domainSize) : 0;
   const size_t sizes[] = {(size_t)g.maxTokens * R * 4, (size_t)g.maxTokens * MK * 4, (size_t)(NC + 1) * (R + E) * 4,
                           (size_t)dl.ints * 4,         (size_t)h->maxFlatRows * MK * 4, (size_t)h->maxFlatRows * MK * 4,
-                          (size_t)R * 4,               (size_t)h->maxFlatRows * 4};
+                          (size_t)R * 4,               (size_t)h->maxFlatRows * 4,
+                          (size_t)g.maxTokens * hierDomains * 4,
+                          hierDomains * g.maxTokens * (size_t)g.rail.domainSize * 4};
   constexpr int kArrays = sizeof(sizes) / sizeof(sizes[0]);
   size_t offsets[kArrays], total = 0;
   for (int i = 0; i < kArrays; i++) {
@@ -544,6 +575,8 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   v.flatW = reinterpret_cast<float*>(b + offsets[5]);
   v.llRecvCount = reinterpret_cast<int*>(b + offsets[6]);
   v.llToken = reinterpret_cast<int*>(b + offsets[7]);
+  v.hierPos = hierDomains ? reinterpret_cast<int*>(b + offsets[8]) : nullptr;
+  v.hierFwd = hierDomains ? reinterpret_cast<int*>(b + offsets[9]) : nullptr;
   void* host = nullptr;
   const size_t hostInts = 2 + 2 * (size_t)R;  // HandleView::hostTotals
   NCCLEXT_CUDA(cudaHostAlloc(&host, hostInts * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));

@@ -69,14 +69,19 @@ struct ncclEpGroup {
   // call then moves only the rows its routing fills, a message per region (the ranks of a group run a call eagerly
   // or capture it alike); NULL, or a capture: the fixed slices.
   // `rows` (HT calls): the handle's device-side count of each source's filled slots (launchRailInbox).
+  // `hierFwd` (the hierarchical HT's dispatch): the handle's HandleView::hierFwd, which its relay fills.
   ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,
-                            const int* rows = nullptr);
+                            const int* rows = nullptr, int* hierFwd = nullptr);
+  // Virtual ranks in relay mode: the launch fence after a kernel that waits on my domain's ranks (railExchange).
+  void relayFence(cudaStream_t stream);
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort
   std::atomic<bool> railAborted{false};
   std::atomic<bool> railCaptured{false};  // an exchange was captured in a CUDA graph (destroy on a thread of its own)
   std::string railWhy;                 // written once, before railAborted
   // Relay mode with virtual ranks (the mixed test mode): the launch fence after each relay kernel (its key, and
   // whether one ran out of time: then skipped). See railExchange.
+  void* railAlloc = nullptr;  // the outboxes and inboxes (hierarchical HT: the inboxes; its outboxes are in the window)
+  void* hierAlloc = nullptr;  // the hierarchical HT's rail rows
   uint64_t relayFenceKey = 0;
   bool relayFenced = false, relayFenceLost = false;
 

@@ -61,6 +61,8 @@ struct WindowLayout {
                         // token's columns whose expert lives on s (inside my domain they go to combRows
                         // [token][k]); 0 bytes with one domain
   size_t bankBytes;     // LL: the second bank's distance from the first; HT: 0
+  size_t outboxes;      // the hierarchical HT (RailView::hier): the outboxes, [R][outboxBytes], in the window so
+                        // that a relay reads its domain's ranks' combine rows there; 0 otherwise
   size_t total;
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
   int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)
@@ -152,13 +154,18 @@ struct RailView {
   // that rank's window (railRelayKernel). The outboxes are the same (rank r's at r * outboxBytes: a domain's ranks
   // are one block); inbox[D * domainSize + r] holds what domain D's rank of my index wrote for my domain's rank r.
   int relay = 0;
-  // Relay mode's hierarchical dispatch (NCCL_EXT_HT_HIERARCHICAL=1, HT): a rail row per (token, destination domain)
-  // instead of one per destination rank. hierOut[D][q] (D = every domain, mine unused): my rows for domain D;
+  // Relay mode's hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1): a rail row per (token, destination domain) each way
+  // instead of one per rank. hierOut[D][q] (D = every domain, mine unused): my dispatch rows for domain D;
   // hierIn[D][q]: domain D's rank of my index's rows for my domain, expanded by railRelayKernel.
   int hier = 0;
   HierRow hierRow;
   char* hierOut = nullptr;
   char* hierIn = nullptr;
+  // Its combine: hierCombOut[D][q] (rowStride bytes each), the sum, over my domain's ranks, of their rows for the
+  // token at position q of domain D's rank of my index (a relay's partial); hierCombIn[D][q]: the partial for my
+  // token at my position q towards domain D, from its relay.
+  char* hierCombOut = nullptr;
+  char* hierCombIn = nullptr;
   char* outbox = nullptr;              // [R][outboxBytes]: rank r's at r * outboxBytes (remote ranks only)
   char* inbox = nullptr;               // [R][outboxBytes]: what remote rank r sent me, in its outbox's layout
   size_t outboxBytes = 0;
@@ -214,6 +221,11 @@ struct HandleView {
   // (emPos / flatW are indexed by slot s * maxTokens + j there).
   int* llRecvCount;  // [R]
   int* llToken;      // [R][maxTokens]
+  // The hierarchical HT (RailView::hier), written by its dispatch for its combine: hierPos [maxTokens][domains], my
+  // token's rail position in its stream to each other domain (-1: none); hierFwd [domains][maxTokens][domain size],
+  // as a relay: the slot towards each rank of my domain of the row at each position from each other domain (-1).
+  int* hierPos;
+  int* hierFwd;
 };
 
 struct LayoutInfoOut {
@@ -293,10 +305,16 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream);
 // Relay mode (RailView::relay): instead, what each other domain's rank of my index wrote for each rank r of my
 // domain, from the inbox into r's window at that writer's slices (LSA), flags last (kernels/ht_route.cu).
-ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream);
+ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, cudaStream_t stream);
 // The hierarchical dispatch (RailView::hier), after the send half: my rail rows for each other domain, in token
 // order, into hierOut (kernels/ht_dispatch_lsa.cu).
 ncclResult_t launchHierPack(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
+// Its combine (kernels/ht_combine_lsa.cu): after the send half, as a relay, the partial of every row of my domain's
+// ranks for each other domain's source of my index (hierCombOut); after the exchange, as a source, each partial
+// into the staging of the first rank of its domain the token hit, zero rows into the others' (flags set), so that
+// the receive half sums as it does.
+ncclResult_t launchHierReduce(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
+ncclResult_t launchHierScatter(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

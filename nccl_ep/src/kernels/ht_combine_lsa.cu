@@ -241,10 +241,87 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
   finishCall(g, kCombine, g.wl.combDone, seq, !ok);
 }
 
+// The hierarchical combine's reduce (RailView::hier), as a relay, after the send half: one CTA per (other domain d,
+// rail position q) the handle's dispatch forwarded (hierFwd): the token of domain d's rank s of my index at that
+// position came to each rank of my domain with a slot; every such rank's combine row for it sits in that rank's
+// outbox for s (in the window): acquired by its flag there, summed in rank order in fp32, written as one partial
+// row (the call's dtype) into hierCombOut[d][q]. The rows' outboxes are not overwritten before this call ends here:
+// their next combine's send half waits for my done flag of this one.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, HandleView h, CombineCall c) {
+  const RailView& rv = g.rail;
+  const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
+  const int M = g.maxTokens, vecs = c.rowBytes >> 4;
+  const uint64_t seq = callNumber(g, kCombine);
+  for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * M; it += gridDim.x) {
+    const int q = (int)(it % M), dd = (int)(it / M), d = dd < myDomain ? dd : dd + 1, s = d * G + myIndex;
+    const int* fwd = h.hierFwd + ((size_t)d * M + q) * G;
+    const size_t box = g.wl.outboxes + (size_t)s * rv.outboxBytes;
+    bool any = false, ok = true;
+    for (int rl = 0; rl < G; rl++) {
+      const int slot = fwd[rl];
+      if (slot < 0) continue;
+      any = true;
+      const uint64_t* flag =
+          static_cast<const uint64_t*>(g.peers.at(box + rv.outOff[kRailCombFlags] + (size_t)slot * 8, rl));
+      if (!ncclext::dev::waitFlagAtLeast(flag, seq, {g.err, g.timeoutNs, g.rank}, rv.domainBase + rl,
+                                         ncclext::kSiteFlag, (uint32_t)slot))
+        ok = false;
+    }
+    if (__syncthreads_or(!ok)) return;
+    if (!any) continue;
+    int4* out = reinterpret_cast<int4*>(rv.hierCombOut + ((size_t)d * M + q) * g.rowStride);
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
+      float acc[Vec<T>::kN] = {};
+      for (int rl = 0; rl < G; rl++) {
+        const int slot = fwd[rl];
+        if (slot < 0) continue;
+        const int4* row = static_cast<const int4*>(
+            g.peers.at(box + rv.outOff[kRailCombRows] + (size_t)slot * g.rowStride, rl));
+        Vec<T>::add(acc, __ldcg(row + i), 1.f);
+      }
+      out[i] = Vec<T>::pack(acc);
+    }
+  }
+}
+
+// The hierarchical combine's scatter, as a source, after the exchange (same stream: the partials are in
+// hierCombIn): for each of my tokens and each other domain d it went to (hierPos), the partial goes into my combine
+// staging at the first rank of d that received it, zero rows at the others, each with its flag, so that the receive
+// half sums the token's rows as it does (the partial once, the zeros exactly).
+__global__ void __launch_bounds__(kThreads) hierScatterKernel(GroupView g, HandleView h, CombineCall c) {
+  const RailView& rv = g.rail;
+  const int G = rv.domainSize, myDomain = g.rank / G, nDomains = g.nRanks / G, M = g.maxTokens, R = g.nRanks;
+  const int vecs = c.rowBytes >> 4;
+  const uint64_t seq = callNumber(g, kCombine);
+  char* window = static_cast<char*>(g.peers.local(0));
+  for (int64_t it = blockIdx.x; it < (int64_t)h.numTokens * nDomains; it += gridDim.x) {
+    const int t = (int)(it / nDomains), d = (int)(it % nDomains);
+    if (d == myDomain) continue;
+    const int q = h.hierPos[(size_t)t * nDomains + d];
+    if (q < 0) continue;
+    const int4* partial = reinterpret_cast<const int4*>(rv.hierCombIn + ((size_t)d * M + q) * g.rowStride);
+    bool first = true;
+    for (int rl = 0; rl < G; rl++) {
+      const int r = d * G + rl, slot = h.sendSlot[(size_t)t * R + r];
+      if (slot < 0) continue;
+      int4* row = reinterpret_cast<int4*>(window + g.wl.combRows + ((size_t)r * M + slot) * g.rowStride);
+      for (int i = threadIdx.x; i < vecs; i += blockDim.x) row[i] = first ? partial[i] : make_int4(0, 0, 0, 0);
+      first = false;
+      __syncthreads();
+      if (threadIdx.x == 0)
+        ncclext::dev::storeRelease(reinterpret_cast<uint64_t*>(window + g.wl.combFlags + ((size_t)r * M + slot) * 8),
+                                   seq);
+    }
+  }
+}
+
 }  // namespace
 
 ncclResult_t loadCombineKernels() {
-  return ncclext::loadKernels("HT combine", combineKernel<__nv_bfloat16>, combineKernel<__half>, combineKernel<float>);
+  return ncclext::loadKernels("HT combine", combineKernel<__nv_bfloat16>, combineKernel<__half>, combineKernel<float>,
+                              hierReduceKernel<__nv_bfloat16>, hierReduceKernel<__half>, hierReduceKernel<float>,
+                              hierScatterKernel);
 }
 
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {
@@ -260,6 +337,27 @@ ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const Combin
     default:
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "combine: dtype %d not supported", c.dtype);
   }
+}
+
+ncclResult_t launchHierReduce(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {
+  const dim3 grid(64), block(kThreads);
+  switch (c.dtype) {
+    case ncclBfloat16:
+      return ncclext::launchKernel("ht hierReduceKernel<bf16>", hierReduceKernel<__nv_bfloat16>, grid, block, 0, stream,
+                                   g, h, c);
+    case ncclFloat16:
+      return ncclext::launchKernel("ht hierReduceKernel<fp16>", hierReduceKernel<__half>, grid, block, 0, stream, g, h,
+                                   c);
+    case ncclFloat32:
+      return ncclext::launchKernel("ht hierReduceKernel<fp32>", hierReduceKernel<float>, grid, block, 0, stream, g, h,
+                                   c);
+    default:
+      return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "combine: dtype %d not supported", c.dtype);
+  }
+}
+
+ncclResult_t launchHierScatter(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {
+  return ncclext::launchKernel("ht hierScatterKernel", hierScatterKernel, dim3(64), dim3(kThreads), 0, stream, g, h, c);
 }
 
 }  // namespace ncclep

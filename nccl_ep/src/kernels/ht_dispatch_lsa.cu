@@ -280,7 +280,9 @@ __global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleVi
       before += w < warp ? warpHits[w] : 0;
       total += warpHits[w];
     }
-    if (hit) tokens[before + __popc(ballot & ((1u << lane) - 1))] = t;
+    const int pos = before + __popc(ballot & ((1u << lane) - 1));
+    if (hit) tokens[pos] = t;
+    if (t < h.numTokens) h.hierPos[(size_t)t * (R / G) + d] = hit ? base + pos : -1;  // for the combine's scatter
     __syncthreads();
     for (int i = warp; i < total; i += nWarps) {
       const int tt = tokens[i];

@@ -311,7 +311,7 @@ __device__ void relayLowLatency(const GroupView& g, int kind, bool ownerWeighted
 // position); a row of this call is written into the staging of every rank of my domain its tail names, at the
 // source's slot towards that rank, with the metadata the source would have written for it (expert ids local to
 // that rank, weights, indices, scales), its flag released last after a CTA barrier.
-__device__ void relayHierarchical(const GroupView& g) {
+__device__ void relayHierarchical(const GroupView& g, int* hierFwd) {
   const RailView& rv = g.rail;
   const HierRow& hr = rv.hierRow;
   const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
@@ -320,7 +320,12 @@ __device__ void relayHierarchical(const GroupView& g) {
   for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * M; it += gridDim.x) {
     const int q = (int)(it % M), dd = (int)(it / M), d = dd < myDomain ? dd : dd + 1, writer = d * G + myIndex;
     const char* in = rv.hierIn + ((size_t)d * M + q) * hr.bytes();
-    if (*reinterpret_cast<const uint64_t*>(in + hr.seqOff()) != seq) continue;  // not a row of this call
+    const bool current = *reinterpret_cast<const uint64_t*>(in + hr.seqOff()) == seq;
+    // The handle's forwarding record for its combine: each rank's slot for this position (-1 for a stale row).
+    int* fwd = hierFwd + ((size_t)d * M + q) * G;
+    for (int rl = threadIdx.x; rl < G; rl += blockDim.x)
+      fwd[rl] = current ? reinterpret_cast<const int*>(in + hr.slotOff())[rl] : -1;
+    if (!current) continue;  // not a row of this call
     const int K = reinterpret_cast<const int*>(in + hr.countsOff())[0];
     const int nScales = reinterpret_cast<const int*>(in + hr.countsOff())[1];
     for (int rl = 0; rl < G; rl++) {
@@ -345,7 +350,7 @@ __device__ void relayHierarchical(const GroupView& g) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind, int ownerWeighted) {
+__global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind, int ownerWeighted, int* hierFwd) {
   if (g.lowLatency) {
     relayLowLatency(g, kind, ownerWeighted != 0);
     return;
@@ -357,7 +362,7 @@ __global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kin
     if (!waitPeersConsumed(Team::wholeCta(), g, doneOff, callNumber(g, static_cast<CallKind>(kind)))) return;
   }
   if (kind == kDispatch && rv.hier) {
-    relayHierarchical(g);
+    relayHierarchical(g, hierFwd);
     return;
   }
   // Items: (other domain, rank of mine, slot); the handle's exchange row is one slot of its whole slice.
@@ -409,9 +414,9 @@ ncclResult_t loadRouteKernels() {
                               railRelayKernel);
 }
 
-ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream) {
+ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, cudaStream_t stream) {
   return ncclext::launchKernel("railRelayKernel", railRelayKernel, dim3(64), dim3(kThreads), 0, stream, g, kind,
-                               ownerWeighted ? 1 : 0);
+                               ownerWeighted ? 1 : 0, hierFwd);
 }
 
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream) {
