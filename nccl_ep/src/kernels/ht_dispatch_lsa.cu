@@ -147,6 +147,7 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
     for (int r = 0; r < R; r++) {
       const int slot = st->slot[j][r];
       if (slot < 0) continue;
+      if (g.rail.hier && !g.rail.local(r)) continue;  // the hierarchical HT: hierPackKernel's rail rows carry it
       if (r == me) {
         if (c.nReceivers == 0) deliverOwn(x, st, lane, j, t);  // alone: nobody else copies my own rows
         continue;
