@@ -270,13 +270,13 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
         res = ncclext::fail(split, __FILE__, __LINE__, "the rail communicator: ncclCommSplit: %s",
                             ncclGetErrorString(split));
     }
-    // Every pair of ranks in different domains connected now, while all are here: NCCL connects a pair at its first
-    // point-to-point call, which blocks the host until the peer takes part, so that a peer that later skips a call
-    // would hang the exchange's host call before the watchdog watches it.
     if (rv.relay && g->domain->isVirtual()) {  // every virtual rank here, in the same order (VirtualDomain::newKey)
       g->relayFenceKey = config.virtual_domain->domain.newKey(rank - rv.domainBase);
       g->relayFenced = true;
     }
+    // Every pair of ranks in different domains connected now, while all are here: NCCL connects a pair at its first
+    // point-to-point call, which blocks the host until the peer takes part, so that a peer that later skips a call
+    // would hang the exchange's host call before the watchdog watches it.
     if (res == ncclSuccess) {
       // Relay: the rail's ranks are the domains (mine excluded).
       std::vector<char> remote(rv.relay ? topo.nDomains : nRanks, 0);
