@@ -402,7 +402,6 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
     NCCLEXT_ARG(c.virtual_rank == 0, "virtual_rank %d without a virtual_domain", c.virtual_rank);
     NCCLEXT_USAGE(c.virtual_rail == nullptr, "virtual_rail without a virtual_domain (the mixed test mode has both)");
   }
-
   ncclEpGroup* g = nullptr;
   NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
   *group = g;

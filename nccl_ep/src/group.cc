@@ -449,9 +449,10 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
 // earlier ones, before anyone enqueues what depends on one (as nccl_m2n's launch fences; an expired one is skipped
 // from then on, the kernels' own timeouts report the absent rank). Not in a capture (replays have no fences).
 void ncclEpGroup::relayFence(cudaStream_t stream) {
+  if (!relayFenced || relayFenceLost) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capture);
-  if (relayFenced && !relayFenceLost && capture == cudaStreamCaptureStatusNone)
+  if (capture == cudaStreamCaptureStatusNone)
     relayFenceLost = config.virtual_domain->domain.fence(view.rank - view.rail.domainBase, relayFenceKey,
                                                          timeoutSeconds) != ncclSuccess;
 }

@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, Handle
   const int M = g.maxTokens, vecs = c.rowBytes >> 4;
   const uint64_t seq = callNumber(g, kCombine);
   for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * M; it += gridDim.x) {
-    const int q = (int)(it % M), dd = (int)(it / M), d = dd < myDomain ? dd : dd + 1, s = d * G + myIndex;
+    const int q = (int)(it % M), dd = (int)(it / M), d = otherDomain(dd, myDomain), s = d * G + myIndex;
     const int* fwd = h.hierFwd + ((size_t)d * M + q) * G;
     const size_t box = g.wl.outboxes + (size_t)s * rv.outboxBytes;
     bool any = false, ok = true;
@@ -324,36 +324,29 @@ ncclResult_t loadCombineKernels() {
                               hierScatterKernel);
 }
 
+namespace {
+
+// A combine-family kernel of the call's dtype: kernels[] and names[] in the order bf16, fp16, fp32.
+using CombineFamilyKernel = void (*)(GroupView, HandleView, CombineCall);
+ncclResult_t launchForDtype(const CombineFamilyKernel (&kernels)[3], const char* const (&names)[3], dim3 grid,
+                            const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {
+  const int i = c.dtype == ncclBfloat16 ? 0 : c.dtype == ncclFloat16 ? 1 : c.dtype == ncclFloat32 ? 2 : -1;
+  if (i < 0) return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "combine: dtype %d not supported", c.dtype);
+  return ncclext::launchKernel(names[i], kernels[i], grid, dim3(kThreads), 0, stream, g, h, c);
+}
+
+}  // namespace
+
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {
-  const dim3 grid(c.nSenders + c.nReceivers), block(kThreads);
-  switch (c.dtype) {
-    case ncclBfloat16:
-      return ncclext::launchKernel("ht combineKernel<bf16>", combineKernel<__nv_bfloat16>, grid, block, 0, stream, g, h,
-                                   c);
-    case ncclFloat16:
-      return ncclext::launchKernel("ht combineKernel<fp16>", combineKernel<__half>, grid, block, 0, stream, g, h, c);
-    case ncclFloat32:
-      return ncclext::launchKernel("ht combineKernel<fp32>", combineKernel<float>, grid, block, 0, stream, g, h, c);
-    default:
-      return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "combine: dtype %d not supported", c.dtype);
-  }
+  return launchForDtype({combineKernel<__nv_bfloat16>, combineKernel<__half>, combineKernel<float>},
+                        {"ht combineKernel<bf16>", "ht combineKernel<fp16>", "ht combineKernel<fp32>"},
+                        dim3(c.nSenders + c.nReceivers), g, h, c, stream);
 }
 
 ncclResult_t launchHierReduce(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {
-  const dim3 grid(64), block(kThreads);
-  switch (c.dtype) {
-    case ncclBfloat16:
-      return ncclext::launchKernel("ht hierReduceKernel<bf16>", hierReduceKernel<__nv_bfloat16>, grid, block, 0, stream,
-                                   g, h, c);
-    case ncclFloat16:
-      return ncclext::launchKernel("ht hierReduceKernel<fp16>", hierReduceKernel<__half>, grid, block, 0, stream, g, h,
-                                   c);
-    case ncclFloat32:
-      return ncclext::launchKernel("ht hierReduceKernel<fp32>", hierReduceKernel<float>, grid, block, 0, stream, g, h,
-                                   c);
-    default:
-      return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "combine: dtype %d not supported", c.dtype);
-  }
+  return launchForDtype({hierReduceKernel<__nv_bfloat16>, hierReduceKernel<__half>, hierReduceKernel<float>},
+                        {"ht hierReduceKernel<bf16>", "ht hierReduceKernel<fp16>", "ht hierReduceKernel<fp32>"},
+                        dim3(64), g, h, c, stream);
 }
 
 ncclResult_t launchHierScatter(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream) {

@@ -19,6 +19,9 @@ __device__ __forceinline__ int loadExpert(const HandleView& h, int t, int k) {
                     : static_cast<const int*>(h.topkIdx)[(size_t)t * h.topk + k];
 }
 
+// The i-th domain other than `mine` (i in [0, domains - 1)): the relays' and the hierarchical HT's items.
+__device__ __forceinline__ int otherDomain(int i, int mine) { return i < mine ? i : i + 1; }
+
 // Expert `e` (global id, -1: none) as a local id on rank r, or -1 when r does not host it.
 __device__ __forceinline__ int localExpert(const GroupView& g, int e, int r) {
   return e >= 0 && e / g.localExperts == r ? e - r * g.localExperts : -1;

@@ -268,20 +268,14 @@ __device__ void relayLowLatency(const GroupView& g, int kind, bool ownerWeighted
   const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
   const uint64_t seq = g.sent[kind];  // this call's send half, which ran before on my stream
   const size_t bank = (seq & 1) * g.wl.bankBytes;
-  // Every rank of my domain consumed call seq - 2, the last one of this bank (as a sender waits: waitBankFree).
+  // Every rank of my domain consumed call seq - 2, the last one of this bank (as a sender waits: waitBankFree):
+  // waitPeersConsumed's wait for the call before `seq - 1`.
   const size_t doneOff = kind == kDispatch ? g.wl.dispDone : g.wl.combDone;
-  bool ok = true;
-  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) {
-    if (r == g.rank || !rv.local(r)) continue;
-    const uint64_t* done = static_cast<const uint64_t*>(g.peers.local(doneOff + (size_t)r * 8));
-    if (!ncclext::dev::waitFlagAtLeast(done, seq - 2, {g.err, g.timeoutNs, g.rank}, r, ncclext::kSiteFlag, 0))
-      ok = false;
-  }
-  if (__syncthreads_or(!ok)) return;
+  if (!waitPeersConsumed(Team::wholeCta(), g, doneOff, seq - 1)) return;
   const RailRegions regions = rv.regionsOf(kind, ownerWeighted);
   auto isFlags = [](int i) { return i == kRailDispFlags || i == kRailCombFlags || i == kRailOwnerFlags; };
   for (int it = blockIdx.x; it < (nDomains - 1) * G; it += gridDim.x) {
-    const int r = it % G, dd = it / G, d = dd < myDomain ? dd : dd + 1, writer = d * G + myIndex;
+    const int r = it % G, dd = it / G, d = otherDomain(dd, myDomain), writer = d * G + myIndex;
     const char* sub = rv.inbox + (size_t)(d * G + r) * rv.outboxBytes;
     auto to = [&](int i) {
       return static_cast<char*>(g.peers.at(bank + rv.base[i] + (size_t)writer * rv.slice[i], r));
@@ -318,7 +312,7 @@ __device__ void relayHierarchical(const GroupView& g, int* hierFwd) {
   const uint64_t seq = callNumber(g, kDispatch);
   const int M = g.maxTokens;
   for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * M; it += gridDim.x) {
-    const int q = (int)(it % M), dd = (int)(it / M), d = dd < myDomain ? dd : dd + 1, writer = d * G + myIndex;
+    const int q = (int)(it % M), dd = (int)(it / M), d = otherDomain(dd, myDomain), writer = d * G + myIndex;
     const char* in = rv.hierIn + ((size_t)d * M + q) * hr.bytes();
     const bool current = *reinterpret_cast<const uint64_t*>(in + hr.seqOff()) == seq;
     // The handle's forwarding record for its combine: each rank's slot for this position (-1 for a stale row).
@@ -370,7 +364,7 @@ __global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kin
   const int64_t items = (int64_t)(nDomains - 1) * G * slots;
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
     const int j = (int)(it % slots), r = (int)(it / slots % G), dd = (int)(it / slots / G);
-    const int d = dd < myDomain ? dd : dd + 1;
+    const int d = otherDomain(dd, myDomain);
     const int writer = d * G + myIndex;  // the rank of domain d whose slices these are
     const char* sub = rv.inbox + (size_t)(d * G + r) * rv.outboxBytes;
     auto dst = [&](int region, size_t slotBytes) {
