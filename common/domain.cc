@@ -163,8 +163,10 @@ ncclResult_t Domain::allGather(const void* mine, size_t bytes, void* all) {
     return fail(ncclRemoteError, __FILE__, __LINE__,
                 "domain: an earlier host collective of this domain failed (a peer is gone or disagreed); its "
                 "communicators are unusable: destroy and recreate");
-  // Virtual ranks get the margin waitStream gives real ranks: a peer may first sit out a device wait of the budget.
-  ncclResult_t res = virt_ ? virt_->allGather(topo_.domainRank, mine, bytes, all, timeoutSeconds_ + kHostMarginSeconds)
+  // Virtual ranks wait longer than a real rank's waitStream: a peer may first sit out a launch fence (nccl_ep's
+  // relay mode) and then a device wait, each of the budget, before it arrives (a group destroyed after a timeout).
+  ncclResult_t res = virt_ ? virt_->allGather(topo_.domainRank, mine, bytes, all,
+                                              2 * timeoutSeconds_ + kHostMarginSeconds)
                            : ncclAllGatherHost(domain_, stream_, mine, bytes, all, timeoutSeconds_);
   if (res != ncclSuccess) broken_ = true;
   return res;

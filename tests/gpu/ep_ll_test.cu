@@ -724,13 +724,14 @@ struct Runner {
     if (bind(label, c, sh, b, r, &h)) return 1;
     const Call k = describe(c, sh, b, T, path);
     if (wait("graph setup")) return 1;
-    // A global capture forbids unsafe CUDA calls on every thread of the process, and with virtual ranks every rank
-    // is one: the ranks meet before and after their captures, so that none calls CUDA while another captures, and
-    // agree on the outcome, so that no rank replays a graph that its peers do not.
+    // The capture is thread-local: with virtual ranks every rank is a thread of one process, and a global capture
+    // would fail a peer's CUDA calls (mixed mode: the tail of the barrier's rail sum, a cudaFreeAsync) that overlap
+    // it. The ranks meet before their captures and agree on the outcome after them, so that no rank replays a
+    // graph that its peers do not.
     if (ncclext::harness::barrier(ctx, 60) != ncclSuccess) return bad(label, "barrier before capture"), 1;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    bool ok = cudaOk(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeGlobal), "begin capture");
+    bool ok = cudaOk(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal), "begin capture");
     if (ok) {
       ok = enqueue(label, h, k, c.sendOnly) == 0;  // no early return: the capture must end
       ok &= cudaOk(cudaStreamEndCapture(ctx.stream, &graph), "end capture");
@@ -1049,8 +1050,13 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
     const ncclResult_t res = ncclEpGroupGetAsyncError(g);
     const std::string msg = ncclEpGetLastError();
     const bool railAbort = msg.find("rail exchange timed out") != std::string::npos;
-    const bool peerWait = msg.find("timed out") != std::string::npos &&
-                          msg.find("peer " + std::to_string(silentRank)) != std::string::npos;
+    // Mixed: a wait may also name a source of another domain at the silent rank's index, whose rows the silent
+    // rank relays (so they never come).
+    const int D = mixed && ctx.virt ? ctx.virt->size() : R;
+    bool peerWait = false;
+    for (int p = silentRank % D; p < R; p += D)
+      peerWait |= (p == silentRank || mixed) && msg.find("peer " + std::to_string(p) + " ") != std::string::npos;
+    peerWait &= msg.find("timed out") != std::string::npos;
     *ok = drainedRes == ncclSuccess && res == ncclRemoteError && *waited >= budget * 0.99 &&
           (mixed ? (railAbort || peerWait) && *waited < 2 * budget + 10
                  : acrossDomains ? railAbort && *waited < 2 * budget + 10 : peerWait && *waited < budget + 10);
@@ -1301,7 +1307,12 @@ int main(int argc, char** argv) {
       const int before = run.errors;
       switch (c.kind) {
         case kGraph:
-          rc |= run.runGraph(c, seed * 100 + i, replays, quick ? 1 : kCheckEvery);
+          // Mixed: every replay checked, so waited for before the next is launched. Replays launched back to back
+          // (as the other modes run them) hung there at the last one in the session-11 run (every rank waiting for
+          // a peer's flag one or two calls behind): replays have no launch fences, and the relay puts a kernel that
+          // spins on the domain's ranks on either side of the rail exchange, where virtual ranks' streams may share
+          // a hardware queue (docs/ARCHITECTURE.md); a flaw of the relay's protocol under skew is not ruled out.
+          rc |= run.runGraph(c, seed * 100 + i, replays, quick || mixed ? 1 : kCheckEvery);
           break;
         case kValidation:
           rc |= run.runValidation(c);

@@ -37,6 +37,22 @@ def test_register_wants_static_flat_handles(layout, sizing):
         epops.register(_FakeHandle(layout, sizing))
 
 
+def test_ids_name_the_handles_shapes():
+    # A compiled graph carries the id as a constant: handles of other shapes (another world size) must never share
+    # one across processes, or torch's on-disk graph cache would hand one the other's graph (seen on a GPU: a
+    # 2-rank run loaded a graph compiled at 4 ranks). Same shapes: the same high bits, so the cache still hits.
+    a, b, c = _FakeHandle(rows=24), _FakeHandle(rows=48), _FakeHandle(rows=24)
+    ids = [epops.register(h) for h in (a, b, c)]
+    try:
+        assert len(set(ids)) == 3
+        assert ids[0] >> 24 != ids[1] >> 24 and ids[0] >> 24 == ids[2] >> 24
+        assert all(0 < i < 2**63 for i in ids)
+        assert epops._handle(ids[1]) is b
+    finally:
+        for i in ids:
+            epops.unregister(i)
+
+
 def test_an_unknown_id_is_refused():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

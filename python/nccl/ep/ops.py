@@ -3,7 +3,7 @@ graphs:
 
     import nccl.ep.ops as epops
     handle = group.create_handle(topk_idx, layout="flat", sizing="worst_case")   # outside the compiled region
-    hid = epops.register(handle)                       # an int the compiled graph carries
+    hid = epops.register(handle)                       # an int the compiled graph carries (it names the shapes)
     @torch.compile(fullgraph=True)
     def layer(x, topk_idx, w):
         tokens, local_ids, recv_w, counts = torch.ops.nccl_ep.dispatch(hid, x, topk_idx, w)
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import zlib
 
 import torch
 
@@ -51,17 +52,32 @@ _handles: dict[int, Handle] = {}
 _ids = itertools.count(1)
 
 
+def _shape_key(handle: Handle) -> int:
+    """31 bits naming everything the fake implementations read of `handle` (the outputs' static shapes). A compiled
+    graph holds the id as a constant and the shapes as code, and torch's on-disk caches (inductor's FX graph cache)
+    key on the graph: an id that named a counter only would let a later process, with a handle of other shapes
+    under the same number (another world size, other token counts), load a graph compiled for the first."""
+    g = handle.group
+    sig = (bool(getattr(handle, "low_latency", False)), handle.layout, handle.num_tokens, handle.topk,
+           handle.output_rows(), g.local_experts, getattr(g, "size", None))
+    return zlib.crc32(repr(sig).encode()) & 0x7FFFFFFF
+
+
 def register(handle: Handle) -> int:
     """The id the ops take for `handle`: High-Throughput FLAT with worst-case sizing (dispatch / combine), or a
-    Low-Latency handle (ll_dispatch / ll_combine). unregister() it before closing it."""
+    Low-Latency handle (ll_dispatch / ll_combine). unregister() it before closing it. The id's high bits hash the
+    handle's static shapes (_shape_key), its low 24 bits count registrations in this process."""
     if getattr(handle, "low_latency", False):
         if handle.layout not in ("rank_major", "expert_major"):  # Handle refuses others; kept for stand-ins
             raise NcclInvalidArgument("nccl.ep.ops: a Low-Latency handle is 'rank_major' or 'expert_major'")
     elif handle.layout != "flat" or handle.sizing != "worst_case":
         raise NcclInvalidArgument("nccl.ep.ops: a handle of layout 'flat' and sizing 'worst_case' is needed (static "
                                   "shapes); this one is %s / %s" % (handle.layout, handle.sizing))
+    key = _shape_key(handle) << 24
     with _lock:
-        hid = next(_ids)
+        hid = key | (next(_ids) & 0xFFFFFF)
+        while hid in _handles:  # after 2**24 registrations in one process
+            hid = key | (next(_ids) & 0xFFFFFF)
         _handles[hid] = handle
     return hid
 
