@@ -23,8 +23,13 @@
 // NCCL group of ncclSend/ncclRecv moving exactly the exchange's bytes to and from every rank of another domain
 // (ncclEpGroupGetInfo): rail_bytes_per_peer, rail_us_median, and the ratio of our call to it is issue 12's overhead
 // over the transport.
+// --one-gpu mixed (4+ ranks: one-GPU nodes of 2 virtual ranks, tests/harness/launcher.h): the same shapes over
+// relayed exchanges (the group's virtual_rail; with NCCL_EXT_HT_HIERARCHICAL=1 the hierarchical HT), LSA inside each
+// domain of 2 and the rail between them; the baseline is NCCL send/recv on that rail of exactly the messages the
+// exchange sends (ncclEpGroupGetInfo's rail_messages_per_domain and rail_*_domain_bytes: fixed, whatever the
+// routing), to and from the rank of my index in every other domain. "Synced" meets the ranks on the host.
 //
-// Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes] [--json FILE] [--quick]
+// Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|mixed] [--json FILE] [--quick]
 // --quick: the first shape only (across domains: both of theirs).
 // --mode ll runs the Low-Latency benchmark, ep_ll_bench (beside this binary), with the other arguments.
 // A JSON row's "pass": every call of the row returned ncclSuccess (the outputs' values are ep_ht_test's to check).
@@ -105,14 +110,15 @@ int main(int argc, char** argv) {
     if (c == 'n') nRanks = atoi(optarg);
     else if (c == 'j') json = optarg;
     else if (c == 'q') quick = true;
-    else if (c == 'g' && ncclext::harness::parseOneGpu(optarg, &oneGpu)) continue;
+    else if (c == 'g' && ncclext::harness::parseOneGpu(optarg, &oneGpu, /*mixedToo=*/true)) continue;
     else if (c != 'm') return 2;
   }
   if (oneGpu == ncclext::harness::OneGpu::kVirtual) {
-    fprintf(stderr, "ep_bench: --one-gpu virtual: not for the High-Throughput benchmark (off or nodes)\n");
+    fprintf(stderr, "ep_bench: --one-gpu virtual: not for the High-Throughput benchmark (off, nodes or mixed)\n");
     return 2;
   }
-  const bool nodes = oneGpu == ncclext::harness::OneGpu::kNodes;
+  const bool mixed = oneGpu == ncclext::harness::OneGpu::kMixed;
+  const bool nodes = oneGpu == ncclext::harness::OneGpu::kNodes || mixed;  // across domains, on one GPU
   std::vector<Shape> shapes = {
       {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {16, 24, 32, 64, 132}},
       {4096, 7168, 8, 256, ncclFloat8e4m3, NCCL_EP_LAYOUT_FLAT, {24, 64, 132}},
@@ -129,7 +135,13 @@ int main(int argc, char** argv) {
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
   lo.oneGpu = oneGpu;
-  return ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
+  // Mixed: the library's in-process domain, made before the launcher forks (each node's process gets its copy).
+  ncclEpVirtualDomain_t virt = nullptr;
+  if (mixed && ncclEpVirtualDomainCreate(&virt, lo.domainSize) != ncclSuccess) {
+    fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
+    return 1;
+  }
+  const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
     int maxTokens = 0;
     for (const Shape& s : shapes) maxTokens = std::max(maxTokens, s.tokens);
     ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
@@ -138,6 +150,9 @@ int main(int argc, char** argv) {
     cfg.max_token_bytes = 7168 * 2;
     cfg.max_topk = 8;
     cfg.num_sms = 132;
+    cfg.virtual_domain = virt;
+    cfg.virtual_rank = virt ? ctx.localRank : 0;
+    cfg.virtual_rail = ctx.rail;  // mixed: the rail of my index (relayed exchanges; NULL otherwise)
     ncclEpGroup_t group = nullptr;
     NCCLEXT_BENCH_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
     ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
@@ -145,11 +160,15 @@ int main(int argc, char** argv) {
     std::vector<int> remote;  // the ranks of other domains
     for (int r = 0; r < ctx.nRanks; r++)
       if (r / info.domain_size != ctx.rank / info.domain_size) remote.push_back(r);
-    const size_t railMost = std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
-    void *railSend = nullptr, *railRecv = nullptr;  // the rail baseline's buffers: one slice per remote rank each way
+    // The rail baseline's buffers: one slice per remote rank each way (mixed: every other domain's messages).
+    const size_t railMost =
+        mixed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
+              : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
+    const size_t railSlots = mixed ? (size_t)info.n_domains - 1 : remote.size();
+    void *railSend = nullptr, *railRecv = nullptr;
     if (!remote.empty()) {
-      cudaMalloc(&railSend, railMost * remote.size());
-      cudaMalloc(&railRecv, railMost * remote.size());
+      cudaMalloc(&railSend, railMost * railSlots);
+      cudaMalloc(&railRecv, railMost * railSlots);
     }
     int dev = 0, smCount = 0;
     cudaGetDevice(&dev);
@@ -264,7 +283,10 @@ int main(int argc, char** argv) {
       auto timeIt = [&](auto&& call, int warm, int iters, std::vector<float>* ts, bool synced = false) -> int {
         if (warm + iters > kMaxIters) return 1;
         for (int i = 0; i < warm + iters; i++) {
-          if (synced && ncclAllReduce(barrierWord, barrierWord, 1, ncclFloat32, ncclSum, ctx.comm, ctx.stream) != ncclSuccess)
+          // Mixed: ctx.comm is the rank's own (virtual ranks): the ranks meet on the host, the stream idle.
+          if (synced && mixed && ncclext::harness::barrier(ctx, 60) != ncclSuccess) return 1;
+          if (synced && !mixed &&
+              ncclAllReduce(barrierWord, barrierWord, 1, ncclFloat32, ncclSum, ctx.comm, ctx.stream) != ncclSuccess)
             return 1;
           cudaEventRecord(e0[i], ctx.stream);
           if (call(i) != ncclSuccess) return 1;
@@ -300,7 +322,32 @@ int main(int argc, char** argv) {
       size_t railSent[2] = {0, 0};
       const size_t rowStride = cfg.max_token_bytes;
       const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
-      for (int op = 0; op < 2 && !remote.empty(); op++) {
+      for (int op = 0; op < 2 && mixed && !remote.empty(); op++) {
+        // Mixed: the relayed (or hierarchical) exchange's own messages, fixed, on the rail of my index: to and from
+        // the rank of my index (rail rank d) in every other domain d.
+        const int myDomain = ctx.rank / info.domain_size, nMsg = std::max(info.rail_messages_per_domain, 1);
+        const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
+        const size_t msgBytes = domainBytes / nMsg;
+        auto exchange = [&](int) {
+          bool ok = ncclGroupStart() == ncclSuccess;
+          for (int d = 0, i = 0; d < info.n_domains; d++) {
+            if (d == myDomain) continue;
+            char* send = static_cast<char*>(railSend) + (size_t)i * railMost;
+            char* recv = static_cast<char*>(railRecv) + (size_t)i * railMost;
+            for (int m = 0; m < nMsg; m++) {
+              ok = ok && ncclSend(send + m * msgBytes, msgBytes, ncclUint8, d, ctx.rail, ctx.stream) == ncclSuccess;
+              ok = ok && ncclRecv(recv + m * msgBytes, msgBytes, ncclUint8, d, ctx.rail, ctx.stream) == ncclSuccess;
+            }
+            i++;
+          }
+          return ncclGroupEnd() == ncclSuccess && ok ? ncclSuccess : ncclSystemError;
+        };
+        railSent[op] = railSlots * domainBytes;
+        std::vector<float> tr;
+        if (timeIt(exchange, warm, iters, &tr)) return 1;
+        railUs[op] = median(tr);
+      }
+      for (int op = 0; op < 2 && !mixed && !remote.empty(); op++) {
         const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
         auto exchange = [&](int) {
           bool ok = ncclGroupStart() == ncclSuccess;
@@ -384,7 +431,13 @@ int main(int argc, char** argv) {
             printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn,
                    ln, T, H, sms, us, usSynced, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3,
                    nvB / 1e6);
-            if (!remote.empty())
+            if (!remote.empty() && mixed)
+              printf("       rail: %zu bytes sent to %zu domains (%d messages each, %s); NCCL send/recv of them "
+                     "%.1f us; ours / that %.2f\n",
+                     railSent[op], railSlots, info.rail_messages_per_domain,
+                     info.rail_messages_per_domain == 1 ? "hierarchical" : "relayed", railUs[op],
+                     railUs[op] > 0 ? us / railUs[op] : 0.0);
+            else if (!remote.empty())
               printf("       rail: %zu bytes sent to %zu ranks (at most %zu each); NCCL send/recv of them %.1f us; "
                      "ours / that %.2f\n",
                      railSent[op], remote.size(), op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
@@ -400,14 +453,18 @@ int main(int argc, char** argv) {
                       "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
                       "\"domains\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
                       "\"rail_fixed_bytes_per_peer\": %zu, \"rail_us_median\": %.2f, "
+                      "\"rail_messages_per_domain\": %d, \"exchange\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
-                      "metadata)\"}\n",
+                      "metadata); mixed: the exchange's fixed messages to every other domain\"}\n",
                       op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
                       op == 0 ? median(tHandle) : 0.0, nvB,
                       nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
                       ncclext::harness::oneGpuName(ctx.mode), info.n_domains, remote.size(), railSent[op],
-                      op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op]);
+                      op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op],
+                      info.rail_messages_per_domain,
+                      remote.empty() ? "none" : !mixed ? "flat" : info.rail_messages_per_domain == 1 ? "hierarchical"
+                                                                                                     : "relayed");
           }
         }
       }
@@ -437,4 +494,6 @@ int main(int argc, char** argv) {
     ncclEpGroupDestroy(group);
     return 0;
   });
+  if (virt) ncclEpVirtualDomainDestroy(virt);
+  return rc;
 }

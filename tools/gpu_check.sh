@@ -41,7 +41,10 @@ RUNS=(
   "ep_ll_bench|$BUILDDIR/bin/ep_bench --mode ll --nranks NRANKS --json JSON|1|nodes virtual"
   # The High-Throughput benchmark across domains (one-GPU nodes: beside NCCL send/recv of the rail exchange's bytes
   # in the same run; --quick keeps real-GPU runs to one shape, the full benchmark being bench/run_ep_bench.sh's).
-  "ep_ht_bench|$BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes"
+  # mixed: over relayed exchanges, beside NCCL send/recv of the exchange's own messages on the rail; _hier: the
+  # hierarchical HT (one rail row per (token, destination domain)).
+  "ep_ht_bench|$BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes mixed+4"
+  "ep_ht_bench_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|mixed+4"
   # nodes: every piece between ranks by ncclSend/ncclRecv (100 batches: loopback sockets are slow); real GPUs and
   # virtual ranks, every piece over LSA through the plans' windows: 1000 batches, about 2000 layout pairs (the
   # virtual ranks' 4-rank failures of earlier sessions were cured by their launch fences: docs/M2N.md).

@@ -253,8 +253,15 @@ typedef struct {
   size_t rail_dispatch_bytes;       /* dispatch, per rank of another domain (0 with one domain) */
   size_t rail_combine_bytes;        /* combine, rows per (token, rank): HT, LL RANK_MAJOR / expert-side weights */
   size_t rail_combine_owner_bytes;  /* LL combine with inputs.topk_weights (rows per (token, expert)); 0 in HT */
+  /* The rail's traffic per call to each other domain, each way (0 with one domain): the messages, and the bytes of
+   * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
+   * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them), or, for the
+   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 over a virtual_rail), one of a fixed row per token. */
+  int rail_messages_per_domain;
+  size_t rail_dispatch_domain_bytes;
+  size_t rail_combine_domain_bytes;
 } ncclEpGroupInfo_t;
-#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0}
+#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice

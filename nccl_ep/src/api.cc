@@ -452,6 +452,17 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->rail_dispatch_bytes = bytesOf(ncclep::kDispatch, false);
   info->rail_combine_bytes = bytesOf(ncclep::kCombine, false);
   info->rail_combine_owner_bytes = bytesOf(ncclep::kCombine, true);
+  info->rail_messages_per_domain = 0;
+  info->rail_dispatch_domain_bytes = info->rail_combine_domain_bytes = 0;
+  if (group->railComm && rv.hier) {
+    info->rail_messages_per_domain = 1;
+    info->rail_dispatch_domain_bytes = group->hierMessageBytes(ncclep::kDispatch);
+    info->rail_combine_domain_bytes = group->hierMessageBytes(ncclep::kCombine);
+  } else if (group->railComm) {
+    info->rail_messages_per_domain = topo.domainSize;
+    info->rail_dispatch_domain_bytes = (size_t)topo.domainSize * info->rail_dispatch_bytes;
+    info->rail_combine_domain_bytes = (size_t)topo.domainSize * info->rail_combine_bytes;
+  }
   return ncclSuccess;
 }
 

@@ -379,7 +379,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     // (fixed sizes: a relay reads each dispatch row's call number, a source only the partials it expects).
     const int G = rv.domainSize, myDomain = view.rank / G;
     const bool dispatch = kind == ncclep::kDispatch;
-    const size_t bytes = (size_t)view.maxTokens * (dispatch ? rv.hierRow.bytes() : (size_t)view.rowStride);
+    const size_t bytes = hierMessageBytes(kind);
     char* out = dispatch ? rv.hierOut : rv.hierCombOut;
     char* in = dispatch ? rv.hierIn : rv.hierCombIn;
     for (int d = 0; d < R / G && res == ncclSuccess; d++) {

@@ -72,6 +72,11 @@ struct ncclEpGroup {
   // `hierFwd` (the hierarchical HT's dispatch): the handle's HandleView::hierFwd, which its relay fills.
   ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,
                             const int* rows = nullptr, int* hierFwd = nullptr);
+  // The hierarchical HT's one message to each other domain's rank of my index: dispatch, a rail row (with its tail)
+  // per token position; combine, a partial row per position.
+  size_t hierMessageBytes(int kind) const {
+    return (size_t)view.maxTokens * (kind == ncclep::kDispatch ? view.rail.hierRow.bytes() : (size_t)view.rowStride);
+  }
   // Virtual ranks in relay mode: the launch fence after a kernel that waits on my domain's ranks (railExchange).
   void relayFence(cudaStream_t stream);
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort

@@ -115,7 +115,8 @@ class _GroupInfo(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("n_domains", ctypes.c_int),
                 ("domain_size", ctypes.c_int), ("window_bytes", ctypes.c_size_t),
                 ("rail_dispatch_bytes", ctypes.c_size_t), ("rail_combine_bytes", ctypes.c_size_t),
-                ("rail_combine_owner_bytes", ctypes.c_size_t)]
+                ("rail_combine_owner_bytes", ctypes.c_size_t), ("rail_messages_per_domain", ctypes.c_int),
+                ("rail_dispatch_domain_bytes", ctypes.c_size_t), ("rail_combine_domain_bytes", ctypes.c_size_t)]
 
 
 _P = ctypes.c_void_p
@@ -618,7 +619,9 @@ class Group(Closing):
     def info(self) -> dict:
         """What the group is (ncclEpGroupGetInfo, local): n_domains, domain_size, window_bytes, and the fixed bytes a
         call moves to each rank of another domain (rail_dispatch_bytes, rail_combine_bytes, rail_combine_owner_bytes:
-        0 with one domain; the last is Low-Latency's owner-weighted combine, 0 in High-Throughput)."""
+        0 with one domain; the last is Low-Latency's owner-weighted combine, 0 in High-Throughput), and the rail's
+        traffic to each other domain (rail_messages_per_domain, rail_dispatch_domain_bytes,
+        rail_combine_domain_bytes: nccl_ep.h)."""
         raw = _GroupInfo.new()
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
