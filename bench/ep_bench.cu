@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool mixed = oneGpu == ncclext::harness::OneGpu::kMixed;
-  const bool nodes = oneGpu == ncclext::harness::OneGpu::kNodes || mixed;  // across domains, on one GPU
+  // Across domains on one GPU (one-GPU nodes, or mixed): loopback sockets between the domains.
+  const bool oneGpuAcross = oneGpu == ncclext::harness::OneGpu::kNodes || mixed;
   std::vector<Shape> shapes = {
       {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {16, 24, 32, 64, 132}},
       {4096, 7168, 8, 256, ncclFloat8e4m3, NCCL_EP_LAYOUT_FLAT, {24, 64, 132}},
@@ -127,11 +128,11 @@ int main(int argc, char** argv) {
       {16384, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
       {4096, 4096, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
   };
-  if (nodes)  // across domains over loopback sockets: what the rail moves is sized by max_tokens_per_rank
+  if (oneGpuAcross)  // over loopback sockets: what the rail moves is sized by max_tokens_per_rank
     shapes = {{512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {24}},
               {512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, {24}}};
-  if (quick && !nodes) shapes.resize(1);
-  const int warm = nodes ? 3 : 10, iters = nodes ? 20 : 60, warmSynced = nodes ? 3 : 5;
+  if (quick && !oneGpuAcross) shapes.resize(1);
+  const int warm = oneGpuAcross ? 3 : 10, iters = oneGpuAcross ? 20 : 60, warmSynced = oneGpuAcross ? 3 : 5;
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
   lo.oneGpu = oneGpu;
@@ -375,7 +376,7 @@ int main(int argc, char** argv) {
       // rank to the next at once, ranks synced before each copy. 0 with one rank.
       double ceUs = 0;
       const size_t ceBytes = (size_t)sentRows * payload;
-      if (R > 1 && ceBytes > 0 && !nodes) {  // one-GPU nodes share one GPU: no peer to copy to
+      if (R > 1 && ceBytes > 0 && !oneGpuAcross) {  // one-GPU nodes share one GPU: no peer to copy to
         const int peer = (ctx.device + 1) % R;
         void *ceSrc = nullptr, *ceDst = nullptr;
         cudaMalloc(&ceSrc, ceBytes);

@@ -5,14 +5,8 @@
 # they show where time goes and are never shipped. Result of one run: bench/results/ep_dispatch_variants-*.txt.
 set -u
 export NCCL_NVLS_ENABLE=0
-mk() {  # name, shell edit applied inside the copy
-  local name=$1; shift
-  rm -rf /tmp/v-$name && mkdir -p /tmp/v-$name
-  tar --exclude=./build-gpu --exclude=./build --exclude=./shared --exclude=./.git -cf - . | tar -xf - -C /tmp/v-$name
-  (cd /tmp/v-$name && eval "$@" && make BUILDDIR=b CUDA_HOME=/usr/local/cuda configure >/tmp/v-$name.log 2>&1 &&
-     cmake --build b --target ep_bench -j 8 >>/tmp/v-$name.log 2>&1 && echo "built $name" ||
-     { echo "FAILED $name"; tail -5 /tmp/v-$name.log; })
-}
+source "$(dirname "$0")/variant.sh"
+mk() { local name=$1; shift; mk_variant ep_bench "/tmp/v-$name" "$@"; }  # name, shell edit applied inside the copy
 mk v0 true &
 mk unroll8 "sed -i 's/constexpr int kUnroll = 4;/constexpr int kUnroll = 8;/' nccl_ep/src/kernels/ht_copy.cuh" &
 mk nocopy "sed -i 's/      deliver<true>(x, lane, s, slot, expert, w, idx, row,/      if (false) deliver<true>(x, lane, s, slot, expert, w, idx, row,/' nccl_ep/src/kernels/ht_dispatch_lsa.cu" &

@@ -8,14 +8,8 @@
 # Run from the repository root on a GPU machine (one GPU is enough). Prints the 256 MiB rows of each variant.
 set -u
 export NCCL_NVLS_ENABLE=0
-mk() {  # name, shell edit applied inside the copy
-  local name=$1; shift
-  rm -rf /tmp/m2nv-$name && mkdir -p /tmp/m2nv-$name
-  tar --exclude=./build-gpu --exclude=./build --exclude=./shared --exclude=./.git -cf - . | tar -xf - -C /tmp/m2nv-$name
-  (cd /tmp/m2nv-$name && eval "$@" && make BUILDDIR=b CUDA_HOME=/usr/local/cuda configure >/tmp/m2nv-$name.log 2>&1 &&
-     cmake --build b --target m2n_bench -j 8 >>/tmp/m2nv-$name.log 2>&1 && echo "built $name" ||
-     { echo "FAILED $name"; tail -5 /tmp/m2nv-$name.log; })
-}
+source "$(dirname "$0")/variant.sh"
+mk() { local name=$1; shift; mk_variant m2n_bench "/tmp/m2nv-$name" "$@"; }  # name, shell edit applied inside the copy
 kernel=nccl_m2n/src/exec_kernels.cu
 mk v0 true &
 mk lb1 "grep -q '__launch_bounds__(kThreads, 2) copyKernel' $kernel &&

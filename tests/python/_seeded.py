@@ -1,6 +1,7 @@
 """Inputs every rank derives for every rank, for the tests of several ranks that check their own outputs against
 torch without any exchange (test_ep_ll_ranks.py, test_ep_ht_ranks.py, test_deepep_ranks.py). Values are multiples
-of 1/8 small enough that every product and sum those tests form is exact in fp32."""
+of 1/8 small enough that every product and sum those tests form is exact in fp32. Also a check both EP modes'
+tests share (check_flat_rail_traffic)."""
 
 import torch
 
@@ -24,3 +25,12 @@ def routed_tokens(s, R, *, max_tokens, hidden, local, topk, seed, n_weights=1):
 def on_rank(idx, d, local):
     """Whether each column's expert lives on rank d (local experts a rank)."""
     return (idx >= 0) & (idx // local == d)
+
+
+def check_flat_rail_traffic(info):
+    """Group.info() of a group over the flat exchange (one-GPU nodes): one message to each rank of another domain,
+    its slices whole; nothing with one domain."""
+    G = info["domain_size"] if info["n_domains"] > 1 else 0
+    assert info["rail_messages_per_domain"] == G, info
+    assert info["rail_dispatch_domain_bytes"] == G * info["rail_dispatch_bytes"], info
+    assert info["rail_combine_domain_bytes"] == G * info["rail_combine_bytes"], info
