@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # nccl_m2n's local copy kernel (copyKernel, nccl_m2n/src/exec_kernels.cu) in variants, timed in one session: each
 # variant is a copy of this tree with one sed edit, built (m2n_bench only) and run as `m2n_bench --nranks 1
-# --max-mib 256` (a contiguous and a transposing [16384, 8192] bf16 reshard beside the copy engine). Asks which
-# change of 815bc16 / d9ae3d7 took the contiguous case from 87% to 79% of the copy engine (docs/PERFORMANCE.md):
-#   v0    the tree as it is (__launch_bounds__(kThreads, 2));
-#   lb1   __launch_bounds__(kThreads): no register cap for two CTAs an SM.
+# --max-mib 256` (a contiguous and a transposing [16384, 8192] bf16 reshard beside the copy engine):
+#   v0     the tree as it is (copyKernel without a register cap);
+#   lb2    __launch_bounds__(kThreads, 2): registers capped for two CTAs an SM (815bc16 to session 12; slower in both
+#          cases on one H200: docs/PERFORMANCE.md).
+# (Session 12 also timed a packed variant of the 2-byte whole tiles, pairs of rows in 4-byte shared words and one
+# 16-byte shared load a destination vector: 295 us transposed against 237 us for the element-by-element tiles, so
+# it did not land.)
 # Run from the repository root on a GPU machine (one GPU is enough). Prints the 256 MiB rows of each variant.
 set -u
 export NCCL_NVLS_ENABLE=0
@@ -12,10 +15,10 @@ source "$(dirname "$0")/variant.sh"
 mk() { local name=$1; shift; mk_variant m2n_bench "/tmp/m2nv-$name" "$@"; }  # name, shell edit applied inside the copy
 kernel=nccl_m2n/src/exec_kernels.cu
 mk v0 true &
-mk lb1 "grep -q '__launch_bounds__(kThreads, 2) copyKernel' $kernel &&
-        sed -i 's/__launch_bounds__(kThreads, 2) copyKernel/__launch_bounds__(kThreads) copyKernel/' $kernel" &
+mk lb2 "grep -q '__launch_bounds__(kThreads) copyKernel' $kernel &&
+        sed -i 's/__launch_bounds__(kThreads) copyKernel/__launch_bounds__(kThreads, 2) copyKernel/' $kernel" &
 wait
-for v in v0 lb1; do
+for v in ${VARIANTS:-v0 lb2}; do
   [ -x /tmp/m2nv-$v/b/bin/m2n_bench ] || continue
   echo "=== $v"
   for run in 1 2; do  # twice: the spread between runs of one binary

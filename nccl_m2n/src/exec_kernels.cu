@@ -159,9 +159,10 @@ __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const M
 }
 
 // The local copies: one CTA per segment at a time, each thread its share (move.h); tile segments through shared
-// memory. The plain segments' throughput wants two CTAs of kThreads per SM (the bytes in flight): the bound holds
-// the kernel, tile rounds included (they share its registers), to what that allows.
-__global__ void __launch_bounds__(kThreads, 2) copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n,
+// memory. No register cap for two CTAs an SM (__launch_bounds__(kThreads, 2)): with it, [16384, 8192] bf16 on one
+// H200 took 165 us contiguous and 392 us transposed, without it 157 and 237 us (bench/experiments/
+// m2n_copy_variants.sh, docs/PERFORMANCE.md).
+__global__ void __launch_bounds__(kThreads) copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n,
                                                         MoveEnds m) {
   __shared__ uint64_t tileBuffer[kTileBufferWords];
   for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {

@@ -364,27 +364,32 @@ int64_t executeOnce(ncclext::harness::RankContext& ctx, ncclM2nPlan_t plan, cons
   return bad;
 }
 
-// Transposing layouts big enough for the copy kernel's tiles (move.h, tileDimOf): a [3, 150, 77] tensor in rows
+// Transposing layouts big enough for the copy kernel's tiles (move.h, tileDimOf): a [3, H, W] tensor in rows
 // over every rank into a replica on every rank stored with dim 1 innermost (dims 1 and 2 transposed, dim 0
 // outside them), for every element size and conversion. This rank's own rows are a tiled local copy; the others'
-// arrive packed and are unpacked element by element. Returns this rank's wrong elements (1 for a failed call).
+// arrive packed and are unpacked element by element. [3, 150, 77]: no stride a multiple of 16 bytes, every tile
+// element by element; [3, 256, 136]: whole aligned tiles (exec_kernels.cu, moveWholeTiles: 64 rows a rank at up
+// to 4 ranks) beside an 8-column edge. Returns this rank's wrong elements (1 for a failed call).
 int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
   const int n = ctx.nRanks;
   std::vector<int> all(n);
   for (int r = 0; r < n; r++) all[r] = r;
-  const std::vector<int64_t> shape = {3, 150, 77};
   const std::pair<ncclDataType_t, ncclDataType_t> kTypes[] = {
       {ncclInt8, ncclInt8},       {ncclBfloat16, ncclBfloat16}, {ncclFloat32, ncclFloat32},
       {ncclInt64, ncclInt64},     {ncclFloat32, ncclBfloat16},  {ncclBfloat16, ncclFloat32}};
   int64_t bad = 0;
-  for (const auto& [from, to] : kTypes) {
+  const std::vector<int64_t> kShapes[] = {{3, 150, 77}, {3, 256, 136}};
+  for (int t = 0; t < (int)(std::size(kShapes) * std::size(kTypes)); t++) {
+    const std::vector<int64_t>& shape = kShapes[t / std::size(kTypes)];
+    const auto& [from, to] = kTypes[t % std::size(kTypes)];
+    const int64_t H = shape[1], W = shape[2];
     Batch b;
     b.p.nRanks = n;
     TensorPair tp;
     tp.name = "transposed";
     tp.src = testing::layout(shape, {n}, all, {1}, from);
     tp.dst = testing::layout(shape, {n}, all, {kReplicate}, to);
-    for (int pos = 0; pos < n; pos++) tp.dst.strides.insert(tp.dst.strides.end(), {150 * 77, 1, 150});
+    for (int pos = 0; pos < n; pos++) tp.dst.strides.insert(tp.dst.strides.end(), {H * W, 1, H});
     b.p.tensors.push_back(tp);
     std::string why;
     if (!validateProblem(b.p, &why)) {
@@ -401,8 +406,8 @@ int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
     bad += executeOnce(ctx, plan, b, 7, "transposing");
     ncclM2nPlanDestroy(plan);
   }
-  printf("rank %d: transposing layouts (tiled local copies), %zu element types: %lld wrong elements\n", ctx.rank,
-         sizeof(kTypes) / sizeof(kTypes[0]), (long long)bad);
+  printf("rank %d: transposing layouts (tiled local copies), 2 shapes x %zu element types: %lld wrong elements\n",
+         ctx.rank, sizeof(kTypes) / sizeof(kTypes[0]), (long long)bad);
   return bad;
 }
 
