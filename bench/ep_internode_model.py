@@ -54,6 +54,12 @@ max_tokens_per_rank rows to and from every rank of another domain (--ht-fixed-sl
     dispatch per remote rank = M (rowStride + metaBytes), metaBytes = 16-aligned 12 + 12 k + 4 max(1, rowStride / 128)
     combine  per remote rank = 16-aligned 8 M + M rowStride   (NVLink: the rows to the own domain's other ranks)
 
+The hierarchical HT as built (relayed exchanges, the mixed one-GPU test mode, NCCL_EXT_HT_HIERARCHICAL=1;
+--ht-hier-fixed M): M fixed rail rows to and from each other domain's rank of my index, whatever the routing:
+
+    dispatch per remote domain = M hierRow, hierRow = 16-aligned rowStride + 16 + 4 G + 12 k + 4 max(1, rowStride / 128)
+    combine  per remote domain = M rowStride                   (NVLink: the hierarchical protocol's expected rows)
+
 Bytes = T x rows x row bytes (bf16: 2H; fp8: H + 4 H/128, the e4m3 payload and fp32 scales per 128 channels; plus
 --meta-bytes per row, 0 by default). Time per op: rail bytes / rail rate and NVLink bytes / NVLink rate, combined
 overlapped (the larger) and serial (the sum), plus a fixed latency per call. GB = 1e9 bytes.
@@ -234,6 +240,18 @@ def ht_fixed_slice_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens:
             "dispatch_per_peer": dispatch, "combine_per_peer": comb, "remote_ranks": remote}
 
 
+def ht_hier_fixed_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens: int) -> dict:
+    """Rail bytes per rank and call of nccl_ep's hierarchical High-Throughput exchange as built (relayed exchanges:
+    see the module docstring): M fixed rows to and from each other domain's rank of my index, for a group of
+    max_token_bytes = 2 hidden and max_topk = k (ht.h HierRow, group.h hierMessageBytes)."""
+    row = 2 * hidden
+    hier_row = _align(row + 16 + 4 * gpus + 12 * k + 4 * max(1, row // 128), 16)
+    remote = nodes - 1
+    dispatch, comb = max_tokens * hier_row, max_tokens * row
+    return {"dispatch_rail_bytes": remote * dispatch, "combine_rail_bytes": remote * comb,
+            "dispatch_per_peer": dispatch, "combine_per_peer": comb, "remote_domains": remote}
+
+
 def op_time(rail_bytes: float, nvlink_bytes: float, rail_gbs: float, nvlink_gbs: float, latency_us: float) -> dict:
     """Time of one op from its bytes per rank: overlapped (max over the link classes) and serial (sum)."""
     rail_us = rail_bytes / (rail_gbs * 1e3) if rail_bytes else 0.0  # bytes / (GB/s * 1e9) in us
@@ -247,14 +265,15 @@ def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, 
             rail_gbs: float = RAIL_GBS, nvlink_gbs: float = NVLINK_GBS, latency_us: float | None = None,
             node_limit: int = 0, ll_combine: str = "expert", meta_bytes: int = 0, all_rail: bool = False,
             ll_dispatch: str = "rank", ll_fixed_slices: int = 0, ht_fixed_slices: int = 0,
-            ht_flat: bool = False) -> list:
+            ht_flat: bool = False, ht_hier_fixed: int = 0) -> list:
     """Predicted dispatch and combine for one configuration: a list of two dicts (op = dispatch, combine), bytes
     per rank out (= in). dtype is the dispatch row's; combine rows are bf16. ll_fixed_slices M > 0: the rail bytes of
     nccl_ep's Low-Latency exchange as implemented (fixed slices of M rows per remote rank; bf16 only);
     ht_fixed_slices M > 0: the same for High-Throughput's flat exchange (rail bytes fixed, NVLink only to the own
     domain's other ranks, as Low-Latency's rank dispatch). ht_flat: High-Throughput's flat exchange with an EXACT
     handle's eager calls, which send the rows the routing fills: a row per (token, destination rank) over the rail,
-    the expected rows, not fixed slices."""
+    the expected rows, not fixed slices. ht_hier_fixed M > 0: the hierarchical protocol's rail bytes as built
+    (M fixed rows to and from each remote domain; NVLink rows the protocol's expected ones)."""
     if mode not in ("ht", "ll"):
         raise ValueError("mode must be ht or ll, got %r" % mode)
     if latency_us is None:
@@ -280,6 +299,10 @@ def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, 
         if mode != "ht" or ht_fixed_slices < tokens:
             raise ValueError("ht_fixed_slices: High-Throughput with max_tokens >= tokens")
         fixed = ht_fixed_slice_bytes(nodes, gpus, hidden, k, ht_fixed_slices)
+    if ht_hier_fixed:
+        if mode != "ht" or ht_hier_fixed < tokens or ht_fixed_slices or ht_flat:
+            raise ValueError("ht_hier_fixed: High-Throughput's hierarchical exchange with max_tokens >= tokens")
+        fixed = ht_hier_fixed_bytes(nodes, gpus, hidden, k, ht_hier_fixed)
     if ht_fixed_slices or ht_flat:
         flat = ll_rows(nodes, gpus, experts, k, node_limit, "rank", False, "rank")  # a row per (token, rank)
         per_op = {op: (flat["dispatch_rail"], flat["dispatch_nvlink"], row) for op, (_, _, row) in per_op.items()}
@@ -297,6 +320,7 @@ def predict(mode: str, nodes: int, gpus: int, tokens: int, hidden: int, k: int, 
                "rail_bytes": rail_b, "nvlink_bytes": nvl_b, "rail_gbs": rail_gbs, "nvlink_gbs": nvlink_gbs,
                "ll_fixed_slices": ll_fixed_slices if mode == "ll" else 0,
                "ht_fixed_slices": ht_fixed_slices if mode == "ht" else 0,
+               "ht_hier_fixed": ht_hier_fixed if mode == "ht" else 0,
                "ht_protocol": None if mode != "ht" else "flat" if (ht_flat or ht_fixed_slices) else "hierarchical",
                "p_dom": r["p_dom"], "p_rank": r["p_rank"]}
         rec.update(op_time(rail_b, nvl_b, rail_gbs, nvlink_gbs, latency_us))
@@ -422,6 +446,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ht-fixed-slices", type=int, default=0, metavar="M",
                     help="HT rail bytes of nccl_ep's flat exchange as implemented: fixed slices of M = "
                          "max_tokens_per_rank rows to every remote rank (0: the hierarchical protocol's expected rows)")
+    ap.add_argument("--ht-hier-fixed", type=int, default=0, metavar="M",
+                    help="HT rail bytes of nccl_ep's hierarchical exchange as implemented (relayed exchanges, "
+                         "NCCL_EXT_HT_HIERARCHICAL=1): M = max_tokens_per_rank fixed rows to every remote domain")
     ap.add_argument("--ht-flat", action="store_true",
                     help="HT rail rows of nccl_ep's flat exchange with EXACT handles (a row per (token, destination "
                          "rank), the expected rows) instead of the hierarchical protocol's")
@@ -449,7 +476,8 @@ def main(argv=None) -> int:
                         preds = predict(mode, n, a.gpus_per_node, tokens, a.hidden, a.topk, a.experts, dtype,
                                         a.rail_gbs, a.nvlink_gbs, lat, a.node_limit, comb_kind, a.meta_bytes,
                                         False, a.ll_dispatch, a.ll_fixed_slices if mode == "ll" else 0,
-                                        a.ht_fixed_slices if mode == "ht" else 0, a.ht_flat and mode == "ht")
+                                        a.ht_fixed_slices if mode == "ht" else 0, a.ht_flat and mode == "ht",
+                                        a.ht_hier_fixed if mode == "ht" else 0)
                         # Dispatch once per dtype; combine (bf16 whatever the dispatch dtype) once per kind.
                         rows.extend(p for p in preds if (p["op"] == "dispatch" and comb_kind == combines[0])
                                     or (p["op"] == "combine" and dtype == dtypes[0]))

@@ -281,6 +281,27 @@ def test_ht_fixed_slices_follow_the_library_layout():
             m.predict(ht_fixed_slices=4, **args)
 
 
+def test_ht_hier_fixed_follows_the_library_layout():
+    # 2 domains of 2, top-2, hidden 256, max_tokens 4: a hierarchical rail row of 576 bytes (tests/unit/ep_api_test.cc,
+    # EpRail.HierarchicalRowBytesMatchTheModel: ht.h HierRow), M of them to the one remote domain; combine M rows.
+    b = m.ht_hier_fixed_bytes(2, 2, 256, 2, 4)
+    assert b["dispatch_per_peer"] == 4 * 576 and b["combine_per_peer"] == 4 * 512 and b["remote_domains"] == 1
+    assert m.ht_hier_fixed_bytes(2, 3, 256, 2, 4)["dispatch_per_peer"] == 4 * 592  # 580, padded to 16
+    assert m.ht_hier_fixed_bytes(4, 2, 256, 2, 4)["dispatch_rail_bytes"] == 3 * 4 * 576
+    # The session-12 mixed run (2 domains of 2, 512 tokens, hidden 7168, top-8): the library's rail_*_domain_bytes.
+    d, c = m.predict("ht", 2, 2, 512, 7168, 8, 256, "bf16", ht_hier_fixed=512)
+    assert d["rail_bytes"] == 7634944 and c["rail_bytes"] == 7340032 and d["ht_protocol"] == "hierarchical"
+    assert d["nvlink_bytes"] == m.predict("ht", 2, 2, 512, 7168, 8, 256, "bf16")[0]["nvlink_bytes"]
+    # The relayed flat exchange of the same run: fixed slices to each remote rank, as without a relay.
+    d, c = m.predict("ht", 2, 2, 512, 7168, 8, 256, "bf16", ht_fixed_slices=512)
+    assert d["rail_bytes"] == 15253504 and c["rail_bytes"] == 14688256
+    for bad in (dict(mode="ll"), dict(tokens=5), dict(ht_fixed_slices=4), dict(ht_flat=True)):
+        args = dict(mode="ht", nodes=2, gpus=2, tokens=3, hidden=256, k=2, experts=8, dtype="bf16")
+        args.update(bad)
+        with pytest.raises(ValueError):
+            m.predict(ht_hier_fixed=4, **args)
+
+
 def test_ll_fixed_slices_follow_the_library_layout():
     # nodes 2 x 1 GPU, 4 experts, top-2, hidden 256, max_tokens 4: row 512 B, one slice, metadata 64 B, header 32 B;
     # tests/unit/ep_api_test.cc (EpRail.FixedSliceBytesMatchTheModel) checks the same numbers against layoutGroup.

@@ -571,4 +571,19 @@ TEST(EpRail, HighThroughputFixedSliceBytesMatchTheModel) {
   EXPECT_EQ(ht(3, ncclep::kCombine), 32u + 3 * 512);  // 24 flag bytes, padded to 16 before the rows
 }
 
+// The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512
+// / 128, as layoutGroup sets them): the row, seq + counts (16), 2 slots, experts + weights + indices (24), scales
+// (16) = 576, already 16-aligned; with 3 slots 580, padded to 592. A dispatch message is M of them, a combine
+// message M rows (group.h hierMessageBytes; the GPU run's rail_dispatch_domain_bytes matched the model too).
+TEST(EpRail, HierarchicalRowBytesMatchTheModel) {
+  ncclep::HierRow hr;
+  hr.rowStride = 512;
+  hr.domainSize = 2;
+  hr.maxTopk = 2;
+  hr.maxScales = 4;
+  EXPECT_EQ(hr.bytes(), 576u);
+  hr.domainSize = 3;
+  EXPECT_EQ(hr.bytes(), 592u);
+}
+
 }  // namespace
