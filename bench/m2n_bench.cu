@@ -22,10 +22,11 @@
 // prints and writes one JSON line per case with its own median and the mean of every rank's median.
 //
 // Usage: m2n_bench [--nranks N] [--one-gpu off|nodes|virtual] [--lsa] [--zero-copy pull|push] [--iters I]
-//                  [--max-mib M] [--large] [--json FILE]
+//                  [--max-mib M] [--min-mib M] [--case NAME] [--large] [--json FILE]
 // (--lsa: the plans' config lsa = 1 on real ranks; virtual ranks always use LSA. --zero-copy: the config's zeroCopy,
 // with lsa; on real ranks the published side, sources for pull and destinations for push, lies in an ncclMemAlloc
-// buffer of the same size on every rank, registered with ncclM2nRegister.) Exit: 0 pass, 1 a failure or a wrong
+// buffer of the same size on every rank, registered with ncclM2nRegister. --case / --min-mib: one case, the sizes
+// from M MiB on: a profiler's run, bench/experiments/m2n_profile.sh.) Exit: 0 pass, 1 a failure or a wrong
 // element, 77 no GPU.
 #include <getopt.h>
 
@@ -44,8 +45,8 @@ namespace {
 struct Options {
   int nRanks = 0, iters = 0, zeroCopy = NCCL_M2N_ZERO_COPY_OFF;
   bool lsa = false, large = false;
-  int64_t maxMiB = 1024;
-  std::string json;
+  int64_t maxMiB = 1024, minMiB = 0;
+  std::string json, only;  // --case: that case alone (a profiler's run)
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   ncclM2nVirtualDomain_t virt = nullptr;
 };
@@ -199,6 +200,11 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     cases.push_back({"rep_s0", {all, NCCL_M2N_REPLICATE, false}, {all, 0, false}});
     if (n >= 4) cases.push_back({"tp4_tp2", {all, 1, false}, {half, 1, false}});
   }
+  if (!o.only.empty() &&
+      std::none_of(cases.begin(), cases.end(), [&](const Case& k) { return o.only == k.name; })) {
+    if (ctx.rank == 0) fprintf(stderr, "m2n_bench: no case '%s' at %d rank(s)\n", o.only.c_str(), n);
+    return 1;
+  }
   std::vector<std::pair<int64_t, int64_t>> shapes = {
       {256, 2048}, {2048, 4096}, {16384, 8192}, {16384, 16384}, {32768, 16384}};
   if (o.large) shapes.push_back({131072, 16384});
@@ -217,8 +223,10 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
   for (const auto& [rows, cols] : shapes) {
     const int64_t bytes = rows * cols * 2;
     if (bytes > o.maxMiB * (1ll << 20) && !(o.large && rows == 131072)) continue;
+    if (bytes < o.minMiB * (1ll << 20)) continue;
     const int iters = o.iters > 0 ? o.iters : bytes <= (64ll << 20) ? 20 : 5;
     for (const Case& k : cases) {
+      if (!o.only.empty() && o.only != k.name) continue;
       CSide cs, cd;
       cs.build(k.src, rows, cols);
       cd.build(k.dst, rows, cols);
@@ -365,6 +373,8 @@ int main(int argc, char** argv) {
                                  {"zero-copy", required_argument, nullptr, 'z'},
                                  {"iters", required_argument, nullptr, 'i'},
                                  {"max-mib", required_argument, nullptr, 'm'},
+                                 {"min-mib", required_argument, nullptr, 'M'},
+                                 {"case", required_argument, nullptr, 'c'},
                                  {"large", no_argument, nullptr, 'L'},
                                  {"json", required_argument, nullptr, 'j'},
                                  {nullptr, 0, nullptr, 0}};
@@ -377,14 +387,17 @@ int main(int argc, char** argv) {
     else if (c == 'z' && !strcmp(optarg, "push")) o.zeroCopy = NCCL_M2N_ZERO_COPY_PUSH;
     else if (c == 'i') o.iters = atoi(optarg);
     else if (c == 'm') o.maxMiB = atoll(optarg);
+    else if (c == 'M') o.minMiB = atoll(optarg);
+    else if (c == 'c') o.only = optarg;
     else if (c == 'L') o.large = true;
     else if (c == 'j') o.json = optarg;
     else ok = false;
   }
   const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;
-  if (!ok || o.iters < 0 || o.maxMiB < 1 || (virt && o.nRanks < 1) || (o.zeroCopy && !o.lsa && !virt)) {
+  if (!ok || o.iters < 0 || o.maxMiB < 1 || o.minMiB < 0 || (virt && o.nRanks < 1) || (o.zeroCopy && !o.lsa && !virt)) {
     fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--lsa] "
-            "[--zero-copy pull|push (with --lsa or virtual)] [--iters I] [--max-mib M] [--large] [--json FILE]\n",
+            "[--zero-copy pull|push (with --lsa or virtual)] [--iters I] [--max-mib M] [--min-mib M] [--case NAME] "
+            "[--large] [--json FILE]\n",
             argv[0]);
     return 2;
   }

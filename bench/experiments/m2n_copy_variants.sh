@@ -4,7 +4,9 @@
 # --max-mib 256` (a contiguous and a transposing [16384, 8192] bf16 reshard beside the copy engine):
 #   v0     the tree as it is (copyKernel without a register cap);
 #   lb2    __launch_bounds__(kThreads, 2): registers capped for two CTAs an SM (815bc16 to session 12; slower in both
-#          cases on one H200: docs/PERFORMANCE.md).
+#          cases on one H200: docs/PERFORMANCE.md);
+#   u8     kCopyUnroll = 8 (move.h): eight 16-byte loads in flight a thread in the contiguous copy, not four;
+#   seg4   kCopySegmentElements = 1 << 18: a CTA's segment four times as long (fewer, longer segments).
 # (Session 12 also timed a packed variant of the 2-byte whole tiles, pairs of rows in 4-byte shared words and one
 # 16-byte shared load a destination vector: 295 us transposed against 237 us for the element-by-element tiles, so
 # it did not land.)
@@ -17,8 +19,12 @@ kernel=nccl_m2n/src/exec_kernels.cu
 mk v0 true &
 mk lb2 "grep -q '__launch_bounds__(kThreads) copyKernel' $kernel &&
         sed -i 's/__launch_bounds__(kThreads) copyKernel/__launch_bounds__(kThreads, 2) copyKernel/' $kernel" &
+mk u8 "grep -q 'constexpr int kCopyUnroll = 4;' nccl_m2n/src/move.h &&
+       sed -i 's/constexpr int kCopyUnroll = 4;/constexpr int kCopyUnroll = 8;/' nccl_m2n/src/move.h" &
+mk seg4 "grep -q 'kCopySegmentElements = 1 << 16;' nccl_m2n/src/move.h &&
+         sed -i 's/kCopySegmentElements = 1 << 16;/kCopySegmentElements = 1 << 18;/' nccl_m2n/src/move.h" &
 wait
-for v in ${VARIANTS:-v0 lb2}; do
+for v in ${VARIANTS:-v0 lb2 u8 seg4}; do
   [ -x /tmp/m2nv-$v/b/bin/m2n_bench ] || continue
   echo "=== $v"
   for run in 1 2; do  # twice: the spread between runs of one binary

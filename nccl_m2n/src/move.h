@@ -19,6 +19,7 @@ namespace ncclm2n {
 constexpr int kMoveMaxDims = 8;
 constexpr int kMoveThreads = 512;                 // threads of a move kernel's CTA (and of the emulator's teams)
 constexpr int64_t kCopySegmentElements = 1 << 16;  // a local copy is cut into segments of this many elements
+constexpr int kCopyUnroll = 4;  // groupCopy's 16-byte loads in flight a thread (experiments/m2n_copy_variants.sh)
 
 // A conversion in flight: done where the source is read (local copy, pack), so that the wire and the staging carry
 // destination-typed elements.
@@ -205,16 +206,20 @@ NCCLM2N_HD void groupCopy(int64_t lane, int64_t lanes, const char* from, char* t
   if (head > bytes) head = bytes;
   for (int64_t i = lane; i < head; i += lanes) to[i] = from[i];
   const int64_t n = vec > 1 ? (bytes - head) / vec : 0, body = head + n * vec;  // vec 1: all in the tail loop
-  if (vec == 16) {  // four loads in flight per thread before their stores (to and from may alias for the compiler)
+  if (vec == 16) {  // kCopyUnroll loads in flight per thread before their stores (to, from may alias)
     const MoveVec16* f = reinterpret_cast<const MoveVec16*>(from + head);
     MoveVec16* t = reinterpret_cast<MoveVec16*>(to + head);
     int64_t i = lane;
-    for (; i + 3 * lanes < n; i += 4 * lanes) {
-      const MoveVec16 v0 = f[i], v1 = f[i + lanes], v2 = f[i + 2 * lanes], v3 = f[i + 3 * lanes];
-      t[i] = v0;
-      t[i + lanes] = v1;
-      t[i + 2 * lanes] = v2;
-      t[i + 3 * lanes] = v3;
+    for (; i + (kCopyUnroll - 1) * lanes < n; i += kCopyUnroll * lanes) {
+      MoveVec16 v[kCopyUnroll];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int u = 0; u < kCopyUnroll; u++) v[u] = f[i + u * lanes];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int u = 0; u < kCopyUnroll; u++) t[i + u * lanes] = v[u];
     }
     for (; i < n; i += lanes) t[i] = f[i];
   } else if (vec == 4) {
