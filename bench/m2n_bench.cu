@@ -394,7 +394,8 @@ int main(int argc, char** argv) {
     else ok = false;
   }
   const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;
-  if (!ok || o.iters < 0 || o.maxMiB < 1 || o.minMiB < 0 || (virt && o.nRanks < 1) || (o.zeroCopy && !o.lsa && !virt)) {
+  if (!ok || o.iters < 0 || o.maxMiB < 1 || o.minMiB < 0 || (virt && o.nRanks < 1) ||
+      (o.zeroCopy && !o.lsa && !virt)) {
     fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--lsa] "
             "[--zero-copy pull|push (with --lsa or virtual)] [--iters I] [--max-mib M] [--min-mib M] [--case NAME] "
             "[--large] [--json FILE]\n",
