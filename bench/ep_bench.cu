@@ -27,7 +27,9 @@
 // relayed exchanges (the group's virtual_rail; with NCCL_EXT_HT_HIERARCHICAL=1 the hierarchical HT), LSA inside each
 // domain of 2 and the rail between them; the baseline is NCCL send/recv on that rail of exactly the messages the
 // exchange sends (ncclEpGroupGetInfo's rail_messages_per_domain and rail_*_domain_bytes: fixed, whatever the
-// routing), to and from the rank of my index in every other domain. "Synced" meets the ranks on the host.
+// routing), to and from the rank of my index in every other domain. "Synced" meets the ranks on the host. The same
+// baseline serves real ranks whose group relays (ncclEpGroupInfo_t::rail_relayed: NCCL_EXT_HT_HIERARCHICAL=1 on
+// domains of several ranks), on a communicator of the ranks of my index split here.
 //
 // Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|mixed] [--json FILE] [--quick]
 // --quick: the first shape only (across domains: both of theirs).
@@ -161,11 +163,24 @@ int main(int argc, char** argv) {
     std::vector<int> remote;  // the ranks of other domains
     for (int r = 0; r < ctx.nRanks; r++)
       if (r / info.domain_size != ctx.rank / info.domain_size) remote.push_back(r);
-    // The rail baseline's buffers: one slice per remote rank each way (mixed: every other domain's messages).
+    // A relayed exchange (mixed, or real ranks with the hierarchical HT): its baseline goes over the ranks of my index
+    // (mixed: the harness's rail; real ranks: split from the world here, ranked by domain).
+    const bool relayed = info.rail_relayed != 0;
+    ncclComm_t railOfIndex = mixed ? ctx.rail : nullptr;
+    if (relayed && !mixed) {
+      ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
+      const ncclResult_t split =
+          ncclCommSplit(ctx.comm, ctx.rank % info.domain_size, ctx.rank / info.domain_size, &railOfIndex, &cc);
+      if (split != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclCommSplit (the ranks of my index): %s\n", ctx.rank, ncclGetErrorString(split));
+        return 1;
+      }
+    }
+    // The rail baseline's buffers: one slice per remote rank each way (relayed: every other domain's messages).
     const size_t railMost =
-        mixed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
-              : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
-    const size_t railSlots = mixed ? (size_t)info.n_domains - 1 : remote.size();
+        relayed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
+                : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
+    const size_t railSlots = relayed ? (size_t)info.n_domains - 1 : remote.size();
     void *railSend = nullptr, *railRecv = nullptr;
     if (!remote.empty()) {
       cudaMalloc(&railSend, railMost * railSlots);
@@ -323,9 +338,9 @@ int main(int argc, char** argv) {
       size_t railSent[2] = {0, 0};
       const size_t rowStride = cfg.max_token_bytes;
       const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
-      for (int op = 0; op < 2 && mixed && !remote.empty(); op++) {
-        // Mixed: the relayed (or hierarchical) exchange's own messages, fixed, on the rail of my index: to and from
-        // the rank of my index (rail rank d) in every other domain d.
+      for (int op = 0; op < 2 && relayed && !remote.empty(); op++) {
+        // Relayed: the exchange's own messages (relayed flat or hierarchical), fixed, on the rail of my index: to and
+        // from the rank of my index (rail rank d) in every other domain d.
         const int myDomain = ctx.rank / info.domain_size, nMsg = std::max(info.rail_messages_per_domain, 1);
         const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
         const size_t msgBytes = domainBytes / nMsg;
@@ -336,8 +351,8 @@ int main(int argc, char** argv) {
             char* send = static_cast<char*>(railSend) + (size_t)i * railMost;
             char* recv = static_cast<char*>(railRecv) + (size_t)i * railMost;
             for (int m = 0; m < nMsg; m++) {
-              ok = ok && ncclSend(send + m * msgBytes, msgBytes, ncclUint8, d, ctx.rail, ctx.stream) == ncclSuccess;
-              ok = ok && ncclRecv(recv + m * msgBytes, msgBytes, ncclUint8, d, ctx.rail, ctx.stream) == ncclSuccess;
+              ok = ok && ncclSend(send + m * msgBytes, msgBytes, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
+              ok = ok && ncclRecv(recv + m * msgBytes, msgBytes, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
             }
             i++;
           }
@@ -348,7 +363,7 @@ int main(int argc, char** argv) {
         if (timeIt(exchange, warm, iters, &tr)) return 1;
         railUs[op] = median(tr);
       }
-      for (int op = 0; op < 2 && !mixed && !remote.empty(); op++) {
+      for (int op = 0; op < 2 && !relayed && !remote.empty(); op++) {
         const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
         auto exchange = [&](int) {
           bool ok = ncclGroupStart() == ncclSuccess;
@@ -432,7 +447,7 @@ int main(int argc, char** argv) {
             printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn,
                    ln, T, H, sms, us, usSynced, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3,
                    nvB / 1e6);
-            if (!remote.empty() && mixed)
+            if (!remote.empty() && relayed)
               printf("       rail: %zu bytes sent to %zu domains (%d messages each, %s); NCCL send/recv of them "
                      "%.1f us; ours / that %.2f\n",
                      railSent[op], railSlots, info.rail_messages_per_domain,
@@ -457,15 +472,15 @@ int main(int argc, char** argv) {
                       "\"rail_messages_per_domain\": %d, \"exchange\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
-                      "metadata); mixed: the exchange's fixed messages to every other domain\"}\n",
+                      "metadata); relayed: the exchange's fixed messages to every other domain\"}\n",
                       op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
                       op == 0 ? median(tHandle) : 0.0, nvB,
                       nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
                       ncclext::harness::oneGpuName(ctx.mode), info.n_domains, remote.size(), railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op],
                       info.rail_messages_per_domain,
-                      remote.empty() ? "none" : !mixed ? "flat" : info.rail_messages_per_domain == 1 ? "hierarchical"
-                                                                                                     : "relayed");
+                      remote.empty() ? "none" : !relayed ? "flat" : info.rail_messages_per_domain == 1 ? "hierarchical"
+                                                                                                       : "relayed");
           }
         }
       }
@@ -491,6 +506,7 @@ int main(int argc, char** argv) {
     if (out) fclose(out);
     cudaFree(railSend);
     cudaFree(railRecv);
+    if (railOfIndex && railOfIndex != ctx.rail) ncclCommDestroy(railOfIndex);
     NCCLEXT_BENCH_EP(ncclEpGroupGetAsyncError(group));
     ncclEpGroupDestroy(group);
     return 0;

@@ -19,9 +19,10 @@ struct Env {
   // NCCL_EXT_LSA_DOMAIN_SIZE = k > 0 splits NCCL's LSA team (one node) into domains of k consecutive ranks, so that
   // the across-domain paths run and get tested on one node. 0 = the LSA team as NCCL reports it.
   int lsaDomainSize = 0;
-  // NCCL_EXT_HT_HIERARCHICAL = 0 | 1 (experimental). 1: nccl_ep's High-Throughput calls across NVLink domains over
-  // relayed exchanges (the mixed test mode) move one rail row per (token, destination domain) each way, which the
-  // relay expands to (dispatch) or reduces from (combine) the domain's ranks, instead of one per rank. 0 = off.
+  // NCCL_EXT_HT_HIERARCHICAL = 0 | 1 (experimental). 1: nccl_ep's High-Throughput calls across NVLink domains of
+  // several ranks go over relayed exchanges (the rail of my index; the mixed test mode's always do) and move one
+  // rail row per (token, destination domain) each way, which the relay expands to (dispatch) or reduces from
+  // (combine) the domain's ranks, instead of one per rank. 0 = off.
   int htHierarchical = 0;
 };
 

@@ -34,6 +34,11 @@ RUNS=(
   "ep_ll|$BUILDDIR/bin/ep_ll_test --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   # The same HT suite with the hierarchical dispatch (experimental: one rail row per (token, destination domain)).
   "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|mixed+4"
+  # Real GPUs split into NVLink domains (2+ GPUs: domains of one, the flat rail exchange between them; 4+ GPUs:
+  # domains of two with the hierarchical HT over the Domain's rail, tests/harness/silent_peer.h's relayed verdict).
+  "ep_ht_domains|env NCCL_EXT_LSA_DOMAIN_SIZE=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|2|"
+  "ep_ll_domains|env NCCL_EXT_LSA_DOMAIN_SIZE=1 $BUILDDIR/bin/ep_ll_test --nranks NRANKS --json JSON|2|"
+  "ep_ht_hier_domains|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_LSA_DOMAIN_SIZE=2 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|4|"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|nodes virtual"
   # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md). As

@@ -256,12 +256,14 @@ typedef struct {
   /* The rail's traffic per call to each other domain, each way (0 with one domain): the messages, and the bytes of
    * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
    * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them), or, for the
-   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 over a virtual_rail), one of a fixed row per token. */
+   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one of a fixed row per token. */
   int rail_messages_per_domain;
   size_t rail_dispatch_domain_bytes;
   size_t rail_combine_domain_bytes;
+  int rail_relayed; /* 1: the messages go to the rank of my index in each other domain, which relays them inside its
+                     * domain (virtual_rail, or the hierarchical HT); 0: to each rank itself (or one domain) */
 } ncclEpGroupInfo_t;
-#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice

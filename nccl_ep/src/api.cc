@@ -454,6 +454,7 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->rail_combine_owner_bytes = bytesOf(ncclep::kCombine, true);
   info->rail_messages_per_domain = 0;
   info->rail_dispatch_domain_bytes = info->rail_combine_domain_bytes = 0;
+  info->rail_relayed = group->railComm && rv.relay ? 1 : 0;
   if (group->railComm && rv.hier) {
     info->rail_messages_per_domain = 1;
     info->rail_dispatch_domain_bytes = group->hierMessageBytes(ncclep::kDispatch);

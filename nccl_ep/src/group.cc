@@ -26,7 +26,8 @@ constexpr size_t kStateBytes = kMaskOffset + ncclep::kMaxRanks * sizeof(int);
 
 namespace ncclep {
 
-void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* out) {
+void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* out,
+                 bool htHierarchical) {
   GroupView& v = *out;
   const int rank = topo.rank, nRanks = topo.nRanks;
   v.rank = rank;
@@ -108,10 +109,13 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
     outbox = alignUp(outbox + slices[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
-  // Relayed exchanges (the mixed test mode's rail of one index), and on them the hierarchical HT (experimental),
-  // whose relays read their domain's outboxes: those then live in the window.
-  rv.relay = config.virtual_rail != nullptr;
-  rv.hier = rv.relay && !v.lowLatency && topo.nDomains > 1 && ncclext::env().htHierarchical;
+  // Relayed exchanges over a rail of one index: the mixed test mode's (virtual_rail), and, for the hierarchical HT
+  // (experimental), real ranks' too when their domains have several ranks (the Domain's rail; with one rank a domain
+  // the hierarchical exchange is the flat one, which stays). The hierarchical HT's relays read their domain's
+  // outboxes: those then live in the window.
+  const bool hier = htHierarchical && !v.lowLatency && topo.nDomains > 1;
+  rv.relay = config.virtual_rail != nullptr || (hier && topo.domainSize > 1);
+  rv.hier = rv.relay && hier;
   w.outboxes = 0;
   if (rv.hier) {
     rv.hierRow.rowStride = (size_t)v.rowStride;
@@ -209,7 +213,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
 
   // Window layout.
   ncclep::GroupView& v = g->view;
-  ncclep::layoutGroup(config, topo, &v);
+  ncclep::layoutGroup(config, topo, &v, ncclext::env().htHierarchical != 0);
   ncclep::WindowLayout& w = v.wl;
   ncclep::RailView& rv = v.rail;
 

@@ -25,8 +25,9 @@ struct ncclEpVirtualDomain {
 
 namespace ncclep {
 // The group's window layout, sizes and rail view (outbox pointer aside) for `config` on `topo`: pure host
-// arithmetic, the same on every rank (ncclEpGroup::create; host tests).
-void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view);
+// arithmetic, the same on every rank (ncclEpGroup::create; host tests). htHierarchical: NCCL_EXT_HT_HIERARCHICAL.
+void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
+                 bool htHierarchical = false);
 }  // namespace ncclep
 
 // The device pointers of an optional ncclEpLayoutInfo_t (all NULL without one): HT handle binding and LL dispatch.

@@ -674,13 +674,13 @@ int main(int argc, char** argv) {
     cfg.virtual_domain = virt;
     cfg.virtual_rank = virt ? ctx.localRank : 0;
     cfg.virtual_rail = ctx.rail;  // mixed: the rail of my index (relayed exchanges; NULL otherwise)
-    const bool acrossDomains = (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) ||
-                               (mixed && ctx.nRanks > lo.domainSize);
     ncclEpGroup_t group = nullptr;
     if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpCreateGroup: %s\n", ctx.rank, ncclEpGetLastError());
       return 1;
     }
+    // Several NVLink domains: one-GPU nodes, the mixed mode, or real GPUs split by NCCL_EXT_LSA_DOMAIN_SIZE.
+    const bool acrossDomains = ncclext::harness::groupShape(group).nDomains > 1;
     Runner run{ctx, group, seed, 0, {}};
     std::vector<Case> cases;
     const ncclDataType_t dtypes[] = {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3};
@@ -830,6 +830,7 @@ int main(int argc, char** argv) {
       int64_t rows = 0;
       ncclEpHandleGetMaxRecvRows(h, &rows);
       DeviceBuf y(rows * 512 * 2);
+      const ncclext::harness::GroupShape shape = ncclext::harness::groupShape(silent);  // what the verdict allows
       if (rank != ctx.nRanks - 1) {
         ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
         in.tokens = epTensor(x.p, ncclBfloat16, {T, 512});
@@ -841,9 +842,9 @@ int main(int argc, char** argv) {
         waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const ncclResult_t res = ncclEpGroupGetAsyncError(silent);
         const std::string msg = ncclEpGetLastError();
-        // Mixed (relayed exchanges): the silent rank's rail peers see the rail's abort; every other rank, whose
+        // Relayed exchanges (mixed): the silent rank's rail peers see the rail's abort; every other rank, whose
         // exchanges complete, a device wait for the silent rank's rows (or those it relays) timing out.
-        timeoutOk = ncclext::harness::silentPeerVerdict(ctx, ctx.nRanks - 1, res, msg, waited, budget);
+        timeoutOk = ncclext::harness::silentPeerVerdict(ctx.nRanks, shape, ctx.nRanks - 1, res, msg, waited, budget);
         printf("rank %d: dispatch with a silent peer -> %s after %.2f s: %s\n", rank, ncclGetErrorString(res), waited,
                msg.c_str());
         // Later calls report the same error instead of hanging.

@@ -1041,6 +1041,7 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
   const ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {M, K});
   ncclEpHandle_t h = nullptr;
   EXPECT_OK(ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
+  const ncclext::harness::GroupShape shape = ncclext::harness::groupShape(g);  // what the verdict allows
   *ok = true;
   if (ctx.rank != silentRank) {
     ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
@@ -1054,7 +1055,7 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
     const ncclResult_t res = ncclEpGroupGetAsyncError(g);
     const std::string msg = ncclEpGetLastError();
     *ok = drainedRes == ncclSuccess &&
-          ncclext::harness::silentPeerVerdict(ctx, silentRank, res, msg, *waited, budget);
+          ncclext::harness::silentPeerVerdict(ctx.nRanks, shape, silentRank, res, msg, *waited, budget);
     printf("rank %d: LL dispatch with a silent peer -> %s after %.2f s: %s\n", ctx.rank, ncclGetErrorString(res),
            *waited, msg.c_str());
     // Later calls report the same error instead of hanging.
@@ -1280,11 +1281,25 @@ int main(int argc, char** argv) {
       cases.swap(few);
     }
     Runner run{ctx, base};
-    // One-GPU nodes: every rank an NVLink domain of its own, every row over the rail exchange (ncclSend / ncclRecv
-    // over loopback sockets). Not supported across domains yet, so left out: masks; fewer graph replays (each moves
-    // every outbox over the sockets).
-    const bool acrossDomains = (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) ||
-                               (mixed && ctx.nRanks > lo.domainSize);
+    // Several NVLink domains (one-GPU nodes: every rank a domain of its own, every row over the rail exchange's
+    // ncclSend / ncclRecv over loopback sockets; the mixed mode; real GPUs split by NCCL_EXT_LSA_DOMAIN_SIZE: asked
+    // of a probe group). Not supported across domains yet, so left out: masks; fewer graph replays (each moves every
+    // outbox over the sockets).
+    bool acrossDomains = (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) ||
+                         (mixed && ctx.nRanks > lo.domainSize);
+    if (ctx.mode == ncclext::harness::OneGpu::kOff && ctx.nRanks > 1) {
+      ncclEpGroupConfig_t probe = base;
+      probe.num_experts = ctx.nRanks;
+      probe.max_tokens_per_rank = 1;
+      probe.max_token_bytes = 512;
+      ncclEpGroup_t g = nullptr;
+      if (ncclEpCreateGroup(&g, ctx.comm, &probe) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpCreateGroup (probe): %s\n", ctx.rank, ncclEpGetLastError());
+        return 1;
+      }
+      acrossDomains = ncclext::harness::groupShape(g).nDomains > 1;
+      if (ncclEpGroupDestroy(g) != ncclSuccess) return 1;
+    }
     if (acrossDomains) {
       std::vector<Case> kept;
       for (const Case& c : cases)

@@ -34,3 +34,4 @@ def check_flat_rail_traffic(info):
     assert info["rail_messages_per_domain"] == G, info
     assert info["rail_dispatch_domain_bytes"] == G * info["rail_dispatch_bytes"], info
     assert info["rail_combine_domain_bytes"] == G * info["rail_combine_bytes"], info
+    assert info["rail_relayed"] == 0, info

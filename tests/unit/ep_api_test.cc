@@ -586,4 +586,38 @@ TEST(EpRail, HierarchicalRowBytesMatchTheModel) {
   EXPECT_EQ(hr.bytes(), 592u);
 }
 
+// NCCL_EXT_HT_HIERARCHICAL (layoutGroup's htHierarchical) on real ranks, without a virtual_rail: High-Throughput
+// exchanges relayed and hierarchical when the domains have several ranks (2 of 2 here, with the row above), flat
+// with one rank a domain (the same protocol), with one domain, for Low-Latency, and without the variable.
+TEST(EpRail, HierarchicalRelaysOnDomainsOfSeveralRanks) {
+  struct Got {
+    int relay, hier;
+    size_t rowBytes, outboxes;
+  };
+  auto layout = [](ncclEpAlgorithm_t algorithm, int nRanks, int lsaSize, bool hierarchical) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.algorithm = algorithm;
+    cfg.num_experts = 2 * nRanks;
+    cfg.max_tokens_per_rank = 4;
+    cfg.max_token_bytes = 512;
+    cfg.max_topk = 2;
+    ncclext::Topology topo;
+    EXPECT_EQ(ncclext::makeTopology(0, nRanks, 0, lsaSize, 0, &topo), ncclSuccess);
+    ncclep::GroupView v;
+    ncclep::layoutGroup(cfg, topo, &v, hierarchical);
+    return Got{v.rail.relay, v.rail.hier, v.rail.hier ? v.rail.hierRow.bytes() : 0, v.wl.outboxes};
+  };
+  const Got on = layout(NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, 2, true);
+  EXPECT_EQ(on.relay, 1);
+  EXPECT_EQ(on.hier, 1);
+  EXPECT_EQ(on.rowBytes, 576u);  // HierarchicalRowBytesMatchTheModel's row: layoutGroup's sizes
+  EXPECT_GT(on.outboxes, 0u);    // the relays read their domain's outboxes in the window
+  const ncclEpAlgorithm_t ht = NCCL_EP_ALGO_HIGH_THROUGHPUT, ll = NCCL_EP_ALGO_LOW_LATENCY;
+  for (const Got& g : {layout(ht, 4, 2, false), layout(ht, 2, 1, true), layout(ht, 4, 4, true), layout(ll, 4, 2, true)}) {
+    EXPECT_EQ(g.relay, 0);
+    EXPECT_EQ(g.hier, 0);
+    EXPECT_EQ(g.outboxes, 0u);
+  }
+}
+
 }  // namespace

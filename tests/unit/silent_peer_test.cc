@@ -1,4 +1,4 @@
-// The EP timeout tests' verdict (tests/harness/silent_peer.h): which message, in which one-GPU mode, within which
+// The EP timeout tests' verdict (tests/harness/silent_peer.h): which message, for which shape of group, within which
 // bound, counts as the right failure when the last rank stays silent.
 #include <string>
 
@@ -16,39 +16,38 @@ std::string waitFor(int peer) {
 }
 
 TEST(SilentPeerVerdict, OneDomainWantsTheSilentRankNamedWithinTheBudget) {
-  RankContext ctx;
-  ctx.nRanks = 4;
-  ctx.mode = OneGpu::kVirtual;
-  EXPECT_TRUE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(3), 2.0, 2.0));
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(1), 2.0, 2.0));  // another rank
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(31), 2.0, 2.0));  // "peer 3" is not "peer 31"
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, kRail, 2.0, 2.0));       // no rail in one domain
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(3), 1.5, 2.0));  // gave up too soon
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(3), 12.5, 2.0)); // too late
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclSystemError, waitFor(3), 2.0, 2.0));  // the wrong code
+  const GroupShape g{1, 4, false};  // 4 virtual ranks, or 4 real ones of one node
+  EXPECT_TRUE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(3), 2.0, 2.0));
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(1), 2.0, 2.0));   // another rank
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(31), 2.0, 2.0));  // "peer 3" is not "peer 31"
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, kRail, 2.0, 2.0));        // no rail in one domain
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(3), 1.5, 2.0));   // gave up too soon
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(3), 12.5, 2.0));  // too late
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclSystemError, waitFor(3), 2.0, 2.0));   // the wrong code
 }
 
-TEST(SilentPeerVerdict, OneGpuNodesWantTheRailsAbortWithinTwoBudgets) {
-  RankContext ctx;
-  ctx.nRanks = 2;
-  ctx.mode = OneGpu::kNodes;
-  EXPECT_TRUE(silentPeerVerdict(ctx, 1, ncclRemoteError, kRail, 4.0, 2.0));
-  EXPECT_FALSE(silentPeerVerdict(ctx, 1, ncclRemoteError, waitFor(1), 2.0, 2.0));
-  EXPECT_FALSE(silentPeerVerdict(ctx, 1, ncclRemoteError, kRail, 14.5, 2.0));
+TEST(SilentPeerVerdict, DomainsOfOneRankWantTheRailsAbortWithinTwoBudgets) {
+  const GroupShape g{2, 1, false};  // 2 one-GPU nodes, or 2 GPUs with NCCL_EXT_LSA_DOMAIN_SIZE=1
+  EXPECT_TRUE(silentPeerVerdict(2, g, 1, ncclRemoteError, kRail, 4.0, 2.0));
+  EXPECT_FALSE(silentPeerVerdict(2, g, 1, ncclRemoteError, waitFor(1), 2.0, 2.0));
+  EXPECT_FALSE(silentPeerVerdict(2, g, 1, ncclRemoteError, kRail, 14.5, 2.0));
 }
 
-TEST(SilentPeerVerdict, MixedAcceptsEitherAndTheSourcesTheSilentRankRelays) {
-  VirtualDomain domain(2);  // one-GPU nodes of 2 virtual ranks: 4 ranks, domains {0, 1} and {2, 3}
-  RankContext ctx;
-  ctx.nRanks = 4;
-  ctx.mode = OneGpu::kMixed;
-  ctx.virt = &domain;
-  EXPECT_TRUE(silentPeerVerdict(ctx, 3, ncclRemoteError, kRail, 4.0, 2.0));
-  EXPECT_TRUE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(3), 2.0, 2.0));
-  EXPECT_TRUE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(1), 4.0, 2.0));   // index 1: relayed by rank 3
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(2), 2.0, 2.0));  // index 0: not the silent one's
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, waitFor(0), 2.0, 2.0));
-  EXPECT_FALSE(silentPeerVerdict(ctx, 3, ncclRemoteError, kRail, 14.5, 2.0));
+TEST(SilentPeerVerdict, RelayedDomainsAcceptEitherAndTheSourcesTheSilentRankRelays) {
+  const GroupShape g{2, 2, true};  // 4 ranks, domains {0, 1} and {2, 3}: the mixed mode, or the hierarchical HT
+  EXPECT_TRUE(silentPeerVerdict(4, g, 3, ncclRemoteError, kRail, 4.0, 2.0));
+  EXPECT_TRUE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(3), 2.0, 2.0));
+  EXPECT_TRUE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(1), 4.0, 2.0));   // index 1: relayed by rank 3
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(2), 2.0, 2.0));  // index 0: not the silent one's
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(0), 2.0, 2.0));
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, kRail, 14.5, 2.0));
+}
+
+TEST(SilentPeerVerdict, FlatDomainsOfSeveralRanksNameTheSilentRankOnly) {
+  const GroupShape g{2, 2, false};  // 4 real GPUs with NCCL_EXT_LSA_DOMAIN_SIZE=2, the flat exchange
+  EXPECT_TRUE(silentPeerVerdict(4, g, 3, ncclRemoteError, kRail, 4.0, 2.0));
+  EXPECT_TRUE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(3), 2.0, 2.0));   // its domain peer, over LSA
+  EXPECT_FALSE(silentPeerVerdict(4, g, 3, ncclRemoteError, waitFor(1), 2.0, 2.0));  // nobody relays there
 }
 
 }  // namespace

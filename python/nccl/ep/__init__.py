@@ -116,7 +116,8 @@ class _GroupInfo(_Header):
                 ("domain_size", ctypes.c_int), ("window_bytes", ctypes.c_size_t),
                 ("rail_dispatch_bytes", ctypes.c_size_t), ("rail_combine_bytes", ctypes.c_size_t),
                 ("rail_combine_owner_bytes", ctypes.c_size_t), ("rail_messages_per_domain", ctypes.c_int),
-                ("rail_dispatch_domain_bytes", ctypes.c_size_t), ("rail_combine_domain_bytes", ctypes.c_size_t)]
+                ("rail_dispatch_domain_bytes", ctypes.c_size_t), ("rail_combine_domain_bytes", ctypes.c_size_t),
+                ("rail_relayed", ctypes.c_int)]
 
 
 _P = ctypes.c_void_p
@@ -621,7 +622,8 @@ class Group(Closing):
         call moves to each rank of another domain (rail_dispatch_bytes, rail_combine_bytes, rail_combine_owner_bytes:
         0 with one domain; the last is Low-Latency's owner-weighted combine, 0 in High-Throughput), and the rail's
         traffic to each other domain (rail_messages_per_domain, rail_dispatch_domain_bytes,
-        rail_combine_domain_bytes: nccl_ep.h)."""
+        rail_combine_domain_bytes, and rail_relayed: 1 when that traffic goes to the rank of this rank's index there,
+        which relays it: nccl_ep.h)."""
         raw = _GroupInfo.new()
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
