@@ -41,6 +41,7 @@ struct DeviceErrorWord {
   uint32_t site;      // DeviceErrorSite
   uint32_t index;     // barrier index / CTA
   uint64_t waitedNs;  // how long it waited
+  uint64_t atNs;      // the GPU's global timer when it was recorded: orders the failures of ranks on one GPU
 };
 
 // What kernels get: the word (mapped host memory) and the claim counter (device memory).

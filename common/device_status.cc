@@ -31,6 +31,9 @@ ncclResult_t describeDeviceError(const DeviceErrorWord& w, const char* what) {
     snprintf(site, sizeof(site), "site %u index %u", w.site, w.index);
   }
   if (w.code == kDeviceTimeout || w.code == kDeviceAborted) {
+    // Which rank failed first, when several share one GPU (virtual ranks, one-GPU nodes): NCCL_EXT_LOG=debug.
+    NCCLEXT_DEBUG("%s: rank %d's wait for peer %d (%s, expected >= %llu) gave up at GPU clock %llu ns", what, w.rank,
+                  w.peer, site, (unsigned long long)w.expected, (unsigned long long)w.atNs);
     return fail(ncclRemoteError, __FILE__, __LINE__,
                 "%s: %s after %.3f s: rank %d waited for peer %d at %s (flag expected >= %llu, seen %llu)", what,
                 w.code == kDeviceTimeout ? "timed out" : "aborted", w.waitedNs * 1e-9, w.rank, w.peer, site,

@@ -72,6 +72,7 @@ __device__ inline void recordError(const DeviceErrorSink& s, uint32_t code, int 
   w->site = site;
   w->index = index;
   w->waitedNs = waitedNs;
+  w->atNs = globalTimerNs();
   __threadfence_system();  // the fields before the code, for a host that polls the code
   w->code = code;
 }
