@@ -6,7 +6,9 @@
 #   lb2    __launch_bounds__(kThreads, 2): registers capped for two CTAs an SM (815bc16 to session 12; slower in both
 #          cases on one H200: docs/PERFORMANCE.md);
 #   u8     kCopyUnroll = 8 (move.h): eight 16-byte loads in flight a thread in the contiguous copy, not four;
-#   seg4   kCopySegmentElements = 1 << 18: a CTA's segment four times as long (fewer, longer segments).
+#   seg4   kCopySegmentElements = 1 << 18: a CTA's segment four times as long (fewer, longer segments);
+#   pipe   kTilePipelined = true (exec_kernels.cu): a tile round's stores after the next round's loads are issued.
+# Each variant's copyKernel registers and spills (cuobjdump) are printed beside its times.
 # (Session 12 also timed a packed variant of the 2-byte whole tiles, pairs of rows in 4-byte shared words and one
 # 16-byte shared load a destination vector: 295 us transposed against 237 us for the element-by-element tiles, so
 # it did not land.)
@@ -16,6 +18,7 @@ export NCCL_NVLS_ENABLE=0
 source "$(dirname "$0")/variant.sh"
 mk() { local name=$1; shift; mk_variant m2n_bench "/tmp/m2nv-$name" "$@"; }  # name, shell edit applied inside the copy
 kernel=nccl_m2n/src/exec_kernels.cu
+objdump=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 mk v0 true &
 mk lb2 "grep -q '__launch_bounds__(kThreads) copyKernel' $kernel &&
         sed -i 's/__launch_bounds__(kThreads) copyKernel/__launch_bounds__(kThreads, 2) copyKernel/' $kernel" &
@@ -23,10 +26,15 @@ mk u8 "grep -q 'constexpr int kCopyUnroll = 4;' nccl_m2n/src/move.h &&
        sed -i 's/constexpr int kCopyUnroll = 4;/constexpr int kCopyUnroll = 8;/' nccl_m2n/src/move.h" &
 mk seg4 "grep -q 'kCopySegmentElements = 1 << 16;' nccl_m2n/src/move.h &&
          sed -i 's/kCopySegmentElements = 1 << 16;/kCopySegmentElements = 1 << 18;/' nccl_m2n/src/move.h" &
+mk pipe "grep -q 'constexpr bool kTilePipelined = false;' $kernel &&
+         sed -i 's/constexpr bool kTilePipelined = false;/constexpr bool kTilePipelined = true;/' $kernel" &
 wait
-for v in ${VARIANTS:-v0 lb2 u8 seg4}; do
+for v in ${VARIANTS:-v0 lb2 u8 seg4 pipe}; do
   [ -x /tmp/m2nv-$v/b/bin/m2n_bench ] || continue
   echo "=== $v"
+  "$objdump" --dump-resource-usage /tmp/m2nv-$v/b/lib/libnccl_m2n.so 2>/dev/null | grep -A1 copyKernel |
+    grep -o "REG:[0-9]*\|STACK:[0-9]*\|LOCAL:[0-9]*" | tr '\n' ' '
+  echo
   for run in 1 2; do  # twice: the spread between runs of one binary
     (cd /tmp/m2nv-$v && timeout 120 b/bin/m2n_bench --nranks 1 --max-mib 256 2>&1 | grep -E "16384x8192")
   done
