@@ -7,7 +7,9 @@
 #          cases on one H200: docs/PERFORMANCE.md);
 #   u8     kCopyUnroll = 8 (move.h): eight 16-byte loads in flight a thread in the contiguous copy, not four;
 #   seg4   kCopySegmentElements = 1 << 18: a CTA's segment four times as long (fewer, longer segments);
-#   pipe   kTilePipelined = true (exec_kernels.cu): a tile round's stores after the next round's loads are issued.
+#   pipe   kTilePipelined = true (exec_kernels.cu): a tile round's stores after the next round's loads are issued;
+#   cs     kCopyStreaming = true (move.h): the contiguous copy's 16-byte loads and stores evict-first (__ldcs/__stcs);
+#   grid   kMaxCtas = 528 (exec_kernels.cu): at most 4 CTAs an SM of an H200 at once, not 1024 CTAs in waves.
 # Each variant's copyKernel registers and spills (cuobjdump) are printed beside its times.
 # (Session 12 also timed a packed variant of the 2-byte whole tiles, pairs of rows in 4-byte shared words and one
 # 16-byte shared load a destination vector: 295 us transposed against 237 us for the element-by-element tiles, so
@@ -28,8 +30,12 @@ mk seg4 "grep -q 'kCopySegmentElements = 1 << 16;' nccl_m2n/src/move.h &&
          sed -i 's/kCopySegmentElements = 1 << 16;/kCopySegmentElements = 1 << 18;/' nccl_m2n/src/move.h" &
 mk pipe "grep -q 'constexpr bool kTilePipelined = false;' $kernel &&
          sed -i 's/constexpr bool kTilePipelined = false;/constexpr bool kTilePipelined = true;/' $kernel" &
+mk cs "grep -q 'constexpr bool kCopyStreaming = false;' nccl_m2n/src/move.h &&
+       sed -i 's/constexpr bool kCopyStreaming = false;/constexpr bool kCopyStreaming = true;/' nccl_m2n/src/move.h" &
+mk grid "grep -q 'constexpr int kMaxCtas = 1024;' $kernel &&
+         sed -i 's/constexpr int kMaxCtas = 1024;/constexpr int kMaxCtas = 528;/' $kernel" &
 wait
-for v in ${VARIANTS:-v0 lb2 u8 seg4 pipe}; do
+for v in ${VARIANTS:-v0 lb2 u8 seg4 pipe cs grid}; do
   [ -x /tmp/m2nv-$v/b/bin/m2n_bench ] || continue
   echo "=== $v"
   "$objdump" --dump-resource-usage /tmp/m2nv-$v/b/lib/libnccl_m2n.so 2>/dev/null | grep -A1 copyKernel |

@@ -196,6 +196,33 @@ struct alignas(16) MoveVec16 {
   uint64_t lo, hi;
 };
 
+// groupCopy's 16-byte loads and stores: plain, or (kCopyStreaming, a variant of bench/experiments/
+// m2n_copy_variants.sh; off until measured) streaming on the GPU (__ldcs / __stcs: evict-first, the bytes are not
+// read again).
+constexpr bool kCopyStreaming = false;
+NCCLM2N_HD MoveVec16 loadVec(const MoveVec16* p) {
+#if defined(__CUDA_ARCH__)
+  if (kCopyStreaming) {
+    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));
+    MoveVec16 v;
+    v.lo = (uint64_t)w.y << 32 | w.x;
+    v.hi = (uint64_t)w.w << 32 | w.z;
+    return v;
+  }
+#endif
+  return *p;
+}
+NCCLM2N_HD void storeVec(MoveVec16* p, const MoveVec16& v) {
+#if defined(__CUDA_ARCH__)
+  if (kCopyStreaming) {
+    __stcs(reinterpret_cast<uint4*>(p), make_uint4((uint32_t)v.lo, (uint32_t)(v.lo >> 32), (uint32_t)v.hi,
+                                                   (uint32_t)(v.hi >> 32)));
+    return;
+  }
+#endif
+  *p = v;
+}
+
 // Thread `lane` of `lanes` copies its share of `bytes` contiguous bytes: 16-byte vectors when both ends share their
 // alignment mod 16 (the common case: tensors and staging are 256-byte aligned and runs start at element boundaries),
 // 4-byte words when they share it mod 4, else bytes. The threads write disjoint bytes.
@@ -215,13 +242,13 @@ NCCLM2N_HD void groupCopy(int64_t lane, int64_t lanes, const char* from, char* t
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-      for (int u = 0; u < kCopyUnroll; u++) v[u] = f[i + u * lanes];
+      for (int u = 0; u < kCopyUnroll; u++) v[u] = loadVec(f + i + u * lanes);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-      for (int u = 0; u < kCopyUnroll; u++) t[i + u * lanes] = v[u];
+      for (int u = 0; u < kCopyUnroll; u++) storeVec(t + i + u * lanes, v[u]);
     }
-    for (; i < n; i += lanes) t[i] = f[i];
+    for (; i < n; i += lanes) storeVec(t + i, loadVec(f + i));
   } else if (vec == 4) {
     const uint32_t* f = reinterpret_cast<const uint32_t*>(from + head);
     uint32_t* t = reinterpret_cast<uint32_t*>(to + head);
