@@ -65,26 +65,27 @@ struct TileRound {
   static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;  // vectors a thread a tile (blockDim = kThreads)
   Vec16<T> u[kIters][G];
 
-  __device__ void load(const char* const (&from)[G], int n, int64_t rowStride) {
+  // f(it, k, i, j) for this thread's vectors of the n tiles: pass it, tile k, row i, first column j.
+  template <typename F>
+  static __device__ void eachVector(int n, F&& f) {
 #pragma unroll
     for (int it = 0; it < kIters; it++) {
       const int v = threadIdx.x + it * kThreads, i = v / kPerLine, j = (v % kPerLine) * V;
 #pragma unroll
       for (int k = 0; k < G; k++)
-        if (k < n && v < kVecs)
-          u[it][k].v = __ldg(reinterpret_cast<const int4*>(from[k] + (i * rowStride + j) * (int64_t)sizeof(T)));
+        if (k < n && v < kVecs) f(it, k, i, j);
     }
   }
+  __device__ void load(const char* const (&from)[G], int n, int64_t rowStride) {
+    eachVector(n, [&](int it, int k, int i, int j) {
+      u[it][k].v = __ldg(reinterpret_cast<const int4*>(from[k] + (i * rowStride + j) * (int64_t)sizeof(T)));
+    });
+  }
   __device__ void write(int n, TileRows<T> tile) const {
+    eachVector(n, [&](int it, int k, int i, int j) {
 #pragma unroll
-    for (int it = 0; it < kIters; it++) {
-      const int v = threadIdx.x + it * kThreads, i = v / kPerLine, j = (v % kPerLine) * V;
-#pragma unroll
-      for (int k = 0; k < G; k++)
-        if (k < n && v < kVecs)
-#pragma unroll
-          for (int e = 0; e < V; e++) tile[k * kTileEdge + i][j + e] = u[it][k].e[e];
-    }
+      for (int e = 0; e < V; e++) tile[k * kTileEdge + i][j + e] = u[it][k].e[e];
+    });
   }
   static __device__ void store(T* const (&to)[G], int n, int64_t colStride, TileRows<T> tile) {
     for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
