@@ -181,6 +181,11 @@ int main(int argc, char** argv) {
         relayed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
                 : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
     const size_t railSlots = relayed ? (size_t)info.n_domains - 1 : remote.size();
+    // What crosses the rail, for the output: one message per domain is the hierarchical HT's.
+    const char* exchange = remote.empty()                       ? "none"
+                           : !relayed                           ? "flat"
+                           : info.rail_messages_per_domain == 1 ? "hierarchical"
+                                                                : "relayed";
     void *railSend = nullptr, *railRecv = nullptr;
     if (!remote.empty()) {
       cudaMalloc(&railSend, railMost * railSlots);
@@ -450,8 +455,7 @@ int main(int argc, char** argv) {
             if (!remote.empty() && relayed)
               printf("       rail: %zu bytes sent to %zu domains (%d messages each, %s); NCCL send/recv of them "
                      "%.1f us; ours / that %.2f\n",
-                     railSent[op], railSlots, info.rail_messages_per_domain,
-                     info.rail_messages_per_domain == 1 ? "hierarchical" : "relayed", railUs[op],
+                     railSent[op], railSlots, info.rail_messages_per_domain, exchange, railUs[op],
                      railUs[op] > 0 ? us / railUs[op] : 0.0);
             else if (!remote.empty())
               printf("       rail: %zu bytes sent to %zu ranks (at most %zu each); NCCL send/recv of them %.1f us; "
@@ -478,9 +482,7 @@ int main(int argc, char** argv) {
                       nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
                       ncclext::harness::oneGpuName(ctx.mode), info.n_domains, remote.size(), railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op],
-                      info.rail_messages_per_domain,
-                      remote.empty() ? "none" : !relayed ? "flat" : info.rail_messages_per_domain == 1 ? "hierarchical"
-                                                                                                       : "relayed");
+                      info.rail_messages_per_domain, exchange);
           }
         }
       }

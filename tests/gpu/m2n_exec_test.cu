@@ -368,8 +368,8 @@ int64_t executeOnce(ncclext::harness::RankContext& ctx, ncclM2nPlan_t plan, cons
 // over every rank into a replica on every rank stored with dim 1 innermost (dims 1 and 2 transposed, dim 0
 // outside them), for every element size and conversion. This rank's own rows are a tiled local copy; the others'
 // arrive packed and are unpacked element by element. [3, 150, 77]: no stride a multiple of 16 bytes, every tile
-// element by element; [3, 256, 136]: whole aligned tiles (exec_kernels.cu, moveWholeTiles: 64 rows a rank at up
-// to 4 ranks) beside an 8-column edge. Returns this rank's wrong elements (1 for a failed call).
+// element by element; [3, 256, 136]: whole aligned tiles (exec_kernels.cu, TileRound: 64 rows a rank at up to 4
+// ranks) beside an 8-column edge. Returns this rank's wrong elements (1 for a failed call).
 int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
   const int n = ctx.nRanks;
   std::vector<int> all(n);

@@ -613,7 +613,8 @@ TEST(EpRail, HierarchicalRelaysOnDomainsOfSeveralRanks) {
   EXPECT_EQ(on.rowBytes, 576u);  // HierarchicalRowBytesMatchTheModel's row: layoutGroup's sizes
   EXPECT_GT(on.outboxes, 0u);    // the relays read their domain's outboxes in the window
   const ncclEpAlgorithm_t ht = NCCL_EP_ALGO_HIGH_THROUGHPUT, ll = NCCL_EP_ALGO_LOW_LATENCY;
-  for (const Got& g : {layout(ht, 4, 2, false), layout(ht, 2, 1, true), layout(ht, 4, 4, true), layout(ll, 4, 2, true)}) {
+  for (const Got& g :
+       {layout(ht, 4, 2, false), layout(ht, 2, 1, true), layout(ht, 4, 4, true), layout(ll, 4, 2, true)}) {
     EXPECT_EQ(g.relay, 0);
     EXPECT_EQ(g.hier, 0);
     EXPECT_EQ(g.outboxes, 0u);
