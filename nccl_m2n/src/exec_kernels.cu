@@ -54,63 +54,46 @@ union Vec16 {
 };
 
 // Whole tiles with nothing to convert whose rows and columns start on 16 bytes (the common case: a large row-major
-// tensor into a column-major one), n <= G of them a round, tile k in rows [k * kTileEdge, (k + 1) * kTileEdge) of
-// the buffer. A round has three steps: load (thread v loads vector v of each tile's rows, row v / (64 / V), V
-// elements a vector; all the round's loads in flight before the first shared-memory store: one tile a round left
-// the kernel waiting on one load's latency between two barriers), write (those vectors into the buffer), and, after
-// a barrier, store (vector v of each tile's columns, gathered from the buffer).
+// tensor into a column-major one), n <= G of them at once, tile k in rows [k * kTileEdge, (k + 1) * kTileEdge) of
+// the buffer: thread v loads vector v of each tile's rows (row v / (64 / V), V elements a vector), all n loads in
+// flight before the first shared-memory store, then stores vector v of each tile's columns, gathered from shared
+// memory. G tiles a round keep G loads in flight per thread; one tile a round left the kernel waiting on one load's
+// latency between two barriers.
 template <typename T, int G>
-struct TileRound {
-  static constexpr int V = 16 / sizeof(T), kVecs = kTileEdge * kTileEdge / V, kPerLine = kTileEdge / V;
-  static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;  // vectors a thread a tile (blockDim = kThreads)
-  Vec16<T> u[kIters][G];
-
-  // f(it, k, i, j) for this thread's vectors of the n tiles: pass it, tile k, row i, first column j.
-  template <typename F>
-  static __device__ void eachVector(int n, F&& f) {
+__device__ void moveWholeTiles(const char* const (&from)[G], T* const (&to)[G], int n, int64_t rowStride,
+                               int64_t colStride, TileRows<T> tile) {
+  constexpr int V = 16 / sizeof(T), kVecs = kTileEdge * kTileEdge / V, kPerLine = kTileEdge / V;
+  for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
+    const int i = v / kPerLine, j = (v % kPerLine) * V;
+    Vec16<T> u[G];
 #pragma unroll
-    for (int it = 0; it < kIters; it++) {
-      const int v = threadIdx.x + it * kThreads, i = v / kPerLine, j = (v % kPerLine) * V;
+    for (int k = 0; k < G; k++)
+      if (k < n) u[k].v = __ldg(reinterpret_cast<const int4*>(from[k] + (i * rowStride + j) * (int64_t)sizeof(T)));
 #pragma unroll
-      for (int k = 0; k < G; k++)
-        if (k < n && v < kVecs) f(it, k, i, j);
-    }
+    for (int k = 0; k < G; k++)
+      if (k < n)
+#pragma unroll
+        for (int e = 0; e < V; e++) tile[k * kTileEdge + i][j + e] = u[k].e[e];
   }
-  __device__ void load(const char* const (&from)[G], int n, int64_t rowStride) {
-    eachVector(n, [&](int it, int k, int i, int j) {
-      u[it][k].v = __ldg(reinterpret_cast<const int4*>(from[k] + (i * rowStride + j) * (int64_t)sizeof(T)));
-    });
-  }
-  __device__ void write(int n, TileRows<T> tile) const {
-    eachVector(n, [&](int it, int k, int i, int j) {
+  __syncthreads();
+  for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
+    const int j = v / kPerLine, i = (v % kPerLine) * V;
 #pragma unroll
-      for (int e = 0; e < V; e++) tile[k * kTileEdge + i][j + e] = u[it][k].e[e];
-    });
-  }
-  static __device__ void store(T* const (&to)[G], int n, int64_t colStride, TileRows<T> tile) {
-    for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
-      const int j = v / kPerLine, i = (v % kPerLine) * V;
+    for (int k = 0; k < G; k++)
+      if (k < n) {
+        Vec16<T> u;
 #pragma unroll
-      for (int k = 0; k < G; k++)
-        if (k < n) {
-          Vec16<T> w;
-#pragma unroll
-          for (int e = 0; e < V; e++) w.e[e] = tile[k * kTileEdge + i + e][j];
-          *reinterpret_cast<int4*>(to[k] + j * colStride + i) = w.v;
-        }
-    }
+        for (int e = 0; e < V; e++) u.e[e] = tile[k * kTileEdge + i + e][j];
+        *reinterpret_cast<int4*>(to[k] + j * colStride + i) = u.v;
+      }
   }
-};
-
-// Pipelined whole-tile rounds (bench/experiments/m2n_copy_variants.sh, `pipe`; off until measured): a round's
-// stores wait until the next round's loads are in flight, so that the CTA has loads outstanding during its stores
-// (without it every round is load, barrier, store, barrier, and nothing is read while it stores).
-constexpr bool kTilePipelined = false;
+  __syncthreads();  // the buffer is refilled next
+}
 
 // A tile segment of a transposing local copy (move.h, tileSpanOf): the CTA reads a tile's rows along the source's
 // contiguous (last) dim into shared memory, converting there, and writes its columns along the destination's
 // contiguous dim b. The tiles are walked with a TileCursor (offsets stepped along a row of tiles, not recomputed);
-// whole aligned tiles collect, G at a time, for a TileRound (the buffer, sized for one tile of 8-byte elements,
+// whole aligned tiles collect, G at a time, for moveWholeTiles (the buffer, sized for one tile of 8-byte elements,
 // holds 8 / sizeof(T) tiles of T; G is that, at most 4: 1-byte elements would need eight 16-byte registers a
 // thread). Any other tile moves alone: thread x of each group of kTileEdge takes column x on the way in and row x on
 // the way out, one element at a time, so that both global accesses are still coalesced.
@@ -130,31 +113,6 @@ __device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnd
   const char* from[G];
   T* to[G];
   int n = 0;  // whole tiles collected
-  TileRound<T, G> round;
-  T* owed[G];       // pipelined: the tiles in the buffer whose stores are owed
-  int nOwed = 0;
-  auto settle = [&] {  // the owed stores, then the buffer is free
-    if (kTilePipelined && nOwed > 0) {
-      TileRound<T, G>::store(owed, nOwed, colStride, tile);
-      __syncthreads();
-      nOwed = 0;
-    }
-  };
-  auto move = [&] {  // a round of the n collected tiles
-    round.load(from, n, rowStride);
-    settle();  // pipelined: the last round's stores while these loads are in flight
-    round.write(n, tile);
-    __syncthreads();
-    if (kTilePipelined) {
-#pragma unroll
-      for (int k = 0; k < G; k++) owed[k] = to[k];
-      nOwed = n;
-    } else {
-      TileRound<T, G>::store(to, n, colStride, tile);
-      __syncthreads();  // the buffer is refilled next
-    }
-    n = 0;
-  };
   TileCursor c;
   tileCursorAt(d, b, g.firstElement, &c);
   for (int64_t t = 0; t < g.elements; t++, tileCursorNext(d, b, &c)) {
@@ -168,10 +126,12 @@ __device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnd
           from[k] = from0;
           to[k] = to0;
         }
-      if (++n == G) move();
+      if (++n == G) {
+        moveWholeTiles<T, G>(from, to, n, rowStride, colStride, tile);
+        n = 0;
+      }
       continue;
     }
-    settle();
     if (x < c.s.cols) {
       for (int i = y0; i < c.s.rows; i += ys) {
         const char* p = from0 + (i * rowStride + x) * sb;
@@ -186,8 +146,7 @@ __device__ void copyTiles(const MoveDesc& d, const MoveSegment& g, const MoveEnd
       for (int j = y0; j < c.s.cols; j += ys) to0[j * colStride + x] = tile[x][j];
     __syncthreads();  // the tile is refilled next
   }
-  if (n > 0) move();
-  settle();
+  if (n > 0) moveWholeTiles<T, G>(from, to, n, rowStride, colStride, tile);
 }
 
 __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const MoveEnds& m, uint64_t* buffer) {
@@ -200,18 +159,30 @@ __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const M
 }
 
 // The local copies: one CTA per segment at a time, each thread its share (move.h); tile segments through shared
-// memory. No register cap for two CTAs an SM (__launch_bounds__(kThreads, 2)): with it, [16384, 8192] bf16 on one
-// H200 took 165 us contiguous and 392 us transposed, without it 157 and 237 us (bench/experiments/
-// m2n_copy_variants.sh, docs/PERFORMANCE.md).
-__global__ void __launch_bounds__(kThreads) copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n,
-                                                        MoveEnds m) {
-  __shared__ uint64_t tileBuffer[kTileBufferWords];
-  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
-    const MoveSegment g = segs[si];
-    if (g.where == kTileSegment)
-      copyTileSegment(descs[g.desc], g, m, tileBuffer);
-    else
+// memory. Two kernels: copyKernel<true> for a plan whose copies have tile segments, copyKernel<false> for one
+// without (no tile code and no shared buffer, so the contiguous and strided segments' registers are not the tiles':
+// the contiguous copy needs its 16-byte loads in flight, the more CTAs an SM the better). No register cap
+// (__launch_bounds__(kThreads, 2)) on the tile kernel: with it, [16384, 8192] bf16 on one H200 took 165 us
+// contiguous and 392 us transposed, without it 157 and 237 us (bench/experiments/m2n_copy_variants.sh,
+// docs/PERFORMANCE.md). kPlainMinCtas: the plain kernel's CTAs an SM asked of the compiler (1: no cap).
+constexpr int kPlainMinCtas = 1;
+template <bool kTiles>
+__global__ void __launch_bounds__(kThreads, kTiles ? 1 : kPlainMinCtas)
+    copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m) {
+  if constexpr (kTiles) {
+    __shared__ uint64_t tileBuffer[kTileBufferWords];
+    for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+      const MoveSegment g = segs[si];
+      if (g.where == kTileSegment)
+        copyTileSegment(descs[g.desc], g, m, tileBuffer);
+      else
+        moveSegmentShare<kMoveCopy>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
+    }
+  } else {
+    for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+      const MoveSegment g = segs[si];
       moveSegmentShare<kMoveCopy>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
+    }
   }
 }
 
@@ -307,11 +278,15 @@ ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlock
   return ncclSuccess;
 }
 
-ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
-                          char* const* dst, cudaStream_t stream) {
+ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, bool tiles,
+                          const char* const* src, char* const* dst, cudaStream_t stream) {
   if (n == 0) return ncclSuccess;
-  return ncclext::launchKernel("m2n copy", copyKernel, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs, segs, n,
-                               MoveEnds{src, dst, nullptr, nullptr});
+  const MoveEnds m{src, dst, nullptr, nullptr};
+  if (tiles)
+    return ncclext::launchKernel("m2n copy", copyKernel<true>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
+                                 segs, n, m);
+  return ncclext::launchKernel("m2n copy", copyKernel<false>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
+                               segs, n, m);
 }
 
 ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
@@ -344,7 +319,8 @@ ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stre
 }
 
 ncclResult_t loadExecKernels() {
-  return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel, stagedMoveKernel<kMovePack>,
+  return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel<true>, copyKernel<false>,
+                              stagedMoveKernel<kMovePack>,
                               stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel,
                               paramCopyKernel<Published>, remoteKernel);
 }

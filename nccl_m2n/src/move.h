@@ -19,7 +19,6 @@ namespace ncclm2n {
 constexpr int kMoveMaxDims = 8;
 constexpr int kMoveThreads = 512;                 // threads of a move kernel's CTA (and of the emulator's teams)
 constexpr int64_t kCopySegmentElements = 1 << 16;  // a local copy is cut into segments of this many elements
-constexpr int kCopyUnroll = 4;  // groupCopy's 16-byte loads in flight a thread (experiments/m2n_copy_variants.sh)
 
 // A conversion in flight: done where the source is read (local copy, pack), so that the wire and the staging carry
 // destination-typed elements.
@@ -196,33 +195,6 @@ struct alignas(16) MoveVec16 {
   uint64_t lo, hi;
 };
 
-// groupCopy's 16-byte loads and stores: plain, or (kCopyStreaming, a variant of bench/experiments/
-// m2n_copy_variants.sh; off until measured) streaming on the GPU (__ldcs / __stcs: evict-first, the bytes are not
-// read again).
-constexpr bool kCopyStreaming = false;
-NCCLM2N_HD MoveVec16 loadVec(const MoveVec16* p) {
-#if defined(__CUDA_ARCH__)
-  if (kCopyStreaming) {
-    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));
-    MoveVec16 v;
-    v.lo = (uint64_t)w.y << 32 | w.x;
-    v.hi = (uint64_t)w.w << 32 | w.z;
-    return v;
-  }
-#endif
-  return *p;
-}
-NCCLM2N_HD void storeVec(MoveVec16* p, const MoveVec16& v) {
-#if defined(__CUDA_ARCH__)
-  if (kCopyStreaming) {
-    __stcs(reinterpret_cast<uint4*>(p), make_uint4((uint32_t)v.lo, (uint32_t)(v.lo >> 32), (uint32_t)v.hi,
-                                                   (uint32_t)(v.hi >> 32)));
-    return;
-  }
-#endif
-  *p = v;
-}
-
 // Thread `lane` of `lanes` copies its share of `bytes` contiguous bytes: 16-byte vectors when both ends share their
 // alignment mod 16 (the common case: tensors and staging are 256-byte aligned and runs start at element boundaries),
 // 4-byte words when they share it mod 4, else bytes. The threads write disjoint bytes.
@@ -233,22 +205,18 @@ NCCLM2N_HD void groupCopy(int64_t lane, int64_t lanes, const char* from, char* t
   if (head > bytes) head = bytes;
   for (int64_t i = lane; i < head; i += lanes) to[i] = from[i];
   const int64_t n = vec > 1 ? (bytes - head) / vec : 0, body = head + n * vec;  // vec 1: all in the tail loop
-  if (vec == 16) {  // kCopyUnroll loads in flight per thread before their stores (to, from may alias)
+  if (vec == 16) {  // four loads in flight per thread before their stores (to and from may alias for the compiler)
     const MoveVec16* f = reinterpret_cast<const MoveVec16*>(from + head);
     MoveVec16* t = reinterpret_cast<MoveVec16*>(to + head);
     int64_t i = lane;
-    for (; i + (kCopyUnroll - 1) * lanes < n; i += kCopyUnroll * lanes) {
-      MoveVec16 v[kCopyUnroll];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-      for (int u = 0; u < kCopyUnroll; u++) v[u] = loadVec(f + i + u * lanes);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-      for (int u = 0; u < kCopyUnroll; u++) storeVec(t + i + u * lanes, v[u]);
+    for (; i + 3 * lanes < n; i += 4 * lanes) {
+      const MoveVec16 v0 = f[i], v1 = f[i + lanes], v2 = f[i + 2 * lanes], v3 = f[i + 3 * lanes];
+      t[i] = v0;
+      t[i + lanes] = v1;
+      t[i + 2 * lanes] = v2;
+      t[i + 3 * lanes] = v3;
     }
-    for (; i < n; i += lanes) storeVec(t + i, loadVec(f + i));
+    for (; i < n; i += lanes) t[i] = f[i];
   } else if (vec == 4) {
     const uint32_t* f = reinterpret_cast<const uint32_t*>(from + head);
     uint32_t* t = reinterpret_cast<uint32_t*>(to + head);
