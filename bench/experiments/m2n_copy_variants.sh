@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# nccl_m2n's local copy kernels (copyKernel<true> with the tile path, copyKernel<false> without it; nccl_m2n/src/
+# nccl_m2n's local copy kernels (copyKernel for plain segments, tileKernel for tile segments; nccl_m2n/src/
 # exec_kernels.cu) in variants, timed in one session: each variant is a copy of this tree with one sed edit, built
 # (m2n_bench only) and run as `m2n_bench --nranks 1 --max-mib 256` (a contiguous and a transposing [16384, 8192] bf16
 # reshard beside the copy engine):
@@ -8,7 +8,7 @@
 #   p3     kPlainMinCtas = 3;
 #   seg4   kCopySegmentElements = 1 << 18: a CTA's segment four times as long (fewer, longer segments);
 #   grid   kMaxCtas = 528: at most 4 CTAs an SM of an H200 at once, not 1024 CTAs in waves.
-# Each variant's copyKernel registers, stack and spills (cuobjdump) are printed beside its times.
+# Each variant's two kernels' registers, stack and spills (cuobjdump) are printed beside its times.
 # Measured and gone (docs/PERFORMANCE.md): __launch_bounds__(512, 2) on the one kernel both paths shared (slower in
 # both cases, session 12), a packed 2-byte tile (session 12), and session 13's TileRound refactor of the whole-tile
 # rounds (348 us transposed against 237 us: its lambdas left a 368-byte stack frame), with its pipelined rounds
@@ -35,7 +35,7 @@ for v in ${VARIANTS:-v0 p2 p3 seg4 grid}; do
   [ -x /tmp/m2nv-$v/b/bin/m2n_bench ] || continue
   echo "=== $v"
   "$objdump" --dump-resource-usage /tmp/m2nv-$v/b/lib/libnccl_m2n.so 2>/dev/null |
-    awk '/Function.*copyKernel/ { k = $0 ~ /copyKernelILb1/ ? "tiles:" : "plain:"; getline; print k, $0 }' |
+    awk '/Function.*(copyKernel|tileKernel)/ { k = $0 ~ /tileKernel/ ? "tiles:" : "plain:"; getline; print k, $0 }' |
     grep -o "^[a-z]*:\|REG:[0-9]*\|STACK:[0-9]*\|LOCAL:[0-9]*" | tr '\n' ' '
   echo
   for run in 1 2; do  # twice: the spread between runs of one binary

@@ -158,31 +158,28 @@ __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const M
   }
 }
 
-// The local copies: one CTA per segment at a time, each thread its share (move.h); tile segments through shared
-// memory. Two kernels: copyKernel<true> for a plan whose copies have tile segments, copyKernel<false> for one
-// without (no tile code and no shared buffer, so the contiguous and strided segments' registers are not the tiles':
-// the contiguous copy needs its 16-byte loads in flight, the more CTAs an SM the better). No register cap
-// (__launch_bounds__(kThreads, 2)) on the tile kernel: with it, [16384, 8192] bf16 on one H200 took 165 us
-// contiguous and 392 us transposed, without it 157 and 237 us (bench/experiments/m2n_copy_variants.sh,
-// docs/PERFORMANCE.md). kPlainMinCtas: the plain kernel's CTAs an SM asked of the compiler (1: no cap).
+// The local copies: one CTA per segment at a time, each thread its share (move.h). Two kernels, each with one
+// path's code and registers: copyKernel for the plain (contiguous and strided) segments, which needs its 16-byte
+// loads in flight, the more CTAs an SM the better, and tileKernel for the tile segments, through shared memory.
+// kPlainMinCtas: the CTAs an SM the plain kernel asks of the compiler (1: no register cap). No cap on the tile
+// kernel (__launch_bounds__(kThreads, 2)): with it, when one kernel had both paths, [16384, 8192] bf16 on one H200
+// took 165 us contiguous and 392 us transposed, without it 157 and 237 us (bench/experiments/m2n_copy_variants.sh,
+// docs/PERFORMANCE.md).
 constexpr int kPlainMinCtas = 1;
-template <bool kTiles>
-__global__ void __launch_bounds__(kThreads, kTiles ? 1 : kPlainMinCtas)
+__global__ void __launch_bounds__(kThreads, kPlainMinCtas)
     copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m) {
-  if constexpr (kTiles) {
-    __shared__ uint64_t tileBuffer[kTileBufferWords];
-    for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
-      const MoveSegment g = segs[si];
-      if (g.where == kTileSegment)
-        copyTileSegment(descs[g.desc], g, m, tileBuffer);
-      else
-        moveSegmentShare<kMoveCopy>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
-    }
-  } else {
-    for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
-      const MoveSegment g = segs[si];
-      moveSegmentShare<kMoveCopy>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
-    }
+  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+    const MoveSegment g = segs[si];
+    moveSegmentShare<kMoveCopy>(descs[g.desc], g, m, threadIdx.x, blockDim.x);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) tileKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n,
+                                                        MoveEnds m) {
+  __shared__ uint64_t tileBuffer[kTileBufferWords];
+  for (int64_t si = blockIdx.x; si < n; si += gridDim.x) {
+    const MoveSegment g = segs[si];
+    copyTileSegment(descs[g.desc], g, m, tileBuffer);
   }
 }
 
@@ -278,15 +275,16 @@ ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlock
   return ncclSuccess;
 }
 
-ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, bool tiles,
+ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t nPlain, int64_t nTiles,
                           const char* const* src, char* const* dst, cudaStream_t stream) {
-  if (n == 0) return ncclSuccess;
   const MoveEnds m{src, dst, nullptr, nullptr};
-  if (tiles)
-    return ncclext::launchKernel("m2n copy", copyKernel<true>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
-                                 segs, n, m);
-  return ncclext::launchKernel("m2n copy", copyKernel<false>, dim3(gridFor(n)), dim3(kThreads), 0, stream, descs,
-                               segs, n, m);
+  if (nPlain > 0)
+    NCCLEXT_CHECK(ncclext::launchKernel("m2n copy", copyKernel, dim3(gridFor(nPlain)), dim3(kThreads), 0, stream,
+                                        descs, segs, nPlain, m));
+  if (nTiles > 0)
+    NCCLEXT_CHECK(ncclext::launchKernel("m2n tiled copy", tileKernel, dim3(gridFor(nTiles)), dim3(kThreads), 0,
+                                        stream, descs, segs + nPlain, nTiles, m));
+  return ncclSuccess;
 }
 
 ncclResult_t launchPack(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const char* const* src,
@@ -319,8 +317,7 @@ ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stre
 }
 
 ncclResult_t loadExecKernels() {
-  return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel<true>, copyKernel<false>,
-                              stagedMoveKernel<kMovePack>,
+  return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel, tileKernel, stagedMoveKernel<kMovePack>,
                               stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel,
                               paramCopyKernel<Published>, remoteKernel);
 }

@@ -16,9 +16,9 @@ namespace ncclm2n {
 // consecutive executes and graph replays each see their own pointers).
 ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_t n, cudaStream_t stream);
 
-// Local copies: segments index descs; src/dst are device arrays of the call's pointers; `tiles`: some segment is a
-// tile segment (kTileSegment; without any, a kernel without the tile code runs them).
-ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t n, bool tiles,
+// Local copies: segments index descs, the first nPlain plain (contiguous or strided), the nTiles after them tile
+// segments (kTileSegment); src/dst are device arrays of the call's pointers.
+ncclResult_t launchCopies(const MoveDesc* descs, const MoveSegment* segs, int64_t nPlain, int64_t nTiles,
                           const char* const* src, char* const* dst, cudaStream_t stream);
 // Where a pack or unpack segment's staging lies (MoveSegment::where): the rank's own staging, or `windowOffset`
 // bytes into the symmetric window of a rank of the domain (LSA).

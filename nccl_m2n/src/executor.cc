@@ -55,7 +55,7 @@ struct ncclM2nPlan {
   std::vector<int64_t> srcBytes, dstBytes;  // the bytes of this rank's part of tensor t (its span; 0: none)
   ncclm2n::ExecTables tables;
   std::vector<ncclm2n::MoveSegment> copySegs;
-  bool copyTiles = false;  // some local copy segment is a tile segment (a transposing copy)
+  int64_t copyPlain = 0;  // copySegs: the plain segments first, then the tile segments (a transposing copy's)
   // Device memory (one allocation each, freed by destroyPlan).
   ncclm2n::MoveDesc *copies = nullptr, *sends = nullptr, *recvs = nullptr;
   ncclm2n::MoveSegment *copySegsDev = nullptr, *pack = nullptr, *unpack = nullptr, *remote = nullptr;
@@ -510,8 +510,9 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   NCCLEXT_ARG(buildExecTables(p, rp, sched, &plan->tables, &why, so.zeroCopy), "ncclM2nPlanCreate: %s",
               why.c_str());
   plan->copySegs = copySegments(plan->tables.copies, kCopySegmentElements);
-  plan->copyTiles = std::any_of(plan->copySegs.begin(), plan->copySegs.end(),
-                                [](const MoveSegment& g) { return g.where == kTileSegment; });
+  plan->copyPlain = std::stable_partition(plan->copySegs.begin(), plan->copySegs.end(),
+                                           [](const MoveSegment& g) { return g.where != kTileSegment; }) -
+                    plan->copySegs.begin();
   plan->nTensors = (int)p.tensors.size();
   for (const TensorPair& tp : p.tensors) plan->names.push_back(tp.name);
   holdings(p, rank, &plan->needSrc, &plan->needDst, &plan->srcBytes, &plan->dstBytes);
@@ -601,8 +602,8 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
                                reinterpret_cast<const char* const*>(plan->src), plan->scratch, stream));
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
   char* const* d = reinterpret_cast<char* const*>(plan->dst);
-  NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, (int64_t)plan->copySegs.size(), plan->copyTiles, s, d,
-                             stream));
+  NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, plan->copyPlain,
+                             (int64_t)plan->copySegs.size() - plan->copyPlain, s, d, stream));
   if (x.direct.empty() && x.rounds.empty() && !x.finalBarrier) return ncclSuccess;  // local copies only
   // Whatever happens below, what was enqueued by ncclSend / ncclRecv is watched (a capture is not: its replays run
   // later, unwatched). The LSA barriers bound their own waits.
