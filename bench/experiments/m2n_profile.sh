@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Nsight Compute on nccl_m2n's local copy kernels (tileKernel for `transpose`, copyKernel for `copy`), one launch
-# each of the 1-rank cases of docs/PERFORMANCE.md ([16384, 8192] bf16, 256 MiB: contiguous `copy` and transposing
-# `transpose`), to find what bounds them below the copy engine (targets 90% and 60%): speed of light, occupancy, launch statistics, warp
-# states and the memory workload. Prints ncu's report per case; the reports stay in /tmp/m2n-<case>.ncu-rep.
-# Run from the repository root on a GPU machine with a built tree (BUILDDIR, default build) and ncu on the PATH.
+# Nsight Compute on nccl_m2n's local copy kernels (tileKernel for `transpose`, copyKernel for `copy`), one launch each
+# of the 1-rank cases of docs/PERFORMANCE.md ([16384, 8192] bf16, 256 MiB: contiguous `copy` and transposing
+# `transpose`), to find what bounds them below the copy engine (targets 90% and 60%): speed of light, occupancy, launch
+# statistics, warp states and the memory workload. Prints ncu's report per case; the reports stay in
+# /tmp/m2n-<case>.ncu-rep. Run from the repository root on a GPU machine with a built tree (BUILDDIR, default build) and
+# ncu on the PATH.
 set -u
 export NCCL_NVLS_ENABLE=0
 BUILDDIR=${BUILDDIR:-build}
