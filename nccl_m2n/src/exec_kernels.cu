@@ -317,7 +317,8 @@ ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stre
 }
 
 ncclResult_t loadExecKernels() {
-  return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel, tileKernel, stagedMoveKernel<kMovePack>,
+  return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel, tileKernel,
+                              stagedMoveKernel<kMovePack>,
                               stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel,
                               paramCopyKernel<Published>, remoteKernel);
 }
