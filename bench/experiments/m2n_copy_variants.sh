@@ -6,7 +6,8 @@
 #   v0     the tree as it is (no register cap on either kernel);
 #   p2     kPlainMinCtas = 2: the plain kernel (the contiguous case) capped for two CTAs an SM;
 #   p3     kPlainMinCtas = 3;
-#   seg4   kCopySegmentElements = 1 << 18: a CTA's segment four times as long (fewer, longer segments);
+#   seg4   kCopySegmentElements = 1 << 18: every copy's segments four times as long (session 13: faster at 256 MiB,
+#          twice as slow at 1 and 16 MiB, hence long segments for long copies only, kLongCopyElements in move.h);
 #   grid   kMaxCtas = 528: at most 4 CTAs an SM of an H200 at once, not 1024 CTAs in waves.
 # Each variant's two kernels' registers, stack and spills (cuobjdump) are printed beside its times.
 # Measured and gone (docs/PERFORMANCE.md): __launch_bounds__(512, 2) on the one kernel both paths shared (slower in

@@ -52,13 +52,16 @@ void coalesce(MoveDesc* d) {
   *d = out;
 }
 
-std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements) {
+std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements, int64_t longFrom,
+                                      int64_t longMaxElements) {
   std::vector<MoveSegment> out;
   for (size_t i = 0; i < copies.size(); i++) {
     const int b = tileDimOf(copies[i]);
+    const int64_t elements = product(copies[i].extent, copies[i].ndims);
+    const int64_t most = elements >= longFrom && longMaxElements > 0 ? longMaxElements : maxElements;
     // Tiled: segments of whole tiles, about as many elements each.
-    const int64_t n = b >= 0 ? tileCountOf(copies[i], b) : product(copies[i].extent, copies[i].ndims);
-    const int64_t per = b >= 0 ? std::max<int64_t>(1, maxElements / (kTileEdge * kTileEdge)) : maxElements;
+    const int64_t n = b >= 0 ? tileCountOf(copies[i], b) : elements;
+    const int64_t per = b >= 0 ? std::max<int64_t>(1, most / (kTileEdge * kTileEdge)) : most;
     for (int64_t first = 0; first < n; first += per)
       out.push_back({(uint32_t)i, b >= 0 ? kTileSegment : kStageLocal, first, std::min(per, n - first), 0});
   }

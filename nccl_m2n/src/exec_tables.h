@@ -79,9 +79,11 @@ MoveDesc moveDescOf(const Problem& problem, const Transfer& t);
 // Fewest dims for the same elements in the same row-major order: drops extent-1 dims and merges a dim into the
 // one before it where both sides continue it contiguously (a dense box becomes one dim: one run of bytes).
 void coalesce(MoveDesc* d);
-// The local copies cut into segments of at most maxElements (the copy kernel's unit of work, one CTA each);
-// a transposing box (move.h, tileDimOf) into segments of whole tiles, at most maxElements / kTileEdge^2 (at least 1).
-std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements);
+// The local copies cut into segments of at most maxElements (the copy kernels' unit of work, one CTA each), a copy
+// of at least longFrom elements into segments of at most longMaxElements; a transposing box (move.h, tileDimOf)
+// into segments of whole tiles, at most that many elements / kTileEdge^2 (at least 1).
+std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements,
+                                      int64_t longFrom = INT64_MAX, int64_t longMaxElements = 0);
 
 // Flattens `plan` (this rank's lists) and its schedule (built with the same problem and, for zero-copy, the same
 // ScheduleOptions::zeroCopy). LSA streams get segments staged in the windows and no P2P operation, their barriers

@@ -18,7 +18,9 @@ namespace ncclm2n {
 
 constexpr int kMoveMaxDims = 8;
 constexpr int kMoveThreads = 512;                 // threads of a move kernel's CTA (and of the emulator's teams)
-constexpr int64_t kCopySegmentElements = 1 << 16;  // a local copy is cut into segments of this many elements
+constexpr int64_t kCopySegmentElements = 1 << 16;  // a local copy is cut into segments of this many elements,
+constexpr int64_t kLongCopyElements = 1 << 26;      // one of at least this many elements into segments of
+constexpr int64_t kLongCopySegmentElements = 1 << 18;  // this many (docs/PERFORMANCE.md: measured at both sizes)
 
 // A conversion in flight: done where the source is read (local copy, pack), so that the wire and the staging carry
 // destination-typed elements.

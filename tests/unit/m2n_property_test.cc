@@ -666,6 +666,31 @@ TEST(ExecTables, TransposingCopiesAreTiledAndMoveEveryElementOnce) {
   }
 }
 
+// Segment sizes: a copy of at least longFrom elements gets the long segments, a smaller one the short ones, plain
+// and tiled alike; the segments cover each copy once, in order.
+TEST(ExecTables, LongCopiesGetLongSegments) {
+  const MoveDesc small = box({64, 1024}, {1024, 1}, {1024, 1});          // 65,536 elements: plain
+  const MoveDesc large = box({256, 1024}, {1024, 1}, {1024, 1});         // 262,144
+  const MoveDesc tiled = box({256, 1024}, {1024, 1}, {1, 256});          // transposing, 64 tiles
+  MoveDesc flat[3] = {small, large, tiled};
+  for (MoveDesc& d : flat) coalesce(&d);
+  const std::vector<MoveDesc> copies(flat, flat + 3);
+  const int64_t tile = kTileEdge * kTileEdge;
+  const std::vector<MoveSegment> segs = copySegments(copies, 4 * tile, 200000, 16 * tile);
+  std::vector<int64_t> count(3, 0), most(3, 0), next(3, 0);
+  for (const MoveSegment& g : segs) {
+    ASSERT_EQ(g.firstElement, next[g.desc]) << g.desc;
+    next[g.desc] += g.elements;
+    count[g.desc]++;
+    most[g.desc] = std::max(most[g.desc], g.elements);
+  }
+  EXPECT_EQ(count, std::vector<int64_t>({4, 4, 4}));  // 65,536 / 16,384; 262,144 / 65,536; 64 tiles / 16
+  EXPECT_EQ(most, std::vector<int64_t>({4 * tile, 16 * tile, 16}));
+  EXPECT_EQ(next, std::vector<int64_t>({65536, 262144, 64}));
+  // Without longFrom every copy gets the short ones.
+  EXPECT_EQ(copySegments(copies, 4 * tile).size(), 4u + 16u + 16u);
+}
+
 // The copy kernel walks a tile segment with a TileCursor (offsets stepped along a row of tiles): at every tile it
 // must agree with tileSpanOf + moveOffsets, the emulator's reference, from any first tile (a segment starts
 // anywhere), over partial tiles at both edges and dims on either side of the tile plane.
