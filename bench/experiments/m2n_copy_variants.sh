@@ -11,10 +11,10 @@
 #   grid   kMaxCtas = 528: at most 4 CTAs an SM of an H200 at once, not 1024 CTAs in waves.
 # Each variant's two kernels' registers, stack and spills (cuobjdump) are printed beside its times.
 # Measured and gone (docs/PERFORMANCE.md): __launch_bounds__(512, 2) on the one kernel both paths shared (slower in
-# both cases, session 12), a packed 2-byte tile (session 12), and session 13's TileRound refactor of the whole-tile
-# rounds (348 us transposed against 237 us: its lambdas left a 368-byte stack frame), with its pipelined rounds
-# (405 us), eight loads in flight in the contiguous copy (203 us against 167 us) and evict-first loads and stores
-# (162 us).
+# both cases, session 12), a packed 2-byte tile (session 12), and session 12's TileRound refactor of the whole-tile
+# rounds (348 us transposed in session 13 against 237 us before it, with a 368-byte stack frame), with its
+# pipelined rounds (405 us), eight loads in flight in the contiguous copy (203 us against 167 us) and evict-first
+# loads and stores (162 us).
 # Run from the repository root on a GPU machine (one GPU is enough). Prints the 256 MiB rows of each variant.
 set -u
 export NCCL_NVLS_ENABLE=0

@@ -68,6 +68,10 @@ std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64
   return out;
 }
 
+std::vector<MoveSegment> executorCopySegments(const std::vector<MoveDesc>& copies) {
+  return copySegments(copies, kCopySegmentElements, kLongCopyElements, kLongCopySegmentElements);
+}
+
 bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule& s, ExecTables* out,
                      std::string* error, int zeroCopy) {
   ExecTables x;

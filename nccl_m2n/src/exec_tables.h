@@ -84,6 +84,9 @@ void coalesce(MoveDesc* d);
 // into segments of whole tiles, at most that many elements / kTileEdge^2 (at least 1).
 std::vector<MoveSegment> copySegments(const std::vector<MoveDesc>& copies, int64_t maxElements,
                                       int64_t longFrom = INT64_MAX, int64_t longMaxElements = 0);
+// The executor's: segments of kCopySegmentElements, kLongCopySegmentElements for copies of at least
+// kLongCopyElements (move.h).
+std::vector<MoveSegment> executorCopySegments(const std::vector<MoveDesc>& copies);
 
 // Flattens `plan` (this rank's lists) and its schedule (built with the same problem and, for zero-copy, the same
 // ScheduleOptions::zeroCopy). LSA streams get segments staged in the windows and no P2P operation, their barriers

@@ -509,8 +509,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   }
   NCCLEXT_ARG(buildExecTables(p, rp, sched, &plan->tables, &why, so.zeroCopy), "ncclM2nPlanCreate: %s",
               why.c_str());
-  plan->copySegs =
-      copySegments(plan->tables.copies, kCopySegmentElements, kLongCopyElements, kLongCopySegmentElements);
+  plan->copySegs = executorCopySegments(plan->tables.copies);
   plan->copyPlain = std::stable_partition(plan->copySegs.begin(), plan->copySegs.end(),
                                            [](const MoveSegment& g) { return g.where != kTileSegment; }) -
                     plan->copySegs.begin();

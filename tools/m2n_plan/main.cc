@@ -160,11 +160,7 @@ int main(int argc, char** argv) {
     const double schedSecs = std::chrono::duration<double>(Clock::now() - s0).count();
     auto t0 = Clock::now();
     scheduled = scheduled && ncclm2n::buildExecTables(problem, mine, sched, &tables, &why);
-    const size_t copySegs = scheduled ? ncclm2n::copySegments(tables.copies, ncclm2n::kCopySegmentElements,
-                                                              ncclm2n::kLongCopyElements,
-                                                              ncclm2n::kLongCopySegmentElements)
-                                            .size()
-                                      : 0;
+    const size_t copySegs = scheduled ? ncclm2n::executorCopySegments(tables.copies).size() : 0;
     const double tableSecs = std::chrono::duration<double>(Clock::now() - t0).count();
     int64_t chunks = 0;
     for (const auto* list : {&sched.sends, &sched.recvs})
