@@ -7,6 +7,9 @@
 // issue's co-located case, [32768, 16384]; --large adds 4 GiB, --max-mib caps them). Layout pairs:
 //   1 rank:   copy      Replicate -> Replicate (one contiguous local copy)
 //             transpose Replicate -> Replicate into a column-major destination (a strided local copy)
+//             to_fp8    Replicate bf16 -> Replicate fp8 e4m3 with one fp32 scale per 128 columns of a row (the
+//                       quantiser, then the local copy of its bytes; checked byte for byte, scales too, against
+//                       common/numeric.h's fp8QuantizeRow; baseline: the copy engine moving the bf16 source's bytes)
 //   N ranks:  s0_s1     Shard(0) -> Shard(1) over every rank (co-located)
 //             s0_rep    Shard(0) -> Replicate over every rank
 //             rep_s0    Replicate -> Shard(0) (every piece local)
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "bench/timing.cuh"
+#include "common/numeric.h"
 #include "nccl_m2n.h"
 #include "tests/harness/launcher.h"
 
@@ -148,6 +152,32 @@ __global__ void checkKernel(const uint16_t* p, Local l, uint32_t seed, unsigned 
 using ncclext::bench::median;
 using ncclext::bench::timeCalls;
 
+// The fp8 case's check: one thread per 128-column block of a row quantises the bf16 source's block with numeric.h's
+// reference (the definition the library promises) and counts every byte and scale that differs.
+__global__ void checkFp8Kernel(const uint16_t* src, const uint8_t* q, const float* scales, int64_t rows, int64_t cols,
+                               unsigned long long* wrong) {
+  const int64_t blocks = cols / ncclext::kFp8BlockElems;
+  for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < rows * blocks;
+       b += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = b / blocks, c0 = (b % blocks) * ncclext::kFp8BlockElems;
+    float x[ncclext::kFp8BlockElems], s = 0;
+    uint8_t want[ncclext::kFp8BlockElems];
+    for (int i = 0; i < ncclext::kFp8BlockElems; i++) x[i] = ncclext::bf16ToFloat(src[r * cols + c0 + i]);
+    ncclext::fp8QuantizeRow(x, ncclext::kFp8BlockElems, false, want, &s);
+    unsigned long long bad = ncclext::floatBits(scales[b]) != ncclext::floatBits(s);
+    for (int i = 0; i < ncclext::kFp8BlockElems; i++) bad += q[r * cols + c0 + i] != want[i];
+    if (bad) atomicAdd(wrong, bad);
+  }
+}
+
+// Bytes as a bf16 bit pattern of a value in [-8, 8) (no NaN, no infinity: a quantiser's input), from valueAt.
+__global__ void fillBf16Kernel(uint16_t* p, int64_t rows, int64_t cols, uint32_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * cols; i += (int64_t)gridDim.x * blockDim.x) {
+    const float v = ((int)(valueAt(i / cols, i % cols, seed) & 0x3fff) - 8192) / 1024.0f;
+    p[i] = (uint16_t)(ncclext::floatBits(v) >> 16);
+  }
+}
+
 // Bytes this rank's plan sends to / receives from each peer, and its local bytes (the host planner's lists).
 bool peerBytes(const ncclM2nTensorSpec_t& spec, int rank, int nRanks, std::vector<int64_t>* send,
                std::vector<int64_t>* recv, int64_t* local) {
@@ -184,6 +214,93 @@ bool peerBytes(const ncclM2nTensorSpec_t& spec, int rank, int nRanks, std::vecto
     }                                                  \
   } while (0)
 
+// The 1-rank fp8 case (see the header) for one shape: plan, check, time, print and write its JSON line. False when a
+// call failed; *wrong: the wrong bytes and scales.
+bool fp8Case(ncclext::harness::RankContext& ctx, int64_t rows, int64_t cols, int iters, const char* gpu, FILE* js,
+             unsigned long long* wrongDev, uint64_t* wrong) {
+  int64_t shape[2] = {rows, cols};
+  int dims[1] = {1}, ranks[1] = {0}, placement[1] = {NCCL_M2N_REPLICATE};
+  ncclM2nMesh_t mesh = NCCL_M2N_MESH_INITIALIZER;
+  mesh.ndims = 1;
+  mesh.dims = dims;
+  mesh.ranks = ranks;
+  ncclM2nLayout_t src = NCCL_M2N_LAYOUT_INITIALIZER;
+  src.ndims = 2;
+  src.globalShape = shape;
+  src.dtype = ncclBfloat16;
+  src.mesh = &mesh;
+  src.placements = placement;
+  ncclM2nLayout_t dst = src;
+  dst.dtype = ncclFloat8e4m3;
+  const ncclM2nTensorSpec_t specs[2] = {{"to_fp8", &src, &dst}, {"to_fp8.scales", nullptr, nullptr}};
+  ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
+  cfg.timeoutSeconds = 120;
+  cfg.fp8BlockRows = 1;
+  ncclM2nPlan_t plan = nullptr;
+  if (ncclM2nPlanCreate(&plan, ctx.comm, 2, specs, &cfg) != ncclSuccess) {
+    fprintf(stderr, "to_fp8: ncclM2nPlanCreate: %s\n", ncclM2nGetLastError());
+    return false;
+  }
+  const int64_t n = rows * cols, nScales = n / ncclext::kFp8BlockElems;
+  void *x = nullptr, *q = nullptr, *sc = nullptr, *bs = nullptr, *br = nullptr;
+  bool ok = cudaMallocAsync(&x, n * 2, ctx.stream) == cudaSuccess &&
+            cudaMallocAsync(&q, n, ctx.stream) == cudaSuccess &&
+            cudaMallocAsync(&sc, nScales * 4, ctx.stream) == cudaSuccess &&
+            cudaMallocAsync(&bs, n * 2, ctx.stream) == cudaSuccess &&
+            cudaMallocAsync(&br, n * 2, ctx.stream) == cudaSuccess;
+  unsigned long long bad = ~0ull;
+  if (ok) {
+    fillBf16Kernel<<<1024, 256, 0, ctx.stream>>>(static_cast<uint16_t*>(x), rows, cols, 0x5eedf8u + (uint32_t)rows);
+    ok = cudaMemsetAsync(q, 0xff, n, ctx.stream) == cudaSuccess &&
+         cudaMemsetAsync(sc, 0xff, nScales * 4, ctx.stream) == cudaSuccess &&
+         cudaMemsetAsync(wrongDev, 0, sizeof(*wrongDev), ctx.stream) == cudaSuccess;
+  }
+  const void* sp[2] = {x, nullptr};
+  void* dp[2] = {q, sc};
+  auto exec = [&] { return ncclM2nExecute(plan, sp, dp, ctx.stream) == ncclSuccess; };
+  ok = ok && exec();
+  if (ok) {
+    checkFp8Kernel<<<1024, 128, 0, ctx.stream>>>(static_cast<const uint16_t*>(x), static_cast<const uint8_t*>(q),
+                                                 static_cast<const float*>(sc), rows, cols, wrongDev);
+    ok = cudaMemcpyAsync(&bad, wrongDev, sizeof(bad), cudaMemcpyDeviceToHost, ctx.stream) == cudaSuccess &&
+         cudaStreamSynchronize(ctx.stream) == cudaSuccess && ncclM2nPlanGetAsyncError(plan) == ncclSuccess;
+  }
+  if (!ok) fprintf(stderr, "to_fp8 %lldx%lld: %s / %s\n", (long long)rows, (long long)cols, ncclM2nGetLastError(),
+                   cudaGetErrorString(cudaGetLastError()));
+  bool failed = !ok;
+  double us = 0, baseUs = 0;
+  if (ok) {
+    us = timeCalls(ctx.stream, 2, iters, exec, &failed);
+    baseUs = timeCalls(ctx.stream, 2, iters, [&] {
+      return cudaMemcpyAsync(br, bs, n * 2, cudaMemcpyDeviceToDevice, ctx.stream) == cudaSuccess;
+    }, &failed);
+  }
+  *wrong += ok ? bad : 0;
+  const int64_t dstBytes = n + nScales * 4;
+  char shp[32];
+  snprintf(shp, sizeof(shp), "%lldx%lld", (long long)rows, (long long)cols);
+  const char* mode = ncclext::harness::oneGpuName(ctx.mode);
+  printf("%-6d %-8s %-10s %12s %12.1f %12.1f %10.1f %12.1f %10.1f %8.3f%s\n", 1, mode, "to_fp8", shp,
+         n * 2 / 1048576.0, us, us > 0 ? dstBytes / us * 1e-3 : 0, baseUs, baseUs > 0 ? n * 2 / baseUs * 1e-3 : 0,
+         baseUs > 0 ? us / baseUs : 0, ok && bad ? "  WRONG" : "");
+  if (js)
+    fprintf(js,
+            "{\"bench\": \"m2n\", \"gpu\": \"%s\", \"nranks\": 1, \"mode\": \"%s\", \"lsa\": false, \"zero_copy\": "
+            "\"off\", \"case\": \"to_fp8\", \"rows\": %lld, \"cols\": %lld, \"dtype\": \"bf16->fp8e4m3\", "
+            "\"fp8_block_rows\": 1, \"tensor_bytes\": %lld, \"dst_bytes_rank0\": %lld, \"iters\": %d, "
+            "\"execute_us\": %.2f, \"gbps_per_dst\": %.2f, \"baseline\": \"copy_engine_bf16_source_bytes\", "
+            "\"baseline_bytes\": %lld, \"baseline_us\": %.2f, \"baseline_gbps\": %.2f, \"ratio\": %.4f, "
+            "\"wrong_elements\": %llu, \"pass\": %s}\n",
+            gpu, mode, (long long)rows, (long long)cols, (long long)(n * 2), (long long)dstBytes, iters, us,
+            us > 0 ? dstBytes / us * 1e-3 : 0, (long long)(n * 2), baseUs, baseUs > 0 ? n * 2 / baseUs * 1e-3 : 0,
+            baseUs > 0 ? us / baseUs : 0, ok ? bad : 0ull, ok && !failed && bad == 0 ? "true" : "false");
+  cudaStreamSynchronize(ctx.stream);
+  ncclM2nPlanDestroy(plan);
+  for (void* p : {x, q, sc, bs, br})
+    if (p) cudaFreeAsync(p, ctx.stream);
+  return ok && !failed;
+}
+
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
   const int n = ctx.nRanks;
   const bool virt = ctx.mode == ncclext::harness::OneGpu::kVirtual;
@@ -200,7 +317,8 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     cases.push_back({"rep_s0", {all, NCCL_M2N_REPLICATE, false}, {all, 0, false}});
     if (n >= 4) cases.push_back({"tp4_tp2", {all, 1, false}, {half, 1, false}});
   }
-  if (!o.only.empty() &&
+  const bool fp8 = n == 1 && (o.only.empty() || o.only == "to_fp8");
+  if (!o.only.empty() && !fp8 &&
       std::none_of(cases.begin(), cases.end(), [&](const Case& k) { return o.only == k.name; })) {
     if (ctx.rank == 0) fprintf(stderr, "m2n_bench: no case '%s' at %d rank(s)\n", o.only.c_str(), n);
     return 1;
@@ -353,6 +471,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
         ncclMemFree(regBuf);
       }
     }
+    if (fp8) failed |= !fp8Case(ctx, rows, cols, iters, prop.name, js, wrong, &wrongAll);
   }
   cudaFreeAsync(wrong, ctx.stream);
   cudaStreamSynchronize(ctx.stream);
