@@ -10,6 +10,9 @@
 //             to_fp8    Replicate bf16 -> Replicate fp8 e4m3 with one fp32 scale per 128 columns of a row (the
 //                       quantiser, then the local copy of its bytes; checked byte for byte, scales too, against
 //                       common/numeric.h's fp8QuantizeRow; baseline: the copy engine moving the bf16 source's bytes)
+//             to_fp8_tiles  the same with one scale per 128 x 128 block (DeepSeek-V3's weight blocks; checked
+//                       against the same definition over the block: its largest magnitude / 448, numeric.h's
+//                       rounding)
 //   N ranks:  s0_s1     Shard(0) -> Shard(1) over every rank (co-located)
 //             s0_rep    Shard(0) -> Replicate over every rank
 //             rep_s0    Replicate -> Shard(0) (every piece local)
@@ -152,8 +155,9 @@ __global__ void checkKernel(const uint16_t* p, Local l, uint32_t seed, unsigned 
 using ncclext::bench::median;
 using ncclext::bench::timeCalls;
 
-// The fp8 case's check: one thread per 128-column block of a row quantises the bf16 source's block with numeric.h's
-// reference (the definition the library promises) and counts every byte and scale that differs.
+// The fp8 cases' checks. 1 x 128 blocks: one thread per 128-column block of a row quantises the bf16 source's
+// block with numeric.h's reference (the definition the library promises) and counts every byte and scale that
+// differs.
 __global__ void checkFp8Kernel(const uint16_t* src, const uint8_t* q, const float* scales, int64_t rows, int64_t cols,
                                unsigned long long* wrong) {
   const int64_t blocks = cols / ncclext::kFp8BlockElems;
@@ -166,6 +170,29 @@ __global__ void checkFp8Kernel(const uint16_t* src, const uint8_t* q, const floa
     ncclext::fp8QuantizeRow(x, ncclext::kFp8BlockElems, false, want, &s);
     unsigned long long bad = ncclext::floatBits(scales[b]) != ncclext::floatBits(s);
     for (int i = 0; i < ncclext::kFp8BlockElems; i++) bad += q[r * cols + c0 + i] != want[i];
+    if (bad) atomicAdd(wrong, bad);
+  }
+}
+
+// 128 x 128 blocks: one thread per block, its scale from the block's largest magnitude (numeric.h's
+// fp8BlockScale) and every value divided by it and rounded with floatToE4m3, as fp8QuantizeRow does for a row.
+__global__ void checkFp8TilesKernel(const uint16_t* src, const uint8_t* q, const float* scales, int64_t rows,
+                                    int64_t cols, unsigned long long* wrong) {
+  constexpr int64_t E = ncclext::kFp8BlockElems;
+  const int64_t perRow = cols / E, blocks = rows / E * perRow;
+  for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < blocks; b += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r0 = b / perRow * E, c0 = b % perRow * E;
+    float amax = 0.0f;
+    for (int64_t r = r0; r < r0 + E; r++)
+      for (int64_t c = c0; c < c0 + E; c++) {
+        const float x = ncclext::bf16ToFloat(src[r * cols + c]), a = x < 0 ? -x : x;
+        amax = a > amax ? a : amax;
+      }
+    const float s = ncclext::fp8BlockScale(amax, false);
+    unsigned long long bad = ncclext::floatBits(scales[b]) != ncclext::floatBits(s);
+    for (int64_t r = r0; r < r0 + E; r++)
+      for (int64_t c = c0; c < c0 + E; c++)
+        bad += q[r * cols + c] != ncclext::floatToE4m3(ncclext::bf16ToFloat(src[r * cols + c]) / s);
     if (bad) atomicAdd(wrong, bad);
   }
 }
@@ -214,10 +241,11 @@ bool peerBytes(const ncclM2nTensorSpec_t& spec, int rank, int nRanks, std::vecto
     }                                                  \
   } while (0)
 
-// The 1-rank fp8 case (see the header) for one shape: plan, check, time, print and write its JSON line. False when a
-// call failed; *wrong: the wrong bytes and scales.
-bool fp8Case(ncclext::harness::RankContext& ctx, int64_t rows, int64_t cols, int iters, const char* gpu, FILE* js,
-             unsigned long long* wrongDev, uint64_t* wrong) {
+// A 1-rank fp8 case (see the header) for one shape, blocks of blockRows x 128 (1 or 128): plan, check, time, print
+// and write its JSON line. False when a call failed; *wrong: the wrong bytes and scales.
+bool fp8Case(ncclext::harness::RankContext& ctx, int64_t rows, int64_t cols, int blockRows, int iters, const char* gpu,
+             FILE* js, unsigned long long* wrongDev, uint64_t* wrong) {
+  const char* name = blockRows == 1 ? "to_fp8" : "to_fp8_tiles";
   int64_t shape[2] = {rows, cols};
   int dims[1] = {1}, ranks[1] = {0}, placement[1] = {NCCL_M2N_REPLICATE};
   ncclM2nMesh_t mesh = NCCL_M2N_MESH_INITIALIZER;
@@ -232,16 +260,16 @@ bool fp8Case(ncclext::harness::RankContext& ctx, int64_t rows, int64_t cols, int
   src.placements = placement;
   ncclM2nLayout_t dst = src;
   dst.dtype = ncclFloat8e4m3;
-  const ncclM2nTensorSpec_t specs[2] = {{"to_fp8", &src, &dst}, {"to_fp8.scales", nullptr, nullptr}};
+  const ncclM2nTensorSpec_t specs[2] = {{name, &src, &dst}, {"scales", nullptr, nullptr}};
   ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
   cfg.timeoutSeconds = 120;
-  cfg.fp8BlockRows = 1;
+  cfg.fp8BlockRows = blockRows;
   ncclM2nPlan_t plan = nullptr;
   if (ncclM2nPlanCreate(&plan, ctx.comm, 2, specs, &cfg) != ncclSuccess) {
-    fprintf(stderr, "to_fp8: ncclM2nPlanCreate: %s\n", ncclM2nGetLastError());
+    fprintf(stderr, "%s: ncclM2nPlanCreate: %s\n", name, ncclM2nGetLastError());
     return false;
   }
-  const int64_t n = rows * cols, nScales = n / ncclext::kFp8BlockElems;
+  const int64_t n = rows * cols, nScales = n / ncclext::kFp8BlockElems / blockRows;
   void *x = nullptr, *q = nullptr, *sc = nullptr, *bs = nullptr, *br = nullptr;
   bool ok = cudaMallocAsync(&x, n * 2, ctx.stream) == cudaSuccess &&
             cudaMallocAsync(&q, n, ctx.stream) == cudaSuccess &&
@@ -260,12 +288,17 @@ bool fp8Case(ncclext::harness::RankContext& ctx, int64_t rows, int64_t cols, int
   auto exec = [&] { return ncclM2nExecute(plan, sp, dp, ctx.stream) == ncclSuccess; };
   ok = ok && exec();
   if (ok) {
-    checkFp8Kernel<<<1024, 128, 0, ctx.stream>>>(static_cast<const uint16_t*>(x), static_cast<const uint8_t*>(q),
-                                                 static_cast<const float*>(sc), rows, cols, wrongDev);
+    if (blockRows == 1)
+      checkFp8Kernel<<<1024, 128, 0, ctx.stream>>>(static_cast<const uint16_t*>(x), static_cast<const uint8_t*>(q),
+                                                   static_cast<const float*>(sc), rows, cols, wrongDev);
+    else
+      checkFp8TilesKernel<<<256, 64, 0, ctx.stream>>>(static_cast<const uint16_t*>(x),
+                                                      static_cast<const uint8_t*>(q), static_cast<const float*>(sc),
+                                                      rows, cols, wrongDev);
     ok = cudaMemcpyAsync(&bad, wrongDev, sizeof(bad), cudaMemcpyDeviceToHost, ctx.stream) == cudaSuccess &&
          cudaStreamSynchronize(ctx.stream) == cudaSuccess && ncclM2nPlanGetAsyncError(plan) == ncclSuccess;
   }
-  if (!ok) fprintf(stderr, "to_fp8 %lldx%lld: %s / %s\n", (long long)rows, (long long)cols, ncclM2nGetLastError(),
+  if (!ok) fprintf(stderr, "%s %lldx%lld: %s / %s\n", name, (long long)rows, (long long)cols, ncclM2nGetLastError(),
                    cudaGetErrorString(cudaGetLastError()));
   bool failed = !ok;
   double us = 0, baseUs = 0;
@@ -280,18 +313,19 @@ bool fp8Case(ncclext::harness::RankContext& ctx, int64_t rows, int64_t cols, int
   char shp[32];
   snprintf(shp, sizeof(shp), "%lldx%lld", (long long)rows, (long long)cols);
   const char* mode = ncclext::harness::oneGpuName(ctx.mode);
-  printf("%-6d %-8s %-10s %12s %12.1f %12.1f %10.1f %12.1f %10.1f %8.3f%s\n", 1, mode, "to_fp8", shp,
+  printf("%-6d %-8s %-10s %12s %12.1f %12.1f %10.1f %12.1f %10.1f %8.3f%s\n", 1, mode, name, shp,
          n * 2 / 1048576.0, us, us > 0 ? dstBytes / us * 1e-3 : 0, baseUs, baseUs > 0 ? n * 2 / baseUs * 1e-3 : 0,
          baseUs > 0 ? us / baseUs : 0, ok && bad ? "  WRONG" : "");
   if (js)
     fprintf(js,
             "{\"bench\": \"m2n\", \"gpu\": \"%s\", \"nranks\": 1, \"mode\": \"%s\", \"lsa\": false, \"zero_copy\": "
-            "\"off\", \"case\": \"to_fp8\", \"rows\": %lld, \"cols\": %lld, \"dtype\": \"bf16->fp8e4m3\", "
-            "\"fp8_block_rows\": 1, \"tensor_bytes\": %lld, \"dst_bytes_rank0\": %lld, \"iters\": %d, "
+            "\"off\", \"case\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"dtype\": \"bf16->fp8e4m3\", "
+            "\"fp8_block_rows\": %d, \"tensor_bytes\": %lld, \"dst_bytes_rank0\": %lld, \"iters\": %d, "
             "\"execute_us\": %.2f, \"gbps_per_dst\": %.2f, \"baseline\": \"copy_engine_bf16_source_bytes\", "
             "\"baseline_bytes\": %lld, \"baseline_us\": %.2f, \"baseline_gbps\": %.2f, \"ratio\": %.4f, "
             "\"wrong_elements\": %llu, \"pass\": %s}\n",
-            gpu, mode, (long long)rows, (long long)cols, (long long)(n * 2), (long long)dstBytes, iters, us,
+            gpu, mode, name, (long long)rows, (long long)cols, blockRows, (long long)(n * 2), (long long)dstBytes,
+            iters, us,
             us > 0 ? dstBytes / us * 1e-3 : 0, (long long)(n * 2), baseUs, baseUs > 0 ? n * 2 / baseUs * 1e-3 : 0,
             baseUs > 0 ? us / baseUs : 0, ok ? bad : 0ull, ok && !failed && bad == 0 ? "true" : "false");
   cudaStreamSynchronize(ctx.stream);
@@ -318,7 +352,8 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     if (n >= 4) cases.push_back({"tp4_tp2", {all, 1, false}, {half, 1, false}});
   }
   const bool fp8 = n == 1 && (o.only.empty() || o.only == "to_fp8");
-  if (!o.only.empty() && !fp8 &&
+  const bool fp8Tiles = n == 1 && (o.only.empty() || o.only == "to_fp8_tiles");
+  if (!o.only.empty() && !fp8 && !fp8Tiles &&
       std::none_of(cases.begin(), cases.end(), [&](const Case& k) { return o.only == k.name; })) {
     if (ctx.rank == 0) fprintf(stderr, "m2n_bench: no case '%s' at %d rank(s)\n", o.only.c_str(), n);
     return 1;
@@ -471,7 +506,8 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
         ncclMemFree(regBuf);
       }
     }
-    if (fp8) failed |= !fp8Case(ctx, rows, cols, iters, prop.name, js, wrong, &wrongAll);
+    if (fp8) failed |= !fp8Case(ctx, rows, cols, 1, iters, prop.name, js, wrong, &wrongAll);
+    if (fp8Tiles) failed |= !fp8Case(ctx, rows, cols, ncclext::kFp8BlockElems, iters, prop.name, js, wrong, &wrongAll);
   }
   cudaFreeAsync(wrong, ctx.stream);
   cudaStreamSynchronize(ctx.stream);

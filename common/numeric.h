@@ -84,6 +84,22 @@ NCCLEXT_HD uint8_t floatToE4m3(float f) {
   return (uint8_t)(sign | q);
 }
 
+// Two floats to e4m3 at once, lo in the low byte, each as floatToE4m3 converts it. Device code on sm_89 and later
+// uses the hardware conversion (cvt.rn.satfinite.e4m3x2.f32: nearest even, saturating to +-448), with a NaN given
+// floatToE4m3's answer (0x7f, its sign kept) whatever the hardware's; tests/gpu/m2n_exec_test.cu checks that the
+// two agree on every fp32 in both halves.
+NCCLEXT_HD uint16_t floatsToE4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  if (lo != lo) r = (uint16_t)((r & 0xff00u) | ((floatBits(lo) >> 24) & 0x80u) | 0x7fu);
+  if (hi != hi) r = (uint16_t)((r & 0x00ffu) | ((floatBits(hi) >> 16) & 0x8000u) | 0x7f00u);
+  return r;
+#else
+  return (uint16_t)(floatToE4m3(lo) | (uint16_t)floatToE4m3(hi) << 8);
+#endif
+}
+
 // The scale of a block whose largest magnitude is `amax` (see the header comment).
 NCCLEXT_HD float fp8BlockScale(float amax, bool pow2) {
   const float s = (amax > kFp8MinAmax ? amax : kFp8MinAmax) / kFp8E4m3Max;

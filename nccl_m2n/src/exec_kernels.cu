@@ -229,12 +229,14 @@ __global__ void domainBarrierKernel(DomainBarrier d) {
   (void)ncclext::dev::lsaBarrierSync(cta, b, 0);
 }
 
-// Grid rows are descriptors; each row's CTAs take that descriptor's blocks, grid-stride, one CTA of
-// kFp8BlockElems threads a block: thread c the block's column c (coalesced across the threads), the magnitudes
-// reduced in shared memory with quantAmaxOf (the same maximum in any order), then each column quantised.
-__global__ void quantizeKernel(const QuantDesc* descs, const char* const* src, char* scratch) {
+// Blocks of blockRows > 1 rows (kFp8BlockElems x kFp8BlockElems and the like). Grid rows are descriptors; each
+// row's CTAs take that descriptor's blocks, grid-stride, one CTA of kFp8BlockElems threads a block: thread c the
+// block's column c (coalesced across the threads), the magnitudes reduced in shared memory with quantAmaxOf (the
+// same maximum in any order), then each column quantised.
+__global__ void quantizeTilesKernel(const QuantDesc* descs, const char* const* src, char* scratch) {
   __shared__ float amax[ncclext::kFp8BlockElems];
   __shared__ float scale;
+  if (descs[blockIdx.y].blockRows == 1) return;  // quantizeRowsKernel's
   const QuantDesc q = descs[blockIdx.y];
   const char* from = src[q.srcIndex];
   const int c = threadIdx.x;
@@ -256,6 +258,80 @@ __global__ void quantizeKernel(const QuantDesc* descs, const char* const* src, c
   }
 }
 
+// Blocks of one row (1 x kFp8BlockElems, the common case): half a warp a block, lane l its columns
+// [8 l, 8 l + 8), read with 16-byte loads where the row is contiguous and aligned; the magnitudes reduced with
+// shuffles inside the half-warp (quantAmaxOf: the same maximum as the host's loop), the values converted two at a
+// time (numeric.h's floatsToE4m3x2: the hardware's conversion, equal to floatToE4m3). Each half-warp takes a
+// contiguous run of the descriptor's blocks, so that the row offset (integer divisions) is recomputed only when
+// the run enters a new row; every half-warp of a grid row runs the same number of steps, so that both halves of a
+// warp meet at every shuffle.
+constexpr int kQuantThreads = 256;
+constexpr int kQuantLanes = 16;  // a block's lanes
+constexpr int kQuantUnits = kQuantThreads / kQuantLanes;
+constexpr int kQuantPerLane = ncclext::kFp8BlockElems / kQuantLanes;
+static_assert(kQuantPerLane == 8, "a lane's columns are one 16-byte load of bf16");
+
+// Columns [c, c + 8) of a row that starts at element `at` of `from`, zero past the block's n columns.
+__device__ void loadQuantColumns(const char* from, int bytes, int64_t at, int64_t stride, int c, int64_t n,
+                                 float x[kQuantPerLane]) {
+  const char* p = from + (at + c) * bytes;
+  if (stride == 1 && c + kQuantPerLane <= n && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    if (bytes == 2) {
+      const uint4 v = *reinterpret_cast<const uint4*>(p);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      for (int i = 0; i < 4; i++) {
+        x[2 * i] = ncclext::bitsFloat(w[i] << 16);
+        x[2 * i + 1] = ncclext::bitsFloat(w[i] & 0xffff0000u);
+      }
+    } else {
+      const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    }
+    return;
+  }
+  for (int i = 0; i < kQuantPerLane; i++) x[i] = c + i < n ? quantSource(from, bytes, at + (c + i) * stride) : 0.0f;
+}
+
+__global__ void __launch_bounds__(kQuantThreads) quantizeRowsKernel(const QuantDesc* descs, const char* const* src,
+                                                                     char* scratch) {
+  if (descs[blockIdx.y].blockRows != 1) return;  // quantizeTilesKernel's
+  const QuantDesc q = descs[blockIdx.y];
+  const char* from = src[q.srcIndex];
+  const int last = q.ndims - 1, lane = threadIdx.x % kQuantLanes, c = lane * kQuantPerLane;
+  const int64_t cols = q.extent[last], stride = q.srcStride[last];
+  const int64_t perRow = (cols + ncclext::kFp8BlockElems - 1) / ncclext::kFp8BlockElems;
+  const int64_t units = (int64_t)gridDim.x * kQuantUnits, steps = (q.blocks + units - 1) / units;
+  const int64_t first = ((int64_t)blockIdx.x * kQuantUnits + threadIdx.x / kQuantLanes) * steps;
+  uint8_t* values = reinterpret_cast<uint8_t*>(scratch + q.valuesOffset);
+  int64_t row = first / perRow, cb = first % perRow, base = quantRowOffset(q, row);
+  for (int64_t i = 0; i < steps; i++) {
+    const int64_t b = first + i, c0 = cb * ncclext::kFp8BlockElems;
+    const int64_t n = b < q.blocks ? (cols - c0 < ncclext::kFp8BlockElems ? cols - c0 : ncclext::kFp8BlockElems) : 0;
+    float x[kQuantPerLane];
+    loadQuantColumns(from, q.srcBytes, base + c0 * stride, stride, c, n, x);
+    float amax = 0.0f;
+    for (int j = 0; j < kQuantPerLane; j++) amax = quantAmaxOf(amax, x[j] < 0 ? -x[j] : x[j]);
+    for (int off = kQuantLanes / 2; off > 0; off /= 2) amax = quantAmaxOf(amax, __shfl_xor_sync(~0u, amax, off));
+    const float s = ncclext::fp8BlockScale(amax, false);
+    if (n > 0) {
+      uint32_t w[2] = {0, 0};
+      for (int j = 0; j < kQuantPerLane; j += 2)
+        w[j / 4] |= (uint32_t)ncclext::floatsToE4m3x2(x[j] / s, x[j + 1] / s) << (8 * (j % 4));
+      uint8_t* to = values + row * cols + c0 + c;
+      if (c + kQuantPerLane <= n && (reinterpret_cast<uintptr_t>(to) & 7) == 0) {
+        *reinterpret_cast<uint2*>(to) = make_uint2(w[0], w[1]);
+      } else {
+        for (int j = 0; j < kQuantPerLane && c + j < n; j++) to[j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
+      }
+      if (lane == 0) memcpy(scratch + q.scalesOffset + b * 4, &s, 4);
+    }
+    if (++cb == perRow) {
+      cb = 0;
+      base = quantRowOffset(q, ++row);
+    }
+  }
+}
+
 unsigned gridFor(int64_t segments) { return (unsigned)std::max<int64_t>(1, std::min<int64_t>(segments, kMaxCtas)); }
 
 }  // namespace
@@ -264,13 +340,18 @@ ncclResult_t launchSetPointers(const void** arr, const void* const* host, int64_
   return launchParamCopy("m2n setPointers", arr, host, n, stream);
 }
 
-ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlocks, const char* const* src,
-                            char* scratch, cudaStream_t stream) {
-  const int64_t ctas = std::min<int64_t>(std::max<int64_t>(1, maxBlocks), kMaxCtas);
+ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t rowBlocks, int64_t tileBlocks,
+                            const char* const* src, char* scratch, cudaStream_t stream) {
+  const int64_t rowCtas = std::min<int64_t>((rowBlocks + kQuantUnits - 1) / kQuantUnits, kMaxCtas);
+  const int64_t tileCtas = std::min<int64_t>(tileBlocks, kMaxCtas);
   for (int first = 0; first < nDescs; first += 65535) {  // a grid's rows
     const unsigned rows = (unsigned)std::min(65535, nDescs - first);
-    NCCLEXT_CHECK(ncclext::launchKernel("m2n quantize", quantizeKernel, dim3((unsigned)ctas, rows),
-                                        dim3(ncclext::kFp8BlockElems), 0, stream, descs + first, src, scratch));
+    if (rowCtas > 0)
+      NCCLEXT_CHECK(ncclext::launchKernel("m2n quantize rows", quantizeRowsKernel, dim3((unsigned)rowCtas, rows),
+                                          dim3(kQuantThreads), 0, stream, descs + first, src, scratch));
+    if (tileCtas > 0)
+      NCCLEXT_CHECK(ncclext::launchKernel("m2n quantize tiles", quantizeTilesKernel, dim3((unsigned)tileCtas, rows),
+                                          dim3(ncclext::kFp8BlockElems), 0, stream, descs + first, src, scratch));
   }
   return ncclSuccess;
 }
@@ -319,7 +400,8 @@ ncclResult_t launchDomainBarrier(const DomainBarrier& barrier, cudaStream_t stre
 ncclResult_t loadExecKernels() {
   return ncclext::loadKernels("nccl_m2n", paramCopyKernel<const void*>, copyKernel, tileKernel,
                               stagedMoveKernel<kMovePack>,
-                              stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeKernel,
+                              stagedMoveKernel<kMoveUnpack>, domainBarrierKernel, quantizeRowsKernel,
+                              quantizeTilesKernel,
                               paramCopyKernel<Published>, remoteKernel);
 }
 

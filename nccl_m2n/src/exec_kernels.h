@@ -69,9 +69,11 @@ ncclResult_t launchRemote(const MoveDesc* descs, const MoveSegment* segs, int64_
 // The kernels, loaded before any of them runs (ncclext::loadKernels: the virtual ranks' barrier spins).
 ncclResult_t loadExecKernels();
 
-// fp8 quantisation of this rank's source parts (move.h's column functions), one CTA a block, before the moves:
-// descs[j] reads src[descs[j].srcIndex] (a device array of the call's pointers) and writes into scratch.
-ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t maxBlocks, const char* const* src,
-                            char* scratch, cudaStream_t stream);
+// fp8 quantisation of this rank's source parts (move.h's functions), before the moves: descs[j] reads
+// src[descs[j].srcIndex] (a device array of the call's pointers) and writes into scratch. Blocks of one row go to a
+// kernel that gives half a warp a block, taller blocks to one that gives a CTA a block; rowBlocks and tileBlocks:
+// the largest descriptor's blocks of each kind (0: none of that kind, no launch).
+ncclResult_t launchQuantize(const QuantDesc* descs, int nDescs, int64_t rowBlocks, int64_t tileBlocks,
+                            const char* const* src, char* scratch, cudaStream_t stream);
 
 }  // namespace ncclm2n

@@ -73,7 +73,7 @@ struct ncclM2nPlan {
   std::vector<ncclm2n::QuantDesc> quant;
   std::vector<int> quantTensor;  // quant[j]'s tensor
   ncclm2n::QuantDesc* quantDev = nullptr;
-  int64_t quantMaxBlocks = 0;
+  int64_t quantRowBlocks = 0, quantTileBlocks = 0;  // the largest descriptor's blocks, by kind
   char* scratch = nullptr;
   // LSA inside the NVLink domain (exec_tables.h, "LSA rounds"); all empty without LSA streams in the domain.
   ncclext::VirtualDomain* virt = nullptr;             // the virtual-rank mode
@@ -523,7 +523,8 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
     QuantDesc& q = plan->quant[j];
     plan->quantTensor.push_back(q.srcIndex);
     q.srcIndex = plan->nTensors + (int32_t)j;  // the caller's pointer, after the tensors' in the device array
-    plan->quantMaxBlocks = std::max(plan->quantMaxBlocks, q.blocks);
+    int64_t& most = q.blockRows == 1 ? plan->quantRowBlocks : plan->quantTileBlocks;
+    most = std::max(most, q.blocks);
   }
   for (const Fp8Tensor& f : fp8) {
     plan->fp8Tensors.push_back(f.tensor);
@@ -598,7 +599,7 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     NCCLEXT_CHECK(launchSetPointers(plan->src, pointers.data(), (int64_t)pointers.size(), stream));
     plan->uploaded = pointers;
   }
-  NCCLEXT_CHECK(launchQuantize(plan->quantDev, (int)plan->quant.size(), plan->quantMaxBlocks,
+  NCCLEXT_CHECK(launchQuantize(plan->quantDev, (int)plan->quant.size(), plan->quantRowBlocks, plan->quantTileBlocks,
                                reinterpret_cast<const char* const*>(plan->src), plan->scratch, stream));
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
   char* const* d = reinterpret_cast<char* const*>(plan->dst);

@@ -8,7 +8,8 @@
 // and every other destination byte its poison. The staging cap is small, so that streams take many chunks. Then:
 // a CUDA graph of one execute, replayed with fresh source values; and a batch that one rank names differently,
 // which every rank must refuse with a message naming that tensor. Every fifth batch's first tensor also goes through
-// the one-shot ncclM2nReshard. Then fp8 e4m3 with block scales (fp8Cases) against numeric.h's quantiser.
+// the one-shot ncclM2nReshard. Then the device's e4m3 conversion against numeric.h's on every fp32 (e4m3AgreeCase),
+// and fp8 e4m3 with block scales (fp8Cases) against numeric.h's quantiser.
 //
 // --dead-peer: see runDeadPeer (the watchdog that bounds an execute whose peer died; with virtual ranks, the LSA
 // barrier that bounds an execute whose peer never comes).
@@ -205,6 +206,50 @@ int64_t checkDestinations(const Problem& p, int rank, uint64_t round, Locals* L,
   return bad;
 }
 
+// numeric.h's floatsToE4m3x2 (the hardware conversion the row quantiser uses) against floatToE4m3 (the software
+// one the host references use) on every fp32 bit pattern u: u in the low half and its bit reversal in the high
+// half, so that each half sees every pattern. Counts the disagreements and keeps the first u that disagreed.
+__global__ void e4m3AgreeKernel(unsigned long long* bad, unsigned* first) {
+  const uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 32); i += step) {
+    const unsigned u = (unsigned)i, v = __brev(u);
+    const float lo = ncclext::bitsFloat(u), hi = ncclext::bitsFloat(v);
+    const uint16_t want = (uint16_t)(ncclext::floatToE4m3(lo) | (uint16_t)ncclext::floatToE4m3(hi) << 8);
+    if (ncclext::floatsToE4m3x2(lo, hi) != want) {
+      atomicAdd(bad, 1ull);
+      atomicMin(first, u);
+    }
+  }
+}
+
+// Returns 1 when the two conversions disagree anywhere or the kernel fails (rank 0 runs it; the others return 0).
+int64_t e4m3AgreeCase(ncclext::harness::RankContext& ctx) {
+  if (ctx.rank != 0) return 0;
+  struct Result {
+    unsigned long long bad;
+    unsigned first;
+  };
+  Result* r = nullptr;
+  bool ok = cudaMallocManaged(&r, sizeof(Result)) == cudaSuccess;
+  if (ok) {
+    r->bad = 0;
+    r->first = ~0u;
+    e4m3AgreeKernel<<<1024, 256, 0, ctx.stream>>>(&r->bad, &r->first);
+    ok = cudaGetLastError() == cudaSuccess && ncclext::waitStream(ctx.stream, 60, "e4m3 agreement") == ncclSuccess;
+  }
+  if (!ok) {
+    fprintf(stderr, "rank 0: e4m3 agreement kernel failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+    if (r) cudaFree(r);
+    return 1;
+  }
+  printf("rank 0: e4m3 conversion, hardware (floatsToE4m3x2) against software (floatToE4m3) on all 2^32 fp32 "
+         "patterns in both halves: %llu disagree\n", r->bad);
+  if (r->bad) fprintf(stderr, "rank 0: e4m3 conversions disagree, first at fp32 bits 0x%08x\n", r->first);
+  const int64_t bad = r->bad ? 1 : 0;
+  cudaFree(r);
+  return bad;
+}
+
 // fp8 e4m3 with block scales (quantize.h) through the public API: layout pairs over this communicator's ranks
 // (sharded rows, columns on the 128-column grid, replicas, a column-major source), bf16 and fp32 sources of
 // normal values with outliers. Every destination value and scale must equal the global tensor quantised row by
@@ -219,8 +264,10 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, const Options& o, uint64_t 
     std::vector<int64_t> shape;
     int blockRows, variants;
   };
-  const std::vector<Case> kCases = {{{5, 300}, 1, 4}, {{3, 128 * n}, 1, 4}, {{2, 3, 640}, 1, 4},
-                                  {{256, 256}, 128, 2}, {{2, 200, 384}, 128, 2}};
+  // [4100, 520]: more blocks than the row quantiser has half-warps (16,384), so that each runs several blocks and
+  // crosses rows, and a short last block of 8 columns.
+  const std::vector<Case> kCases = {{{5, 300}, 1, 4},     {{3, 128 * n}, 1, 4},   {{2, 3, 640}, 1, 4},
+                                    {{4100, 520}, 1, 4},  {{256, 256}, 128, 2},   {{2, 200, 384}, 128, 2}};
   for (const Case& kase : kCases)
     for (ncclDataType_t dt : {ncclBfloat16, ncclFloat32})
       for (int variant = 0; variant < kase.variants; variant++) {
@@ -567,6 +614,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
 
   errors += transposeCases(ctx, o);
   if (!o.virt) errors += registrationCase(ctx, o);
+  errors += e4m3AgreeCase(ctx);
   errors += fp8Cases(ctx, o, o.seed);
 
   // Metadata that differs on one rank: every rank refuses the batch, naming the tensor.

@@ -100,8 +100,9 @@ TEST(EpLlReference, EveryDeliveredPairOnceInOrderAndWithinCapacity) {
           seen[x.src][(size_t)x.token * K + x.k]++;
         }
       }
-      if (!r.isActive(d))
+      if (!r.isActive(d)) {
         for (int s = 0; s < R; s++) ASSERT_EQ(rr.rankCount[s], 0);
+      }
     }
     for (int s = 0; s < R; s++)
       for (int t = 0; t < r.numTokens[s]; t++) {
