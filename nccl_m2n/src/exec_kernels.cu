@@ -269,6 +269,7 @@ constexpr int kQuantThreads = 256;
 constexpr int kQuantLanes = 16;  // a block's lanes
 constexpr int kQuantUnits = kQuantThreads / kQuantLanes;
 constexpr int kQuantPerLane = ncclext::kFp8BlockElems / kQuantLanes;
+constexpr int kQuantUnroll = 2;  // blocks a half-warp loads before it reduces the first
 static_assert(kQuantPerLane == 8, "a lane's columns are one 16-byte load of bf16");
 
 // Columns [c, c + 8) of a row that starts at element `at` of `from`, zero past the block's n columns.
@@ -294,40 +295,50 @@ __device__ void loadQuantColumns(const char* from, int bytes, int64_t at, int64_
 
 __global__ void __launch_bounds__(kQuantThreads) quantizeRowsKernel(const QuantDesc* descs, const char* const* src,
                                                                      char* scratch) {
-  if (descs[blockIdx.y].blockRows != 1) return;  // quantizeTilesKernel's
-  const QuantDesc q = descs[blockIdx.y];
+  const QuantDesc& q = descs[blockIdx.y];  // read in place: a copy would live in local memory (indexed by dim)
+  if (q.blockRows != 1) return;            // quantizeTilesKernel's
   const char* from = src[q.srcIndex];
-  const int last = q.ndims - 1, lane = threadIdx.x % kQuantLanes, c = lane * kQuantPerLane;
-  const int64_t cols = q.extent[last], stride = q.srcStride[last];
+  const int last = q.ndims - 1, lane = threadIdx.x % kQuantLanes, c = lane * kQuantPerLane, bytes = q.srcBytes;
+  const int64_t cols = q.extent[last], stride = q.srcStride[last], blocks = q.blocks;
   const int64_t perRow = (cols + ncclext::kFp8BlockElems - 1) / ncclext::kFp8BlockElems;
-  const int64_t units = (int64_t)gridDim.x * kQuantUnits, steps = (q.blocks + units - 1) / units;
+  const int64_t units = (int64_t)gridDim.x * kQuantUnits, steps = (blocks + units - 1) / units;
   const int64_t first = ((int64_t)blockIdx.x * kQuantUnits + threadIdx.x / kQuantLanes) * steps;
   uint8_t* values = reinterpret_cast<uint8_t*>(scratch + q.valuesOffset);
+  float* scales = reinterpret_cast<float*>(scratch + q.scalesOffset);
   int64_t row = first / perRow, cb = first % perRow, base = quantRowOffset(q, row);
-  for (int64_t i = 0; i < steps; i++) {
-    const int64_t b = first + i, c0 = cb * ncclext::kFp8BlockElems;
-    const int64_t n = b < q.blocks ? (cols - c0 < ncclext::kFp8BlockElems ? cols - c0 : ncclext::kFp8BlockElems) : 0;
-    float x[kQuantPerLane];
-    loadQuantColumns(from, q.srcBytes, base + c0 * stride, stride, c, n, x);
-    float amax = 0.0f;
-    for (int j = 0; j < kQuantPerLane; j++) amax = quantAmaxOf(amax, x[j] < 0 ? -x[j] : x[j]);
-    for (int off = kQuantLanes / 2; off > 0; off /= 2) amax = quantAmaxOf(amax, __shfl_xor_sync(~0u, amax, off));
-    const float s = ncclext::fp8BlockScale(amax, false);
-    if (n > 0) {
+  // kQuantUnroll blocks a round, all their loads issued before the first reduction (two loads in flight per lane).
+  for (int64_t i = 0; i < steps; i += kQuantUnroll) {
+    float x[kQuantUnroll][kQuantPerLane];
+    int64_t at[kQuantUnroll], n[kQuantUnroll];
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; u++) {
+      const int64_t c0 = cb * ncclext::kFp8BlockElems;
+      const int64_t left = cols - c0 < ncclext::kFp8BlockElems ? cols - c0 : ncclext::kFp8BlockElems;
+      n[u] = i + u < steps && first + i + u < blocks ? left : 0;
+      at[u] = row * cols + c0;
+      loadQuantColumns(from, bytes, base + c0 * stride, stride, c, n[u], x[u]);
+      if (++cb == perRow) {
+        cb = 0;
+        base = quantRowOffset(q, ++row);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; u++) {
+      float amax = 0.0f;
+      for (int j = 0; j < kQuantPerLane; j++) amax = quantAmaxOf(amax, x[u][j] < 0 ? -x[u][j] : x[u][j]);
+      for (int off = kQuantLanes / 2; off > 0; off /= 2) amax = quantAmaxOf(amax, __shfl_xor_sync(~0u, amax, off));
+      const float s = ncclext::fp8BlockScale(amax, false);
+      if (n[u] == 0) continue;
       uint32_t w[2] = {0, 0};
       for (int j = 0; j < kQuantPerLane; j += 2)
-        w[j / 4] |= (uint32_t)ncclext::floatsToE4m3x2(x[j] / s, x[j + 1] / s) << (8 * (j % 4));
-      uint8_t* to = values + row * cols + c0 + c;
-      if (c + kQuantPerLane <= n && (reinterpret_cast<uintptr_t>(to) & 7) == 0) {
+        w[j / 4] |= (uint32_t)ncclext::floatsToE4m3x2(x[u][j] / s, x[u][j + 1] / s) << (8 * (j % 4));
+      uint8_t* to = values + at[u] + c;
+      if (c + kQuantPerLane <= n[u] && (reinterpret_cast<uintptr_t>(to) & 7) == 0) {
         *reinterpret_cast<uint2*>(to) = make_uint2(w[0], w[1]);
       } else {
-        for (int j = 0; j < kQuantPerLane && c + j < n; j++) to[j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
+        for (int j = 0; j < kQuantPerLane && c + j < n[u]; j++) to[j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
       }
-      if (lane == 0) memcpy(scratch + q.scalesOffset + b * 4, &s, 4);
-    }
-    if (++cb == perRow) {
-      cb = 0;
-      base = quantRowOffset(q, ++row);
+      if (lane == 0) scales[first + i + u] = s;
     }
   }
 }
