@@ -24,3 +24,32 @@ def host_and_wall(fn, iters: int, warmup: int = 2, between=None):
         walls.append((time.perf_counter() - t0) * 1e6)
         hosts.append((t1 - t0) * 1e6)
     return statistics.median(walls), statistics.median(hosts)
+
+
+def interleaved(fns: dict, iters: int, warmup: int = 5):
+    """Per name of `fns` (name -> callable), the list of `iters` (wall, enqueue) microsecond pairs of its calls, timed
+    as host_and_wall times one, in rounds that call every function once in turn: a slow drift of the machine (clocks,
+    other processes) then touches every function alike, and the i-th samples of two functions are a fair pair."""
+    import torch
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples = {name: [] for name in fns}
+    for _ in range(iters):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            samples[name].append(((time.perf_counter() - t0) * 1e6, (t1 - t0) * 1e6))
+    return samples
+
+
+def paired_difference(a, b):
+    """(median, 25th percentile, 75th percentile) of a[i] - b[i] over the rounds of two interleaved() sample lists
+    (their wall times)."""
+    d = sorted(x[0] - y[0] for x, y in zip(a, b))
+    q = statistics.quantiles(d, n=4)
+    return statistics.median(d), q[0], q[2]

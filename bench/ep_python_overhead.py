@@ -3,7 +3,8 @@
     python bench/ep_python_overhead.py [--tokens 128,4096] [--hidden 7168] [--topk 8] [--experts 256] [--json FILE]
 
 For each token count, the median of --iters CUDA-synchronised dispatch + combine pairs (bf16, FLAT layout,
-worst-case sizing, a handle bound once) after warm-ups, and the host time of enqueueing them alone:
+worst-case sizing, a handle bound once) after warm-ups, and the host time of enqueueing them alone, timed in rounds
+that run every path below once in turn (bench/_timing.py interleaved):
   c        ncclEpDispatch + ncclEpCombine through ctypes with their structs and output tensors built once (the floor
            any binding pays);
   python   Group.dispatch(x, handle=h) + Group.combine(y, h) (descriptors and output tensors made per call);
@@ -17,7 +18,8 @@ worst-case sizing, a handle bound once) after warm-ups, and the host time of enq
            is torch.library's own cost;
   graph_c, graph_python: replays of CUDA graphs that captured `c` and `python` (inside a graph the layer costs
            nothing: the same kernels replay).
-Overhead = python - c (microseconds, synchronised time and enqueue time), and (python - c) / c. At 1 rank the
+Overhead = python - c (microseconds: the median over the rounds of the difference of the two synchronised times,
+with its quartiles; and of the medians of the enqueue times), and (python - c) / c. At 1 rank the
 kernels move no byte over a link: the GPU time is local copies, so the overhead is measured against the smallest
 GPU time it will ever be added to.
 """
@@ -25,13 +27,14 @@ GPU time it will ever be added to.
 import argparse
 import ctypes
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 from _launch import append_json, start  # noqa: E402
-from _timing import host_and_wall  # noqa: E402
+from _timing import interleaved, paired_difference  # noqa: E402
 
 
 def main():
@@ -40,7 +43,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--experts", type=int, default=256)
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     start(False, backend="gloo")  # one process, GPU 0
@@ -121,17 +124,21 @@ def main():
             graphs[name] = g
 
         row = {"tokens": T}
-        for name, fn in (("c", c_pair), ("python", python_pair), ("python_out", python_out_pair), ("alloc", alloc),
-                         ("ops", ops_pair),
-                         ("ops_work", ops_work), ("graph_c", graphs["c"].replay),
-                         ("graph_python", graphs["python"].replay)):
-            wall, host = host_and_wall(fn, a.iters, warmup=5)
-            row[name] = {"wall_us": wall, "enqueue_us": host}
-        row["overhead_python_us"] = row["python"]["wall_us"] - row["c"]["wall_us"]
+        fns = {"c": c_pair, "python": python_pair, "python_out": python_out_pair, "alloc": alloc, "ops": ops_pair,
+               "ops_work": ops_work, "graph_c": graphs["c"].replay, "graph_python": graphs["python"].replay}
+        samples = interleaved(fns, a.iters)
+        for name, pairs in samples.items():
+            row[name] = {"wall_us": statistics.median(w for w, _ in pairs),
+                         "enqueue_us": statistics.median(h for _, h in pairs)}
+        # Each overhead: the median of the rounds' differences (a round times every path once, back to back), with
+        # its quartiles: the spread of the difference itself, not of either time.
+        for name, (x, base) in (("overhead_python_us", ("python", "c")), ("overhead_python_out_us", ("python_out", "c")),
+                                ("overhead_graph_us", ("graph_python", "graph_c")),
+                                ("torch_library_us", ("ops", "ops_work"))):
+            med, q1, q3 = paired_difference(samples[x], samples[base])
+            row[name] = med
+            row[name.replace("_us", "_quartiles_us")] = [q1, q3]
         row["overhead_python_enqueue_us"] = row["python"]["enqueue_us"] - row["c"]["enqueue_us"]
-        row["overhead_python_out_us"] = row["python_out"]["wall_us"] - row["c"]["wall_us"]
-        row["overhead_graph_us"] = row["graph_python"]["wall_us"] - row["graph_c"]["wall_us"]
-        row["torch_library_us"] = row["ops"]["wall_us"] - row["ops_work"]["wall_us"]
         del graphs
         sent = (idx >= 0).any(dim=1)
         # Each path once more on poisoned outputs: at 1 rank each sent token's one row comes back as it went.
@@ -140,19 +147,19 @@ def main():
         for out in (combined, python_pair(), python_out_pair(), ops_pair()):
             torch.cuda.synchronize()
             ok = ok and torch.equal(out[sent], x[sent])
-        row["overhead_python"] = (row["python"]["wall_us"] - row["c"]["wall_us"]) / row["c"]["wall_us"]
+        row["overhead_python"] = row["overhead_python_us"] / row["c"]["wall_us"]
         row["overhead_ops"] = (row["ops"]["wall_us"] - row["c"]["wall_us"]) / row["c"]["wall_us"]
         rows_out.append(row)
         epops.unregister(hid)
         h.close()
-        print("ep_python_overhead: T %5d: c %7.1f us (enqueue %5.1f), python %7.1f us (+%.1f us; enqueue %5.1f, "
-              "+%.1f us; of it alloc %.1f), python with out= %.1f us (+%.1f us), graph c %.1f / python %.1f us, "
-              "ops %.1f us (same work through Group %.1f us)" % (
+        print("ep_python_overhead: T %5d: c %7.1f us (enqueue %5.1f), python %7.1f us (+%.1f us, quartiles %.1f .. "
+              "%.1f; enqueue %5.1f, +%.1f us; of it alloc %.1f), python with out= %.1f us (+%.1f us), graph c %.1f / "
+              "python %.1f us, ops %.1f us (same work through Group %.1f us)" % (
                   T, row["c"]["wall_us"], row["c"]["enqueue_us"], row["python"]["wall_us"],
-                  row["overhead_python_us"], row["python"]["enqueue_us"], row["overhead_python_enqueue_us"],
-                  row["alloc"]["enqueue_us"], row["python_out"]["wall_us"], row["overhead_python_out_us"],
-                  row["graph_c"]["wall_us"], row["graph_python"]["wall_us"], row["ops"]["wall_us"],
-                  row["ops_work"]["wall_us"]))
+                  row["overhead_python_us"], *row["overhead_python_quartiles_us"], row["python"]["enqueue_us"],
+                  row["overhead_python_enqueue_us"], row["alloc"]["enqueue_us"], row["python_out"]["wall_us"],
+                  row["overhead_python_out_us"], row["graph_c"]["wall_us"], row["graph_python"]["wall_us"],
+                  row["ops"]["wall_us"], row["ops_work"]["wall_us"]))
     group.close()
     result = {"test": "ep_python_overhead", "pass": ok, "gpu": torch.cuda.get_device_name(0), "ranks": 1,
               "hidden": H, "topk": K, "experts": E, "iters": a.iters, "rows": rows_out}

@@ -145,7 +145,35 @@ def on_cpu(monkeypatch):
     calls = []
     monkeypatch.setattr(ep, "describe", functools.partial(T.describe, require_cuda=False))
     monkeypatch.setattr(ep._Prepared, "invoke", lambda self, *args: calls.append((self, args)))
+    monkeypatch.setattr(ep, "_allocating_on", _Allocating)
+    monkeypatch.setattr(ep._Prepared, "_new_outputs", _Allocating.wrap(ep._Prepared._new_outputs))
+    _Allocating.made = []
     return calls
+
+
+class _Allocating:
+    """Stands in for ep._allocating_on: `made` records, per allocation of a call's outputs, the stream whose context
+    it ran in (None: none) and how many tensors it made."""
+
+    current, made = None, []
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        _Allocating.current = self.stream
+
+    def __exit__(self, *exc):
+        _Allocating.current = None
+        return False
+
+    @staticmethod
+    def wrap(new_outputs):
+        def recorded(prep):
+            outs = new_outputs(prep)
+            _Allocating.made.append((_Allocating.current, len(outs)))
+            return outs
+        return recorded
 
 
 def _dims(d):
@@ -319,3 +347,18 @@ def test_dispatch_out_reuses_the_outputs_of_an_earlier_dispatch(on_cpu, low_late
         g.dispatch(x, handle=h, out=first, stream=_Stream())  # no weights: another signature
     with pytest.raises(ep.NcclInvalidArgument, match="out must be the result of an earlier dispatch"):
         g.dispatch(x, topk_weights=w, handle=_FakeHandle(g, layout), out=first, stream=_Stream())
+
+
+@pytest.mark.parametrize("low_latency,layout", [(True, "rank_major"), (False, "flat")])
+def test_outputs_are_allocated_for_the_stream_the_call_names(on_cpu, monkeypatch, low_latency, layout):
+    # The caching allocator reuses a freed block for later work of the stream it was allocated for: a call on
+    # stream= must get that stream's outputs, or a caller who drops them races the call. No stream: the current one.
+    g = _shell(low_latency)
+    h = _FakeHandle(g, layout)
+    x, s = torch.zeros(5, H, dtype=torch.bfloat16), _Stream()
+    recv = g.dispatch(x, handle=h, stream=s)
+    g.combine(recv.tokens, h, stream=s)
+    monkeypatch.setattr(ep, "_CURRENT_RAW_STREAM", [lambda device: 0])
+    g.dispatch(x, handle=h)  # the current stream's
+    # tokens and topk_idx (Low-Latency: with src_info and the counts); combine's [T, H]
+    assert _Allocating.made == [(s, 4 if low_latency else 2), (s, 1), (None, 4 if low_latency else 2)]

@@ -2,6 +2,7 @@
 config, the C calls mask_query / mask_update / mask_clean make (recorded, not made), combine's missing_experts in
 the C structs and every refusal with its message. Needs torch (skipped without it); no GPU."""
 
+import contextlib
 import ctypes
 import functools
 
@@ -27,9 +28,11 @@ class _Comm:
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The C calls of nccl.ep, recorded as (name, args) instead of made."""
+    """The C calls of nccl.ep, recorded as (name, args) instead of made; the stand-in streams allocate as the
+    current one (the CPU's)."""
     made = []
     monkeypatch.setattr(ep, "_call", lambda name, *args: made.append((name, args)))
+    monkeypatch.setattr(ep, "_allocating_on", lambda stream: contextlib.nullcontext())
     return made
 
 
@@ -126,6 +129,7 @@ def on_cpu(monkeypatch):
     invoked = []
     monkeypatch.setattr(ep, "describe", functools.partial(T.describe, require_cuda=False))
     monkeypatch.setattr(ep._Prepared, "invoke", lambda self, *args: invoked.append(self))
+    monkeypatch.setattr(ep, "_allocating_on", lambda stream: contextlib.nullcontext())
     return invoked
 
 

@@ -61,6 +61,36 @@ def test_flat_dispatch_combine_one_rank(group, dtype):
     recv.handle.close()
 
 
+def _stream_of(ptr: int):
+    """The stream the caching allocator's segment holding address `ptr` was allocated for (its reuse follows it)."""
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return seg["stream"]
+    return None
+
+
+def test_outputs_belong_to_the_stream_the_call_names(group):
+    # A call on stream= must allocate what it writes for that stream: allocated for the current one, a caller who
+    # drops an output would see its memory handed to the current stream's next allocation while the call still
+    # writes it on the other. The handle's counters too (zeroed on the binding's stream, not raced by it).
+    T, K, H = 96, 4, 1024
+    idx, w = _routing(T, K, group.num_experts, 11)
+    x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    h = group.create_handle(idx, stream=side)
+    recv = group.dispatch(x, handle=h, topk_weights=w, stream=side)
+    out = group.combine(recv.tokens, h, stream=side)
+    side.synchronize()
+    for name, t in (("tokens", recv.tokens), ("topk_idx", recv.topk_idx), ("topk_weights", recv.topk_weights),
+                    ("combined", out), ("expert_counts", h.expert_counts), ("recv_total", h.recv_total)):
+        assert _stream_of(t.data_ptr()) == side.cuda_stream, name
+    if dist.get_world_size() == 1:  # one rank: every token that goes anywhere comes back as it went
+        sent = (idx >= 0).any(dim=1)
+        assert torch.equal(out[sent], x[sent])
+    h.close()
+
+
 def test_expert_major_weights_at_combine(group):
     T, K, H = 200, 4, 1024
     idx, w = _routing(T, K, group.num_experts, 2)

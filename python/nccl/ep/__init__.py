@@ -22,6 +22,7 @@ nccl.ep.ops the same as torch.library custom ops (torch.compile), nccl.ep.deepep
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass
 
@@ -164,14 +165,31 @@ def _stream(stream):
     return _raw_stream(stream, torch.cuda.current_device())
 
 
+_CURRENT_RAW_STREAM = []  # torch's getter of a device's current cudaStream_t, looked up once (a per-call path)
+
+
 def _raw_stream(stream, device_index: int):
     """The cudaStream_t of `stream` (None: the current stream of device `device_index`), as an int."""
-    import torch
-
     if stream is not None:
         return stream.cuda_stream
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
+    if not _CURRENT_RAW_STREAM:
+        import torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _CURRENT_RAW_STREAM.append(raw or (lambda i: torch.cuda.current_stream(i).cuda_stream))
+    return _CURRENT_RAW_STREAM[0](device_index)
+
+
+def _allocating_on(stream):
+    """A context in which torch allocates for `stream` (a torch CUDA stream, or anything with .cuda_stream): the
+    caching allocator hands a block freed by one stream to later work of that stream only, so the outputs of a call
+    on `stream` must be that stream's, or a caller who drops them could see their memory reused by the current
+    stream while the call still writes it."""
+    import torch
+
+    if not isinstance(stream, torch.cuda.Stream):
+        stream = torch.cuda.ExternalStream(stream.cuda_stream)
+    return torch.cuda.stream(stream)
 
 
 def _meta(t):
@@ -187,9 +205,13 @@ class _Prepared:
     layout_info struct (`info`) whose four int32 count descriptors point into one new tensor per call (`counts`:
     its length, per descriptor its offset in elements, and _count_parts' table)."""
 
-    __slots__ = ("fn", "structs", "refs", "given", "made", "names", "counts", "info_ref", "device", "device_index")
+    __slots__ = ("fn", "structs", "refs", "given", "made", "names", "counts", "info_ref", "device", "device_index",
+                 "empty", "int32")
 
     def __init__(self, fn_name, inputs, outputs, cfg, given, made, device, names=(), info=None, counts=None):
+        import torch
+
+        self.empty, self.int32 = torch.empty, torch.int32  # the per-call path imports nothing
         self.fn = getattr(_lib(), fn_name)
         self.structs = (inputs, outputs, cfg, info)  # kept alive: refs point into them
         self.refs = (ctypes.byref(inputs), ctypes.byref(outputs), ctypes.byref(cfg))
@@ -200,11 +222,10 @@ class _Prepared:
         self.counts = counts
         self.device, self.device_index = device, device.index or 0
 
-    def fill(self, tensors, reuse=None):
+    def fill(self, tensors, reuse=None, stream=None):
         """Points the descriptors at the caller's tensors and at new outputs (returned, in `made` order, then the
-        counts tensor if the call has one), or at `reuse`: the outputs an earlier fill of this call returned."""
-        import torch
-
+        counts tensor if the call has one), or at `reuse`: the outputs an earlier fill of this call returned. New
+        outputs are allocated for `stream` when the call names one (else for the current stream)."""
         for (d, nonempty), t in zip(self.given, tensors):
             if d is not None:
                 d.data = t.data_ptr() if nonempty else None
@@ -216,14 +237,21 @@ class _Prepared:
                 for d, offset in self.counts[1]:
                     d.data = base + 4 * offset
             return reuse
+        if stream is not None:
+            with _allocating_on(stream):
+                return self._new_outputs()
+        return self._new_outputs()
+
+    def _new_outputs(self):
         outs = []
+        empty, device = self.empty, self.device
         for d, shape, dtype in self.made:
-            t = torch.empty(*shape, dtype=dtype, device=self.device)  # ints, not a tuple: half the parsing
+            t = empty(*shape, dtype=dtype, device=device)  # ints, not a tuple: half the parsing
             d.data = t.data_ptr() if t.numel() else None
             outs.append(t)
         if self.counts is not None:
             n, parts, _ = self.counts
-            t = torch.empty(n, dtype=torch.int32, device=self.device)
+            t = empty(n, dtype=self.int32, device=device)
             base = t.data_ptr()
             for d, offset in parts:
                 d.data = base + 4 * offset
@@ -231,7 +259,9 @@ class _Prepared:
         return outs
 
     def invoke(self, *args) -> None:
-        _loader.check(_lib(), "Ep", self.fn.__name__, self.fn(*args))
+        rc = self.fn(*args)
+        if rc:  # the library is bound already: only a failure looks up its last error
+            _loader.check(_lib(), "Ep", self.fn.__name__, rc)
 
 
 def _combine_weights(combine, weights, local=None):
@@ -340,7 +370,11 @@ class Group(Closing):
         0 = masked (by mask_update, or by the kernels: a peer that did not arrive in time)."""
         import torch
 
-        mask = torch.empty(self.size, dtype=torch.int32, device=self.comm.device)
+        if stream is None:
+            mask = torch.empty(self.size, dtype=torch.int32, device=self.comm.device)
+        else:
+            with _allocating_on(stream):
+                mask = torch.empty(self.size, dtype=torch.int32, device=self.comm.device)
         _call("ncclEpMaskQuery", self._handle(), mask.data_ptr(), _raw_stream(stream, self.comm.device.index))
         return mask
 
@@ -411,8 +445,8 @@ class Group(Closing):
         elif topk_idx is not None and topk_idx is not handle.topk_idx:
             handle.update(topk_idx, stream)
         try:
-            key = (x.dtype, x.shape, x.get_device(), _meta(topk_weights), _meta(scales), out_dtype, bool(round_scale),
-                   bool(send_only), num_sms)
+            key = (x.dtype, x.shape, x.get_device(), None if topk_weights is None else _meta(topk_weights),
+                   None if scales is None else _meta(scales), out_dtype, bool(round_scale), bool(send_only), num_sms)
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
@@ -423,7 +457,7 @@ class Group(Closing):
         if out is not None and (key is None or out.handle is not handle or getattr(out, "_key", None) != key):
             raise NcclInvalidArgument("dispatch: out must be the result of an earlier dispatch of this signature "
                                       "(shapes, dtypes, options) on this handle")
-        outs = prep.fill((x, topk_weights, scales), None if out is None else out._outs)
+        outs = prep.fill((x, topk_weights, scales), None if out is None else out._outs, stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
                     _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
@@ -550,7 +584,7 @@ class Group(Closing):
                                 and (topk_weights is None or topk_weights.is_contiguous())
                                 and (missing_experts is None or missing_experts.is_contiguous())):
             prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only, missing_experts)
-        made = prep.fill((y, topk_weights, out, missing_experts))
+        made = prep.fill((y, topk_weights, out, missing_experts), None, stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2], _raw_stream(stream, prep.device_index))
         handle._inputs_alive = (y, topk_weights)
         result = made[0] if out is None else out
@@ -673,10 +707,12 @@ class Handle(Closing):
                 raise NcclInvalidUsage("layout='rank_major' belongs to the Low-Latency mode "
                                        "(Group(algorithm='low_latency'))")
             dev = topk_idx.device if isinstance(topk_idx, torch.Tensor) else None
-            self.expert_counts = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
-            self.rank_counts = torch.zeros(group.size, dtype=torch.int32, device=dev)
-            self.expert_offsets = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
-            self.recv_total = torch.zeros(1, dtype=torch.int32, device=dev)
+            # Zeroed on the stream the binding runs on: filled on another, the binding could race the fill.
+            with _allocating_on(stream) if stream is not None else contextlib.nullcontext():
+                self.expert_counts = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
+                self.rank_counts = torch.zeros(group.size, dtype=torch.int32, device=dev)
+                self.expert_offsets = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
+                self.recv_total = torch.zeros(1, dtype=torch.int32, device=dev)
         ti = self._routing(topk_idx)
         cfg = _HandleConfig.new(dispatch_output_per_expert_alignment=alignment, sizing=_SIZING[sizing])
         self._h = ctypes.c_void_p()
