@@ -26,13 +26,18 @@
 // --one-gpu mixed (4+ ranks: one-GPU nodes of 2 virtual ranks, tests/harness/launcher.h): the same shapes over
 // relayed exchanges (the group's virtual_rail; with NCCL_EXT_HT_HIERARCHICAL=1 the hierarchical HT), LSA inside each
 // domain of 2 and the rail between them; the baseline is NCCL send/recv on that rail of exactly the messages the
-// exchange sends (ncclEpGroupGetInfo's rail_messages_per_domain and rail_*_domain_bytes: fixed, whatever the
-// routing), to and from the rank of my index in every other domain. "Synced" meets the ranks on the host. The same
-// baseline serves real ranks whose group relays (ncclEpGroupInfo_t::rail_relayed: NCCL_EXT_HT_HIERARCHICAL=1 on
-// domains of several ranks), on a communicator of the ranks of my index split here.
+// exchange sends, to and from the rank of my index in every other domain: relayed flat, ncclEpGroupGetInfo's
+// rail_messages_per_domain and rail_*_domain_bytes (fixed, whatever the routing); hierarchical, the rail rows of the
+// EXACT handle timed here (its tokens that hit each domain, a row each, derived from every rank's routing).
+// "Synced" meets the ranks on the host. The same baseline serves real ranks whose group relays
+// (ncclEpGroupInfo_t::rail_relayed: NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), on a communicator of the
+// ranks of my index split here.
 //
-// Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|mixed] [--json FILE] [--quick]
+// Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|mixed] [--json FILE] [--quick] [--max-tokens M]
 // --quick: the first shape only (across domains: both of theirs).
+// --max-tokens M: the group's max_tokens_per_rank (default: the shapes' most tokens), for calls below the group's
+// size: across domains the fixed rail messages (worst-case handles, the update+d column) grow with M, those of the
+// EXACT handles timed in the other columns with the routing.
 // --mode ll runs the Low-Latency benchmark, ep_ll_bench (beside this binary), with the other arguments.
 // A JSON row's "pass": every call of the row returned ncclSuccess (the outputs' values are ep_ht_test's to check).
 #include <cuda_bf16.h>
@@ -91,7 +96,7 @@ int runLowLatency(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  int nRanks = 0;
+  int nRanks = 0, maxTokensArg = 0;
   bool quick = false;
   std::string json;
   // --mode first: the Low-Latency benchmark takes options of its own.
@@ -106,12 +111,15 @@ int main(int argc, char** argv) {
   }
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
                                  {"quick", no_argument, nullptr, 'q'},        {"mode", required_argument, nullptr, 'm'},
-                                 {"one-gpu", required_argument, nullptr, 'g'}, {nullptr, 0, nullptr, 0}};
+                                 {"one-gpu", required_argument, nullptr, 'g'},
+                                 {"max-tokens", required_argument, nullptr, 't'},
+                                 {nullptr, 0, nullptr, 0}};
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
     if (c == 'n') nRanks = atoi(optarg);
     else if (c == 'j') json = optarg;
     else if (c == 'q') quick = true;
+    else if (c == 't') maxTokensArg = atoi(optarg);
     else if (c == 'g' && ncclext::harness::parseOneGpu(optarg, &oneGpu, /*mixedToo=*/true)) continue;
     else if (c != 'm') return 2;
   }
@@ -134,6 +142,13 @@ int main(int argc, char** argv) {
     shapes = {{512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {24}},
               {512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, {24}}};
   if (quick && !oneGpuAcross) shapes.resize(1);
+  int shapeTokens = 0;
+  for (const Shape& s : shapes) shapeTokens = std::max(shapeTokens, s.tokens);
+  if (maxTokensArg != 0 && maxTokensArg < shapeTokens) {
+    fprintf(stderr, "ep_bench: --max-tokens %d: the group must hold the shapes' %d tokens a rank\n", maxTokensArg,
+            shapeTokens);
+    return 2;
+  }
   const int warm = oneGpuAcross ? 3 : 10, iters = oneGpuAcross ? 20 : 60, warmSynced = oneGpuAcross ? 3 : 5;
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
@@ -145,11 +160,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
-    int maxTokens = 0;
-    for (const Shape& s : shapes) maxTokens = std::max(maxTokens, s.tokens);
     ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
     cfg.num_experts = 256;
-    cfg.max_tokens_per_rank = maxTokens;
+    cfg.max_tokens_per_rank = maxTokensArg ? maxTokensArg : shapeTokens;
     cfg.max_token_bytes = 7168 * 2;
     cfg.max_topk = 8;
     cfg.num_sms = 132;
@@ -206,13 +219,18 @@ int main(int argc, char** argv) {
       const size_t esz = fp8 ? 1 : 2;
       const size_t payload = H * esz + (fp8 ? H / 128 * 4 : 0);
       // Routing: top-k distinct experts per token, uniform, seeded by the rank (so that every rank can derive every
-      // rank's); toRank[r] / fromRank[r]: my tokens that go to rank r, rank r's that come to me.
-      auto routingOf = [&](int rank, std::vector<int>* idx, std::vector<int64_t>* toRank) {
+      // rank's); toRank[r] / fromRank[r]: my tokens that go to rank r, rank r's that come to me; toDomain[d] /
+      // fromDomain[d]: my tokens that hit a rank of domain d, and the tokens of domain d's rank of my index that hit
+      // my domain (the hierarchical HT's rail rows of an EXACT handle, out and in).
+      const int G = info.domain_size, myDomain = ctx.rank / G, myIndex = ctx.rank % G, nDomains = R / G;
+      auto routingOf = [&](int rank, std::vector<int>* idx, std::vector<int64_t>* toRank,
+                           std::vector<int64_t>* toDomain) {
         std::mt19937 rng(1234 + rank);
         std::vector<int> pool(E);
         std::iota(pool.begin(), pool.end(), 0);
         idx->assign((size_t)T * K, 0);
         toRank->assign(R, 0);
+        toDomain->assign(nDomains, 0);
         for (int t = 0; t < T; t++) {
           for (int k = 0; k < K; k++) std::swap(pool[k], pool[k + rng() % (E - k)]);
           uint64_t mask = 0;
@@ -221,14 +239,17 @@ int main(int argc, char** argv) {
             mask |= 1ull << (pool[k] / (E / R));
           }
           for (int r = 0; r < R; r++) (*toRank)[r] += mask >> r & 1;
+          const uint64_t domainBits = G >= 64 ? ~0ull : (1ull << G) - 1;
+          for (int d = 0; d < nDomains; d++) (*toDomain)[d] += (mask >> (d * G) & domainBits) != 0;
         }
       };
       std::vector<int> idx, other;
-      std::vector<int64_t> toRank, fromRank(R, 0), theirs;
-      routingOf(ctx.rank, &idx, &toRank);
+      std::vector<int64_t> toRank, fromRank(R, 0), theirs, toDomain, fromDomain(nDomains, 0), theirDomains;
+      routingOf(ctx.rank, &idx, &toRank, &toDomain);
       for (int r = 0; r < R && !remote.empty(); r++) {
-        routingOf(r, &other, &theirs);
+        routingOf(r, &other, &theirs, &theirDomains);
         fromRank[r] = theirs[ctx.rank];
+        if (r % G == myIndex) fromDomain[r / G] = theirDomains[myDomain];
       }
       int64_t sentRows = 0, logicalRows = 0;
       for (int r = 0; r < R; r++)
@@ -344,26 +365,37 @@ int main(int argc, char** argv) {
       const size_t rowStride = cfg.max_token_bytes;
       const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
       for (int op = 0; op < 2 && relayed && !remote.empty(); op++) {
-        // Relayed: the exchange's own messages (relayed flat or hierarchical), fixed, on the rail of my index: to and
-        // from the rank of my index (rail rank d) in every other domain d.
-        const int myDomain = ctx.rank / info.domain_size, nMsg = std::max(info.rail_messages_per_domain, 1);
+        // Relayed: the exchange's own messages on the rail of my index, to and from the rank of my index (rail rank
+        // d) in every other domain d: relayed flat, fixed; hierarchical (one message a domain), as the EXACT handle
+        // timed here sends them: its rail rows to d (dispatch; combine: the partials back for the rows it relays),
+        // from d the other way, no message where there are none.
+        const int nMsg = std::max(info.rail_messages_per_domain, 1);
+        const bool hierarchical = info.rail_messages_per_domain == 1;
         const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
-        const size_t msgBytes = domainBytes / nMsg;
+        const size_t msgBytes = domainBytes / nMsg, hierRow = domainBytes / (size_t)cfg.max_tokens_per_rank;
+        auto bytesOf = [&](int d, bool out) {
+          if (!hierarchical) return msgBytes;
+          return (size_t)((op == 0) == out ? toDomain[d] : fromDomain[d]) * hierRow;
+        };
         auto exchange = [&](int) {
           bool ok = ncclGroupStart() == ncclSuccess;
           for (int d = 0, i = 0; d < info.n_domains; d++) {
             if (d == myDomain) continue;
             char* send = static_cast<char*>(railSend) + (size_t)i * railMost;
             char* recv = static_cast<char*>(railRecv) + (size_t)i * railMost;
+            const size_t out = bytesOf(d, true), in = bytesOf(d, false);
             for (int m = 0; m < nMsg; m++) {
-              ok = ok && ncclSend(send + m * msgBytes, msgBytes, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
-              ok = ok && ncclRecv(recv + m * msgBytes, msgBytes, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
+              if (out > 0)
+                ok = ok && ncclSend(send + m * out, out, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
+              if (in > 0) ok = ok && ncclRecv(recv + m * in, in, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
             }
             i++;
           }
           return ncclGroupEnd() == ncclSuccess && ok ? ncclSuccess : ncclSystemError;
         };
-        railSent[op] = railSlots * domainBytes;
+        railSent[op] = 0;
+        for (int d = 0; d < info.n_domains; d++)
+          if (d != myDomain) railSent[op] += nMsg * bytesOf(d, true);
         std::vector<float> tr;
         if (timeIt(exchange, warm, iters, &tr)) return 1;
         railUs[op] = median(tr);
@@ -471,16 +503,18 @@ int main(int argc, char** argv) {
                       "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
                       "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
                       "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
-                      "\"domains\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
+                      "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
                       "\"rail_fixed_bytes_per_peer\": %zu, \"rail_us_median\": %.2f, "
                       "\"rail_messages_per_domain\": %d, \"exchange\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
-                      "metadata); relayed: the exchange's fixed messages to every other domain\"}\n",
+                      "metadata); relayed: the exchange's messages to every other domain (flat: fixed; "
+                      "hierarchical: its rail rows, the EXACT handle's)\"}\n",
                       op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
                       op == 0 ? median(tHandle) : 0.0, nvB,
                       nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
-                      ncclext::harness::oneGpuName(ctx.mode), info.n_domains, remote.size(), railSent[op],
+                      ncclext::harness::oneGpuName(ctx.mode), info.n_domains, cfg.max_tokens_per_rank, remote.size(),
+                      railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op],
                       info.rail_messages_per_domain, exchange);
           }

@@ -256,7 +256,9 @@ typedef struct {
   /* The rail's traffic per call to each other domain, each way (0 with one domain): the messages, and the bytes of
    * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
    * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them), or, for the
-   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one of a fixed row per token. */
+   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one of a fixed row per token. These are
+   * the fixed sizes (worst-case handles, captured calls); an EXACT handle's eager HT calls move only the rows their
+   * routing fills (hierarchical: a row per token that hits the domain), none where there are none. */
   int rail_messages_per_domain;
   size_t rail_dispatch_domain_bytes;
   size_t rail_combine_domain_bytes;

@@ -56,7 +56,15 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   off = alignUp(off + (size_t)nRanks * 8, 256);
   w.cleanFlags = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
-  w.exchangeInts = nRanks + config.num_experts + v.nChunks + 1;
+  // Relayed exchanges over a rail of one index: the mixed test mode's (virtual_rail), and, for the hierarchical HT
+  // (experimental), real ranks' too when their domains have several ranks (the Domain's rail; with one rank a domain
+  // the hierarchical exchange is the flat one, which stays).
+  const bool hier = htHierarchical && !v.lowLatency && topo.nDomains > 1;
+  const bool relay = config.virtual_rail != nullptr || (hier && topo.domainSize > 1);
+  // The hierarchical HT's exchange rows also carry the writer's token count per destination domain (an EXACT
+  // handle's eager calls size their rail messages by them: ncclEpGroup::railExchange).
+  w.domainCounts = nRanks + config.num_experts + v.nChunks + 1;
+  w.exchangeInts = w.domainCounts + (relay && hier ? topo.nDomains : 0);
   w.exchange = off;
   off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 4096);
   // The staging bank (LL: two of them, so that two send-only calls of a kind may be open at once).
@@ -109,13 +117,9 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
     outbox = alignUp(outbox + slices[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
-  // Relayed exchanges over a rail of one index: the mixed test mode's (virtual_rail), and, for the hierarchical HT
-  // (experimental), real ranks' too when their domains have several ranks (the Domain's rail; with one rank a domain
-  // the hierarchical exchange is the flat one, which stays). The hierarchical HT's relays read their domain's
-  // outboxes: those then live in the window.
-  const bool hier = htHierarchical && !v.lowLatency && topo.nDomains > 1;
-  rv.relay = config.virtual_rail != nullptr || (hier && topo.domainSize > 1);
-  rv.hier = rv.relay && hier;
+  // The hierarchical HT's relays read their domain's outboxes: those then live in the window.
+  rv.relay = relay;
+  rv.hier = relay && hier;
   w.outboxes = 0;
   if (rv.hier) {
     rv.hierRow.rowStride = (size_t)v.rowStride;
@@ -379,17 +383,24 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   const bool hierCall = rv.hier && kind != ncclep::kRailHandle;
   if (hierCall) {
     // The hierarchical HT: to each other domain D's rank of my index (rail rank D), dispatch: my rail rows for D;
-    // combine: my partials for its sources (as their relay); from it the same for my domain, one message each way
-    // (fixed sizes: a relay reads each dispatch row's call number, a source only the partials it expects).
-    const int G = rv.domainSize, myDomain = view.rank / G;
-    const bool dispatch = kind == ncclep::kDispatch;
-    const size_t bytes = hierMessageBytes(kind);
+    // combine: my partials for its sources (as their relay); from it the same for my domain, one message each way.
+    // An EXACT handle's eager call moves the rows its routing fills (positions 0.. in token order: my tokens that
+    // hit D out, and back as partials; its tokens that hit my domain in, and back), no message where there are
+    // none; otherwise the fixed messages. Rows past the ones sent keep an earlier call's number, which the relay
+    // skips, and a source reads only the partials of its own positions.
+    const int G = rv.domainSize, myDomain = view.rank / G, D = R / G;
+    const bool dispatch = kind == ncclep::kDispatch, sized = counts && capture == cudaStreamCaptureStatusNone;
+    const size_t bytes = hierMessageBytes(kind), row = bytes / (size_t)view.maxTokens;
+    const int64_t* rail = counts ? counts + 2 * (size_t)R : nullptr;  // hostTotals: ht.h, HandleView
     char* out = dispatch ? rv.hierOut : rv.hierCombOut;
     char* in = dispatch ? rv.hierIn : rv.hierCombIn;
-    for (int d = 0; d < R / G && res == ncclSuccess; d++) {
+    for (int d = 0; d < D && res == ncclSuccess; d++) {
       if (d == myDomain) continue;
-      res = ncclSend(out + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
-      if (res == ncclSuccess) res = ncclRecv(in + (size_t)d * bytes, bytes, ncclUint8, d, railComm, stream);
+      const size_t toD = sized ? (size_t)(dispatch ? rail[d] : rail[D + d]) * row : bytes;
+      const size_t fromD = sized ? (size_t)(dispatch ? rail[D + d] : rail[d]) * row : bytes;
+      if (toD > 0) res = ncclSend(out + (size_t)d * bytes, toD, ncclUint8, d, railComm, stream);
+      if (fromD > 0 && res == ncclSuccess)
+        res = ncclRecv(in + (size_t)d * bytes, fromD, ncclUint8, d, railComm, stream);
     }
   } else if (rv.relay) {
     // To the rank of my index in each other domain D (rail rank D): what I wrote for each of its ranks, one message
@@ -583,7 +594,7 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   v.hierPos = hierDomains ? reinterpret_cast<int*>(b + offsets[8]) : nullptr;
   v.hierFwd = hierDomains ? reinterpret_cast<int*>(b + offsets[9]) : nullptr;
   void* host = nullptr;
-  const size_t hostInts = 2 + 2 * (size_t)R;  // HandleView::hostTotals
+  const size_t hostInts = 2 + 2 * (size_t)R + 2 * hierDomains;  // HandleView::hostTotals
   NCCLEXT_CUDA(cudaHostAlloc(&host, hostInts * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
   h->hostTotals = static_cast<int64_t*>(host);
   std::fill(h->hostTotals, h->hostTotals + hostInts, -1);

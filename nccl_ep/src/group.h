@@ -66,9 +66,10 @@ struct ncclEpGroup {
   // captured): an exchange that does not finish within the group's budget (a peer that died or never calls) has the
   // watchdog abort railComm; every later call of the group then fails with railWhy.
   // `ownerWeighted`: a combine of that mode, whose rows go in their own regions (ht.h, RailRegions).
-  // `counts` (HT, an EXACT handle's hostTotals + 2: my rows to each rank, then each source's rows to me): an eager
-  // call then moves only the rows its routing fills, a message per region (the ranks of a group run a call eagerly
-  // or capture it alike); NULL, or a capture: the fixed slices.
+  // `counts` (HT, an EXACT handle's hostTotals + 2: my rows to each rank, then each source's rows to me, then the
+  // hierarchical HT's rail rows per domain, out and in): an eager call then moves only the rows its routing fills, a
+  // message per region (hierarchical: per domain; the ranks of a group run a call eagerly or capture it alike);
+  // NULL, or a capture: the fixed slices.
   // `rows` (HT calls): the handle's device-side count of each source's filled slots (launchRailInbox).
   // `hierFwd` (the hierarchical HT's dispatch): the handle's HandleView::hierFwd, which its relay fills.
   ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,

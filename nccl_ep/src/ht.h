@@ -64,7 +64,9 @@ struct WindowLayout {
   size_t outboxes;      // the hierarchical HT (RailView::hier): the outboxes, [R][outboxBytes], in the window so
                         // that a relay reads its domain's ranks' combine rows there; 0 otherwise
   size_t total;
-  int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader
+  int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader; then,
+                     // the hierarchical HT (RailView::hier), the writer's tokens per destination domain
+  int domainCounts;  // where those domain counts start in a row (R + E + NC + 1; the row ends there without them)
   int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)
   int combSlots;     // rows of the combine staging: R x maxTokens (LL: at least maxTokens x maxTopk)
   int slices;        // LL: flags per staging row (ceil(max_token_bytes / kLlSliceCols): any row's slices); HT: 1
@@ -215,7 +217,9 @@ struct HandleView {
   int* emPos;           // [maxFlatRows][maxTopk]: EXPERT_MAJOR row of each (received flat row, k); -1
   float* flatW;         // [maxFlatRows][maxTopk]: its weight
   // pinned mapped (EXACT sizing): [0] FLAT rows, [1] EM rows, then [2 + r] my rows to rank r, [2 + R + s] rows from
-  // source s (what an eager call's rail exchange sends and receives; api.cc)
+  // source s (what an eager call's rail exchange sends and receives; api.cc); the hierarchical HT (D domains) also
+  // [2 + 2R + d] my tokens that hit domain d (my rail rows to it) and [2 + 2R + D + d] the tokens of domain d's rank
+  // of my index that hit my domain (its rail rows to me, which I relay); -1 for my own domain
   int64_t* hostTotals;
   // LL, written by dispatch for combine: rows received from each source, and the source token of each slot [s][j]
   // (emPos / flatW are indexed by slot s * maxTokens + j there).

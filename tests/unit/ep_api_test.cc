@@ -588,11 +588,15 @@ TEST(EpRail, HierarchicalRowBytesMatchTheModel) {
 
 // NCCL_EXT_HT_HIERARCHICAL (layoutGroup's htHierarchical) on real ranks, without a virtual_rail: High-Throughput
 // exchanges relayed and hierarchical when the domains have several ranks (2 of 2 here, with the row above), flat
-// with one rank a domain (the same protocol), with one domain, for Low-Latency, and without the variable.
+// with one rank a domain (the same protocol), with one domain, for Low-Latency, and without the variable. The
+// hierarchical HT's exchange rows end with one token count per domain (which size an EXACT handle's rail messages),
+// and the handle's exchange over the rail moves them with the row.
 TEST(EpRail, HierarchicalRelaysOnDomainsOfSeveralRanks) {
   struct Got {
     int relay, hier;
     size_t rowBytes, outboxes;
+    int domainCounts;  // ints at the end of an exchange row
+    size_t handleSlice;
   };
   auto layout = [](ncclEpAlgorithm_t algorithm, int nRanks, int lsaSize, bool hierarchical) {
     ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
@@ -605,19 +609,24 @@ TEST(EpRail, HierarchicalRelaysOnDomainsOfSeveralRanks) {
     EXPECT_EQ(ncclext::makeTopology(0, nRanks, 0, lsaSize, 0, &topo), ncclSuccess);
     ncclep::GroupView v;
     ncclep::layoutGroup(cfg, topo, &v, hierarchical);
-    return Got{v.rail.relay, v.rail.hier, v.rail.hier ? v.rail.hierRow.bytes() : 0, v.wl.outboxes};
+    EXPECT_EQ(v.wl.domainCounts, nRanks + cfg.num_experts + v.nChunks + 1);
+    return Got{v.rail.relay, v.rail.hier, v.rail.hier ? v.rail.hierRow.bytes() : 0, v.wl.outboxes,
+               v.wl.exchangeInts - v.wl.domainCounts, v.rail.slice[ncclep::kRailHeader]};
   };
   const Got on = layout(NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, 2, true);
   EXPECT_EQ(on.relay, 1);
   EXPECT_EQ(on.hier, 1);
   EXPECT_EQ(on.rowBytes, 576u);  // HierarchicalRowBytesMatchTheModel's row: layoutGroup's sizes
   EXPECT_GT(on.outboxes, 0u);    // the relays read their domain's outboxes in the window
+  EXPECT_EQ(on.domainCounts, 2);
+  EXPECT_EQ(on.handleSlice, (4u + 8u + 1u + 1u + 2u) * 4u);  // R + E + NC + 1 + domains, int32
   const ncclEpAlgorithm_t ht = NCCL_EP_ALGO_HIGH_THROUGHPUT, ll = NCCL_EP_ALGO_LOW_LATENCY;
   for (const Got& g :
        {layout(ht, 4, 2, false), layout(ht, 2, 1, true), layout(ht, 4, 4, true), layout(ll, 4, 2, true)}) {
     EXPECT_EQ(g.relay, 0);
     EXPECT_EQ(g.hier, 0);
     EXPECT_EQ(g.outboxes, 0u);
+    EXPECT_EQ(g.domainCounts, 0);
   }
 }
 

@@ -20,7 +20,10 @@
 //                exchange and railInboxKernel bring every remote source's row into my window; the receive half meets
 //                my domain's ranks and derives (the barriers span my domain only: another domain's rows are in
 //                place by stream order, and its next rows reach my window only through my next exchange, which my
-//                stream runs after this kernel).
+//                stream runs after this kernel). The hierarchical HT's rows end with the writer's tokens that hit
+//                each domain (counted by the send half from sendSlot, as hierPackKernel counts its rail rows); an
+//                EXACT handle's receive half copies mine and those of each other domain's rank of my index for my
+//                domain into hostTotals, which size the rail messages of its eager calls.
 //   railInboxKernel  across domains, after an exchange's NCCL group (both modes): each remote source's slices of the
 //                exchange's regions, inbox -> my window (LL: the kind's bank), 8 or 4 bytes a thread at a time.
 //   railRelayKernel  the same in relay mode (HT over a rail of one index, RailView::relay): what each other domain's
@@ -139,12 +142,30 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, me = g.rank;
   const int cols = R + E;
   const int* totals = h.tileCount + (size_t)NC * cols;
+  const RailView& rv = g.rail;
+  const int nDomainCounts = g.wl.exchangeInts - g.wl.domainCounts;  // the hierarchical HT's: one per domain
   // (1) My row into every rank's exchange area (another domain's rank's: into my outbox for it).
   if (phase != kHtReceiveHalf) {
+    // The hierarchical HT: how many of my tokens hit each domain (a slot towards any of its ranks: hierPackKernel's
+    // test), the rail rows my dispatch sends there.
+    __shared__ int domainHits[kMaxRanks];
+    for (int d = 0; d < nDomainCounts; d++) {
+      int hits = 0;
+      for (int t0 = 0; t0 < h.numTokens; t0 += blockDim.x) {
+        const int t = t0 + (int)threadIdx.x;
+        bool hit = false;
+        for (int rl = 0; t < h.numTokens && rl < rv.domainSize; rl++)
+          hit = hit || h.sendSlot[(size_t)t * R + d * rv.domainSize + rl] >= 0;
+        hits += __syncthreads_count(hit);
+      }
+      if (threadIdx.x == 0) domainHits[d] = hits;
+    }
+    __syncthreads();
     for (int r = 0; r < R; r++) {
       int* row = static_cast<int*>(peerAt(g, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
       for (int i = threadIdx.x; i < R + E; i += blockDim.x) row[i] = totals[i];
       for (int c = threadIdx.x; c <= NC; c += blockDim.x) row[R + E + c] = h.tileCount[(size_t)c * cols + r];
+      for (int d = threadIdx.x; d < nDomainCounts; d += blockDim.x) row[g.wl.domainCounts + d] = domainHits[d];
     }
     // Across domains the release that publishes these rows to my domain is the receive half's barrier, a later
     // kernel: each thread's stores are made visible at system scope before this kernel can end.
@@ -154,7 +175,6 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
     }
   }
   // (2) Meet every rank of my domain (its stores released, theirs acquired).
-  const RailView& rv = g.rail;
   ncclext::dev::LsaBarrier bar{g.peers,          g.wl.barrierFlags, g.barrierEpoch,         me - rv.domainBase,
                                rv.domainSize,    rv.domainBase,     {g.err, g.timeoutNs, me}};
   if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
@@ -211,11 +231,22 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
       h.hostTotals[1] = pos;
     }
   }
-  if (h.hostTotals)
+  if (h.hostTotals) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       h.hostTotals[2 + r] = totals[r];
       h.hostTotals[2 + R + r] = d[dl.srcCount + r];
     }
+    // The hierarchical HT: my rail rows to each other domain, and the rows its rank of my index sends me (whose row
+    // reached my window by my own relay).
+    const int myDomain = me / rv.domainSize, myIndex = me - rv.domainBase;
+    int64_t* rail = h.hostTotals + 2 + 2 * (size_t)R;
+    for (int dd = threadIdx.x; dd < nDomainCounts; dd += blockDim.x) {
+      const int* mine = rows + (size_t)me * g.wl.exchangeInts + g.wl.domainCounts;
+      const int* theirs = rows + (size_t)(dd * rv.domainSize + myIndex) * g.wl.exchangeInts + g.wl.domainCounts;
+      rail[dd] = dd == myDomain ? -1 : mine[dd];
+      rail[nDomainCounts + dd] = dd == myDomain ? -1 : theirs[myDomain];
+    }
+  }
   __syncthreads();
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     if (info.expertCounters) info.expertCounters[l] = d[dl.expCount + l];
