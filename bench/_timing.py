@@ -53,3 +53,24 @@ def paired_difference(a, b):
     d = sorted(x[0] - y[0] for x, y in zip(a, b))
     q = statistics.quantiles(d, n=4)
     return statistics.median(d), q[0], q[2]
+
+
+def back_to_back(fns: dict, calls: int, rounds: int, warmup: int = 5):
+    """Per name of `fns`, the median over `rounds` of the wall microseconds per call of `calls` calls enqueued back to
+    back (one synchronisation before and one after: the host may run ahead of the GPU, as an eager loop does), the
+    functions taking turns round by round."""
+    import torch
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    per = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            per[name].append((time.perf_counter() - t0) * 1e6 / calls)
+    return {name: statistics.median(v) for name, v in per.items()}

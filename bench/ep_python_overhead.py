@@ -17,7 +17,9 @@ that run every path below once in turn (bench/_timing.py interleaved):
   ops_work the same work through Group (handle.update, dispatch with weights, counts.clone(), combine): ops - ops_work
            is torch.library's own cost;
   graph_c, graph_python: replays of CUDA graphs that captured `c` and `python` (inside a graph the layer costs
-           nothing: the same kernels replay).
+           nothing: the same kernels replay);
+  back to back: c, python and python_out, 100 pairs enqueued with one synchronisation at the end, the wall time per
+           pair (median of 10 rounds): what an eager loop whose host runs ahead of the GPU pays.
 Overhead = python - c (microseconds: the median over the rounds of the difference of the two synchronised times,
 with its quartiles; and of the medians of the enqueue times), and (python - c) / c. At 1 rank the
 kernels move no byte over a link: the GPU time is local copies, so the overhead is measured against the smallest
@@ -34,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 from _launch import append_json, start  # noqa: E402
-from _timing import interleaved, paired_difference  # noqa: E402
+from _timing import back_to_back, interleaved, paired_difference  # noqa: E402
 
 
 def main():
@@ -130,15 +132,21 @@ def main():
         for name, pairs in samples.items():
             row[name] = {"wall_us": statistics.median(w for w, _ in pairs),
                          "enqueue_us": statistics.median(h for _, h in pairs)}
-        # Each overhead: the median of the rounds' differences (a round times every path once, back to back), with
-        # its quartiles: the spread of the difference itself, not of either time.
-        for name, (x, base) in (("overhead_python_us", ("python", "c")), ("overhead_python_out_us", ("python_out", "c")),
-                                ("overhead_graph_us", ("graph_python", "graph_c")),
-                                ("torch_library_us", ("ops", "ops_work"))):
-            med, q1, q3 = paired_difference(samples[x], samples[base])
+        # Each overhead: the median of the rounds' differences (a round times every path once, one after another),
+        # with its quartiles: the spread of the difference itself, not of either time.
+        for name, (path, base) in (("overhead_python_us", ("python", "c")),
+                                   ("overhead_python_out_us", ("python_out", "c")),
+                                   ("overhead_graph_us", ("graph_python", "graph_c")),
+                                   ("torch_library_us", ("ops", "ops_work"))):
+            med, q1, q3 = paired_difference(samples[path], samples[base])
             row[name] = med
             row[name.replace("_us", "_quartiles_us")] = [q1, q3]
         row["overhead_python_enqueue_us"] = row["python"]["enqueue_us"] - row["c"]["enqueue_us"]
+        # Back to back: 100 pairs enqueued with one synchronisation at the end, per pair; the layer's cost shows only
+        # where its host time per pair exceeds the GPU's.
+        b2b = back_to_back({"c": c_pair, "python": python_pair, "python_out": python_out_pair}, 100, 10)
+        row["back_to_back_us"] = b2b
+        row["overhead_back_to_back_us"] = b2b["python"] - b2b["c"]
         del graphs
         sent = (idx >= 0).any(dim=1)
         # Each path once more on poisoned outputs: at 1 rank each sent token's one row comes back as it went.
@@ -154,12 +162,14 @@ def main():
         h.close()
         print("ep_python_overhead: T %5d: c %7.1f us (enqueue %5.1f), python %7.1f us (+%.1f us, quartiles %.1f .. "
               "%.1f; enqueue %5.1f, +%.1f us; of it alloc %.1f), python with out= %.1f us (+%.1f us), graph c %.1f / "
-              "python %.1f us, ops %.1f us (same work through Group %.1f us)" % (
+              "python %.1f us, ops %.1f us (same work through Group %.1f us); back to back per pair: c %.1f, python "
+              "%.1f (+%.1f us), python with out= %.1f us" % (
                   T, row["c"]["wall_us"], row["c"]["enqueue_us"], row["python"]["wall_us"],
                   row["overhead_python_us"], *row["overhead_python_quartiles_us"], row["python"]["enqueue_us"],
                   row["overhead_python_enqueue_us"], row["alloc"]["enqueue_us"], row["python_out"]["wall_us"],
                   row["overhead_python_out_us"], row["graph_c"]["wall_us"], row["graph_python"]["wall_us"],
-                  row["ops"]["wall_us"], row["ops_work"]["wall_us"]))
+                  row["ops"]["wall_us"], row["ops_work"]["wall_us"], b2b["c"], b2b["python"],
+                  row["overhead_back_to_back_us"], b2b["python_out"]))
     group.close()
     result = {"test": "ep_python_overhead", "pass": ok, "gpu": torch.cuda.get_device_name(0), "ranks": 1,
               "hidden": H, "topk": K, "experts": E, "iters": a.iters, "rows": rows_out}
