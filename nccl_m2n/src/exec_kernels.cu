@@ -281,8 +281,8 @@ __device__ void loadQuantColumns(const char* from, int bytes, int64_t at, int64_
       const uint4 v = *reinterpret_cast<const uint4*>(p);
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
       for (int i = 0; i < 4; i++) {
-        x[2 * i] = ncclext::bitsFloat(w[i] << 16);
-        x[2 * i + 1] = ncclext::bitsFloat(w[i] & 0xffff0000u);
+        x[2 * i] = ncclext::bf16ToFloat((uint16_t)(w[i] & 0xffffu));
+        x[2 * i + 1] = ncclext::bf16ToFloat((uint16_t)(w[i] >> 16));
       }
     } else {
       const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
