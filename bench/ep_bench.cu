@@ -194,11 +194,9 @@ int main(int argc, char** argv) {
         relayed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
                 : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
     const size_t railSlots = relayed ? (size_t)info.n_domains - 1 : remote.size();
-    // What crosses the rail, for the output: one message per domain is the hierarchical HT's.
-    const char* exchange = remote.empty()                       ? "none"
-                           : !relayed                           ? "flat"
-                           : info.rail_messages_per_domain == 1 ? "hierarchical"
-                                                                : "relayed";
+    // What crosses the rail, for the output and the baseline: one message per domain is the hierarchical HT's.
+    const bool hierarchical = relayed && info.rail_messages_per_domain == 1;
+    const char* exchange = remote.empty() ? "none" : !relayed ? "flat" : hierarchical ? "hierarchical" : "relayed";
     void *railSend = nullptr, *railRecv = nullptr;
     if (!remote.empty()) {
       cudaMalloc(&railSend, railMost * railSlots);
@@ -370,7 +368,6 @@ int main(int argc, char** argv) {
         // timed here sends them: its rail rows to d (dispatch; combine: the partials back for the rows it relays),
         // from d the other way, no message where there are none.
         const int nMsg = std::max(info.rail_messages_per_domain, 1);
-        const bool hierarchical = info.rail_messages_per_domain == 1;
         const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
         const size_t msgBytes = domainBytes / nMsg, hierRow = domainBytes / (size_t)cfg.max_tokens_per_rank;
         auto bytesOf = [&](int d, bool out) {

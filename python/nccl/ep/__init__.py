@@ -181,10 +181,12 @@ def _raw_stream(stream, device_index: int):
 
 
 def _allocating_on(stream):
-    """A context in which torch allocates for `stream` (a torch CUDA stream, or anything with .cuda_stream): the
-    caching allocator hands a block freed by one stream to later work of that stream only, so the outputs of a call
-    on `stream` must be that stream's, or a caller who drops them could see their memory reused by the current
-    stream while the call still writes it."""
+    """A context in which torch allocates for `stream` (a torch CUDA stream, or anything with .cuda_stream; None: the
+    current stream, nothing to switch): the caching allocator hands a block freed by one stream to later work of that
+    stream only, so the outputs of a call on `stream` must be that stream's, or a caller who drops them could see
+    their memory reused by the current stream while the call still writes it."""
+    if stream is None:
+        return contextlib.nullcontext()
     import torch
 
     if not isinstance(stream, torch.cuda.Stream):
@@ -237,7 +239,7 @@ class _Prepared:
                 for d, offset in self.counts[1]:
                     d.data = base + 4 * offset
             return reuse
-        if stream is not None:
+        if stream is not None:  # the current stream's calls (the common case) skip the context: a per-call path
             with _allocating_on(stream):
                 return self._new_outputs()
         return self._new_outputs()
@@ -370,11 +372,8 @@ class Group(Closing):
         0 = masked (by mask_update, or by the kernels: a peer that did not arrive in time)."""
         import torch
 
-        if stream is None:
+        with _allocating_on(stream):
             mask = torch.empty(self.size, dtype=torch.int32, device=self.comm.device)
-        else:
-            with _allocating_on(stream):
-                mask = torch.empty(self.size, dtype=torch.int32, device=self.comm.device)
         _call("ncclEpMaskQuery", self._handle(), mask.data_ptr(), _raw_stream(stream, self.comm.device.index))
         return mask
 
@@ -708,7 +707,7 @@ class Handle(Closing):
                                        "(Group(algorithm='low_latency'))")
             dev = topk_idx.device if isinstance(topk_idx, torch.Tensor) else None
             # Zeroed on the stream the binding runs on: filled on another, the binding could race the fill.
-            with _allocating_on(stream) if stream is not None else contextlib.nullcontext():
+            with _allocating_on(stream):
                 self.expert_counts = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
                 self.rank_counts = torch.zeros(group.size, dtype=torch.int32, device=dev)
                 self.expert_offsets = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
