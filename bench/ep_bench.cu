@@ -502,7 +502,8 @@ int main(int argc, char** argv) {
                       "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
                       "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
                       "\"rail_fixed_bytes_per_peer\": %zu, \"rail_us_median\": %.2f, "
-                      "\"rail_messages_per_domain\": %d, \"exchange\": \"%s\", "
+                      "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
+                      "\"exchange\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
                       "metadata); relayed: the exchange's messages to every other domain (flat: fixed; "
@@ -513,7 +514,7 @@ int main(int argc, char** argv) {
                       ncclext::harness::oneGpuName(ctx.mode), info.n_domains, cfg.max_tokens_per_rank, remote.size(),
                       railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op],
-                      info.rail_messages_per_domain, exchange);
+                      info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes, exchange);
           }
         }
       }

@@ -255,7 +255,8 @@ typedef struct {
   size_t rail_combine_owner_bytes;  /* LL combine with inputs.topk_weights (rows per (token, expert)); 0 in HT */
   /* The rail's traffic per call to each other domain, each way (0 with one domain): the messages, and the bytes of
    * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
-   * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them), or, for the
+   * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them; HT's flat exchange:
+   * two per rank, one per staging region, received straight into the window), or, for the
    * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one of a fixed row per token. These are
    * the fixed sizes (worst-case handles, captured calls); an EXACT handle's eager HT calls move only the rows their
    * routing fills (hierarchical: a row per token that hits the domain), none where there are none. */
@@ -264,8 +265,11 @@ typedef struct {
   size_t rail_combine_domain_bytes;
   int rail_relayed; /* 1: the messages go to the rank of my index in each other domain, which relays them inside its
                      * domain (virtual_rail, or the hierarchical HT); 0: to each rank itself (or one domain) */
+  size_t rail_staging_bytes; /* device memory this rank holds for the rail outside its window: the outboxes (one
+                              * per rank of another domain; relayed: one per rank), LL's and relay mode's inboxes,
+                              * the hierarchical HT's rail rows; 0 with one domain */
 } ncclEpGroupInfo_t;
-#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice

@@ -218,14 +218,9 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
       g->relayFence(stream);
     }
   }
-  // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel. Every
-  // handle knows them on the device: only those rows are copied out of the inbox (dispatch: the rows each source
-  // sent me; combine: my rows each expert rank returns).
+  // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel.
   const bool exact = h->config.sizing == NCCL_EP_SIZING_EXACT;
-  const ncclep::GroupView& v = g->view;
-  const int* rows = kind == ncclep::kDispatch ? h->view.derived + h->view.dl.srcCount
-                                              : h->view.tileCount + (size_t)v.nChunks * (v.nRanks + v.numExperts);
-  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr, rows, h->view.hierFwd));
+  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr, h->view.hierFwd));
   if constexpr (std::is_same<Call, ncclep::CombineCall>::value)
     if (hier) NCCLEXT_CHECK(ncclep::launchHierScatter(g->view, h->view, c, stream));
   c.phase = ncclep::kHtReceiveHalf;
@@ -455,12 +450,13 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->rail_messages_per_domain = 0;
   info->rail_dispatch_domain_bytes = info->rail_combine_domain_bytes = 0;
   info->rail_relayed = group->railComm && rv.relay ? 1 : 0;
+  info->rail_staging_bytes = group->railBytes;
   if (group->railComm && rv.hier) {
     info->rail_messages_per_domain = 1;
     info->rail_dispatch_domain_bytes = group->hierMessageBytes(ncclep::kDispatch);
     info->rail_combine_domain_bytes = group->hierMessageBytes(ncclep::kCombine);
   } else if (group->railComm) {
-    info->rail_messages_per_domain = topo.domainSize;
+    info->rail_messages_per_domain = topo.domainSize * (rv.direct ? 2 : 1);  // direct: dispatch and combine, 2 regions
     info->rail_dispatch_domain_bytes = (size_t)topo.domainSize * info->rail_dispatch_bytes;
     info->rail_combine_domain_bytes = (size_t)topo.domainSize * info->rail_combine_bytes;
   }

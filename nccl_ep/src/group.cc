@@ -120,6 +120,8 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   // The hierarchical HT's relays read their domain's outboxes: those then live in the window.
   rv.relay = relay;
   rv.hier = relay && hier;
+  rv.direct = topo.nDomains > 1 && !v.lowLatency && !relay;
+  rv.boxes = topo.nDomains == 1 ? 0 : relay ? nRanks : nRanks - topo.domainSize;
   w.outboxes = 0;
   if (rv.hier) {
     rv.hierRow.rowStride = (size_t)v.rowStride;
@@ -243,16 +245,18 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   // traffic on comm never meets ours; relay: the domain's rail, the ranks of my index in every domain, likewise).
   if (res == ncclSuccess && rv.outboxBytes) {
     void* ob = nullptr;
-    const size_t boxes = rv.outboxBytes * nRanks;
-    // The outboxes, then the inboxes; the hierarchical HT: the inboxes only (its outboxes are in the window).
-    res = g->deviceAlloc(&ob, rv.hier ? boxes : 2 * boxes);
+    const size_t boxes = rv.outboxBytes * rv.boxes;
+    // The outboxes, then the inboxes; the hierarchical HT: the inboxes only (its outboxes are in the window); the
+    // direct exchange: the outboxes only (it receives into the window).
+    g->railBytes = rv.hier || rv.direct ? boxes : 2 * boxes;
+    res = g->deviceAlloc(&ob, g->railBytes);
     g->railAlloc = ob;
     rv.outbox = rv.hier ? static_cast<char*>(g->mem->localPtr()) + w.outboxes : static_cast<char*>(ob);
-    rv.inbox = rv.hier ? static_cast<char*>(ob) : rv.outbox + boxes;
+    rv.inbox = rv.hier ? static_cast<char*>(ob) : rv.direct ? nullptr : rv.outbox + boxes;
     // Zeroed: slots that no call wrote yet travel too (whole slices), and their flags must read as no call's
     // (relay mode copies them into a peer's window while it may be waiting on the slot's flag of a later call).
     if (res == ncclSuccess && (cudaMemsetAsync(rv.outbox, 0, boxes, stream) != cudaSuccess ||
-                               cudaMemsetAsync(rv.inbox, 0, boxes, stream) != cudaSuccess))
+                               (rv.inbox && cudaMemsetAsync(rv.inbox, 0, boxes, stream) != cudaSuccess)))
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the outboxes: zero-fill failed");
     // The hierarchical HT's rail rows (dispatch: a row and its tail; combine: a partial row), out and in, zeroed.
     if (res == ncclSuccess && rv.hier) {
@@ -261,6 +265,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
       void* hb = nullptr;
       res = g->deviceAlloc(&hb, 2 * (dispBytes + combBytes));
       g->hierAlloc = hb;
+      g->railBytes += 2 * (dispBytes + combBytes);
       rv.hierOut = static_cast<char*>(hb);
       rv.hierIn = rv.hierOut + dispBytes;
       rv.hierCombOut = rv.hierIn + dispBytes;
@@ -367,7 +372,7 @@ void abortRail(ncclEpGroup* g, double seconds) {
 }  // namespace
 
 ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
-                                       const int* rows, int* hierFwd) {
+                                       int* hierFwd) {
   if (!railComm) return ncclSuccess;
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -416,29 +421,39 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
         if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, d, railComm, stream);
       }
     }
-  } else if (counts && capture == cudaStreamCaptureStatusNone) {
-    // An EXACT handle's eager HT call: the rows its routing fills, from slot 0 of each region (slots are dense), a
-    // message per region and direction where there is any; what my peer sends me is what I count from it.
-    const bool dispatch = kind == ncclep::kDispatch;
+  } else if (rv.direct || (counts && capture == cudaStreamCaptureStatusNone)) {
+    // A message per region and direction, from remote rank r's outbox (box(r)) and, for HT (direct), straight into
+    // r's slice of my window: a rank of another domain writes there only through this exchange, which my stream
+    // runs after my receive half of the previous call read it, and before this call's receive half reads it.
+    // An EXACT handle's eager HT call moves the rows its routing fills, from slot 0 of each region (slots are
+    // dense; what my peer sends me is what I count from it), no message where there are none; otherwise whole
+    // slices (stale slots of earlier calls travel too and are never read: a receiver reads only this call's rows).
+    const bool sized = counts && capture == cudaStreamCaptureStatusNone, dispatch = kind == ncclep::kDispatch;
+    char* window = static_cast<char*>(mem->localPtr());
     for (int r = 0; r < R && res == ncclSuccess; r++) {
       if (rv.local(r)) continue;
-      const int64_t out = dispatch ? counts[r] : counts[R + r], in = dispatch ? counts[R + r] : counts[r];
+      const int64_t out = !sized ? view.maxTokens : dispatch ? counts[r] : counts[R + r];
+      const int64_t in = !sized ? view.maxTokens : dispatch ? counts[R + r] : counts[r];
       for (int i = regions.first; i <= regions.last && res == ncclSuccess; i++) {
-        const size_t perSlot = rv.slice[i] / (size_t)view.maxTokens, at = (size_t)r * rv.outboxBytes + rv.outOff[i];
-        if (out > 0) res = ncclSend(rv.outbox + at, (size_t)out * perSlot, ncclUint8, r, railComm, stream);
-        if (in > 0 && res == ncclSuccess)
-          res = ncclRecv(rv.inbox + at, (size_t)in * perSlot, ncclUint8, r, railComm, stream);
+        const size_t perSlot = rv.slice[i] / (size_t)view.maxTokens;
+        const size_t at = (size_t)rv.box(r) * rv.outboxBytes + rv.outOff[i];
+        char* into = rv.direct ? window + rv.base[i] + (size_t)r * rv.slice[i] : rv.inbox + at;
+        // The handle's count rows (one "slot" of R + E + NC + 1 ints, not maxTokens of them) go whole.
+        const size_t sendBytes = kind == ncclep::kRailHandle ? rv.slice[i] : (size_t)out * perSlot;
+        const size_t recvBytes = kind == ncclep::kRailHandle ? rv.slice[i] : (size_t)in * perSlot;
+        if (sendBytes > 0) res = ncclSend(rv.outbox + at, sendBytes, ncclUint8, r, railComm, stream);
+        if (recvBytes > 0 && res == ncclSuccess) res = ncclRecv(into, recvBytes, ncclUint8, r, railComm, stream);
       }
     }
   } else {
-    // One message each way per remote rank: the call's regions lie end to end in the outbox (a message has a fixed
-    // cost of its own, milliseconds over sockets: docs/PERFORMANCE.md).
+    // Low-Latency: one message each way per remote rank (a message has a fixed cost of its own, milliseconds over
+    // sockets: docs/PERFORMANCE.md): the call's regions lie end to end in the outbox, and land in my inbox.
     const size_t from = rv.outOff[regions.first], bytes = rv.spanOf(regions);
     for (int r = 0; r < R && res == ncclSuccess; r++) {
       if (rv.local(r)) continue;
-      res = ncclSend(rv.outbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
-      if (res == ncclSuccess)
-        res = ncclRecv(rv.inbox + (size_t)r * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
+      const size_t at = (size_t)rv.box(r) * rv.outboxBytes + from;
+      res = ncclSend(rv.outbox + at, bytes, ncclUint8, r, railComm, stream);
+      if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, r, railComm, stream);
     }
   }
   const ncclResult_t ended = ncclGroupEnd();
@@ -451,7 +466,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     const double seconds = timeoutSeconds;
     ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
   }
-  if (!rv.relay) return ncclep::launchRailInbox(view, kind, ownerWeighted, rows, stream);
+  if (!rv.relay) return rv.direct ? ncclSuccess : ncclep::launchRailInbox(view, kind, ownerWeighted, stream);
   if (hierCall && kind == ncclep::kCombine) return ncclSuccess;  // the source's scatter follows (api.cc)
   NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, hierFwd, stream));
   relayFence(stream);

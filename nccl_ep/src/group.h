@@ -61,8 +61,9 @@ struct ncclEpGroup {
   // communicator of their exchanges (NULL with one domain).
   ncclComm_t railComm = nullptr;
   // Between a call's (or HT handle's exchange kernel's) send half and its receive half: every remote rank's slices
-  // of `kind` (ncclep::CallKind, or ncclep::kRailHandle; one ncclSend from my outbox for it, one ncclRecv into my
-  // inbox), in one NCCL group on `stream`, then the inbox copied into my window (launchRailInbox). Watched (not when
+  // of `kind` (ncclep::CallKind, or ncclep::kRailHandle; LL: one ncclSend from my outbox for it, one ncclRecv into
+  // my inbox, then the inbox copied into my window, launchRailInbox; HT: a send and a receive per region, received
+  // straight into my window, RailView::direct), in one NCCL group on `stream`. Relay mode: ht.h. Watched (not when
   // captured): an exchange that does not finish within the group's budget (a peer that died or never calls) has the
   // watchdog abort railComm; every later call of the group then fails with railWhy.
   // `ownerWeighted`: a combine of that mode, whose rows go in their own regions (ht.h, RailRegions).
@@ -70,10 +71,9 @@ struct ncclEpGroup {
   // hierarchical HT's rail rows per domain, out and in): an eager call then moves only the rows its routing fills, a
   // message per region (hierarchical: per domain; the ranks of a group run a call eagerly or capture it alike);
   // NULL, or a capture: the fixed slices.
-  // `rows` (HT calls): the handle's device-side count of each source's filled slots (launchRailInbox).
   // `hierFwd` (the hierarchical HT's dispatch): the handle's HandleView::hierFwd, which its relay fills.
   ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,
-                            const int* rows = nullptr, int* hierFwd = nullptr);
+                            int* hierFwd = nullptr);
   // The hierarchical HT's one message to each other domain's rank of my index: dispatch, a rail row (with its tail)
   // per token position; combine, a partial row per position.
   size_t hierMessageBytes(int kind) const {
@@ -89,6 +89,7 @@ struct ncclEpGroup {
   // whether one ran out of time: then skipped). See railExchange.
   void* railAlloc = nullptr;  // the outboxes and inboxes (hierarchical HT: the inboxes; its outboxes are in the window)
   void* hierAlloc = nullptr;  // the hierarchical HT's rail rows
+  size_t railBytes = 0;       // both allocations' bytes (ncclEpGroupInfo_t::rail_staging_bytes)
   uint64_t relayFenceKey = 0;
   bool relayFenced = false, relayFenceLost = false;
 

@@ -106,7 +106,8 @@ struct DerivedLayout {
 // call's number, so that CUDA graph replays alternate the banks as the kernels do): the receive half then finds
 // every remote row and flag in place. High-Throughput uses the same regions by source (its row flags live in the
 // metadata, so it has no slice flags), and one more exchange: the handle's count rows (kRailHeader's place), between
-// the halves of the exchange kernel (kernels/ht_route.cu).
+// the halves of the exchange kernel (kernels/ht_route.cu). It has one bank, so its flat exchange receives each
+// region's slice straight into my window (RailView::direct: a message per region, no inbox and no copy).
 constexpr int kRailRegions = 8;
 enum RailRegion {
   kRailHeader = 0,  // LL: the header row; HT: the handle's exchange row (WindowLayout::exchange)
@@ -168,8 +169,13 @@ struct RailView {
   // token at my position q towards domain D, from its relay.
   char* hierCombOut = nullptr;
   char* hierCombIn = nullptr;
-  char* outbox = nullptr;              // [R][outboxBytes]: rank r's at r * outboxBytes (remote ranks only)
-  char* inbox = nullptr;               // [R][outboxBytes]: what remote rank r sent me, in its outbox's layout
+  // Direct (HT, flat exchange): NCCL receives each remote source's slices straight into my window, region by
+  // region (HT has one bank, and its window addresses are the same in every call and replay): no inbox, no copy.
+  int direct = 0;
+  int boxes = 0;                       // the outboxes (and inboxes) a rank has: box(r) for r of another domain
+  char* outbox = nullptr;              // [boxes][outboxBytes]: rank r's at box(r) * outboxBytes
+  char* inbox = nullptr;               // [boxes][outboxBytes]: what remote rank r sent me, in its outbox's layout;
+                                       // NULL when direct
   size_t outboxBytes = 0;
   size_t bankStart = 0;                // the first bank's start (WindowLayout::combFlags)
   size_t base[kRailRegions];           // region i of a bank (offsets in bank 0)
@@ -177,6 +183,9 @@ struct RailView {
   size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
 
   __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
+  // Remote rank r's outbox (and inbox): relay mode keeps every rank's place (inbox[D * domainSize + r] is by
+  // domain and rank); the flat exchange has one per rank of another domain, in rank order, my domain's skipped.
+  __host__ __device__ int box(int r) const { return relay || r < domainBase ? r : r - domainSize; }
   // The regions exchange `kind` (kDispatch, kCombine, kRailHandle) moves in this group's mode.
   __host__ __device__ RailRegions regionsOf(int kind, bool ownerWeighted) const {
     if (!highThroughput) return RailRegions::of(kind, ownerWeighted);
@@ -288,7 +297,7 @@ __device__ __forceinline__ void* peerAt(const GroupView& g, size_t offset, int r
   const RailView& rv = g.rail;
   if (rv.local(r)) return g.peers.at(offset, r - rv.domainBase);
   size_t at = 0;
-  return railOutboxOffset(g, offset, &at) ? rv.outbox + (size_t)r * rv.outboxBytes + at : nullptr;
+  return railOutboxOffset(g, offset, &at) ? rv.outbox + (size_t)rv.box(r) * rv.outboxBytes + at : nullptr;
 }
 #endif
 
@@ -302,11 +311,9 @@ ncclResult_t loadCombineKernels();
 // whole handle, or (across domains) the local kernels and the exchange kernel's send half, or its receive half only.
 ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange, int phase,
                          cudaStream_t stream);
-// Across domains, after an exchange's NCCL group: copies every remote source's slices of exchange `kind` (kDispatch,
-// kCombine, kRailHandle) from the inbox into its slices of my window (LL: the bank of the kind's last send half).
-// `rows` (HT calls; device memory): the slots source s filled, rows[s] (dispatch: the rows it sent me; combine: my
-// rows it returns), the rest of its slices is not copied; NULL: whole slices.
-ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream);
+// Low-Latency across domains, after an exchange's NCCL group: copies every remote source's slices of exchange `kind`
+// (kDispatch, kCombine) from the inbox into its slices of my window, in the bank of the kind's last send half.
+ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream);
 // Relay mode (RailView::relay): instead, what each other domain's rank of my index wrote for each rank r of my
 // domain, from the inbox into r's window at that writer's slices (LSA), flags last (kernels/ht_route.cu).
 ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, cudaStream_t stream);

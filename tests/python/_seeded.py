@@ -27,11 +27,18 @@ def on_rank(idx, d, local):
     return (idx >= 0) & (idx // local == d)
 
 
-def check_flat_rail_traffic(info):
-    """Group.info() of a group over the flat exchange (one-GPU nodes): one message to each rank of another domain,
-    its slices whole; nothing with one domain."""
+def check_flat_rail_traffic(info, high_throughput):
+    """Group.info() of a group over the flat exchange (one-GPU nodes): messages to each rank of another domain, its
+    slices whole (Low-Latency: one a call, through an inbox; High-Throughput: one per region, two, straight into the
+    window); the rail's own memory: an outbox per rank of another domain (Low-Latency: and an inbox); nothing with
+    one domain."""
     G = info["domain_size"] if info["n_domains"] > 1 else 0
-    assert info["rail_messages_per_domain"] == G, info
+    assert info["rail_messages_per_domain"] == G * (2 if high_throughput else 1), info
     assert info["rail_dispatch_domain_bytes"] == G * info["rail_dispatch_bytes"], info
     assert info["rail_combine_domain_bytes"] == G * info["rail_combine_bytes"], info
     assert info["rail_relayed"] == 0, info
+    remote = (info["n_domains"] - 1) * info["domain_size"] if G else 0
+    box = info["rail_dispatch_bytes"] + info["rail_combine_bytes"] + info["rail_combine_owner_bytes"]
+    boxes = remote if high_throughput else 2 * remote
+    # An outbox holds one slice of each region (and, HT, the handle's count row: R + E + chunks + 1 ints).
+    assert boxes * box <= info["rail_staging_bytes"] <= boxes * (box + (1 << 16)), info

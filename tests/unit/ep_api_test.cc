@@ -483,7 +483,7 @@ TEST(EpRail, HighThroughputOutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
     ASSERT_TRUE(rv.highThroughput);
     ASSERT_EQ(rv.slice[ncclep::kRailDispFlags], 0u);
     ASSERT_EQ(rv.slice[ncclep::kRailOwnerRows], 0u);
-    for (int i = 0; i < ncclep::kRailRegions; i++)  // the inbox copy moves 8-byte words, or 4-byte ones
+    for (int i = 0; i < ncclep::kRailRegions; i++)  // the relay's copies move 8-byte words, or 4-byte ones
       ASSERT_TRUE((rv.base[i] | rv.slice[i]) % 4 == 0 && rv.outOff[i] % 16 == 0) << i;
     const int M = v[0].maxTokens;
     const size_t stride = v[0].rowStride, meta = v[0].meta.bytes, row = (size_t)w.exchangeInts * 4;
@@ -584,6 +584,53 @@ TEST(EpRail, HierarchicalRowBytesMatchTheModel) {
   EXPECT_EQ(hr.bytes(), 576u);
   hr.domainSize = 3;
   EXPECT_EQ(hr.bytes(), 592u);
+}
+
+// The flat exchange keeps one outbox (and, Low-Latency, one inbox) per rank of another domain: box(r) numbers those
+// ranks 0.. in rank order, skipping my domain; High-Throughput's receives land in the window itself (direct: no
+// inbox). Relayed exchanges keep every rank's place (inbox[D * G + r] is by domain and rank).
+TEST(EpRail, FlatExchangeKeepsOneBoxPerRankOfAnotherDomain) {
+  struct Shape {
+    int nRanks, lsaSize;
+    bool hierarchical;
+  };
+  for (const ncclEpAlgorithm_t algorithm : {NCCL_EP_ALGO_HIGH_THROUGHPUT, NCCL_EP_ALGO_LOW_LATENCY})
+    for (const Shape sh : {Shape{2, 1, false}, Shape{4, 1, false}, Shape{8, 2, false}, Shape{8, 4, false},
+                           Shape{8, 2, true}, Shape{4, 4, false}}) {
+      ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+      cfg.algorithm = algorithm;
+      cfg.num_experts = 2 * sh.nRanks;
+      cfg.max_tokens_per_rank = 4;
+      cfg.max_token_bytes = 512;
+      cfg.max_topk = 2;
+      for (int me = 0; me < sh.nRanks; me++) {
+        ncclext::Topology topo;
+        ASSERT_EQ(ncclext::makeTopology(me, sh.nRanks, me % sh.lsaSize, sh.lsaSize, 0, &topo), ncclSuccess);
+        ncclep::GroupView v;
+        ncclep::layoutGroup(cfg, topo, &v, sh.hierarchical);
+        const ncclep::RailView& rv = v.rail;
+        const std::string at = std::to_string(sh.nRanks) + "/" + std::to_string(sh.lsaSize) + " rank " +
+                               std::to_string(me) + (algorithm == NCCL_EP_ALGO_LOW_LATENCY ? " LL" : " HT");
+        if (topo.nDomains == 1) {
+          EXPECT_EQ(rv.boxes, 0) << at;
+          EXPECT_EQ(rv.direct, 0) << at;
+          continue;
+        }
+        const bool ht = algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT;
+        EXPECT_EQ(rv.relay, ht && sh.hierarchical && sh.lsaSize > 1 ? 1 : 0) << at;
+        EXPECT_EQ(rv.direct, ht && !rv.relay ? 1 : 0) << at;
+        EXPECT_EQ(rv.boxes, rv.relay ? sh.nRanks : sh.nRanks - sh.lsaSize) << at;
+        std::vector<int> seen(rv.boxes, 0);
+        for (int r = 0; r < sh.nRanks; r++) {
+          if (rv.local(r)) continue;
+          const int b = rv.box(r);
+          ASSERT_TRUE(b >= 0 && b < rv.boxes) << at << " remote " << r << " box " << b;
+          EXPECT_EQ(seen[b]++, 0) << at << " two ranks in box " << b;
+          EXPECT_TRUE(!rv.relay || b == r) << at << " relayed: rank " << r << " in box " << b;
+        }
+        for (int b = 0; b < rv.boxes && !rv.relay; b++) EXPECT_EQ(seen[b], 1) << at << " box " << b << " unused";
+      }
+    }
 }
 
 // NCCL_EXT_HT_HIERARCHICAL (layoutGroup's htHierarchical) on real ranks, without a virtual_rail: High-Throughput

@@ -17,15 +17,16 @@
 //                overwrites exchange rows still being read. Low-Latency handles skip it (exchange off): their counts
 //                travel with every dispatch (kernels/ll_lsa.cu). Across NVLink domains it runs in two halves: the
 //                send half writes the rows (another domain's rank's into my outbox for it, peerAt); the host's rail
-//                exchange and railInboxKernel bring every remote source's row into my window; the receive half meets
+//                exchange brings every remote source's row into my window; the receive half meets
 //                my domain's ranks and derives (the barriers span my domain only: another domain's rows are in
 //                place by stream order, and its next rows reach my window only through my next exchange, which my
 //                stream runs after this kernel). The hierarchical HT's rows end with the writer's tokens that hit
 //                each domain (counted by the send half from sendSlot, as hierPackKernel counts its rail rows); an
 //                EXACT handle's receive half copies mine and those of each other domain's rank of my index for my
 //                domain into hostTotals, which size the rail messages of its eager calls.
-//   railInboxKernel  across domains, after an exchange's NCCL group (both modes): each remote source's slices of the
-//                exchange's regions, inbox -> my window (LL: the kind's bank), 8 or 4 bytes a thread at a time.
+//   railInboxKernel  Low-Latency across domains, after an exchange's NCCL group: each remote source's slices of the
+//                exchange's regions, inbox -> my window (the kind's bank), 8 bytes a thread at a time (HT's flat
+//                exchange receives into the window itself: RailView::direct).
 //   railRelayKernel  the same in relay mode (HT over a rail of one index, RailView::relay): what each other domain's
 //                rank of my index wrote for each rank r of my domain, inbox -> r's window (LSA), at that writer's
 //                slices. Dispatch and combine first wait until every rank of my domain consumed the previous call
@@ -258,29 +259,21 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   ncclext::dev::lsaBarrierSync(cta, bar, 0);
 }
 
-// Every slice and offset of a region is a multiple of 8 bytes but HT's exchange rows (int32 counts): 4 there.
-__global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kind, int ownerWeighted, const int* rows) {
+// Low-Latency's regions: every slice and offset a multiple of 8 bytes.
+__global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kind, int ownerWeighted) {
   const RailView& rv = g.rail;
-  // LL: the bank of the kind's last send half, which ran before on the stream (the receive half reading it comes
-  // after); HT and the handle's exchange: one bank.
-  const size_t bank = g.wl.bankBytes && kind != kRailHandle ? (g.sent[kind] & 1) * g.wl.bankBytes : 0;
+  // The bank of the kind's last send half, which ran before on the stream (the receive half reading it comes after).
+  const size_t bank = (g.sent[kind] & 1) * g.wl.bankBytes;
   char* window = static_cast<char*>(g.peers.local(bank));
   const RailRegions regions = rv.regionsOf(kind, ownerWeighted != 0);
   const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
   for (int s = 0; s < g.nRanks; s++) {
     if (rv.local(s)) continue;
     for (int i = regions.first; i <= regions.last; i++) {
-      const char* from = rv.inbox + (size_t)s * rv.outboxBytes + rv.outOff[i];
-      char* to = window + rv.base[i] + (size_t)s * rv.slice[i];
-      // With `rows`: the filled slots only (a slot of region i is slice / maxTokens bytes, a multiple of 8).
-      const size_t bytes = rows ? (size_t)rows[s] * (rv.slice[i] / (size_t)g.maxTokens) : rv.slice[i];
-      if ((rv.base[i] | rv.slice[i]) % 8 == 0) {
-        for (size_t k = tid; k < bytes / 8; k += nt)
-          reinterpret_cast<uint64_t*>(to)[k] = reinterpret_cast<const uint64_t*>(from)[k];
-      } else {
-        for (size_t k = tid; k < bytes / 4; k += nt)
-          reinterpret_cast<uint32_t*>(to)[k] = reinterpret_cast<const uint32_t*>(from)[k];
-      }
+      const uint64_t* from = reinterpret_cast<const uint64_t*>(rv.inbox + (size_t)rv.box(s) * rv.outboxBytes +
+                                                               rv.outOff[i]);
+      uint64_t* to = reinterpret_cast<uint64_t*>(window + rv.base[i] + (size_t)s * rv.slice[i]);
+      for (size_t k = tid; k < rv.slice[i] / 8; k += nt) to[k] = from[k];
     }
   }
 }
@@ -444,9 +437,9 @@ ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, i
                                ownerWeighted ? 1 : 0, hierFwd);
 }
 
-ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, const int* rows, cudaStream_t stream) {
+ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream) {
   return ncclext::launchKernel("railInboxKernel", railInboxKernel, dim3(64), dim3(kThreads), 0, stream, g, kind,
-                               ownerWeighted ? 1 : 0, rows);
+                               ownerWeighted ? 1 : 0);
 }
 
 ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange, int phase,

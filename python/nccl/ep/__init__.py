@@ -118,7 +118,7 @@ class _GroupInfo(_Header):
                 ("rail_dispatch_bytes", ctypes.c_size_t), ("rail_combine_bytes", ctypes.c_size_t),
                 ("rail_combine_owner_bytes", ctypes.c_size_t), ("rail_messages_per_domain", ctypes.c_int),
                 ("rail_dispatch_domain_bytes", ctypes.c_size_t), ("rail_combine_domain_bytes", ctypes.c_size_t),
-                ("rail_relayed", ctypes.c_int)]
+                ("rail_relayed", ctypes.c_int), ("rail_staging_bytes", ctypes.c_size_t)]
 
 
 _P = ctypes.c_void_p
@@ -656,7 +656,7 @@ class Group(Closing):
         0 with one domain; the last is Low-Latency's owner-weighted combine, 0 in High-Throughput), and the rail's
         traffic to each other domain (rail_messages_per_domain, rail_dispatch_domain_bytes,
         rail_combine_domain_bytes, and rail_relayed: 1 when that traffic goes to the rank of this rank's index there,
-        which relays it: nccl_ep.h)."""
+        which relays it), and rail_staging_bytes, the device memory held for the rail outside the window: nccl_ep.h."""
         raw = _GroupInfo.new()
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
