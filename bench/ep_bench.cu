@@ -397,23 +397,36 @@ int main(int argc, char** argv) {
         if (timeIt(exchange, warm, iters, &tr)) return 1;
         railUs[op] = median(tr);
       }
+      // The flat exchange's rounds (rail_round_tokens rows a peer, ncclEpGroupConfig_t): the baseline moves the same
+      // rows in the same rounds, one NCCL group each, as ours does (its send half between them aside).
+      const int64_t roundRows = info.rail_round_tokens > 0 ? info.rail_round_tokens : cfg.max_tokens_per_rank;
+      int64_t mostRows = 0;
+      for (const int r : remote) mostRows = std::max({mostRows, (int64_t)toRank[r], (int64_t)fromRank[r]});
+      const int rounds = (int)std::max<int64_t>(1, (mostRows + roundRows - 1) / roundRows);
       for (int op = 0; op < 2 && !relayed && !remote.empty(); op++) {
         const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
         auto exchange = [&](int) {
-          bool ok = ncclGroupStart() == ncclSuccess;
-          for (size_t i = 0; i < remote.size(); i++) {
-            const int r = remote[i];
-            const int64_t out = op == 0 ? toRank[r] : fromRank[r], in = op == 0 ? fromRank[r] : toRank[r];
-            size_t at = 0;
-            for (const size_t b : per) {
-              char* send = static_cast<char*>(railSend) + i * railMost + at;
-              char* recv = static_cast<char*>(railRecv) + i * railMost + at;
-              if (out > 0) ok = ok && ncclSend(send, out * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
-              if (in > 0) ok = ok && ncclRecv(recv, in * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
-              at += (size_t)cfg.max_tokens_per_rank * b;
+          bool ok = true;
+          for (int k = 0; k < rounds; k++) {
+            const int64_t lo = k * roundRows;
+            auto inRound = [&](int64_t rows) { return std::max<int64_t>(0, std::min(rows - lo, roundRows)); };
+            ok = ok && ncclGroupStart() == ncclSuccess;
+            for (size_t i = 0; i < remote.size(); i++) {
+              const int r = remote[i];
+              const int64_t out = inRound(op == 0 ? toRank[r] : fromRank[r]);
+              const int64_t in = inRound(op == 0 ? fromRank[r] : toRank[r]);
+              size_t at = 0;
+              for (const size_t b : per) {
+                char* send = static_cast<char*>(railSend) + i * railMost + at + lo * b;
+                char* recv = static_cast<char*>(railRecv) + i * railMost + at + lo * b;
+                if (out > 0) ok = ok && ncclSend(send, out * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
+                if (in > 0) ok = ok && ncclRecv(recv, in * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
+                at += (size_t)cfg.max_tokens_per_rank * b;
+              }
             }
+            ok = ncclGroupEnd() == ncclSuccess && ok;
           }
-          return ncclGroupEnd() == ncclSuccess && ok ? ncclSuccess : ncclSystemError;
+          return ok ? ncclSuccess : ncclSystemError;
         };
         for (const int r : remote) railSent[op] += (size_t)(op == 0 ? toRank[r] : fromRank[r]) * (per[0] + per[1]);
         std::vector<float> tr;
@@ -503,6 +516,7 @@ int main(int argc, char** argv) {
                       "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
                       "\"rail_fixed_bytes_per_peer\": %zu, \"rail_us_median\": %.2f, "
                       "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
+                      "\"rail_round_tokens\": %d, "
                       "\"exchange\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
@@ -514,7 +528,8 @@ int main(int argc, char** argv) {
                       ncclext::harness::oneGpuName(ctx.mode), info.n_domains, cfg.max_tokens_per_rank, remote.size(),
                       railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op],
-                      info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes, exchange);
+                      info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
+                      info.rail_round_tokens, exchange);
           }
         }
       }

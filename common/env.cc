@@ -62,22 +62,20 @@ Env parseEnv(const std::function<const char*(const char*)>& lookup, std::vector<
       complain("NCCL_EXT_TIMEOUT_S", v, "seconds in (0, 1e6]");
     }
   }
-  if (const char* v = lookup("NCCL_EXT_LSA_DOMAIN_SIZE")) {
+  // An integer variable in [lo, hi]; `what` says what it takes when it is not one.
+  auto intVar = [&](const char* name, long lo, long hi, int* field, const char* what) {
+    const char* v = lookup(name);
+    if (!v) return;
     long k = 0;
-    if (parseInt(v, &k) && k >= 0 && k <= 1 << 20) {
-      e.lsaDomainSize = static_cast<int>(k);
+    if (parseInt(v, &k) && k >= lo && k <= hi) {
+      *field = static_cast<int>(k);
     } else {
-      complain("NCCL_EXT_LSA_DOMAIN_SIZE", v, "an integer >= 0");
+      complain(name, v, what);
     }
-  }
-  if (const char* v = lookup("NCCL_EXT_HT_HIERARCHICAL")) {
-    long k = 0;
-    if (parseInt(v, &k) && (k == 0 || k == 1)) {
-      e.htHierarchical = static_cast<int>(k);
-    } else {
-      complain("NCCL_EXT_HT_HIERARCHICAL", v, "0 or 1");
-    }
-  }
+  };
+  intVar("NCCL_EXT_LSA_DOMAIN_SIZE", 0, 1 << 20, &e.lsaDomainSize, "an integer >= 0");
+  intVar("NCCL_EXT_HT_HIERARCHICAL", 0, 1, &e.htHierarchical, "0 or 1");
+  intVar("NCCL_EXT_RAIL_ROUND_TOKENS", 0, 1 << 20, &e.railRoundTokens, "an integer >= 0");
   return e;
 }
 
@@ -106,8 +104,9 @@ const char* logLevelName(LogLevel level) {
 std::string describeEnv(const Env& e) {
   char buf[256];
   snprintf(buf, sizeof(buf),
-           "NCCL_EXT_LOG=%s NCCL_EXT_TIMEOUT_S=%g NCCL_EXT_LSA_DOMAIN_SIZE=%d NCCL_EXT_HT_HIERARCHICAL=%d",
-           logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize, e.htHierarchical);
+           "NCCL_EXT_LOG=%s NCCL_EXT_TIMEOUT_S=%g NCCL_EXT_LSA_DOMAIN_SIZE=%d NCCL_EXT_HT_HIERARCHICAL=%d "
+           "NCCL_EXT_RAIL_ROUND_TOKENS=%d",
+           logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize, e.htHierarchical, e.railRoundTokens);
   return buf;
 }
 

@@ -24,6 +24,10 @@ struct Env {
   // rail row per (token, destination domain) each way, which the relay expands to (dispatch) or reduces from
   // (combine) the domain's ranks, instead of one per rank. 0 = off.
   int htHierarchical = 0;
+  // NCCL_EXT_RAIL_ROUND_TOKENS = k > 0: nccl_ep's High-Throughput flat rail exchange moves a call's rows in rounds of
+  // k slots per peer, so that its staging holds k rows a peer (ncclEpGroupConfig_t::rail_round_tokens, which wins
+  // over this variable when set). 0 = the library's default.
+  int railRoundTokens = 0;
 };
 
 // Parses from `lookup` (getenv in production, a map in tests). Unparsable values keep the default and add a line

@@ -117,10 +117,15 @@ typedef struct {
                                    one a process): the communicator of the virtual ranks with this virtual_rank in
                                    every domain, in domain order. The exchange between domains then goes between
                                    ranks of the same index, relayed inside the domain (no masks across domains) */
+  int rail_round_tokens;        /* High-Throughput across NVLink domains (the flat exchange): a call moves its rows to
+                                   each rank of another domain in rounds of this many (a send half, then the rail),
+                                   so that the rail's staging holds this many rows a peer whatever max_tokens_per_rank;
+                                   NCCL_EP_AUTO: NCCL_EXT_RAIL_ROUND_TOKENS, else 1024; at most max_tokens_per_rank
+                                   (one round) */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0, NULL}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0, NULL, NCCL_EP_AUTO}
 
 typedef struct {
   unsigned int size;
@@ -256,7 +261,7 @@ typedef struct {
   /* The rail's traffic per call to each other domain, each way (0 with one domain): the messages, and the bytes of
    * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
    * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them; HT's flat exchange:
-   * two per rank, one per staging region, received straight into the window), or, for the
+   * two per rank and round, one per staging region, received straight into the window), or, for the
    * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one of a fixed row per token. These are
    * the fixed sizes (worst-case handles, captured calls); an EXACT handle's eager HT calls move only the rows their
    * routing fills (hierarchical: a row per token that hits the domain), none where there are none. */
@@ -268,8 +273,10 @@ typedef struct {
   size_t rail_staging_bytes; /* device memory this rank holds for the rail outside its window: the outboxes (one
                               * per rank of another domain; relayed: one per rank), LL's and relay mode's inboxes,
                               * the hierarchical HT's rail rows; 0 with one domain */
+  int rail_round_tokens;     /* HT's flat exchange: the rows a round moves to each peer (rail_*_bytes are a whole
+                              * call's, in max_tokens_per_rank / this many rounds at most); else max_tokens_per_rank */
 } ncclEpGroupInfo_t;
-#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice

@@ -195,8 +195,8 @@ ncclResult_t launchLlCall(ncclEpHandle* h, ncclep::CallKind kind, Call c, int ct
   return ncclSuccess;
 }
 
-// Launches a High-Throughput call: whole inside one NVLink domain; across domains its send half, the rail exchange
-// of its kind, then its receive half (ht.h, HtPhase).
+// Launches a High-Throughput call: whole inside one NVLink domain; across domains its send half and the rail exchange
+// of its kind (the flat exchange: in rounds, ncclEpGroup::railRounds), then its receive half (ht.h, HtPhase).
 template <typename Call>
 ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
                           ncclResult_t (*launch)(const ncclep::GroupView&, const ncclep::HandleView&, const Call&,
@@ -204,23 +204,33 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
                           cudaStream_t stream) {
   ncclEpGroup* g = h->group;
   if (!g->railComm) return launch(g->view, h->view, c, stream);
-  c.phase = ncclep::kHtSendHalf;
-  NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
-  // The hierarchical HT (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): dispatch packs its rail rows per (token, domain);
-  // combine first reduces, as a relay, its domain's rows for the other domains' sources (a kernel that waits for my
-  // domain's ranks: the fence follows), and after the exchange scatters its partials (below).
-  const bool hier = g->view.rail.hier;
-  if constexpr (std::is_same<Call, ncclep::DispatchCall>::value) {
-    if (hier) NCCLEXT_CHECK(ncclep::launchHierPack(g->view, h->view, c, stream));
-  } else {
-    if (hier) {
-      NCCLEXT_CHECK(ncclep::launchHierReduce(g->view, h->view, c, stream));
-      g->relayFence(stream);
-    }
-  }
   // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel.
-  const bool exact = h->config.sizing == NCCL_EP_SIZING_EXACT;
-  NCCLEXT_CHECK(g->railExchange(kind, false, stream, exact ? h->hostTotals + 2 : nullptr, h->view.hierFwd));
+  const int64_t* counts = h->config.sizing == NCCL_EP_SIZING_EXACT ? h->hostTotals + 2 : nullptr;
+  // The flat exchange moves a call in rounds (RailView::direct): each a send half and its exchange, the first one
+  // also writing my domain's rows; relayed exchanges in one. The receive half follows the last round.
+  const ncclep::RailView& rv = g->view.rail;
+  const bool hier = rv.hier;
+  const int rounds = g->railRounds(counts, stream);
+  for (int k = 0; k < rounds; k++) {
+    c.phase = ncclep::kHtSendHalf;
+    c.roundLo = k * rv.roundSlots;
+    c.roundSlots = rv.direct ? rv.roundSlots : 0;
+    c.remoteOnly = k > 0;
+    NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
+    // The hierarchical HT (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): dispatch packs its rail rows per (token,
+    // domain); combine first reduces, as a relay, its domain's rows for the other domains' sources (a kernel that
+    // waits for my domain's ranks: the fence follows), and after the exchange scatters its partials (below).
+    if constexpr (std::is_same<Call, ncclep::DispatchCall>::value) {
+      if (hier) NCCLEXT_CHECK(ncclep::launchHierPack(g->view, h->view, c, stream));
+    } else {
+      if (hier) {
+        NCCLEXT_CHECK(ncclep::launchHierReduce(g->view, h->view, c, stream));
+        g->relayFence(stream);
+      }
+    }
+    NCCLEXT_CHECK(g->railExchange(kind, false, stream, counts, h->view.hierFwd, k));
+  }
+  c.roundLo = c.roundSlots = c.remoteOnly = 0;
   if constexpr (std::is_same<Call, ncclep::CombineCall>::value)
     if (hier) NCCLEXT_CHECK(ncclep::launchHierScatter(g->view, h->view, c, stream));
   c.phase = ncclep::kHtReceiveHalf;
@@ -385,6 +395,7 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
   NCCLEXT_USAGE((c.alloc.alloc_fn == nullptr) == (c.alloc.free_fn == nullptr),
                 "alloc: give both alloc_fn and free_fn, or neither");
   NCCLEXT_ARG(c.lsa_domain_size >= 0, "lsa_domain_size %d < 0", c.lsa_domain_size);
+  NCCLEXT_ARG(c.rail_round_tokens >= 0, "rail_round_tokens %d < 0", c.rail_round_tokens);
   NCCLEXT_ARG(c.enable_mask == 0 || c.enable_mask == 1, "enable_mask %d: 0 or 1", c.enable_mask);
   NCCLEXT_USAGE(!c.enable_mask || c.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
                 "enable_mask: rank masks belong to the Low-Latency mode (a High-Throughput wait that times out fails "
@@ -442,7 +453,7 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->domain_size = topo.domainSize;
   info->window_bytes = group->view.wl.total;
   auto bytesOf = [&](int kind, bool owner) {
-    return group->railComm && !(owner && rv.highThroughput) ? rv.spanOf(rv.regionsOf(kind, owner)) : (size_t)0;
+    return group->railComm && !(owner && rv.highThroughput) ? rv.callBytes(rv.regionsOf(kind, owner)) : (size_t)0;
   };
   info->rail_dispatch_bytes = bytesOf(ncclep::kDispatch, false);
   info->rail_combine_bytes = bytesOf(ncclep::kCombine, false);
@@ -451,12 +462,15 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->rail_dispatch_domain_bytes = info->rail_combine_domain_bytes = 0;
   info->rail_relayed = group->railComm && rv.relay ? 1 : 0;
   info->rail_staging_bytes = group->railBytes;
+  info->rail_round_tokens = rv.roundSlots;
   if (group->railComm && rv.hier) {
     info->rail_messages_per_domain = 1;
     info->rail_dispatch_domain_bytes = group->hierMessageBytes(ncclep::kDispatch);
     info->rail_combine_domain_bytes = group->hierMessageBytes(ncclep::kCombine);
   } else if (group->railComm) {
-    info->rail_messages_per_domain = topo.domainSize * (rv.direct ? 2 : 1);  // direct: dispatch and combine, 2 regions
+    // Direct: a message per region (dispatch and combine have 2) and round (fixed slices: every slot's).
+    const int rounds = (group->view.maxTokens + rv.roundSlots - 1) / rv.roundSlots;
+    info->rail_messages_per_domain = topo.domainSize * (rv.direct ? 2 * rounds : 1);
     info->rail_dispatch_domain_bytes = (size_t)topo.domainSize * info->rail_dispatch_bytes;
     info->rail_combine_domain_bytes = (size_t)topo.domainSize * info->rail_combine_bytes;
   }

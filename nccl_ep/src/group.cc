@@ -109,18 +109,24 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   const size_t slices[kRailRegions] = {firstSlice, v.lowLatency ? flagSlice : 0, rowSlice,
                                        (size_t)v.maxTokens * v.meta.bytes, flagSlice, rowSlice, mk * flagSlice,
                                        mk * rowSlice};
+  // HT's flat exchange receives into the window (direct) and moves a call in rounds of roundSlots slots a peer, so
+  // its outboxes' row regions hold that many rows (the handle's count row stays whole).
+  rv.direct = topo.nDomains > 1 && !v.lowLatency && !relay;
+  rv.roundSlots = rv.direct ? std::min(v.maxTokens, config.rail_round_tokens > 0 ? config.rail_round_tokens
+                                                                                   : kDefaultRailRoundTokens)
+                            : v.maxTokens;
   size_t outbox = 0;
   for (int i = 0; i < kRailRegions; i++) {
     rv.base[i] = bases[i];
     rv.slice[i] = slices[i];
+    rv.outSlice[i] = i == kRailHeader ? slices[i] : slices[i] / (size_t)v.maxTokens * (size_t)rv.roundSlots;
     rv.outOff[i] = outbox;
-    outbox = alignUp(outbox + slices[i], 16);
+    outbox = alignUp(outbox + rv.outSlice[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
   // The hierarchical HT's relays read their domain's outboxes: those then live in the window.
   rv.relay = relay;
   rv.hier = relay && hier;
-  rv.direct = topo.nDomains > 1 && !v.lowLatency && !relay;
   rv.boxes = topo.nDomains == 1 ? 0 : relay ? nRanks : nRanks - topo.domainSize;
   w.outboxes = 0;
   if (rv.hier) {
@@ -219,7 +225,9 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
 
   // Window layout.
   ncclep::GroupView& v = g->view;
-  ncclep::layoutGroup(config, topo, &v, ncclext::env().htHierarchical != 0);
+  ncclEpGroupConfig_t laid = config;  // the rail's round: the config's, else the environment's, else the default
+  if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = ncclext::env().railRoundTokens;
+  ncclep::layoutGroup(laid, topo, &v, ncclext::env().htHierarchical != 0);
   ncclep::WindowLayout& w = v.wl;
   ncclep::RailView& rv = v.rail;
 
@@ -371,8 +379,22 @@ void abortRail(ncclEpGroup* g, double seconds) {
 
 }  // namespace
 
+int ncclEpGroup::railRounds(const int64_t* counts, cudaStream_t stream) const {
+  const ncclep::RailView& rv = view.rail;
+  if (!railComm || !rv.direct) return 1;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capture);
+  int64_t most = view.maxTokens;  // fixed slices: every slot
+  if (counts && capture == cudaStreamCaptureStatusNone) {
+    most = 0;
+    for (int r = 0; r < view.nRanks; r++)
+      if (!rv.local(r)) most = std::max({most, counts[r], counts[view.nRanks + r]});
+  }
+  return std::max<int64_t>(1, (most + rv.roundSlots - 1) / rv.roundSlots);
+}
+
 ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
-                                       int* hierFwd) {
+                                       int* hierFwd, int round) {
   if (!railComm) return ncclSuccess;
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -421,27 +443,29 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
         if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, d, railComm, stream);
       }
     }
-  } else if (rv.direct || (counts && capture == cudaStreamCaptureStatusNone)) {
-    // A message per region and direction, from remote rank r's outbox (box(r)) and, for HT (direct), straight into
+  } else if (rv.direct) {
+    // High-Throughput: a message per region and direction, from my outbox for remote rank r (box(r)) straight into
     // r's slice of my window: a rank of another domain writes there only through this exchange, which my stream
-    // runs after my receive half of the previous call read it, and before this call's receive half reads it.
-    // An EXACT handle's eager HT call moves the rows its routing fills, from slot 0 of each region (slots are
-    // dense; what my peer sends me is what I count from it), no message where there are none; otherwise whole
-    // slices (stale slots of earlier calls travel too and are never read: a receiver reads only this call's rows).
+    // runs after my receive half of the previous call read it, and before this call's receive half reads it. Round
+    // k moves the slots [k x roundSlots, + roundSlots), which its send half wrote from the outbox's start: an EXACT
+    // handle's eager call the rows its routing fills (slots are dense from 0; what my peer sends me is what I
+    // count from it), no message where there are none; otherwise whole slices (stale slots of earlier calls travel
+    // too and are never read: a receiver reads only this call's rows). The handle's count row goes whole.
     const bool sized = counts && capture == cudaStreamCaptureStatusNone, dispatch = kind == ncclep::kDispatch;
+    const int64_t lo = (int64_t)round * rv.roundSlots;
+    auto roundRows = [&](int64_t filled) { return std::max<int64_t>(0, std::min<int64_t>(filled - lo, rv.roundSlots)); };
     char* window = static_cast<char*>(mem->localPtr());
     for (int r = 0; r < R && res == ncclSuccess; r++) {
       if (rv.local(r)) continue;
-      const int64_t out = !sized ? view.maxTokens : dispatch ? counts[r] : counts[R + r];
-      const int64_t in = !sized ? view.maxTokens : dispatch ? counts[R + r] : counts[r];
+      const int64_t out = roundRows(!sized ? view.maxTokens : dispatch ? counts[r] : counts[R + r]);
+      const int64_t in = roundRows(!sized ? view.maxTokens : dispatch ? counts[R + r] : counts[r]);
       for (int i = regions.first; i <= regions.last && res == ncclSuccess; i++) {
-        const size_t perSlot = rv.slice[i] / (size_t)view.maxTokens;
-        const size_t at = (size_t)rv.box(r) * rv.outboxBytes + rv.outOff[i];
-        char* into = rv.direct ? window + rv.base[i] + (size_t)r * rv.slice[i] : rv.inbox + at;
-        // The handle's count rows (one "slot" of R + E + NC + 1 ints, not maxTokens of them) go whole.
-        const size_t sendBytes = kind == ncclep::kRailHandle ? rv.slice[i] : (size_t)out * perSlot;
-        const size_t recvBytes = kind == ncclep::kRailHandle ? rv.slice[i] : (size_t)in * perSlot;
-        if (sendBytes > 0) res = ncclSend(rv.outbox + at, sendBytes, ncclUint8, r, railComm, stream);
+        const bool whole = kind == ncclep::kRailHandle;
+        const size_t sendBytes = whole ? rv.slice[i] : (size_t)out * rv.slotBytes(i);
+        const size_t recvBytes = whole ? rv.slice[i] : (size_t)in * rv.slotBytes(i);
+        char* from = rv.outbox + (size_t)rv.box(r) * rv.outboxBytes + rv.outOff[i];
+        char* into = window + (whole ? rv.base[i] + (size_t)r * rv.slice[i] : rv.roundInto(i, r, lo));
+        if (sendBytes > 0) res = ncclSend(from, sendBytes, ncclUint8, r, railComm, stream);
         if (recvBytes > 0 && res == ncclSuccess) res = ncclRecv(into, recvBytes, ncclUint8, r, railComm, stream);
       }
     }

@@ -72,8 +72,14 @@ struct ncclEpGroup {
   // message per region (hierarchical: per domain; the ranks of a group run a call eagerly or capture it alike);
   // NULL, or a capture: the fixed slices.
   // `hierFwd` (the hierarchical HT's dispatch): the handle's HandleView::hierFwd, which its relay fills.
+  // `round` (HT's flat exchange, RailView::direct): the slots [round x roundSlots, + roundSlots) of each region.
   ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,
-                            int* hierFwd = nullptr);
+                            int* hierFwd = nullptr, int round = 0);
+  // The rounds an HT call's flat exchange takes on this rank (RailView::direct; else 1): enough for its most rows
+  // to or from one peer, an EXACT handle's counts (`counts` as railExchange's) in an eager call, else
+  // max_tokens_per_rank. Two ranks agree on every message between them whatever their own numbers of rounds: a
+  // round carries a pair's rows only where both counts (the same number) reach it.
+  int railRounds(const int64_t* counts, cudaStream_t stream) const;
   // The hierarchical HT's one message to each other domain's rank of my index: dispatch, a rail row (with its tail)
   // per token position; combine, a partial row per position.
   size_t hierMessageBytes(int kind) const {

@@ -26,6 +26,8 @@ namespace ncclep {
 
 constexpr int kChunkTokens = 32;  // unit of work of a CTA (and of the exchanged prefixes)
 constexpr int kMaxRanks = 64;
+// ncclEpGroupConfig_t::rail_round_tokens's default (NCCL_EP_AUTO without NCCL_EXT_RAIL_ROUND_TOKENS).
+constexpr int kDefaultRailRoundTokens = 1024;
 constexpr int kMaxTopk = 32;
 constexpr int kMaxExperts = 1024;
 constexpr int kMaxTokens = 16384;
@@ -171,7 +173,12 @@ struct RailView {
   char* hierCombIn = nullptr;
   // Direct (HT, flat exchange): NCCL receives each remote source's slices straight into my window, region by
   // region (HT has one bank, and its window addresses are the same in every call and replay): no inbox, no copy.
+  // A call then moves its rows in rounds of roundSlots slots per peer (ncclEpGroupConfig_t::rail_round_tokens):
+  // round k's send half writes the rows of slots [k x roundSlots, (k + 1) x roundSlots) towards each remote rank at
+  // slot - k x roundSlots of my outbox for it, whose row regions hold roundSlots rows (outSlice), and the exchange
+  // receives them at their own slots of the window. Otherwise (LL, relay) roundSlots is maxTokens: one round.
   int direct = 0;
+  int roundSlots = 0;
   int boxes = 0;                       // the outboxes (and inboxes) a rank has: box(r) for r of another domain
   char* outbox = nullptr;              // [boxes][outboxBytes]: rank r's at box(r) * outboxBytes
   char* inbox = nullptr;               // [boxes][outboxBytes]: what remote rank r sent me, in its outbox's layout;
@@ -181,6 +188,7 @@ struct RailView {
   size_t base[kRailRegions];           // region i of a bank (offsets in bank 0)
   size_t slice[kRailRegions];          // one source's slice of region i: source s's at base[i] + s * slice[i]
   size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
+  size_t outSlice[kRailRegions];       // its size there: slice[i], or roundSlots rows of it (direct's row regions)
 
   __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
   // Remote rank r's outbox (and inbox): relay mode keeps every rank's place (inbox[D * domainSize + r] is by
@@ -195,6 +203,21 @@ struct RailView {
   // What a call's exchange moves to (and from) each remote rank, as one message: its regions' slices, from the
   // first's start to the last's end in the outbox (with the few bytes that align each slice to 16).
   size_t spanOf(RailRegions regions) const { return outOff[regions.last] + slice[regions.last] - outOff[regions.first]; }
+  // Bytes of one slot of row region i (not the header's).
+  __host__ __device__ size_t slotBytes(int i) const { return outSlice[i] / (size_t)roundSlots; }
+  // Where the direct exchange's round that starts at slot `lo` lands source s's slice of row region i in my window:
+  // its slot lo there (the round's rows are at the outbox slice's start).
+  __host__ __device__ size_t roundInto(int i, int s, int64_t lo) const {
+    return base[i] + (size_t)s * slice[i] + (size_t)lo * slotBytes(i);
+  }
+  // What a call moves to each remote rank with fixed slices, each way: the span (LL), or the regions' slices (HT,
+  // direct: a message per region and round).
+  size_t callBytes(RailRegions regions) const {
+    if (!direct) return spanOf(regions);
+    size_t bytes = 0;
+    for (int i = regions.first; i <= regions.last; i++) bytes += slice[i];
+    return bytes;
+  }
 };
 
 struct GroupView {
@@ -263,6 +286,11 @@ struct DispatchCall {
   int rowBytes, nScales;
   int nSenders, nReceivers;
   int phase;  // HtPhase
+  // HT's flat exchange in rounds (RailView::direct): roundSlots > 0 makes a send half write, towards another
+  // domain's ranks, only the rows of slots [roundLo, roundLo + roundSlots), at slot - roundLo of my outbox for the
+  // rank; remoteOnly (a round after the first) makes it write nothing else (no rows to my domain, no waits, no pad
+  // rows). Zero: every slot, everything (inside one domain; relayed exchanges).
+  int roundLo, roundSlots, remoteOnly;
 };
 
 struct CombineCall {
@@ -272,10 +300,22 @@ struct CombineCall {
   int dtype;  // ncclDataType_t
   int nSenders, nReceivers;
   int phase;  // HtPhase
+  // HT's flat exchange in rounds (RailView::direct): roundSlots > 0 makes a send half write, towards another
+  // domain's ranks, only the rows of slots [roundLo, roundLo + roundSlots), at slot - roundLo of my outbox for the
+  // rank; remoteOnly (a round after the first) makes it write nothing else (no rows to my domain, no waits, no pad
+  // rows). Zero: every slot, everything (inside one domain; relayed exchanges).
+  int roundLo, roundSlots, remoteOnly;
 };
 
 // Where `offset` bytes into a remote rank's window (one of my slices of its staging, either bank) sits in my outbox
 // for that rank: bytes from the outbox's start. False for any other offset (only my slices exist in an outbox).
+// The place of my row for rank r at `slot` in a call's round (DispatchCall, CombineCall: roundLo, roundSlots): the
+// slot itself inside my domain or without rounds, else slot - roundLo; -1 when the round does not carry it.
+__host__ __device__ inline int roundSlotOf(const RailView& rv, int r, int slot, int roundLo, int roundSlots) {
+  if (roundSlots == 0 || rv.local(r)) return slot;
+  return slot >= roundLo && slot - roundLo < roundSlots ? slot - roundLo : -1;
+}
+
 __host__ __device__ inline bool railOutboxOffset(const GroupView& g, size_t offset, size_t* out) {
   const RailView& rv = g.rail;
   const size_t bank = g.wl.bankBytes && offset >= rv.bankStart + g.wl.bankBytes ? g.wl.bankBytes : 0;
@@ -283,6 +323,7 @@ __host__ __device__ inline bool railOutboxOffset(const GroupView& g, size_t offs
   for (int i = 0; i < kRailRegions; i++) {
     const size_t mine = rv.base[i] + (size_t)g.rank * rv.slice[i];
     if (rel >= mine && rel < mine + rv.slice[i]) {
+      if (rel - mine >= rv.outSlice[i]) return false;  // a slot past the outbox's round (a bug of the caller)
       *out = rv.outOff[i] + (rel - mine);
       return true;
     }

@@ -53,6 +53,14 @@ def test_enable_mask_reaches_the_group_config(calls, monkeypatch):
     assert cfg.enable_mask == 0 and not g.enable_mask
 
 
+def test_rail_round_tokens_reaches_the_group_config(calls, monkeypatch):
+    _, cfg = _group(calls, monkeypatch, rail_round_tokens=96)
+    assert cfg.rail_round_tokens == 96
+    calls.clear()
+    _, cfg = _group(calls, monkeypatch)
+    assert cfg.rail_round_tokens == 0  # NCCL_EP_AUTO: the environment's, else the library's default
+
+
 def test_enable_mask_is_for_low_latency_groups(calls, monkeypatch):
     monkeypatch.setattr(ep, "Communicator", _Comm)
     with pytest.raises(ep.NcclInvalidUsage, match="enable_mask=True: rank masks belong to the Low-Latency mode"):

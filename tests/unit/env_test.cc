@@ -31,12 +31,14 @@ TEST(Env, ParsesEveryVariable) {
   Env e = parseFrom({{"NCCL_EXT_LOG", "debug"},
                      {"NCCL_EXT_TIMEOUT_S", "2.5"},
                      {"NCCL_EXT_LSA_DOMAIN_SIZE", "1"},
-                     {"NCCL_EXT_HT_HIERARCHICAL", "1"}},
+                     {"NCCL_EXT_HT_HIERARCHICAL", "1"},
+                     {"NCCL_EXT_RAIL_ROUND_TOKENS", "64"}},
                     &problems);
   EXPECT_EQ(e.logLevel, LogLevel::kDebug);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 2.5);
   EXPECT_EQ(e.lsaDomainSize, 1);
   EXPECT_EQ(e.htHierarchical, 1);
+  EXPECT_EQ(e.railRoundTokens, 64);
   EXPECT_TRUE(problems.empty());
 }
 
@@ -56,11 +58,14 @@ TEST(Env, BadValuesKeepDefaultsAndSaySo) {
 TEST(Env, RejectsTrailingGarbageAndNonFinite) {
   std::vector<std::string> problems;
   Env e = parseFrom(
-      {{"NCCL_EXT_TIMEOUT_S", "5s"}, {"NCCL_EXT_LSA_DOMAIN_SIZE", "4x"}, {"NCCL_EXT_HT_HIERARCHICAL", "2"}}, &problems);
+      {{"NCCL_EXT_TIMEOUT_S", "5s"}, {"NCCL_EXT_LSA_DOMAIN_SIZE", "4x"}, {"NCCL_EXT_HT_HIERARCHICAL", "2"},
+       {"NCCL_EXT_RAIL_ROUND_TOKENS", "-3"}},
+      &problems);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
   EXPECT_EQ(e.lsaDomainSize, 0);
   EXPECT_EQ(e.htHierarchical, 0);
-  EXPECT_EQ(problems.size(), 3u);
+  EXPECT_EQ(e.railRoundTokens, 0);
+  EXPECT_EQ(problems.size(), 4u);
   problems.clear();
   e = parseFrom({{"NCCL_EXT_TIMEOUT_S", "inf"}}, &problems);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
@@ -73,6 +78,7 @@ TEST(Env, DescribeNamesEveryVariable) {
   EXPECT_NE(d.find("NCCL_EXT_TIMEOUT_S=100"), std::string::npos);
   EXPECT_NE(d.find("NCCL_EXT_LSA_DOMAIN_SIZE=0"), std::string::npos);
   EXPECT_NE(d.find("NCCL_EXT_HT_HIERARCHICAL=0"), std::string::npos);
+  EXPECT_NE(d.find("NCCL_EXT_RAIL_ROUND_TOKENS=0"), std::string::npos);
 }
 
 }  // namespace

@@ -633,6 +633,76 @@ TEST(EpRail, FlatExchangeKeepsOneBoxPerRankOfAnotherDomain) {
     }
 }
 
+// High-Throughput's flat exchange in rounds (rail_round_tokens): the outbox's row regions hold a round's slots, and
+// every byte the send half of round k writes for slot s (at slot s - k x roundSlots of the outbox, roundSlotOf)
+// lands, through the round's message (from the outbox slice's start into roundInto), where the kernels would have
+// written it without rounds; a slot outside the round has no place. Low-Latency and one domain have one round.
+TEST(EpRail, RoundsLandEverySlotWhereOneRoundWould) {
+  for (const int round : {0, 1, 8, 37, 64}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.num_experts = 6;
+    cfg.max_tokens_per_rank = 37;  // rounds of 8: four of 8 and one of 5
+    cfg.max_token_bytes = 96;
+    cfg.max_topk = 3;
+    cfg.rail_round_tokens = round;
+    const int R = 3, M = cfg.max_tokens_per_rank;
+    const int want = round == 0 ? std::min(M, ncclep::kDefaultRailRoundTokens) : std::min(M, round);
+    for (int me = 0; me < R; me++) {
+      ncclext::Topology topo;
+      ASSERT_EQ(ncclext::makeTopology(me, R, 0, 1, 0, &topo), ncclSuccess);  // one-GPU nodes
+      ncclep::GroupView v;
+      ncclep::layoutGroup(cfg, topo, &v);
+      const ncclep::RailView& rv = v.rail;
+      ASSERT_EQ(rv.direct, 1);
+      ASSERT_EQ(rv.roundSlots, want) << round;
+      const size_t stride = v.rowStride, meta = v.meta.bytes;
+      ASSERT_EQ(rv.outSlice[ncclep::kRailDispRows], (size_t)want * stride);
+      ASSERT_EQ(rv.outSlice[ncclep::kRailDispMeta], (size_t)want * meta);
+      ASSERT_EQ(rv.outSlice[ncclep::kRailHeader], rv.slice[ncclep::kRailHeader]);  // the count row, whole
+      struct Region {
+        int i;
+        size_t window, slot;
+      };
+      const ncclep::WindowLayout& w = v.wl;
+      for (const Region rg : {Region{ncclep::kRailDispRows, w.dispRows, stride},
+                              Region{ncclep::kRailDispMeta, w.dispMeta, meta},
+                              Region{ncclep::kRailCombRows, w.combRows, stride},
+                              Region{ncclep::kRailCombFlags, w.combFlags, 8}}) {
+        ASSERT_EQ(rv.slotBytes(rg.i), rg.slot);
+        for (int slot = 0; slot < M; slot++) {
+          const int k = slot / want, lo = k * want;
+          const int to = (me + 1) % R;  // another domain's rank
+          const int at = ncclep::roundSlotOf(rv, to, slot, lo, rv.roundSlots);
+          ASSERT_EQ(at, slot - lo);
+          EXPECT_EQ(ncclep::roundSlotOf(rv, to, slot, lo + want, rv.roundSlots), -1) << "slot " << slot;
+          EXPECT_EQ(ncclep::roundSlotOf(rv, me, slot, lo, rv.roundSlots), slot) << "my domain: no rounds";
+          // The kernels' write for slot `slot` in round k, and where the round's message lands that byte.
+          const size_t written = rg.window + ((size_t)me * M + at) * rg.slot;
+          size_t out = 0;
+          ASSERT_TRUE(ncclep::railOutboxOffset(v, written, &out)) << "slot " << slot << " region " << rg.i;
+          ASSERT_GE(out, rv.outOff[rg.i]);
+          ASSERT_LT(out - rv.outOff[rg.i] + rg.slot, rv.outSlice[rg.i] + 1) << "past the round's rows";
+          EXPECT_EQ(rv.roundInto(rg.i, me, lo) + (out - rv.outOff[rg.i]), rg.window + ((size_t)me * M + slot) * rg.slot)
+              << "slot " << slot << " region " << rg.i;
+        }
+        // A slot past the round's rows has no place in the outbox (with one round: past my slice).
+        size_t out = 0;
+        EXPECT_FALSE(ncclep::railOutboxOffset(v, rg.window + ((size_t)me * M + want) * rg.slot, &out))
+            << "region " << rg.i;
+      }
+    }
+    // Low-Latency: one round whatever the field.
+    cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(0, R, 0, 1, 0, &topo), ncclSuccess);
+    ncclep::GroupView v;
+    ncclep::layoutGroup(cfg, topo, &v);
+    EXPECT_EQ(v.rail.direct, 0);
+    EXPECT_EQ(v.rail.roundSlots, M);
+    for (int i = 0; i < ncclep::kRailRegions; i++) EXPECT_EQ(v.rail.outSlice[i], v.rail.slice[i]) << i;
+  }
+}
+
 // NCCL_EXT_HT_HIERARCHICAL (layoutGroup's htHierarchical) on real ranks, without a virtual_rail: High-Throughput
 // exchanges relayed and hierarchical when the domains have several ranks (2 of 2 here, with the row above), flat
 // with one rank a domain (the same protocol), with one domain, for Low-Latency, and without the variable. The

@@ -15,7 +15,8 @@
 //   to my counter in every peer's window (release).
 //   Dtypes: bf16, fp16, fp32 (template). Sequence numbers and timeouts as in dispatch.
 //   Across NVLink domains (c.phase) as dispatch: the send half's senders write another domain's owner's rows and
-//   flags into my outbox for it; after the rail exchange and the inbox copy the receive half's receivers reduce.
+//   flags into my outbox for it (the flat exchange: the round's slots only, c.roundLo / roundSlots, and a later
+//   round nothing else); after the rail exchange (every round's) the receive half's receivers reduce.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -128,11 +129,14 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
   const int me = g.rank, R = g.nRanks, NC = g.nChunks;
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
+    if (x.c.remoteOnly && g.rail.local(s)) continue;  // a later round: another domain's owners only
     const int* prefix = x.d + x.h.dl.chunkPrefix + s * (NC + 1);
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
     const int base = x.d[x.h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
-      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
+      const int at = roundSlotOf(g.rail, s, slot, x.c.roundLo, x.c.roundSlots);
+      if (at < 0) continue;  // another round's row
+      const size_t rowIndex = (size_t)me * g.maxTokens + at;
       char* dst = static_cast<char*>(peerAt(g, g.wl.combRows + rowIndex * g.rowStride, s));
       if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
         warpCopy<false>(lane, dst, x.c.in + (size_t)(base + slot) * x.c.rowBytes, x.c.rowBytes);
@@ -226,7 +230,8 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
   const uint64_t seq = callNumber(g, kCombine);
   bool ok = true;  // this thread's outcome; finishCall agrees on the CTA's
   if (sender && c.phase != kHtReceiveHalf) {
-    ok = waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);
+    // A later round writes only my outboxes, which the previous round's exchange has sent (my stream's order).
+    ok = c.remoteOnly || waitPeersConsumed(Team::wholeCta(), g, g.wl.combDone, seq);
     if (ok)
       for (int chunk = first; chunk < x.d[h.dl.peerChunks]; chunk += stride)
         sendChunk<T>(x, chunk, seq, warp, nWarps, lane);

@@ -24,9 +24,11 @@
 //   the error word and returns (the host reports ncclRemoteError).
 //   Pad rows of EXPERT_MAJOR zones are zero-filled by the senders (local memory).
 //   Across NVLink domains (c.phase): the send half runs the senders only, writing another domain's rank's rows and
-//   metadata into my outbox for it (peerAt); the host's rail exchange and railInboxKernel put every remote source's
-//   rows and metadata, flags included, into my window; the receive half runs the receivers, which find them as
-//   they find LSA rows, and ends the call (finishCall). Another domain's rank is never waited on for its done flag.
+//   metadata into my outbox for it (peerAt; the flat exchange in rounds: only the slots of the round, c.roundLo /
+//   roundSlots, at slot - roundLo, and a later round, c.remoteOnly, nothing else: no LSA rows, pads or waits); the
+//   host's rail exchange puts every remote source's rows and metadata, flags included, into my window (directly, or
+//   relayed); the receive half runs the receivers, which find them as they find LSA rows, and ends the call
+//   (finishCall). Another domain's rank is never waited on for its done flag.
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
@@ -148,11 +150,14 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
       const int slot = st->slot[j][r];
       if (slot < 0) continue;
       if (g.rail.hier && !g.rail.local(r)) continue;  // the hierarchical HT: hierPackKernel's rail rows carry it
+      if (c.remoteOnly && g.rail.local(r)) continue;  // a later round: another domain's rows only
       if (r == me) {
         if (c.nReceivers == 0) deliverOwn(x, st, lane, j, t);  // alone: nobody else copies my own rows
         continue;
       }
-      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
+      const int at = roundSlotOf(g.rail, r, slot, c.roundLo, c.roundSlots);
+      if (at < 0) continue;  // another round's row
+      const size_t rowIndex = (size_t)me * g.maxTokens + at;
       char* dst = static_cast<char*>(peerAt(g, g.wl.dispRows + rowIndex * g.rowStride, r));
       char* meta = static_cast<char*>(peerAt(g, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
@@ -217,8 +222,8 @@ __device__ bool runTeam(const Team& team, const Ctx& x, TeamShared* sh, bool sen
       if (!receiveChunk(team, x, sh, chunk, seq)) return false;
     return true;
   }
-  // Zero the EXPERT_MAJOR pad rows (and their weights) of this rank's output.
-  if (h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR) {
+  // Zero the EXPERT_MAJOR pad rows (and their weights) of this rank's output (once a call: not in a later round).
+  if (h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR && !c.remoteOnly) {
     const int warp = team.warp(), lane = team.tid & 31, nWarps = team.nWarps();
     for (int l = j; l < g.localExperts; l += c.nSenders) {
       const int lo = x.d[h.dl.zoneStart + l] + x.d[h.dl.expCount + l], hi = x.d[h.dl.zoneStart + l + 1];
@@ -230,7 +235,8 @@ __device__ bool runTeam(const Team& team, const Ctx& x, TeamShared* sh, bool sen
       }
     }
   }
-  if (g.nRanks > 1 && !waitPeersConsumed(team, g, g.wl.dispDone, seq)) return false;
+  // A later round writes only my outboxes, which the previous round's exchange (before it on my stream) has sent.
+  if (g.nRanks > 1 && !c.remoteOnly && !waitPeersConsumed(team, g, g.wl.dispDone, seq)) return false;
   for (int chunk = j; chunk < ownChunks; chunk += c.nSenders) sendChunk(team, x, sh, chunk, seq);
   return true;
 }

@@ -71,7 +71,7 @@ class _GroupConfig(_Header):
                 ("max_token_bytes", ctypes.c_int), ("max_topk", ctypes.c_int), ("num_sms", ctypes.c_int),
                 ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
                 ("lsa_domain_size", ctypes.c_int), ("virtual_domain", ctypes.c_void_p), ("virtual_rank", ctypes.c_int),
-                ("enable_mask", ctypes.c_int), ("virtual_rail", ctypes.c_void_p)]
+                ("enable_mask", ctypes.c_int), ("virtual_rail", ctypes.c_void_p), ("rail_round_tokens", ctypes.c_int)]
 
 
 class _HandleConfig(_Header):
@@ -118,7 +118,8 @@ class _GroupInfo(_Header):
                 ("rail_dispatch_bytes", ctypes.c_size_t), ("rail_combine_bytes", ctypes.c_size_t),
                 ("rail_combine_owner_bytes", ctypes.c_size_t), ("rail_messages_per_domain", ctypes.c_int),
                 ("rail_dispatch_domain_bytes", ctypes.c_size_t), ("rail_combine_domain_bytes", ctypes.c_size_t),
-                ("rail_relayed", ctypes.c_int), ("rail_staging_bytes", ctypes.c_size_t)]
+                ("rail_relayed", ctypes.c_int), ("rail_staging_bytes", ctypes.c_size_t),
+                ("rail_round_tokens", ctypes.c_int)]
 
 
 _P = ctypes.c_void_p
@@ -312,11 +313,16 @@ class Group(Closing):
     dispatch and combine skip masked ranks, and a peer that does not arrive within the timeout is masked instead of
     failing the group; one that stopped in the middle of a call is masked too, and the next call (or check())
     raises NcclRemoteError once, naming it. See mask_query, mask_update, mask_clean and combine's
-    missing_experts."""
+    missing_experts.
+
+    `rail_round_tokens` (High-Throughput across NVLink domains): a call moves its rows to each rank of another domain
+    in rounds of this many, which bounds the rail's staging to that many rows a peer (0: NCCL_EXT_RAIL_ROUND_TOKENS,
+    else 1024)."""
 
     def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
-                 timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False):
+                 timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
+                 rail_round_tokens: int = 0):
         import torch
 
         algo = _choice(_ALGO, algorithm, "algorithm")
@@ -337,7 +343,7 @@ class Group(Closing):
                                max_tokens_per_rank=max_tokens_per_rank, max_token_bytes=max_token_bytes,
                                max_topk=max_topk, num_sms=num_sms,
                                timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
-                               enable_mask=1 if enable_mask else 0)
+                               enable_mask=1 if enable_mask else 0, rail_round_tokens=rail_round_tokens)
         self.algorithm, self.low_latency, self.enable_mask = algorithm, algorithm == "low_latency", bool(enable_mask)
         self.num_experts, self.rank, self.size = num_experts, self.comm.rank, self.comm.size
         self.local_experts = num_experts // max(1, self.size)
