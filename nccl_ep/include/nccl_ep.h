@@ -116,7 +116,7 @@ typedef struct {
   ncclComm_t virtual_rail;      /* NULL; with virtual_domain, the one-GPU mixed test mode (several virtual domains,
                                    one a process): the communicator of the virtual ranks with this virtual_rank in
                                    every domain, in domain order. The exchange between domains then goes between
-                                   ranks of the same index, relayed inside the domain (no masks across domains) */
+                                   ranks of the same index, relayed inside the domain (no enable_mask there) */
   int rail_round_tokens;        /* High-Throughput across NVLink domains (the flat exchange): a call moves its rows to
                                    each rank of another domain in rounds of this many (a send half, then the rail),
                                    so that the rail's staging holds this many rows a peer whatever max_tokens_per_rank;
@@ -334,7 +334,12 @@ NCCL_EP_API ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompl
  * goes on without it. A peer that stops in the middle of a call (its counts came, a row did not; or any row
  * of a combine) is masked too, and then that call's outputs are incomplete: the next call on the group, or
  * ncclEpGroupGetAsyncError, returns ncclRemoteError once, naming it. A rank masked in its own mask sends and
- * receives nothing. Change the mask only between a combine and the next dispatch. */
+ * receives nothing. Change the mask only between a combine and the next dispatch.
+ * Across NVLink domains (not with virtual_rail): the rail exchange has no message to or from a rank that this
+ * rank's ncclEpMaskUpdate marked inactive (none at all when it marks this rank), so every rank must make the same
+ * update; a rank of another domain that stops calling leaves its rail messages unmatched, and the rail's watchdog
+ * then fails the group (ncclRemoteError) instead of masking it; a captured call's exchange keeps the mask of its
+ * capture (capture again after an update); ncclEpMaskClean meets the other domains' active ranks over the rail. */
 /* Local, stream-ordered: copies the mask (nRanks int32) into `mask_dev` (device memory). */
 NCCL_EP_API ncclResult_t ncclEpMaskQuery(ncclEpGroup_t group, int* mask_dev, cudaStream_t stream);
 /* Local, stream-ordered: sets the mask from `mask_host` (nRanks ints in host memory, nonzero = active; read

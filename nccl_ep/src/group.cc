@@ -197,9 +197,9 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   dopt.timeoutSeconds = g->timeoutSeconds;
   NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &g->domain));
   const ncclext::Topology& topo = g->domain->topo();
-  NCCLEXT_USAGE(topo.nDomains == 1 || !config.enable_mask,
-                "enable_mask across %d NVLink domains: not supported (a masked rank of another domain would leave "
-                "its NCCL sends and receives unmatched)",
+  NCCLEXT_USAGE(topo.nDomains == 1 || !config.enable_mask || !config.virtual_rail,
+                "enable_mask with virtual_rail across %d NVLink domains: not supported (a relay sends what every rank "
+                "of its domain wrote, masked or not)",
                 topo.nDomains);
   const int rank = topo.rank, nRanks = topo.nRanks;
   int dev = 0;
@@ -281,6 +281,13 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
       if (res == ncclSuccess && cudaMemsetAsync(hb, 0, 2 * (dispBytes + combBytes), stream) != cudaSuccess)
         res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the hierarchical rows: zero-fill failed");
     }
+    // ncclEpMaskClean's rail barrier (railBarrier): 8 bytes out, 8 in from each rank.
+    if (res == ncclSuccess && config.enable_mask) {
+      const size_t bytes = 8 * ((size_t)nRanks + 1);
+      res = g->deviceAlloc(&g->railBarrierBuf, bytes);
+      if (res == ncclSuccess && cudaMemsetAsync(g->railBarrierBuf, 0, bytes, stream) != cudaSuccess)
+        res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the rail barrier: zero-fill failed");
+    }
     if (res == ncclSuccess) {
       ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
       cc.blocking = 1;
@@ -340,9 +347,36 @@ ncclResult_t ncclEpGroup::setMask(const int* hostMask, cudaStream_t stream) {
   return ncclSuccess;
 }
 
+// Across domains, ncclEpMaskClean's barrier with the ranks of other domains that my host mask marks active: 8 bytes
+// each way with each, one NCCL group on the stream (it ends once every such rank has posted its own, i.e. reached
+// the same point of its stream), watched like an exchange: a rank that never comes has the rail aborted.
+ncclResult_t ncclEpGroup::railBarrier(cudaStream_t stream) {
+  if (!railComm) return ncclSuccess;
+  if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
+  std::lock_guard<std::timed_mutex> lock(railMu);
+  if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
+  char* buf = static_cast<char*>(railBarrierBuf);
+  NCCLEXT_NCCL(ncclGroupStart());
+  ncclResult_t res = ncclSuccess;
+  for (int r = 0; r < view.nRanks && res == ncclSuccess && maskHost_[view.rank]; r++) {
+    if (view.rail.local(r) || !maskHost_[r]) continue;
+    res = ncclSend(buf, 8, ncclUint8, r, railComm, stream);
+    if (res == ncclSuccess) res = ncclRecv(buf + 8 * (size_t)(r + 1), 8, ncclUint8, r, railComm, stream);
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (res != ncclSuccess || ended != ncclSuccess)
+    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                         "ncclEpMaskClean across NVLink domains: NCCL point-to-point: %s", ncclGetLastError(railComm));
+  const double seconds = timeoutSeconds;
+  ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
+  return ncclSuccess;
+}
+
 ncclResult_t ncclEpGroup::maskClean(cudaStream_t stream) {
   const uint64_t epoch = ++cleans_;
+  // Each barrier: my domain's active ranks on the device, then the other domains' over the rail.
   NCCLEXT_CHECK(ncclep::launchLlCleanBarrier(view, 2 * epoch - 1, stream));
+  NCCLEXT_CHECK(railBarrier(stream));
   // Every flag of the calls (done flags; each bank's row, header and slice flags) and the call numbers.
   char* base = static_cast<char*>(mem->localPtr());
   const ncclep::WindowLayout& w = view.wl;
@@ -350,7 +384,13 @@ ncclResult_t ncclEpGroup::maskClean(cudaStream_t stream) {
   for (int bank = 0; bank < 2; bank++)
     NCCLEXT_CUDA(cudaMemsetAsync(base + w.combFlags + bank * w.bankBytes, 0, w.dispRows - w.combFlags, stream));
   NCCLEXT_CUDA(cudaMemsetAsync(state, 0, kCountersBytes, stream));
-  return ncclep::launchLlCleanBarrier(view, 2 * epoch, stream);
+  // Across domains the outboxes (and inboxes) carry flags too, whole slices into the peers' windows: zeroed, so
+  // that none of a call numbered before the reset can pass for a later one.
+  const ncclep::RailView& rv = view.rail;
+  if (railAlloc)
+    NCCLEXT_CUDA(cudaMemsetAsync(railAlloc, 0, (rv.inbox ? 2 : 1) * (size_t)rv.boxes * rv.outboxBytes, stream));
+  NCCLEXT_CHECK(ncclep::launchLlCleanBarrier(view, 2 * epoch, stream));
+  return railBarrier(stream);
 }
 
 namespace {
@@ -453,7 +493,9 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     // too and are never read: a receiver reads only this call's rows). The handle's count row goes whole.
     const bool sized = counts && capture == cudaStreamCaptureStatusNone, dispatch = kind == ncclep::kDispatch;
     const int64_t lo = (int64_t)round * rv.roundSlots;
-    auto roundRows = [&](int64_t filled) { return std::max<int64_t>(0, std::min<int64_t>(filled - lo, rv.roundSlots)); };
+    auto roundRows = [&](int64_t filled) {
+      return std::max<int64_t>(0, std::min<int64_t>(filled - lo, rv.roundSlots));
+    };
     char* window = static_cast<char*>(mem->localPtr());
     for (int r = 0; r < R && res == ncclSuccess; r++) {
       if (rv.local(r)) continue;
@@ -471,10 +513,13 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     }
   } else {
     // Low-Latency: one message each way per remote rank (a message has a fixed cost of its own, milliseconds over
-    // sockets: docs/PERFORMANCE.md): the call's regions lie end to end in the outbox, and land in my inbox.
+    // sockets: docs/PERFORMANCE.md): the call's regions lie end to end in the outbox, and land in my inbox. With
+    // enable_mask, none to or from a rank my host mask marks inactive, and none at all when it marks me (the
+    // kernels send such ranks nothing and read nothing of theirs; every rank applies the same mask update).
     const size_t from = rv.outOff[regions.first], bytes = rv.spanOf(regions);
+    const bool masks = view.mask != nullptr;
     for (int r = 0; r < R && res == ncclSuccess; r++) {
-      if (rv.local(r)) continue;
+      if (rv.local(r) || (masks && (!maskHost_[r] || !maskHost_[view.rank]))) continue;
       const size_t at = (size_t)rv.box(r) * rv.outboxBytes + from;
       res = ncclSend(rv.outbox + at, bytes, ncclUint8, r, railComm, stream);
       if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, r, railComm, stream);
@@ -523,6 +568,7 @@ ncclEpGroup::~ncclEpGroup() {
   }
   if (railAlloc) freeNow(railAlloc);
   if (hierAlloc) freeNow(hierAlloc);
+  if (railBarrierBuf) freeNow(railBarrierBuf);
   if (state) freeNow(state);
   for (void* p : retiredDevice_) freeNow(p);
   for (void* p : retiredHost_) NCCLEXT_WARN_ON(cudaFreeHost(p));

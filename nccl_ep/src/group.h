@@ -115,6 +115,8 @@ struct ncclEpGroup {
   // Low-Latency with enable_mask: the mask from the host (nonzero = active), stream-ordered; ncclEpMaskClean.
   ncclResult_t setMask(const int* hostMask, cudaStream_t stream);
   ncclResult_t maskClean(cudaStream_t stream);
+  ncclResult_t railBarrier(cudaStream_t stream);  // maskClean's barrier with other domains' active ranks
+  void* railBarrierBuf = nullptr;                 // its bytes: 8 out, then 8 in per rank (enable_mask across domains)
 
  private:
   void freeNow(void* ptr);

@@ -31,7 +31,8 @@
 // call hangs.
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) the same suite runs over the rail exchange,
-// without masks (not supported across domains yet: see main); the timeout test then expects the rail's watchdog.
+// masks with the masked rank skipping a call instead of an active one skipping (see runMasked; the mixed mode: none,
+// its relays do not mask); the timeout test then expects the rail's watchdog.
 // Any CUDA error of the test's own calls, and any left at the end (tests/harness), fails the run.
 //
 // --one-gpu mixed: one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail (relayed exchanges).
@@ -484,6 +485,7 @@ struct Runner {
   ncclEpGroup_t group = nullptr;
   int groupM = 0, groupL = 0;  // the open group's max_tokens_per_rank and local experts
   int errors = 0, validationChecks = 0;
+  bool acrossDomains = false;  // several NVLink domains: a rank that skips a call fails the rail (runMasked)
   std::string lastBad;
 
   void bad(const std::string& label, const char* what, long a = 0, long b = 0) {
@@ -943,7 +945,10 @@ struct Runner {
   // back. (2+ ranks) (2) Unmasked, X skips a dispatch + combine: the others mask it when its counts do not come and
   // give the reference with X masked, no error. (3) After ncclEpMaskClean, X dispatches but skips the combine: the
   // others' combine masks it and the group reports ncclRemoteError once. (4) After another clean, everyone: the
-  // full reference again.
+  // full reference again. Across domains (2) and (3) are replaced: a rank of another domain that skips a call while
+  // active leaves its rail messages unmatched, and the rail's watchdog fails the group (runSilentPeer's test); so
+  // there X skips a call while every rank still masks it (the exchanges must skip it both ways), then the clean
+  // before (4) meets over the rail and brings X, a call behind, back in step.
   int runMasked(const Case& c, uint64_t caseSeed) {
     const int R = ctx.nRanks, X = R - 1, me = ctx.rank;
     const Shape sh = shapeOf(c, R);
@@ -979,7 +984,13 @@ struct Runner {
     DeviceBuf q((size_t)R * 4);
     EXPECT_OK(ncclEpMaskQuery(group, static_cast<int*>(q.p), ctx.stream));
     if (q.get<int>(R) != m) bad(label, "ncclEpMaskQuery differs from the mask set");
-    if (R >= 2) {
+    if (R >= 2 && acrossDomains) {
+      // X, still masked by every rank, skips a call as a dead rank would: the others' exchanges have no message for
+      // it, so nothing waits for it (without that skip their rail would stall and its watchdog fail the group).
+      label = c.name + " (2) rank " + std::to_string(X) + ", masked by all, skips a call";
+      if (me != X && round(label, c, sh, b, r, path, caseSeed * 16 + 1, h)) return 1;
+      if (cleanAll(label)) return 1;
+    } else if (R >= 2) {
       label = c.name + " (2) rank " + std::to_string(X) + " skips a call";
       if (setMask(std::vector<int>(R, 1))) return 1;
       if (me != X && round(label, c, sh, b, r, path, caseSeed * 16 + 1, h)) return 1;  // wait(): no error
@@ -1008,6 +1019,8 @@ struct Runner {
         if (second != ncclSuccess) bad(label, "the masked-peer report is not cleared once returned", second);
       }
       if (cleanAll(label)) return 1;
+    }
+    if (R >= 2) {
       label = c.name + " (4) everyone again";
       r.active.clear();
       if (bind(label, c, sh, b, r, &h) || round(label, c, sh, b, r, path, caseSeed * 16 + 3, h)) return 1;
@@ -1283,8 +1296,8 @@ int main(int argc, char** argv) {
     Runner run{ctx, base};
     // Several NVLink domains (one-GPU nodes: every rank a domain of its own, every row over the rail exchange's
     // ncclSend / ncclRecv over loopback sockets; the mixed mode; real GPUs split by NCCL_EXT_LSA_DOMAIN_SIZE: asked
-    // of a probe group). Not supported across domains yet, so left out: masks; fewer graph replays (each moves every
-    // outbox over the sockets).
+    // of a probe group). Fewer graph replays there (each moves every outbox over the sockets), and masks not in the
+    // mixed mode (a relay does not mask: refused at group creation) and with runMasked's steps across domains.
     bool acrossDomains = (ctx.mode == ncclext::harness::OneGpu::kNodes && ctx.nRanks > 1) ||
                          (mixed && ctx.nRanks > lo.domainSize);
     if (ctx.mode == ncclext::harness::OneGpu::kOff && ctx.nRanks > 1) {
@@ -1300,7 +1313,8 @@ int main(int argc, char** argv) {
       acrossDomains = ncclext::harness::groupShape(g).nDomains > 1;
       if (ncclEpGroupDestroy(g) != ncclSuccess) return 1;
     }
-    if (acrossDomains) {
+    run.acrossDomains = acrossDomains;
+    if (acrossDomains && mixed) {
       std::vector<Case> kept;
       for (const Case& c : cases)
         if (c.kind != kMasked) kept.push_back(c);

@@ -3,7 +3,7 @@ several ranks: test_deepep_ranks.py): layout, dispatch (plain, cached, worst-cas
 fresh random data.
 
 Low-Latency (at any rank count: under torchrun on one GPU, as one-GPU nodes across NVLink domains; shrink mode at one
-rank only: it masks itself, and masks do not cross domains), as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
+rank only: it masks itself alone, which across domains would leave the others' rail messages unmatched), as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
 input (a pattern carrying rank and token index, and random data), bf16 and fp8 (with and without power-of-two
 scales), with async_finish or the receive hook: per local expert the count against the routing, the cumulative
 statistics, layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input);

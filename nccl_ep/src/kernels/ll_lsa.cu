@@ -689,12 +689,12 @@ __global__ void __launch_bounds__(kLlThreads, 1) llCombineKernel(GroupView g, Ha
   finishCall(g, kCombine, g.wl.combDone, seq, !ok, (c.phases & kLlSend) ? g.sent + kCombine : nullptr);
 }
 
-// One CTA: ncclEpMaskClean's barrier at `epoch` among me and the ranks active in my mask (a rank that does not
-// arrive within the timeout is masked).
+// One CTA: ncclEpMaskClean's barrier at `epoch` among me and the ranks of my domain active in my mask (a rank that
+// does not arrive within the timeout is masked); the other domains' meet over the rail (ncclEpGroup::railBarrier).
 __global__ void __launch_bounds__(kLlThreads) llCleanBarrierKernel(GroupView g, uint64_t epoch) {
   uint64_t active = 1ull << g.rank;
   for (int r = 0; r < g.nRanks; r++)
-    if (!g.mask || *reinterpret_cast<const volatile int*>(g.mask + r)) active |= 1ull << r;
+    if ((!g.mask || *reinterpret_cast<const volatile int*>(g.mask + r)) && g.rail.local(r)) active |= 1ull << r;
   __threadfence_system();  // this rank's earlier writes into peers' windows before its arrival
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
     if (isOn(active, r))
