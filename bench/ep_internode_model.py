@@ -52,7 +52,12 @@ max_tokens_per_rank rows to and from every rank of another domain (--ht-fixed-sl
 "High-Throughput across NVLink domains"):
 
     dispatch per remote rank = M (rowStride + metaBytes), metaBytes = 16-aligned 12 + 12 k + 4 max(1, rowStride / 128)
-    combine  per remote rank = 16-aligned 8 M + M rowStride   (NVLink: the rows to the own domain's other ranks)
+    combine  per remote rank = 8 M + M rowStride              (NVLink: the rows to the own domain's other ranks)
+
+in rounds of C = rail_round_tokens slots (default 1024), a message per region and round, so that the exchange's
+staging (--ht-staging: one outbox per remote rank, C rows of each region) stays C rows a peer:
+
+    staging per rank = (N - 1) G x (count row + C (2 rowStride + metaBytes + 8)), each region 16-aligned
 
 The hierarchical HT as built (relayed exchanges, the mixed one-GPU test mode, NCCL_EXT_HT_HIERARCHICAL=1;
 --ht-hier-fixed M): M fixed rail rows to and from each other domain's rank of my index, whatever the routing:
@@ -93,6 +98,9 @@ HT_LATENCY_US = 25.0
 # 9.8 us) (docs/PERFORMANCE.md, Low-Latency section; bench/results/gpu-check-20261201T180653Z.json). No network
 # round trip is in it.
 LL_LATENCY_US = 12.7
+# nccl_ep's default round of the flat HT exchange (ncclEpGroupConfig_t::rail_round_tokens, nccl_ep/src/ht.h
+# kDefaultRailRoundTokens): a layout constant of the library, not a measured figure.
+DEFAULT_RAIL_ROUND_TOKENS = 1024
 # DeepEP's own measured NVLink peak on H800 (~160 GB/s achievable of 200 nominal; ep-anchors.md §2.1, DeepEP#16 and
 # docs/legacy.md): used beside the H200 rate when comparing with DeepEP V1's H800 numbers.
 H800_NVLINK_GBS = 160.0
@@ -235,9 +243,26 @@ def ht_fixed_slice_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens:
     meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
     remote = (nodes - 1) * gpus
     dispatch = max_tokens * (row + meta)
-    comb = _align(8 * max_tokens, 16) + max_tokens * row
+    comb = 8 * max_tokens + max_tokens * row  # a message per region (flags, rows): no padding between them
     return {"dispatch_rail_bytes": remote * dispatch, "combine_rail_bytes": remote * comb,
             "dispatch_per_peer": dispatch, "combine_per_peer": comb, "remote_ranks": remote}
+
+
+def ht_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, max_tokens: int,
+                     round_tokens: int = 0) -> dict:
+    """Device memory a rank holds for nccl_ep's flat High-Throughput exchange across domains (ncclEpGroupInfo_t::
+    rail_staging_bytes): one outbox per rank of another domain, its regions 16-aligned one after another: the
+    handle's count row (R + E + chunks + 1 int32, chunks of 32 tokens), then the dispatch rows and metadata and the
+    combine flags and rows of one round's C slots, C = round_tokens (0: the library's default, 1024), at most
+    max_tokens (one round). For a group of max_token_bytes = 2 hidden and max_topk = k."""
+    row = 2 * hidden
+    meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
+    ranks, remote = nodes * gpus, (nodes - 1) * gpus
+    c = min(max_tokens, round_tokens or DEFAULT_RAIL_ROUND_TOKENS)
+    count_row = 4 * (ranks + experts + -(-max_tokens // 32) + 1)
+    outbox = sum(_align(b, 16) for b in (count_row, c * row, c * meta, 8 * c, c * row))
+    return {"rail_staging_bytes": remote * outbox, "outbox_bytes": outbox, "round_tokens": c,
+            "rounds_fixed": -(-max_tokens // c), "remote_ranks": remote}
 
 
 def ht_hier_fixed_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens: int) -> dict:
@@ -452,6 +477,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ht-flat", action="store_true",
                     help="HT rail rows of nccl_ep's flat exchange with EXACT handles (a row per (token, destination "
                          "rank), the expected rows) instead of the hierarchical protocol's")
+    ap.add_argument("--ht-staging", default=None, metavar="C,C,...",
+                    help="also print the flat HT exchange's rail staging per GPU (ht_staging_bytes) at --ht-tokens "
+                         "max tokens for each round size C (0: one round of max_tokens)")
     ap.add_argument("--meta-bytes", type=int, default=0, help="extra bytes per row (flags, ids, weights)")
     ap.add_argument("--rail-gbs", type=float, default=RAIL_GBS, help="rail (NIC) GB/s per GPU per direction")
     ap.add_argument("--nvlink-gbs", type=float, default=NVLINK_GBS, help="NVLink GB/s per GPU per direction")
@@ -490,6 +518,20 @@ def main(argv=None) -> int:
           % (a.topk, a.experts, a.hidden, a.gpus_per_node, a.rail_gbs, a.nvlink_gbs, a.ht_latency_us,
              a.ll_latency_us))
     print(format_table(rows))
+    staging = []
+    if a.ht_staging is not None:
+        max_tokens = a.tokens if a.tokens is not None else a.ht_tokens
+        print("flat HT rail staging per GPU, max_tokens_per_rank %d (one outbox per rank of another domain):"
+              % max_tokens)
+        for n in nodes_list:
+            cells = []
+            for c in _int_list(a.ht_staging):
+                b = ht_staging_bytes(n, a.gpus_per_node, a.hidden, a.topk, a.experts, max_tokens, c or max_tokens)
+                staging.append({"what": "ep_internode_model_staging", "nodes": n, "gpus_per_node": a.gpus_per_node,
+                                "hidden": a.hidden, "topk": a.topk, "experts": a.experts,
+                                "max_tokens_per_rank": max_tokens, **b})
+                cells.append("rounds of %d: %.3f GB" % (b["round_tokens"], b["rail_staging_bytes"] / 1e9))
+            print("  %3d nodes x %d: %s" % (n, a.gpus_per_node, ", ".join(cells)))
     cmp_rows = []
     if not a.no_compare and a.gpus_per_node == 8 and a.experts == 256 and a.topk == 8 and a.hidden == 7168:
         cmp_rows = compare_published(nodes_list, a.rail_gbs, a.nvlink_gbs, a.ht_latency_us, a.ll_latency_us)
@@ -497,7 +539,7 @@ def main(argv=None) -> int:
             print(format_compare(cmp_rows))
     if a.json:
         with open(a.json, "a") as f:
-            for r in rows + cmp_rows:
+            for r in rows + staging + cmp_rows:
                 f.write(json.dumps(r, sort_keys=True) + "\n")
     return 0
 

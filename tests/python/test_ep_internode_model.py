@@ -268,7 +268,7 @@ def test_ht_fixed_slices_follow_the_library_layout():
     b = m.ht_fixed_slice_bytes(2, 1, 256, 2, 4)
     assert b["dispatch_per_peer"] == 4 * (512 + 64) == 2304
     assert b["combine_per_peer"] == 32 + 4 * 512 == 2080 and b["remote_ranks"] == 1
-    assert m.ht_fixed_slice_bytes(2, 1, 256, 2, 3)["combine_per_peer"] == 32 + 3 * 512  # 24 flag bytes, 16-aligned
+    assert m.ht_fixed_slice_bytes(2, 1, 256, 2, 3)["combine_per_peer"] == 24 + 3 * 512  # a message per region
     # In predict: fixed rail bytes, NVLink only to the own domain's other ranks; refused for LL or too few rows.
     d, c = m.predict("ht", 2, 1, 3, 256, 2, 4, "bf16", ht_fixed_slices=4)
     assert d["rail_bytes"] == 2304 and c["rail_bytes"] == 2080 and d["nvlink_bytes"] == 0 and d["ht_fixed_slices"] == 4
@@ -341,3 +341,27 @@ def test_ht_flat_rows_are_per_destination_rank():
         assert flat["rail_rows_per_token"] == rows["dispatch_rail"] and flat["nvlink_bytes"] > 0
     with pytest.raises(ValueError):
         m.predict("ll", 2, 1, 3, 256, 2, 4, "bf16", ht_flat=True)
+
+
+def test_ht_staging_follows_the_library_and_the_gpu_runs():
+    # tests/unit/ep_api_test.cc (EpRail.HighThroughputStagingBytesMatchTheModel) checks the same numbers: 2 one-GPU
+    # domains, 4 experts, top-2, hidden 256, 4 tokens; one round (the default, or a round of 4 or more), rounds of 3.
+    for round_tokens, want in ((0, 4416), (4, 4416), (64, 4416), (3, 3328)):
+        assert m.ht_staging_bytes(2, 1, 256, 2, 4, 4, round_tokens)["rail_staging_bytes"] == want, round_tokens
+    b = m.ht_staging_bytes(8, 8, 7168, 8, 256, 4096)
+    assert b["round_tokens"] == m.DEFAULT_RAIL_ROUND_TOKENS and b["rounds_fixed"] == 4 and b["remote_ranks"] == 56
+    # ep_bench's groups in session 17's GPU run (one-GPU nodes, 512 tokens, hidden 7168, top-8 of 256): the
+    # rail_staging_bytes ncclEpGroupGetInfo reported, one round and rounds of 128, equal the model's.
+    path = os.path.join(BENCH, "results", "gpu-check-20261203T180231Z.json")
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    seen = 0
+    for run in runs:
+        if not run["name"].startswith(("ep_ht_bench[nodes]", "ep_ht_bench_rounds[nodes]")):
+            continue
+        for row in run["results"]:
+            want = m.ht_staging_bytes(row["nranks"], 1, row["hidden"], row["topk"], row["experts"],
+                                      row["max_tokens_per_rank"], row["rail_round_tokens"])
+            assert row["rail_staging_bytes"] == want["rail_staging_bytes"], (run["name"], row["nranks"])
+            seen += 1
+    assert seen == 16

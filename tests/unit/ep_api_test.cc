@@ -529,8 +529,8 @@ TEST(EpRail, HighThroughputOutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
   }
 }
 
-// What one exchange of `kind` moves to each remote rank (RailView::spanOf), on rank 0 of 2 one-GPU domains: top-2,
-// rows of 512 bytes.
+// What one exchange of `kind` moves to each remote rank with fixed slices (RailView::callBytes: LL's span, HT's
+// regions), on rank 0 of 2 one-GPU domains: top-2, rows of 512 bytes.
 size_t fixedSliceBytes(int algorithm, int experts, int tokens, int kind, bool ownerWeighted) {
   ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
   cfg.algorithm = (ncclEpAlgorithm_t)algorithm;
@@ -542,7 +542,7 @@ size_t fixedSliceBytes(int algorithm, int experts, int tokens, int kind, bool ow
   EXPECT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
   ncclep::GroupView v;
   ncclep::layoutGroup(cfg, topo, &v);
-  return v.rail.spanOf(v.rail.regionsOf(kind, ownerWeighted));
+  return v.rail.callBytes(v.rail.regionsOf(kind, ownerWeighted));
 }
 
 // The analytic model's fixed-slice bytes (bench/ep_internode_model.py, ll_fixed_slice_bytes; its test checks the
@@ -563,12 +563,33 @@ TEST(EpRail, FixedSliceBytesMatchTheModel) {
 }
 
 // The same for High-Throughput's flat exchange (ht_fixed_slice_bytes): dispatch rows + metadata (64 bytes a row),
-// combine flags + rows.
+// combine flags + rows (a message per region: no padding between them).
 TEST(EpRail, HighThroughputFixedSliceBytesMatchTheModel) {
   auto ht = [](int tokens, int kind) { return fixedSliceBytes(NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, tokens, kind, false); };
   EXPECT_EQ(ht(4, ncclep::kDispatch), 4u * (512 + 64));
   EXPECT_EQ(ht(4, ncclep::kCombine), 2080u);
-  EXPECT_EQ(ht(3, ncclep::kCombine), 32u + 3 * 512);  // 24 flag bytes, padded to 16 before the rows
+  EXPECT_EQ(ht(3, ncclep::kCombine), 24u + 3 * 512);
+}
+
+// The flat HT exchange's staging (ht_staging_bytes, ncclEpGroupInfo_t::rail_staging_bytes: one outbox per rank of
+// another domain) on rank 0 of 2 one-GPU domains, 4 experts, top-2, rows of 512 bytes, 4 tokens: the count row (2 +
+// 4 + 1 + 1 ints: 32 bytes), then a round's dispatch rows and metadata (64 bytes) and combine flags and rows, each
+// 16-aligned: 4416 bytes in one round, 3328 in rounds of 3 (24 flag bytes padded to 32). The model's test checks the
+// same numbers, and the GPU runs' rail_staging_bytes against the model.
+TEST(EpRail, HighThroughputStagingBytesMatchTheModel) {
+  for (const auto& [round, want] : {std::pair<int, size_t>{0, 4416}, {4, 4416}, {3, 3328}, {64, 4416}}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.num_experts = 4;
+    cfg.max_tokens_per_rank = 4;
+    cfg.max_token_bytes = 512;
+    cfg.max_topk = 2;
+    cfg.rail_round_tokens = round;
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
+    ncclep::GroupView v;
+    ncclep::layoutGroup(cfg, topo, &v);
+    EXPECT_EQ((size_t)v.rail.boxes * v.rail.outboxBytes, want) << "rounds of " << round;
+  }
 }
 
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512
