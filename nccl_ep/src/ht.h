@@ -300,15 +300,9 @@ struct CombineCall {
   int dtype;  // ncclDataType_t
   int nSenders, nReceivers;
   int phase;  // HtPhase
-  // HT's flat exchange in rounds (RailView::direct): roundSlots > 0 makes a send half write, towards another
-  // domain's ranks, only the rows of slots [roundLo, roundLo + roundSlots), at slot - roundLo of my outbox for the
-  // rank; remoteOnly (a round after the first) makes it write nothing else (no rows to my domain, no waits, no pad
-  // rows). Zero: every slot, everything (inside one domain; relayed exchanges).
-  int roundLo, roundSlots, remoteOnly;
+  int roundLo, roundSlots, remoteOnly;  // as DispatchCall's (the combine's rows of slots towards their owners)
 };
 
-// Where `offset` bytes into a remote rank's window (one of my slices of its staging, either bank) sits in my outbox
-// for that rank: bytes from the outbox's start. False for any other offset (only my slices exist in an outbox).
 // The place of my row for rank r at `slot` in a call's round (DispatchCall, CombineCall: roundLo, roundSlots): the
 // slot itself inside my domain or without rounds, else slot - roundLo; -1 when the round does not carry it.
 __host__ __device__ inline int roundSlotOf(const RailView& rv, int r, int slot, int roundLo, int roundSlots) {
@@ -316,6 +310,9 @@ __host__ __device__ inline int roundSlotOf(const RailView& rv, int r, int slot, 
   return slot >= roundLo && slot - roundLo < roundSlots ? slot - roundLo : -1;
 }
 
+// Where `offset` bytes into a remote rank's window (one of my slices of its staging, either bank) sits in my outbox
+// for that rank: bytes from the outbox's start. False for any other offset (only my slices exist in an outbox, and
+// of the direct exchange's row regions only a round's first roundSlots rows).
 __host__ __device__ inline bool railOutboxOffset(const GroupView& g, size_t offset, size_t* out) {
   const RailView& rv = g.rail;
   const size_t bank = g.wl.bankBytes && offset >= rv.bankStart + g.wl.bankBytes ? g.wl.bankBytes : 0;
