@@ -514,7 +514,8 @@ int main(int argc, char** argv) {
                       "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
                       "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
                       "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
-                      "\"rail_fixed_bytes_per_peer\": %zu, \"rail_us_median\": %.2f, "
+                      "\"rail_fixed_bytes_per_peer\": %zu, \"rail_fixed_bytes_per_domain\": %zu, "
+                      "\"rail_us_median\": %.2f, "
                       "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
                       "\"rail_round_tokens\": %d, "
                       "\"exchange\": \"%s\", "
@@ -527,7 +528,8 @@ int main(int argc, char** argv) {
                       nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
                       ncclext::harness::oneGpuName(ctx.mode), info.n_domains, cfg.max_tokens_per_rank, remote.size(),
                       railSent[op],
-                      op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, railUs[op],
+                      op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
+                      op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, railUs[op],
                       info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
                       info.rail_round_tokens, exchange);
           }
