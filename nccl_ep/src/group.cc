@@ -420,17 +420,11 @@ void abortRail(ncclEpGroup* g, double seconds) {
 }  // namespace
 
 int ncclEpGroup::railRounds(const int64_t* counts, cudaStream_t stream) const {
-  const ncclep::RailView& rv = view.rail;
-  if (!railComm || !rv.direct) return 1;
+  if (!railComm) return 1;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capture);
-  int64_t most = view.maxTokens;  // fixed slices: every slot
-  if (counts && capture == cudaStreamCaptureStatusNone) {
-    most = 0;
-    for (int r = 0; r < view.nRanks; r++)
-      if (!rv.local(r)) most = std::max({most, counts[r], counts[view.nRanks + r]});
-  }
-  return std::max<int64_t>(1, (most + rv.roundSlots - 1) / rv.roundSlots);
+  return ncclep::railRoundsOf(view.rail, view.nRanks, view.maxTokens,
+                              capture == cudaStreamCaptureStatusNone ? counts : nullptr);
 }
 
 ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
@@ -493,14 +487,13 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     // too and are never read: a receiver reads only this call's rows). The handle's count row goes whole.
     const bool sized = counts && capture == cudaStreamCaptureStatusNone, dispatch = kind == ncclep::kDispatch;
     const int64_t lo = (int64_t)round * rv.roundSlots;
-    auto roundRows = [&](int64_t filled) {
-      return std::max<int64_t>(0, std::min<int64_t>(filled - lo, rv.roundSlots));
-    };
     char* window = static_cast<char*>(mem->localPtr());
     for (int r = 0; r < R && res == ncclSuccess; r++) {
       if (rv.local(r)) continue;
-      const int64_t out = roundRows(!sized ? view.maxTokens : dispatch ? counts[r] : counts[R + r]);
-      const int64_t in = roundRows(!sized ? view.maxTokens : dispatch ? counts[R + r] : counts[r]);
+      const int64_t out =
+          ncclep::railRoundRows(rv, round, !sized ? view.maxTokens : dispatch ? counts[r] : counts[R + r]);
+      const int64_t in =
+          ncclep::railRoundRows(rv, round, !sized ? view.maxTokens : dispatch ? counts[R + r] : counts[r]);
       for (int i = regions.first; i <= regions.last && res == ncclSuccess; i++) {
         const bool whole = kind == ncclep::kRailHandle;
         const size_t sendBytes = whole ? rv.slice[i] : (size_t)out * rv.slotBytes(i);

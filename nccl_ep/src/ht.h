@@ -16,6 +16,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -302,6 +303,23 @@ struct CombineCall {
   int phase;  // HtPhase
   int roundLo, roundSlots, remoteOnly;  // as DispatchCall's (the combine's rows of slots towards their owners)
 };
+
+// The rounds a call's direct exchange takes on a rank (ncclEpGroup::railRounds): enough for its most rows to or from
+// one rank of another domain, from `counts` (an EXACT handle's eager call: [r] my rows to r, [R + r] r's rows to me)
+// or, NULL, maxTokens (fixed slices); 1 without the direct exchange.
+inline int railRoundsOf(const RailView& rv, int nRanks, int maxTokens, const int64_t* counts) {
+  if (!rv.direct) return 1;
+  int64_t most = counts ? 0 : maxTokens;
+  for (int r = 0; r < nRanks && counts; r++)
+    if (!rv.local(r)) most = std::max(most, std::max(counts[r], counts[nRanks + r]));
+  return (int)std::max<int64_t>(1, (most + rv.roundSlots - 1) / rv.roundSlots);
+}
+// The rows round `round` of the direct exchange moves of a pair's `filled` rows: those past the round's first slot,
+// at most roundSlots. Both ranks of a pair compute it from the same count, so a message exists on both sides or on
+// neither whatever each rank's own number of rounds (railRoundsOf covers every round with rows).
+inline int64_t railRoundRows(const RailView& rv, int round, int64_t filled) {
+  return std::max<int64_t>(0, std::min<int64_t>(filled - (int64_t)round * rv.roundSlots, rv.roundSlots));
+}
 
 // The place of my row for rank r at `slot` in a call's round (DispatchCall, CombineCall: roundLo, roundSlots): the
 // slot itself inside my domain or without rounds, else slot - roundLo; -1 when the round does not carry it.

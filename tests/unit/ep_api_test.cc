@@ -1,6 +1,7 @@
 // nccl_ep's public entry points reject bad input with a code and a message, without a GPU: group creation checks
 // its config before touching the communicator, and handle/dispatch/combine checks run on a group and handle
 // assembled here by hand (no device memory: every case below fails before any CUDA call).
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -721,6 +722,57 @@ TEST(EpRail, RoundsLandEverySlotWhereOneRoundWould) {
     EXPECT_EQ(v.rail.direct, 0);
     EXPECT_EQ(v.rail.roundSlots, M);
     for (int i = 0; i < ncclep::kRailRegions; i++) EXPECT_EQ(v.rail.outSlice[i], v.rail.slice[i]) << i;
+  }
+}
+
+// The rounds of the direct exchange agree between every pair of ranks whatever each one's own number of rounds: on
+// random EXACT counts (rows[a][b]: a's rows to b) over 4 one-GPU domains and rounds of 3 slots, for each pair and
+// round, what a sends b (from a's counts) is what b receives from a (from b's counts), rounds past a rank's own
+// number move nothing, and the rounds move every row once. Fixed slices: ceil(M / C) rounds on every rank.
+TEST(EpRail, RoundsAgreeBetweenEveryPair) {
+  const int R = 4, M = 16;
+  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+  cfg.num_experts = 2 * R;
+  cfg.max_tokens_per_rank = M;
+  cfg.max_token_bytes = 512;
+  cfg.max_topk = 2;
+  cfg.rail_round_tokens = 3;
+  std::vector<ncclep::GroupView> v(R);
+  for (int r = 0; r < R; r++) {
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(r, R, 0, 1, 0, &topo), ncclSuccess);
+    ncclep::layoutGroup(cfg, topo, &v[r]);
+    ASSERT_EQ(v[r].rail.roundSlots, 3);
+    EXPECT_EQ(ncclep::railRoundsOf(v[r].rail, R, M, nullptr), 6);  // fixed slices: ceil(16 / 3)
+  }
+  std::mt19937 rng(12);
+  for (int trial = 0; trial < 200; trial++) {
+    int64_t rows[R][R];
+    for (int a = 0; a < R; a++)
+      for (int b = 0; b < R; b++) rows[a][b] = a == b ? 0 : (int64_t)(rng() % (M + 1)) * (rng() % 4 != 0);
+    int rounds[R];
+    std::vector<int64_t> counts[R];
+    for (int me = 0; me < R; me++) {
+      counts[me].assign(2 * R, 0);
+      for (int r = 0; r < R; r++) {
+        counts[me][r] = rows[me][r];
+        counts[me][R + r] = rows[r][me];
+      }
+      rounds[me] = ncclep::railRoundsOf(v[me].rail, R, M, counts[me].data());
+      ASSERT_GE(rounds[me], 1);
+    }
+    for (int a = 0; a < R; a++)
+      for (int b = 0; b < R; b++) {
+        if (a == b) continue;
+        int64_t moved = 0;
+        for (int k = 0; k < std::max(rounds[a], rounds[b]); k++) {
+          const int64_t sent = k < rounds[a] ? ncclep::railRoundRows(v[a].rail, k, counts[a][b]) : 0;
+          const int64_t got = k < rounds[b] ? ncclep::railRoundRows(v[b].rail, k, counts[b][R + a]) : 0;
+          ASSERT_EQ(sent, got) << "trial " << trial << " pair " << a << "->" << b << " round " << k;
+          moved += sent;
+        }
+        ASSERT_EQ(moved, rows[a][b]) << "trial " << trial << " pair " << a << "->" << b;
+      }
   }
 }
 
