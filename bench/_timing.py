@@ -26,25 +26,34 @@ def host_and_wall(fn, iters: int, warmup: int = 2, between=None):
     return statistics.median(walls), statistics.median(hosts)
 
 
-def interleaved(fns: dict, iters: int, warmup: int = 5):
-    """Per name of `fns` (name -> callable), the list of `iters` (wall, enqueue) microsecond pairs of its calls, timed
-    as host_and_wall times one, in rounds that call every function once in turn: a slow drift of the machine (clocks,
-    other processes) then touches every function alike, and the i-th samples of two functions are a fair pair."""
-    import torch
-
+def _take_turns(fns: dict, rounds: int, warmup: int, sample):
+    """Per name of `fns` (name -> callable), the list of `rounds` samples `sample(fn)` took of it, after `warmup`
+    calls of each, in rounds that sample every function once in turn: a slow drift of the machine (clocks, other
+    processes) then touches every function alike, and the i-th samples of two functions are a fair pair."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     samples = {name: [] for name in fns}
-    for _ in range(iters):
+    for _ in range(rounds):
         for name, fn in fns.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            samples[name].append(((time.perf_counter() - t0) * 1e6, (t1 - t0) * 1e6))
+            samples[name].append(sample(fn))
     return samples
+
+
+def interleaved(fns: dict, iters: int, warmup: int = 5):
+    """Per name of `fns` (name -> callable), the list of `iters` (wall, enqueue) microsecond pairs of its calls, timed
+    as host_and_wall times one, the functions taking turns (_take_turns)."""
+    import torch
+
+    def one_call(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e6, (t1 - t0) * 1e6
+
+    return _take_turns(fns, iters, warmup, one_call)
 
 
 def paired_difference(a, b):
@@ -58,19 +67,16 @@ def paired_difference(a, b):
 def back_to_back(fns: dict, calls: int, rounds: int, warmup: int = 5):
     """Per name of `fns`, the median over `rounds` of the wall microseconds per call of `calls` calls enqueued back to
     back (one synchronisation before and one after: the host may run ahead of the GPU, as an eager loop does), the
-    functions taking turns round by round."""
+    functions taking turns round by round (_take_turns)."""
     import torch
 
-    for fn in fns.values():
-        for _ in range(warmup):
+    def burst(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
             fn()
-    per = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            per[name].append((time.perf_counter() - t0) * 1e6 / calls)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e6 / calls
+
+    per = _take_turns(fns, rounds, warmup, burst)
     return {name: statistics.median(v) for name, v in per.items()}
