@@ -469,7 +469,7 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
     info->rail_combine_domain_bytes = group->hierMessageBytes(ncclep::kCombine);
   } else if (group->railComm) {
     // Direct: a message per region (dispatch and combine have 2) and round (fixed slices: every slot's).
-    const int rounds = (group->view.maxTokens + rv.roundSlots - 1) / rv.roundSlots;
+    const int rounds = ncclep::railRoundsOf(rv, group->view.nRanks, group->view.maxTokens, nullptr);
     info->rail_messages_per_domain = topo.domainSize * (rv.direct ? 2 * rounds : 1);
     info->rail_dispatch_domain_bytes = (size_t)topo.domainSize * info->rail_dispatch_bytes;
     info->rail_combine_domain_bytes = (size_t)topo.domainSize * info->rail_combine_bytes;

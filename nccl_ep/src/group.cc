@@ -351,25 +351,16 @@ ncclResult_t ncclEpGroup::setMask(const int* hostMask, cudaStream_t stream) {
 // each way with each, one NCCL group on the stream (it ends once every such rank has posted its own, i.e. reached
 // the same point of its stream), watched like an exchange: a rank that never comes has the rail aborted.
 ncclResult_t ncclEpGroup::railBarrier(cudaStream_t stream) {
-  if (!railComm) return ncclSuccess;
-  if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
-  std::lock_guard<std::timed_mutex> lock(railMu);
-  if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
-  char* buf = static_cast<char*>(railBarrierBuf);
-  NCCLEXT_NCCL(ncclGroupStart());
-  ncclResult_t res = ncclSuccess;
-  for (int r = 0; r < view.nRanks && res == ncclSuccess && maskHost_[view.rank]; r++) {
-    if (view.rail.local(r) || !maskHost_[r]) continue;
-    res = ncclSend(buf, 8, ncclUint8, r, railComm, stream);
-    if (res == ncclSuccess) res = ncclRecv(buf + 8 * (size_t)(r + 1), 8, ncclUint8, r, railComm, stream);
-  }
-  const ncclResult_t ended = ncclGroupEnd();
-  if (res != ncclSuccess || ended != ncclSuccess)
-    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                         "ncclEpMaskClean across NVLink domains: NCCL point-to-point: %s", ncclGetLastError(railComm));
-  const double seconds = timeoutSeconds;
-  ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
-  return ncclSuccess;
+  return inRailGroup(stream, "ncclEpMaskClean", [&](bool) {
+    char* buf = static_cast<char*>(railBarrierBuf);
+    ncclResult_t res = ncclSuccess;
+    for (int r = 0; r < view.nRanks && res == ncclSuccess && maskHost_[view.rank]; r++) {
+      if (view.rail.local(r) || !maskHost_[r]) continue;
+      res = ncclSend(buf, 8, ncclUint8, r, railComm, stream);
+      if (res == ncclSuccess) res = ncclRecv(buf + 8 * (size_t)(r + 1), 8, ncclUint8, r, railComm, stream);
+    }
+    return res;
+  });
 }
 
 ncclResult_t ncclEpGroup::maskClean(cudaStream_t stream) {
@@ -427,19 +418,51 @@ int ncclEpGroup::railRounds(const int64_t* counts, cudaStream_t stream) const {
                               capture == cudaStreamCaptureStatusNone ? counts : nullptr);
 }
 
-ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
-                                       int* hierFwd, int round) {
+ncclResult_t ncclEpGroup::inRailGroup(cudaStream_t stream, const char* what,
+                                      const std::function<ncclResult_t(bool captured)>& body) {
   if (!railComm) return ncclSuccess;
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capture);
-  if (capture != cudaStreamCaptureStatusNone) railCaptured = true;
+  const bool captured = capture != cudaStreamCaptureStatusNone;
+  if (captured) railCaptured = true;
   std::lock_guard<std::timed_mutex> lock(railMu);
   if (railAborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", railWhy.c_str());
+  NCCLEXT_NCCL(ncclGroupStart());
+  const ncclResult_t res = body(captured);
+  const ncclResult_t ended = ncclGroupEnd();
+  if (res != ncclSuccess || ended != ncclSuccess)
+    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                         "%s across NVLink domains: NCCL point-to-point: %s", what, ncclGetLastError(railComm));
+  if (!captured) {  // a replay runs later, unwatched
+    const double seconds = timeoutSeconds;
+    ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
+                                       int* hierFwd, int round) {
+  const ncclep::RailView& rv = view.rail;
+  const bool hierCall = rv.hier && kind != ncclep::kRailHandle;
+  if (!railComm) return ncclSuccess;
+  const char* what = kind == ncclep::kDispatch ? "dispatch" : kind == ncclep::kCombine ? "combine" : "handle";
+  // A captured call moves the fixed slices: its replays must not depend on this call's counts.
+  NCCLEXT_CHECK(inRailGroup(stream, what, [&](bool captured) {
+    return railMessages(kind, ownerWeighted, stream, captured ? nullptr : counts, round);
+  }));
+  if (!rv.relay) return rv.direct ? ncclSuccess : ncclep::launchRailInbox(view, kind, ownerWeighted, stream);
+  if (hierCall && kind == ncclep::kCombine) return ncclSuccess;  // the source's scatter follows (api.cc)
+  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, hierFwd, stream));
+  relayFence(stream);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpGroup::railMessages(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts,
+                                       int round) {
   const ncclep::RailView& rv = view.rail;
   const ncclep::RailRegions regions = rv.regionsOf(kind, ownerWeighted);
   const int R = view.nRanks;
-  NCCLEXT_NCCL(ncclGroupStart());
   ncclResult_t res = ncclSuccess;
   const bool hierCall = rv.hier && kind != ncclep::kRailHandle;
   if (hierCall) {
@@ -450,7 +473,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     // none; otherwise the fixed messages. Rows past the ones sent keep an earlier call's number, which the relay
     // skips, and a source reads only the partials of its own positions.
     const int G = rv.domainSize, myDomain = view.rank / G, D = R / G;
-    const bool dispatch = kind == ncclep::kDispatch, sized = counts && capture == cudaStreamCaptureStatusNone;
+    const bool dispatch = kind == ncclep::kDispatch, sized = counts != nullptr;
     const size_t bytes = hierMessageBytes(kind), row = bytes / (size_t)view.maxTokens;
     const int64_t* rail = counts ? counts + 2 * (size_t)R : nullptr;  // hostTotals: ht.h, HandleView
     char* out = dispatch ? rv.hierOut : rv.hierCombOut;
@@ -485,7 +508,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
     // handle's eager call the rows its routing fills (slots are dense from 0; what my peer sends me is what I
     // count from it), no message where there are none; otherwise whole slices (stale slots of earlier calls travel
     // too and are never read: a receiver reads only this call's rows). The handle's count row goes whole.
-    const bool sized = counts && capture == cudaStreamCaptureStatusNone, dispatch = kind == ncclep::kDispatch;
+    const bool sized = counts != nullptr, dispatch = kind == ncclep::kDispatch;
     const int64_t lo = (int64_t)round * rv.roundSlots;
     char* window = static_cast<char*>(mem->localPtr());
     for (int r = 0; r < R && res == ncclSuccess; r++) {
@@ -518,21 +541,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
       if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, r, railComm, stream);
     }
   }
-  const ncclResult_t ended = ncclGroupEnd();
-  if (res != ncclSuccess || ended != ncclSuccess)
-    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                         "%s across NVLink domains: NCCL point-to-point: %s",
-                         kind == ncclep::kDispatch ? "dispatch" : kind == ncclep::kCombine ? "combine" : "handle",
-                         ncclGetLastError(railComm));
-  if (capture == cudaStreamCaptureStatusNone) {  // a replay runs later, unwatched
-    const double seconds = timeoutSeconds;
-    ncclext::watchStream(this, seconds, stream, [this, seconds] { abortRail(this, seconds); });
-  }
-  if (!rv.relay) return rv.direct ? ncclSuccess : ncclep::launchRailInbox(view, kind, ownerWeighted, stream);
-  if (hierCall && kind == ncclep::kCombine) return ncclSuccess;  // the source's scatter follows (api.cc)
-  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, hierFwd, stream));
-  relayFence(stream);
-  return ncclSuccess;
+  return res;
 }
 
 // Virtual ranks share the GPU's hardware queues, which start work in order: my next kernel, queued behind one that

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,6 +76,13 @@ struct ncclEpGroup {
   // `round` (HT's flat exchange, RailView::direct): the slots [round x roundSlots, + roundSlots) of each region.
   ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,
                             int* hierFwd = nullptr, int round = 0);
+  // railExchange's messages (inside the NCCL group; `counts` NULL in a capture).
+  ncclResult_t railMessages(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts, int round);
+  // One watched NCCL group of the rail on `stream` (railExchange, railBarrier): `body` posts its sends and receives
+  // (told whether the stream is capturing). Fails at once once the rail was aborted; an enqueue holds railMu
+  // against the watchdog's abort; not watched in a capture (a replay runs later). `what` names it in errors.
+  ncclResult_t inRailGroup(cudaStream_t stream, const char* what,
+                           const std::function<ncclResult_t(bool captured)>& body);
   // The rounds an HT call's flat exchange takes on this rank (RailView::direct; else 1): enough for its most rows
   // to or from one peer, an EXACT handle's counts (`counts` as railExchange's) in an eager call, else
   // max_tokens_per_rank. Two ranks agree on every message between them whatever their own numbers of rounds: a
