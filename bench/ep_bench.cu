@@ -194,8 +194,8 @@ int main(int argc, char** argv) {
         relayed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
                 : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
     const size_t railSlots = relayed ? (size_t)info.n_domains - 1 : remote.size();
-    // What crosses the rail, for the output and the baseline: one message per domain is the hierarchical HT's.
-    const bool hierarchical = relayed && info.rail_messages_per_domain == 1;
+    // What crosses the rail, for the output and the baseline.
+    const bool hierarchical = info.rail_hierarchical != 0;
     const char* exchange = remote.empty() ? "none" : !relayed ? "flat" : hierarchical ? "hierarchical" : "relayed";
     void *railSend = nullptr, *railRecv = nullptr;
     if (!remote.empty()) {
@@ -242,13 +242,21 @@ int main(int argc, char** argv) {
         }
       };
       std::vector<int> idx, other;
-      std::vector<int64_t> toRank, fromRank(R, 0), theirs, toDomain, fromDomain(nDomains, 0), theirDomains;
+      std::vector<int64_t> toRank, fromRank(R, 0), theirs, toDomain, fromDomain(nDomains, 0);
+      std::vector<std::vector<int64_t>> domainsOf(R);  // every rank's toDomain
       routingOf(ctx.rank, &idx, &toRank, &toDomain);
       for (int r = 0; r < R && !remote.empty(); r++) {
-        routingOf(r, &other, &theirs, &theirDomains);
+        routingOf(r, &other, &theirs, &domainsOf[r]);
         fromRank[r] = theirs[ctx.rank];
-        if (r % G == myIndex) fromDomain[r / G] = theirDomains[myDomain];
+        if (r % G == myIndex) fromDomain[r / G] = domainsOf[r][myDomain];
       }
+      // The hierarchical HT's rounds: every rank of my domain takes those of the most rail rows any of them sends
+      // to or receives from one domain (ht.h railRoundsOf).
+      int64_t domainMostRail = 0;
+      for (int p = myDomain * G; p < (myDomain + 1) * G && !remote.empty(); p++)
+        for (int d = 0; d < nDomains; d++)
+          if (d != myDomain)
+            domainMostRail = std::max({domainMostRail, domainsOf[p][d], domainsOf[d * G + p % G][myDomain]});
       int64_t sentRows = 0, logicalRows = 0;
       for (int r = 0; r < R; r++)
         if (r != ctx.rank) sentRows += toRank[r];
@@ -362,47 +370,63 @@ int main(int argc, char** argv) {
       size_t railSent[2] = {0, 0};
       const size_t rowStride = cfg.max_token_bytes;
       const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
+      // The rounds (rail_round_tokens rows a peer, ncclEpGroupConfig_t; hierarchical: rail rows a domain): the
+      // baseline moves the same rows in the same rounds, one NCCL group each, as ours does (the kernels between them
+      // aside).
+      const int64_t roundRows = info.rail_round_tokens > 0 ? info.rail_round_tokens : cfg.max_tokens_per_rank;
+      auto roundsFor = [&](const std::vector<int64_t>& a, const std::vector<int64_t>& b, const std::vector<int>& of) {
+        int64_t most = 0;
+        for (const int i : of) most = std::max({most, a[i], b[i]});
+        return (int)std::max<int64_t>(1, (most + roundRows - 1) / roundRows);
+      };
+      std::vector<int> otherDomains;
+      for (int d = 0; d < info.n_domains; d++)
+        if (d != myDomain) otherDomains.push_back(d);
       for (int op = 0; op < 2 && relayed && !remote.empty(); op++) {
         // Relayed: the exchange's own messages on the rail of my index, to and from the rank of my index (rail rank
-        // d) in every other domain d: relayed flat, fixed; hierarchical (one message a domain), as the EXACT handle
-        // timed here sends them: its rail rows to d (dispatch; combine: the partials back for the rows it relays),
-        // from d the other way, no message where there are none.
-        const int nMsg = std::max(info.rail_messages_per_domain, 1);
+        // d) in every other domain d: relayed flat, fixed (one round); hierarchical, as the EXACT handle timed here
+        // sends them: its rail rows to d (dispatch; combine: the partials back for the rows it relays), from d the
+        // other way, in rounds, no message where there are none.
+        const int nMsg = hierarchical ? 1 : std::max(info.rail_messages_per_domain, 1);
         const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
         const size_t msgBytes = domainBytes / nMsg, hierRow = domainBytes / (size_t)cfg.max_tokens_per_rank;
-        auto bytesOf = [&](int d, bool out) {
+        const int rounds =
+            hierarchical ? (int)std::max<int64_t>(1, (domainMostRail + roundRows - 1) / roundRows) : 1;
+        auto bytesOf = [&](int d, bool out, int k) {
           if (!hierarchical) return msgBytes;
-          return (size_t)((op == 0) == out ? toDomain[d] : fromDomain[d]) * hierRow;
+          const int64_t rows = (op == 0) == out ? toDomain[d] : fromDomain[d];
+          return (size_t)std::max<int64_t>(0, std::min(rows - k * roundRows, roundRows)) * hierRow;
         };
         auto exchange = [&](int) {
-          bool ok = ncclGroupStart() == ncclSuccess;
-          for (int d = 0, i = 0; d < info.n_domains; d++) {
-            if (d == myDomain) continue;
-            char* send = static_cast<char*>(railSend) + (size_t)i * railMost;
-            char* recv = static_cast<char*>(railRecv) + (size_t)i * railMost;
-            const size_t out = bytesOf(d, true), in = bytesOf(d, false);
-            for (int m = 0; m < nMsg; m++) {
-              if (out > 0)
-                ok = ok && ncclSend(send + m * out, out, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
-              if (in > 0) ok = ok && ncclRecv(recv + m * in, in, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
+          bool ok = true;
+          for (int k = 0; k < rounds; k++) {
+            ok = ok && ncclGroupStart() == ncclSuccess;
+            for (size_t i = 0; i < otherDomains.size(); i++) {
+              const int d = otherDomains[i];
+              const size_t at = i * railMost + (size_t)k * roundRows * hierRow;
+              char* send = static_cast<char*>(railSend) + at;
+              char* recv = static_cast<char*>(railRecv) + at;
+              const size_t out = bytesOf(d, true, k), in = bytesOf(d, false, k);
+              for (int m = 0; m < nMsg; m++) {
+                if (out > 0)
+                  ok = ok && ncclSend(send + m * out, out, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
+                if (in > 0)
+                  ok = ok && ncclRecv(recv + m * in, in, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
+              }
             }
-            i++;
+            ok = ncclGroupEnd() == ncclSuccess && ok;
           }
-          return ncclGroupEnd() == ncclSuccess && ok ? ncclSuccess : ncclSystemError;
+          return ok ? ncclSuccess : ncclSystemError;
         };
         railSent[op] = 0;
-        for (int d = 0; d < info.n_domains; d++)
-          if (d != myDomain) railSent[op] += nMsg * bytesOf(d, true);
+        for (const int d : otherDomains)
+          for (int k = 0; k < rounds; k++) railSent[op] += nMsg * bytesOf(d, true, k);
         std::vector<float> tr;
         if (timeIt(exchange, warm, iters, &tr)) return 1;
         railUs[op] = median(tr);
       }
-      // The flat exchange's rounds (rail_round_tokens rows a peer, ncclEpGroupConfig_t): the baseline moves the same
-      // rows in the same rounds, one NCCL group each, as ours does (its send half between them aside).
-      const int64_t roundRows = info.rail_round_tokens > 0 ? info.rail_round_tokens : cfg.max_tokens_per_rank;
-      int64_t mostRows = 0;
-      for (const int r : remote) mostRows = std::max({mostRows, (int64_t)toRank[r], (int64_t)fromRank[r]});
-      const int rounds = (int)std::max<int64_t>(1, (mostRows + roundRows - 1) / roundRows);
+      // The flat exchange's rounds.
+      const int rounds = roundsFor(toRank, fromRank, remote);
       for (int op = 0; op < 2 && !relayed && !remote.empty(); op++) {
         const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
         auto exchange = [&](int) {

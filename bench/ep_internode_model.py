@@ -62,8 +62,14 @@ staging (--ht-staging: one outbox per remote rank, C rows of each region) stays 
 The hierarchical HT as built (relayed exchanges, the mixed one-GPU test mode, NCCL_EXT_HT_HIERARCHICAL=1;
 --ht-hier-fixed M): M fixed rail rows to and from each other domain's rank of my index, whatever the routing:
 
-    dispatch per remote domain = M hierRow, hierRow = 16-aligned rowStride + 16 + 4 G + 12 k + 4 max(1, rowStride / 128)
+    dispatch per remote domain = M hierRow, hierRow = 16-aligned rowStride + 20 + 4 G + 12 k + 4 max(1, rowStride / 128)
     combine  per remote domain = M rowStride                   (NVLink: the hierarchical protocol's expected rows)
+
+in rounds of C rail positions (--ht-staging prints its staging too: the rail rows of a round, out and in, for every
+domain, and one inbox per rank for the handle's count rows; its outboxes, one per rank in the window, hold the count
+row and whole combine slices):
+
+    staging per rank = R x count row + 2 N C (hierRow + rowStride)     (count row: R + E + chunks + 1 + N int32)
 
 Bytes = T x rows x row bytes (bf16: 2H; fp8: H + 4 H/128, the e4m3 payload and fp32 scales per 128 channels; plus
 --meta-bytes per row, 0 by default). Time per op: rail bytes / rail rate and NVLink bytes / NVLink rate, combined
@@ -265,12 +271,37 @@ def ht_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, m
             "rounds_fixed": -(-max_tokens // c), "remote_ranks": remote}
 
 
+def _hier_row(row: int, gpus: int, k: int) -> int:
+    """ht.h HierRow: the row, then the call's number and the counts (16), the position (4), a slot per rank of the
+    domain, expert ids, weights and indices per column, the fp8 scales; 16-aligned."""
+    return _align(row + 20 + 4 * gpus + 12 * k + 4 * max(1, row // 128), 16)
+
+
+def ht_hier_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, max_tokens: int,
+                          round_tokens: int = 0) -> dict:
+    """Device memory a rank holds for nccl_ep's hierarchical High-Throughput exchange (NCCL_EXT_HT_HIERARCHICAL=1,
+    domains of several ranks): outside the window (ncclEpGroupInfo_t::rail_staging_bytes) one inbox per rank for the
+    handle's count rows (R + E + chunks + 1 + N int32, 16-aligned) and the rail rows of one round of C positions,
+    C = round_tokens (0: the library's default, 1024) at most max_tokens: dispatch rows with their tails and combine
+    partials, out and in, for every domain (group.h railBoxBytes, hierRailRowBytes); in the window, one outbox per
+    rank (the relays reduce their domain's combine rows there at any slot): the count row, max_tokens combine flags
+    and rows. For a group of max_token_bytes = 2 hidden and max_topk = k."""
+    row = 2 * hidden
+    ranks = nodes * gpus
+    c = min(max_tokens, round_tokens or DEFAULT_RAIL_ROUND_TOKENS)
+    count_row = _align(4 * (ranks + experts + -(-max_tokens // 32) + 1 + nodes), 16)
+    rail_rows = 2 * nodes * c * (_hier_row(row, gpus, k) + row)
+    outbox = count_row + _align(8 * max_tokens, 16) + _align(max_tokens * row, 16)
+    return {"rail_staging_bytes": ranks * count_row + rail_rows, "window_outbox_bytes": ranks * outbox,
+            "round_tokens": c, "rounds_fixed": -(-max_tokens // c)}
+
+
 def ht_hier_fixed_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens: int) -> dict:
     """Rail bytes per rank and call of nccl_ep's hierarchical High-Throughput exchange as built (relayed exchanges:
     see the module docstring): M fixed rows to and from each other domain's rank of my index, for a group of
     max_token_bytes = 2 hidden and max_topk = k (ht.h HierRow, group.h hierMessageBytes)."""
     row = 2 * hidden
-    hier_row = _align(row + 16 + 4 * gpus + 12 * k + 4 * max(1, row // 128), 16)
+    hier_row = _hier_row(row, gpus, k)
     remote = nodes - 1
     dispatch, comb = max_tokens * hier_row, max_tokens * row
     return {"dispatch_rail_bytes": remote * dispatch, "combine_rail_bytes": remote * comb,
@@ -478,8 +509,9 @@ def main(argv=None) -> int:
                     help="HT rail rows of nccl_ep's flat exchange with EXACT handles (a row per (token, destination "
                          "rank), the expected rows) instead of the hierarchical protocol's")
     ap.add_argument("--ht-staging", default=None, metavar="C,C,...",
-                    help="also print the flat HT exchange's rail staging per GPU (ht_staging_bytes) at --ht-tokens "
-                         "max tokens for each round size C (0: one round of max_tokens)")
+                    help="also print the HT exchanges' rail staging per GPU (the flat one's, ht_staging_bytes; with "
+                         "several GPUs a node the hierarchical one's, ht_hier_staging_bytes) at --ht-tokens max "
+                         "tokens for each round size C (0: one round of max_tokens)")
     ap.add_argument("--meta-bytes", type=int, default=0, help="extra bytes per row (flags, ids, weights)")
     ap.add_argument("--rail-gbs", type=float, default=RAIL_GBS, help="rail (NIC) GB/s per GPU per direction")
     ap.add_argument("--nvlink-gbs", type=float, default=NVLINK_GBS, help="NVLink GB/s per GPU per direction")
@@ -532,6 +564,20 @@ def main(argv=None) -> int:
                                 "max_tokens_per_rank": max_tokens, **b})
                 cells.append("rounds of %d: %.3f GB" % (b["round_tokens"], b["rail_staging_bytes"] / 1e9))
             print("  %3d nodes x %d: %s" % (n, a.gpus_per_node, ", ".join(cells)))
+        if a.gpus_per_node > 1:
+            print("hierarchical HT rail staging per GPU, max_tokens_per_rank %d (rail rows of a round, inboxes of "
+                  "the count rows; besides, outboxes in the window):" % max_tokens)
+            for n in nodes_list:
+                cells = []
+                for c in _int_list(a.ht_staging):
+                    b = ht_hier_staging_bytes(n, a.gpus_per_node, a.hidden, a.topk, a.experts, max_tokens,
+                                              c or max_tokens)
+                    staging.append({"what": "ep_internode_model_hier_staging", "nodes": n,
+                                    "gpus_per_node": a.gpus_per_node, "hidden": a.hidden, "topk": a.topk,
+                                    "experts": a.experts, "max_tokens_per_rank": max_tokens, **b})
+                    cells.append("rounds of %d: %.3f GB" % (b["round_tokens"], b["rail_staging_bytes"] / 1e9))
+                print("  %3d nodes x %d: %s; outboxes in the window %.3f GB" % (
+                    n, a.gpus_per_node, ", ".join(cells), b["window_outbox_bytes"] / 1e9))
     cmp_rows = []
     if not a.no_compare and a.gpus_per_node == 8 and a.experts == 256 and a.topk == 8 and a.hidden == 7168:
         cmp_rows = compare_published(nodes_list, a.rail_gbs, a.nvlink_gbs, a.ht_latency_us, a.ll_latency_us)

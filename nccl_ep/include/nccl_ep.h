@@ -117,9 +117,10 @@ typedef struct {
                                    one a process): the communicator of the virtual ranks with this virtual_rank in
                                    every domain, in domain order. The exchange between domains then goes between
                                    ranks of the same index, relayed inside the domain (no enable_mask there) */
-  int rail_round_tokens;        /* High-Throughput across NVLink domains (the flat exchange): a call moves its rows to
-                                   each rank of another domain in rounds of this many (a send half, then the rail),
-                                   so that the rail's staging holds this many rows a peer whatever max_tokens_per_rank;
+  int rail_round_tokens;        /* High-Throughput across NVLink domains: a call moves its rows to each rank of
+                                   another domain in rounds of this many (a send half, then the rail; the
+                                   hierarchical HT: its rail rows to each other domain), so that the rail's staging
+                                   holds this many rows a peer whatever max_tokens_per_rank;
                                    NCCL_EP_AUTO: NCCL_EXT_RAIL_ROUND_TOKENS, else 1024; at most max_tokens_per_rank
                                    (one round) */
 } ncclEpGroupConfig_t;
@@ -262,7 +263,8 @@ typedef struct {
    * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
    * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them; HT's flat exchange:
    * two per rank and round, one per staging region, received straight into the window), or, for the
-   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one of a fixed row per token. These are
+   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one per round of a fixed row per token
+   * (rail_round_tokens of them). These are
    * the fixed sizes (worst-case handles, captured calls); an EXACT handle's eager HT calls move only the rows their
    * routing fills (hierarchical: a row per token that hits the domain), none where there are none. */
   int rail_messages_per_domain;
@@ -271,12 +273,16 @@ typedef struct {
   int rail_relayed; /* 1: the messages go to the rank of my index in each other domain, which relays them inside its
                      * domain (virtual_rail, or the hierarchical HT); 0: to each rank itself (or one domain) */
   size_t rail_staging_bytes; /* device memory this rank holds for the rail outside its window: the outboxes (one
-                              * per rank of another domain; relayed: one per rank), LL's and relay mode's inboxes,
-                              * the hierarchical HT's rail rows; 0 with one domain */
-  int rail_round_tokens;     /* HT's flat exchange: the rows a round moves to each peer (rail_*_bytes are a whole
-                              * call's, in max_tokens_per_rank / this many rounds at most); else max_tokens_per_rank */
+                              * per rank of another domain; relayed: one per rank), LL's and relay mode's inboxes
+                              * (the hierarchical HT's: the handle's count rows only), the hierarchical HT's rail
+                              * rows of a round; 0 with one domain */
+  int rail_round_tokens;     /* HT across domains: the rows a round moves to each peer (the hierarchical HT: to each
+                              * other domain; rail_*_bytes are a whole call's, in max_tokens_per_rank / this many
+                              * rounds at most); else max_tokens_per_rank */
+  int rail_hierarchical;     /* 1: High-Throughput's hierarchical exchange (NCCL_EXT_HT_HIERARCHICAL=1 on domains of
+                              * several ranks: a rail row per token and destination domain, relayed); else 0 */
 } ncclEpGroupInfo_t;
-#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice

@@ -207,19 +207,28 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel.
   const int64_t* counts = h->config.sizing == NCCL_EP_SIZING_EXACT ? h->hostTotals + 2 : nullptr;
   // The flat exchange moves a call in rounds (RailView::direct): each a send half and its exchange, the first one
-  // also writing my domain's rows; relayed exchanges in one. The receive half follows the last round.
+  // also writing my domain's rows. The hierarchical HT moves its rail rows in rounds: the send half runs whole in
+  // the first, then each round packs (dispatch) or reduces (combine) its positions, exchanges them, and (combine)
+  // scatters the partials it got back. Other relayed exchanges: one round. The receive half follows the last round.
   const ncclep::RailView& rv = g->view.rail;
   const bool hier = rv.hier;
   const int rounds = g->railRounds(counts, stream);
   for (int k = 0; k < rounds; k++) {
     c.phase = ncclep::kHtSendHalf;
     c.roundLo = k * rv.roundSlots;
-    c.roundSlots = rv.direct ? rv.roundSlots : 0;
+    c.roundSlots = rv.direct || hier ? rv.roundSlots : 0;
     c.remoteOnly = k > 0;
-    NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
-    // The hierarchical HT (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): dispatch packs its rail rows per (token,
-    // domain); combine first reduces, as a relay, its domain's rows for the other domains' sources (a kernel that
-    // waits for my domain's ranks: the fence follows), and after the exchange scatters its partials (below).
+    if (!hier) {
+      NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
+    } else if (k == 0) {
+      Call whole = c;
+      whole.roundLo = whole.roundSlots = whole.remoteOnly = 0;
+      NCCLEXT_CHECK(launch(g->view, h->view, whole, stream));
+    }
+    // The hierarchical HT (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): dispatch packs the round's rail rows per
+    // (token, domain); combine first reduces, as a relay, its domain's rows at the round's positions for the other
+    // domains' sources (a kernel that waits for my domain's ranks: the fence follows), and after the exchange
+    // scatters the round's partials.
     if constexpr (std::is_same<Call, ncclep::DispatchCall>::value) {
       if (hier) NCCLEXT_CHECK(ncclep::launchHierPack(g->view, h->view, c, stream));
     } else {
@@ -229,10 +238,10 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
       }
     }
     NCCLEXT_CHECK(g->railExchange(kind, false, stream, counts, h->view.hierFwd, k));
+    if constexpr (std::is_same<Call, ncclep::CombineCall>::value)
+      if (hier) NCCLEXT_CHECK(ncclep::launchHierScatter(g->view, h->view, c, stream));
   }
   c.roundLo = c.roundSlots = c.remoteOnly = 0;
-  if constexpr (std::is_same<Call, ncclep::CombineCall>::value)
-    if (hier) NCCLEXT_CHECK(ncclep::launchHierScatter(g->view, h->view, c, stream));
   c.phase = ncclep::kHtReceiveHalf;
   return launch(g->view, h->view, c, stream);
 }
@@ -463,10 +472,12 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->rail_relayed = group->railComm && rv.relay ? 1 : 0;
   info->rail_staging_bytes = group->railBytes;
   info->rail_round_tokens = rv.roundSlots;
+  info->rail_hierarchical = group->railComm && rv.hier ? 1 : 0;
   if (group->railComm && rv.hier) {
-    info->rail_messages_per_domain = 1;
-    info->rail_dispatch_domain_bytes = group->hierMessageBytes(ncclep::kDispatch);
-    info->rail_combine_domain_bytes = group->hierMessageBytes(ncclep::kCombine);
+    // A message per round (fixed slices: every position's).
+    info->rail_messages_per_domain = ncclep::railRoundsOf(rv, group->view.nRanks, group->view.maxTokens, nullptr);
+    info->rail_dispatch_domain_bytes = (size_t)group->view.maxTokens * group->hierRowBytes(ncclep::kDispatch);
+    info->rail_combine_domain_bytes = (size_t)group->view.maxTokens * group->hierRowBytes(ncclep::kCombine);
   } else if (group->railComm) {
     // Direct: a message per region (dispatch and combine have 2) and round (fixed slices: every slot's).
     const int rounds = ncclep::railRoundsOf(rv, group->view.nRanks, group->view.maxTokens, nullptr);

@@ -110,23 +110,30 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
                                        (size_t)v.maxTokens * v.meta.bytes, flagSlice, rowSlice, mk * flagSlice,
                                        mk * rowSlice};
   // HT's flat exchange receives into the window (direct) and moves a call in rounds of roundSlots slots a peer, so
-  // its outboxes' row regions hold that many rows (the handle's count row stays whole).
+  // its outboxes' row regions hold that many rows (the handle's count row stays whole). The hierarchical HT moves
+  // its rail rows in rounds of roundSlots positions; its outboxes hold the handle's count rows and whole combine
+  // slices (its relays reduce them at any slot), no dispatch regions (its rail rows carry the dispatch).
   rv.direct = topo.nDomains > 1 && !v.lowLatency && !relay;
-  rv.roundSlots = rv.direct ? std::min(v.maxTokens, config.rail_round_tokens > 0 ? config.rail_round_tokens
-                                                                                   : kDefaultRailRoundTokens)
-                            : v.maxTokens;
+  rv.relay = relay;
+  rv.hier = relay && hier;
+  rv.roundSlots = rv.direct || rv.hier ? std::min(v.maxTokens, config.rail_round_tokens > 0
+                                                                   ? config.rail_round_tokens
+                                                                   : kDefaultRailRoundTokens)
+                                       : v.maxTokens;
   size_t outbox = 0;
   for (int i = 0; i < kRailRegions; i++) {
     rv.base[i] = bases[i];
     rv.slice[i] = slices[i];
-    rv.outSlice[i] = i == kRailHeader ? slices[i] : slices[i] / (size_t)v.maxTokens * (size_t)rv.roundSlots;
+    const bool dispatchRegion = i == kRailDispFlags || i == kRailDispRows || i == kRailDispMeta;
+    rv.outSlice[i] = i == kRailHeader ? slices[i]
+                     : rv.hier        ? (dispatchRegion ? 0 : slices[i])
+                                      : slices[i] / (size_t)v.maxTokens * (size_t)rv.roundSlots;
     rv.outOff[i] = outbox;
     outbox = alignUp(outbox + rv.outSlice[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
+  rv.inboxBytes = rv.hier ? alignUp(rv.outSlice[kRailHeader], 16) : rv.outboxBytes;
   // The hierarchical HT's relays read their domain's outboxes: those then live in the window.
-  rv.relay = relay;
-  rv.hier = relay && hier;
   rv.boxes = topo.nDomains == 1 ? 0 : relay ? nRanks : nRanks - topo.domainSize;
   w.outboxes = 0;
   if (rv.hier) {
@@ -253,10 +260,10 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   // traffic on comm never meets ours; relay: the domain's rail, the ranks of my index in every domain, likewise).
   if (res == ncclSuccess && rv.outboxBytes) {
     void* ob = nullptr;
-    const size_t boxes = rv.outboxBytes * rv.boxes;
+    const size_t boxes = rv.outboxBytes * rv.boxes, inboxes = rv.direct ? 0 : rv.inboxBytes * rv.boxes;
     // The outboxes, then the inboxes; the hierarchical HT: the inboxes only (its outboxes are in the window); the
     // direct exchange: the outboxes only (it receives into the window).
-    g->railBytes = rv.hier || rv.direct ? boxes : 2 * boxes;
+    g->railBytes = g->railAllocBytes = ncclep::railBoxBytes(rv);
     res = g->deviceAlloc(&ob, g->railBytes);
     g->railAlloc = ob;
     rv.outbox = rv.hier ? static_cast<char*>(g->mem->localPtr()) + w.outboxes : static_cast<char*>(ob);
@@ -264,21 +271,22 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
     // Zeroed: slots that no call wrote yet travel too (whole slices), and their flags must read as no call's
     // (relay mode copies them into a peer's window while it may be waiting on the slot's flag of a later call).
     if (res == ncclSuccess && (cudaMemsetAsync(rv.outbox, 0, boxes, stream) != cudaSuccess ||
-                               (rv.inbox && cudaMemsetAsync(rv.inbox, 0, boxes, stream) != cudaSuccess)))
+                               (rv.inbox && cudaMemsetAsync(rv.inbox, 0, inboxes, stream) != cudaSuccess)))
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the outboxes: zero-fill failed");
-    // The hierarchical HT's rail rows (dispatch: a row and its tail; combine: a partial row), out and in, zeroed.
+    // The hierarchical HT's rail rows of a round (dispatch: a row and its tail; combine: a partial row), out and in,
+    // zeroed.
     if (res == ncclSuccess && rv.hier) {
-      const size_t slots = (size_t)topo.nDomains * v.maxTokens, dispBytes = slots * rv.hierRow.bytes(),
+      const size_t slots = (size_t)topo.nDomains * rv.roundSlots, dispBytes = slots * rv.hierRow.bytes(),
                    combBytes = slots * (size_t)v.rowStride;
       void* hb = nullptr;
-      res = g->deviceAlloc(&hb, 2 * (dispBytes + combBytes));
+      res = g->deviceAlloc(&hb, ncclep::hierRailRowBytes(v));
       g->hierAlloc = hb;
-      g->railBytes += 2 * (dispBytes + combBytes);
+      g->railBytes += ncclep::hierRailRowBytes(v);
       rv.hierOut = static_cast<char*>(hb);
       rv.hierIn = rv.hierOut + dispBytes;
       rv.hierCombOut = rv.hierIn + dispBytes;
       rv.hierCombIn = rv.hierCombOut + combBytes;
-      if (res == ncclSuccess && cudaMemsetAsync(hb, 0, 2 * (dispBytes + combBytes), stream) != cudaSuccess)
+      if (res == ncclSuccess && cudaMemsetAsync(hb, 0, ncclep::hierRailRowBytes(v), stream) != cudaSuccess)
         res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the hierarchical rows: zero-fill failed");
     }
     // ncclEpMaskClean's rail barrier (railBarrier): 8 bytes out, 8 in from each rank.
@@ -377,9 +385,7 @@ ncclResult_t ncclEpGroup::maskClean(cudaStream_t stream) {
   NCCLEXT_CUDA(cudaMemsetAsync(state, 0, kCountersBytes, stream));
   // Across domains the outboxes (and inboxes) carry flags too, whole slices into the peers' windows: zeroed, so
   // that none of a call numbered before the reset can pass for a later one.
-  const ncclep::RailView& rv = view.rail;
-  if (railAlloc)
-    NCCLEXT_CUDA(cudaMemsetAsync(railAlloc, 0, (rv.inbox ? 2 : 1) * (size_t)rv.boxes * rv.outboxBytes, stream));
+  if (railAlloc) NCCLEXT_CUDA(cudaMemsetAsync(railAlloc, 0, railAllocBytes, stream));
   NCCLEXT_CHECK(ncclep::launchLlCleanBarrier(view, 2 * epoch, stream));
   return railBarrier(stream);
 }
@@ -453,7 +459,7 @@ ncclResult_t ncclEpGroup::railExchange(int kind, bool ownerWeighted, cudaStream_
   }));
   if (!rv.relay) return rv.direct ? ncclSuccess : ncclep::launchRailInbox(view, kind, ownerWeighted, stream);
   if (hierCall && kind == ncclep::kCombine) return ncclSuccess;  // the source's scatter follows (api.cc)
-  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, hierFwd, stream));
+  NCCLEXT_CHECK(ncclep::launchRailRelay(view, kind, ownerWeighted, hierFwd, round, stream));
   relayFence(stream);
   return ncclSuccess;
 }
@@ -467,21 +473,23 @@ ncclResult_t ncclEpGroup::railMessages(int kind, bool ownerWeighted, cudaStream_
   const bool hierCall = rv.hier && kind != ncclep::kRailHandle;
   if (hierCall) {
     // The hierarchical HT: to each other domain D's rank of my index (rail rank D), dispatch: my rail rows for D;
-    // combine: my partials for its sources (as their relay); from it the same for my domain, one message each way.
-    // An EXACT handle's eager call moves the rows its routing fills (positions 0.. in token order: my tokens that
-    // hit D out, and back as partials; its tokens that hit my domain in, and back), no message where there are
-    // none; otherwise the fixed messages. Rows past the ones sent keep an earlier call's number, which the relay
-    // skips, and a source reads only the partials of its own positions.
+    // combine: my partials for its sources (as their relay); from it the same for my domain, one message each way,
+    // the round's positions [round x roundSlots, + roundSlots) from the start of the round's rows. An EXACT
+    // handle's eager call moves the rows its routing fills (positions 0.. in token order: my tokens that hit D out,
+    // and back as partials; its tokens that hit my domain in, and back), no message where there are none;
+    // otherwise the fixed messages. Rows past the ones sent are stale (an earlier call's number, or another
+    // position: the relay skips them), and a source reads only the partials of its own positions.
     const int G = rv.domainSize, myDomain = view.rank / G, D = R / G;
     const bool dispatch = kind == ncclep::kDispatch, sized = counts != nullptr;
-    const size_t bytes = hierMessageBytes(kind), row = bytes / (size_t)view.maxTokens;
+    const size_t bytes = hierMessageBytes(kind), row = hierRowBytes(kind);
     const int64_t* rail = counts ? counts + 2 * (size_t)R : nullptr;  // hostTotals: ht.h, HandleView
     char* out = dispatch ? rv.hierOut : rv.hierCombOut;
     char* in = dispatch ? rv.hierIn : rv.hierCombIn;
     for (int d = 0; d < D && res == ncclSuccess; d++) {
       if (d == myDomain) continue;
-      const size_t toD = sized ? (size_t)(dispatch ? rail[d] : rail[D + d]) * row : bytes;
-      const size_t fromD = sized ? (size_t)(dispatch ? rail[D + d] : rail[d]) * row : bytes;
+      const int64_t mine = sized ? rail[d] : view.maxTokens, its = sized ? rail[D + d] : view.maxTokens;
+      const size_t toD = (size_t)ncclep::railRoundRows(rv, round, dispatch ? mine : its) * row;
+      const size_t fromD = (size_t)ncclep::railRoundRows(rv, round, dispatch ? its : mine) * row;
       if (toD > 0) res = ncclSend(out + (size_t)d * bytes, toD, ncclUint8, d, railComm, stream);
       if (fromD > 0 && res == ncclSuccess)
         res = ncclRecv(in + (size_t)d * bytes, fromD, ncclUint8, d, railComm, stream);
@@ -495,9 +503,10 @@ ncclResult_t ncclEpGroup::railMessages(int kind, bool ownerWeighted, cudaStream_
     for (int d = 0; d < R / G && res == ncclSuccess; d++) {
       if (d == myDomain) continue;
       for (int r = 0; r < G && res == ncclSuccess; r++) {
-        const size_t at = (size_t)(d * G + r) * rv.outboxBytes + from;
-        res = ncclSend(rv.outbox + at, bytes, ncclUint8, d, railComm, stream);
-        if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, d, railComm, stream);
+        const size_t box = (size_t)(d * G + r);
+        res = ncclSend(rv.outbox + box * rv.outboxBytes + from, bytes, ncclUint8, d, railComm, stream);
+        if (res == ncclSuccess)
+          res = ncclRecv(rv.inbox + box * rv.inboxBytes + from, bytes, ncclUint8, d, railComm, stream);
       }
     }
   } else if (rv.direct) {
@@ -536,9 +545,10 @@ ncclResult_t ncclEpGroup::railMessages(int kind, bool ownerWeighted, cudaStream_
     const bool masks = view.mask != nullptr;
     for (int r = 0; r < R && res == ncclSuccess; r++) {
       if (rv.local(r) || (masks && (!maskHost_[r] || !maskHost_[view.rank]))) continue;
-      const size_t at = (size_t)rv.box(r) * rv.outboxBytes + from;
-      res = ncclSend(rv.outbox + at, bytes, ncclUint8, r, railComm, stream);
-      if (res == ncclSuccess) res = ncclRecv(rv.inbox + at, bytes, ncclUint8, r, railComm, stream);
+      const size_t box = (size_t)rv.box(r);
+      res = ncclSend(rv.outbox + box * rv.outboxBytes + from, bytes, ncclUint8, r, railComm, stream);
+      if (res == ncclSuccess)
+        res = ncclRecv(rv.inbox + box * rv.inboxBytes + from, bytes, ncclUint8, r, railComm, stream);
     }
   }
   return res;
@@ -681,7 +691,7 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   v.hierPos = hierDomains ? reinterpret_cast<int*>(b + offsets[8]) : nullptr;
   v.hierFwd = hierDomains ? reinterpret_cast<int*>(b + offsets[9]) : nullptr;
   void* host = nullptr;
-  const size_t hostInts = 2 + 2 * (size_t)R + 2 * hierDomains;  // HandleView::hostTotals
+  const size_t hostInts = 2 + 2 * (size_t)R + (hierDomains ? 2 * hierDomains + 1 : 0);  // HandleView::hostTotals
   NCCLEXT_CUDA(cudaHostAlloc(&host, hostInts * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
   h->hostTotals = static_cast<int64_t*>(host);
   std::fill(h->hostTotals, h->hostTotals + hostInts, -1);

@@ -29,6 +29,18 @@ namespace ncclep {
 // arithmetic, the same on every rank (ncclEpGroup::create; host tests). htHierarchical: NCCL_EXT_HT_HIERARCHICAL.
 void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
                  bool htHierarchical = false);
+// The rail's device memory outside the window (ncclEpGroupInfo_t::rail_staging_bytes is their sum; 0 with one
+// domain): the outboxes and inboxes, one allocation (the direct exchange: outboxes only; the hierarchical HT:
+// inboxes only, its outboxes being in the window), and the hierarchical HT's rail rows of a round (dispatch rows
+// with their tails and combine partials, out and in, a round's positions for every domain).
+inline size_t railBoxBytes(const RailView& rv) {
+  return (rv.hier ? 0 : rv.outboxBytes * rv.boxes) + (rv.direct ? 0 : rv.inboxBytes * rv.boxes);
+}
+inline size_t hierRailRowBytes(const GroupView& v) {
+  if (!v.rail.hier) return 0;
+  const size_t slots = (size_t)(v.nRanks / v.rail.domainSize) * v.rail.roundSlots;
+  return 2 * slots * (v.rail.hierRow.bytes() + (size_t)v.rowStride);
+}
 }  // namespace ncclep
 
 // The device pointers of an optional ncclEpLayoutInfo_t (all NULL without one): HT handle binding and LL dispatch.
@@ -73,7 +85,8 @@ struct ncclEpGroup {
   // message per region (hierarchical: per domain; the ranks of a group run a call eagerly or capture it alike);
   // NULL, or a capture: the fixed slices.
   // `hierFwd` (the hierarchical HT's dispatch): the handle's HandleView::hierFwd, which its relay fills.
-  // `round` (HT's flat exchange, RailView::direct): the slots [round x roundSlots, + roundSlots) of each region.
+  // `round` (HT's flat exchange, RailView::direct): the slots [round x roundSlots, + roundSlots) of each region;
+  // the hierarchical HT: the rail positions [round x roundSlots, + roundSlots) to and from each other domain.
   ncclResult_t railExchange(int kind, bool ownerWeighted, cudaStream_t stream, const int64_t* counts = nullptr,
                             int* hierFwd = nullptr, int round = 0);
   // railExchange's messages (inside the NCCL group; `counts` NULL in a capture).
@@ -83,16 +96,19 @@ struct ncclEpGroup {
   // against the watchdog's abort; not watched in a capture (a replay runs later). `what` names it in errors.
   ncclResult_t inRailGroup(cudaStream_t stream, const char* what,
                            const std::function<ncclResult_t(bool captured)>& body);
-  // The rounds an HT call's flat exchange takes on this rank (RailView::direct; else 1): enough for its most rows
-  // to or from one peer, an EXACT handle's counts (`counts` as railExchange's) in an eager call, else
-  // max_tokens_per_rank. Two ranks agree on every message between them whatever their own numbers of rounds: a
-  // round carries a pair's rows only where both counts (the same number) reach it.
+  // The rounds an HT call's exchange takes on this rank (the flat one, RailView::direct, and the hierarchical one;
+  // else 1): enough for its most rows to or from one peer (hierarchical: rail rows to or from one domain), an EXACT
+  // handle's counts (`counts` as railExchange's) in an eager call, else max_tokens_per_rank. Two ranks agree on
+  // every message between them whatever their own numbers of rounds: a round carries a pair's rows only where both
+  // counts (the same number) reach it (ht.h, railRoundsOf).
   int railRounds(const int64_t* counts, cudaStream_t stream) const;
-  // The hierarchical HT's one message to each other domain's rank of my index: dispatch, a rail row (with its tail)
-  // per token position; combine, a partial row per position.
-  size_t hierMessageBytes(int kind) const {
-    return (size_t)view.maxTokens * (kind == ncclep::kDispatch ? view.rail.hierRow.bytes() : (size_t)view.rowStride);
+  // The hierarchical HT's rail row of exchange `kind`: dispatch, a row with its tail (ht.h, HierRow); combine, a
+  // partial row. A round's message to each other domain's rank of my index holds one per position of the round
+  // (hierMessageBytes with fixed slices).
+  size_t hierRowBytes(int kind) const {
+    return kind == ncclep::kDispatch ? view.rail.hierRow.bytes() : (size_t)view.rowStride;
   }
+  size_t hierMessageBytes(int kind) const { return (size_t)view.rail.roundSlots * hierRowBytes(kind); }
   // Virtual ranks in relay mode: the launch fence after a kernel that waits on my domain's ranks (railExchange).
   void relayFence(cudaStream_t stream);
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort
@@ -102,6 +118,7 @@ struct ncclEpGroup {
   // Relay mode with virtual ranks (the mixed test mode): the launch fence after each relay kernel (its key, and
   // whether one ran out of time: then skipped). See railExchange.
   void* railAlloc = nullptr;  // the outboxes and inboxes (hierarchical HT: the inboxes; its outboxes are in the window)
+  size_t railAllocBytes = 0;  // its bytes
   void* hierAlloc = nullptr;  // the hierarchical HT's rail rows
   size_t railBytes = 0;       // both allocations' bytes (ncclEpGroupInfo_t::rail_staging_bytes)
   uint64_t relayFenceKey = 0;

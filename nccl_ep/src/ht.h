@@ -137,14 +137,16 @@ struct RailRegions {
 // domain), at the token's position q in its source's stream to that domain: the row (rowStride bytes), then a tail
 // with what the relay needs to write each hit rank's staging row as the source would have (hierPackKernel,
 // railRelayKernel): the call's number (rows of earlier calls are stale), the source's top-k and scale counts, the
-// token's slot towards each rank of the domain (-1: none), its global expert ids (-1: none or ignored), weights
-// and (source, expert) indices per column, and its fp8 scales.
+// row's position q (a round's message holds the positions of that round: a row left from an earlier round of the
+// same call has another), the token's slot towards each rank of the domain (-1: none), its global expert ids (-1:
+// none or ignored), weights and (source, expert) indices per column, and its fp8 scales.
 struct HierRow {
   size_t rowStride = 0;
   int domainSize = 0, maxTopk = 0, maxScales = 0;
   __host__ __device__ size_t seqOff() const { return rowStride; }
   __host__ __device__ size_t countsOff() const { return rowStride + 8; }  // int32 top-k, int32 scales
-  __host__ __device__ size_t slotOff() const { return rowStride + 16; }
+  __host__ __device__ size_t posOff() const { return rowStride + 16; }    // int32 q
+  __host__ __device__ size_t slotOff() const { return rowStride + 20; }
   __host__ __device__ size_t expertOff() const { return slotOff() + 4 * (size_t)domainSize; }
   __host__ __device__ size_t weightOff() const { return expertOff() + 4 * (size_t)maxTopk; }
   __host__ __device__ size_t idxOff() const { return weightOff() + 4 * (size_t)maxTopk; }
@@ -161,15 +163,16 @@ struct RailView {
   // are one block); inbox[D * domainSize + r] holds what domain D's rank of my index wrote for my domain's rank r.
   int relay = 0;
   // Relay mode's hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1): a rail row per (token, destination domain) each way
-  // instead of one per rank. hierOut[D][q] (D = every domain, mine unused): my dispatch rows for domain D;
-  // hierIn[D][q]: domain D's rank of my index's rows for my domain, expanded by railRelayKernel.
+  // instead of one per rank, in rounds of roundSlots rail positions: hierOut[D][q - lo] (D = every domain, mine
+  // unused) holds my dispatch rows for domain D at the positions q of the round starting at lo; hierIn[D][i]:
+  // domain D's rank of my index's rows for my domain in the round, expanded by railRelayKernel.
   int hier = 0;
   HierRow hierRow;
   char* hierOut = nullptr;
   char* hierIn = nullptr;
-  // Its combine: hierCombOut[D][q] (rowStride bytes each), the sum, over my domain's ranks, of their rows for the
-  // token at position q of domain D's rank of my index (a relay's partial); hierCombIn[D][q]: the partial for my
-  // token at my position q towards domain D, from its relay.
+  // Its combine: hierCombOut[D][q - lo] (rowStride bytes each), the sum, over my domain's ranks, of their rows for
+  // the token at position q of domain D's rank of my index (a relay's partial); hierCombIn[D][q - lo]: the partial
+  // for my token at my position q towards domain D, from its relay.
   char* hierCombOut = nullptr;
   char* hierCombIn = nullptr;
   // Direct (HT, flat exchange): NCCL receives each remote source's slices straight into my window, region by
@@ -177,19 +180,24 @@ struct RailView {
   // A call then moves its rows in rounds of roundSlots slots per peer (ncclEpGroupConfig_t::rail_round_tokens):
   // round k's send half writes the rows of slots [k x roundSlots, (k + 1) x roundSlots) towards each remote rank at
   // slot - k x roundSlots of my outbox for it, whose row regions hold roundSlots rows (outSlice), and the exchange
-  // receives them at their own slots of the window. Otherwise (LL, relay) roundSlots is maxTokens: one round.
+  // receives them at their own slots of the window. The hierarchical HT moves its rail rows in rounds of roundSlots
+  // positions (above). Otherwise (LL, the relay) roundSlots is maxTokens: one round.
   int direct = 0;
   int roundSlots = 0;
   int boxes = 0;                       // the outboxes (and inboxes) a rank has: box(r) for r of another domain
   char* outbox = nullptr;              // [boxes][outboxBytes]: rank r's at box(r) * outboxBytes
-  char* inbox = nullptr;               // [boxes][outboxBytes]: what remote rank r sent me, in its outbox's layout;
+  char* inbox = nullptr;               // [boxes][inboxBytes]: what remote rank r sent me, in its outbox's layout;
                                        // NULL when direct
   size_t outboxBytes = 0;
+  // An inbox's bytes: outboxBytes, but the hierarchical HT's only take the handle's count rows (the first region,
+  // its dispatch and combine going through the rail rows above).
+  size_t inboxBytes = 0;
   size_t bankStart = 0;                // the first bank's start (WindowLayout::combFlags)
   size_t base[kRailRegions];           // region i of a bank (offsets in bank 0)
   size_t slice[kRailRegions];          // one source's slice of region i: source s's at base[i] + s * slice[i]
   size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
-  size_t outSlice[kRailRegions];       // its size there: slice[i], or roundSlots rows of it (direct's row regions)
+  size_t outSlice[kRailRegions];       // its size there: slice[i], or roundSlots rows of it (direct's row regions),
+                                       // or none (the hierarchical HT's dispatch regions: its rail rows carry them)
 
   __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
   // Remote rank r's outbox (and inbox): relay mode keeps every rank's place (inbox[D * domainSize + r] is by
@@ -252,7 +260,8 @@ struct HandleView {
   // pinned mapped (EXACT sizing): [0] FLAT rows, [1] EM rows, then [2 + r] my rows to rank r, [2 + R + s] rows from
   // source s (what an eager call's rail exchange sends and receives; api.cc); the hierarchical HT (D domains) also
   // [2 + 2R + d] my tokens that hit domain d (my rail rows to it) and [2 + 2R + D + d] the tokens of domain d's rank
-  // of my index that hit my domain (its rail rows to me, which I relay); -1 for my own domain
+  // of my index that hit my domain (its rail rows to me, which I relay), -1 for my own domain, then
+  // [2 + 2R + 2D] the most of those counts over every rank of my domain (the rounds of its eager calls: railRoundsOf)
   int64_t* hostTotals;
   // LL, written by dispatch for combine: rows received from each source, and the source token of each slot [s][j]
   // (emPos / flatW are indexed by slot s * maxTokens + j there).
@@ -290,7 +299,9 @@ struct DispatchCall {
   // HT's flat exchange in rounds (RailView::direct): roundSlots > 0 makes a send half write, towards another
   // domain's ranks, only the rows of slots [roundLo, roundLo + roundSlots), at slot - roundLo of my outbox for the
   // rank; remoteOnly (a round after the first) makes it write nothing else (no rows to my domain, no waits, no pad
-  // rows). Zero: every slot, everything (inside one domain; relayed exchanges).
+  // rows). Zero: every slot, everything (inside one domain; relayed exchanges). The hierarchical HT's kernels
+  // (hierPackKernel, hierReduceKernel, hierScatterKernel) take the rail positions [roundLo, roundLo + roundSlots)
+  // instead; its send half runs whole, in the first round.
   int roundLo, roundSlots, remoteOnly;
 };
 
@@ -304,19 +315,27 @@ struct CombineCall {
   int roundLo, roundSlots, remoteOnly;  // as DispatchCall's (the combine's rows of slots towards their owners)
 };
 
-// The rounds a call's direct exchange takes on a rank (ncclEpGroup::railRounds): enough for its most rows to or from
-// one rank of another domain, from `counts` (an EXACT handle's eager call: [r] my rows to r, [R + r] r's rows to me)
-// or, NULL, maxTokens (fixed slices); 1 without the direct exchange.
+// The rounds a call's exchange takes on a rank (ncclEpGroup::railRounds). The direct exchange: enough for its most
+// rows to or from one rank of another domain, from `counts` (an EXACT handle's eager call, HandleView::hostTotals
+// + 2: [r] my rows to r, [R + r] r's rows to me) or, NULL, maxTokens (fixed slices). The hierarchical HT: enough for
+// the most rail rows any rank of my domain sends to or receives from one other domain (`counts` [2R + 2D], counted
+// by the handle; my own are [2R + d], my tokens that hit domain d, and [2R + D + d], those of d's rank of my index
+// that hit mine), so that the ranks of a domain take the same rounds (relayFence), or maxTokens. 1 otherwise.
 inline int railRoundsOf(const RailView& rv, int nRanks, int maxTokens, const int64_t* counts) {
-  if (!rv.direct) return 1;
+  if (!rv.direct && !rv.hier) return 1;
   int64_t most = counts ? 0 : maxTokens;
-  for (int r = 0; r < nRanks && counts; r++)
-    if (!rv.local(r)) most = std::max(most, std::max(counts[r], counts[nRanks + r]));
+  if (counts && rv.direct) {
+    for (int r = 0; r < nRanks; r++)
+      if (!rv.local(r)) most = std::max(most, std::max(counts[r], counts[nRanks + r]));
+  } else if (counts) {
+    most = counts[2 * (size_t)nRanks + 2 * (size_t)(nRanks / rv.domainSize)];
+  }
   return (int)std::max<int64_t>(1, (most + rv.roundSlots - 1) / rv.roundSlots);
 }
-// The rows round `round` of the direct exchange moves of a pair's `filled` rows: those past the round's first slot,
-// at most roundSlots. Both ranks of a pair compute it from the same count, so a message exists on both sides or on
-// neither whatever each rank's own number of rounds (railRoundsOf covers every round with rows).
+// The rows round `round` moves of a pair's `filled` rows (slots towards a peer; the hierarchical HT: rail positions
+// towards a domain): those past the round's first, at most roundSlots. Both ranks of a pair compute it from the
+// same count, so a message exists on both sides or on neither whatever each rank's own number of rounds
+// (railRoundsOf covers every round with rows).
 inline int64_t railRoundRows(const RailView& rv, int round, int64_t filled) {
   return std::max<int64_t>(0, std::min<int64_t>(filled - (int64_t)round * rv.roundSlots, rv.roundSlots));
 }
@@ -371,15 +390,18 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
 // (kDispatch, kCombine) from the inbox into its slices of my window, in the bank of the kind's last send half.
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream);
 // Relay mode (RailView::relay): instead, what each other domain's rank of my index wrote for each rank r of my
-// domain, from the inbox into r's window at that writer's slices (LSA), flags last (kernels/ht_route.cu).
-ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, cudaStream_t stream);
-// The hierarchical dispatch (RailView::hier), after the send half: my rail rows for each other domain, in token
-// order, into hierOut (kernels/ht_dispatch_lsa.cu).
+// domain, from the inbox into r's window at that writer's slices (LSA), flags last (kernels/ht_route.cu). The
+// hierarchical dispatch: the rail rows of round `round` (positions from round x roundSlots), each into the staging
+// of the ranks of my domain it names; the first round also marks every position past it unforwarded (hierFwd).
+ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, int round,
+                             cudaStream_t stream);
+// The hierarchical dispatch (RailView::hier), after the send half: my rail rows for each other domain at the
+// positions of the call's round (c.roundLo, c.roundSlots), in token order, into hierOut (kernels/ht_dispatch_lsa.cu).
 ncclResult_t launchHierPack(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 // Its combine (kernels/ht_combine_lsa.cu): after the send half, as a relay, the partial of every row of my domain's
 // ranks for each other domain's source of my index (hierCombOut); after the exchange, as a source, each partial
 // into the staging of the first rank of its domain the token hit, zero rows into the others' (flags set), so that
-// the receive half sums as it does.
+// the receive half sums as it does. Each for the positions of the call's round (c.roundLo, c.roundSlots).
 ncclResult_t launchHierReduce(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 ncclResult_t launchHierScatter(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);

@@ -36,7 +36,7 @@ def check_flat_rail_traffic(info, high_throughput):
     assert info["rail_messages_per_domain"] == G * (2 if high_throughput else 1), info
     assert info["rail_dispatch_domain_bytes"] == G * info["rail_dispatch_bytes"], info
     assert info["rail_combine_domain_bytes"] == G * info["rail_combine_bytes"], info
-    assert info["rail_relayed"] == 0, info
+    assert info["rail_relayed"] == 0 and info["rail_hierarchical"] == 0, info
     remote = (info["n_domains"] - 1) * info["domain_size"] if G else 0
     box = info["rail_dispatch_bytes"] + info["rail_combine_bytes"] + info["rail_combine_owner_bytes"]
     boxes = remote if high_throughput else 2 * remote

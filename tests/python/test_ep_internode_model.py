@@ -282,12 +282,12 @@ def test_ht_fixed_slices_follow_the_library_layout():
 
 
 def test_ht_hier_fixed_follows_the_library_layout():
-    # 2 domains of 2, top-2, hidden 256, max_tokens 4: a hierarchical rail row of 576 bytes (tests/unit/ep_api_test.cc,
+    # 2 domains of 2, top-2, hidden 256, max_tokens 4: a hierarchical rail row of 592 bytes (tests/unit/ep_api_test.cc,
     # EpRail.HierarchicalRowBytesMatchTheModel: ht.h HierRow), M of them to the one remote domain; combine M rows.
     b = m.ht_hier_fixed_bytes(2, 2, 256, 2, 4)
-    assert b["dispatch_per_peer"] == 4 * 576 and b["combine_per_peer"] == 4 * 512 and b["remote_domains"] == 1
-    assert m.ht_hier_fixed_bytes(2, 3, 256, 2, 4)["dispatch_per_peer"] == 4 * 592  # 580, padded to 16
-    assert m.ht_hier_fixed_bytes(4, 2, 256, 2, 4)["dispatch_rail_bytes"] == 3 * 4 * 576
+    assert b["dispatch_per_peer"] == 4 * 592 and b["combine_per_peer"] == 4 * 512 and b["remote_domains"] == 1
+    assert m.ht_hier_fixed_bytes(2, 6, 256, 2, 4)["dispatch_per_peer"] == 4 * 608  # 596, padded to 16
+    assert m.ht_hier_fixed_bytes(4, 2, 256, 2, 4)["dispatch_rail_bytes"] == 3 * 4 * 592
     # The session-12 mixed run (2 domains of 2, 512 tokens, hidden 7168, top-8): the library's rail_*_domain_bytes.
     d, c = m.predict("ht", 2, 2, 512, 7168, 8, 256, "bf16", ht_hier_fixed=512)
     assert d["rail_bytes"] == 7634944 and c["rail_bytes"] == 7340032 and d["ht_protocol"] == "hierarchical"
@@ -365,3 +365,38 @@ def test_ht_staging_follows_the_library_and_the_gpu_runs():
             assert row["rail_staging_bytes"] == want["rail_staging_bytes"], (run["name"], row["nranks"])
             seen += 1
     assert seen == 16
+
+
+def test_ht_hier_staging_follows_the_library():
+    # tests/unit/ep_api_test.cc (EpRail.HierarchicalStagingBytesMatchTheModel) checks the same numbers: 2 domains of
+    # 2, 8 experts, top-2, hidden 256, 4 tokens; one round (the default, or a round of 4), rounds of 3.
+    for round_tokens, want in ((0, 17920), (4, 17920), (3, 13504)):
+        b = m.ht_hier_staging_bytes(2, 2, 256, 2, 8, 4, round_tokens)
+        assert b["rail_staging_bytes"] == want and b["window_outbox_bytes"] == 4 * 2144, round_tokens
+    # Rounds bound the rail rows: at 4096 tokens, 8 nodes of 8, rounds of 256 hold a sixteenth of one round's rows
+    # (the inboxes of the count rows beside them are kilobytes).
+    whole, rounds = (m.ht_hier_staging_bytes(8, 8, 7168, 8, 256, 4096, c) for c in (4096, 256))
+    assert rounds["rounds_fixed"] == 16 and whole["rounds_fixed"] == 1
+    assert rounds["rail_staging_bytes"] < whole["rail_staging_bytes"] / 15
+
+
+def test_ht_hier_staging_follows_the_gpu_runs():
+    # ep_bench's hierarchical groups in session 18's GPU run (mixed one-GPU mode: 2 domains of 2 virtual ranks, 512
+    # tokens, hidden 7168, top-8 of 256), one round and rounds of 128: the rail_staging_bytes ncclEpGroupGetInfo
+    # reported equal the model's, and the window holds the outboxes beside the staging regions.
+    path = os.path.join(BENCH, "results", "gpu-check-20261203T191210Z.json")
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    seen = 0
+    for run in runs:
+        if not run["name"].startswith("ep_ht_bench_hier"):
+            continue
+        for row in run["results"]:
+            assert row["exchange"] == "hierarchical", run["name"]
+            gpus = 2  # the mixed mode's domains
+            want = m.ht_hier_staging_bytes(row["nranks"] // gpus, gpus, row["hidden"], row["topk"], row["experts"],
+                                           row["max_tokens_per_rank"], row["rail_round_tokens"])
+            assert row["rail_staging_bytes"] == want["rail_staging_bytes"], (run["name"], row["layout"])
+            assert row["window_bytes"] > want["window_outbox_bytes"]
+            seen += 1
+    assert seen == 8

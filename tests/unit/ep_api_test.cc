@@ -360,7 +360,8 @@ TEST(EpRail, HierarchicalRowTailIsLaidOutInOrder) {
       hr.maxScales = 112;
       EXPECT_EQ(hr.seqOff(), 14336u);
       EXPECT_EQ(hr.countsOff(), hr.seqOff() + 8);
-      EXPECT_EQ(hr.slotOff(), hr.countsOff() + 8);
+      EXPECT_EQ(hr.posOff(), hr.countsOff() + 8);
+      EXPECT_EQ(hr.slotOff(), hr.posOff() + 4);
       EXPECT_EQ(hr.expertOff(), hr.slotOff() + 4u * G);
       EXPECT_EQ(hr.weightOff(), hr.expertOff() + 4u * K);
       EXPECT_EQ(hr.idxOff(), hr.weightOff() + 4u * K);
@@ -593,19 +594,42 @@ TEST(EpRail, HighThroughputStagingBytesMatchTheModel) {
   }
 }
 
+// The hierarchical HT's staging (ht_hier_staging_bytes): 2 domains of 2, 8 experts, top-2, rows of 512 bytes, 4
+// tokens. Outside the window (rail_staging_bytes): 4 inboxes of the handle's count row (R + E + chunks + 1 +
+// domains int32 = 64 bytes) and the rail rows of a round (2 x 2 domains x C x (592 + 512)): 17920 bytes in one
+// round, 13504 in rounds of 3; in the window, 4 outboxes of the count row, C flags and C rows of 512 (2144 each).
+TEST(EpRail, HierarchicalStagingBytesMatchTheModel) {
+  for (const auto& [round, want] : {std::pair<int, size_t>{0, 17920}, {4, 17920}, {3, 13504}}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.num_experts = 8;
+    cfg.max_tokens_per_rank = 4;
+    cfg.max_token_bytes = 512;
+    cfg.max_topk = 2;
+    cfg.rail_round_tokens = round;
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(0, 4, 0, 2, 0, &topo), ncclSuccess);
+    ncclep::GroupView v;
+    ncclep::layoutGroup(cfg, topo, &v, true);
+    ASSERT_EQ(v.rail.hier, 1);
+    EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), want) << "rounds of " << round;
+    EXPECT_EQ(v.wl.total - v.wl.outboxes, 4u * 2144u);
+  }
+}
+
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512
-// / 128, as layoutGroup sets them): the row, seq + counts (16), 2 slots, experts + weights + indices (24), scales
-// (16) = 576, already 16-aligned; with 3 slots 580, padded to 592. A dispatch message is M of them, a combine
-// message M rows (group.h hierMessageBytes; the GPU run's rail_dispatch_domain_bytes matched the model too).
+// / 128, as layoutGroup sets them): the row, seq + counts (16), the position (4), 2 slots, experts + weights +
+// indices (24), scales (16) = 580, padded to 592; with 6 slots 596, padded to 608. A call's dispatch is M of them
+// to each other domain, its combine M rows (in rounds: group.h hierMessageBytes; the GPU run's
+// rail_dispatch_domain_bytes matched the model too).
 TEST(EpRail, HierarchicalRowBytesMatchTheModel) {
   ncclep::HierRow hr;
   hr.rowStride = 512;
   hr.domainSize = 2;
   hr.maxTopk = 2;
   hr.maxScales = 4;
-  EXPECT_EQ(hr.bytes(), 576u);
-  hr.domainSize = 3;
   EXPECT_EQ(hr.bytes(), 592u);
+  hr.domainSize = 6;
+  EXPECT_EQ(hr.bytes(), 608u);
 }
 
 // The flat exchange keeps one outbox (and, Low-Latency, one inbox) per rank of another domain: box(r) numbers those
@@ -776,6 +800,106 @@ TEST(EpRail, RoundsAgreeBetweenEveryPair) {
   }
 }
 
+// The hierarchical HT's rounds (rail positions towards each other domain, between ranks of one index) agree between
+// every pair whatever each one's own number of rounds: on random EXACT counts over 3 domains of 2 ranks and rounds
+// of 3 positions (tokens[a][d]: a's tokens that hit domain d, its rail rows to d's rank of its index, and back as
+// partials), what a sends b in each round (from a's counts, HandleView::hostTotals' rail part) is what b receives
+// from a (from b's), rounds past a rank's own number move nothing, and the rounds move every row once. The ranks
+// of a domain take the same rounds (their launch fences pair up): the most rows of any of them.
+TEST(EpRail, HierarchicalRoundsAgreeBetweenEveryPair) {
+  const int G = 2, D = 3, R = G * D, M = 16;
+  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+  cfg.num_experts = 2 * R;
+  cfg.max_tokens_per_rank = M;
+  cfg.max_token_bytes = 512;
+  cfg.max_topk = 2;
+  cfg.rail_round_tokens = 3;
+  std::vector<ncclep::GroupView> v(R);
+  for (int r = 0; r < R; r++) {
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(r, R, r % G, G, 0, &topo), ncclSuccess);
+    ncclep::layoutGroup(cfg, topo, &v[r], true);
+    ASSERT_EQ(v[r].rail.hier, 1);
+    ASSERT_EQ(v[r].rail.roundSlots, 3);
+    EXPECT_EQ(ncclep::railRoundsOf(v[r].rail, R, M, nullptr), 6);  // fixed slices: ceil(16 / 3)
+  }
+  std::mt19937 rng(18);
+  for (int trial = 0; trial < 200; trial++) {
+    int64_t tokens[R][D];
+    for (int a = 0; a < R; a++)
+      for (int d = 0; d < D; d++) tokens[a][d] = d == a / G ? -1 : (int64_t)(rng() % (M + 1)) * (rng() % 4 != 0);
+    int rounds[R];
+    // hostTotals + 2: [r], [R + r] (the flat counts, unused here), then the rail's, then the domain's most.
+    std::vector<int64_t> counts[R];
+    for (int me = 0; me < R; me++) {
+      counts[me].assign(2 * R + 2 * D + 1, 0);
+      for (int d = 0; d < D; d++) {
+        counts[me][2 * R + d] = tokens[me][d];
+        counts[me][2 * R + D + d] = d == me / G ? -1 : tokens[d * G + me % G][me / G];
+      }
+    }
+    for (int me = 0; me < R; me++) {
+      int64_t most = 0;
+      for (int p = me / G * G; p < me / G * G + G; p++)
+        for (int d = 0; d < 2 * D; d++) most = std::max(most, counts[p][2 * R + d]);
+      counts[me][2 * R + 2 * D] = most;
+      rounds[me] = ncclep::railRoundsOf(v[me].rail, R, M, counts[me].data());
+      ASSERT_GE(rounds[me], 1);
+      if (me % G) {
+        ASSERT_EQ(rounds[me], rounds[me - 1]) << "trial " << trial << ": one domain, different rounds";
+      }
+    }
+    for (int a = 0; a < R; a++)
+      for (int db = 0; db < D; db++) {
+        if (db == a / G) continue;
+        const int b = db * G + a % G;
+        int64_t moved = 0;
+        for (int k = 0; k < std::max(rounds[a], rounds[b]); k++) {
+          const int64_t sent = k < rounds[a] ? ncclep::railRoundRows(v[a].rail, k, counts[a][2 * R + db]) : 0;
+          const int64_t got = k < rounds[b] ? ncclep::railRoundRows(v[b].rail, k, counts[b][2 * R + D + a / G]) : 0;
+          ASSERT_EQ(sent, got) << "trial " << trial << " pair " << a << "->" << b << " round " << k;
+          moved += sent;
+        }
+        ASSERT_EQ(moved, tokens[a][db]) << "trial " << trial << " pair " << a << "->" << b;
+      }
+  }
+}
+
+// The hierarchical HT's staging: its rail rows in rounds (4 buffers of domains x roundSlots rows: rail_staging_bytes
+// beside the inboxes), inboxes that hold the handle's count rows only, and outboxes (in the window, one per rank)
+// without dispatch regions, their combine slices whole (a relay reduces its domain's rows at any slot).
+TEST(EpRail, HierarchicalStagingHoldsARoundOfRailRows) {
+  const int G = 2, D = 2, R = G * D, M = 64;
+  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+  cfg.num_experts = 2 * R;
+  cfg.max_tokens_per_rank = M;
+  cfg.max_token_bytes = 512;
+  cfg.max_topk = 2;
+  for (const int round : {0, 16, 64, 100}) {
+    cfg.rail_round_tokens = round;
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(1, R, 1, G, 0, &topo), ncclSuccess);
+    ncclep::GroupView v;
+    ncclep::layoutGroup(cfg, topo, &v, true);
+    const ncclep::RailView& rv = v.rail;
+    ASSERT_EQ(rv.hier, 1);
+    EXPECT_EQ(rv.roundSlots, round == 16 ? 16 : M) << "rounds of " << round;  // 0: the default, 1024, above M
+    EXPECT_EQ(ncclep::railRoundsOf(rv, R, M, nullptr), M / rv.roundSlots);
+    for (const int i : {(int)ncclep::kRailDispFlags, (int)ncclep::kRailDispRows, (int)ncclep::kRailDispMeta})
+      EXPECT_EQ(rv.outSlice[i], 0u);
+    for (const int i : {(int)ncclep::kRailHeader, (int)ncclep::kRailCombFlags, (int)ncclep::kRailCombRows})
+      EXPECT_EQ(rv.outSlice[i], rv.slice[i]);
+    EXPECT_EQ(rv.inboxBytes, (rv.slice[ncclep::kRailHeader] + 15) / 16 * 16);
+    EXPECT_LT(rv.inboxBytes, rv.outboxBytes);
+    EXPECT_EQ(v.wl.total, v.wl.outboxes + (size_t)R * rv.outboxBytes);
+    // A combine row of another domain's rank, written by my send half, lands in my outbox for it.
+    size_t at = 0;
+    const size_t mine = rv.base[ncclep::kRailCombRows] + (size_t)1 * rv.slice[ncclep::kRailCombRows];
+    ASSERT_TRUE(ncclep::railOutboxOffset(v, mine + (size_t)(M - 1) * 512, &at));
+    EXPECT_EQ(at, rv.outOff[ncclep::kRailCombRows] + (size_t)(M - 1) * 512);
+  }
+}
+
 // NCCL_EXT_HT_HIERARCHICAL (layoutGroup's htHierarchical) on real ranks, without a virtual_rail: High-Throughput
 // exchanges relayed and hierarchical when the domains have several ranks (2 of 2 here, with the row above), flat
 // with one rank a domain (the same protocol), with one domain, for Low-Latency, and without the variable. The
@@ -806,7 +930,7 @@ TEST(EpRail, HierarchicalRelaysOnDomainsOfSeveralRanks) {
   const Got on = layout(NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, 2, true);
   EXPECT_EQ(on.relay, 1);
   EXPECT_EQ(on.hier, 1);
-  EXPECT_EQ(on.rowBytes, 576u);  // HierarchicalRowBytesMatchTheModel's row: layoutGroup's sizes
+  EXPECT_EQ(on.rowBytes, 592u);  // HierarchicalRowBytesMatchTheModel's row: layoutGroup's sizes
   EXPECT_GT(on.outboxes, 0u);    // the relays read their domain's outboxes in the window
   EXPECT_EQ(on.domainCounts, 2);
   EXPECT_EQ(on.handleSlice, (4u + 8u + 1u + 1u + 2u) * 4u);  // R + E + NC + 1 + domains, int32

@@ -247,19 +247,20 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
 }
 
 // The hierarchical combine's reduce (RailView::hier), as a relay, after the send half: one CTA per (other domain d,
-// rail position q) the handle's dispatch forwarded (hierFwd): the token of domain d's rank s of my index at that
-// position came to each rank of my domain with a slot; every such rank's combine row for it sits in that rank's
-// outbox for s (in the window): acquired by its flag there, summed in rank order in fp32, written as one partial
-// row (the call's dtype) into hierCombOut[d][q]. The rows' outboxes are not overwritten before this call ends here:
-// their next combine's send half waits for my done flag of this one.
+// rail position q of the round) the handle's dispatch forwarded (hierFwd): the token of domain d's rank s of my
+// index at that position came to each rank of my domain with a slot; every such rank's combine row for it sits in
+// that rank's outbox for s (in the window): acquired by its flag there, summed in rank order in fp32, written as
+// one partial row (the call's dtype) into hierCombOut[d][q - c.roundLo]. The rows' outboxes are not overwritten
+// before this call ends here: their next combine's send half waits for my done flag of this one.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, HandleView h, CombineCall c) {
   const RailView& rv = g.rail;
   const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
-  const int M = g.maxTokens, vecs = c.rowBytes >> 4;
+  const int M = g.maxTokens, vecs = c.rowBytes >> 4, span = min(c.roundSlots, M - c.roundLo);
   const uint64_t seq = callNumber(g, kCombine);
-  for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * M; it += gridDim.x) {
-    const int q = (int)(it % M), dd = (int)(it / M), d = otherDomain(dd, myDomain), s = d * G + myIndex;
+  for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * span; it += gridDim.x) {
+    const int q = c.roundLo + (int)(it % span), dd = (int)(it / span), d = otherDomain(dd, myDomain);
+    const int s = d * G + myIndex;
     const int* fwd = h.hierFwd + ((size_t)d * M + q) * G;
     const size_t box = g.wl.outboxes + (size_t)s * rv.outboxBytes;
     bool any = false, ok = true;
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, Handle
     }
     if (__syncthreads_or(!ok)) return;
     if (!any) continue;
-    int4* out = reinterpret_cast<int4*>(rv.hierCombOut + ((size_t)d * M + q) * g.rowStride);
+    int4* out = reinterpret_cast<int4*>(rv.hierCombOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * g.rowStride);
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
       float acc[Vec<T>::kN] = {};
       for (int rl = 0; rl < G; rl++) {
@@ -290,10 +291,11 @@ __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, Handle
   }
 }
 
-// The hierarchical combine's scatter, as a source, after the exchange (same stream: the partials are in
-// hierCombIn): for each of my tokens and each other domain d it went to (hierPos), the partial goes into my combine
-// staging at the first rank of d that received it, zero rows at the others, each with its flag, so that the receive
-// half sums the token's rows as it does (the partial once, the zeros exactly).
+// The hierarchical combine's scatter, as a source, after the round's exchange (same stream: the partials are in
+// hierCombIn): for each of my tokens and each other domain d it went to at a position q of the round (hierPos), the
+// partial (hierCombIn[d][q - c.roundLo]) goes into my combine staging at the first rank of d that received it, zero
+// rows at the others, each with its flag, so that the receive half sums the token's rows as it does (the partial
+// once, the zeros exactly).
 __global__ void __launch_bounds__(kThreads) hierScatterKernel(GroupView g, HandleView h, CombineCall c) {
   const RailView& rv = g.rail;
   const int G = rv.domainSize, myDomain = g.rank / G, nDomains = g.nRanks / G, M = g.maxTokens, R = g.nRanks;
@@ -303,9 +305,9 @@ __global__ void __launch_bounds__(kThreads) hierScatterKernel(GroupView g, Handl
   for (int64_t it = blockIdx.x; it < (int64_t)h.numTokens * nDomains; it += gridDim.x) {
     const int t = (int)(it / nDomains), d = (int)(it % nDomains);
     if (d == myDomain) continue;
-    const int q = h.hierPos[(size_t)t * nDomains + d];
-    if (q < 0) continue;
-    const int4* partial = reinterpret_cast<const int4*>(rv.hierCombIn + ((size_t)d * M + q) * g.rowStride);
+    const int q = h.hierPos[(size_t)t * nDomains + d] - c.roundLo;
+    if (q < 0 || q >= c.roundSlots) continue;  // no position, or another round's
+    const int4* partial = reinterpret_cast<const int4*>(rv.hierCombIn + ((size_t)d * rv.roundSlots + q) * g.rowStride);
     bool first = true;
     for (int rl = 0; rl < G; rl++) {
       const int r = d * G + rl, slot = h.sendSlot[(size_t)t * R + r];

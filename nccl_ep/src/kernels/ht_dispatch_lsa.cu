@@ -262,8 +262,10 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
 
 // The hierarchical dispatch's pack (RailView::hier; ht.h, HierRow), after the send half: one CTA per other domain
 // D. Its tokens are taken in blocks of the CTA's threads in token order: a token that hits a rank of D (its sendSlot
-// there) gets the next rail position q (a block-wide exclusive scan), then one warp per hit token writes the row
-// and its tail into hierOut[D][q], the call's number last (the exchange that sends it follows on the stream).
+// there) gets the next rail position q (a block-wide exclusive scan), then, when q is one of the round's positions
+// [c.roundLo, c.roundLo + c.roundSlots), one warp writes the row and its tail into hierOut[D][q - c.roundLo], the
+// call's number last (the exchange that sends it follows on the stream). Each round scans again (the positions are
+// the same); the first records them in the handle for the combine.
 __global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleView h, DispatchCall c) {
   const RailView& rv = g.rail;
   const HierRow& hr = rv.hierRow;
@@ -289,11 +291,14 @@ __global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleVi
     }
     const int pos = before + __popc(ballot & ((1u << lane) - 1));
     if (hit) tokens[pos] = t;
-    if (t < h.numTokens) h.hierPos[(size_t)t * (R / G) + d] = hit ? base + pos : -1;  // for the combine's scatter
+    if (t < h.numTokens && c.roundLo == 0)  // for the combine's reduce and scatter
+      h.hierPos[(size_t)t * (R / G) + d] = hit ? base + pos : -1;
     __syncthreads();
-    for (int i = warp; i < total; i += nWarps) {
-      const int tt = tokens[i];
-      char* out = rv.hierOut + ((size_t)d * g.maxTokens + base + i) * hr.bytes();
+    // This block's positions base .. base + total - 1 that fall in the round.
+    const int first = max(0, c.roundLo - base), last = min(total, c.roundLo + c.roundSlots - base);
+    for (int i = first + warp; i < last; i += nWarps) {
+      const int tt = tokens[i], q = base + i;
+      char* out = rv.hierOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * hr.bytes();
       warpCopy<false>(lane, out, c.tokens + (size_t)tt * c.rowBytes, c.rowBytes);
       for (int rl = lane; rl < G; rl += 32)
         reinterpret_cast<int*>(out + hr.slotOff())[rl] = h.sendSlot[(size_t)tt * R + d * G + rl];
@@ -308,12 +313,14 @@ __global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleVi
       if (lane == 0) {
         reinterpret_cast<int*>(out + hr.countsOff())[0] = K;
         reinterpret_cast<int*>(out + hr.countsOff())[1] = c.scales ? c.nScales : 0;
+        *reinterpret_cast<int*>(out + hr.posOff()) = q;
       }
       __syncwarp();
       if (lane == 0) *reinterpret_cast<uint64_t*>(out + hr.seqOff()) = seq;
     }
     base += total;
     __syncthreads();  // `tokens` and `warpHits` are rewritten by the next block
+    if (c.roundLo > 0 && base >= c.roundLo + c.roundSlots) break;  // past the round (the first records every token)
   }
 }
 

@@ -247,6 +247,19 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
       rail[dd] = dd == myDomain ? -1 : mine[dd];
       rail[nDomainCounts + dd] = dd == myDomain ? -1 : theirs[myDomain];
     }
+    // And the most rail rows any rank of my domain sends to or receives from one domain: every rank of my domain
+    // takes that many rounds (ht.h railRoundsOf), so that they make the same launch fences (virtual ranks).
+    if (threadIdx.x == 0 && nDomainCounts > 0) {
+      int most = 0;
+      for (int p = 0; p < rv.domainSize; p++)
+        for (int dd = 0; dd < nDomainCounts; dd++) {
+          if (dd == myDomain) continue;
+          const int out = rows[(size_t)(rv.domainBase + p) * g.wl.exchangeInts + g.wl.domainCounts + dd];
+          const int in = rows[(size_t)(dd * rv.domainSize + p) * g.wl.exchangeInts + g.wl.domainCounts + myDomain];
+          most = max(most, max(out, in));
+        }
+      rail[2 * nDomainCounts] = most;
+    }
   }
   __syncthreads();
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
@@ -270,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) railInboxKernel(GroupView g, int kin
   for (int s = 0; s < g.nRanks; s++) {
     if (rv.local(s)) continue;
     for (int i = regions.first; i <= regions.last; i++) {
-      const uint64_t* from = reinterpret_cast<const uint64_t*>(rv.inbox + (size_t)rv.box(s) * rv.outboxBytes +
+      const uint64_t* from = reinterpret_cast<const uint64_t*>(rv.inbox + (size_t)rv.box(s) * rv.inboxBytes +
                                                                rv.outOff[i]);
       uint64_t* to = reinterpret_cast<uint64_t*>(window + rv.base[i] + (size_t)s * rv.slice[i]);
       for (size_t k = tid; k < rv.slice[i] / 8; k += nt) to[k] = from[k];
@@ -300,7 +313,7 @@ __device__ void relayLowLatency(const GroupView& g, int kind, bool ownerWeighted
   auto isFlags = [](int i) { return i == kRailDispFlags || i == kRailCombFlags || i == kRailOwnerFlags; };
   for (int it = blockIdx.x; it < (nDomains - 1) * G; it += gridDim.x) {
     const int r = it % G, dd = it / G, d = otherDomain(dd, myDomain), writer = d * G + myIndex;
-    const char* sub = rv.inbox + (size_t)(d * G + r) * rv.outboxBytes;
+    const char* sub = rv.inbox + (size_t)(d * G + r) * rv.inboxBytes;
     auto to = [&](int i) {
       return static_cast<char*>(g.peers.at(bank + rv.base[i] + (size_t)writer * rv.slice[i], r));
     };
@@ -326,24 +339,33 @@ __device__ void relayLowLatency(const GroupView& g, int kind, bool ownerWeighted
 }
 
 // The hierarchical dispatch's relay (RailView::hier), after the done flags: one CTA per (other domain, rail
-// position); a row of this call is written into the staging of every rank of my domain its tail names, at the
-// source's slot towards that rank, with the metadata the source would have written for it (expert ids local to
-// that rank, weights, indices, scales), its flag released last after a CTA barrier.
-__device__ void relayHierarchical(const GroupView& g, int* hierFwd) {
+// position of round `round`); a row of this call at this position is written into the staging of every rank of my
+// domain its tail names, at the source's slot towards that rank, with the metadata the source would have written
+// for it (expert ids local to that rank, weights, indices, scales), its flag released last after a CTA barrier.
+// The first round also marks every later position unforwarded (a later round, if any, overwrites its own): the
+// combine's reduce then reads no forwarding record of an earlier call, whatever rounds this one takes.
+__device__ void relayHierarchical(const GroupView& g, int* hierFwd, int round) {
   const RailView& rv = g.rail;
   const HierRow& hr = rv.hierRow;
   const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
   const uint64_t seq = callNumber(g, kDispatch);
-  const int M = g.maxTokens;
-  for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * M; it += gridDim.x) {
-    const int q = (int)(it % M), dd = (int)(it / M), d = otherDomain(dd, myDomain), writer = d * G + myIndex;
-    const char* in = rv.hierIn + ((size_t)d * M + q) * hr.bytes();
-    const bool current = *reinterpret_cast<const uint64_t*>(in + hr.seqOff()) == seq;
-    // The handle's forwarding record for its combine: each rank's slot for this position (-1 for a stale row).
+  const int M = g.maxTokens, C = rv.roundSlots, lo = round * C;
+  const int span = round == 0 ? M : min(C, M - lo);  // positions [lo, lo + span) of each other domain
+  for (int64_t it = blockIdx.x; it < (int64_t)(nDomains - 1) * span; it += gridDim.x) {
+    const int q = lo + (int)(it % span), dd = (int)(it / span), d = otherDomain(dd, myDomain);
+    const int writer = d * G + myIndex;
     int* fwd = hierFwd + ((size_t)d * M + q) * G;
+    if (q - lo >= C) {  // the first round: a position of a later round
+      for (int rl = threadIdx.x; rl < G; rl += blockDim.x) fwd[rl] = -1;
+      continue;
+    }
+    const char* in = rv.hierIn + ((size_t)d * C + (q - lo)) * hr.bytes();
+    const bool current = *reinterpret_cast<const uint64_t*>(in + hr.seqOff()) == seq &&
+                         *reinterpret_cast<const int*>(in + hr.posOff()) == q;
+    // The handle's forwarding record for its combine: each rank's slot for this position (-1 for a stale row).
     for (int rl = threadIdx.x; rl < G; rl += blockDim.x)
       fwd[rl] = current ? reinterpret_cast<const int*>(in + hr.slotOff())[rl] : -1;
-    if (!current) continue;  // not a row of this call
+    if (!current) continue;  // not a row of this call at this position
     const int K = reinterpret_cast<const int*>(in + hr.countsOff())[0];
     const int nScales = reinterpret_cast<const int*>(in + hr.countsOff())[1];
     for (int rl = 0; rl < G; rl++) {
@@ -368,7 +390,8 @@ __device__ void relayHierarchical(const GroupView& g, int* hierFwd) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind, int ownerWeighted, int* hierFwd) {
+__global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kind, int ownerWeighted, int* hierFwd,
+                                                            int round) {
   if (g.lowLatency) {
     relayLowLatency(g, kind, ownerWeighted != 0);
     return;
@@ -380,7 +403,7 @@ __global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kin
     if (!waitPeersConsumed(Team::wholeCta(), g, doneOff, callNumber(g, static_cast<CallKind>(kind)))) return;
   }
   if (kind == kDispatch && rv.hier) {
-    relayHierarchical(g, hierFwd);
+    relayHierarchical(g, hierFwd, round);
     return;
   }
   // Items: (other domain, rank of mine, slot); the handle's exchange row is one slot of its whole slice.
@@ -390,7 +413,7 @@ __global__ void __launch_bounds__(kThreads) railRelayKernel(GroupView g, int kin
     const int j = (int)(it % slots), r = (int)(it / slots % G), dd = (int)(it / slots / G);
     const int d = otherDomain(dd, myDomain);
     const int writer = d * G + myIndex;  // the rank of domain d whose slices these are
-    const char* sub = rv.inbox + (size_t)(d * G + r) * rv.outboxBytes;
+    const char* sub = rv.inbox + (size_t)(d * G + r) * rv.inboxBytes;
     auto dst = [&](int region, size_t slotBytes) {
       return static_cast<char*>(
           g.peers.at(rv.base[region] + (size_t)writer * rv.slice[region] + (size_t)j * slotBytes, r));
@@ -432,9 +455,10 @@ ncclResult_t loadRouteKernels() {
                               railRelayKernel);
 }
 
-ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, cudaStream_t stream) {
+ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, int round,
+                             cudaStream_t stream) {
   return ncclext::launchKernel("railRelayKernel", railRelayKernel, dim3(64), dim3(kThreads), 0, stream, g, kind,
-                               ownerWeighted ? 1 : 0, hierFwd);
+                               ownerWeighted ? 1 : 0, hierFwd, round);
 }
 
 ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, cudaStream_t stream) {
