@@ -541,7 +541,7 @@ int main(int argc, char** argv) {
                       "\"rail_fixed_bytes_per_peer\": %zu, \"rail_fixed_bytes_per_domain\": %zu, "
                       "\"rail_us_median\": %.2f, "
                       "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
-                      "\"rail_round_tokens\": %d, "
+                      "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, "
                       "\"exchange\": \"%s\", "
                       "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
                       "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
@@ -555,7 +555,7 @@ int main(int argc, char** argv) {
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
                       op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, railUs[op],
                       info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
-                      info.rail_round_tokens, exchange);
+                      info.rail_round_tokens, info.rail_overlapped, exchange);
           }
         }
       }

@@ -76,6 +76,7 @@ Env parseEnv(const std::function<const char*(const char*)>& lookup, std::vector<
   intVar("NCCL_EXT_LSA_DOMAIN_SIZE", 0, 1 << 20, &e.lsaDomainSize, "an integer >= 0");
   intVar("NCCL_EXT_HT_HIERARCHICAL", 0, 1, &e.htHierarchical, "0 or 1");
   intVar("NCCL_EXT_RAIL_ROUND_TOKENS", 0, 1 << 20, &e.railRoundTokens, "an integer >= 0");
+  intVar("NCCL_EXT_RAIL_OVERLAP", 0, 1, &e.railOverlap, "0 or 1");
   return e;
 }
 
@@ -105,8 +106,9 @@ std::string describeEnv(const Env& e) {
   char buf[256];
   snprintf(buf, sizeof(buf),
            "NCCL_EXT_LOG=%s NCCL_EXT_TIMEOUT_S=%g NCCL_EXT_LSA_DOMAIN_SIZE=%d NCCL_EXT_HT_HIERARCHICAL=%d "
-           "NCCL_EXT_RAIL_ROUND_TOKENS=%d",
-           logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize, e.htHierarchical, e.railRoundTokens);
+           "NCCL_EXT_RAIL_ROUND_TOKENS=%d NCCL_EXT_RAIL_OVERLAP=%d",
+           logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize, e.htHierarchical, e.railRoundTokens,
+           e.railOverlap);
   return buf;
 }
 

@@ -28,6 +28,11 @@ struct Env {
   // k slots per peer, so that its staging holds k rows a peer (ncclEpGroupConfig_t::rail_round_tokens, which wins
   // over this variable when set). 0 = the library's default.
   int railRoundTokens = 0;
+  // NCCL_EXT_RAIL_OVERLAP = 0 | 1 (opt-in until measured on real nodes: docs/PERFORMANCE.md). 1: nccl_ep's
+  // High-Throughput flat rail exchange runs a call's rows to my own domain (NVLink) on a stream of the group's beside
+  // the rounds of rows to other domains and their exchanges (the rail), joined before the receive half. 0 = one
+  // stream, the NVLink rows in the first round's send half.
+  int railOverlap = 0;
 };
 
 // Parses from `lookup` (getenv in production, a map in tests). Unparsable values keep the default and add a line

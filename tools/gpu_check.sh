@@ -39,6 +39,8 @@ RUNS=(
   # The same HT suite across one-GPU nodes with the flat exchange in rounds of 96 slots a peer (512-token calls:
   # up to six rounds, the last one partial; the default round, 1024, makes every call of the suite one round).
   "ep_ht_rounds|env NCCL_EXT_RAIL_ROUND_TOKENS=96 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|2|nodes"
+  # ... and with the NVLink rows on a stream of their own beside the rail rounds (NCCL_EXT_RAIL_OVERLAP=1, opt-in).
+  "ep_ht_overlap|env NCCL_EXT_RAIL_OVERLAP=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|2|nodes"
   # Real GPUs split into NVLink domains (2+ GPUs: domains of one, the flat rail exchange between them; 4+ GPUs:
   # domains of two with the hierarchical HT over the Domain's rail, tests/harness/silent_peer.h's relayed verdict).
   "ep_ht_domains|env NCCL_EXT_LSA_DOMAIN_SIZE=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|2|"
@@ -55,9 +57,11 @@ RUNS=(
   # hierarchical HT (one rail row per (token, destination domain)).
   "ep_ht_bench|$BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes mixed+4"
   "ep_ht_bench_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|mixed+4"
-  # The flat exchange in rounds of 128 slots (512-token calls: four rounds), beside ep_ht_bench's one round; the
-  # hierarchical one in rounds of 128 rail positions a domain.
+  # The flat exchange in rounds of 128 slots (512-token calls: four rounds), beside ep_ht_bench's one round; with
+  # its NVLink rows beside the rail (NCCL_EXT_RAIL_OVERLAP=1, A/B against ep_ht_bench); the hierarchical one in
+  # rounds of 128 rail positions a domain.
   "ep_ht_bench_rounds|env NCCL_EXT_RAIL_ROUND_TOKENS=128 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes"
+  "ep_ht_bench_overlap|env NCCL_EXT_RAIL_OVERLAP=1 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes"
   "ep_ht_bench_hier_rounds|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_RAIL_ROUND_TOKENS=128 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|mixed+4"
   # nodes: every piece between ranks by ncclSend/ncclRecv (100 batches: loopback sockets are slow); real GPUs and
   # virtual ranks, every piece over LSA through the plans' windows: 1000 batches, about 2000 layout pairs (the

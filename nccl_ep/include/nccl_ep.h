@@ -281,8 +281,10 @@ typedef struct {
                               * rounds at most); else max_tokens_per_rank */
   int rail_hierarchical;     /* 1: High-Throughput's hierarchical exchange (NCCL_EXT_HT_HIERARCHICAL=1 on domains of
                               * several ranks: a rail row per token and destination domain, relayed); else 0 */
+  int rail_overlapped;       /* 1: High-Throughput's flat exchange writes a call's rows to my own domain (NVLink) on
+                              * a stream of the group's beside the rail rounds (NCCL_EXT_RAIL_OVERLAP=1; default 0) */
 } ncclEpGroupInfo_t;
-#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice

@@ -213,11 +213,33 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   const ncclep::RailView& rv = g->view.rail;
   const bool hier = rv.hier;
   const int rounds = g->railRounds(counts, stream);
+  // The flat exchange overlapped (ncclEpGroup::sideStream): my domain's rows (NVLink) on the group's side stream
+  // beside the rounds, which then write only outboxes; joined before the receive half, on every path out.
+  struct Join {
+    ncclEpGroup* g;
+    cudaStream_t stream;
+    bool forked = false;
+    ~Join() {
+      if (forked) NCCLEXT_WARN_ON(cudaStreamWaitEvent(stream, g->joinEvent, 0));
+    }
+  } join{g, stream};
+  const bool overlap = rv.direct && g->sideStream != nullptr;
+  if (overlap) {
+    NCCLEXT_CUDA(cudaEventRecord(g->forkEvent, stream));
+    NCCLEXT_CUDA(cudaStreamWaitEvent(g->sideStream, g->forkEvent, 0));
+    Call local = c;
+    local.phase = ncclep::kHtSendHalf;
+    local.localOnly = 1;
+    const ncclResult_t launched = launch(g->view, h->view, local, g->sideStream);
+    NCCLEXT_CUDA(cudaEventRecord(g->joinEvent, g->sideStream));
+    join.forked = true;
+    NCCLEXT_CHECK(launched);
+  }
   for (int k = 0; k < rounds; k++) {
     c.phase = ncclep::kHtSendHalf;
     c.roundLo = k * rv.roundSlots;
     c.roundSlots = rv.direct || hier ? rv.roundSlots : 0;
-    c.remoteOnly = k > 0;
+    c.remoteOnly = k > 0 || overlap;
     if (!hier) {
       NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
     } else if (k == 0) {
@@ -242,6 +264,10 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
       if (hier) NCCLEXT_CHECK(ncclep::launchHierScatter(g->view, h->view, c, stream));
   }
   c.roundLo = c.roundSlots = c.remoteOnly = 0;
+  if (join.forked) {
+    NCCLEXT_CUDA(cudaStreamWaitEvent(stream, g->joinEvent, 0));
+    join.forked = false;
+  }
   c.phase = ncclep::kHtReceiveHalf;
   return launch(g->view, h->view, c, stream);
 }
@@ -473,6 +499,7 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   info->rail_staging_bytes = group->railBytes;
   info->rail_round_tokens = rv.roundSlots;
   info->rail_hierarchical = group->railComm && rv.hier ? 1 : 0;
+  info->rail_overlapped = group->sideStream ? 1 : 0;
   if (group->railComm && rv.hier) {
     // A message per round (fixed slices: every position's).
     info->rail_messages_per_domain = ncclep::railRoundsOf(rv, group->view.nRanks, group->view.maxTokens, nullptr);

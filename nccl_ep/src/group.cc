@@ -306,6 +306,12 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
         res = ncclext::fail(split, __FILE__, __LINE__, "the rail communicator: ncclCommSplit: %s",
                             ncclGetErrorString(split));
     }
+    if (res == ncclSuccess && rv.direct && env.railOverlap) {
+      if (cudaStreamCreateWithFlags(&g->sideStream, cudaStreamNonBlocking) != cudaSuccess ||
+          cudaEventCreateWithFlags(&g->forkEvent, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventCreateWithFlags(&g->joinEvent, cudaEventDisableTiming) != cudaSuccess)
+        res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the overlapped exchange's stream and events");
+    }
     if (rv.relay && g->domain->isVirtual()) {  // every virtual rank here, in the same order (VirtualDomain::newKey)
       g->relayFenceKey = config.virtual_domain->domain.newKey(rank - rv.domainBase);
       g->relayFenced = true;
@@ -578,6 +584,9 @@ ncclEpGroup::~ncclEpGroup() {
     else
       NCCLEXT_WARN_ON(ncclCommDestroy(c));
   }
+  if (sideStream) NCCLEXT_WARN_ON(cudaStreamDestroy(sideStream));
+  if (forkEvent) NCCLEXT_WARN_ON(cudaEventDestroy(forkEvent));
+  if (joinEvent) NCCLEXT_WARN_ON(cudaEventDestroy(joinEvent));
   if (railAlloc) freeNow(railAlloc);
   if (hierAlloc) freeNow(hierAlloc);
   if (railBarrierBuf) freeNow(railBarrierBuf);

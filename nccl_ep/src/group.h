@@ -111,6 +111,12 @@ struct ncclEpGroup {
   size_t hierMessageBytes(int kind) const { return (size_t)view.rail.roundSlots * hierRowBytes(kind); }
   // Virtual ranks in relay mode: the launch fence after a kernel that waits on my domain's ranks (railExchange).
   void relayFence(cudaStream_t stream);
+  // The flat exchange overlapped (RailView::direct, NCCL_EXT_RAIL_OVERLAP=1, opt-in): a call's send half for my
+  // own domain (NVLink: localOnly, with the pad rows and the waits) runs on sideStream, forked from the caller's
+  // stream at the call's start (forkEvent) and joined before its receive half (joinEvent), while the caller's
+  // stream runs the rounds (all remoteOnly) and their rail exchanges. NULL otherwise.
+  cudaStream_t sideStream = nullptr;
+  cudaEvent_t forkEvent = nullptr, joinEvent = nullptr;
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort
   std::atomic<bool> railAborted{false};
   std::atomic<bool> railCaptured{false};  // an exchange was captured in a CUDA graph (destroy on a thread of its own)

@@ -301,8 +301,10 @@ struct DispatchCall {
   // rank; remoteOnly (a round after the first) makes it write nothing else (no rows to my domain, no waits, no pad
   // rows). Zero: every slot, everything (inside one domain; relayed exchanges). The hierarchical HT's kernels
   // (hierPackKernel, hierReduceKernel, hierScatterKernel) take the rail positions [roundLo, roundLo + roundSlots)
-  // instead; its send half runs whole, in the first round.
-  int roundLo, roundSlots, remoteOnly;
+  // instead; its send half runs whole, in the first round. localOnly: the reverse of remoteOnly, a send half that
+  // writes only my domain's rows, with the pad rows and the waits (the overlapped flat exchange runs it on a stream
+  // of the group's beside the rounds, which are then all remoteOnly: ncclEpGroup::sideStream).
+  int roundLo, roundSlots, remoteOnly, localOnly;
 };
 
 struct CombineCall {
@@ -312,7 +314,7 @@ struct CombineCall {
   int dtype;  // ncclDataType_t
   int nSenders, nReceivers;
   int phase;  // HtPhase
-  int roundLo, roundSlots, remoteOnly;  // as DispatchCall's (the combine's rows of slots towards their owners)
+  int roundLo, roundSlots, remoteOnly, localOnly;  // as DispatchCall's (the combine's rows towards their owners)
 };
 
 // The rounds a call's exchange takes on a rank (ncclEpGroup::railRounds). The direct exchange: enough for its most

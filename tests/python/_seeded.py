@@ -3,6 +3,8 @@ torch without any exchange (test_ep_ll_ranks.py, test_ep_ht_ranks.py, test_deepe
 of 1/8 small enough that every product and sum those tests form is exact in fp32. Also a check both EP modes'
 tests share (check_flat_rail_traffic)."""
 
+import os
+
 import torch
 
 
@@ -37,6 +39,9 @@ def check_flat_rail_traffic(info, high_throughput):
     assert info["rail_dispatch_domain_bytes"] == G * info["rail_dispatch_bytes"], info
     assert info["rail_combine_domain_bytes"] == G * info["rail_combine_bytes"], info
     assert info["rail_relayed"] == 0 and info["rail_hierarchical"] == 0, info
+    # High-Throughput's NVLink rows beside its rail rounds (NCCL_EXT_RAIL_OVERLAP=1; off by default).
+    overlap = high_throughput and G and os.environ.get("NCCL_EXT_RAIL_OVERLAP", "0") == "1"
+    assert info["rail_overlapped"] == (1 if overlap else 0), info
     remote = (info["n_domains"] - 1) * info["domain_size"] if G else 0
     box = info["rail_dispatch_bytes"] + info["rail_combine_bytes"] + info["rail_combine_owner_bytes"]
     boxes = remote if high_throughput else 2 * remote

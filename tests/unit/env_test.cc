@@ -23,6 +23,7 @@ TEST(Env, DefaultsWhenUnset) {
   EXPECT_EQ(e.logLevel, LogLevel::kWarn);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
   EXPECT_EQ(e.lsaDomainSize, 0);
+  EXPECT_EQ(e.railOverlap, 0);
   EXPECT_TRUE(problems.empty());
 }
 
@@ -32,13 +33,15 @@ TEST(Env, ParsesEveryVariable) {
                      {"NCCL_EXT_TIMEOUT_S", "2.5"},
                      {"NCCL_EXT_LSA_DOMAIN_SIZE", "1"},
                      {"NCCL_EXT_HT_HIERARCHICAL", "1"},
-                     {"NCCL_EXT_RAIL_ROUND_TOKENS", "64"}},
+                     {"NCCL_EXT_RAIL_ROUND_TOKENS", "64"},
+                     {"NCCL_EXT_RAIL_OVERLAP", "1"}},
                     &problems);
   EXPECT_EQ(e.logLevel, LogLevel::kDebug);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 2.5);
   EXPECT_EQ(e.lsaDomainSize, 1);
   EXPECT_EQ(e.htHierarchical, 1);
   EXPECT_EQ(e.railRoundTokens, 64);
+  EXPECT_EQ(e.railOverlap, 1);
   EXPECT_TRUE(problems.empty());
 }
 
@@ -59,13 +62,14 @@ TEST(Env, RejectsTrailingGarbageAndNonFinite) {
   std::vector<std::string> problems;
   Env e = parseFrom(
       {{"NCCL_EXT_TIMEOUT_S", "5s"}, {"NCCL_EXT_LSA_DOMAIN_SIZE", "4x"}, {"NCCL_EXT_HT_HIERARCHICAL", "2"},
-       {"NCCL_EXT_RAIL_ROUND_TOKENS", "-3"}},
+       {"NCCL_EXT_RAIL_ROUND_TOKENS", "-3"}, {"NCCL_EXT_RAIL_OVERLAP", "yes"}},
       &problems);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
   EXPECT_EQ(e.lsaDomainSize, 0);
   EXPECT_EQ(e.htHierarchical, 0);
   EXPECT_EQ(e.railRoundTokens, 0);
-  EXPECT_EQ(problems.size(), 4u);
+  EXPECT_EQ(e.railOverlap, 0);
+  EXPECT_EQ(problems.size(), 5u);
   problems.clear();
   e = parseFrom({{"NCCL_EXT_TIMEOUT_S", "inf"}}, &problems);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
@@ -79,6 +83,7 @@ TEST(Env, DescribeNamesEveryVariable) {
   EXPECT_NE(d.find("NCCL_EXT_LSA_DOMAIN_SIZE=0"), std::string::npos);
   EXPECT_NE(d.find("NCCL_EXT_HT_HIERARCHICAL=0"), std::string::npos);
   EXPECT_NE(d.find("NCCL_EXT_RAIL_ROUND_TOKENS=0"), std::string::npos);
+  EXPECT_NE(d.find("NCCL_EXT_RAIL_OVERLAP=0"), std::string::npos);
 }
 
 }  // namespace

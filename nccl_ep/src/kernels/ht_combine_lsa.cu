@@ -16,7 +16,8 @@
 //   Dtypes: bf16, fp16, fp32 (template). Sequence numbers and timeouts as in dispatch.
 //   Across NVLink domains (c.phase) as dispatch: the send half's senders write another domain's owner's rows and
 //   flags into my outbox for it (the flat exchange: the round's slots only, c.roundLo / roundSlots, and a later
-//   round nothing else); after the rail exchange (every round's) the receive half's receivers reduce.
+//   round nothing else; overlapped, c.localOnly's send half writes my domain's owners' rows on another stream);
+//   after the rail exchange (every round's) the receive half's receivers reduce.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -130,6 +131,7 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
   for (int k = 1; k < R; k++) {
     const int s = (me + k) % R;
     if (x.c.remoteOnly && g.rail.local(s)) continue;  // a later round: another domain's owners only
+    if (x.c.localOnly && !g.rail.local(s)) continue;  // my domain's owners only (the rounds write the others)
     const int* prefix = x.d + x.h.dl.chunkPrefix + s * (NC + 1);
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
     const int base = x.d[x.h.dl.recvOffset + s];

@@ -25,7 +25,9 @@
 //   Pad rows of EXPERT_MAJOR zones are zero-filled by the senders (local memory).
 //   Across NVLink domains (c.phase): the send half runs the senders only, writing another domain's rank's rows and
 //   metadata into my outbox for it (peerAt; the flat exchange in rounds: only the slots of the round, c.roundLo /
-//   roundSlots, at slot - roundLo, and a later round, c.remoteOnly, nothing else: no LSA rows, pads or waits); the
+//   roundSlots, at slot - roundLo, and a later round, c.remoteOnly, nothing else: no LSA rows, pads or waits; when
+//   the rounds overlap the NVLink part, every round is remoteOnly and a c.localOnly send half on another stream
+//   writes the LSA rows, the pads and the waits); the
 //   host's rail exchange puts every remote source's rows and metadata, flags included, into my window (directly, or
 //   relayed); the receive half runs the receivers, which find them as they find LSA rows, and ends the call
 //   (finishCall). Another domain's rank is never waited on for its done flag.
@@ -151,6 +153,7 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
       if (slot < 0) continue;
       if (g.rail.hier && !g.rail.local(r)) continue;  // the hierarchical HT: hierPackKernel's rail rows carry it
       if (c.remoteOnly && g.rail.local(r)) continue;  // a later round: another domain's rows only
+      if (c.localOnly && !g.rail.local(r)) continue;  // my domain's rows only (the rounds write the others)
       if (r == me) {
         if (c.nReceivers == 0) deliverOwn(x, st, lane, j, t);  // alone: nobody else copies my own rows
         continue;

@@ -119,7 +119,8 @@ class _GroupInfo(_Header):
                 ("rail_combine_owner_bytes", ctypes.c_size_t), ("rail_messages_per_domain", ctypes.c_int),
                 ("rail_dispatch_domain_bytes", ctypes.c_size_t), ("rail_combine_domain_bytes", ctypes.c_size_t),
                 ("rail_relayed", ctypes.c_int), ("rail_staging_bytes", ctypes.c_size_t),
-                ("rail_round_tokens", ctypes.c_int), ("rail_hierarchical", ctypes.c_int)]
+                ("rail_round_tokens", ctypes.c_int), ("rail_hierarchical", ctypes.c_int),
+                ("rail_overlapped", ctypes.c_int)]
 
 
 _P = ctypes.c_void_p
@@ -663,8 +664,8 @@ class Group(Closing):
         traffic to each other domain (rail_messages_per_domain, rail_dispatch_domain_bytes,
         rail_combine_domain_bytes, and rail_relayed: 1 when that traffic goes to the rank of this rank's index there,
         which relays it; rail_hierarchical: 1 for High-Throughput's hierarchical exchange), rail_staging_bytes, the
-        device memory held for the rail outside the window, and rail_round_tokens, the rows a round moves to each
-        peer: nccl_ep.h."""
+        device memory held for the rail outside the window, rail_round_tokens, the rows a round moves to each peer,
+        and rail_overlapped: 1 when the flat exchange's NVLink rows run beside its rail rounds: nccl_ep.h."""
         raw = _GroupInfo.new()
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
