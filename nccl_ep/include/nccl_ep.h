@@ -123,10 +123,15 @@ typedef struct {
                                    holds this many rows a peer whatever max_tokens_per_rank;
                                    NCCL_EP_AUTO: NCCL_EXT_RAIL_ROUND_TOKENS, else 1024; at most max_tokens_per_rank
                                    (one round) */
+  size_t rail_staging_bytes_max; /* across NVLink domains: the most device memory the rail's staging may hold
+                                   (ncclEpGroupInfo_t::rail_staging_bytes), as DeepEP's num_rdma_bytes. High-
+                                   Throughput: its rounds take the most rows a peer (at most rail_round_tokens's) that
+                                   fit; Low-Latency's staging is fixed by the group's sizes. ncclInvalidArgument when
+                                   even one row a peer (LL: the fixed staging) does not fit. 0: no limit */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0, NULL, NCCL_EP_AUTO}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0, NULL, NCCL_EP_AUTO, 0}
 
 typedef struct {
   unsigned int size;

@@ -146,6 +146,40 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   }
 }
 
+ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* v,
+                                bool htHierarchical) {
+  layoutGroup(config, topo, v, htHierarchical);
+  const size_t budget = config.rail_staging_bytes_max;
+  auto staging = [&](const GroupView& g) { return railBoxBytes(g.rail) + hierRailRowBytes(g); };
+  if (budget == 0 || topo.nDomains == 1 || staging(*v) <= budget) return ncclSuccess;
+  const bool rounds = v->rail.direct || v->rail.hier;
+  NCCLEXT_ARG(rounds, "rail_staging_bytes_max %zu: this group's rail staging is fixed at %zu bytes (%s)", budget,
+              staging(*v), v->lowLatency ? "Low-Latency: per-peer slices of max_tokens_per_rank rows" : "relayed");
+  // The staging grows with the round: the largest round in [1, the configured one) that fits, by bisection.
+  ncclEpGroupConfig_t c = config;
+  GroupView probe;
+  int lo = 0, hi = v->rail.roundSlots;  // staging(lo rows) fits (0: none known), staging(hi rows) does not
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    c.rail_round_tokens = mid;
+    layoutGroup(c, topo, &probe, htHierarchical);
+    if (staging(probe) <= budget) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo == 0) {
+    c.rail_round_tokens = 1;
+    layoutGroup(c, topo, &probe, htHierarchical);
+    NCCLEXT_ARG(false, "rail_staging_bytes_max %zu: below this group's rail staging in rounds of one row a peer, %zu "
+                "bytes", budget, staging(probe));
+  }
+  c.rail_round_tokens = lo;
+  layoutGroup(c, topo, v, htHierarchical);
+  return ncclSuccess;
+}
+
 }  // namespace ncclep
 
 ncclResult_t ncclEpGroup::deviceAlloc(void** ptr, size_t bytes) {
@@ -234,7 +268,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   ncclep::GroupView& v = g->view;
   ncclEpGroupConfig_t laid = config;  // the rail's round: the config's, else the environment's, else the default
   if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = ncclext::env().railRoundTokens;
-  ncclep::layoutGroup(laid, topo, &v, ncclext::env().htHierarchical != 0);
+  NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, ncclext::env().htHierarchical != 0));
   ncclep::WindowLayout& w = v.wl;
   ncclep::RailView& rv = v.rail;
 

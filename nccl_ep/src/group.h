@@ -41,6 +41,12 @@ inline size_t hierRailRowBytes(const GroupView& v) {
   const size_t slots = (size_t)(v.nRanks / v.rail.domainSize) * v.rail.roundSlots;
   return 2 * slots * (v.rail.hierRow.bytes() + (size_t)v.rowStride);
 }
+// layoutGroup for `config` whose rail_round_tokens is resolved (not NCCL_EP_AUTO), within its
+// rail_staging_bytes_max when it has one: High-Throughput's round shrinks to the most rows a peer whose staging
+// (railBoxBytes + hierRailRowBytes) fits; ncclInvalidArgument, with the smallest staging, when none does (or, Low-
+// Latency and relayed flat exchanges, whose staging is fixed, when it does not fit).
+ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
+                                bool htHierarchical = false);
 }  // namespace ncclep
 
 // The device pointers of an optional ncclEpLayoutInfo_t (all NULL without one): HT handle binding and LL dispatch.

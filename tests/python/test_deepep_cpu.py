@@ -59,6 +59,22 @@ def test_dispatch_layout_matches_brute_force(buffer, seed):
     assert torch.equal(per_expert, want_expert)
 
 
+def test_num_rdma_bytes_is_the_high_throughput_rail_budget(fake_world, monkeypatch):
+    # DeepEP's RDMA buffer size becomes the High-Throughput group's rail_staging_bytes_max (its rounds shrink to fit
+    # it across NVLink domains; inside one domain the library ignores it); 0 is no limit.
+    made = []
+
+    class _Recorder:
+        def __init__(self, group, **kwargs):
+            made.append(kwargs)
+
+    monkeypatch.setattr(deep_ep, "Group", _Recorder)
+    x, idx = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
+    for rdma, want in ((int(1e9), int(1e9)), (0, 0)):
+        deep_ep.Buffer(dist.group.WORLD, int(1e9), rdma)._group_for(x, idx, E)
+        assert made[-1]["rail_staging_bytes_max"] == want
+
+
 def test_tokens_per_rdma_rank_follows_deepeps_nodes_of_eight():
     from nccl.ep.deepep import _tokens_per_rdma_rank
 

@@ -61,6 +61,19 @@ def test_rail_round_tokens_reaches_the_group_config(calls, monkeypatch):
     assert cfg.rail_round_tokens == 0  # NCCL_EP_AUTO: the environment's, else the library's default
 
 
+def test_rail_staging_bytes_max_reaches_the_group_config(calls, monkeypatch):
+    _, cfg = _group(calls, monkeypatch, rail_staging_bytes_max=1 << 33)
+    assert cfg.rail_staging_bytes_max == 1 << 33  # a size_t: budgets past 4 GiB
+    calls.clear()
+    _, cfg = _group(calls, monkeypatch)
+    assert cfg.rail_staging_bytes_max == 0  # no limit
+    calls.clear()
+    monkeypatch.setattr(ep, "Communicator", _Comm)
+    with pytest.raises(ep.NcclInvalidArgument, match="rail_staging_bytes_max -1 < 0"):
+        ep.Group(_Comm(), num_experts=R * L, max_tokens_per_rank=M, hidden=H, rail_staging_bytes_max=-1)
+    assert calls == []  # refused before the group is made
+
+
 def test_enable_mask_is_for_low_latency_groups(calls, monkeypatch):
     monkeypatch.setattr(ep, "Communicator", _Comm)
     with pytest.raises(ep.NcclInvalidUsage, match="enable_mask=True: rank masks belong to the Low-Latency mode"):

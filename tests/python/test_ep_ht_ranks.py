@@ -42,7 +42,29 @@ def ht(world):
 
 @pytest.mark.parametrize("sizing", ["exact", "worst_case"])
 def test_flat_rows_from_every_source_and_combine(ht, sizing):
-    g, me, R = ht
+    _check_flat(*ht, sizing)
+
+
+def test_a_staging_budget_shrinks_the_rounds_and_keeps_the_results(ht):
+    # rail_staging_bytes_max a quarter of the default group's staging: across domains the rounds shrink (to about a
+    # quarter of M rows a peer) and the staging fits; the same FLAT rows and combine as without it.
+    g0, me, R = ht
+    budget = g0.info()["rail_staging_bytes"] // 4
+    g = ep.Group(num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, dtype=torch.float32, max_topk=K, num_sms=8,
+                 timeout_s=30, rail_staging_bytes_max=budget)
+    try:
+        info = g.info()
+        if info["n_domains"] > 1:
+            assert info["rail_staging_bytes"] <= budget and info["rail_round_tokens"] < M, info
+        for sizing in ("exact", "worst_case"):
+            _check_flat(g, me, R, sizing)
+    finally:
+        g.close()
+
+
+def _check_flat(g, me, R, sizing):
+    """FLAT dispatch of my tokens: the rows of every source in order with their local ids and weights; then combine
+    of the doubled rows."""
     idx, x, w = _inputs(me, R)
     recv = g.dispatch(x.cuda(), idx.cuda(), w.float().cuda(), layout="flat", sizing=sizing)
     torch.cuda.synchronize()

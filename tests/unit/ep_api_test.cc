@@ -616,6 +616,67 @@ TEST(EpRail, HierarchicalStagingBytesMatchTheModel) {
   }
 }
 
+// ncclEpGroupConfig_t::rail_staging_bytes_max (layoutWithinBudget): High-Throughput's round becomes the largest
+// one, at most the configured round, whose rail staging fits the budget (flat: 2 one-GPU domains; hierarchical: 2
+// domains of 2); a budget below one row a peer, or below Low-Latency's fixed staging, is refused; 0 is no limit.
+TEST(EpRail, StagingBudgetPicksTheLargestRoundThatFits) {
+  struct Shape {
+    ncclEpAlgorithm_t algorithm;
+    int nRanks, lsaSize;
+    bool hierarchical;
+  };
+  for (const Shape sh : {Shape{NCCL_EP_ALGO_HIGH_THROUGHPUT, 2, 1, false}, Shape{NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, 2, true},
+                         Shape{NCCL_EP_ALGO_LOW_LATENCY, 2, 1, false}}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.algorithm = sh.algorithm;
+    cfg.num_experts = 2 * sh.nRanks;
+    cfg.max_tokens_per_rank = 64;
+    cfg.max_token_bytes = 512;
+    cfg.max_topk = 2;
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(0, sh.nRanks, 0, sh.lsaSize, 0, &topo), ncclSuccess);
+    auto stagingAt = [&](int round) {  // the staging of rounds of `round` rows, no budget
+      ncclEpGroupConfig_t c = cfg;
+      c.rail_round_tokens = round;
+      ncclep::GroupView v;
+      ncclep::layoutGroup(c, topo, &v, sh.hierarchical);
+      return ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v);
+    };
+    const size_t whole = stagingAt(64), one = stagingAt(1);
+    ncclep::GroupView v;
+    cfg.rail_staging_bytes_max = 0;
+    ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclSuccess);
+    EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), whole);
+    cfg.rail_staging_bytes_max = whole;  // fits as it is
+    ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclSuccess);
+    EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), whole);
+    if (sh.algorithm == NCCL_EP_ALGO_LOW_LATENCY) {  // fixed: refused below it
+      cfg.rail_staging_bytes_max = whole - 1;
+      EXPECT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclInvalidArgument);
+      continue;
+    }
+    ASSERT_LT(one, whole);
+    for (const size_t budget : {one, one + 1, (one + whole) / 3, (one + whole) / 2, stagingAt(17), stagingAt(17) - 1,
+                                whole - 1}) {
+      cfg.rail_staging_bytes_max = budget;
+      ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclSuccess) << budget;
+      const int round = v.rail.roundSlots;
+      EXPECT_LE(stagingAt(round), budget);
+      EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), stagingAt(round));
+      if (round < 64) {
+        EXPECT_GT(stagingAt(round + 1), budget) << "budget " << budget << ": a larger round fits";
+      }
+    }
+    cfg.rail_staging_bytes_max = stagingAt(17);
+    cfg.rail_round_tokens = 8;  // the configured round stays the most
+    ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclSuccess);
+    EXPECT_EQ(v.rail.roundSlots, 8);
+    cfg.rail_round_tokens = 0;
+    cfg.rail_staging_bytes_max = one - 1;
+    EXPECT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclInvalidArgument);
+  }
+}
+
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512
 // / 128, as layoutGroup sets them): the row, seq + counts (16), the position (4), 2 slots, experts + weights +
 // indices (24), scales (16) = 580, padded to 592; with 6 slots 596, padded to 608. A call's dispatch is M of them

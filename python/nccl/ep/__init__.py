@@ -71,7 +71,8 @@ class _GroupConfig(_Header):
                 ("max_token_bytes", ctypes.c_int), ("max_topk", ctypes.c_int), ("num_sms", ctypes.c_int),
                 ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
                 ("lsa_domain_size", ctypes.c_int), ("virtual_domain", ctypes.c_void_p), ("virtual_rank", ctypes.c_int),
-                ("enable_mask", ctypes.c_int), ("virtual_rail", ctypes.c_void_p), ("rail_round_tokens", ctypes.c_int)]
+                ("enable_mask", ctypes.c_int), ("virtual_rail", ctypes.c_void_p), ("rail_round_tokens", ctypes.c_int),
+                ("rail_staging_bytes_max", ctypes.c_size_t)]
 
 
 class _HandleConfig(_Header):
@@ -318,15 +319,20 @@ class Group(Closing):
 
     `rail_round_tokens` (High-Throughput across NVLink domains): a call moves its rows to each rank of another domain
     in rounds of this many, which bounds the rail's staging to that many rows a peer (0: NCCL_EXT_RAIL_ROUND_TOKENS,
-    else 1024)."""
+    else 1024). `rail_staging_bytes_max` (across domains; 0: no limit): the most device memory the rail's staging may
+    hold, as DeepEP's num_rdma_bytes: High-Throughput's rounds shrink to fit it (info()'s rail_round_tokens and
+    rail_staging_bytes say what they became); NcclInvalidArgument when even one row a peer (Low-Latency: its fixed
+    staging) does not fit."""
 
     def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                  timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
-                 rail_round_tokens: int = 0):
+                 rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0):
         import torch
 
         algo = _choice(_ALGO, algorithm, "algorithm")
+        if rail_staging_bytes_max < 0:
+            raise NcclInvalidArgument("Group: rail_staging_bytes_max %d < 0 (0: no limit)" % rail_staging_bytes_max)
         if enable_mask and algorithm != "low_latency":
             raise NcclInvalidUsage("Group: enable_mask=True: rank masks belong to the Low-Latency mode "
                                    "(algorithm='low_latency'); a High-Throughput wait that times out fails the group")
@@ -344,7 +350,8 @@ class Group(Closing):
                                max_tokens_per_rank=max_tokens_per_rank, max_token_bytes=max_token_bytes,
                                max_topk=max_topk, num_sms=num_sms,
                                timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
-                               enable_mask=1 if enable_mask else 0, rail_round_tokens=rail_round_tokens)
+                               enable_mask=1 if enable_mask else 0, rail_round_tokens=rail_round_tokens,
+                               rail_staging_bytes_max=rail_staging_bytes_max)
         self.algorithm, self.low_latency, self.enable_mask = algorithm, algorithm == "low_latency", bool(enable_mask)
         self.num_experts, self.rank, self.size = num_experts, self.comm.rank, self.comm.size
         self.local_experts = num_experts // max(1, self.size)

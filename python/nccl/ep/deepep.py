@@ -26,10 +26,12 @@ How it differs inside (none of it changes results):
   rank must change them at the same call: the check runs only on a rank whose values changed). Those calls wait on
   the host: make the first one before a CUDA graph capture; it also makes all the handles of the ring below, so that
   dispatch and combine then neither allocate in the library nor wait on the host.
-  `num_rdma_bytes`, `num_qps_per_rank` and `allow_nvlink_for_low_latency_mode` are accepted and unused (one NVLink
-  domain: the mode runs over NVLink). Each dispatch binds its routing to one of
-  `Buffer.num_low_latency_handles` (2) nccl.ep handles in turn, as DeepEP's two buffers: a dispatch's handle stays
-  valid for combine until that many later dispatches; an older one is refused with a message.
+  `num_qps_per_rank` and `allow_nvlink_for_low_latency_mode` are accepted and unused (one NVLink domain: the mode
+  runs over NVLink), and so is `num_rdma_bytes` for Low-Latency (its group sizes its own buffers; the
+  High-Throughput groups take it as their rail staging budget, Group(rail_staging_bytes_max=)). Each dispatch binds
+  its routing to one of `Buffer.num_low_latency_handles` (2) nccl.ep handles in turn, as DeepEP's two buffers: a
+  dispatch's handle stays valid for combine until that many later dispatches; an older one is refused with a
+  message.
   `return_recv_hook=True` issues the call's sends only (nccl.ep's send-only half) and returns a hook that enqueues
   the receive half on the current stream; work issued in between overlaps the transfer. As DeepEP's two buffers,
   two calls of each kind may be open at once (nccl.ep's staging is double-buffered), but their hooks must be called
@@ -714,7 +716,8 @@ class Buffer:
         group = self._groups.get(num_experts)
         if group is None:  # collective: every rank dispatches with the same expert counts in the same order
             group = Group(self.group, num_experts=num_experts, max_tokens_per_rank=self._caps[0],
-                          max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3])
+                          max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3],
+                          rail_staging_bytes_max=int(self.num_rdma_bytes))
             self._groups[num_experts] = group
         return group
 
