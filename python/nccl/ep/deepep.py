@@ -8,8 +8,9 @@ Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` 
 `low_latency_combine`, `clean_low_latency_buffer` and `get_low_latency_rdma_size_hint`, and with `enable_shrink=True`
 the rank mask: `low_latency_update_mask_buffer`, `low_latency_query_mask_buffer`, `low_latency_clean_mask_buffer`),
 `Config`, `EventOverlap`, `topk_idx_t`. What it does not implement raises NotImplementedError naming the argument or
-method: UE8M0-packed scales, LogFMT and zero-copy combine, the wait-time statistics, mpi4py communicators, several
-NVLink domains, and the internals of the HT dispatch handle. docs/COMPATIBILITY.md has the table.
+method: UE8M0-packed scales, LogFMT and zero-copy combine, the wait-time statistics, mpi4py communicators,
+multi-node NVLink (allow_mnnvl), and the internals of the HT dispatch handle (across NVLink domains both modes go
+over nccl.ep's rail exchange). docs/COMPATIBILITY.md has the table.
 
 How it differs inside (none of it changes results):
 - nccl.ep has no communication stream: calls run on the current stream, which `previous_event` is waited on first;
@@ -135,7 +136,9 @@ class Config:
         return Buffer.max_tokens_per_rank * num_ranks * hidden_bytes
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        return 0  # one NVLink domain: no RDMA buffer
+        """0: nccl.ep needs no RDMA buffer from its caller (its rail staging sizes itself; a num_rdma_bytes given
+        to Buffer anyway bounds the High-Throughput groups' staging)."""
+        return 0
 
 
 class _DispatchHandle(tuple):
