@@ -71,6 +71,11 @@ row and whole combine slices):
 
     staging per rank = R x count row + 2 N C (hierRow + rowStride)     (count row: R + E + chunks + 1 + N int32)
 
+and the symmetric window (--ht-staging prints it too, ht_window_bytes), whose staging regions hold max_tokens rows
+from every rank whatever the round:
+
+    window per rank ~ R M (2 rowStride + metaBytes + 8)                (plus flags, count rows; hierarchical: outboxes)
+
 Bytes = T x rows x row bytes (bf16: 2H; fp8: H + 4 H/128, the e4m3 payload and fp32 scales per 128 channels; plus
 --meta-bytes per row, 0 by default). Time per op: rail bytes / rail rate and NVLink bytes / NVLink rate, combined
 overlapped (the larger) and serial (the sum), plus a fixed latency per call. GB = 1e9 bytes.
@@ -294,6 +299,40 @@ def ht_hier_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: i
     outbox = count_row + _align(8 * max_tokens, 16) + _align(max_tokens * row, 16)
     return {"rail_staging_bytes": ranks * count_row + rail_rows, "window_outbox_bytes": ranks * outbox,
             "round_tokens": c, "rounds_fixed": -(-max_tokens // c)}
+
+
+def ht_window_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, max_tokens: int,
+                    hierarchical: bool = False) -> dict:
+    """A rank's symmetric window in High-Throughput (ncclEpGroupInfo_t::window_bytes; group.cc layoutGroup): the
+    flags and the handle's exchange rows, then one staging region per source for dispatch rows, their metadata and
+    combine rows, max_tokens rows each (R x max_tokens x (2 rowStride + metaBytes + 8) in all), each region aligned;
+    with the hierarchical HT also its outboxes (one per rank: the count row, max_tokens combine flags and rows). For
+    a group of max_token_bytes = 2 hidden and max_topk = k. The staging regions grow with R x max_tokens whatever the
+    round: the rail's rounds bound only what crosses the rail."""
+    row = 2 * hidden
+    ranks = nodes * gpus
+    meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
+    chunks = -(-max_tokens // 32)
+    ints = ranks + experts + chunks + 1 + (nodes if hierarchical and nodes > 1 and gpus > 1 else 0)
+    off = 0
+    for _ in range(4):  # barrier flags, dispatch and combine done flags, clean flags
+        off = _align(off + 8 * ranks, 256)
+    off = _align(off + 4 * ranks * ints, 4096)  # the exchange rows
+    slots = ranks * max_tokens
+    off = _align(off + 8 * slots, 256)  # combine flags (no Low-Latency header)
+    off = _align(off, 4096)  # (no Low-Latency dispatch flags)
+    staging_start = off
+    for region in (slots * row, slots * meta, slots * row):  # dispatch rows, metadata, combine rows
+        off = _align(off + region, 4096)
+    staging = off - staging_start
+    off = _align(off, 256)  # (no owner regions in High-Throughput)
+    off = _align(off, 4096)
+    outboxes = 0
+    if hierarchical and nodes > 1 and gpus > 1:
+        count_row = _align(4 * ints, 16)
+        outboxes = ranks * (count_row + _align(8 * max_tokens, 16) + _align(max_tokens * row, 16))
+        off = _align(off, 4096) + outboxes
+    return {"window_bytes": off, "staging_region_bytes": staging, "outbox_bytes": outboxes}
 
 
 def ht_hier_fixed_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens: int) -> dict:
@@ -578,6 +617,17 @@ def main(argv=None) -> int:
                     cells.append("rounds of %d: %.3f GB" % (b["round_tokens"], b["rail_staging_bytes"] / 1e9))
                 print("  %3d nodes x %d: %s; outboxes in the window %.3f GB" % (
                     n, a.gpus_per_node, ", ".join(cells), b["window_outbox_bytes"] / 1e9))
+        print("HT window per GPU, max_tokens_per_rank %d (symmetric memory; its staging regions grow with ranks x "
+              "max_tokens, whatever the round):" % max_tokens)
+        for n in nodes_list:
+            flat = ht_window_bytes(n, a.gpus_per_node, a.hidden, a.topk, a.experts, max_tokens)
+            hier = ht_window_bytes(n, a.gpus_per_node, a.hidden, a.topk, a.experts, max_tokens, True)
+            staging.append({"what": "ep_internode_model_window", "nodes": n, "gpus_per_node": a.gpus_per_node,
+                            "hidden": a.hidden, "topk": a.topk, "experts": a.experts,
+                            "max_tokens_per_rank": max_tokens, "window_bytes": flat["window_bytes"],
+                            "hierarchical_window_bytes": hier["window_bytes"]})
+            print("  %3d nodes x %d: %.3f GB (hierarchical: %.3f GB)" % (
+                n, a.gpus_per_node, flat["window_bytes"] / 1e9, hier["window_bytes"] / 1e9))
     cmp_rows = []
     if not a.no_compare and a.gpus_per_node == 8 and a.experts == 256 and a.topk == 8 and a.hidden == 7168:
         cmp_rows = compare_published(nodes_list, a.rail_gbs, a.nvlink_gbs, a.ht_latency_us, a.ll_latency_us)

@@ -400,3 +400,31 @@ def test_ht_hier_staging_follows_the_gpu_runs():
             assert row["window_bytes"] > want["window_outbox_bytes"]
             seen += 1
     assert seen == 8
+
+
+def test_ht_window_follows_the_library_and_the_gpu_runs():
+    # tests/unit/ep_api_test.cc (EpRail.WindowBytesMatchTheModel) checks the same numbers against layoutGroup.
+    assert m.ht_window_bytes(2, 1, 256, 2, 4, 4)["window_bytes"] == 20480
+    assert m.ht_window_bytes(2, 2, 256, 2, 8, 4)["window_bytes"] == 28672
+    hier = m.ht_window_bytes(2, 2, 256, 2, 8, 4, hierarchical=True)
+    assert hier["window_bytes"] == 37248 and hier["outbox_bytes"] == 4 * 2144
+    # Every window_bytes ep_bench reported in session 18's runs (one-GPU nodes, mixed, hierarchical; 512 tokens,
+    # hidden 7168, top-8 of 256) equals the model's.
+    seen = 0
+    for name in ("gpu-check-20261203T193135Z.json", "gpu-check-20261203T191210Z.json"):
+        with open(os.path.join(BENCH, "results", name)) as f:
+            runs = json.load(f)["runs"]
+        for run in runs:
+            if not run["name"].startswith("ep_ht_bench"):
+                continue
+            gpus = 2 if "[mixed]" in run["name"] else 1
+            for row in run["results"]:
+                want = m.ht_window_bytes(row["nranks"] // gpus, gpus, row["hidden"], row["topk"], row["experts"],
+                                         row["max_tokens_per_rank"], row["exchange"] == "hierarchical")
+                assert row["window_bytes"] == want["window_bytes"], (name, run["name"], row["nranks"])
+                seen += 1
+    assert seen == 28
+    # The staging regions grow with ranks x max_tokens: at 4096 tokens, 8 GPUs a node, twice the nodes, twice the
+    # window (rounds do not change it).
+    w = [m.ht_window_bytes(n, 8, 7168, 8, 256, 4096)["window_bytes"] for n in (2, 4, 8)]
+    assert w[1] == pytest.approx(2 * w[0], rel=0.01) and w[2] == pytest.approx(2 * w[1], rel=0.01)

@@ -677,6 +677,29 @@ TEST(EpRail, StagingBudgetPicksTheLargestRoundThatFits) {
   }
 }
 
+// A High-Throughput rank's window (ht_window_bytes, ncclEpGroupInfo_t::window_bytes): rows of 512 bytes, top-2, 4
+// tokens; 2 one-GPU domains of 4 experts: 20480 bytes; 2 domains of 2, 8 experts: 28672, and 37248 with the
+// hierarchical HT (its 4 outboxes of 2144 bytes in the window, and one count per domain in each exchange row).
+TEST(EpRail, WindowBytesMatchTheModel) {
+  struct Shape {
+    int nRanks, lsaSize, experts;
+    bool hierarchical;
+    size_t want;
+  };
+  for (const Shape sh : {Shape{2, 1, 4, false, 20480}, Shape{4, 2, 8, false, 28672}, Shape{4, 2, 8, true, 37248}}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.num_experts = sh.experts;
+    cfg.max_tokens_per_rank = 4;
+    cfg.max_token_bytes = 512;
+    cfg.max_topk = 2;
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(0, sh.nRanks, 0, sh.lsaSize, 0, &topo), ncclSuccess);
+    ncclep::GroupView v;
+    ncclep::layoutGroup(cfg, topo, &v, sh.hierarchical);
+    EXPECT_EQ(v.wl.total, sh.want) << sh.nRanks << " ranks, hierarchical " << sh.hierarchical;
+  }
+}
+
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512
 // / 128, as layoutGroup sets them): the row, seq + counts (16), the position (4), 2 slots, experts + weights +
 // indices (24), scales (16) = 580, padded to 592; with 6 slots 596, padded to 608. A call's dispatch is M of them
