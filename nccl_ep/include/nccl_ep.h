@@ -291,6 +291,14 @@ typedef struct {
 } ncclEpGroupInfo_t;
 #define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
+/* LOCAL, host arithmetic only (no GPU, no communicator, nothing allocated): what ncclEpGroupGetInfo would report for
+ * a group made with `config` over `n_ranks` ranks whose NVLink (LSA) teams have `lsa_size` ranks (a divisor of
+ * n_ranks; config.lsa_domain_size, else NCCL_EXT_LSA_DOMAIN_SIZE, splits them as ncclEpCreateGroup does), in this
+ * process's environment (NCCL_EXT_RAIL_ROUND_TOKENS, NCCL_EXT_HT_HIERARCHICAL, NCCL_EXT_RAIL_OVERLAP): for memory
+ * planning before the group exists (window_bytes, rail_staging_bytes). The config is checked as ncclEpCreateGroup
+ * checks it (a rail_staging_bytes_max that nothing fits fails alike); virtual domains are not queried. */
+NCCL_EP_API ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks, int lsa_size,
+                                              ncclEpGroupInfo_t* info);
 
 /* COLLECTIVE, stream-ordered: binds the routing `topk_idx` ([T, K] int32 or int64, -1 = no expert, no expert twice
  * in a row) once; dispatch, combine and the backward pass reuse it. T may be 0. EXACT sizing blocks until the

@@ -7,6 +7,8 @@
 #include <type_traits>
 
 #include "common/checks.h"
+#include "common/env.h"
+#include "common/topology.h"
 #include "common/version.h"
 #include "nccl_ep/src/group.h"
 #include "nccl_ep/src/ll.h"
@@ -403,15 +405,10 @@ ncclResult_t ncclEpCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
 
 const char* ncclEpGetLastError(void) { return ncclext::lastError(); }
 
-ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config) {
-  ncclext::clearLastError();
-  NCCLEXT_ARG(group != nullptr, "ncclEpCreateGroup: group is NULL");
-  *group = nullptr;
-  NCCLEXT_ARG(comm != nullptr, "ncclEpCreateGroup: comm is NULL");
-  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
-  const ncclEpGroupConfig_t& c = *config;
+// The checks of a group's config (ncclEpCreateGroup, ncclEpGroupInfoQuery); `what` names the caller.
+static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* what) {
   NCCLEXT_ARG(c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT || c.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
-              "ncclEpCreateGroup: algorithm %d unknown", (int)c.algorithm);
+              "%s: algorithm %d unknown", what, (int)c.algorithm);
   NCCLEXT_ARG(c.num_experts >= 1 && c.num_experts <= ncclep::kMaxExperts, "num_experts %d not in [1, %d]",
               c.num_experts, ncclep::kMaxExperts);
   NCCLEXT_ARG(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank <= ncclep::kMaxTokens,
@@ -443,6 +440,17 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
     NCCLEXT_ARG(c.virtual_rank == 0, "virtual_rank %d without a virtual_domain", c.virtual_rank);
     NCCLEXT_USAGE(c.virtual_rail == nullptr, "virtual_rail without a virtual_domain (the mixed test mode has both)");
   }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(group != nullptr, "ncclEpCreateGroup: group is NULL");
+  *group = nullptr;
+  NCCLEXT_ARG(comm != nullptr, "ncclEpCreateGroup: comm is NULL");
+  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
+  const ncclEpGroupConfig_t& c = *config;
+  NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpCreateGroup"));
   ncclEpGroup* g = nullptr;
   NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
   *group = g;
@@ -477,41 +485,75 @@ ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group) {
   return group->asyncError("ncclEp");
 }
 
-ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
-  ncclext::clearLastError();
-  NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetInfo: group is NULL");
-  NCCLEXT_ARG(info != nullptr, "ncclEpGroupGetInfo: info is NULL");
-  CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
-  const ncclext::Topology& topo = group->domain->topo();
-  const ncclep::RailView& rv = group->view.rail;
+// What a group of layout `v` on `topo` reports (ncclEpGroupGetInfo; ncclEpGroupInfoQuery before it exists): its
+// rail's staging bytes and whether its flat exchange is overlapped are the group's (or the query's) own.
+static void fillGroupInfo(const ncclep::GroupView& v, const ncclext::Topology& topo, size_t railBytes, bool overlapped,
+                          ncclEpGroupInfo_t* info) {
+  const ncclep::RailView& rv = v.rail;
+  const bool rail = topo.nDomains > 1;  // a rail communicator, outboxes: several domains
   info->n_domains = topo.nDomains;
   info->domain_size = topo.domainSize;
-  info->window_bytes = group->view.wl.total;
+  info->window_bytes = v.wl.total;
   auto bytesOf = [&](int kind, bool owner) {
-    return group->railComm && !(owner && rv.highThroughput) ? rv.callBytes(rv.regionsOf(kind, owner)) : (size_t)0;
+    return rail && !(owner && rv.highThroughput) ? rv.callBytes(rv.regionsOf(kind, owner)) : (size_t)0;
   };
   info->rail_dispatch_bytes = bytesOf(ncclep::kDispatch, false);
   info->rail_combine_bytes = bytesOf(ncclep::kCombine, false);
   info->rail_combine_owner_bytes = bytesOf(ncclep::kCombine, true);
   info->rail_messages_per_domain = 0;
   info->rail_dispatch_domain_bytes = info->rail_combine_domain_bytes = 0;
-  info->rail_relayed = group->railComm && rv.relay ? 1 : 0;
-  info->rail_staging_bytes = group->railBytes;
+  info->rail_relayed = rail && rv.relay ? 1 : 0;
+  info->rail_staging_bytes = railBytes;
   info->rail_round_tokens = rv.roundSlots;
-  info->rail_hierarchical = group->railComm && rv.hier ? 1 : 0;
-  info->rail_overlapped = group->sideStream ? 1 : 0;
-  if (group->railComm && rv.hier) {
-    // A message per round (fixed slices: every position's).
-    info->rail_messages_per_domain = ncclep::railRoundsOf(rv, group->view.nRanks, group->view.maxTokens, nullptr);
-    info->rail_dispatch_domain_bytes = (size_t)group->view.maxTokens * group->hierRowBytes(ncclep::kDispatch);
-    info->rail_combine_domain_bytes = (size_t)group->view.maxTokens * group->hierRowBytes(ncclep::kCombine);
-  } else if (group->railComm) {
+  info->rail_hierarchical = rail && rv.hier ? 1 : 0;
+  info->rail_overlapped = overlapped ? 1 : 0;
+  if (rail && rv.hier) {
+    // A message per round (fixed slices: every position's), of a row with its tail (dispatch) or a partial row.
+    info->rail_messages_per_domain = ncclep::railRoundsOf(rv, v.nRanks, v.maxTokens, nullptr);
+    info->rail_dispatch_domain_bytes = (size_t)v.maxTokens * rv.hierRow.bytes();
+    info->rail_combine_domain_bytes = (size_t)v.maxTokens * (size_t)v.rowStride;
+  } else if (rail) {
     // Direct: a message per region (dispatch and combine have 2) and round (fixed slices: every slot's).
-    const int rounds = ncclep::railRoundsOf(rv, group->view.nRanks, group->view.maxTokens, nullptr);
+    const int rounds = ncclep::railRoundsOf(rv, v.nRanks, v.maxTokens, nullptr);
     info->rail_messages_per_domain = topo.domainSize * (rv.direct ? 2 * rounds : 1);
     info->rail_dispatch_domain_bytes = (size_t)topo.domainSize * info->rail_dispatch_bytes;
     info->rail_combine_domain_bytes = (size_t)topo.domainSize * info->rail_combine_bytes;
   }
+}
+
+ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetInfo: group is NULL");
+  NCCLEXT_ARG(info != nullptr, "ncclEpGroupGetInfo: info is NULL");
+  CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
+  fillGroupInfo(group->view, group->domain->topo(), group->railBytes, group->sideStream != nullptr, info);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks, int lsa_size,
+                                  ncclEpGroupInfo_t* info) {
+  ncclext::clearLastError();
+  NCCLEXT_ARG(info != nullptr, "ncclEpGroupInfoQuery: info is NULL");
+  CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
+  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
+  const ncclEpGroupConfig_t& c = *config;
+  NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpGroupInfoQuery"));
+  NCCLEXT_USAGE(c.virtual_domain == nullptr, "ncclEpGroupInfoQuery: virtual domains are not queried");
+  NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclep::kMaxRanks, "ncclEpGroupInfoQuery: n_ranks %d not in [1, %d]",
+              n_ranks, ncclep::kMaxRanks);
+  NCCLEXT_ARG(c.num_experts % n_ranks == 0, "num_experts %d is not a multiple of the %d ranks", c.num_experts,
+              n_ranks);
+  // As ncclEpCreateGroup's Domain: the config's domain size, else the environment's, splits the LSA team.
+  const ncclext::Env& env = ncclext::env();
+  ncclext::Topology topo;
+  NCCLEXT_CHECK(ncclext::makeTopology(0, n_ranks, 0, lsa_size,
+                                      c.lsa_domain_size > 0 ? c.lsa_domain_size : env.lsaDomainSize, &topo));
+  ncclEpGroupConfig_t laid = c;
+  if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = env.railRoundTokens;
+  ncclep::GroupView v;
+  NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, env.htHierarchical != 0));
+  fillGroupInfo(v, topo, ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v),
+                v.rail.direct && env.railOverlap != 0, info);
   return ncclSuccess;
 }
 

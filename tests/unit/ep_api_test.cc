@@ -700,6 +700,58 @@ TEST(EpRail, WindowBytesMatchTheModel) {
   }
 }
 
+// ncclEpGroupInfoQuery: what ncclEpGroupGetInfo reports, before any group exists (host arithmetic): the window and
+// rail staging of WindowBytesMatchTheModel's and HighThroughputStagingBytesMatchTheModel's shapes, a staging budget
+// that shrinks the rounds, and the checks (the config's as ncclEpCreateGroup's; the ranks, their LSA teams, virtual
+// domains).
+TEST(EpRail, InfoQueryReportsWhatTheGroupWould) {
+  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+  cfg.num_experts = 4;
+  cfg.max_tokens_per_rank = 4;
+  cfg.max_token_bytes = 512;
+  cfg.max_topk = 2;
+  ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
+  ASSERT_EQ(ncclEpGroupInfoQuery(&cfg, 2, 1, &info), ncclSuccess);  // two one-GPU nodes
+  EXPECT_EQ(info.n_domains, 2);
+  EXPECT_EQ(info.domain_size, 1);
+  EXPECT_EQ(info.window_bytes, 20480u);
+  EXPECT_EQ(info.rail_staging_bytes, 4416u);
+  EXPECT_EQ(info.rail_round_tokens, 4);
+  EXPECT_EQ(info.rail_messages_per_domain, 2);  // a message per region, one round
+  EXPECT_EQ(info.rail_relayed + info.rail_hierarchical + info.rail_overlapped, 0);
+  cfg.rail_staging_bytes_max = 3328;  // rounds of 3 rows a peer take that
+  ASSERT_EQ(ncclEpGroupInfoQuery(&cfg, 2, 1, &info), ncclSuccess);
+  EXPECT_EQ(info.rail_round_tokens, 3);
+  EXPECT_EQ(info.rail_staging_bytes, 3328u);
+  EXPECT_EQ(info.rail_messages_per_domain, 4);  // two rounds of fixed slices
+  cfg.rail_staging_bytes_max = 100;
+  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 2, 1, &info), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclEpGetLastError()).find("rail_staging_bytes_max 100"), std::string::npos);
+  cfg.rail_staging_bytes_max = 0;
+  cfg.num_experts = 8;
+  ASSERT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 2, &info), ncclSuccess);  // two domains of two
+  EXPECT_EQ(info.window_bytes, 28672u);
+  EXPECT_EQ(info.n_domains, 2);
+  ASSERT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 4, &info), ncclSuccess);  // one domain: no rail
+  EXPECT_EQ(info.n_domains, 1);
+  EXPECT_EQ(info.rail_staging_bytes, 0u);
+  EXPECT_EQ(info.rail_dispatch_bytes, 0u);
+  // The checks.
+  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 3, 1, &info), ncclInvalidArgument);  // 8 experts on 3 ranks
+  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 3, &info), ncclInvalidArgument);  // LSA teams of 3 do not tile 4 ranks
+  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 0, 1, &info), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpGroupInfoQuery(nullptr, 4, 1, &info), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 1, nullptr), ncclInvalidArgument);
+  cfg.max_token_bytes = 500;  // as ncclEpCreateGroup: a multiple of 16
+  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 1, &info), ncclInvalidArgument);
+  cfg.max_token_bytes = 512;
+  ncclEpVirtualDomain_t vd = nullptr;
+  ASSERT_EQ(ncclEpVirtualDomainCreate(&vd, 2), ncclSuccess);
+  cfg.virtual_domain = vd;
+  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 1, &info), ncclInvalidUsage);
+  ncclEpVirtualDomainDestroy(vd);
+}
+
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512
 // / 128, as layoutGroup sets them): the row, seq + counts (16), the position (4), 2 slots, experts + weights +
 // indices (24), scales (16) = 580, padded to 592; with 6 slots 596, padded to 608. A call's dispatch is M of them

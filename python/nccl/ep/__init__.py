@@ -33,9 +33,9 @@ from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInv
                            NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
 from .._ext.tensor import CTensor, absent, describe, descriptor
 
-__all__ = ["Group", "Handle", "DispatchResult", "Communicator", "version", "NcclError", "NcclUnhandledCudaError",
-           "NcclSystemError", "NcclInternalError", "NcclInvalidArgument", "NcclInvalidUsage", "NcclRemoteError",
-           "NcclInProgress"]
+__all__ = ["Group", "Handle", "DispatchResult", "Communicator", "query_group_info", "version", "NcclError",
+           "NcclUnhandledCudaError", "NcclSystemError", "NcclInternalError", "NcclInvalidArgument", "NcclInvalidUsage",
+           "NcclRemoteError", "NcclInProgress"]
 
 _MAGIC = 0x65703031  # NCCL_EP_MAGIC
 _ALGO = {"low_latency": 0, "high_throughput": 1}
@@ -131,6 +131,7 @@ _SIGNATURES = {
     "ncclEpGroupDestroy": [_P],
     "ncclEpGroupGetAsyncError": [_P],
     "ncclEpGroupGetInfo": [_P, ctypes.POINTER(_GroupInfo)],
+    "ncclEpGroupInfoQuery": [ctypes.POINTER(_GroupConfig), ctypes.c_int, ctypes.c_int, ctypes.POINTER(_GroupInfo)],
     "ncclEpCreateHandle": [ctypes.POINTER(_P), _P, ctypes.c_int, ctypes.POINTER(CTensor),
                            ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_HandleConfig), _P],
     "ncclEpUpdateHandle": [_P, ctypes.POINTER(CTensor), ctypes.POINTER(_LayoutInfo), _P],
@@ -299,6 +300,48 @@ def _choice(table: dict, value: str, name: str) -> int:
     return table[value]
 
 
+def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None, dtype=None,
+                  max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
+                  timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
+                  rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0) -> "_GroupConfig":
+    """The ncclEpGroupConfig_t of Group's arguments (Group, query_group_info), the checks the C API cannot make
+    (or makes less clearly) first; `what` names the caller in errors."""
+    import torch
+
+    algo = _choice(_ALGO, algorithm, "algorithm")
+    if rail_staging_bytes_max < 0:
+        raise NcclInvalidArgument("%s: rail_staging_bytes_max %d < 0 (0: no limit)" % (what, rail_staging_bytes_max))
+    if enable_mask and algorithm != "low_latency":
+        raise NcclInvalidUsage("%s: enable_mask=True: rank masks belong to the Low-Latency mode "
+                               "(algorithm='low_latency'); a High-Throughput wait that times out fails the group" % what)
+    if algorithm == "low_latency" and not 1 <= max_tokens_per_rank <= _LL_MAX_TOKENS:
+        raise NcclInvalidArgument("%s: max_tokens_per_rank %d: a Low-Latency group takes 1..%d tokens per rank"
+                                  % (what, max_tokens_per_rank, _LL_MAX_TOKENS))
+    if max_token_bytes is None:
+        if hidden is None:
+            raise NcclInvalidArgument("%s: give hidden (with dtype, default bfloat16) or max_token_bytes" % what)
+        # Rows of `dtype`; a combine of wider rows (fp32 expert outputs) needs max_token_bytes instead.
+        max_token_bytes = torch.empty((), dtype=dtype or torch.bfloat16).element_size() * hidden
+    return _GroupConfig.new(algorithm=algo, num_experts=num_experts, max_tokens_per_rank=max_tokens_per_rank,
+                            max_token_bytes=max_token_bytes, max_topk=max_topk, num_sms=num_sms,
+                            timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
+                            enable_mask=1 if enable_mask else 0, rail_round_tokens=rail_round_tokens,
+                            rail_staging_bytes_max=rail_staging_bytes_max)
+
+
+def query_group_info(nranks: int, lsa_size: int, **group_args) -> dict:
+    """What Group(**group_args).info() would report on `nranks` ranks whose NVLink (LSA) teams have `lsa_size` ranks
+    (NCCL_EXT_LSA_DOMAIN_SIZE splits them as it would at creation), in this process's environment: window_bytes,
+    rail_staging_bytes and the rest, for memory planning before any group exists (ncclEpGroupInfoQuery: host
+    arithmetic, no GPU, no communicator). group_args are Group's keyword arguments (num_experts,
+    max_tokens_per_rank, hidden or max_token_bytes, max_topk, algorithm, rail_round_tokens,
+    rail_staging_bytes_max, ...)."""
+    cfg = _group_config("query_group_info", **group_args)
+    raw = _GroupInfo.new()
+    _call("ncclEpGroupInfoQuery", ctypes.byref(cfg), int(nranks), int(lsa_size), ctypes.byref(raw))
+    return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
+
+
 class Group(Closing):
     """A dispatch/combine group over the ranks of a process group (COLLECTIVE, blocking): sizes and registers the
     symmetric buffers once, for tokens of up to `max_tokens_per_rank` rows of `hidden` elements of `dtype` (or
@@ -328,30 +371,12 @@ class Group(Closing):
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                  timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
                  rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0):
-        import torch
-
-        algo = _choice(_ALGO, algorithm, "algorithm")
-        if rail_staging_bytes_max < 0:
-            raise NcclInvalidArgument("Group: rail_staging_bytes_max %d < 0 (0: no limit)" % rail_staging_bytes_max)
-        if enable_mask and algorithm != "low_latency":
-            raise NcclInvalidUsage("Group: enable_mask=True: rank masks belong to the Low-Latency mode "
-                                   "(algorithm='low_latency'); a High-Throughput wait that times out fails the group")
-        if algorithm == "low_latency" and not 1 <= max_tokens_per_rank <= _LL_MAX_TOKENS:
-            raise NcclInvalidArgument("Group: max_tokens_per_rank %d: a Low-Latency group takes 1..%d tokens per rank"
-                                      % (max_tokens_per_rank, _LL_MAX_TOKENS))
-        if max_token_bytes is None:
-            if hidden is None:
-                raise NcclInvalidArgument("Group: give hidden (with dtype, default bfloat16) or max_token_bytes")
-            # Rows of `dtype`; a combine of wider rows (fp32 expert outputs) needs max_token_bytes instead.
-            max_token_bytes = torch.empty((), dtype=dtype or torch.bfloat16).element_size() * hidden
+        cfg = _group_config("Group", num_experts=num_experts, max_tokens_per_rank=max_tokens_per_rank, hidden=hidden,
+                            dtype=dtype, max_token_bytes=max_token_bytes, max_topk=max_topk, num_sms=num_sms,
+                            timeout_s=timeout_s, algorithm=algorithm, enable_mask=enable_mask,
+                            rail_round_tokens=rail_round_tokens, rail_staging_bytes_max=rail_staging_bytes_max)
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
-        cfg = _GroupConfig.new(algorithm=algo, num_experts=num_experts,
-                               max_tokens_per_rank=max_tokens_per_rank, max_token_bytes=max_token_bytes,
-                               max_topk=max_topk, num_sms=num_sms,
-                               timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
-                               enable_mask=1 if enable_mask else 0, rail_round_tokens=rail_round_tokens,
-                               rail_staging_bytes_max=rail_staging_bytes_max)
         self.algorithm, self.low_latency, self.enable_mask = algorithm, algorithm == "low_latency", bool(enable_mask)
         self.num_experts, self.rank, self.size = num_experts, self.comm.rank, self.comm.size
         self.local_experts = num_experts // max(1, self.size)

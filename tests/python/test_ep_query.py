@@ -1,0 +1,73 @@
+"""nccl.ep.query_group_info on the CPU (ncclEpGroupInfoQuery: host arithmetic, the library loaded, no GPU): what a
+group would report before it exists, against the model of bench/ep_internode_model.py at production sizes and
+against what ep_bench's groups reported on one H200. Needs torch (skipped without it)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nccl.ep as ep  # noqa: E402  (after torch: one libnccl in the process, torch's)
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
+sys.path.insert(0, BENCH)
+import ep_internode_model as m  # noqa: E402
+
+pytestmark = pytest.mark.skipif(any(os.environ.get(v) for v in ("NCCL_EXT_RAIL_ROUND_TOKENS", "NCCL_EXT_LSA_DOMAIN_SIZE",
+                                                                 "NCCL_EXT_HT_HIERARCHICAL")),
+                                reason="the expected sizes are the library's defaults")
+
+
+def _query(nodes, gpus, tokens, **kwargs):
+    args = dict(num_experts=256, max_tokens_per_rank=tokens, hidden=7168, max_topk=8)
+    args.update(kwargs)
+    return ep.query_group_info(nodes * gpus, gpus, **args)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4, 8])
+def test_the_window_and_the_rail_staging_at_scale_are_the_models(nodes):
+    info = _query(nodes, 8, 4096)
+    assert info["n_domains"] == nodes and info["domain_size"] == 8
+    assert info["window_bytes"] == m.ht_window_bytes(nodes, 8, 7168, 8, 256, 4096)["window_bytes"]
+    want = m.ht_staging_bytes(nodes, 8, 7168, 8, 256, 4096)["rail_staging_bytes"] if nodes > 1 else 0
+    assert info["rail_staging_bytes"] == want
+    assert info["rail_round_tokens"] == (m.DEFAULT_RAIL_ROUND_TOKENS if nodes > 1 else 4096)
+
+
+def test_groups_past_64_ranks_are_refused():
+    # nccl_ep's groups take at most 64 ranks (ht.h kMaxRanks): 16 nodes of 8 are beyond them today.
+    with pytest.raises(ep.NcclInvalidArgument, match="n_ranks 128 not in"):
+        _query(16, 8, 4096)
+
+
+def test_a_staging_budget_picks_the_round():
+    whole = _query(2, 8, 4096)["rail_staging_bytes"]
+    info = _query(2, 8, 4096, rail_staging_bytes_max=whole // 4)
+    larger = _query(2, 8, 4096, rail_round_tokens=info["rail_round_tokens"] + 1)
+    assert info["rail_staging_bytes"] <= whole // 4 < larger["rail_staging_bytes"]
+    with pytest.raises(ep.NcclInvalidArgument, match="rail_staging_bytes_max 1000"):
+        _query(2, 8, 4096, rail_staging_bytes_max=1000)
+    with pytest.raises(ep.NcclInvalidArgument, match="not a multiple"):
+        ep.query_group_info(3, 1, num_experts=256, max_tokens_per_rank=8, hidden=64)
+
+
+def test_what_ep_bench_groups_reported_on_a_gpu():
+    # gpu-check-20261203T193135Z.json: ep_ht_bench[nodes] (one-GPU nodes: LSA teams of one), 512 tokens a rank.
+    with open(os.path.join(BENCH, "results", "gpu-check-20261203T193135Z.json")) as f:
+        runs = json.load(f)["runs"]
+    seen = 0
+    for run in runs:
+        if run["name"] != "ep_ht_bench[nodes]":
+            continue
+        for row in run["results"]:
+            info = ep.query_group_info(row["nranks"], 1, num_experts=row["experts"],
+                                       max_tokens_per_rank=row["max_tokens_per_rank"], hidden=row["hidden"],
+                                       max_topk=row["topk"])
+            for key in ("window_bytes", "rail_staging_bytes", "rail_round_tokens", "rail_messages_per_domain"):
+                assert info[key] == row[key], (key, row["nranks"])
+            assert info["rail_dispatch_bytes"] == row["rail_fixed_bytes_per_peer"] or row["what"] != "ep_dispatch"
+            seen += 1
+    assert seen == 8
