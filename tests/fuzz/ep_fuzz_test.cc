@@ -745,6 +745,51 @@ TEST(EpFuzz, DispatchCombine) {
   });
 }
 
+// ncclEpGroupInfoQuery: host arithmetic on any config, rank count and LSA team size (valid ones and hostile ones),
+// rail round and staging budget. It answers or rejects with a message, never crashes (this runs under ASan), and
+// what it answers holds together: the ranks tile into the domains, the round is in [1, max_tokens_per_rank], the
+// staging fits the budget, a rail exists exactly with several domains.
+TEST(EpFuzz, InfoQuery) {
+  Campaign c("EpFuzz.InfoQuery", 20000);
+  c.run([&](Rng& rng, int64_t) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.algorithm = rng.chance(1, 2) ? NCCL_EP_ALGO_HIGH_THROUGHPUT : NCCL_EP_ALGO_LOW_LATENCY;
+    const int nRanks = rng.chance(1, 20) ? (int)rng.next() : (int)rng.range(1, 64);
+    const int lsa = rng.chance(1, 20) ? (int)rng.next() : rng.chance(1, 3) ? 1 : (int)rng.range(1, 8);
+    cfg.num_experts = rng.chance(1, 20) ? (int)rng.next() : nRanks * (int)rng.range(1, 8);
+    cfg.max_tokens_per_rank = rng.chance(1, 20) ? (int)rng.next() : (int)rng.range(1, 4096);
+    cfg.max_token_bytes = rng.chance(1, 20) ? (int)rng.next() : 16 * (int)rng.range(1, 1024);
+    cfg.max_topk = rng.chance(1, 20) ? (int)rng.next() : (int)rng.range(1, 32);
+    cfg.lsa_domain_size = rng.chance(1, 4) ? (int)rng.range(0, 8) : 0;
+    cfg.rail_round_tokens = rng.chance(1, 2) ? 0 : rng.chance(1, 20) ? (int)rng.next() : (int)rng.range(1, 2048);
+    cfg.rail_staging_bytes_max = rng.chance(1, 2) ? 0 : rng.chance(1, 4) ? rng.next() : rng.next() % (1ull << 30);
+    ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
+    c.describe([&] {
+      char buf[400];
+      snprintf(buf, sizeof(buf),
+               "n_ranks %d lsa_size %d config{algorithm %d num_experts %d max_tokens_per_rank %d max_token_bytes %d "
+               "max_topk %d lsa_domain_size %d rail_round_tokens %d rail_staging_bytes_max %zu}",
+               nRanks, lsa, (int)cfg.algorithm, cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_token_bytes,
+               cfg.max_topk, cfg.lsa_domain_size, cfg.rail_round_tokens, cfg.rail_staging_bytes_max);
+      return std::string(buf);
+    });
+    const ncclResult_t r =
+        c.call(Lib::kEp, "ncclEpGroupInfoQuery", [&] { return ncclEpGroupInfoQuery(&cfg, nRanks, lsa, &info); });
+    if (r != ncclSuccess) {
+      if (r != ncclInvalidArgument && r != ncclInvalidUsage) c.fail("neither an answer nor a rejection");
+      return;
+    }
+    const bool rail = info.n_domains > 1;
+    if (info.n_domains * info.domain_size != nRanks) c.fail("the domains do not tile the ranks");
+    if (info.rail_round_tokens < 1 || info.rail_round_tokens > cfg.max_tokens_per_rank) c.fail("round out of range");
+    if (cfg.rail_staging_bytes_max && rail && info.rail_staging_bytes > cfg.rail_staging_bytes_max)
+      c.fail("the staging exceeds the budget it was given");
+    if (rail != (info.rail_staging_bytes > 0) || rail != (info.rail_dispatch_bytes > 0))
+      c.fail("a rail exactly with several domains");
+    if (info.window_bytes == 0) c.fail("no window");
+  });
+}
+
 TEST(EpFuzz, VersionAndErrors) {
   Campaign c("EpFuzz.VersionAndErrors", 2000);
   c.run([&](Rng& rng, int64_t) {

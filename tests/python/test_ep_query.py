@@ -16,9 +16,8 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abs
 sys.path.insert(0, BENCH)
 import ep_internode_model as m  # noqa: E402
 
-pytestmark = pytest.mark.skipif(any(os.environ.get(v) for v in ("NCCL_EXT_RAIL_ROUND_TOKENS", "NCCL_EXT_LSA_DOMAIN_SIZE",
-                                                                 "NCCL_EXT_HT_HIERARCHICAL")),
-                                reason="the expected sizes are the library's defaults")
+_ENV = ("NCCL_EXT_RAIL_ROUND_TOKENS", "NCCL_EXT_LSA_DOMAIN_SIZE", "NCCL_EXT_HT_HIERARCHICAL")
+pytestmark = pytest.mark.skipif(any(os.environ.get(v) for v in _ENV), reason="the expected sizes are the defaults")
 
 
 def _query(nodes, gpus, tokens, **kwargs):

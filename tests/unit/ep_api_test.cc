@@ -625,8 +625,8 @@ TEST(EpRail, StagingBudgetPicksTheLargestRoundThatFits) {
     int nRanks, lsaSize;
     bool hierarchical;
   };
-  for (const Shape sh : {Shape{NCCL_EP_ALGO_HIGH_THROUGHPUT, 2, 1, false}, Shape{NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, 2, true},
-                         Shape{NCCL_EP_ALGO_LOW_LATENCY, 2, 1, false}}) {
+  const ncclEpAlgorithm_t ht = NCCL_EP_ALGO_HIGH_THROUGHPUT;
+  for (const Shape sh : {Shape{ht, 2, 1, false}, Shape{ht, 4, 2, true}, Shape{NCCL_EP_ALGO_LOW_LATENCY, 2, 1, false}}) {
     ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
     cfg.algorithm = sh.algorithm;
     cfg.num_experts = 2 * sh.nRanks;

@@ -312,8 +312,8 @@ def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidd
     if rail_staging_bytes_max < 0:
         raise NcclInvalidArgument("%s: rail_staging_bytes_max %d < 0 (0: no limit)" % (what, rail_staging_bytes_max))
     if enable_mask and algorithm != "low_latency":
-        raise NcclInvalidUsage("%s: enable_mask=True: rank masks belong to the Low-Latency mode "
-                               "(algorithm='low_latency'); a High-Throughput wait that times out fails the group" % what)
+        raise NcclInvalidUsage("%s: enable_mask=True: rank masks belong to the Low-Latency mode (algorithm="
+                               "'low_latency'); a High-Throughput wait that times out fails the group" % what)
     if algorithm == "low_latency" and not 1 <= max_tokens_per_rank <= _LL_MAX_TOKENS:
         raise NcclInvalidArgument("%s: max_tokens_per_rank %d: a Low-Latency group takes 1..%d tokens per rank"
                                   % (what, max_tokens_per_rank, _LL_MAX_TOKENS))
