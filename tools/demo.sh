@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job (`make demo`). On a machine with GPUs: the symmetric-memory all-to-all on every local GPU, every
-# element checked, and the EP benchmark at the default shape. On any machine: the M2N planner on a bundled model config (DeepSeek-V3-like, 256 trainer ranks
-# -> 64 inference ranks). Without GPUs it says so and runs what needs none.
+# element checked, and the EP benchmark at the default shape. On any machine: what an EP High-Throughput group takes
+# in memory on 1-8 nodes of 8 GPUs (nccl_ext_info, through ncclEpGroupInfoQuery), and the M2N planner on a bundled
+# model config (DeepSeek-V3-like, 256 trainer ranks -> 64 inference ranks). Without GPUs it says so and runs what
+# needs none.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILDDIR=${BUILDDIR:-build}

@@ -1,16 +1,43 @@
-/* Prints what was built and which NCCL it runs on, through the public C API only (compiled as C99: it also proves
- * that the public headers are C-clean). Needs no GPU. Exit status 0 when the loaded NCCL matches the build. */
+/* Prints what was built and which NCCL it runs on, and what an EP High-Throughput group would take in memory at a
+ * production shape (ncclEpGroupInfoQuery: host arithmetic), through the public C API only (compiled as C99: it also
+ * proves that the public headers are C-clean). Needs no GPU. Exit status 0 when the loaded NCCL matches the build. */
 #include <stdio.h>
 
 #include "nccl_ep.h"
 #include "nccl_m2n.h"
 
+/* A GPU's window and rail staging for a High-Throughput group of 4096 tokens x 7168 bf16, top-8 of 256 experts, on
+ * nodes of 8 GPUs (this process's environment: NCCL_EXT_RAIL_ROUND_TOKENS, ...). */
+static int printEpMemory(void) {
+  const int nodes[] = {1, 2, 4, 8};
+  int i;
+  printf("EP High-Throughput memory a GPU (ncclEpGroupInfoQuery; 4096 tokens x 7168 bf16, top-8 of 256 experts, "
+         "8 GPUs a node):\n");
+  for (i = 0; i < (int)(sizeof(nodes) / sizeof(nodes[0])); i++) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
+    cfg.num_experts = 256;
+    cfg.max_tokens_per_rank = 4096;
+    cfg.max_token_bytes = 7168 * 2;
+    cfg.max_topk = 8;
+    if (ncclEpGroupInfoQuery(&cfg, 8 * nodes[i], 8, &info) != ncclSuccess) {
+      printf("  %2d node(s): %s\n", nodes[i], ncclEpGetLastError());
+      return 1;
+    }
+    printf("  %2d node(s): window %.2f GB, rail staging %.2f GB (rounds of %d rows a peer)\n", nodes[i],
+           (double)info.window_bytes / 1e9, (double)info.rail_staging_bytes / 1e9, info.rail_round_tokens);
+  }
+  return 0;
+}
+
 int main(void) {
   int ep = 0, m2n = 0, built = 0, loaded = 0;
+  ncclResult_t res;
   if (ncclEpGetVersion(&ep) != ncclSuccess || ncclM2nGetVersion(&m2n) != ncclSuccess) return 1;
-  ncclResult_t res = ncclEpCheckNcclRuntime(&built, &loaded);
+  res = ncclEpCheckNcclRuntime(&built, &loaded);
   printf("libnccl_ep %d, libnccl_m2n %d\n", ep, m2n);
   printf("NCCL: built against %d.%d.%d, loaded %d.%d.%d -> %s\n", built / 10000, built / 100 % 100, built % 100,
          loaded / 10000, loaded / 100 % 100, loaded % 100, res == ncclSuccess ? "compatible" : ncclEpGetLastError());
+  if (printEpMemory() != 0) return 1;
   return res == ncclSuccess ? 0 : 1;
 }
