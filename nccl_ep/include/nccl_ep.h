@@ -244,7 +244,7 @@ NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain
  * the streams with events, in the same order on every rank. Handles with different routings may alternate.
  * NCCL_EP_ALGO_LOW_LATENCY (decode): everything is sized here for max_tokens_per_rank (<= 1024); handle creation
  * allocates the handle's arrays once, and then handle updates, dispatch, combine and ncclEpComplete never allocate
- * or synchronise the host, and may be graph-captured. */
+ * or synchronise the host, and may be graph-captured. A group takes at most 64 ranks. */
 NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config);
 /* COLLECTIVE: waits for the group's work, then frees it. */
 NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
