@@ -70,3 +70,16 @@ def test_what_ep_bench_groups_reported_on_a_gpu():
             assert info["rail_dispatch_bytes"] == row["rail_fixed_bytes_per_peer"] or row["what"] != "ep_dispatch"
             seen += 1
     assert seen == 8
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+def test_low_latency_rail_slices_are_the_models(nodes):
+    # The Low-Latency exchange's fixed per-peer messages (128 tokens, hidden 7168 bf16, top-8 of 256): the model's
+    # ll_fixed_slice_bytes, the rank-row combine and the owner-weighted (expert) combine.
+    info = _query(nodes, 8, 128, algorithm="low_latency")
+    expert = m.ll_fixed_slice_bytes(nodes, 8, 256, 8, 7168, 128)
+    rank = m.ll_fixed_slice_bytes(nodes, 8, 256, 8, 7168, 128, combine="rank")
+    assert info["rail_dispatch_bytes"] == expert["dispatch_per_peer"]
+    assert info["rail_combine_owner_bytes"] == expert["combine_per_peer"]
+    assert info["rail_combine_bytes"] == rank["combine_per_peer"]
+    assert info["rail_messages_per_domain"] == 8 and info["rail_staging_bytes"] > 0
