@@ -374,10 +374,11 @@ int main(int argc, char** argv) {
       // baseline moves the same rows in the same rounds, one NCCL group each, as ours does (the kernels between them
       // aside).
       const int64_t roundRows = info.rail_round_tokens > 0 ? info.rail_round_tokens : cfg.max_tokens_per_rank;
+      auto roundsOf = [&](int64_t most) { return (int)std::max<int64_t>(1, (most + roundRows - 1) / roundRows); };
       auto roundsFor = [&](const std::vector<int64_t>& a, const std::vector<int64_t>& b, const std::vector<int>& of) {
         int64_t most = 0;
         for (const int i : of) most = std::max({most, a[i], b[i]});
-        return (int)std::max<int64_t>(1, (most + roundRows - 1) / roundRows);
+        return roundsOf(most);
       };
       std::vector<int> otherDomains;
       for (int d = 0; d < info.n_domains; d++)
@@ -390,8 +391,7 @@ int main(int argc, char** argv) {
         const int nMsg = hierarchical ? 1 : std::max(info.rail_messages_per_domain, 1);
         const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
         const size_t msgBytes = domainBytes / nMsg, hierRow = domainBytes / (size_t)cfg.max_tokens_per_rank;
-        const int rounds =
-            hierarchical ? (int)std::max<int64_t>(1, (domainMostRail + roundRows - 1) / roundRows) : 1;
+        const int rounds = hierarchical ? roundsOf(domainMostRail) : 1;
         auto bytesOf = [&](int d, bool out, int k) {
           if (!hierarchical) return msgBytes;
           const int64_t rows = (op == 0) == out ? toDomain[d] : fromDomain[d];

@@ -288,7 +288,7 @@ def ht_hier_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: i
     domains of several ranks): outside the window (ncclEpGroupInfo_t::rail_staging_bytes) one inbox per rank for the
     handle's count rows (R + E + chunks + 1 + N int32, 16-aligned) and the rail rows of one round of C positions,
     C = round_tokens (0: the library's default, 1024) at most max_tokens: dispatch rows with their tails and combine
-    partials, out and in, for every domain (group.h railBoxBytes, hierRailRowBytes); in the window, one outbox per
+    partials, out and in, for every domain (group.h railStagingBytes); in the window, one outbox per
     rank (the relays reduce their domain's combine rows there at any slot): the count row, max_tokens combine flags
     and rows. For a group of max_token_bytes = 2 hidden and max_topk = k."""
     row = 2 * hidden

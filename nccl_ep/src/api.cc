@@ -510,8 +510,8 @@ static void fillGroupInfo(const ncclep::GroupView& v, const ncclext::Topology& t
   if (rail && rv.hier) {
     // A message per round (fixed slices: every position's), of a row with its tail (dispatch) or a partial row.
     info->rail_messages_per_domain = ncclep::railRoundsOf(rv, v.nRanks, v.maxTokens, nullptr);
-    info->rail_dispatch_domain_bytes = (size_t)v.maxTokens * rv.hierRow.bytes();
-    info->rail_combine_domain_bytes = (size_t)v.maxTokens * (size_t)v.rowStride;
+    info->rail_dispatch_domain_bytes = (size_t)v.maxTokens * ncclep::hierRowBytes(v, ncclep::kDispatch);
+    info->rail_combine_domain_bytes = (size_t)v.maxTokens * ncclep::hierRowBytes(v, ncclep::kCombine);
   } else if (rail) {
     // Direct: a message per region (dispatch and combine have 2) and round (fixed slices: every slot's).
     const int rounds = ncclep::railRoundsOf(rv, v.nRanks, v.maxTokens, nullptr);
@@ -552,8 +552,7 @@ ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks
   if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = env.railRoundTokens;
   ncclep::GroupView v;
   NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, env.htHierarchical != 0));
-  fillGroupInfo(v, topo, ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v),
-                v.rail.direct && env.railOverlap != 0, info);
+  fillGroupInfo(v, topo, ncclep::railStagingBytes(v), v.rail.direct && env.railOverlap != 0, info);
   return ncclSuccess;
 }
 

@@ -150,11 +150,11 @@ ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext
                                 bool htHierarchical) {
   layoutGroup(config, topo, v, htHierarchical);
   const size_t budget = config.rail_staging_bytes_max;
-  auto staging = [&](const GroupView& g) { return railBoxBytes(g.rail) + hierRailRowBytes(g); };
-  if (budget == 0 || topo.nDomains == 1 || staging(*v) <= budget) return ncclSuccess;
+  if (budget == 0 || topo.nDomains == 1 || railStagingBytes(*v) <= budget) return ncclSuccess;
   const bool rounds = v->rail.direct || v->rail.hier;
   NCCLEXT_ARG(rounds, "rail_staging_bytes_max %zu: this group's rail staging is fixed at %zu bytes (%s)", budget,
-              staging(*v), v->lowLatency ? "Low-Latency: per-peer slices of max_tokens_per_rank rows" : "relayed");
+              railStagingBytes(*v),
+              v->lowLatency ? "Low-Latency: per-peer slices of max_tokens_per_rank rows" : "relayed");
   // The staging grows with the round: the largest round in [1, the configured one) that fits, by bisection.
   ncclEpGroupConfig_t c = config;
   GroupView probe;
@@ -163,7 +163,7 @@ ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext
     const int mid = lo + (hi - lo) / 2;
     c.rail_round_tokens = mid;
     layoutGroup(c, topo, &probe, htHierarchical);
-    if (staging(probe) <= budget) {
+    if (railStagingBytes(probe) <= budget) {
       lo = mid;
     } else {
       hi = mid;
@@ -173,7 +173,7 @@ ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext
     c.rail_round_tokens = 1;
     layoutGroup(c, topo, &probe, htHierarchical);
     NCCLEXT_ARG(false, "rail_staging_bytes_max %zu: below this group's rail staging in rounds of one row a peer, %zu "
-                "bytes", budget, staging(probe));
+                "bytes", budget, railStagingBytes(probe));
   }
   c.rail_round_tokens = lo;
   layoutGroup(c, topo, v, htHierarchical);
@@ -521,7 +521,7 @@ ncclResult_t ncclEpGroup::railMessages(int kind, bool ownerWeighted, cudaStream_
     // position: the relay skips them), and a source reads only the partials of its own positions.
     const int G = rv.domainSize, myDomain = view.rank / G, D = R / G;
     const bool dispatch = kind == ncclep::kDispatch, sized = counts != nullptr;
-    const size_t bytes = hierMessageBytes(kind), row = hierRowBytes(kind);
+    const size_t bytes = hierMessageBytes(kind), row = ncclep::hierRowBytes(view, kind);
     const int64_t* rail = counts ? counts + 2 * (size_t)R : nullptr;  // hostTotals: ht.h, HandleView
     char* out = dispatch ? rv.hierOut : rv.hierCombOut;
     char* in = dispatch ? rv.hierIn : rv.hierCombIn;

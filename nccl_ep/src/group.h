@@ -36,14 +36,20 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
 inline size_t railBoxBytes(const RailView& rv) {
   return (rv.hier ? 0 : rv.outboxBytes * rv.boxes) + (rv.direct ? 0 : rv.inboxBytes * rv.boxes);
 }
+// The hierarchical HT's rail row of exchange `kind`: dispatch, a row with its tail (ht.h, HierRow); combine, a
+// partial row.
+inline size_t hierRowBytes(const GroupView& v, int kind) {
+  return kind == kDispatch ? v.rail.hierRow.bytes() : (size_t)v.rowStride;
+}
 inline size_t hierRailRowBytes(const GroupView& v) {
   if (!v.rail.hier) return 0;
   const size_t slots = (size_t)(v.nRanks / v.rail.domainSize) * v.rail.roundSlots;
-  return 2 * slots * (v.rail.hierRow.bytes() + (size_t)v.rowStride);
+  return 2 * slots * (hierRowBytes(v, kDispatch) + hierRowBytes(v, kCombine));
 }
+inline size_t railStagingBytes(const GroupView& v) { return railBoxBytes(v.rail) + hierRailRowBytes(v); }
 // layoutGroup for `config` whose rail_round_tokens is resolved (not NCCL_EP_AUTO), within its
 // rail_staging_bytes_max when it has one: High-Throughput's round shrinks to the most rows a peer whose staging
-// (railBoxBytes + hierRailRowBytes) fits; ncclInvalidArgument, with the smallest staging, when none does (or, Low-
+// (railStagingBytes) fits; ncclInvalidArgument, with the smallest staging, when none does (or, Low-
 // Latency and relayed flat exchanges, whose staging is fixed, when it does not fit).
 ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
                                 bool htHierarchical = false);
@@ -108,13 +114,9 @@ struct ncclEpGroup {
   // every message between them whatever their own numbers of rounds: a round carries a pair's rows only where both
   // counts (the same number) reach it (ht.h, railRoundsOf).
   int railRounds(const int64_t* counts, cudaStream_t stream) const;
-  // The hierarchical HT's rail row of exchange `kind`: dispatch, a row with its tail (ht.h, HierRow); combine, a
-  // partial row. A round's message to each other domain's rank of my index holds one per position of the round
-  // (hierMessageBytes with fixed slices).
-  size_t hierRowBytes(int kind) const {
-    return kind == ncclep::kDispatch ? view.rail.hierRow.bytes() : (size_t)view.rowStride;
-  }
-  size_t hierMessageBytes(int kind) const { return (size_t)view.rail.roundSlots * hierRowBytes(kind); }
+  // The hierarchical HT's message of a round to each other domain's rank of my index, with fixed slices: a rail row
+  // (ncclep::hierRowBytes) per position of the round.
+  size_t hierMessageBytes(int kind) const { return (size_t)view.rail.roundSlots * ncclep::hierRowBytes(view, kind); }
   // Virtual ranks in relay mode: the launch fence after a kernel that waits on my domain's ranks (railExchange).
   void relayFence(cudaStream_t stream);
   // The flat exchange overlapped (RailView::direct, NCCL_EXT_RAIL_OVERLAP=1, opt-in): a call's send half for my

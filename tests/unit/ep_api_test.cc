@@ -611,7 +611,7 @@ TEST(EpRail, HierarchicalStagingBytesMatchTheModel) {
     ncclep::GroupView v;
     ncclep::layoutGroup(cfg, topo, &v, true);
     ASSERT_EQ(v.rail.hier, 1);
-    EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), want) << "rounds of " << round;
+    EXPECT_EQ(ncclep::railStagingBytes(v), want) << "rounds of " << round;
     EXPECT_EQ(v.wl.total - v.wl.outboxes, 4u * 2144u);
   }
 }
@@ -640,16 +640,16 @@ TEST(EpRail, StagingBudgetPicksTheLargestRoundThatFits) {
       c.rail_round_tokens = round;
       ncclep::GroupView v;
       ncclep::layoutGroup(c, topo, &v, sh.hierarchical);
-      return ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v);
+      return ncclep::railStagingBytes(v);
     };
     const size_t whole = stagingAt(64), one = stagingAt(1);
     ncclep::GroupView v;
     cfg.rail_staging_bytes_max = 0;
     ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclSuccess);
-    EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), whole);
+    EXPECT_EQ(ncclep::railStagingBytes(v), whole);
     cfg.rail_staging_bytes_max = whole;  // fits as it is
     ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclSuccess);
-    EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), whole);
+    EXPECT_EQ(ncclep::railStagingBytes(v), whole);
     if (sh.algorithm == NCCL_EP_ALGO_LOW_LATENCY) {  // fixed: refused below it
       cfg.rail_staging_bytes_max = whole - 1;
       EXPECT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclInvalidArgument);
@@ -662,7 +662,7 @@ TEST(EpRail, StagingBudgetPicksTheLargestRoundThatFits) {
       ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &v, sh.hierarchical), ncclSuccess) << budget;
       const int round = v.rail.roundSlots;
       EXPECT_LE(stagingAt(round), budget);
-      EXPECT_EQ(ncclep::railBoxBytes(v.rail) + ncclep::hierRailRowBytes(v), stagingAt(round));
+      EXPECT_EQ(ncclep::railStagingBytes(v), stagingAt(round));
       if (round < 64) {
         EXPECT_GT(stagingAt(round + 1), budget) << "budget " << budget << ": a larger round fits";
       }
@@ -885,6 +885,21 @@ TEST(EpRail, RoundsLandEverySlotWhereOneRoundWould) {
   }
 }
 
+// One pair's rounds (railRoundRows): in every round either rank takes, what sender a moves (from its count `sent`,
+// in its `roundsA` rounds) is what receiver b expects (from its count `got`, in its `roundsB`), and the rounds move
+// `rows` in all (a round past a rank's own number moves nothing on that side).
+void expectRoundsAgree(const ncclep::RailView& a, int roundsA, int64_t sent, const ncclep::RailView& b, int roundsB,
+                       int64_t got, int64_t rows) {
+  int64_t moved = 0;
+  for (int k = 0; k < std::max(roundsA, roundsB); k++) {
+    const int64_t out = k < roundsA ? ncclep::railRoundRows(a, k, sent) : 0;
+    const int64_t in = k < roundsB ? ncclep::railRoundRows(b, k, got) : 0;
+    ASSERT_EQ(out, in) << "round " << k;
+    moved += out;
+  }
+  ASSERT_EQ(moved, rows);
+}
+
 // The rounds of the direct exchange agree between every pair of ranks whatever each one's own number of rounds: on
 // random EXACT counts (rows[a][b]: a's rows to b) over 4 one-GPU domains and rounds of 3 slots, for each pair and
 // round, what a sends b (from a's counts) is what b receives from a (from b's counts), rounds past a rank's own
@@ -924,14 +939,9 @@ TEST(EpRail, RoundsAgreeBetweenEveryPair) {
     for (int a = 0; a < R; a++)
       for (int b = 0; b < R; b++) {
         if (a == b) continue;
-        int64_t moved = 0;
-        for (int k = 0; k < std::max(rounds[a], rounds[b]); k++) {
-          const int64_t sent = k < rounds[a] ? ncclep::railRoundRows(v[a].rail, k, counts[a][b]) : 0;
-          const int64_t got = k < rounds[b] ? ncclep::railRoundRows(v[b].rail, k, counts[b][R + a]) : 0;
-          ASSERT_EQ(sent, got) << "trial " << trial << " pair " << a << "->" << b << " round " << k;
-          moved += sent;
-        }
-        ASSERT_EQ(moved, rows[a][b]) << "trial " << trial << " pair " << a << "->" << b;
+        SCOPED_TRACE("trial " + std::to_string(trial) + " pair " + std::to_string(a) + "->" + std::to_string(b));
+        ASSERT_NO_FATAL_FAILURE(
+            expectRoundsAgree(v[a].rail, rounds[a], counts[a][b], v[b].rail, rounds[b], counts[b][R + a], rows[a][b]));
       }
   }
 }
@@ -989,14 +999,9 @@ TEST(EpRail, HierarchicalRoundsAgreeBetweenEveryPair) {
       for (int db = 0; db < D; db++) {
         if (db == a / G) continue;
         const int b = db * G + a % G;
-        int64_t moved = 0;
-        for (int k = 0; k < std::max(rounds[a], rounds[b]); k++) {
-          const int64_t sent = k < rounds[a] ? ncclep::railRoundRows(v[a].rail, k, counts[a][2 * R + db]) : 0;
-          const int64_t got = k < rounds[b] ? ncclep::railRoundRows(v[b].rail, k, counts[b][2 * R + D + a / G]) : 0;
-          ASSERT_EQ(sent, got) << "trial " << trial << " pair " << a << "->" << b << " round " << k;
-          moved += sent;
-        }
-        ASSERT_EQ(moved, tokens[a][db]) << "trial " << trial << " pair " << a << "->" << b;
+        SCOPED_TRACE("trial " + std::to_string(trial) + " pair " + std::to_string(a) + "->" + std::to_string(b));
+        ASSERT_NO_FATAL_FAILURE(expectRoundsAgree(v[a].rail, rounds[a], counts[a][2 * R + db], v[b].rail, rounds[b],
+                                                  counts[b][2 * R + D + a / G], tokens[a][db]));
       }
   }
 }
