@@ -36,6 +36,8 @@ RUNS=(
   "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|mixed+4"
   # ... and in rounds of 96 rail positions a domain (512-token calls: up to six rounds, the last one partial).
   "ep_ht_hier_rounds|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_RAIL_ROUND_TOKENS=96 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|mixed+4"
+  # ... and with its send half (NVLink only) on a stream of its own beside the rounds (NCCL_EXT_RAIL_OVERLAP=1).
+  "ep_ht_hier_overlap|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_RAIL_OVERLAP=1 NCCL_EXT_RAIL_ROUND_TOKENS=96 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|2|mixed+4"
   # The same HT suite across one-GPU nodes with the flat exchange in rounds of 96 slots a peer (512-token calls:
   # up to six rounds, the last one partial; the default round, 1024, makes every call of the suite one round).
   "ep_ht_rounds|env NCCL_EXT_RAIL_ROUND_TOKENS=96 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|2|nodes"
@@ -59,10 +61,11 @@ RUNS=(
   "ep_ht_bench_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|mixed+4"
   # The flat exchange in rounds of 128 slots (512-token calls: four rounds), beside ep_ht_bench's one round; with
   # its NVLink rows beside the rail (NCCL_EXT_RAIL_OVERLAP=1, A/B against ep_ht_bench); the hierarchical one in
-  # rounds of 128 rail positions a domain.
+  # rounds of 128 rail positions a domain, and with its send half beside the rail (A/B against ep_ht_bench_hier).
   "ep_ht_bench_rounds|env NCCL_EXT_RAIL_ROUND_TOKENS=128 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes"
   "ep_ht_bench_overlap|env NCCL_EXT_RAIL_OVERLAP=1 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes"
   "ep_ht_bench_hier_rounds|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_RAIL_ROUND_TOKENS=128 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|mixed+4"
+  "ep_ht_bench_hier_overlap|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_RAIL_OVERLAP=1 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|mixed+4"
   # nodes: every piece between ranks by ncclSend/ncclRecv (100 batches: loopback sockets are slow); real GPUs and
   # virtual ranks, every piece over LSA through the plans' windows: 1000 batches, about 2000 layout pairs (the
   # virtual ranks' 4-rank failures of earlier sessions were cured by their launch fences: docs/M2N.md).

@@ -286,8 +286,9 @@ typedef struct {
                               * rounds at most); else max_tokens_per_rank */
   int rail_hierarchical;     /* 1: High-Throughput's hierarchical exchange (NCCL_EXT_HT_HIERARCHICAL=1 on domains of
                               * several ranks: a rail row per token and destination domain, relayed); else 0 */
-  int rail_overlapped;       /* 1: High-Throughput's flat exchange writes a call's rows to my own domain (NVLink) on
-                              * a stream of the group's beside the rail rounds (NCCL_EXT_RAIL_OVERLAP=1; default 0) */
+  int rail_overlapped;       /* 1: High-Throughput's exchange runs a call's NVLink part on a stream of the group's
+                              * beside the rail rounds (NCCL_EXT_RAIL_OVERLAP=1; default 0): the flat one's rows to
+                              * my own domain, the hierarchical one's whole send half */
 } ncclEpGroupInfo_t;
 #define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);

@@ -215,8 +215,11 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
   const ncclep::RailView& rv = g->view.rail;
   const bool hier = rv.hier;
   const int rounds = g->railRounds(counts, stream);
-  // The flat exchange overlapped (ncclEpGroup::sideStream): my domain's rows (NVLink) on the group's side stream
-  // beside the rounds, which then write only outboxes; joined before the receive half, on every path out.
+  // Overlapped (ncclEpGroup::sideStream): the send half's NVLink part on the group's side stream beside the rounds,
+  // joined before the receive half, on every path out. The flat exchange's is my domain's rows (the rounds then
+  // write only outboxes); the hierarchical one's is its whole send half (it writes only my domain's rows and, for
+  // combine, the outboxes my domain's relays reduce, whose flags they wait for), so its rounds only pack or reduce,
+  // exchange and relay or scatter.
   struct Join {
     ncclEpGroup* g;
     cudaStream_t stream;
@@ -225,13 +228,13 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
       if (forked) NCCLEXT_WARN_ON(cudaStreamWaitEvent(stream, g->joinEvent, 0));
     }
   } join{g, stream};
-  const bool overlap = rv.direct && g->sideStream != nullptr;
+  const bool overlap = g->sideStream != nullptr;  // RailView::overlappable
   if (overlap) {
     NCCLEXT_CUDA(cudaEventRecord(g->forkEvent, stream));
     NCCLEXT_CUDA(cudaStreamWaitEvent(g->sideStream, g->forkEvent, 0));
     Call local = c;
     local.phase = ncclep::kHtSendHalf;
-    local.localOnly = 1;
+    local.localOnly = hier ? 0 : 1;
     const ncclResult_t launched = launch(g->view, h->view, local, g->sideStream);
     NCCLEXT_CUDA(cudaEventRecord(g->joinEvent, g->sideStream));
     join.forked = true;
@@ -244,7 +247,7 @@ ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
     c.remoteOnly = k > 0 || overlap;
     if (!hier) {
       NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
-    } else if (k == 0) {
+    } else if (k == 0 && !overlap) {
       Call whole = c;
       whole.roundLo = whole.roundSlots = whole.remoteOnly = 0;
       NCCLEXT_CHECK(launch(g->view, h->view, whole, stream));
@@ -552,7 +555,7 @@ ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks
   if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = env.railRoundTokens;
   ncclep::GroupView v;
   NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, env.htHierarchical != 0));
-  fillGroupInfo(v, topo, ncclep::railStagingBytes(v), v.rail.direct && env.railOverlap != 0, info);
+  fillGroupInfo(v, topo, ncclep::railStagingBytes(v), v.rail.overlappable() && env.railOverlap != 0, info);
   return ncclSuccess;
 }
 

@@ -340,7 +340,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
         res = ncclext::fail(split, __FILE__, __LINE__, "the rail communicator: ncclCommSplit: %s",
                             ncclGetErrorString(split));
     }
-    if (res == ncclSuccess && rv.direct && env.railOverlap) {
+    if (res == ncclSuccess && rv.overlappable() && env.railOverlap) {
       if (cudaStreamCreateWithFlags(&g->sideStream, cudaStreamNonBlocking) != cudaSuccess ||
           cudaEventCreateWithFlags(&g->forkEvent, cudaEventDisableTiming) != cudaSuccess ||
           cudaEventCreateWithFlags(&g->joinEvent, cudaEventDisableTiming) != cudaSuccess)
@@ -704,13 +704,14 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   n += 1;
   dl.ints = n;
   // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW, llRecvCount, llToken, and for the
-  // hierarchical HT hierPos and hierFwd.
+  // hierarchical HT hierPos, hierFwd and hierTok.
   const size_t hierDomains = g.rail.hier ? (size_t)(R / g.rail.domainSize) : 0;
   const size_t sizes[] = {(size_t)g.maxTokens * R * 4, (size_t)g.maxTokens * MK * 4, (size_t)(NC + 1) * (R + E) * 4,
                           (size_t)dl.ints * 4,         (size_t)h->maxFlatRows * MK * 4, (size_t)h->maxFlatRows * MK * 4,
                           (size_t)R * 4,               (size_t)h->maxFlatRows * 4,
                           (size_t)g.maxTokens * hierDomains * 4,
-                          hierDomains * g.maxTokens * (size_t)g.rail.domainSize * 4};
+                          hierDomains * g.maxTokens * (size_t)g.rail.domainSize * 4,
+                          hierDomains * ((size_t)g.maxTokens + 1) * 4};
   constexpr int kArrays = sizeof(sizes) / sizeof(sizes[0]);
   size_t offsets[kArrays], total = 0;
   for (int i = 0; i < kArrays; i++) {
@@ -733,6 +734,7 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   v.llToken = reinterpret_cast<int*>(b + offsets[7]);
   v.hierPos = hierDomains ? reinterpret_cast<int*>(b + offsets[8]) : nullptr;
   v.hierFwd = hierDomains ? reinterpret_cast<int*>(b + offsets[9]) : nullptr;
+  v.hierTok = hierDomains ? reinterpret_cast<int*>(b + offsets[10]) : nullptr;
   void* host = nullptr;
   const size_t hostInts = 2 + 2 * (size_t)R + (hierDomains ? 2 * hierDomains + 1 : 0);  // HandleView::hostTotals
   NCCLEXT_CUDA(cudaHostAlloc(&host, hostInts * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));

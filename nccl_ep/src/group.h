@@ -119,10 +119,12 @@ struct ncclEpGroup {
   size_t hierMessageBytes(int kind) const { return (size_t)view.rail.roundSlots * ncclep::hierRowBytes(view, kind); }
   // Virtual ranks in relay mode: the launch fence after a kernel that waits on my domain's ranks (railExchange).
   void relayFence(cudaStream_t stream);
-  // The flat exchange overlapped (RailView::direct, NCCL_EXT_RAIL_OVERLAP=1, opt-in): a call's send half for my
-  // own domain (NVLink: localOnly, with the pad rows and the waits) runs on sideStream, forked from the caller's
-  // stream at the call's start (forkEvent) and joined before its receive half (joinEvent), while the caller's
-  // stream runs the rounds (all remoteOnly) and their rail exchanges. NULL otherwise.
+  // The HT exchange overlapped (RailView::overlappable, NCCL_EXT_RAIL_OVERLAP=1, opt-in): a call's NVLink send half
+  // runs on sideStream, forked from the caller's stream at the call's start (forkEvent) and joined before its
+  // receive half (joinEvent), while the caller's stream runs the rounds and their rail exchanges. The flat
+  // exchange's is localOnly (my domain's rows, with the pad rows and the waits; the rounds are all remoteOnly); the
+  // hierarchical one's is whole (its rounds then only pack or reduce, exchange, and relay or scatter). NULL
+  // otherwise.
   cudaStream_t sideStream = nullptr;
   cudaEvent_t forkEvent = nullptr, joinEvent = nullptr;
   std::timed_mutex railMu;             // one exchange's enqueue against the watchdog's abort

@@ -200,6 +200,10 @@ struct RailView {
                                        // or none (the hierarchical HT's dispatch regions: its rail rows carry them)
 
   __host__ __device__ bool local(int r) const { return (unsigned)(r - domainBase) < (unsigned)domainSize; }
+  // Whether NCCL_EXT_RAIL_OVERLAP=1 gives the group a side stream (ncclEpGroup::sideStream): the HT exchanges whose
+  // send half has NVLink work of its own that no round waits for (the flat one's rows to my domain; the
+  // hierarchical one's whole send half, which writes only my domain's rows).
+  bool overlappable() const { return direct || hier; }
   // Remote rank r's outbox (and inbox): relay mode keeps every rank's place (inbox[D * domainSize + r] is by
   // domain and rank); the flat exchange has one per rank of another domain, in rank order, my domain's skipped.
   __host__ __device__ int box(int r) const { return relay || r < domainBase ? r : r - domainSize; }
@@ -270,8 +274,11 @@ struct HandleView {
   // The hierarchical HT (RailView::hier), written by its dispatch for its combine: hierPos [maxTokens][domains], my
   // token's rail position in its stream to each other domain (-1: none); hierFwd [domains][maxTokens][domain size],
   // as a relay: the slot towards each rank of my domain of the row at each position from each other domain (-1).
+  // hierTok [domains][maxTokens + 1]: the token at each rail position to each other domain, then the positions
+  // given (hierScanKernel, the first round's; every round's pack reads it).
   int* hierPos;
   int* hierFwd;
+  int* hierTok;
 };
 
 struct LayoutInfoOut {
@@ -398,7 +405,8 @@ ncclResult_t launchRailInbox(const GroupView& g, int kind, bool ownerWeighted, c
 ncclResult_t launchRailRelay(const GroupView& g, int kind, bool ownerWeighted, int* hierFwd, int round,
                              cudaStream_t stream);
 // The hierarchical dispatch (RailView::hier), after the send half: my rail rows for each other domain at the
-// positions of the call's round (c.roundLo, c.roundSlots), in token order, into hierOut (kernels/ht_dispatch_lsa.cu).
+// positions of the call's round (c.roundLo, c.roundSlots), in token order, into hierOut; the first round
+// (c.roundLo 0) first gives my tokens their positions (HandleView::hierPos, hierTok) (kernels/ht_dispatch_lsa.cu).
 ncclResult_t launchHierPack(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 // Its combine (kernels/ht_combine_lsa.cu): after the send half, as a relay, the partial of every row of my domain's
 // ranks for each other domain's source of my index (hierCombOut); after the exchange, as a source, each partial

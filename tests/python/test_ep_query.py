@@ -4,6 +4,7 @@ against what ep_bench's groups reported on one H200. Needs torch (skipped withou
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -83,3 +84,25 @@ def test_low_latency_rail_slices_are_the_models(nodes):
     assert info["rail_combine_owner_bytes"] == expert["combine_per_peer"]
     assert info["rail_combine_bytes"] == rank["combine_per_peer"]
     assert info["rail_messages_per_domain"] == 8 and info["rail_staging_bytes"] > 0
+
+
+_OVERLAP_QUERY = """
+import json, torch, nccl.ep as ep
+args = dict(num_experts=256, max_tokens_per_rank=512, hidden=7168, max_topk=8)
+print(json.dumps([ep.query_group_info(16, 8, **args), ep.query_group_info(8, 8, **args),
+                  ep.query_group_info(16, 8, algorithm="low_latency", **dict(args, max_tokens_per_rank=128))]))
+"""
+
+
+@pytest.mark.parametrize("hierarchical", ["0", "1"])
+def test_the_overlap_takes_the_flat_and_the_hierarchical_exchange(hierarchical):
+    # NCCL_EXT_RAIL_OVERLAP=1 (read once per process: a child process) gives an HT group across domains its side
+    # stream, flat or hierarchical (its whole send half beside the rounds); one domain and Low-Latency have none.
+    env = dict(os.environ, NCCL_EXT_RAIL_OVERLAP="1", NCCL_EXT_HT_HIERARCHICAL=hierarchical)
+    out = subprocess.run([sys.executable, "-c", _OVERLAP_QUERY], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    across, inside, low_latency = json.loads(out.stdout.strip().splitlines()[-1])
+    assert across["n_domains"] == 2 and across["rail_hierarchical"] == int(hierarchical)
+    assert across["rail_overlapped"] == 1
+    assert inside["n_domains"] == 1 and inside["rail_overlapped"] == 0
+    assert low_latency["n_domains"] == 2 and low_latency["rail_overlapped"] == 0

@@ -263,21 +263,17 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
   finishCall(g, kDispatch, g.wl.dispDone, seq, !ok);
 }
 
-// The hierarchical dispatch's pack (RailView::hier; ht.h, HierRow), after the send half: one CTA per other domain
-// D. Its tokens are taken in blocks of the CTA's threads in token order: a token that hits a rank of D (its sendSlot
-// there) gets the next rail position q (a block-wide exclusive scan), then, when q is one of the round's positions
-// [c.roundLo, c.roundLo + c.roundSlots), one warp writes the row and its tail into hierOut[D][q - c.roundLo], the
-// call's number last (the exchange that sends it follows on the stream). Each round scans again (the positions are
-// the same); the first records them in the handle for the combine.
-__global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleView h, DispatchCall c) {
-  const RailView& rv = g.rail;
-  const HierRow& hr = rv.hierRow;
-  const int G = rv.domainSize, d = blockIdx.x, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk;
+// The hierarchical dispatch's rail positions (RailView::hier), before the first round's pack: one CTA per other
+// domain D. Its tokens are taken in blocks of the CTA's threads in token order: a token that hits a rank of D (its
+// sendSlot there) gets the next rail position q (a block-wide exclusive scan), recorded both ways in the handle:
+// hierPos[t][D] = q (-1: none; for the combine's reduce and scatter) and hierTok[D][q] = t (for every round's
+// pack), then hierTok[D][maxTokens] = the positions given.
+__global__ void __launch_bounds__(kThreads) hierScanKernel(GroupView g, HandleView h) {
+  const int G = g.rail.domainSize, d = blockIdx.x, R = g.nRanks, D = R / G;
   if (d == g.rank / G) return;
-  const uint64_t seq = callNumber(g, kDispatch);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nWarps = blockDim.x >> 5;
+  int* tok = h.hierTok + (size_t)d * (g.maxTokens + 1);
   __shared__ int warpHits[kThreads / 32];
-  __shared__ int tokens[kThreads];
   int base = 0;  // rail positions given so far (every thread keeps the same count)
   for (int t0 = 0; t0 < h.numTokens; t0 += blockDim.x) {
     const int t = t0 + (int)threadIdx.x;
@@ -292,44 +288,58 @@ __global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleVi
       before += w < warp ? warpHits[w] : 0;
       total += warpHits[w];
     }
-    const int pos = before + __popc(ballot & ((1u << lane) - 1));
-    if (hit) tokens[pos] = t;
-    if (t < h.numTokens && c.roundLo == 0)  // for the combine's reduce and scatter
-      h.hierPos[(size_t)t * (R / G) + d] = hit ? base + pos : -1;
-    __syncthreads();
-    // This block's positions base .. base + total - 1 that fall in the round.
-    const int first = max(0, c.roundLo - base), last = min(total, c.roundLo + c.roundSlots - base);
-    for (int i = first + warp; i < last; i += nWarps) {
-      const int tt = tokens[i], q = base + i;
-      char* out = rv.hierOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * hr.bytes();
-      warpCopy<false>(lane, out, c.tokens + (size_t)tt * c.rowBytes, c.rowBytes);
-      for (int rl = lane; rl < G; rl += 32)
-        reinterpret_cast<int*>(out + hr.slotOff())[rl] = h.sendSlot[(size_t)tt * R + d * G + rl];
-      if (lane < K) {  // as stageTokens: emIdx -1 marks a column routing ignored
-        const int idx = h.emIdx[(size_t)tt * MK + lane];
-        reinterpret_cast<int*>(out + hr.expertOff())[lane] = idx >= 0 ? loadExpert(h, tt, lane) : -1;
-        reinterpret_cast<float*>(out + hr.weightOff())[lane] = c.weights ? c.weights[(size_t)tt * K + lane] : 1.f;
-        reinterpret_cast<int*>(out + hr.idxOff())[lane] = idx;
-      }
-      for (int k = lane; k < c.nScales && c.scales; k += 32)
-        reinterpret_cast<float*>(out + hr.scaleOff())[k] = c.scales[(size_t)tt * c.nScales + k];
-      if (lane == 0) {
-        reinterpret_cast<int*>(out + hr.countsOff())[0] = K;
-        reinterpret_cast<int*>(out + hr.countsOff())[1] = c.scales ? c.nScales : 0;
-        *reinterpret_cast<int*>(out + hr.posOff()) = q;
-      }
-      __syncwarp();
-      if (lane == 0) *reinterpret_cast<uint64_t*>(out + hr.seqOff()) = seq;
-    }
+    const int q = base + before + __popc(ballot & ((1u << lane) - 1));
+    if (hit) tok[q] = t;
+    if (t < h.numTokens) h.hierPos[(size_t)t * D + d] = hit ? q : -1;
     base += total;
-    __syncthreads();  // `tokens` and `warpHits` are rewritten by the next block
-    if (c.roundLo > 0 && base >= c.roundLo + c.roundSlots) break;  // past the round (the first records every token)
+    __syncthreads();  // `warpHits` is rewritten by the next block
+  }
+  if (threadIdx.x == 0) tok[g.maxTokens] = base;
+}
+
+// The hierarchical dispatch's pack, after the send half (and, in the first round, hierScanKernel on the same
+// stream): a warp per (other domain D, rail position q of the round [c.roundLo, c.roundLo + c.roundSlots)) that
+// hierTok gives a token, writing the token's row and its tail into hierOut[D][q - c.roundLo], the call's number
+// last (the exchange that sends it follows on the stream).
+__global__ void __launch_bounds__(kThreads) hierPackKernel(GroupView g, HandleView h, DispatchCall c) {
+  const RailView& rv = g.rail;
+  const HierRow& hr = rv.hierRow;
+  const int G = rv.domainSize, R = g.nRanks, D = R / G, K = h.topk, MK = g.meta.maxTopk, M = g.maxTokens;
+  const uint64_t seq = callNumber(g, kDispatch);
+  const int lane = threadIdx.x & 31, nWarps = (int)(gridDim.x * blockDim.x) >> 5;
+  const int span = min(c.roundSlots, M - c.roundLo);
+  for (int64_t it = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; it < (int64_t)(D - 1) * span; it += nWarps) {
+    const int d = otherDomain((int)(it / span), g.rank / G), q = c.roundLo + (int)(it % span);
+    const int* tok = h.hierTok + (size_t)d * (M + 1);
+    if (q >= tok[M]) continue;  // past the rows this call sends to d
+    const int tt = tok[q];
+    char* out = rv.hierOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * hr.bytes();
+    warpCopy<false>(lane, out, c.tokens + (size_t)tt * c.rowBytes, c.rowBytes);
+    for (int rl = lane; rl < G; rl += 32)
+      reinterpret_cast<int*>(out + hr.slotOff())[rl] = h.sendSlot[(size_t)tt * R + d * G + rl];
+    if (lane < K) {  // as stageTokens: emIdx -1 marks a column routing ignored
+      const int idx = h.emIdx[(size_t)tt * MK + lane];
+      reinterpret_cast<int*>(out + hr.expertOff())[lane] = idx >= 0 ? loadExpert(h, tt, lane) : -1;
+      reinterpret_cast<float*>(out + hr.weightOff())[lane] = c.weights ? c.weights[(size_t)tt * K + lane] : 1.f;
+      reinterpret_cast<int*>(out + hr.idxOff())[lane] = idx;
+    }
+    for (int k = lane; k < c.nScales && c.scales; k += 32)
+      reinterpret_cast<float*>(out + hr.scaleOff())[k] = c.scales[(size_t)tt * c.nScales + k];
+    if (lane == 0) {
+      reinterpret_cast<int*>(out + hr.countsOff())[0] = K;
+      reinterpret_cast<int*>(out + hr.countsOff())[1] = c.scales ? c.nScales : 0;
+      *reinterpret_cast<int*>(out + hr.posOff()) = q;
+    }
+    __syncwarp();
+    if (lane == 0) *reinterpret_cast<uint64_t*>(out + hr.seqOff()) = seq;
   }
 }
 
 }  // namespace
 
-ncclResult_t loadDispatchKernels() { return ncclext::loadKernels("HT dispatch", dispatchKernel, hierPackKernel); }
+ncclResult_t loadDispatchKernels() {
+  return ncclext::loadKernels("HT dispatch", dispatchKernel, hierScanKernel, hierPackKernel);
+}
 
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream) {
   const int ctas = c.nReceivers > 0 ? max(c.nSenders, c.nReceivers) : (c.nSenders + 1) / 2;
@@ -337,8 +347,10 @@ ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const Dispa
 }
 
 ncclResult_t launchHierPack(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream) {
-  return ncclext::launchKernel("ht hierPackKernel", hierPackKernel, dim3(g.nRanks / g.rail.domainSize), dim3(kThreads),
-                               0, stream, g, h, c);
+  if (c.roundLo == 0)
+    NCCLEXT_CHECK(ncclext::launchKernel("ht hierScanKernel", hierScanKernel, dim3(g.nRanks / g.rail.domainSize),
+                                        dim3(kThreads), 0, stream, g, h));
+  return ncclext::launchKernel("ht hierPackKernel", hierPackKernel, dim3(64), dim3(kThreads), 0, stream, g, h, c);
 }
 
 }  // namespace ncclep

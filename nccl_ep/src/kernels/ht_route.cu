@@ -21,7 +21,7 @@
 //                my domain's ranks and derives (the barriers span my domain only: another domain's rows are in
 //                place by stream order, and its next rows reach my window only through my next exchange, which my
 //                stream runs after this kernel). The hierarchical HT's rows end with the writer's tokens that hit
-//                each domain (counted by the send half from sendSlot, as hierPackKernel counts its rail rows); an
+//                each domain (counted by the send half from sendSlot, as hierScanKernel counts its rail rows); an
 //                EXACT handle's receive half copies mine and those of each other domain's rank of my index for my
 //                domain into hostTotals, which size the rail messages of its eager calls.
 //   railInboxKernel  Low-Latency across domains, after an exchange's NCCL group: each remote source's slices of the
@@ -147,7 +147,7 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   const int nDomainCounts = g.wl.exchangeInts - g.wl.domainCounts;  // the hierarchical HT's: one per domain
   // (1) My row into every rank's exchange area (another domain's rank's: into my outbox for it).
   if (phase != kHtReceiveHalf) {
-    // The hierarchical HT: how many of my tokens hit each domain (a slot towards any of its ranks: hierPackKernel's
+    // The hierarchical HT: how many of my tokens hit each domain (a slot towards any of its ranks: hierScanKernel's
     // test), the rail rows my dispatch sends there.
     __shared__ int domainHits[kMaxRanks];
     for (int d = 0; d < nDomainCounts; d++) {

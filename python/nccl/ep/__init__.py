@@ -697,7 +697,8 @@ class Group(Closing):
         rail_combine_domain_bytes, and rail_relayed: 1 when that traffic goes to the rank of this rank's index there,
         which relays it; rail_hierarchical: 1 for High-Throughput's hierarchical exchange), rail_staging_bytes, the
         device memory held for the rail outside the window, rail_round_tokens, the rows a round moves to each peer,
-        and rail_overlapped: 1 when the flat exchange's NVLink rows run beside its rail rounds: nccl_ep.h."""
+        and rail_overlapped: 1 when the exchange's NVLink part (the flat one's rows to this rank's domain, the
+        hierarchical one's send half) runs beside its rail rounds: nccl_ep.h."""
         raw = _GroupInfo.new()
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
