@@ -22,7 +22,9 @@
 // peer), 24 SMs, 3 warm-up and 20 timed calls, no copy-engine row (one GPU); beside each row, in the same run, one
 // NCCL group of ncclSend/ncclRecv moving exactly the exchange's bytes to and from every rank of another domain
 // (ncclEpGroupGetInfo): rail_bytes_per_peer, rail_us_median, and the ratio of our call to it is issue 12's overhead
-// over the transport.
+// over the transport. Loopback sockets drift by tens of percent between blocks of calls, so the two are also timed
+// interleaved (our call, then the baseline, 20 pairs back to back on the rank's stream, each timed by its own
+// events): paired_ratio_median is the median of the pairs' ratios, both sides sampled over the same seconds.
 // --one-gpu mixed (4+ ranks: one-GPU nodes of 2 virtual ranks, tests/harness/launcher.h): the same shapes over
 // relayed exchanges (the group's virtual_rail; with NCCL_EXT_HT_HIERARCHICAL=1 the hierarchical HT), LSA inside each
 // domain of 2 and the rail between them; the baseline is NCCL send/recv on that rail of exactly the messages the
@@ -47,6 +49,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -321,10 +324,11 @@ int main(int argc, char** argv) {
       // all-reduce before each timed call (outside the events) and the host waits after each call, so a call is
       // neither overlapped with nor charged for a peer's previous call.
       const int kMaxIters = 80;
-      std::vector<cudaEvent_t> e0(kMaxIters), e1(kMaxIters);
+      std::vector<cudaEvent_t> e0(kMaxIters), e1(kMaxIters), e2(kMaxIters);
       for (int i = 0; i < kMaxIters; i++) {
         cudaEventCreate(&e0[i]);
         cudaEventCreate(&e1[i]);
+        cudaEventCreate(&e2[i]);
       }
       float* barrierWord = nullptr;
       cudaMalloc(&barrierWord, sizeof(float));
@@ -349,6 +353,29 @@ int main(int argc, char** argv) {
         }
         return 0;
       };
+      // Interleaved: call a then call b, `iters` pairs back to back after `warm`, each timed by its own events (a from
+      // e0 to e1, b from e1 to e2): both sampled over the same seconds, whatever the transport's drift.
+      using Call = std::function<ncclResult_t(int)>;
+      auto timePairs = [&](const Call& a, const Call& b, int warm, int iters, std::vector<float>* ta,
+                           std::vector<float>* tb) -> int {
+        if (warm + iters > kMaxIters) return 1;
+        for (int i = 0; i < warm + iters; i++) {
+          cudaEventRecord(e0[i], ctx.stream);
+          if (a(i) != ncclSuccess) return 1;
+          cudaEventRecord(e1[i], ctx.stream);
+          if (b(i) != ncclSuccess) return 1;
+          cudaEventRecord(e2[i], ctx.stream);
+        }
+        if (ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
+        for (int i = warm; i < warm + iters; i++) {
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0[i], e1[i]);
+          ta->push_back(ms * 1000.f);
+          cudaEventElapsedTime(&ms, e1[i], e2[i]);
+          tb->push_back(ms * 1000.f);
+        }
+        return 0;
+      };
       // Routing not cached: ncclEpUpdateHandle (new routing bound to an existing handle, worst-case sizing, no
       // host synchronisation) + dispatch, as a training step that re-routes every iteration does.
       std::vector<float> tHandle;
@@ -368,6 +395,7 @@ int main(int argc, char** argv) {
       // fills, a message per region: dispatch rows and metadata, combine flags and rows), same communicator.
       double railUs[2] = {0, 0};
       size_t railSent[2] = {0, 0};
+      Call railCall[2];  // the baselines, timed alone here and interleaved with our calls below
       const size_t rowStride = cfg.max_token_bytes;
       const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
       // The rounds (rail_round_tokens rows a peer, ncclEpGroupConfig_t; hierarchical: rail rows a domain): the
@@ -392,12 +420,12 @@ int main(int argc, char** argv) {
         const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
         const size_t msgBytes = domainBytes / nMsg, hierRow = domainBytes / (size_t)cfg.max_tokens_per_rank;
         const int rounds = hierarchical ? roundsOf(domainMostRail) : 1;
-        auto bytesOf = [&](int d, bool out, int k) {
+        auto bytesOf = [=](int d, bool out, int k) {
           if (!hierarchical) return msgBytes;
           const int64_t rows = (op == 0) == out ? toDomain[d] : fromDomain[d];
           return (size_t)std::max<int64_t>(0, std::min(rows - k * roundRows, roundRows)) * hierRow;
         };
-        auto exchange = [&](int) {
+        railCall[op] = [=, &ctx](int) {
           bool ok = true;
           for (int k = 0; k < rounds; k++) {
             ok = ok && ncclGroupStart() == ncclSuccess;
@@ -422,14 +450,15 @@ int main(int argc, char** argv) {
         for (const int d : otherDomains)
           for (int k = 0; k < rounds; k++) railSent[op] += nMsg * bytesOf(d, true, k);
         std::vector<float> tr;
-        if (timeIt(exchange, warm, iters, &tr)) return 1;
+        if (timeIt(railCall[op], warm, iters, &tr)) return 1;
         railUs[op] = median(tr);
       }
       // The flat exchange's rounds.
       const int rounds = roundsFor(toRank, fromRank, remote);
       for (int op = 0; op < 2 && !relayed && !remote.empty(); op++) {
         const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
-        auto exchange = [&](int) {
+        const size_t maxTokens = (size_t)cfg.max_tokens_per_rank;
+        railCall[op] = [=, &ctx](int) {
           bool ok = true;
           for (int k = 0; k < rounds; k++) {
             const int64_t lo = k * roundRows;
@@ -445,7 +474,7 @@ int main(int argc, char** argv) {
                 char* recv = static_cast<char*>(railRecv) + i * railMost + at + lo * b;
                 if (out > 0) ok = ok && ncclSend(send, out * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
                 if (in > 0) ok = ok && ncclRecv(recv, in * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
-                at += (size_t)cfg.max_tokens_per_rank * b;
+                at += maxTokens * b;
               }
             }
             ok = ncclGroupEnd() == ncclSuccess && ok;
@@ -454,7 +483,7 @@ int main(int argc, char** argv) {
         };
         for (const int r : remote) railSent[op] += (size_t)(op == 0 ? toRank[r] : fromRank[r]) * (per[0] + per[1]);
         std::vector<float> tr;
-        if (timeIt(exchange, warm, iters, &tr)) return 1;
+        if (timeIt(railCall[op], warm, iters, &tr)) return 1;
         railUs[op] = median(tr);
       }
       ncclEpHandleDestroy(hw);
@@ -507,6 +536,18 @@ int main(int argc, char** argv) {
         if (timeIt(dispatchCall, warm, iters, &td) || timeIt(dispatchCall, warmSynced, iters, &tds, true)) return 1;
         if (!fp8 && (timeIt(combineCall, warm, iters, &tc) || timeIt(combineCall, warmSynced, iters, &tcs, true)))
           return 1;
+        // Across domains: each call interleaved with its baseline (timePairs), the pairs' ratios' median.
+        double pairedUs[2] = {0, 0}, pairedRailUs[2] = {0, 0}, pairedRatio[2] = {0, 0};
+        for (int op = 0; op < (fp8 ? 1 : 2); op++) {
+          if (!railCall[op]) continue;
+          std::vector<float> ours, theirs, ratios;
+          if (timePairs(op == 0 ? Call(dispatchCall) : Call(combineCall), railCall[op], warm, iters, &ours, &theirs))
+            return 1;
+          for (size_t i = 0; i < ours.size(); i++) ratios.push_back(theirs[i] > 0 ? ours[i] / theirs[i] : 0.f);
+          pairedUs[op] = median(ours);
+          pairedRailUs[op] = median(theirs);
+          pairedRatio[op] = median(ratios);
+        }
         const char* dn = fp8 ? "fp8" : "bf16";
         const char* ln = flat ? "flat" : "expert_major";
         for (int op = 0; op < (fp8 ? 1 : 2); op++) {
@@ -528,6 +569,9 @@ int main(int argc, char** argv) {
                      "ours / that %.2f\n",
                      railSent[op], remote.size(), op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
                      railUs[op], railUs[op] > 0 ? us / railUs[op] : 0.0);
+            if (railCall[op])
+              printf("       interleaved, %d pairs: ours %.1f us, NCCL %.1f us; median of the pairs' ratios %.2f\n",
+                     iters, pairedUs[op], pairedRailUs[op], pairedRatio[op]);
             if (out)
               fprintf(out,
                       "{\"what\": \"ep_%s\", \"pass\": true, \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, "
@@ -539,7 +583,8 @@ int main(int argc, char** argv) {
                       "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
                       "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
                       "\"rail_fixed_bytes_per_peer\": %zu, \"rail_fixed_bytes_per_domain\": %zu, "
-                      "\"rail_us_median\": %.2f, "
+                      "\"rail_us_median\": %.2f, \"paired_us_median\": %.2f, \"paired_rail_us_median\": %.2f, "
+                      "\"paired_ratio_median\": %.3f, "
                       "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
                       "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, "
                       "\"exchange\": \"%s\", "
@@ -554,7 +599,7 @@ int main(int argc, char** argv) {
                       railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
                       op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, railUs[op],
-                      info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
+                      pairedUs[op], pairedRailUs[op], pairedRatio[op], info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
                       info.rail_round_tokens, info.rail_overlapped, exchange);
           }
         }
@@ -563,6 +608,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kMaxIters; i++) {
         cudaEventDestroy(e0[i]);
         cudaEventDestroy(e1[i]);
+        cudaEventDestroy(e2[i]);
       }
       for (int i = 0; i < kSets; i++) {
         cudaFree(xs[i]);
