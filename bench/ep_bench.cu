@@ -599,7 +599,8 @@ int main(int argc, char** argv) {
                       railSent[op],
                       op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
                       op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, railUs[op],
-                      pairedUs[op], pairedRailUs[op], pairedRatio[op], info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
+                      pairedUs[op], pairedRailUs[op], pairedRatio[op], info.rail_messages_per_domain,
+                      info.rail_staging_bytes, info.window_bytes,
                       info.rail_round_tokens, info.rail_overlapped, exchange);
           }
         }
