@@ -531,19 +531,30 @@ TEST(EpRail, HighThroughputOutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
   }
 }
 
-// What one exchange of `kind` moves to each remote rank with fixed slices (RailView::callBytes: LL's span, HT's
-// regions), on rank 0 of 2 one-GPU domains: top-2, rows of 512 bytes.
-size_t fixedSliceBytes(int algorithm, int experts, int tokens, int kind, bool ownerWeighted) {
+// The rail layout tests' small groups: `experts` experts, `tokens` tokens a rank, rows of 512 bytes, top-2.
+ncclEpGroupConfig_t smallGroup(int experts, int tokens, ncclEpAlgorithm_t algorithm = NCCL_EP_ALGO_HIGH_THROUGHPUT) {
   ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-  cfg.algorithm = (ncclEpAlgorithm_t)algorithm;
+  cfg.algorithm = algorithm;
   cfg.num_experts = experts;
   cfg.max_tokens_per_rank = tokens;
   cfg.max_token_bytes = 512;
   cfg.max_topk = 2;
+  return cfg;
+}
+
+// Rank 0's layout of `cfg` on `nRanks` ranks in LSA teams of `lsaSize` (layoutGroup).
+ncclep::GroupView layoutOnRank0(const ncclEpGroupConfig_t& cfg, int nRanks, int lsaSize, bool hierarchical = false) {
   ncclext::Topology topo;
-  EXPECT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
+  EXPECT_EQ(ncclext::makeTopology(0, nRanks, 0, lsaSize, 0, &topo), ncclSuccess);
   ncclep::GroupView v;
-  ncclep::layoutGroup(cfg, topo, &v);
+  ncclep::layoutGroup(cfg, topo, &v, hierarchical);
+  return v;
+}
+
+// What one exchange of `kind` moves to each remote rank with fixed slices (RailView::callBytes: LL's span, HT's
+// regions), on rank 0 of 2 one-GPU domains: top-2, rows of 512 bytes.
+size_t fixedSliceBytes(int algorithm, int experts, int tokens, int kind, bool ownerWeighted) {
+  const ncclep::GroupView v = layoutOnRank0(smallGroup(experts, tokens, (ncclEpAlgorithm_t)algorithm), 2, 1);
   return v.rail.callBytes(v.rail.regionsOf(kind, ownerWeighted));
 }
 
@@ -580,16 +591,9 @@ TEST(EpRail, HighThroughputFixedSliceBytesMatchTheModel) {
 // same numbers, and the GPU runs' rail_staging_bytes against the model.
 TEST(EpRail, HighThroughputStagingBytesMatchTheModel) {
   for (const auto& [round, want] : {std::pair<int, size_t>{0, 4416}, {4, 4416}, {3, 3328}, {64, 4416}}) {
-    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-    cfg.num_experts = 4;
-    cfg.max_tokens_per_rank = 4;
-    cfg.max_token_bytes = 512;
-    cfg.max_topk = 2;
+    ncclEpGroupConfig_t cfg = smallGroup(4, 4);
     cfg.rail_round_tokens = round;
-    ncclext::Topology topo;
-    ASSERT_EQ(ncclext::makeTopology(0, 2, 0, 1, 0, &topo), ncclSuccess);
-    ncclep::GroupView v;
-    ncclep::layoutGroup(cfg, topo, &v);
+    const ncclep::GroupView v = layoutOnRank0(cfg, 2, 1);
     EXPECT_EQ((size_t)v.rail.boxes * v.rail.outboxBytes, want) << "rounds of " << round;
   }
 }
@@ -600,16 +604,9 @@ TEST(EpRail, HighThroughputStagingBytesMatchTheModel) {
 // round, 13504 in rounds of 3; in the window, 4 outboxes of the count row, C flags and C rows of 512 (2144 each).
 TEST(EpRail, HierarchicalStagingBytesMatchTheModel) {
   for (const auto& [round, want] : {std::pair<int, size_t>{0, 17920}, {4, 17920}, {3, 13504}}) {
-    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-    cfg.num_experts = 8;
-    cfg.max_tokens_per_rank = 4;
-    cfg.max_token_bytes = 512;
-    cfg.max_topk = 2;
+    ncclEpGroupConfig_t cfg = smallGroup(8, 4);
     cfg.rail_round_tokens = round;
-    ncclext::Topology topo;
-    ASSERT_EQ(ncclext::makeTopology(0, 4, 0, 2, 0, &topo), ncclSuccess);
-    ncclep::GroupView v;
-    ncclep::layoutGroup(cfg, topo, &v, true);
+    const ncclep::GroupView v = layoutOnRank0(cfg, 4, 2, true);
     ASSERT_EQ(v.rail.hier, 1);
     EXPECT_EQ(ncclep::railStagingBytes(v), want) << "rounds of " << round;
     EXPECT_EQ(v.wl.total - v.wl.outboxes, 4u * 2144u);
@@ -627,12 +624,7 @@ TEST(EpRail, StagingBudgetPicksTheLargestRoundThatFits) {
   };
   const ncclEpAlgorithm_t ht = NCCL_EP_ALGO_HIGH_THROUGHPUT;
   for (const Shape sh : {Shape{ht, 2, 1, false}, Shape{ht, 4, 2, true}, Shape{NCCL_EP_ALGO_LOW_LATENCY, 2, 1, false}}) {
-    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-    cfg.algorithm = sh.algorithm;
-    cfg.num_experts = 2 * sh.nRanks;
-    cfg.max_tokens_per_rank = 64;
-    cfg.max_token_bytes = 512;
-    cfg.max_topk = 2;
+    ncclEpGroupConfig_t cfg = smallGroup(2 * sh.nRanks, 64, sh.algorithm);
     ncclext::Topology topo;
     ASSERT_EQ(ncclext::makeTopology(0, sh.nRanks, 0, sh.lsaSize, 0, &topo), ncclSuccess);
     auto stagingAt = [&](int round) {  // the staging of rounds of `round` rows, no budget
@@ -687,15 +679,7 @@ TEST(EpRail, WindowBytesMatchTheModel) {
     size_t want;
   };
   for (const Shape sh : {Shape{2, 1, 4, false, 20480}, Shape{4, 2, 8, false, 28672}, Shape{4, 2, 8, true, 37248}}) {
-    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-    cfg.num_experts = sh.experts;
-    cfg.max_tokens_per_rank = 4;
-    cfg.max_token_bytes = 512;
-    cfg.max_topk = 2;
-    ncclext::Topology topo;
-    ASSERT_EQ(ncclext::makeTopology(0, sh.nRanks, 0, sh.lsaSize, 0, &topo), ncclSuccess);
-    ncclep::GroupView v;
-    ncclep::layoutGroup(cfg, topo, &v, sh.hierarchical);
+    const ncclep::GroupView v = layoutOnRank0(smallGroup(sh.experts, 4), sh.nRanks, sh.lsaSize, sh.hierarchical);
     EXPECT_EQ(v.wl.total, sh.want) << sh.nRanks << " ranks, hierarchical " << sh.hierarchical;
   }
 }
@@ -705,11 +689,7 @@ TEST(EpRail, WindowBytesMatchTheModel) {
 // that shrinks the rounds, and the checks (the config's as ncclEpCreateGroup's; the ranks, their LSA teams, virtual
 // domains).
 TEST(EpRail, InfoQueryReportsWhatTheGroupWould) {
-  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-  cfg.num_experts = 4;
-  cfg.max_tokens_per_rank = 4;
-  cfg.max_token_bytes = 512;
-  cfg.max_topk = 2;
+  ncclEpGroupConfig_t cfg = smallGroup(4, 4);
   ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
   ASSERT_EQ(ncclEpGroupInfoQuery(&cfg, 2, 1, &info), ncclSuccess);  // two one-GPU nodes
   EXPECT_EQ(info.n_domains, 2);
@@ -779,12 +759,7 @@ TEST(EpRail, FlatExchangeKeepsOneBoxPerRankOfAnotherDomain) {
   for (const ncclEpAlgorithm_t algorithm : {NCCL_EP_ALGO_HIGH_THROUGHPUT, NCCL_EP_ALGO_LOW_LATENCY})
     for (const Shape sh : {Shape{2, 1, false}, Shape{4, 1, false}, Shape{8, 2, false}, Shape{8, 4, false},
                            Shape{8, 2, true}, Shape{4, 4, false}}) {
-      ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-      cfg.algorithm = algorithm;
-      cfg.num_experts = 2 * sh.nRanks;
-      cfg.max_tokens_per_rank = 4;
-      cfg.max_token_bytes = 512;
-      cfg.max_topk = 2;
+      const ncclEpGroupConfig_t cfg = smallGroup(2 * sh.nRanks, 4, algorithm);
       for (int me = 0; me < sh.nRanks; me++) {
         ncclext::Topology topo;
         ASSERT_EQ(ncclext::makeTopology(me, sh.nRanks, me % sh.lsaSize, sh.lsaSize, 0, &topo), ncclSuccess);
