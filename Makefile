@@ -1,7 +1,8 @@
 # Thin wrapper: the build is CMake (CMakeLists.txt). Outputs land in $(BUILDDIR)/{lib,include,bin}.
 #   make [all]            build both libraries, tests, benchmarks
 #   make nccl_ep.build    build libnccl_ep only        make nccl_m2n.build   build libnccl_m2n only
-#   make test             build, then run the host tests (ctest; no GPU needed), then test-asan and test-python
+#   make test             build for every supported NCCL release (NCCL_RELEASES=all), then run the host tests
+#                         (ctest; no GPU needed), then test-asan and test-python
 #   make test-asan        build only the C API fuzz target with AddressSanitizer + LeakSanitizer, in its own
 #                         tree $(BUILDDIR)-asan, and run it (no GPU needed)
 #   make test-python      build the wheel (pip wheel .), install it in a fresh venv with torch, run tests/python
@@ -11,7 +12,10 @@
 #   make install PREFIX=/opt/nccl_ext
 #   make clean
 # Variables: BUILDDIR (build), NCCL_HOME (else the CUDA toolkit, else PyTorch's nvidia.nccl wheel),
-#            CUDA_HOME (/usr/local/cuda), CUDA_ARCHS (90), JOBS (all cores), PREFIX (/usr/local).
+#            NCCL_RELEASES (the NCCL release families to serve: empty = the found NCCL's; all = every supported one,
+#            as the wheel does; or a list "2.29.2;2.30.3"; headers from PyPI, cmake/NcclAbi.cmake),
+#            CUDA_HOME (/usr/local/cuda), CUDA_ARCHS (90; the wheel: "90-real;100-real;120-real"), JOBS (all cores),
+#            PREFIX (/usr/local).
 BUILDDIR ?= build
 CUDA_HOME ?= /usr/local/cuda
 PREFIX ?= /usr/local
@@ -26,6 +30,9 @@ endif
 ifdef CUDA_ARCHS
 CMAKE_ARGS += "-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS)"
 endif
+# Always passed, so that a tree configured for the matrix (make test) goes back to the found NCCL alone.
+NCCL_RELEASES ?=
+CMAKE_ARGS += "-DNCCL_EXT_NCCL_RELEASES=$(NCCL_RELEASES)"
 ifdef CMAKE_EXTRA
 CMAKE_ARGS += $(CMAKE_EXTRA)
 endif
@@ -48,7 +55,8 @@ nccl_ep.build: configure
 nccl_m2n.build: configure
 	cmake --build $(BUILDDIR) -j $(JOBS) --target nccl_m2n
 
-test: all
+test:
+	$(MAKE) --no-print-directory all NCCL_RELEASES=$(or $(NCCL_RELEASES),all)
 	ctest --test-dir $(BUILDDIR) --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-python

@@ -6,6 +6,8 @@ set(NCCL_EXT_COMMON_SOURCES
   ${CMAKE_SOURCE_DIR}/common/log.cc
   ${CMAKE_SOURCE_DIR}/common/env.cc
   ${CMAKE_SOURCE_DIR}/common/version.cc
+  ${CMAKE_SOURCE_DIR}/common/nccl_abi.cc
+  ${NCCL_EXT_ABI_LIST_SOURCE}
   ${CMAKE_SOURCE_DIR}/common/topology.cc
   ${CMAKE_SOURCE_DIR}/common/domain.cc
   ${CMAKE_SOURCE_DIR}/common/virtual_domain.cc
@@ -14,10 +16,14 @@ set(NCCL_EXT_COMMON_SOURCES
   ${CMAKE_SOURCE_DIR}/common/watchdog.cc)
 
 function(ncclext_add_common target tag)
-  add_library(${target} STATIC ${NCCL_EXT_COMMON_SOURCES})
+  set(_abi_objects "")
+  foreach(_abi IN LISTS NCCL_EXT_ABI_OBJECTS)  # cmake/NcclAbi.cmake: one per NCCL release family
+    list(APPEND _abi_objects $<TARGET_OBJECTS:${_abi}>)
+  endforeach()
+  add_library(${target} STATIC ${NCCL_EXT_COMMON_SOURCES} ${_abi_objects})
   target_include_directories(${target} PUBLIC ${CMAKE_SOURCE_DIR})
   target_compile_definitions(${target} PUBLIC NCCL_EXT_LIB_TAG="${tag}")
-  target_link_libraries(${target} PUBLIC NCCL::nccl CUDA::cudart Threads::Threads)
+  target_link_libraries(${target} PUBLIC NCCL::nccl CUDA::cudart Threads::Threads ${CMAKE_DL_LIBS})
 endfunction()
 
 # Copies a public header into build/include so that build/ alone is a usable install tree.

@@ -1,13 +1,12 @@
 #include "common/domain.h"
 
-#include <nccl_device.h>
-
 #include <string>
 #include <vector>
 
 #include "common/checks.h"
 #include "common/device_status.h"
 #include "common/env.h"
+#include "common/nccl_abi.h"
 
 namespace ncclext {
 namespace {
@@ -101,7 +100,8 @@ ncclResult_t Domain::create(ncclComm_t comm, const DomainOptions& opts, std::uni
   int rank = 0, nRanks = 0;
   NCCLEXT_NCCL(ncclCommUserRank(comm, &rank));
   NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
-  const ncclTeam_t lsa = ncclTeamLsa(comm);
+  LsaTeam lsa;
+  NCCLEXT_CHECK(lsaTeamOf(comm, &lsa));
   NCCLEXT_CUDA(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking));
   const RankInfo mine{lsa.nRanks, lsa.rank, lsa.stride, domainSize};
   std::vector<RankInfo> all(nRanks);

@@ -8,22 +8,6 @@
 #include "common/device_status.h"
 
 namespace ncclext {
-namespace {
-
-ncclDevCommRequirements makeRequirements(int lsaBarrierCount) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
-  ncclDevCommRequirements reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
-#else
-  ncclDevCommRequirements reqs;  // 2.28 has no initializer: zero means "none of it"
-  memset(&reqs, 0, sizeof(reqs));
-#endif
-  reqs.lsaBarrierCount = lsaBarrierCount;
-  reqs.lsaMultimem = false;  // NVLink multicast stays off, always (docs/ARCHITECTURE.md)
-  // No GIN resource of any kind: on 2.28 asking for one switches GIN on, which fails on a node without a GIN NIC.
-  return reqs;
-}
-
-}  // namespace
 
 ncclResult_t SymmetricMemory::create(Domain& domain, const SymmetricMemoryOptions& opts, cudaStream_t stream,
                                      std::unique_ptr<SymmetricMemory>* out) {
@@ -38,20 +22,14 @@ ncclResult_t SymmetricMemory::create(Domain& domain, const SymmetricMemoryOption
   m->bytes_ = (opts.bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
 
   // (1) Device communicator first (see the header).
-  ncclDevCommRequirements reqs = makeRequirements(opts.lsaBarrierCount);
-  ncclResult_t res = ncclDevCommCreate(comm, &reqs, &m->devComm_);
-  if (res != ncclSuccess) {
-    return fail(res, __FILE__, __LINE__,
-                "ncclDevCommCreate failed: %s. The communicator needs symmetric-memory support (CUDA P2P between all "
-                "local GPUs, cuMem, NCCL_WIN_ENABLE=1)",
-                ncclGetLastError(comm));
-  }
-  m->haveDevComm_ = true;
+  NCCLEXT_CHECK(loadedNcclAbi(&m->abi_));
+  int lsaSize = 0;
+  NCCLEXT_CHECK(m->abi_->createDevComm(comm, opts.lsaBarrierCount, &m->devComm_, &lsaSize));
   const int wantLsa = domain.isVirtual() ? 1 : nRanks;
-  NCCLEXT_USAGE(m->devComm_.lsaSize == wantLsa,
+  NCCLEXT_USAGE(lsaSize == wantLsa,
                 "symmetric memory: the domain communicator's LSA team has %d ranks, expected %d (every rank of an "
                 "NVLink domain must reach every other by load/store)",
-                m->devComm_.lsaSize, wantLsa);
+                lsaSize, wantLsa);
 
   // (2) Same size everywhere.
   std::vector<uint64_t> sizes(nRanks);
@@ -75,16 +53,18 @@ ncclResult_t SymmetricMemory::create(Domain& domain, const SymmetricMemoryOption
   NCCLEXT_NCCL(ncclCommWindowRegister(comm, m->base_, m->bytes_, &m->window_, opts.windowFlags));
   NCCLEXT_USAGE(m->window_ != nullptr, "ncclCommWindowRegister returned no window (symmetric memory unsupported?)");
 
-  // (4) Virtual ranks: every rank's window address, for dev::Peers.
+  // (4) Every rank's window base, for dev::Peers.
+  std::vector<char*> bases(nRanks);
   if (domain.isVirtual()) {
-    std::vector<char*> bases(nRanks);
     char* myBase = static_cast<char*>(m->base_);
     NCCLEXT_CHECK(domain.allGather(&myBase, sizeof(myBase), bases.data()));
-    NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&m->virtualBases_), sizeof(char*) * nRanks));
-    NCCLEXT_CUDA(cudaMemcpyAsync(m->virtualBases_, bases.data(), sizeof(char*) * nRanks, cudaMemcpyHostToDevice,
-                                 stream));
-    NCCLEXT_CUDA(cudaStreamSynchronize(stream));
+  } else {
+    NCCLEXT_CHECK(m->abi_->lsaBases(m->window_, nRanks, bases.data()));
   }
+  m->mine_ = bases[m->rank_];
+  NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&m->bases_), sizeof(char*) * nRanks));
+  NCCLEXT_CUDA(cudaMemcpyAsync(m->bases_, bases.data(), sizeof(char*) * nRanks, cudaMemcpyHostToDevice, stream));
+  NCCLEXT_CUDA(cudaStreamSynchronize(stream));
   NCCLEXT_INFO("symmetric memory: %zu bytes, domain rank %d of %d%s", m->bytes_, m->rank_, nRanks,
                domain.isVirtual() ? " (virtual ranks)" : "");
   *out = std::move(m);
@@ -92,10 +72,15 @@ ncclResult_t SymmetricMemory::create(Domain& domain, const SymmetricMemoryOption
 }
 
 SymmetricMemory::~SymmetricMemory() {
-  if (virtualBases_) NCCLEXT_WARN_ON(cudaFree(virtualBases_));
+  if (bases_) NCCLEXT_WARN_ON(cudaFree(bases_));
   if (window_ && !abandoned_) NCCLEXT_WARN_ON(ncclCommWindowDeregister(comm_, window_));
   if (base_) NCCLEXT_WARN_ON(ncclMemFree(base_));
-  if (haveDevComm_ && !abandoned_) NCCLEXT_WARN_ON(ncclDevCommDestroy(comm_, &devComm_));
+  if (devComm_) {
+    if (abandoned_)
+      abi_->destroyDevComm(nullptr, devComm_);  // frees our object only: NCCL's went with the aborted communicator
+    else
+      NCCLEXT_WARN_ON(abi_->destroyDevComm(comm_, devComm_));
+  }
 }
 
 }  // namespace ncclext

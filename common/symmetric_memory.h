@@ -3,27 +3,28 @@
 //
 // create() is COLLECTIVE over the domain (every rank, same order as its other collective setup calls, one host
 // thread per rank). It
-//   1. creates the device communicator first: on NCCL 2.28 that is the call that fails cleanly
-//      (ncclInvalidUsage) on a communicator without symmetric-memory support, where window registration would
-//      instead hand back a handle that crashes a kernel;
+//   1. creates the device communicator first (through the loaded NCCL's table, common/nccl_abi.h): on NCCL 2.28
+//      that is the call that fails cleanly (ncclInvalidUsage) on a communicator without symmetric-memory support,
+//      where window registration would instead hand back a handle that crashes a kernel;
 //   2. checks with an all-gather that every rank asked for the same size (2.28 maps each peer with the local size)
 //      and fails on every rank with the list of sizes if not;
 //   3. allocates with ncclMemAlloc (cuMem/VMM memory; cudaMalloc memory cannot be registered), zero-fills it, and
 //      registers it as a window;
-//   4. virtual ranks only: all-gathers every rank's window address into a device table, through which kernels
-//      reach their peers (dev::Peers, common/device/peers.cuh).
+//   4. puts every domain rank's window base into a device table, through which kernels reach their peers
+//      (dev::Peers, common/device/peers.h): NCCL's LSA addresses for real ranks, the all-gathered ncclMemAlloc
+//      addresses for virtual ranks.
 // The destructor is LOCAL: the caller must make sure no peer still reads or writes this rank's window (a host
 // collective or a device barrier) before destroying it.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <nccl_device.h>
 
 #include <memory>
 
 #include "common/device/peers.h"
 #include "common/domain.h"
+#include "common/nccl_abi.h"
 
 namespace ncclext {
 
@@ -41,10 +42,9 @@ class SymmetricMemory {
   SymmetricMemory(const SymmetricMemory&) = delete;
   SymmetricMemory& operator=(const SymmetricMemory&) = delete;
 
-  const ncclDevComm& devComm() const { return devComm_; }
-  ncclWindow_t window() const { return window_; }  // a device pointer: pass to kernels, never dereference here
+  ncclWindow_t window() const { return window_; }
   // How kernels reach this domain's windows (the same kernel code for real and virtual ranks).
-  dev::Peers peers() const { return dev::Peers{window_, virtualBases_, rank_}; }
+  dev::Peers peers() const { return dev::Peers{bases_, mine_, rank_}; }
   void* localPtr() const { return base_; }
   // The domain communicator was aborted (a peer is gone): the destructor then frees the memory without
   // deregistering the window or destroying the device communicator, which the abort already released and which
@@ -55,12 +55,13 @@ class SymmetricMemory {
  private:
   SymmetricMemory() = default;
   ncclComm_t comm_ = nullptr;
-  ncclDevComm devComm_{};
-  bool haveDevComm_ = false;
+  const NcclAbi* abi_ = nullptr;  // the loaded NCCL's (common/nccl_abi.h)
+  void* devComm_ = nullptr;       // abi_'s device communicator
   void* base_ = nullptr;
   size_t bytes_ = 0;
   ncclWindow_t window_ = nullptr;
-  char** virtualBases_ = nullptr;  // device table of every virtual rank's window; NULL for real ranks
+  char** bases_ = nullptr;  // device table of every domain rank's window base (dev::Peers)
+  char* mine_ = nullptr;    // bases_[rank_]
   int rank_ = 0;                   // my rank in the domain
   bool abandoned_ = false;
 };

@@ -1,18 +1,13 @@
-// The NCCL this binary was compiled against, and the check that the loaded libnccl matches it. Device API structs
-// (ncclDevComm, ncclDevCommRequirements) are tied to the release whose headers compiled the kernels: a 2.28 build
-// is rejected by a 2.29+ ncclDevCommCreate, and an older runtime lacks what the headers promise.
+// The check that this build serves the libnccl loaded in the process (common/nccl_abi.h): one build carries one
+// table per supported NCCL release family and uses the loaded release's.
 #pragma once
 
 #include <nccl.h>
 
 namespace ncclext {
 
-constexpr int kBuiltNcclVersion = NCCL_VERSION_CODE;
-
-// Same major and minor: compatible (a patch difference is logged). Pure function, unit-tested.
-bool ncclVersionsCompatible(int built, int runtime);
-
-// ncclGetVersion() against kBuiltNcclVersion; ncclInvalidUsage with a message when they are incompatible.
-ncclResult_t checkNcclRuntime(int* runtimeVersion = nullptr);
+// *builtVersion: the headers' release of the table that serves the loaded libnccl (0 when none does);
+// *runtimeVersion: the loaded release. ncclInvalidUsage with a message when no table serves it. Either may be NULL.
+ncclResult_t checkNcclRuntime(int* builtVersion = nullptr, int* runtimeVersion = nullptr);
 
 }  // namespace ncclext

@@ -36,8 +36,11 @@ int main(void) {
   if (ncclEpGetVersion(&ep) != ncclSuccess || ncclM2nGetVersion(&m2n) != ncclSuccess) return 1;
   res = ncclEpCheckNcclRuntime(&built, &loaded);
   printf("libnccl_ep %d, libnccl_m2n %d\n", ep, m2n);
-  printf("NCCL: built against %d.%d.%d, loaded %d.%d.%d -> %s\n", built / 10000, built / 100 % 100, built % 100,
-         loaded / 10000, loaded / 100 % 100, loaded % 100, res == ncclSuccess ? "compatible" : ncclEpGetLastError());
+  if (res == ncclSuccess)
+    printf("NCCL: loaded %d.%d.%d, served by the part built against NCCL %d.%d.%d's headers\n", loaded / 10000,
+           loaded / 100 % 100, loaded % 100, built / 10000, built / 100 % 100, built % 100);
+  else
+    printf("NCCL: %s\n", ncclEpGetLastError());
   if (printEpMemory() != 0) return 1;
   return res == ncclSuccess ? 0 : 1;
 }

@@ -12,14 +12,14 @@
 //   clock). When it runs out the waiting thread records rank, peer, expected and seen values in the error word
 //   (common/device_error.h) and returns false; it never traps. A wait also gives up early, without overwriting the
 //   word, once another thread of this rank has recorded a timeout (not a bad-input report, which is recoverable).
-// - Windows are reached only through dev::Peers (real ranks: NCCL's LSA mapping; virtual ranks: addresses).
+// - Windows are reached only through dev::Peers (a table of window bases: NCCL's LSA mapping for real ranks, the
+//   allocations' addresses for virtual ranks).
 #pragma once
-
-#include <nccl_device.h>
 
 #include <cstdint>
 #include <cuda/atomic>
 
+#include "common/device/coop.cuh"
 #include "common/device/peers.h"
 #include "common/device_error.h"
 
@@ -125,7 +125,7 @@ struct LsaBarrier {
 };
 
 // CTA-collective: every thread of the CTA calls it. Returns false on every thread if any wait failed.
-__device__ inline bool lsaBarrierSync(ncclCoopCta cta, const LsaBarrier& b, uint32_t index) {
+__device__ inline bool lsaBarrierSync(CoopCta cta, const LsaBarrier& b, uint32_t index) {
   const int t = cta.thread_rank();
   const int n = cta.size();
   // (1) Everything this CTA wrote so far happens before the release stores below.

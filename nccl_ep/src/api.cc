@@ -402,8 +402,7 @@ ncclResult_t ncclEpGetVersion(int* version) {
 
 ncclResult_t ncclEpCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
   ncclext::clearLastError();
-  if (builtVersion) *builtVersion = ncclext::kBuiltNcclVersion;
-  return ncclext::checkNcclRuntime(loadedVersion);
+  return ncclext::checkNcclRuntime(builtVersion, loadedVersion);
 }
 
 const char* ncclEpGetLastError(void) { return ncclext::lastError(); }

@@ -14,7 +14,6 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <nccl_device.h>
 
 #include <algorithm>
 #include <cstddef>

@@ -30,9 +30,11 @@ extern "C" {
 /* The library's version code (NCCL_M2N_VERSION_CODE of the build). Local; never blocks. */
 NCCL_M2N_API ncclResult_t ncclM2nGetVersion(int* version);
 
-/* The NCCL version the library was compiled against and the one loaded in this process (either pointer may be
- * NULL). Returns ncclInvalidUsage when they are different releases: Device API kernels run only on the NCCL
- * release whose headers compiled them. Local; never blocks. */
+/* The NCCL loaded in this process and the release whose headers compiled the part of this library that serves it
+ * (either pointer may be NULL; built is 0 when no part does). One build serves several NCCL release families (the
+ * device communicator's structs are laid out per family; everything else is the same binary): returns
+ * ncclInvalidUsage, with a message naming the loaded release and the supported ones, when it does not serve the
+ * loaded one. Local; never blocks. */
 NCCL_M2N_API ncclResult_t ncclM2nCheckNcclRuntime(int* builtVersion, int* loadedVersion);
 
 /* Text of the last failure of a ncclM2n* call on the calling thread; "" if none. Valid until the next call. */

@@ -154,8 +154,7 @@ ncclResult_t ncclM2nGetVersion(int* version) {
 
 ncclResult_t ncclM2nCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
   ncclext::clearLastError();
-  if (builtVersion) *builtVersion = ncclext::kBuiltNcclVersion;
-  return ncclext::checkNcclRuntime(loadedVersion);
+  return ncclext::checkNcclRuntime(builtVersion, loadedVersion);
 }
 
 const char* ncclM2nGetLastError(void) { return ncclext::lastError(); }

@@ -211,8 +211,7 @@ __global__ void remoteKernel(const MoveDesc* descs, const MoveSegment* segs, int
     const int peer = (int)g.where;
     const Published* e = static_cast<const Published*>(rm.peers.at(rm.tableOffset, peer)) + d.tensor;
     const uint64_t a = __ldcg(&e->a), b = __ldcg(&e->b);
-    char* theirs = b == kPublishedAddress ? reinterpret_cast<char*>(a)
-                                          : static_cast<char*>(ncclGetLsaPointer(rm.windows[a], b, peer));
+    char* theirs = b == kPublishedAddress ? reinterpret_cast<char*>(a) : rm.registered[a * rm.domainSize + peer] + b;
     const char* from[1] = {rm.pull ? theirs : src[d.tensor]};
     char* to[1] = {rm.pull ? dst[d.tensor] : theirs};
     d.tensor = 0;  // both ends are the one-element arrays above
@@ -223,7 +222,7 @@ __global__ void remoteKernel(const MoveDesc* descs, const MoveSegment* segs, int
 // The domain's barrier. Its release orders every store of this rank's earlier kernels on the stream (the packs)
 // before the peers' acquires; the unpacks after it read what every peer packed.
 __global__ void domainBarrierKernel(DomainBarrier d) {
-  ncclCoopCta cta;
+  ncclext::dev::CoopCta cta;
   const ncclext::dev::LsaBarrier b{d.peers,           d.flagsOffset, d.epochs, d.lsaRank, d.lsaSize,
                                    d.worldRankOfLsa0, {d.err, d.timeoutNs, d.rank}};
   (void)ncclext::dev::lsaBarrierSync(cta, b, 0);

@@ -56,12 +56,14 @@ struct Published {
 ncclResult_t launchPublish(Published* table, const Published* published, int64_t n, cudaStream_t stream);
 // The in-place moves, one CTA per segment at a time: segment g's peer (MoveSegment::where, a domain rank) published
 // its tensor at `tableOffset` of its window; pull reads it into this rank's destination (descs: the receives), push
-// writes this rank's source into it (descs: the sends). `windows`: the registry's device table (real ranks), NULL
-// for virtual ranks. src / dst: this rank's device arrays of the call's pointers.
+// writes this rank's source into it (descs: the sends). `registered`: the registry's device table of window bases
+// ([slot][domainSize], real ranks), NULL for virtual ranks. src / dst: this rank's device arrays of the call's
+// pointers.
 struct RemoteMoves {
   ncclext::dev::Peers peers{};
   size_t tableOffset = 0;
-  ncclWindow_t* windows = nullptr;
+  char* const* registered = nullptr;
+  int domainSize = 0;
   int pull = 1;
 };
 ncclResult_t launchRemote(const MoveDesc* descs, const MoveSegment* segs, int64_t n, const RemoteMoves& rm,

@@ -1,7 +1,6 @@
 #include "nccl_m2n/src/executor.h"
 
 #include <cuda_runtime.h>
-#include <nccl_device.h>
 
 #include <algorithm>
 #include <atomic>
@@ -94,10 +93,7 @@ namespace ncclm2n {
 namespace {
 
 // The first rank of my NVLink (LSA) team: the same number on every rank of the team.
-int domainIdOf(ncclComm_t comm, int rank) {
-  const ncclTeam_t lsa = ncclTeamLsa(comm);
-  return rank - lsa.rank * lsa.stride;
-}
+int domainIdOf(const ncclext::LsaTeam& lsa, int rank) { return rank - lsa.rank * lsa.stride; }
 
 // NCCL's ncclCommDestroy and ncclCommAbort wait until every CUDA graph that captured work on the communicator is
 // destroyed. A communicator that was captured is therefore released on a thread of its own: destroying a plan
@@ -242,10 +238,10 @@ ncclResult_t setUpLsa(ncclM2nPlan* plan, int64_t rounds, int64_t domainStreams, 
 // Virtual ranks publish addresses; real ranks the registration slot and the offset in it (registry.h), checked to
 // hold this rank's whole part. Tensors this rank holds no part of publish nothing.
 ncclResult_t publishedTensors(const ncclM2nPlan* plan, const void* const* src, void* const* dst,
-                              std::vector<Published>* out, ncclWindow_t** windows) {
+                              std::vector<Published>* out, char* const** bases) {
   const bool pull = plan->tables.zeroCopy == kZeroCopyPull;
   out->assign(plan->nTensors, Published{});
-  *windows = nullptr;
+  *bases = nullptr;
   const int n = plan->nTensors;
   std::vector<const void*> ptrs(n, nullptr);
   for (int t = 0; t < n; t++) {
@@ -257,12 +253,12 @@ ncclResult_t publishedTensors(const ncclM2nPlan* plan, const void* const* src, v
       if (ptrs[t]) (*out)[t] = Published{(uint64_t)(uintptr_t)ptrs[t], kPublishedAddress};
     return ncclSuccess;
   }
-  // Real ranks: one look at the registry for every tensor; its windows resolve the peers' slots too, so it is needed
+  // Real ranks: one look at the registry for every tensor; its bases resolve the peers' slots too, so it is needed
   // even where this rank publishes nothing.
   const std::vector<int64_t>& bytes = pull ? plan->srcBytes : plan->dstBytes;
   std::vector<Registered> reg(n);
   NCCLEXT_USAGE(resolveRegistered(plan->comm, plan->domain->topo().domainSize, ptrs.data(), bytes.data(), n,
-                                  reg.data(), windows),
+                                  reg.data(), bases),
                 "ncclM2nExecute: the plan moves tensors in place (zeroCopy %s), but no memory is registered with "
                 "ncclM2nRegister on this communicator (or its NVLink domains differ from the plan's)",
                 pull ? "PULL" : "PUSH");
@@ -392,8 +388,10 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   std::vector<uint64_t> hashes(p.tensors.size());
   for (size_t t = 0; t < p.tensors.size(); t++) hashes[t] = tensorHash(p.tensors[t]);
   Round1 mine;
-  mine.domain = o.virt ? 0 : domainIdOf(comm, rank);
-  mine.lsaSize = o.virt ? n : ncclTeamLsa(comm).nRanks;
+  ncclext::LsaTeam team;
+  if (!o.virt) NCCLEXT_CHECK(ncclext::lsaTeamOf(comm, &team));
+  mine.domain = o.virt ? 0 : domainIdOf(team, rank);
+  mine.lsaSize = o.virt ? n : team.nRanks;
   mine.lsa = o.lsa;
   mine.zeroCopy = o.zeroCopy;
   mine.valid = localError.empty();
@@ -574,8 +572,8 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   // Zero-copy: what this rank publishes (exec_tables.h), checked before anything is enqueued (a refused execute
   // leaves its peers to time out in the barrier they meet it at).
   std::vector<Published> published;
-  ncclWindow_t* windows = nullptr;
-  if (x.remoteBarrier) NCCLEXT_CHECK(publishedTensors(plan, src, dst, &published, &windows));
+  char* const* registered = nullptr;
+  if (x.remoteBarrier) NCCLEXT_CHECK(publishedTensors(plan, src, dst, &published, &registered));
   // The pointers the kernels read, sources then destinations. Quantised tensors: the moves read the scratch (values
   // at tensor t, scales at t + 1); the quantiser reads the caller's sources, whose pointers follow the tensors'.
   const size_t nSrc = plan->nTensors + plan->quant.size();
@@ -646,7 +644,8 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     RemoteMoves rm;
     rm.peers = peers;
     rm.tableOffset = plan->windowTable;
-    rm.windows = windows;
+    rm.registered = registered;
+    rm.domainSize = plan->domain->topo().domainSize;
     rm.pull = x.zeroCopy == kZeroCopyPull;
     NCCLEXT_CHECK(launchRemote(rm.pull ? plan->recvs : plan->sends, plan->remote, (int64_t)x.remote.size(), rm, s, d,
                                stream));

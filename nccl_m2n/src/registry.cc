@@ -10,6 +10,7 @@
 #include "common/checks.h"
 #include "common/domain.h"
 #include "common/env.h"
+#include "common/nccl_abi.h"
 #include "common/status.h"
 
 struct ncclM2nRegistration {
@@ -29,11 +30,11 @@ struct Slot {
 struct Registry {
   std::mutex mu;  // one registration or lookup at a time (its collectives included)
   std::unique_ptr<ncclext::Domain> domain;
-  ncclWindow_t* devWindows = nullptr;  // [kMaxRegistrations], device
+  char** devBases = nullptr;  // [kMaxRegistrations][domain size], device: every domain rank's base of each window
   std::vector<Slot> slots = std::vector<Slot>(kMaxRegistrations);
   int live = 0;
   ~Registry() {
-    if (devWindows) cudaFree(devWindows);
+    if (devBases) cudaFree(devBases);
   }
 };
 
@@ -68,10 +69,10 @@ ncclResult_t registerBuffer(ncclComm_t comm, void* buffer, size_t bytes, ncclM2n
     ncclext::DomainOptions opts;
     opts.timeoutSeconds = ncclext::env().timeoutSeconds;
     res = ncclext::Domain::create(comm, opts, &r->domain);
-    if (res == ncclSuccess && cudaMalloc(reinterpret_cast<void**>(&r->devWindows),
-                                         sizeof(ncclWindow_t) * kMaxRegistrations) != cudaSuccess)
+    const size_t tableBytes = res == ncclSuccess ? sizeof(char*) * kMaxRegistrations * r->domain->topo().domainSize : 0;
+    if (res == ncclSuccess && cudaMalloc(reinterpret_cast<void**>(&r->devBases), tableBytes) != cudaSuccess)
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "ncclM2nRegister: cudaMalloc failed");
-    if (res == ncclSuccess && cudaMemset(r->devWindows, 0, sizeof(ncclWindow_t) * kMaxRegistrations) != cudaSuccess)
+    if (res == ncclSuccess && cudaMemset(r->devBases, 0, tableBytes) != cudaSuccess)
       res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "ncclM2nRegister: cudaMemset failed");
     if (res != ncclSuccess) {
       r->domain.reset();
@@ -95,10 +96,15 @@ ncclResult_t registerBuffer(ncclComm_t comm, void* buffer, size_t bytes, ncclM2n
   while (slot < kMaxRegistrations && r->slots[slot].base) slot++;
   NCCLEXT_USAGE(slot < kMaxRegistrations, "ncclM2nRegister: %d registrations live on this communicator already",
                 kMaxRegistrations);
+  const ncclext::NcclAbi* abi = nullptr;
+  NCCLEXT_CHECK(ncclext::loadedNcclAbi(&abi));
   ncclWindow_t win = nullptr;
   NCCLEXT_NCCL(ncclCommWindowRegister(d.domainComm(), buffer, bytes, &win, NCCL_WIN_DEFAULT));
   NCCLEXT_USAGE(win != nullptr, "ncclM2nRegister: NCCL returned no window (symmetric memory unsupported?)");
-  NCCLEXT_CUDA(cudaMemcpy(r->devWindows + slot, &win, sizeof(win), cudaMemcpyHostToDevice));
+  const int n = d.topo().domainSize;
+  std::vector<char*> bases(n);
+  NCCLEXT_CHECK(abi->lsaBases(win, n, bases.data()));
+  NCCLEXT_CUDA(cudaMemcpy(r->devBases + (size_t)slot * n, bases.data(), sizeof(char*) * n, cudaMemcpyHostToDevice));
   r->slots[slot] = Slot{static_cast<char*>(buffer), bytes, win};
   r->live++;
   *out = new ncclM2nRegistration{comm, slot};
@@ -112,8 +118,8 @@ ncclResult_t deregisterBuffer(ncclM2nRegistration* reg) {
     std::lock_guard<std::mutex> lock(r->mu);
     Slot& s = r->slots[reg->slot];
     NCCLEXT_USAGE(s.base != nullptr, "ncclM2nDeregister: registration already released");
-    const ncclWindow_t none = nullptr;
-    NCCLEXT_CUDA(cudaMemcpy(r->devWindows + reg->slot, &none, sizeof(none), cudaMemcpyHostToDevice));
+    const int n = r->domain->topo().domainSize;
+    NCCLEXT_CUDA(cudaMemset(r->devBases + (size_t)reg->slot * n, 0, sizeof(char*) * n));
     NCCLEXT_NCCL(ncclCommWindowDeregister(r->domain->domainComm(), s.window));
     s = Slot{};
     if (--r->live == 0) r->domain.reset();  // the last one: the domain's communicators go with it
@@ -124,12 +130,12 @@ ncclResult_t deregisterBuffer(ncclM2nRegistration* reg) {
 }
 
 bool resolveRegistered(ncclComm_t comm, int domainSize, const void* const* ptrs, const int64_t* bytes, int n,
-                       Registered* out, ncclWindow_t** windows) {
+                       Registered* out, char* const** bases) {
   std::shared_ptr<Registry> r = registryOf(comm, false);
   if (!r) return false;
   std::lock_guard<std::mutex> lock(r->mu);
   if (!r->domain || r->domain->topo().domainSize != domainSize) return false;
-  *windows = r->devWindows;
+  *bases = r->devBases;
   for (int t = 0; t < n; t++) {
     out[t] = Registered{};
     const char* c = static_cast<const char*>(ptrs[t]);

@@ -92,7 +92,7 @@ struct SmokeParams {
 // CTA b handles elements [lo, hi) of every slot and uses barrier index b: it meets exactly the peer CTAs that
 // wrote the range it checks.
 __global__ void smokeKernel(SmokeParams p) {
-  ncclCoopCta cta;
+  ncclext::dev::CoopCta cta;
   const int me = p.bar.lsaRank;
   const int n = p.bar.lsaSize;
   const size_t per = (p.slotElems + gridDim.x - 1) / gridDim.x;
@@ -125,7 +125,7 @@ __global__ void smokeKernel(SmokeParams p) {
 
 // The timeout test's waits: with peers, one barrier that the silent rank never joins; alone, a flag nobody writes.
 __global__ void timeoutKernel(LsaBarrier bar, int alone) {
-  ncclCoopCta cta;
+  ncclext::dev::CoopCta cta;
   if (alone) {
     if (threadIdx.x == 0) {
       const uint64_t* flag = static_cast<const uint64_t*>(bar.peers.local(bar.flagsOffset));

@@ -72,7 +72,7 @@ int runRank(RankContext ctx, const std::function<bool(RankContext&)>& init,
     return 1;
   }
   if (checkNcclRuntime() != ncclSuccess) {
-    fprintf(stderr, "rank %d: %s\n", ctx.rank, ncclGetLastError(nullptr));
+    fprintf(stderr, "rank %d: %s\n", ctx.rank, lastError());
     return 1;
   }
   if (!init(ctx)) return 1;

@@ -23,7 +23,8 @@ TEST(PublicApi, VersionsAndNullArguments) {
 TEST(PublicApi, NcclRuntimeMatchesTheBuild) {
   int built = 0, loaded = 0;
   EXPECT_EQ(ncclEpCheckNcclRuntime(&built, &loaded), ncclSuccess) << ncclEpGetLastError();
-  EXPECT_EQ(built / 100, loaded / 100);
+  EXPECT_EQ(built / 100, loaded / 100);  // the loaded family's table
+  EXPECT_LE(built, loaded);
   EXPECT_EQ(ncclM2nCheckNcclRuntime(nullptr, nullptr), ncclSuccess) << ncclM2nGetLastError();
 }
 

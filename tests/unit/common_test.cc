@@ -7,6 +7,7 @@
 #include "common/device_status.h"
 #include "common/log.h"
 #include "common/topology.h"
+#include "common/nccl_abi.h"
 #include "common/version.h"
 
 namespace ncclext {
@@ -44,12 +45,44 @@ TEST(Status, CudaErrorBecomesUnhandledCudaError) {
   EXPECT_NE(std::string(lastError()).find("cudaErrorInvalidValue"), std::string::npos) << lastError();
 }
 
-TEST(Version, SameReleaseIsCompatible) {
-  EXPECT_TRUE(ncclVersionsCompatible(22809, 22809));
-  EXPECT_TRUE(ncclVersionsCompatible(22809, 22803));
-  EXPECT_FALSE(ncclVersionsCompatible(22809, 22907));
-  EXPECT_FALSE(ncclVersionsCompatible(23007, 22809));
-  EXPECT_GE(kBuiltNcclVersion, 22800);
+// Tables as cmake/NcclAbi.cmake makes them: each serves its headers' release to its family's last patch.
+NcclAbi table(int headers) {
+  return NcclAbi{headers, headers, headers / 100 * 100 + 99, nullptr, nullptr, nullptr, nullptr};
+}
+
+TEST(NcclAbi, TheLoadedReleaseGetsItsFamilysTable) {
+  const NcclAbi t228 = table(22807), t229 = table(22902), t230 = table(23003), t232 = table(23203);
+  const NcclAbi* const abis[] = {&t228, &t229, &t230, &t232, nullptr};
+  EXPECT_EQ(selectNcclAbi(22807, abis), &t228);
+  EXPECT_EQ(selectNcclAbi(22809, abis), &t228);  // torch 2.11
+  EXPECT_EQ(selectNcclAbi(22902, abis), &t229);
+  EXPECT_EQ(selectNcclAbi(22907, abis), &t229);  // torch 2.12, 2.13
+  EXPECT_EQ(selectNcclAbi(23007, abis), &t230);  // torch 2.14, 2.15
+  EXPECT_EQ(selectNcclAbi(23206, abis), &t232);
+  EXPECT_EQ(selectNcclAbi(22803, abis), nullptr);  // older than its family's table (NCCL refuses newer structs)
+  EXPECT_EQ(selectNcclAbi(23002, abis), nullptr);
+  EXPECT_EQ(selectNcclAbi(23102, abis), nullptr);  // a family not built
+  EXPECT_EQ(selectNcclAbi(22707, abis), nullptr);
+  EXPECT_EQ(selectNcclAbi(23301, abis), nullptr);  // newer than every table: refused, not guessed
+  EXPECT_EQ(ncclAbiReleases(abis), "2.28.x from 2.28.7, 2.29.x from 2.29.2, 2.30.x from 2.30.3, 2.32.x from 2.32.3");
+}
+
+TEST(NcclAbi, EveryBuiltTableServesItsOwnFamilyFromItsHeadersOn) {
+  const NcclAbi* const* abis = builtNcclAbis();
+  ASSERT_NE(abis[0], nullptr);
+  int previous = 0;
+  for (const NcclAbi* const* a = abis; *a; a++) {
+    const NcclAbi& t = **a;
+    EXPECT_GE(t.headerVersion, 22807);
+    EXPECT_GT(t.headerVersion / 100, previous / 100) << "one table per family, oldest first";
+    EXPECT_EQ(t.minRuntime, t.headerVersion);
+    EXPECT_EQ(t.maxRuntime, t.headerVersion / 100 * 100 + 99);
+    EXPECT_EQ(selectNcclAbi(t.headerVersion, abis), &t);
+    EXPECT_EQ(selectNcclAbi(t.maxRuntime, abis), &t);
+    EXPECT_NE(selectNcclAbi(t.headerVersion - 1, abis), &t);
+    EXPECT_TRUE(t.createDevComm && t.destroyDevComm && t.lsaBases && t.lsaTeam);
+    previous = t.headerVersion;
+  }
 }
 
 TEST(Topology, DefaultDomainIsTheLsaTeam) {

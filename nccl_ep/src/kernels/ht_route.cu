@@ -139,7 +139,7 @@ __global__ void slotKernel(GroupView g, HandleView h) {
 }
 
 __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, int phase) {
-  ncclCoopCta cta;
+  ncclext::dev::CoopCta cta;
   const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, me = g.rank;
   const int cols = R + E;
   const int* totals = h.tileCount + (size_t)NC * cols;
