@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # make test-python: the Python package as a user gets it. Builds the wheel from this tree (pip wheel .:
-# scikit-build-core, CMake and ninja from PyPI, the two libraries), installs it into a fresh virtual environment with
-# pytest and torch (NCCL_EXT_TEST_TORCH: the version, default 2.11.0, whose NCCL wheel is the release the build
-# pins; 0: no torch, the torch tests skip), imports both modules and runs tests/python from outside the source tree,
-# so that nothing is imported from python/. Needs no GPU (the GPU tests skip without one).
-# Outputs in $(BUILDDIR)-py: dist/ (the wheel), venv/.
+# scikit-build-core, CMake and ninja from PyPI, the two libraries for every NCCL release family and architecture),
+# installs it into a fresh virtual environment with pytest and torch (NCCL_EXT_TEST_TORCH: the version, default
+# 2.11.0, NCCL 2.28.9; 0: no torch, the torch tests skip), imports both modules and runs tests/python from outside the
+# source tree, so that nothing is imported from python/. Then the same wheel beside other NCCL releases
+# (tests/python/nccl_release_check.py, no torch): each of NCCL_EXT_TEST_NCCL (default 2.29.7 2.30.7 2.32.6, the
+# NCCL of torch 2.12/2.13, 2.14/2.15 and the newest) must be served by the part built for its family, and
+# NCCL_EXT_TEST_NCCL_REFUSED (default 2.27.7) refused with a message; and, when NCCL_EXT_TEST_TORCH_LATEST names a
+# torch (default 2.15.0; 0: skip), that torch imported first and tests/python beside it. Needs no GPU (the GPU
+# tests skip without one). Outputs in $(BUILDDIR)-py: dist/ (the wheel), venv/, venv-nccl/, venv-latest/.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 b=${BUILDDIR:-build}
@@ -12,7 +16,7 @@ b=${BUILDDIR:-build}
 out=$b-py
 py=${PYTHON:-python3}
 torch_version=${NCCL_EXT_TEST_TORCH:-2.11.0}
-rm -rf "$out/dist" "$out/venv"
+rm -rf "$out/dist" "$out/venv" "$out/venv-nccl" "$out/venv-latest"
 mkdir -p "$out"
 export PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 echo "python-test: building the wheel"
@@ -29,3 +33,24 @@ cd "$out"
 echo "python-test: import"
 venv/bin/python -c "import nccl.ep, nccl.m2n; print('nccl.ep', nccl.ep.version(), 'nccl.m2n', nccl.m2n.version())"
 venv/bin/python -m pytest -q -p no:cacheprovider "$root/tests/python" "$@"
+
+echo "python-test: the wheel beside other NCCL releases"
+"$py" -m venv "$out/venv-nccl"
+"$out/venv-nccl/bin/python" -m pip install -q "$wheel"
+for v in ${NCCL_EXT_TEST_NCCL-2.29.7 2.30.7 2.32.6}; do
+  "$out/venv-nccl/bin/python" -m pip install -q --force-reinstall "nvidia-nccl-cu13==$v"
+  "$out/venv-nccl/bin/python" "$root/tests/python/nccl_release_check.py" --expect "$v"
+done
+for v in ${NCCL_EXT_TEST_NCCL_REFUSED-2.27.7}; do
+  "$out/venv-nccl/bin/python" -m pip install -q --force-reinstall "nvidia-nccl-cu13==$v"
+  "$out/venv-nccl/bin/python" "$root/tests/python/nccl_release_check.py" --expect-refused "$v"
+done
+
+latest=${NCCL_EXT_TEST_TORCH_LATEST:-2.15.0}
+if [ "$latest" != 0 ]; then
+  echo "python-test: the wheel beside torch $latest"
+  "$py" -m venv "$out/venv-latest"
+  "$out/venv-latest/bin/python" -m pip install -q "$wheel" pytest "torch==$latest"
+  "$out/venv-latest/bin/python" "$root/tests/python/nccl_release_check.py" --torch
+  "$out/venv-latest/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python" "$@"
+fi

@@ -1,12 +1,13 @@
 """Finds and loads libnccl_ep.so / libnccl_m2n.so and the libnccl.so.2 and libcudart.so.13 they need.
 
-One libnccl per process: a Device API kernel runs only on the NCCL release it was compiled against, and a process
-that imported torch already holds torch's copy (the `nvidia-nccl-cu13` wheel). So a library already loaded is used
-as it is; otherwise the first of these is loaded (RTLD_GLOBAL, so that our libraries' DT_NEEDED resolves to it):
-  NCCL_EXT_NCCL_LIBRARY (a file), NCCL_HOME/lib, the nvidia-nccl-cu13 wheel, the NCCL the wheel was built against,
-  CUDA_HOME/lib64, /usr/local/cuda/lib64, then the dynamic loader's own search.
-Our libraries come from the package (nccl/_lib) or NCCL_EXT_LIB_DIR (a build tree's lib/, for development).
-The versions are then checked (ncclEpCheckNcclRuntime): a different NCCL release is refused with a message.
+One libnccl per process, and our libraries use that one: a process that imported torch already holds torch's copy
+(the `nvidia-nccl-cu13` wheel). So a library already loaded is used as it is; otherwise the first of these is loaded
+(RTLD_GLOBAL, so that our libraries' DT_NEEDED resolves to it):
+  NCCL_EXT_NCCL_LIBRARY (a file), NCCL_HOME/lib, the nvidia-nccl-cu13 wheel, the NCCL the libraries were linked
+  against, CUDA_HOME/lib64, /usr/local/cuda/lib64, then the dynamic loader's own search.
+Our libraries come from the package (nccl/_lib) or NCCL_EXT_LIB_DIR (a build tree's lib/, for development). They
+carry a part for each NCCL release family they were built for and use the loaded release's
+(ncclEpCheckNcclRuntime); a release they do not serve is refused with a message naming it and the supported ones.
 """
 
 from __future__ import annotations
@@ -99,9 +100,45 @@ def library_dir() -> Path:
     return Path(os.environ.get("NCCL_EXT_LIB_DIR") or Path(__file__).resolve().parent.parent / "_lib")
 
 
+def _release(code: int) -> str:
+    return "%d.%d.%d" % (code // 10000, code // 100 % 100, code % 100)
+
+
+def loaded_nccl_version() -> int:
+    """NCCL_VERSION_CODE of the libnccl.so.2 this process uses (ncclGetVersion)."""
+    v = ctypes.c_int(0)
+    fn = nccl().ncclGetVersion
+    fn.argtypes, fn.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+    if fn(ctypes.byref(v)) != 0:
+        raise NcclInvalidUsage("ncclGetVersion failed on %s" % nccl_path())
+    return v.value
+
+
+def _refuse_unserved_nccl(loaded: int, why: str = "") -> None:
+    """NcclInvalidUsage naming the loaded release and the supported ones, where the build record says this package
+    does not serve it (the libraries then may not even load: a release older than 2.28 lacks the Device API)."""
+    info = _build_info()
+    built = [tuple(int(x) for x in r.split(".")) for r in getattr(info, "nccl_releases", [])]
+    if not built:
+        if why:  # a source tree: no record, but the loader's own error says enough with the release added
+            raise NcclInvalidUsage("%s (the NCCL in this process: %s, %s)" % (why, _release(loaded), nccl_path()))
+        return
+    for major, minor, patch in built:
+        if loaded // 100 == major * 100 + minor and loaded % 100 >= patch:
+            return
+    raise NcclInvalidUsage(
+        "the libnccl loaded in this process is NCCL %s (%s), which this package does not support: it supports "
+        "NCCL %s. Load a supported release first (torch loads its own when imported; pip install "
+        "'nccl-ext[cu13]' installs one)%s" % (
+            _release(loaded), nccl_path(),
+            ", ".join("%d.%d.x from %d.%d.%d" % (a, b, a, b, c) for a, b, c in built), "; " + why if why else ""))
+
+
 def load(name: str) -> ctypes.CDLL:
-    """libnccl_<name>.so ("ep" or "m2n"), loaded once, after cudart and NCCL."""
+    """libnccl_<name>.so ("ep" or "m2n"), loaded once, after cudart and NCCL; an NCCL this package does not serve is
+    refused first."""
     nccl()
+    _refuse_unserved_nccl(loaded_nccl_version())
     with _lock:
         lib = _libs.get(name)
         if lib is not None:
@@ -112,7 +149,12 @@ def load(name: str) -> ctypes.CDLL:
         if not path.is_file():
             raise OSError("%s is missing: this package was not built with its libraries (pip install . builds them; "
                           "NCCL_EXT_LIB_DIR points at a build tree's lib/)" % path)
-        lib = ctypes.CDLL(str(path))
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            if "undefined symbol: nccl" in str(e):
+                _refuse_unserved_nccl(loaded_nccl_version(), str(e))
+            raise
         _libs[name] = lib
         return lib
 
@@ -154,7 +196,8 @@ def version(lib: ctypes.CDLL, prefix: str) -> tuple[int, int, int]:
 
 
 def check_nccl_runtime(lib: ctypes.CDLL, prefix: str) -> tuple[int, int]:
-    """(built, loaded) NCCL version codes; NcclInvalidUsage when they are different releases."""
+    """(built, loaded) NCCL version codes: the loaded libnccl's, and the release whose headers compiled the part of
+    the library that serves it; NcclInvalidUsage when no part does."""
     fn = getattr(lib, "nccl%sCheckNcclRuntime" % prefix)
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
@@ -163,8 +206,7 @@ def check_nccl_runtime(lib: ctypes.CDLL, prefix: str) -> tuple[int, int]:
     if rc != 0:
         err = getattr(lib, "nccl%sGetLastError" % prefix)
         err.restype = ctypes.c_char_p
-        raise NcclInvalidUsage("%s (the NCCL in this process: %s; pip install 'nccl-ext[cu13]' pins the release this "
-                               "package was built for)" % (err().decode(errors="replace"), nccl_path()))
+        raise NcclInvalidUsage("%s (the NCCL in this process: %s)" % (err().decode(errors="replace"), nccl_path()))
     return built.value, loaded.value
 
 
