@@ -135,8 +135,9 @@ run() {
   local name=$1 n=$2 mode=$3 cmd=$4
   local tag=$name
   [ "$mode" != real ] && tag="$name[$mode]"
-  # GPU_CHECK_ONLY=REGEX: only the runs whose name matches (e.g. 'm2n|python').
+  # GPU_CHECK_ONLY=REGEX: only the runs whose name matches (e.g. 'm2n|python'); GPU_CHECK_SKIP=REGEX: not those.
   [ -n "${GPU_CHECK_ONLY:-}" ] && ! [[ $name =~ ${GPU_CHECK_ONLY} ]] && return 0
+  [ -n "${GPU_CHECK_SKIP:-}" ] && [[ $name =~ ${GPU_CHECK_SKIP} ]] && return 0
   SELECTED=$((SELECTED + 1))
   [ $(((SELECTED - 1) % PART_N)) -ne $((PART_K - 1)) ] && return 0
   local json="$RAW/$tag.$n.jsonl" log="$RAW/$tag.$n.log"
@@ -186,7 +187,7 @@ for n in ${GPU_CHECK_ONE_GPU_RANKS-2 4}; do  # set and empty: none
   done
 done
 
-python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-check-$STAMP.json"
+BUILDDIR=$BUILDDIR python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-check-$STAMP.json"
 status=$?
 # Benchmarks (after the tests, on every GPU; with GPU_CHECK_PART, after the last part's): GPU_CHECK_BENCH=0 skips them.
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ $status -eq 0 ] && [ "$PART_K" = "$PART_N" ]; then  # (the last part)

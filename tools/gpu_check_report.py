@@ -47,7 +47,13 @@ def machine():
         "source_sha1": source_sha1(),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch_nccl": sh("python3 -c 'import torch; print(torch.cuda.nccl.version())' 2>/dev/null"),
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "NCCL_EXT_TIMEOUT_S", "NCCL_EXT_LSA_DOMAIN_SIZE")},
+        # The NCCL release every run loaded (LD_PRELOAD: tools/nccl_preload.sh) and the release whose headers
+        # compiled the part of our libraries that served it (common/nccl_abi.h).
+        "nccl": sh("%s/bin/nccl_ext_info 2>&1 | grep '^NCCL:'" % os.environ.get("BUILDDIR", "build")),
+        "nccl_releases_built": sh("grep -o 'NCCL_EXT_ABI_RELEASES_BUILT:INTERNAL=.*' %s/CMakeCache.txt | cut -d= -f2"
+                                  % os.environ.get("BUILDDIR", "build")),
+        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "NCCL_EXT_TIMEOUT_S", "NCCL_EXT_LSA_DOMAIN_SIZE",
+                                               "LD_PRELOAD")},
     }
 
 
@@ -80,6 +86,7 @@ def main():
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     print()
+    print(doc["machine"]["nccl"] or "NCCL: unknown (no nccl_ext_info in the build)")
     print("%-32s %6s %9s  %s" % ("test", "ranks", "seconds", "status"))
     for r in rows:
         print("%-32s %6d %9.1f  %s" % (r["name"], r["nranks"], r["seconds"], r["status"]))
