@@ -12,7 +12,7 @@ export NCCL_NVLS_ENABLE=0   # NVLink multicast is forbidden on our machines
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}  # a failed run's log then says which NCCL call failed and why (the syscall)
 OUTDIR=${GPU_CHECK_OUT:-bench/results}
 mkdir -p "$OUTDIR"
-STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)${GPU_CHECK_TAG:+-$GPU_CHECK_TAG}  # GPU_CHECK_TAG: a suffix for the JSON's name
 RAW=$(mktemp -d)
 trap 'rm -rf "$RAW"' EXIT
 

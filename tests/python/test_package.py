@@ -61,5 +61,6 @@ def test_missing_library_is_named():
 
 def test_missing_nccl_is_named(tmp_path):
     env = dict(os.environ, NCCL_EXT_NCCL_LIBRARY=str(tmp_path / "libnccl.so.2"))
+    env.pop("LD_PRELOAD", None)  # a preloaded libnccl (tools/nccl_preload.sh) is one the process already has
     r = subprocess.run([sys.executable, "-c", "import nccl.m2n"], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "libnccl.so.2" in r.stderr, r.stderr
