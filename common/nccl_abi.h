@@ -6,7 +6,7 @@
 // in them, and every later release refuses them. From 2.29.2 on they carry size, magic and version; a runtime
 // accepts a struct of its own release or of the older releases it keeps a copy of the layout of, and refuses a newer
 // one (NCCL's src/dev_runtime.cc, getNcclVersionCompat). So the few functions that touch those structs are
-// compiled once per supported release family (common/nccl_abi_shim.cc, with that family's oldest headers, which
+// compiled once per supported release family (common/nccl_abi_shim.cu, with that family's oldest headers, which
 // every patch release of the family accepts), and the table of the family of the libnccl loaded in the process is
 // chosen at first use by ncclGetVersion(). A release no table serves is refused with a message that names it and
 // the supported ones.
