@@ -4,8 +4,8 @@
 # installs it into a fresh virtual environment with pytest and torch (NCCL_EXT_TEST_TORCH: the version, default
 # 2.11.0, NCCL 2.28.9; 0: no torch, the torch tests skip), imports both modules and runs tests/python from outside the
 # source tree, so that nothing is imported from python/. Then the same wheel beside other NCCL releases
-# (tests/python/nccl_release_check.py, no torch): each of NCCL_EXT_TEST_NCCL (default 2.29.7 2.30.7 2.32.6, the
-# NCCL of torch 2.12/2.13, 2.14/2.15 and the newest) must be served by the part built for its family, and
+# (tests/python/nccl_release_check.py, no torch): each of NCCL_EXT_TEST_NCCL (default 2.29.7 2.30.7 2.31.2 2.32.6:
+# the NCCL of torch 2.12/2.13, of 2.14/2.15, 2.31 and the newest) must be served by the part built for its family, and
 # NCCL_EXT_TEST_NCCL_REFUSED (default 2.27.7) refused with a message; and, when NCCL_EXT_TEST_TORCH_LATEST names a
 # torch (default 2.15.0; 0: skip), that torch imported first and tests/python beside it. Needs no GPU (the GPU
 # tests skip without one). Outputs in $(BUILDDIR)-py: dist/ (the wheel), venv/, venv-nccl/, venv-latest/.
@@ -37,7 +37,7 @@ venv/bin/python -m pytest -q -p no:cacheprovider "$root/tests/python" "$@"
 echo "python-test: the wheel beside other NCCL releases"
 "$py" -m venv "$out/venv-nccl"
 "$out/venv-nccl/bin/python" -m pip install -q "$wheel"
-for v in ${NCCL_EXT_TEST_NCCL-2.29.7 2.30.7 2.32.6}; do
+for v in ${NCCL_EXT_TEST_NCCL-2.29.7 2.30.7 2.31.2 2.32.6}; do
   "$out/venv-nccl/bin/python" -m pip install -q --force-reinstall "nvidia-nccl-cu13==$v"
   "$out/venv-nccl/bin/python" "$root/tests/python/nccl_release_check.py" --expect "$v"
 done
