@@ -395,14 +395,17 @@ extern "C" {
 
 ncclResult_t ncclEpGetVersion(int* version) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(version != nullptr, "ncclEpGetVersion: version is NULL");
-  *version = NCCL_EP_VERSION_CODE;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpGetVersion", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(version != nullptr, "ncclEpGetVersion: version is NULL");
+    *version = NCCL_EP_VERSION_CODE;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
   ncclext::clearLastError();
-  return ncclext::checkNcclRuntime(builtVersion, loadedVersion);
+  return ncclext::guardAbi("ncclEpCheckNcclRuntime",
+                           [&]() -> ncclResult_t { return ncclext::checkNcclRuntime(builtVersion, loadedVersion); });
 }
 
 const char* ncclEpGetLastError(void) { return ncclext::lastError(); }
@@ -447,44 +450,54 @@ static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* w
 
 ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(group != nullptr, "ncclEpCreateGroup: group is NULL");
-  *group = nullptr;
-  NCCLEXT_ARG(comm != nullptr, "ncclEpCreateGroup: comm is NULL");
-  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
-  const ncclEpGroupConfig_t& c = *config;
-  NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpCreateGroup"));
-  ncclEpGroup* g = nullptr;
-  NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
-  *group = g;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpCreateGroup", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(group != nullptr, "ncclEpCreateGroup: group is NULL");
+    *group = nullptr;
+    NCCLEXT_ARG(comm != nullptr, "ncclEpCreateGroup: comm is NULL");
+    CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
+    const ncclEpGroupConfig_t& c = *config;
+    NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpCreateGroup"));
+    ncclEpGroup* g = nullptr;
+    NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
+    *group = g;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpVirtualDomainCreate(ncclEpVirtualDomain_t* domain, int n_ranks) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(domain != nullptr, "ncclEpVirtualDomainCreate: domain is NULL");
-  *domain = nullptr;
-  NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclext::VirtualDomain::kMaxRanks, "ncclEpVirtualDomainCreate: %d ranks not in [1, %d]",
-              n_ranks, ncclext::VirtualDomain::kMaxRanks);
-  *domain = new ncclEpVirtualDomain(n_ranks);
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpVirtualDomainCreate", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(domain != nullptr, "ncclEpVirtualDomainCreate: domain is NULL");
+    *domain = nullptr;
+    NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclext::VirtualDomain::kMaxRanks,
+                "ncclEpVirtualDomainCreate: %d ranks not in [1, %d]", n_ranks, ncclext::VirtualDomain::kMaxRanks);
+    *domain = new ncclEpVirtualDomain(n_ranks);
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain) {
   ncclext::clearLastError();
-  delete domain;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpVirtualDomainDestroy", [&]() -> ncclResult_t {
+    delete domain;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group) {
   ncclext::clearLastError();
-  if (!group) return ncclSuccess;
-  return ncclEpGroup::destroy(group);
+  return ncclext::guardAbi("ncclEpGroupDestroy", [&]() -> ncclResult_t {
+    if (!group) return ncclSuccess;
+    return ncclEpGroup::destroy(group);
+  });
 }
 
 ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetAsyncError: group is NULL");
-  return group->asyncError("ncclEp");
+  return ncclext::guardAbi("ncclEpGroupGetAsyncError", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetAsyncError: group is NULL");
+    return group->asyncError("ncclEp");
+  });
 }
 
 // What a group of layout `v` on `topo` reports (ncclEpGroupGetInfo; ncclEpGroupInfoQuery before it exists): its
@@ -525,37 +538,41 @@ static void fillGroupInfo(const ncclep::GroupView& v, const ncclext::Topology& t
 
 ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetInfo: group is NULL");
-  NCCLEXT_ARG(info != nullptr, "ncclEpGroupGetInfo: info is NULL");
-  CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
-  fillGroupInfo(group->view, group->domain->topo(), group->railBytes, group->sideStream != nullptr, info);
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpGroupGetInfo", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetInfo: group is NULL");
+    NCCLEXT_ARG(info != nullptr, "ncclEpGroupGetInfo: info is NULL");
+    CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
+    fillGroupInfo(group->view, group->domain->topo(), group->railBytes, group->sideStream != nullptr, info);
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks, int lsa_size,
                                   ncclEpGroupInfo_t* info) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(info != nullptr, "ncclEpGroupInfoQuery: info is NULL");
-  CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
-  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
-  const ncclEpGroupConfig_t& c = *config;
-  NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpGroupInfoQuery"));
-  NCCLEXT_USAGE(c.virtual_domain == nullptr, "ncclEpGroupInfoQuery: virtual domains are not queried");
-  NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclep::kMaxRanks, "ncclEpGroupInfoQuery: n_ranks %d not in [1, %d]",
-              n_ranks, ncclep::kMaxRanks);
-  NCCLEXT_ARG(c.num_experts % n_ranks == 0, "num_experts %d is not a multiple of the %d ranks", c.num_experts,
-              n_ranks);
-  // As ncclEpCreateGroup's Domain: the config's domain size, else the environment's, splits the LSA team.
-  const ncclext::Env& env = ncclext::env();
-  ncclext::Topology topo;
-  NCCLEXT_CHECK(ncclext::makeTopology(0, n_ranks, 0, lsa_size,
-                                      c.lsa_domain_size > 0 ? c.lsa_domain_size : env.lsaDomainSize, &topo));
-  ncclEpGroupConfig_t laid = c;
-  if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = env.railRoundTokens;
-  ncclep::GroupView v;
-  NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, env.htHierarchical != 0));
-  fillGroupInfo(v, topo, ncclep::railStagingBytes(v), v.rail.overlappable() && env.railOverlap != 0, info);
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpGroupInfoQuery", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(info != nullptr, "ncclEpGroupInfoQuery: info is NULL");
+    CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
+    CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
+    const ncclEpGroupConfig_t& c = *config;
+    NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpGroupInfoQuery"));
+    NCCLEXT_USAGE(c.virtual_domain == nullptr, "ncclEpGroupInfoQuery: virtual domains are not queried");
+    NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclep::kMaxRanks, "ncclEpGroupInfoQuery: n_ranks %d not in [1, %d]",
+                n_ranks, ncclep::kMaxRanks);
+    NCCLEXT_ARG(c.num_experts % n_ranks == 0, "num_experts %d is not a multiple of the %d ranks", c.num_experts,
+                n_ranks);
+    // As ncclEpCreateGroup's Domain: the config's domain size, else the environment's, splits the LSA team.
+    const ncclext::Env& env = ncclext::env();
+    ncclext::Topology topo;
+    NCCLEXT_CHECK(ncclext::makeTopology(0, n_ranks, 0, lsa_size,
+                                        c.lsa_domain_size > 0 ? c.lsa_domain_size : env.lsaDomainSize, &topo));
+    ncclEpGroupConfig_t laid = c;
+    if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = env.railRoundTokens;
+    ncclep::GroupView v;
+    NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, env.htHierarchical != 0));
+    fillGroupInfo(v, topo, ncclep::railStagingBytes(v), v.rail.overlappable() && env.railOverlap != 0, info);
+    return ncclSuccess;
+  });
 }
 
 static ncclResult_t checkTopk(const ncclEpGroup* g, const ncclEpTensor_t* topk) {
@@ -572,231 +589,253 @@ ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncc
                                 const ncclEpTensor_t* topk_idx, const ncclEpLayoutInfo_t* layout_info,
                                 const ncclEpHandleConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr, "ncclEpCreateHandle: handle is NULL");
-  *handle = nullptr;
-  NCCLEXT_ARG(group != nullptr, "ncclEpCreateHandle: group is NULL");
-  NCCLEXT_CHECK(group->asyncError("ncclEpCreateHandle"));
-  const bool ll = group->view.lowLatency;
-  NCCLEXT_ARG(layout >= NCCL_EP_LAYOUT_EXPERT_MAJOR && layout <= NCCL_EP_LAYOUT_FLAT, "layout %d unknown", (int)layout);
-  NCCLEXT_USAGE(ll || layout != NCCL_EP_LAYOUT_RANK_MAJOR,
-                "layout RANK_MAJOR belongs to the Low-Latency mode (High-Throughput takes FLAT or EXPERT_MAJOR)");
-  NCCLEXT_USAGE(!ll || layout != NCCL_EP_LAYOUT_FLAT,
-                "layout FLAT belongs to the High-Throughput mode (Low-Latency takes RANK_MAJOR or EXPERT_MAJOR)");
-  NCCLEXT_CHECK(checkTopk(group, topk_idx));
-  ncclEpHandleConfig_t cfg = NCCL_EP_HANDLE_CONFIG_INIT;
-  if (config) {
-    CHECK_HEADER(config, ncclEpHandleConfig_t, NCCL_EP_HANDLE_CONFIG_INIT);
-    cfg = *config;
-  }
-  const int a = cfg.dispatch_output_per_expert_alignment;
-  NCCLEXT_ARG(a >= 0 && a <= 1024 && (a & (a - 1)) == 0, "dispatch_output_per_expert_alignment %d: a power of 2 <= 1024",
-              a);
-  NCCLEXT_ARG(cfg.sizing == NCCL_EP_SIZING_WORST_CASE || cfg.sizing == NCCL_EP_SIZING_EXACT, "sizing %d unknown",
-              (int)cfg.sizing);
-  if (ll) {
-    NCCLEXT_USAGE(cfg.sizing == NCCL_EP_SIZING_WORST_CASE,
-                  "EXACT sizing: Low-Latency outputs have fixed worst-case shapes and never wait on the host");
-    NCCLEXT_USAGE(a <= 1, "dispatch_output_per_expert_alignment %d: Low-Latency zones are fixed (R x M rows)", a);
-    NCCLEXT_USAGE(layout_info == nullptr,
-                  "layout_info at handle creation: Low-Latency counts arrive with each dispatch (pass it there)");
-  }
-  NCCLEXT_CHECK(checkLayoutInfo(layout_info, group));
-  ncclEpHandle* h = nullptr;
-  NCCLEXT_CHECK(ncclEpHandle::create(group, layout, (int)topk_idx->sizes[1], cfg, &h));
-  ncclResult_t res = h->bind(*topk_idx, layout_info, stream);
-  if (res == ncclSuccess && cfg.sizing == NCCL_EP_SIZING_EXACT) res = group->asyncError("ncclEpCreateHandle");
-  if (res != ncclSuccess) {
-    delete h;
-    return res;
-  }
-  *handle = h;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpCreateHandle", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(handle != nullptr, "ncclEpCreateHandle: handle is NULL");
+    *handle = nullptr;
+    NCCLEXT_ARG(group != nullptr, "ncclEpCreateHandle: group is NULL");
+    NCCLEXT_CHECK(group->asyncError("ncclEpCreateHandle"));
+    const bool ll = group->view.lowLatency;
+    NCCLEXT_ARG(layout >= NCCL_EP_LAYOUT_EXPERT_MAJOR && layout <= NCCL_EP_LAYOUT_FLAT, "layout %d unknown",
+                (int)layout);
+    NCCLEXT_USAGE(ll || layout != NCCL_EP_LAYOUT_RANK_MAJOR,
+                  "layout RANK_MAJOR belongs to the Low-Latency mode (High-Throughput takes FLAT or EXPERT_MAJOR)");
+    NCCLEXT_USAGE(!ll || layout != NCCL_EP_LAYOUT_FLAT,
+                  "layout FLAT belongs to the High-Throughput mode (Low-Latency takes RANK_MAJOR or EXPERT_MAJOR)");
+    NCCLEXT_CHECK(checkTopk(group, topk_idx));
+    ncclEpHandleConfig_t cfg = NCCL_EP_HANDLE_CONFIG_INIT;
+    if (config) {
+      CHECK_HEADER(config, ncclEpHandleConfig_t, NCCL_EP_HANDLE_CONFIG_INIT);
+      cfg = *config;
+    }
+    const int a = cfg.dispatch_output_per_expert_alignment;
+    NCCLEXT_ARG(a >= 0 && a <= 1024 && (a & (a - 1)) == 0,
+                "dispatch_output_per_expert_alignment %d: a power of 2 <= 1024", a);
+    NCCLEXT_ARG(cfg.sizing == NCCL_EP_SIZING_WORST_CASE || cfg.sizing == NCCL_EP_SIZING_EXACT, "sizing %d unknown",
+                (int)cfg.sizing);
+    if (ll) {
+      NCCLEXT_USAGE(cfg.sizing == NCCL_EP_SIZING_WORST_CASE,
+                    "EXACT sizing: Low-Latency outputs have fixed worst-case shapes and never wait on the host");
+      NCCLEXT_USAGE(a <= 1, "dispatch_output_per_expert_alignment %d: Low-Latency zones are fixed (R x M rows)", a);
+      NCCLEXT_USAGE(layout_info == nullptr,
+                    "layout_info at handle creation: Low-Latency counts arrive with each dispatch (pass it there)");
+    }
+    NCCLEXT_CHECK(checkLayoutInfo(layout_info, group));
+    ncclEpHandle* h = nullptr;
+    NCCLEXT_CHECK(ncclEpHandle::create(group, layout, (int)topk_idx->sizes[1], cfg, &h));
+    ncclResult_t res = h->bind(*topk_idx, layout_info, stream);
+    if (res == ncclSuccess && cfg.sizing == NCCL_EP_SIZING_EXACT) res = group->asyncError("ncclEpCreateHandle");
+    if (res != ncclSuccess) {
+      delete h;
+      return res;
+    }
+    *handle = h;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* topk_idx,
                                 const ncclEpLayoutInfo_t* layout_info, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr, "ncclEpUpdateHandle: handle is NULL");
-  NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
-  NCCLEXT_CHECK(checkTopk(handle->group, topk_idx));
-  NCCLEXT_ARG(topk_idx->sizes[1] == handle->topk, "top-k %lld differs from the handle's %d (create a new handle)",
-              (long long)topk_idx->sizes[1], handle->topk);
-  NCCLEXT_USAGE(handle->pendingKind < 0, "ncclEpUpdateHandle: the handle's send-only call awaits ncclEpComplete");
-  NCCLEXT_USAGE(!handle->group->view.lowLatency || layout_info == nullptr,
-                "layout_info at handle update: Low-Latency counts arrive with each dispatch (pass it there)");
-  NCCLEXT_CHECK(checkLayoutInfo(layout_info, handle->group));
-  NCCLEXT_CHECK(handle->bind(*topk_idx, layout_info, stream));
-  if (handle->config.sizing == NCCL_EP_SIZING_EXACT) NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpUpdateHandle", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(handle != nullptr, "ncclEpUpdateHandle: handle is NULL");
+    NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
+    NCCLEXT_CHECK(checkTopk(handle->group, topk_idx));
+    NCCLEXT_ARG(topk_idx->sizes[1] == handle->topk, "top-k %lld differs from the handle's %d (create a new handle)",
+                (long long)topk_idx->sizes[1], handle->topk);
+    NCCLEXT_USAGE(handle->pendingKind < 0, "ncclEpUpdateHandle: the handle's send-only call awaits ncclEpComplete");
+    NCCLEXT_USAGE(!handle->group->view.lowLatency || layout_info == nullptr,
+                  "layout_info at handle update: Low-Latency counts arrive with each dispatch (pass it there)");
+    NCCLEXT_CHECK(checkLayoutInfo(layout_info, handle->group));
+    NCCLEXT_CHECK(handle->bind(*topk_idx, layout_info, stream));
+    if (handle->config.sizing == NCCL_EP_SIZING_EXACT) NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle) {
   ncclext::clearLastError();
-  delete handle;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpHandleDestroy", [&]() -> ncclResult_t {
+    delete handle;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetRecvRows: handle or rows is NULL");
-  NCCLEXT_USAGE(handle->config.sizing == NCCL_EP_SIZING_EXACT,
-                "ncclEpHandleGetRecvRows: the handle uses worst-case sizing; the count is on the device "
-                "(layout_info.recv_total_counter)");
-  *rows = handle->recvRows();
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpHandleGetRecvRows", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetRecvRows: handle or rows is NULL");
+    NCCLEXT_USAGE(handle->config.sizing == NCCL_EP_SIZING_EXACT,
+                  "ncclEpHandleGetRecvRows: the handle uses worst-case sizing; the count is on the device "
+                  "(layout_info.recv_total_counter)");
+    *rows = handle->recvRows();
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetMaxRecvRows: handle or rows is NULL");
-  *rows = handle->maxRecvRows;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpHandleGetMaxRecvRows", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetMaxRecvRows: handle or rows is NULL");
+    *rows = handle->maxRecvRows;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t* inputs,
                             const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* layout_info,
                             const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr, "ncclEpDispatch: handle is NULL");
-  ncclEpGroup* g = handle->group;
-  NCCLEXT_CHECK(g->asyncError("ncclEpDispatch"));
-  CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
-  CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
-  if (config) CHECK_HEADER(config, ncclEpDispatchConfig_t, NCCL_EP_DISPATCH_CONFIG_INIT);
-  if (g->view.lowLatency) return llDispatch(handle, inputs, outputs, layout_info, config, stream);
-  NCCLEXT_CHECK(checkLayoutInfo(layout_info, g));  // accepted for API compatibility; HT reports at handle time
-  NCCLEXT_ARG(!config || !config->round_scale, "config.round_scale is for Low-Latency fp8 quantisation");
-  NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
-  const int T = handle->view.numTokens, K = handle->topk;
-  const ncclEpTensor_t& x = inputs->tokens;
-  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}, {T, -1}));
-  NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
-  NCCLEXT_ARG(!present(outputs->src_info), "outputs.src_info is a Low-Latency output (FLAT rows are in source order)");
-  const int64_t H = x.sizes[1];
-  NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
-              g->config.max_token_bytes);  // before the product below, which could wrap
-  const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
-  NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0, "inputs.tokens: a row of %lld bytes is not a positive multiple of 16",
-              (long long)rowBytes);
-  NCCLEXT_ARG(rowBytes <= g->config.max_token_bytes, "inputs.tokens: a row of %lld bytes exceeds max_token_bytes %d",
-              (long long)rowBytes, g->config.max_token_bytes);
-  const bool fp8 = x.datatype == ncclFloat8e4m3;
-  if (present(inputs->topk_weights))
-    NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
-  int nScales = 0;
-  if (fp8) {
-    NCCLEXT_ARG(H % 128 == 0, "fp8 tokens: hidden %lld is not a multiple of 128 (one scale per 128 columns)",
-                (long long)H);
-    nScales = (int)(H / 128);
-    NCCLEXT_ARG(present(inputs->scales), "fp8 tokens need inputs.scales [T, hidden/128] fp32");
-    NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
-    NCCLEXT_ARG(nScales <= g->view.meta.maxScales, "%d scales per row exceed the group's %d", nScales,
-                g->view.meta.maxScales);
-  } else {
-    NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 tokens only");
-  }
-  int64_t need = 0;
-  NCCLEXT_CHECK(rowsNeeded(handle, &need));
-  const ncclEpTensor_t& y = outputs->tokens;
-  NCCLEXT_CHECK(checkTensor(y, "outputs.tokens", 2, {x.datatype}, {-1, H}));
-  NCCLEXT_CHECK(checkAligned(y, "outputs.tokens"));
-  NCCLEXT_ARG(y.sizes[0] >= need, "outputs.tokens has %lld rows; this handle needs %lld (%s sizing)",
-              (long long)y.sizes[0], (long long)need,
-              handle->config.sizing == NCCL_EP_SIZING_EXACT ? "exact" : "worst-case");
-  const int64_t N = y.sizes[0];
-  const bool flat = handle->layout == NCCL_EP_LAYOUT_FLAT;
-  if (present(outputs->topk_weights)) {
-    if (flat) NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 2, {ncclFloat32}, {N, K}));
-    else NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 1, {ncclFloat32}, {N}));
-  }
-  if (present(outputs->topk_idx)) {
-    NCCLEXT_USAGE(flat, "outputs.topk_idx is for the FLAT layout (EXPERT_MAJOR rows are grouped by expert)");
-    NCCLEXT_CHECK(checkTensor(outputs->topk_idx, "outputs.topk_idx", 2, {ncclInt32}, {N, K}));
-  }
-  if (fp8) {
-    NCCLEXT_ARG(present(outputs->scales), "fp8 tokens need outputs.scales [N, hidden/128] fp32");
-    NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {N, nScales}));
-  } else {
-    NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 tokens only");
-  }
-  ncclep::DispatchCall c{};
-  setDispatchTensors(&c, inputs, outputs);
-  c.rowBytes = (int)rowBytes;
-  c.nScales = nScales;
-  // One CTA per SM of the budget: its first half a sender (rows over NVLink, the long pole), its second half a
-  // receiver (the local copies: own rows and staged rows; every SM, since the peers' token counts are not known
-  // here). Senders: as few as keep my chunks balanced. Alone, both halves send.
-  const int sms = callSms(g, config ? config->num_sms : 0);
-  const int chunks = (T + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
-  if (g->view.nRanks == 1) {
-    c.nSenders = 2 * balancedCtas(sms, (chunks + 1) / 2);
-    c.nReceivers = 0;
-  } else {
-    c.nSenders = balancedCtas(sms, chunks);
-    c.nReceivers = sms;
-  }
-  return launchHtCall(handle, ncclep::kDispatch, c, ncclep::launchDispatch, stream);
+  return ncclext::guardAbi("ncclEpDispatch", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(handle != nullptr, "ncclEpDispatch: handle is NULL");
+    ncclEpGroup* g = handle->group;
+    NCCLEXT_CHECK(g->asyncError("ncclEpDispatch"));
+    CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
+    CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
+    if (config) CHECK_HEADER(config, ncclEpDispatchConfig_t, NCCL_EP_DISPATCH_CONFIG_INIT);
+    if (g->view.lowLatency) return llDispatch(handle, inputs, outputs, layout_info, config, stream);
+    NCCLEXT_CHECK(checkLayoutInfo(layout_info, g));  // accepted for API compatibility; HT reports at handle time
+    NCCLEXT_ARG(!config || !config->round_scale, "config.round_scale is for Low-Latency fp8 quantisation");
+    NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
+    const int T = handle->view.numTokens, K = handle->topk;
+    const ncclEpTensor_t& x = inputs->tokens;
+    NCCLEXT_CHECK(
+        checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}, {T, -1}));
+    NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
+    NCCLEXT_ARG(!present(outputs->src_info),
+                "outputs.src_info is a Low-Latency output (FLAT rows are in source order)");
+    const int64_t H = x.sizes[1];
+    NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
+                g->config.max_token_bytes);  // before the product below, which could wrap
+    const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
+    NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0,
+                "inputs.tokens: a row of %lld bytes is not a positive multiple of 16", (long long)rowBytes);
+    NCCLEXT_ARG(rowBytes <= g->config.max_token_bytes, "inputs.tokens: a row of %lld bytes exceeds max_token_bytes %d",
+                (long long)rowBytes, g->config.max_token_bytes);
+    const bool fp8 = x.datatype == ncclFloat8e4m3;
+    if (present(inputs->topk_weights))
+      NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
+    int nScales = 0;
+    if (fp8) {
+      NCCLEXT_ARG(H % 128 == 0, "fp8 tokens: hidden %lld is not a multiple of 128 (one scale per 128 columns)",
+                  (long long)H);
+      nScales = (int)(H / 128);
+      NCCLEXT_ARG(present(inputs->scales), "fp8 tokens need inputs.scales [T, hidden/128] fp32");
+      NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
+      NCCLEXT_ARG(nScales <= g->view.meta.maxScales, "%d scales per row exceed the group's %d", nScales,
+                  g->view.meta.maxScales);
+    } else {
+      NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 tokens only");
+    }
+    int64_t need = 0;
+    NCCLEXT_CHECK(rowsNeeded(handle, &need));
+    const ncclEpTensor_t& y = outputs->tokens;
+    NCCLEXT_CHECK(checkTensor(y, "outputs.tokens", 2, {x.datatype}, {-1, H}));
+    NCCLEXT_CHECK(checkAligned(y, "outputs.tokens"));
+    NCCLEXT_ARG(y.sizes[0] >= need, "outputs.tokens has %lld rows; this handle needs %lld (%s sizing)",
+                (long long)y.sizes[0], (long long)need,
+                handle->config.sizing == NCCL_EP_SIZING_EXACT ? "exact" : "worst-case");
+    const int64_t N = y.sizes[0];
+    const bool flat = handle->layout == NCCL_EP_LAYOUT_FLAT;
+    if (present(outputs->topk_weights)) {
+      if (flat)
+        NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 2, {ncclFloat32}, {N, K}));
+      else
+        NCCLEXT_CHECK(checkTensor(outputs->topk_weights, "outputs.topk_weights", 1, {ncclFloat32}, {N}));
+    }
+    if (present(outputs->topk_idx)) {
+      NCCLEXT_USAGE(flat, "outputs.topk_idx is for the FLAT layout (EXPERT_MAJOR rows are grouped by expert)");
+      NCCLEXT_CHECK(checkTensor(outputs->topk_idx, "outputs.topk_idx", 2, {ncclInt32}, {N, K}));
+    }
+    if (fp8) {
+      NCCLEXT_ARG(present(outputs->scales), "fp8 tokens need outputs.scales [N, hidden/128] fp32");
+      NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {N, nScales}));
+    } else {
+      NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 tokens only");
+    }
+    ncclep::DispatchCall c{};
+    setDispatchTensors(&c, inputs, outputs);
+    c.rowBytes = (int)rowBytes;
+    c.nScales = nScales;
+    // One CTA per SM of the budget: its first half a sender (rows over NVLink, the long pole), its second half a
+    // receiver (the local copies: own rows and staged rows; every SM, since the peers' token counts are not known
+    // here). Senders: as few as keep my chunks balanced. Alone, both halves send.
+    const int sms = callSms(g, config ? config->num_sms : 0);
+    const int chunks = (T + ncclep::kChunkTokens - 1) / ncclep::kChunkTokens;
+    if (g->view.nRanks == 1) {
+      c.nSenders = 2 * balancedCtas(sms, (chunks + 1) / 2);
+      c.nReceivers = 0;
+    } else {
+      c.nSenders = balancedCtas(sms, chunks);
+      c.nReceivers = sms;
+    }
+    return launchHtCall(handle, ncclep::kDispatch, c, ncclep::launchDispatch, stream);
+  });
 }
 
 ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
                            const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
                            cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr, "ncclEpCombine: handle is NULL");
-  ncclEpGroup* g = handle->group;
-  NCCLEXT_CHECK(g->asyncError("ncclEpCombine"));
-  CHECK_HEADER(inputs, ncclEpCombineInputs_t, NCCL_EP_COMBINE_INPUTS_INIT);
-  CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
-  if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
-  if (g->view.lowLatency) return llCombine(handle, inputs, outputs, config, stream);
-  NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
-  NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
-  NCCLEXT_USAGE(!present(outputs->missing_experts), "outputs.missing_experts is for Low-Latency groups with enable_mask");
-  const ncclEpTensor_t& x = inputs->tokens;
-  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
-  NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
-  const int64_t H = x.sizes[1];
-  NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
-              g->config.max_token_bytes);  // before the product below, which could wrap
-  const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
-  NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0 && rowBytes <= g->config.max_token_bytes,
-              "inputs.tokens: a row of %lld bytes must be a multiple of 16 in [16, max_token_bytes %d]",
-              (long long)rowBytes, g->config.max_token_bytes);
-  int64_t need = 0;
-  NCCLEXT_CHECK(rowsNeeded(handle, &need));
-  NCCLEXT_ARG(x.sizes[0] >= need, "inputs.tokens has %lld rows; this handle's dispatch output has %lld",
-              (long long)x.sizes[0], (long long)need);
-  NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));
-  NCCLEXT_CHECK(checkAligned(outputs->tokens, "outputs.tokens"));
-  ncclep::CombineCall c{};
-  c.in = static_cast<const char*>(x.data);
-  c.out = static_cast<char*>(outputs->tokens.data);
-  c.rowBytes = (int)rowBytes;
-  c.dtype = x.datatype;
-  // Receivers reduce several rows per token for this rank's own tokens; senders push rows back to their owners.
-  splitCombine(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, &c.nSenders, &c.nReceivers);
-  return launchHtCall(handle, ncclep::kCombine, c, ncclep::launchCombine, stream);
+  return ncclext::guardAbi("ncclEpCombine", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(handle != nullptr, "ncclEpCombine: handle is NULL");
+    ncclEpGroup* g = handle->group;
+    NCCLEXT_CHECK(g->asyncError("ncclEpCombine"));
+    CHECK_HEADER(inputs, ncclEpCombineInputs_t, NCCL_EP_COMBINE_INPUTS_INIT);
+    CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
+    if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
+    if (g->view.lowLatency) return llCombine(handle, inputs, outputs, config, stream);
+    NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
+    NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
+    NCCLEXT_USAGE(!present(outputs->missing_experts),
+                  "outputs.missing_experts is for Low-Latency groups with enable_mask");
+    const ncclEpTensor_t& x = inputs->tokens;
+    NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
+    NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
+    const int64_t H = x.sizes[1];
+    NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
+                g->config.max_token_bytes);  // before the product below, which could wrap
+    const int64_t rowBytes = H * (int64_t)dtypeBytes(x.datatype);
+    NCCLEXT_ARG(rowBytes % 16 == 0 && rowBytes > 0 && rowBytes <= g->config.max_token_bytes,
+                "inputs.tokens: a row of %lld bytes must be a multiple of 16 in [16, max_token_bytes %d]",
+                (long long)rowBytes, g->config.max_token_bytes);
+    int64_t need = 0;
+    NCCLEXT_CHECK(rowsNeeded(handle, &need));
+    NCCLEXT_ARG(x.sizes[0] >= need, "inputs.tokens has %lld rows; this handle's dispatch output has %lld",
+                (long long)x.sizes[0], (long long)need);
+    NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));
+    NCCLEXT_CHECK(checkAligned(outputs->tokens, "outputs.tokens"));
+    ncclep::CombineCall c{};
+    c.in = static_cast<const char*>(x.data);
+    c.out = static_cast<char*>(outputs->tokens.data);
+    c.rowBytes = (int)rowBytes;
+    c.dtype = x.datatype;
+    // Receivers reduce several rows per token for this rank's own tokens; senders push rows back to their owners.
+    splitCombine(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, &c.nSenders, &c.nReceivers);
+    return launchHtCall(handle, ncclep::kCombine, c, ncclep::launchCombine, stream);
+  });
 }
 
 ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(handle != nullptr, "ncclEpComplete: handle is NULL");
-  if (config) CHECK_HEADER(config, ncclEpCompleteConfig_t, NCCL_EP_COMPLETE_CONFIG_INIT);
-  ncclEpGroup* g = handle->group;
-  if (!g->view.lowLatency) return ncclSuccess;  // High-Throughput calls are never split into send and receive halves
-  NCCLEXT_CHECK(g->asyncError("ncclEpComplete"));
-  const int kind = handle->pendingKind;
-  NCCLEXT_USAGE(kind >= 0, "ncclEpComplete: the handle has no send-only call awaiting completion");
-  std::deque<ncclEpHandle*>& open = g->pending[kind];
-  NCCLEXT_USAGE(open.front() == handle,
-                "ncclEpComplete: the send-only %s of handle %p was issued first: calls of a kind complete in the "
-                "order they were issued", kindName(kind),
-                (const void*)open.front());
-  handle->pendingKind = -1;
-  open.pop_front();
-  if (kind == ncclep::kDispatch)
-    return ncclep::launchLlDispatch(g->view, handle->view, handle->pendingDispatch, handle->pendingCtas, stream);
-  return ncclep::launchLlCombine(g->view, handle->view, handle->pendingCombine, handle->pendingCtas, stream);
+  return ncclext::guardAbi("ncclEpComplete", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(handle != nullptr, "ncclEpComplete: handle is NULL");
+    if (config) CHECK_HEADER(config, ncclEpCompleteConfig_t, NCCL_EP_COMPLETE_CONFIG_INIT);
+    ncclEpGroup* g = handle->group;
+    if (!g->view.lowLatency) return ncclSuccess;  // High-Throughput calls are never split into send and receive halves
+    NCCLEXT_CHECK(g->asyncError("ncclEpComplete"));
+    const int kind = handle->pendingKind;
+    NCCLEXT_USAGE(kind >= 0, "ncclEpComplete: the handle has no send-only call awaiting completion");
+    std::deque<ncclEpHandle*>& open = g->pending[kind];
+    NCCLEXT_USAGE(open.front() == handle,
+                  "ncclEpComplete: the send-only %s of handle %p was issued first: calls of a kind complete in the "
+                  "order they were issued",
+                  kindName(kind), (const void*)open.front());
+    handle->pendingKind = -1;
+    open.pop_front();
+    if (kind == ncclep::kDispatch)
+      return ncclep::launchLlDispatch(g->view, handle->view, handle->pendingDispatch, handle->pendingCtas, stream);
+    return ncclep::launchLlCombine(g->view, handle->view, handle->pendingCombine, handle->pendingCtas, stream);
+  });
 }
 
 static ncclResult_t checkMaskGroup(ncclEpGroup_t group, const char* what) {
@@ -807,27 +846,33 @@ static ncclResult_t checkMaskGroup(ncclEpGroup_t group, const char* what) {
 
 ncclResult_t ncclEpMaskQuery(ncclEpGroup_t group, int* mask_dev, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskQuery"));
-  NCCLEXT_ARG(mask_dev != nullptr, "ncclEpMaskQuery: mask_dev is NULL");
-  NCCLEXT_CUDA(cudaMemcpyAsync(mask_dev, group->view.mask, group->view.nRanks * sizeof(int), cudaMemcpyDeviceToDevice,
-                               stream));
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclEpMaskQuery", [&]() -> ncclResult_t {
+    NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskQuery"));
+    NCCLEXT_ARG(mask_dev != nullptr, "ncclEpMaskQuery: mask_dev is NULL");
+    NCCLEXT_CUDA(cudaMemcpyAsync(mask_dev, group->view.mask, group->view.nRanks * sizeof(int), cudaMemcpyDeviceToDevice,
+                                 stream));
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclEpMaskUpdate(ncclEpGroup_t group, const int* mask_host, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskUpdate"));
-  NCCLEXT_ARG(mask_host != nullptr, "ncclEpMaskUpdate: mask_host is NULL");
-  return group->setMask(mask_host, stream);
+  return ncclext::guardAbi("ncclEpMaskUpdate", [&]() -> ncclResult_t {
+    NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskUpdate"));
+    NCCLEXT_ARG(mask_host != nullptr, "ncclEpMaskUpdate: mask_host is NULL");
+    return group->setMask(mask_host, stream);
+  });
 }
 
 ncclResult_t ncclEpMaskClean(ncclEpGroup_t group, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskClean"));
-  for (int kind = 0; kind < 2; kind++)
-    NCCLEXT_USAGE(group->pending[kind].empty(), "ncclEpMaskClean: a send-only %s awaits ncclEpComplete",
-                  kindName(kind));
-  return group->maskClean(stream);
+  return ncclext::guardAbi("ncclEpMaskClean", [&]() -> ncclResult_t {
+    NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskClean"));
+    for (int kind = 0; kind < 2; kind++)
+      NCCLEXT_USAGE(group->pending[kind].empty(), "ncclEpMaskClean: a send-only %s awaits ncclEpComplete",
+                    kindName(kind));
+    return group->maskClean(stream);
+  });
 }
 
 }  // extern "C"

@@ -147,14 +147,17 @@ extern "C" {
 
 ncclResult_t ncclM2nGetVersion(int* version) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(version != nullptr, "ncclM2nGetVersion: version is NULL");
-  *version = NCCL_M2N_VERSION_CODE;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclM2nGetVersion", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(version != nullptr, "ncclM2nGetVersion: version is NULL");
+    *version = NCCL_M2N_VERSION_CODE;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclM2nCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
   ncclext::clearLastError();
-  return ncclext::checkNcclRuntime(builtVersion, loadedVersion);
+  return ncclext::guardAbi("ncclM2nCheckNcclRuntime",
+                           [&]() -> ncclResult_t { return ncclext::checkNcclRuntime(builtVersion, loadedVersion); });
 }
 
 const char* ncclM2nGetLastError(void) { return ncclext::lastError(); }
@@ -256,27 +259,33 @@ ncclResult_t ncclM2nHostPlanCreate(ncclM2nHostPlan_t* plan, int rank, int nTenso
 
 ncclResult_t ncclM2nHostPlanGetInfo(ncclM2nHostPlan_t plan, ncclM2nPlanInfo_t* info) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(plan != nullptr && info != nullptr, "ncclM2nHostPlanGetInfo: plan or info is NULL");
-  *info = plan->info;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclM2nHostPlanGetInfo", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(plan != nullptr && info != nullptr, "ncclM2nHostPlanGetInfo: plan or info is NULL");
+    *info = plan->info;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclM2nHostPlanGetTransfers(ncclM2nHostPlan_t plan, ncclM2nTransferKind_t kind,
                                          const ncclM2nTransfer_t** transfers, int64_t* count) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(plan != nullptr && transfers != nullptr && count != nullptr,
-              "ncclM2nHostPlanGetTransfers: plan, transfers or count is NULL");
-  NCCLEXT_ARG(kind >= ncclM2nSends && kind <= ncclM2nLocalCopies, "ncclM2nHostPlanGetTransfers: kind %d unknown",
-              (int)kind);
-  *transfers = plan->lists[kind].data();
-  *count = (int64_t)plan->lists[kind].size();
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclM2nHostPlanGetTransfers", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(plan != nullptr && transfers != nullptr && count != nullptr,
+                "ncclM2nHostPlanGetTransfers: plan, transfers or count is NULL");
+    NCCLEXT_ARG(kind >= ncclM2nSends && kind <= ncclM2nLocalCopies, "ncclM2nHostPlanGetTransfers: kind %d unknown",
+                (int)kind);
+    *transfers = plan->lists[kind].data();
+    *count = (int64_t)plan->lists[kind].size();
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan) {
   ncclext::clearLastError();
-  delete plan;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclM2nHostPlanDestroy", [&]() -> ncclResult_t {
+    delete plan;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors, const ncclM2nTensorSpec_t* tensors,
@@ -360,14 +369,18 @@ ncclResult_t ncclM2nVirtualDomainCreate(ncclM2nVirtualDomain_t* domain, int nRan
 
 ncclResult_t ncclM2nVirtualDomainDestroy(ncclM2nVirtualDomain_t domain) {
   ncclext::clearLastError();
-  delete domain;
-  return ncclSuccess;
+  return ncclext::guardAbi("ncclM2nVirtualDomainDestroy", [&]() -> ncclResult_t {
+    delete domain;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclM2nPlanGetAsyncError(ncclM2nPlan_t plan) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(plan != nullptr, "ncclM2nPlanGetAsyncError: plan is NULL");
-  return ncclm2n::asyncError(plan);
+  return ncclext::guardAbi("ncclM2nPlanGetAsyncError", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(plan != nullptr, "ncclM2nPlanGetAsyncError: plan is NULL");
+    return ncclm2n::asyncError(plan);
+  });
 }
 
 ncclResult_t ncclM2nCommRetain(ncclComm_t comm, const ncclM2nExecConfig_t* config) {
