@@ -14,7 +14,7 @@
 # nothing an older supported libnccl lacks (they link against the found one, which must be at least that release).
 #
 # Outputs: NCCL_EXT_ABI_OBJECTS (the object libraries), NCCL_EXT_ABI_LIST_SOURCE (the generated table),
-#          NCCL_EXT_ABI_RELEASES (e.g. "2.28.7;2.29.2"), NCCL_EXT_ABI_SERVES (e.g. "2.28.7-2.28.99;2.29.2-2.29.99").
+#          NCCL_EXT_ABI_RELEASES (e.g. "2.28.9;2.29.2"; also cached as NCCL_EXT_ABI_RELEASES_BUILT).
 
 # The oldest patch release of each family whose Device API structs every later patch of the family accepts (from
 # 2.29.2 on NCCL accepts the older versions it lists); 2.28.9 for 2.28, whose 2.28.7 wheel lacks headers that
@@ -37,7 +37,6 @@ list(SORT _releases COMPARE NATURAL)
 find_package(Python3 COMPONENTS Interpreter)
 set(NCCL_EXT_ABI_OBJECTS "")
 set(NCCL_EXT_ABI_RELEASES "")
-set(NCCL_EXT_ABI_SERVES "")
 set(_decls "")
 set(_entries "")
 set(_families "")
@@ -102,7 +101,6 @@ foreach(_v IN LISTS _releases)
   target_link_libraries(${_target} PRIVATE CUDA::cudart)
   list(APPEND NCCL_EXT_ABI_OBJECTS ${_target})
   list(APPEND NCCL_EXT_ABI_RELEASES ${_v})
-  list(APPEND NCCL_EXT_ABI_SERVES "${_v}-${_maj}.${_min}.99")
   string(APPEND _decls "extern const NcclAbi ${_name};\n")
   string(APPEND _entries "&${_name}, ")
   if(NOT _oldest_inc)
