@@ -8,8 +8,11 @@ import hashlib
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
+
+ERROR_LINE = re.compile(r"error|fail|warn|assert|timed out|traceback|exception", re.IGNORECASE)
 
 
 def sh(cmd):
@@ -79,7 +82,10 @@ def main():
             tail = ""
             if not status.startswith(("pass", "skipped")) and os.path.exists(log):  # failed or inconclusive
                 with open(log, errors="replace") as lf:
-                    tail = "".join(lf.readlines()[-15:])
+                    lines = lf.readlines()
+                # The first lines that name an error (a launcher's summary can fill the tail), then the tail.
+                first = [x for x in lines[:-15] if ERROR_LINE.search(x)][:12]
+                tail = "".join(first + (["...\n"] if first else []) + lines[-15:])
             rows.append({"name": name, "nranks": int(n), "status": status, "seconds": float(secs or 0),
                          "results": results, "log_tail": tail})
     doc = {"kind": a.kind, "machine": machine(), "runs": rows}
