@@ -248,7 +248,9 @@ NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain
  * allocates the handle's arrays once, and then handle updates, dispatch, combine and ncclEpComplete never allocate
  * or synchronise the host, and may be graph-captured. A group takes at most 64 ranks. */
 NCCL_EP_API ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config);
-/* COLLECTIVE: waits for the group's work, then frees it. */
+/* COLLECTIVE: waits for the group's work, then frees it. A group's handles go first: while any is alive this
+ * returns ncclInvalidUsage and leaves the group as it was. NULL: nothing to do. Any call on a destroyed group or
+ * handle (or on a pointer no create returned) returns ncclInvalidArgument; nothing is read through it. */
 NCCL_EP_API ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group);
 /* ncclSuccess, or ncclRemoteError with a message when a device wait of this group timed out. Local, never blocks. */
 NCCL_EP_API ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group);
@@ -315,7 +317,8 @@ NCCL_EP_API ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_
 NCCL_EP_API ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* topk_idx,
                                             const ncclEpLayoutInfo_t* layout_info, cudaStream_t stream);
 /* Local. The handle must not be in use by queued work, nor hold an open send-only call (its receive half would
- * never run, and this rank's call numbers would fall behind its peers': their next calls time out). */
+ * never run, and this rank's call numbers would fall behind its peers': their next calls time out). NULL: nothing
+ * to do; a handle destroyed already: ncclInvalidArgument. */
 NCCL_EP_API ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle);
 /* EXACT sizing: rows this rank receives (EXPERT_MAJOR: pads included). WORST_CASE: ncclInvalidUsage. */
 NCCL_EP_API ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <deque>
 #include <initializer_list>
+#include <memory>
 #include <type_traits>
 
 #include "common/checks.h"
@@ -12,6 +13,20 @@
 #include "common/version.h"
 #include "nccl_ep/src/group.h"
 #include "nccl_ep/src/ll.h"
+
+namespace ncclep {
+
+// Never destroyed, so that a call made during the process's exit still finds them.
+ncclext::LiveSet& liveGroups() {
+  static ncclext::LiveSet* set = new ncclext::LiveSet;
+  return *set;
+}
+ncclext::LiveSet& liveHandles() {
+  static ncclext::LiveSet* set = new ncclext::LiveSet;
+  return *set;
+}
+
+}  // namespace ncclep
 
 namespace {
 
@@ -35,6 +50,23 @@ const char* dtypeName(ncclDataType_t t) {
     case ncclInt64: return "int64";
     default: return "other";
   }
+}
+
+using ncclep::liveGroups;
+using ncclep::liveHandles;
+
+ncclResult_t checkGroup(const ncclEpGroup* g, const char* what) {
+  NCCLEXT_ARG(g != nullptr, "%s: group is NULL", what);
+  NCCLEXT_ARG(liveGroups().contains(g), "%s: group %p is not a live group (destroyed, or never created)", what,
+              (const void*)g);
+  return ncclSuccess;
+}
+
+ncclResult_t checkHandle(const ncclEpHandle* h, const char* what) {
+  NCCLEXT_ARG(h != nullptr, "%s: handle is NULL", what);
+  NCCLEXT_ARG(liveHandles().contains(h), "%s: handle %p is not a live handle (destroyed, or never created)", what,
+              (const void*)h);
+  return ncclSuccess;
 }
 
 ncclResult_t checkHeader(const void* p, unsigned size, unsigned magic, size_t want, const char* what,
@@ -457,8 +489,10 @@ ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const nccl
     CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
     const ncclEpGroupConfig_t& c = *config;
     NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpCreateGroup"));
+    ncclext::LiveSet::Reservation entry(liveGroups());  // before the collective creation: registering cannot fail
     ncclEpGroup* g = nullptr;
     NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
+    entry.commit(g);
     *group = g;
     return ncclSuccess;
   });
@@ -488,6 +522,13 @@ ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpGroupDestroy", [&]() -> ncclResult_t {
     if (!group) return ncclSuccess;
+    NCCLEXT_CHECK(checkGroup(group, "ncclEpGroupDestroy"));
+    const int handles = group->liveHandles.load();
+    NCCLEXT_USAGE(handles == 0,
+                  "ncclEpGroupDestroy: %d handle(s) of this group are alive; ncclEpHandleDestroy them first (the "
+                  "group is unchanged)",
+                  handles);
+    liveGroups().remove(group);
     return ncclEpGroup::destroy(group);
   });
 }
@@ -495,7 +536,7 @@ ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t group) {
 ncclResult_t ncclEpGroupGetAsyncError(ncclEpGroup_t group) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpGroupGetAsyncError", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetAsyncError: group is NULL");
+    NCCLEXT_CHECK(checkGroup(group, "ncclEpGroupGetAsyncError"));
     return group->asyncError("ncclEp");
   });
 }
@@ -539,7 +580,7 @@ static void fillGroupInfo(const ncclep::GroupView& v, const ncclext::Topology& t
 ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpGroupGetInfo", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(group != nullptr, "ncclEpGroupGetInfo: group is NULL");
+    NCCLEXT_CHECK(checkGroup(group, "ncclEpGroupGetInfo"));
     NCCLEXT_ARG(info != nullptr, "ncclEpGroupGetInfo: info is NULL");
     CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
     fillGroupInfo(group->view, group->domain->topo(), group->railBytes, group->sideStream != nullptr, info);
@@ -592,7 +633,7 @@ ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncc
   return ncclext::guardAbi("ncclEpCreateHandle", [&]() -> ncclResult_t {
     NCCLEXT_ARG(handle != nullptr, "ncclEpCreateHandle: handle is NULL");
     *handle = nullptr;
-    NCCLEXT_ARG(group != nullptr, "ncclEpCreateHandle: group is NULL");
+    NCCLEXT_CHECK(checkGroup(group, "ncclEpCreateHandle"));
     NCCLEXT_CHECK(group->asyncError("ncclEpCreateHandle"));
     const bool ll = group->view.lowLatency;
     NCCLEXT_ARG(layout >= NCCL_EP_LAYOUT_EXPERT_MAJOR && layout <= NCCL_EP_LAYOUT_FLAT, "layout %d unknown",
@@ -620,15 +661,15 @@ ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncc
                     "layout_info at handle creation: Low-Latency counts arrive with each dispatch (pass it there)");
     }
     NCCLEXT_CHECK(checkLayoutInfo(layout_info, group));
-    ncclEpHandle* h = nullptr;
-    NCCLEXT_CHECK(ncclEpHandle::create(group, layout, (int)topk_idx->sizes[1], cfg, &h));
-    ncclResult_t res = h->bind(*topk_idx, layout_info, stream);
-    if (res == ncclSuccess && cfg.sizing == NCCL_EP_SIZING_EXACT) res = group->asyncError("ncclEpCreateHandle");
-    if (res != ncclSuccess) {
-      delete h;
-      return res;
-    }
-    *handle = h;
+    ncclEpHandle* created = nullptr;
+    NCCLEXT_CHECK(ncclEpHandle::create(group, layout, (int)topk_idx->sizes[1], cfg, &created));
+    std::unique_ptr<ncclEpHandle> h(created);
+    ncclext::LiveSet::Reservation entry(liveHandles());  // may throw: then h is freed, nothing registered
+    NCCLEXT_CHECK(h->bind(*topk_idx, layout_info, stream));
+    if (cfg.sizing == NCCL_EP_SIZING_EXACT) NCCLEXT_CHECK(group->asyncError("ncclEpCreateHandle"));
+    entry.commit(h.get());
+    group->liveHandles++;
+    *handle = h.release();
     return ncclSuccess;
   });
 }
@@ -637,7 +678,7 @@ ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* top
                                 const ncclEpLayoutInfo_t* layout_info, cudaStream_t stream) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpUpdateHandle", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(handle != nullptr, "ncclEpUpdateHandle: handle is NULL");
+    NCCLEXT_CHECK(checkHandle(handle, "ncclEpUpdateHandle"));
     NCCLEXT_CHECK(handle->group->asyncError("ncclEpUpdateHandle"));
     NCCLEXT_CHECK(checkTopk(handle->group, topk_idx));
     NCCLEXT_ARG(topk_idx->sizes[1] == handle->topk, "top-k %lld differs from the handle's %d (create a new handle)",
@@ -655,6 +696,11 @@ ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t* top
 ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpHandleDestroy", [&]() -> ncclResult_t {
+    if (!handle) return ncclSuccess;
+    NCCLEXT_ARG(liveHandles().remove(handle),
+                "ncclEpHandleDestroy: handle %p is not a live handle (destroyed already, or never created)",
+                (const void*)handle);
+    handle->group->liveHandles--;
     delete handle;
     return ncclSuccess;
   });
@@ -663,7 +709,8 @@ ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle) {
 ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpHandleGetRecvRows", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetRecvRows: handle or rows is NULL");
+    NCCLEXT_CHECK(checkHandle(handle, "ncclEpHandleGetRecvRows"));
+    NCCLEXT_ARG(rows != nullptr, "ncclEpHandleGetRecvRows: rows is NULL");
     NCCLEXT_USAGE(handle->config.sizing == NCCL_EP_SIZING_EXACT,
                   "ncclEpHandleGetRecvRows: the handle uses worst-case sizing; the count is on the device "
                   "(layout_info.recv_total_counter)");
@@ -675,7 +722,8 @@ ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows) {
 ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpHandleGetMaxRecvRows", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(handle != nullptr && rows != nullptr, "ncclEpHandleGetMaxRecvRows: handle or rows is NULL");
+    NCCLEXT_CHECK(checkHandle(handle, "ncclEpHandleGetMaxRecvRows"));
+    NCCLEXT_ARG(rows != nullptr, "ncclEpHandleGetMaxRecvRows: rows is NULL");
     *rows = handle->maxRecvRows;
     return ncclSuccess;
   });
@@ -686,7 +734,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
                             const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpDispatch", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(handle != nullptr, "ncclEpDispatch: handle is NULL");
+    NCCLEXT_CHECK(checkHandle(handle, "ncclEpDispatch"));
     ncclEpGroup* g = handle->group;
     NCCLEXT_CHECK(g->asyncError("ncclEpDispatch"));
     CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
@@ -777,7 +825,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
                            cudaStream_t stream) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpCombine", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(handle != nullptr, "ncclEpCombine: handle is NULL");
+    NCCLEXT_CHECK(checkHandle(handle, "ncclEpCombine"));
     ncclEpGroup* g = handle->group;
     NCCLEXT_CHECK(g->asyncError("ncclEpCombine"));
     CHECK_HEADER(inputs, ncclEpCombineInputs_t, NCCL_EP_COMBINE_INPUTS_INIT);
@@ -818,7 +866,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
 ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpComplete", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(handle != nullptr, "ncclEpComplete: handle is NULL");
+    NCCLEXT_CHECK(checkHandle(handle, "ncclEpComplete"));
     if (config) CHECK_HEADER(config, ncclEpCompleteConfig_t, NCCL_EP_COMPLETE_CONFIG_INIT);
     ncclEpGroup* g = handle->group;
     if (!g->view.lowLatency) return ncclSuccess;  // High-Throughput calls are never split into send and receive halves
@@ -839,7 +887,7 @@ ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t*
 }
 
 static ncclResult_t checkMaskGroup(ncclEpGroup_t group, const char* what) {
-  NCCLEXT_ARG(group != nullptr, "%s: group is NULL", what);
+  NCCLEXT_CHECK(checkGroup(group, what));
   NCCLEXT_USAGE(group->view.mask != nullptr, "%s: the group was created without enable_mask", what);
   return ncclSuccess;
 }

@@ -12,6 +12,7 @@
 
 #include "common/device_status.h"
 #include "common/domain.h"
+#include "common/live_set.h"
 #include "common/symmetric_memory.h"
 #include "common/virtual_domain.h"
 #include "nccl_ep/include/nccl_ep.h"
@@ -25,6 +26,11 @@ struct ncclEpVirtualDomain {
 };
 
 namespace ncclep {
+// The groups and handles alive: api.cc checks every call's against them (a call on a destroyed one is an error), and
+// unit tests register the objects they assemble by hand (LiveSet::Scoped).
+ncclext::LiveSet& liveGroups();
+ncclext::LiveSet& liveHandles();
+
 // The group's window layout, sizes and rail view (outbox pointer aside) for `config` on `topo`: pure host
 // arithmetic, the same on every rank (ncclEpGroup::create; host tests). htHierarchical: NCCL_EXT_HT_HIERARCHICAL.
 void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
@@ -70,6 +76,7 @@ inline ncclep::LayoutInfoOut layoutInfoOut(const ncclEpLayoutInfo_t* info) {
 struct ncclEpGroup {
   ncclComm_t comm = nullptr;
   ncclEpGroupConfig_t config{};
+  std::atomic<int> liveHandles{0};  // handles of this group not destroyed: ncclEpGroupDestroy refuses while any is
   int smCount = 0;  // SMs this rank may use (virtual ranks: its share of the GPU)
   int numSms = 0;
   // Declared before the window so that it is destroyed after it.

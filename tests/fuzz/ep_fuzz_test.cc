@@ -197,6 +197,8 @@ ncclEpTensor_t makeTensor(Rng& rng, const Want& w, bool mayBreak, Breaks* b) {
 struct Fake {
   ncclEpGroup group;
   ncclEpHandle handle;
+  ncclext::LiveSet::Scoped liveGroup{ncclep::liveGroups(), &group};  // as if created: the API accepts them
+  ncclext::LiveSet::Scoped liveHandle{ncclep::liveHandles(), &handle};
   int64_t totals[2] = {0, 0};
   // The allocator hook of `hooked` groups: hands out a token instead of device memory and counts what is live,
   // so that a handle built past its allocation and then failing (no GPU) is seen to give the memory back.

@@ -2,6 +2,7 @@
 Needs torch (skipped without it); no GPU."""
 
 import ctypes
+import types
 
 import pytest
 
@@ -116,7 +117,7 @@ class _FakeHandle:
         self.num_tokens, self.topk, self.topk_idx = num_tokens, topk, None
         self.low_latency = group.low_latency
         self.expert_counts = self.rank_counts = self.expert_offsets = self.recv_total = None
-        self._prepared, self._inputs_alive = {}, None
+        self._prepared, self._open_outputs = {}, None
 
     def output_rows(self):
         if self.layout == "rank_major":
@@ -128,9 +129,13 @@ class _FakeHandle:
     def _handle(self):
         return None
 
+    def _on(self, raw_stream):
+        return raw_stream
+
 
 def _shell(low_latency=True):
     g = ep.Group.__new__(ep.Group)
+    g.comm = types.SimpleNamespace(device=torch.device("cpu"))  # the tensors' device here
     g.algorithm = "low_latency" if low_latency else "high_throughput"
     g.low_latency, g.size, g.local_experts, g.max_tokens_per_rank = low_latency, R, L, M
     g.num_experts = R * L
@@ -146,6 +151,9 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr(ep, "describe", functools.partial(T.describe, require_cuda=False))
     monkeypatch.setattr(ep._Prepared, "invoke", lambda self, *args: calls.append((self, args)))
     monkeypatch.setattr(ep, "_allocating_on", _Allocating)
+    monkeypatch.setattr(ep, "_record_on", lambda stream, *ts: _Allocating.recorded.append(
+        (stream, [t for t in ts if t is not None])))
+    _Allocating.recorded = []
     monkeypatch.setattr(ep._Prepared, "_new_outputs", _Allocating.wrap(ep._Prepared._new_outputs))
     _Allocating.made = []
     return calls
@@ -358,7 +366,35 @@ def test_outputs_are_allocated_for_the_stream_the_call_names(on_cpu, monkeypatch
     x, s = torch.zeros(5, H, dtype=torch.bfloat16), _Stream()
     recv = g.dispatch(x, handle=h, stream=s)
     g.combine(recv.tokens, h, stream=s)
-    monkeypatch.setattr(ep, "_CURRENT_RAW_STREAM", [lambda device: 0])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
     g.dispatch(x, handle=h)  # the current stream's
     # tokens and topk_idx (Low-Latency: with src_info and the counts); combine's [T, H]
     assert _Allocating.made == [(s, 4 if low_latency else 2), (s, 1), (None, 4 if low_latency else 2)]
+
+
+def test_a_tensor_on_another_device_than_the_groups_is_refused():
+    """Every tensor of a call is on the group's device (here cuda:1, the tensors on the CPU: the check itself, with
+    no GPU), named in the message, before anything is described or launched."""
+    g = object.__new__(ep.Group)
+    g.comm = types.SimpleNamespace(device=torch.device("cuda", 1))
+    x = torch.zeros((4, 8), dtype=torch.bfloat16)
+    with pytest.raises(ep.NcclInvalidArgument, match=r"x is on cpu; the group's device is cuda:1"):
+        g._prepare_dispatch(None, None, x, None, None, 0)
+    with pytest.raises(ep.NcclInvalidArgument, match=r"out is on cpu; the group's device is cuda:1"):
+        g._same_device(("y", None), ("out", x))
+
+
+@pytest.mark.parametrize("low_latency,layout", [(True, "rank_major"), (False, "flat")])
+def test_inputs_are_recorded_on_the_stream_the_call_names(on_cpu, monkeypatch, low_latency, layout):
+    """A call on stream= marks its inputs as used by that stream (record_stream), so that the caller may drop them
+    at once; a call on the current stream needs nothing (torch's own ordering), and the handle holds no inputs."""
+    g = _shell(low_latency)
+    h = _FakeHandle(g, layout)
+    x, w, s = torch.zeros(5, H, dtype=torch.bfloat16), torch.rand(5, K), _Stream()
+    recv = g.dispatch(x, topk_weights=w, handle=h, stream=s)
+    g.combine(recv.tokens, h, stream=s)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    g.dispatch(x, handle=h)
+    assert [(st, [id(t) for t in ts]) for st, ts in _Allocating.recorded] == [
+        (s, [id(x), id(w)]), (s, [id(recv.tokens)])]
+    assert not hasattr(h, "_inputs_alive")

@@ -5,6 +5,7 @@ the C structs and every refusal with its message. Needs torch (skipped without i
 import contextlib
 import ctypes
 import functools
+import types
 
 import pytest
 
@@ -33,6 +34,7 @@ def calls(monkeypatch):
     made = []
     monkeypatch.setattr(ep, "_call", lambda name, *args: made.append((name, args)))
     monkeypatch.setattr(ep, "_allocating_on", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(ep, "_record_on", lambda stream, *tensors: None)
     return made
 
 
@@ -132,14 +134,18 @@ class _FakeHandle:
 
     def __init__(self, group, layout="expert_major", num_tokens=5):
         self.group, self.layout, self.num_tokens, self.topk = group, layout, num_tokens, K
-        self._prepared, self._inputs_alive, self._open_outputs = {}, None, None
+        self._prepared, self._open_outputs = {}, None
 
     def _handle(self):
         return None
 
+    def _on(self, raw_stream):
+        return raw_stream
+
 
 def _shell(low_latency=True, enable_mask=True):
     g = ep.Group.__new__(ep.Group)
+    g.comm = types.SimpleNamespace(device=torch.device("cpu"))  # the tensors' device here
     g.low_latency, g.enable_mask, g.size, g.local_experts = low_latency, enable_mask, R, L
     return g
 
@@ -151,6 +157,7 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr(ep, "describe", functools.partial(T.describe, require_cuda=False))
     monkeypatch.setattr(ep._Prepared, "invoke", lambda self, *args: invoked.append(self))
     monkeypatch.setattr(ep, "_allocating_on", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(ep, "_record_on", lambda stream, *tensors: None)
     return invoked
 
 
@@ -180,7 +187,8 @@ def test_a_send_only_combine_keeps_missing_experts_until_complete(on_cpu):
     h = _FakeHandle(g)
     missing = torch.zeros(5, dtype=torch.int32)
     out = _combine(g, h, missing_experts=missing, send_only=True)
-    assert h._open_outputs == (out, missing) and on_cpu[0].structs[2].send_only == 1
+    (kept, _stream) = h._open_outputs
+    assert kept == (out, missing) and on_cpu[0].structs[2].send_only == 1
 
 
 def test_missing_experts_of_no_tokens_has_no_pointer(on_cpu):

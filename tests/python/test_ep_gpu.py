@@ -104,6 +104,36 @@ def test_expert_major_weights_at_combine(group):
     recv.handle.close()
 
 
+def test_a_group_closes_its_handles_first_and_frees_dropped_ones():
+    """The C library refuses to destroy a group whose handles are alive; Group.close closes them (an explicit
+    handle, and the implicit handles of dispatches whose results were dropped), and handles dropped in a loop are
+    destroyed once their work is done instead of piling up until close."""
+    import gc
+
+    g = ep.Group(num_experts=16 * dist.get_world_size(), max_tokens_per_rank=64, hidden=256, dtype=torch.bfloat16,
+                 max_topk=4, num_sms=8, timeout_s=20)
+    idx, w = _routing(64, 4, g.num_experts, 7)
+    x = torch.randn(64, 256, device="cuda").to(torch.bfloat16)
+    kept = g.create_handle(idx)
+    for _ in range(6):  # the quick start in a loop: an implicit handle a step, dropped with its results
+        recv = g.dispatch(x, idx, w)
+        g.combine(recv.tokens, recv.handle)
+        del recv
+        gc.collect()
+    assert len(g._retired) <= 2, len(g._retired)  # reaped a step or two after they were dropped
+    raw = g._g
+    with pytest.raises(ep.NcclInvalidUsage, match="handle\\(s\\) of this group are alive"):
+        ep._call("ncclEpGroupDestroy", raw)  # what close() must not do first: the group is left as it was
+    g.check()
+    g.close()
+    assert not kept._h
+    with pytest.raises(ep.NcclInvalidUsage, match="used after close"):
+        kept.update(idx)
+    with pytest.raises(ep.NcclInvalidArgument, match="not a live group"):
+        ep._call("ncclEpGroupGetAsyncError", raw)  # the C library knows the group is gone
+    kept.close()  # idempotent
+
+
 def test_errors_come_back_as_exceptions(group):
     # A group of its own: the device error it records stays with the group.
     with ep.Group(num_experts=group.num_experts, max_tokens_per_rank=64, hidden=1024, timeout_s=20) as g:

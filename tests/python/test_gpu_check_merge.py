@@ -22,7 +22,8 @@ def merge(tmp_path, *reports):
 
 
 def test_a_rerun_pass_keeps_the_failed_attempt(tmp_path):
-    a = report(tmp_path / "a.json", "2026-12-04T10:00:00+00:00", "2.29.7", [("x", 2, "FAIL (exit 1)"), ("y", 1, "pass")])
+    a = report(tmp_path / "a.json", "2026-12-04T10:00:00+00:00", "2.29.7",
+               [("x", 2, "FAIL (exit 1)"), ("y", 1, "pass")])
     b = report(tmp_path / "b.json", "2026-12-04T11:00:00+00:00", "2.29.7", [("x", 2, "pass")])
     r, merged = merge(tmp_path, b, a)  # out of order on purpose: the dates decide
     assert r.returncode == 0, r.stderr

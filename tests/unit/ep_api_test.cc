@@ -71,6 +71,8 @@ TEST(EpApi, GroupConfigRejections) {
 struct Fake {
   ncclEpGroup group;
   ncclEpHandle handle;
+  ncclext::LiveSet::Scoped liveGroup{ncclep::liveGroups(), &group};  // as if created: the API accepts them
+  ncclext::LiveSet::Scoped liveHandle{ncclep::liveHandles(), &handle};
   int64_t totals[2] = {150, 300};
   alignas(16) char bytes[16] = {};
   void* p = bytes;  // a non-NULL, 16-byte aligned pointer for tensors that must have data
@@ -301,6 +303,51 @@ TEST(EpApi, LowLatencyRejections) {
   EXPECT_TRUE(says("created without enable_mask"));
 }
 
+// A call on a group or handle that is not alive (destroyed, or never created) is an error, not a use-after-free; a
+// group with live handles is not destroyed.
+TEST(EpApi, CallsOnObjectsNotAliveAreErrors) {
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+  ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  ncclEpGroup* deadGroup = nullptr;
+  ncclEpHandle* deadHandle = nullptr;
+  {
+    Fake f;
+    deadGroup = &f.group;
+    deadHandle = &f.handle;
+    EXPECT_EQ(ncclEpGroupGetAsyncError(deadGroup), ncclSuccess);  // alive here
+    f.group.liveHandles = 1;  // as ncclEpCreateHandle counts its handle
+    EXPECT_EQ(ncclEpGroupDestroy(deadGroup), ncclInvalidUsage);
+    EXPECT_TRUE(says("1 handle(s) of this group are alive"));
+    EXPECT_EQ(ncclEpGroupGetAsyncError(deadGroup), ncclSuccess);  // unchanged
+    f.group.liveHandles = 0;
+  }  // gone: every call below must fail on the registry, before it reads the object
+  int64_t rows = 0;
+  EXPECT_EQ(ncclEpDispatch(deadHandle, &in, &out, nullptr, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("ncclEpDispatch: handle")) << ncclEpGetLastError();
+  EXPECT_TRUE(says("is not a live handle (destroyed, or never created)"));
+  EXPECT_EQ(ncclEpCombine(deadHandle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpComplete(deadHandle, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpUpdateHandle(deadHandle, nullptr, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpHandleGetRecvRows(deadHandle, &rows), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpHandleGetMaxRecvRows(deadHandle, &rows), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpHandleDestroy(deadHandle), ncclInvalidArgument);
+  EXPECT_TRUE(says("ncclEpHandleDestroy: handle")) << ncclEpGetLastError();
+  EXPECT_TRUE(says("is not a live handle (destroyed already, or never created)"));
+  EXPECT_EQ(ncclEpGroupGetAsyncError(deadGroup), ncclInvalidArgument);
+  EXPECT_TRUE(says("is not a live group"));
+  EXPECT_EQ(ncclEpGroupDestroy(deadGroup), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpMaskClean(deadGroup, nullptr), ncclInvalidArgument);
+  ncclEpHandle_t h = nullptr;
+  ncclEpTensor_t topk = epTensor(&rows, ncclInt32, {1, 1});
+  EXPECT_EQ(ncclEpCreateHandle(&h, deadGroup, NCCL_EP_LAYOUT_FLAT, &topk, nullptr, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("is not a live group"));
+  EXPECT_EQ(ncclEpHandleDestroy(nullptr), ncclSuccess);  // NULL stays a no-op
+  EXPECT_EQ(ncclEpGroupDestroy(nullptr), ncclSuccess);
+}
+
 // The mask calls need a group made with enable_mask; send-only calls complete in issue order, two per kind at most.
 TEST(EpApi, MasksAndOpenCalls) {
   FakeLl f;
@@ -316,6 +363,7 @@ TEST(EpApi, MasksAndOpenCalls) {
   EXPECT_EQ(ncclEpMaskQuery(&f.group, nullptr, nullptr), ncclInvalidArgument);
   // Two open send-only dispatches (handles a, b: as the library records them).
   ncclEpHandle a, b;
+  ncclext::LiveSet::Scoped liveA(ncclep::liveHandles(), &a), liveB(ncclep::liveHandles(), &b);
   for (ncclEpHandle* h : {&a, &b}) {
     h->group = &f.group;
     h->layout = NCCL_EP_LAYOUT_RANK_MAJOR;

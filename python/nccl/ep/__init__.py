@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import types
+import weakref
 from dataclasses import dataclass
 
 from .._ext import _loader
@@ -169,19 +171,26 @@ def _stream(stream):
     return _raw_stream(stream, torch.cuda.current_device())
 
 
-_CURRENT_RAW_STREAM = []  # torch's getter of a device's current cudaStream_t, looked up once (a per-call path)
-
-
 def _raw_stream(stream, device_index: int):
     """The cudaStream_t of `stream` (None: the current stream of device `device_index`), as an int."""
     if stream is not None:
         return stream.cuda_stream
-    if not _CURRENT_RAW_STREAM:
-        import torch
+    import torch
 
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        _CURRENT_RAW_STREAM.append(raw or (lambda i: torch.cuda.current_stream(i).cuda_stream))
-    return _CURRENT_RAW_STREAM[0](device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _record_on(stream, *tensors) -> None:
+    """Marks each tensor (None: skipped) as used by `stream` (torch's record_stream): the caching allocator then
+    hands its memory to nobody else until the work `stream` has queued so far is done, so a caller may drop a tensor
+    right after a call that runs on another stream than the one it was made for."""
+    import torch
+
+    if not isinstance(stream, torch.cuda.Stream):
+        stream = torch.cuda.ExternalStream(stream.cuda_stream)
+    for t in tensors:
+        if t is not None:
+            t.record_stream(stream)
 
 
 def _allocating_on(stream):
@@ -382,6 +391,8 @@ class Group(Closing):
         self.local_experts = num_experts // max(1, self.size)
         self.max_tokens_per_rank, self.max_topk = max_tokens_per_rank, max_topk
         self._g = ctypes.c_void_p()
+        self._handles = weakref.WeakSet()  # its open Handles: close() closes them before the group (the C rule)
+        self._retired = []  # _HandleLife of Handles dropped without close(): destroyed by _reap or close()
         try:
             _call("ncclEpCreateGroup", ctypes.byref(self._g), self.comm.handle, ctypes.byref(cfg))
         except NcclError:
@@ -393,6 +404,15 @@ class Group(Closing):
         if not self._g:
             raise NcclInvalidUsage("Group: used after close()")
         return self._g
+
+    def _same_device(self, *named) -> None:
+        """Refuses any of the (name, tensor) pairs that is not on the group's device (None, or not a tensor: left to
+        the full checks)."""
+        dev = self.comm.device
+        for name, t in named:
+            if getattr(t, "device", dev) != dev:
+                raise NcclInvalidArgument("%s is on %s; the group's device is %s (a call's tensors must be on it)"
+                                          % (name, t.device, dev))
 
     def _layout(self, layout: str | None) -> str:
         """`layout`, or the mode's default: "flat" (High-Throughput), "expert_major" (Low-Latency, as DeepEP's)."""
@@ -497,9 +517,11 @@ class Group(Closing):
                                       "(shapes, dtypes, options) on this handle")
         outs = prep.fill((x, topk_weights, scales), None if out is None else out._outs, stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
-                    _raw_stream(stream, prep.device_index))
-        handle._inputs_alive = (x, topk_weights, scales)  # kept until the next call on the handle
-        handle._open_outputs = outs if send_only else None  # a send-only call's outputs: written by complete()
+                    handle._on(_raw_stream(stream, prep.device_index)))
+        if stream is not None:  # the inputs were made for another stream, most likely (the current one)
+            _record_on(stream, x, topk_weights, scales)
+        # A send-only call's outputs, written by complete() (on its stream, maybe another): kept until then.
+        handle._open_outputs = (outs, stream) if send_only else None
         if out is None:
             out = DispatchResult(tokens=outs[0], handle=handle, expert_counts=handle.expert_counts,
                                  rank_counts=handle.rank_counts, expert_offsets=handle.expert_offsets,
@@ -520,6 +542,7 @@ class Group(Closing):
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
+        self._same_device(("x", x), ("topk_weights", topk_weights), ("scales", scales))
         xin = describe(x, "x", ndim=2)
         if x.shape[0] != handle.num_tokens:
             raise NcclInvalidArgument("x has %d tokens but the routing has %d" % (x.shape[0], handle.num_tokens))
@@ -623,10 +646,12 @@ class Group(Closing):
                                 and (missing_experts is None or missing_experts.is_contiguous())):
             prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only, missing_experts)
         made = prep.fill((y, topk_weights, out, missing_experts), None, stream)
-        prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2], _raw_stream(stream, prep.device_index))
-        handle._inputs_alive = (y, topk_weights)
+        prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2],
+                    handle._on(_raw_stream(stream, prep.device_index)))
+        if stream is not None:
+            _record_on(stream, y, topk_weights)
         result = made[0] if out is None else out
-        handle._open_outputs = (result, missing_experts) if send_only else None
+        handle._open_outputs = ((result, missing_experts), stream) if send_only else None
         return result
 
     def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None, send_only=False,
@@ -634,6 +659,7 @@ class Group(Closing):
         """Every check of a combine, and its structs (cached on the handle by `key`)."""
         import torch
 
+        self._same_device(("y", y), ("topk_weights", topk_weights), ("out", out), ("missing_experts", missing_experts))
         yin = describe(y, "y", ndim=2)
         ll = handle.group.low_latency
         if ll and y.dtype != torch.bfloat16:
@@ -683,11 +709,15 @@ class Group(Closing):
         with that call's outputs (kept alive by the handle until then). Raises NcclInvalidUsage when nothing is
         open on the handle, or when another handle's send-only call of that kind was issued before this one (a
         kind's calls complete in issue order)."""
-        _call("ncclEpComplete", handle._handle(), None, _raw_stream(stream, handle.topk_idx.get_device()))
-        # The receive half is enqueued: the caching allocator keeps the outputs' memory for the stream's work from
-        # here on only if they stay referenced, so the handle holds them until its next call.
-        handle._inputs_alive = (handle._inputs_alive, handle._open_outputs)
-        handle._open_outputs = None
+        raw = _raw_stream(stream, handle.topk_idx.get_device())
+        _call("ncclEpComplete", handle._handle(), None, handle._on(raw))
+        if handle._open_outputs is not None:
+            outputs, sent_on = handle._open_outputs
+            handle._open_outputs = None
+            # Made for the send-only call's stream; written now by this one: if they differ, the outputs are this
+            # stream's too until its queued work is done.
+            if raw != _raw_stream(sent_on, handle.topk_idx.get_device()):
+                _record_on(types.SimpleNamespace(cuda_stream=raw), *outputs)
 
     def info(self) -> dict:
         """What the group is (ncclEpGroupGetInfo, local): n_domains, domain_size, window_bytes, and the fixed bytes a
@@ -703,15 +733,58 @@ class Group(Closing):
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
 
+    def _reap(self) -> None:
+        """Destroys the handles dropped without close() whose work is done: their calls ran on the device's current
+        stream only, and an event recorded there (by an earlier _reap) has completed. Never in a capture; a handle
+        used on other streams waits for close()."""
+        if not self._retired:
+            return
+        import torch
+
+        stream = torch.cuda.current_stream(self.comm.device)
+        if torch.cuda.is_current_stream_capturing():
+            return
+        keep = []
+        for life in self._retired:
+            if life.event is None and life.streams <= {stream.cuda_stream}:
+                life.event = torch.cuda.Event()
+                life.event.record(stream)
+            elif life.event is not None and life.event.query():
+                _call("ncclEpHandleDestroy", ctypes.c_void_p(life.h))
+                continue
+            keep.append(life)
+        self._retired[:] = keep
+
     def close(self) -> None:
-        """COLLECTIVE: waits for the group's work, frees it, and (if the group made it) its communicator."""
+        """COLLECTIVE: waits for the group's work, closes its handles (the library refuses to destroy a group whose
+        handles are alive), frees it, and (if the group made it) its communicator."""
         if self._g:
+            import torch
+
+            handles, retired = list(self._handles), self._retired[:]
+            if handles or retired:  # their queued work finishes before their memory goes
+                torch.cuda.synchronize(self.comm.device)
+            for h in handles:
+                h.close()
+            self._retired.clear()
+            for life in retired:
+                _call("ncclEpHandleDestroy", ctypes.c_void_p(life.h))
             g, self._g = self._g, ctypes.c_void_p()
             try:
                 _call("ncclEpGroupDestroy", g)
             finally:
                 if self._owns_comm:
                     self.comm.close()
+
+
+class _HandleLife:
+    """What a Handle's finalizer hands to its group when the Handle is dropped without close(): the C handle and
+    the streams its calls ran on (Group._reap destroys it once they are done)."""
+
+    __slots__ = ("h", "streams", "event")
+
+    def __init__(self, stream: int):
+        self.h, self.streams, self.event = None, {stream}, None
 
 
 class Handle(Closing):
@@ -757,15 +830,23 @@ class Handle(Closing):
         ti = self._routing(topk_idx)
         cfg = _HandleConfig.new(dispatch_output_per_expert_alignment=alignment, sizing=_SIZING[sizing])
         self._h = ctypes.c_void_p()
+        group._reap()
+        raw = _raw_stream(stream, group.comm.device.index)
         _call("ncclEpCreateHandle", ctypes.byref(self._h), group._handle(), _LAYOUT[layout], ctypes.byref(ti),
-              self._layout_info(), ctypes.byref(cfg), _stream(stream))
-        self._inputs_alive = None
-        self._open_outputs = None  # a send-only call's outputs until complete()
+              self._layout_info(), ctypes.byref(cfg), raw)
+        self._life = _HandleLife(raw)
+        self._life.h = self._h.value
+        group._handles.add(self)
+        # Dropped without close(): the group destroys it once its work is done (Group._reap, Group.close).
+        self._finalizer = weakref.finalize(self, group._retired.append, self._life)
+        self._open_outputs = None  # a send-only call's (outputs, stream) until complete()
         self._prepared = {}  # call signature -> _Prepared (Group.dispatch / combine)
 
     def _routing(self, topk_idx) -> CTensor:
         import torch
 
+        if isinstance(topk_idx, torch.Tensor):
+            self.group._same_device(("topk_idx", topk_idx))
         ti = describe(topk_idx, "topk_idx", dtypes=(torch.int32, torch.int64), ndim=2)
         self.topk_idx, self.num_tokens, self.topk = topk_idx, topk_idx.shape[0], topk_idx.shape[1]
         return ti
@@ -793,7 +874,7 @@ class Handle(Closing):
         ti = self._routing(topk_idx)
         if rows or self.num_tokens != tokens:  # the prepared calls' token or row counts changed
             self._prepared.clear()
-        _call("ncclEpUpdateHandle", self._handle(), ctypes.byref(ti), self._layout_info(), _stream(stream))
+        _call("ncclEpUpdateHandle", self._handle(), ctypes.byref(ti), self._layout_info(), self._on(_stream(stream)))
 
     def output_rows(self) -> int:
         """Rows of a dispatch output: the receive count (exact) or the worst case (Low-Latency: R * M for
@@ -803,10 +884,18 @@ class Handle(Closing):
         _call(fn, self._handle(), ctypes.byref(rows))
         return rows.value
 
+    def _on(self, raw_stream: int) -> int:
+        """Notes that a call of this handle runs on raw_stream (see _HandleLife); returns it."""
+        self._life.streams.add(raw_stream)
+        return raw_stream
+
     def close(self) -> None:
-        """Local: the handle must not be in use by queued work (synchronise its stream first). Idempotent."""
+        """Local: the handle must not be in use by queued work (synchronise its stream first). Idempotent. A handle
+        dropped without close() is destroyed by its group, once its work is done or when the group closes."""
         if self._h:
             h, self._h = self._h, ctypes.c_void_p()
+            self._finalizer.detach()
+            self.group._handles.discard(self)
             _call("ncclEpHandleDestroy", h)
 
 
