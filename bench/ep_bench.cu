@@ -58,6 +58,7 @@
 #include "common/device_status.h"
 #include "bench/timing.cuh"
 #include "nccl_ep.h"
+#include "tests/harness/ep_testing.h"
 #include "tests/harness/launcher.h"
 #include "tests/harness/ep_tensor.h"
 
@@ -169,11 +170,9 @@ int main(int argc, char** argv) {
     cfg.max_token_bytes = 7168 * 2;
     cfg.max_topk = 8;
     cfg.num_sms = 132;
-    cfg.virtual_domain = virt;
-    cfg.virtual_rank = virt ? ctx.localRank : 0;
-    cfg.virtual_rail = ctx.rail;  // mixed: the rail of my index (relayed exchanges; NULL otherwise)
+    ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
     ncclEpGroup_t group = nullptr;
-    NCCLEXT_BENCH_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    NCCLEXT_BENCH_EP(ncclext::harness::createEpGroup(&group, ctx.comm, &cfg));
     ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
     NCCLEXT_BENCH_EP(ncclEpGroupGetInfo(group, &info));
     std::vector<int> remote;  // the ranks of other domains

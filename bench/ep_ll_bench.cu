@@ -32,6 +32,7 @@
 
 #include "bench/timing.cuh"
 #include "nccl_ep.h"
+#include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/launcher.h"
 
@@ -113,10 +114,9 @@ int main(int argc, char** argv) {
     cfg.max_tokens_per_rank = kMaxTokens;
     cfg.max_token_bytes = kHidden * 2;
     cfg.max_topk = kTopk;
-    cfg.virtual_domain = virtualDomain;
-    cfg.virtual_rank = virtualDomain ? ctx.rank : 0;
+    ncclext::harness::setEpTesting(virtualDomain, ctx.rank, nullptr);
     ncclEpGroup_t group = nullptr;
-    NCCLEXT_BENCH_EP(ncclEpCreateGroup(&group, ctx.comm, &cfg));
+    NCCLEXT_BENCH_EP(ncclext::harness::createEpGroup(&group, ctx.comm, &cfg));
     ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
     NCCLEXT_BENCH_EP(ncclEpGroupGetInfo(group, &info));
     const bool rail = info.n_domains > 1;

@@ -32,6 +32,7 @@ function(ncclext_public_header target header)
   add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/include/${_name}
     COMMAND ${CMAKE_COMMAND} -E copy_if_different ${header} ${CMAKE_BINARY_DIR}/include/${_name}
     DEPENDS ${header})
-  add_custom_target(${target}_header DEPENDS ${CMAKE_BINARY_DIR}/include/${_name})
-  add_dependencies(${target} ${target}_header)
+  get_filename_component(_stem ${header} NAME_WE)
+  add_custom_target(${_stem}_header DEPENDS ${CMAKE_BINARY_DIR}/include/${_name})
+  add_dependencies(${target} ${_stem}_header)
 endfunction()

@@ -52,7 +52,6 @@ NCCL_EP_API const char* ncclEpGetLastError(void);
 
 typedef struct ncclEpGroup* ncclEpGroup_t;
 typedef struct ncclEpHandle* ncclEpHandle_t;
-typedef struct ncclEpVirtualDomain* ncclEpVirtualDomain_t;
 
 typedef enum { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } ncclEpAlgorithm_t;
 
@@ -111,14 +110,8 @@ typedef struct {
   ncclEpZeroCopyMode_t zero_copy;
   ncclEpAllocConfig_t alloc;    /* for the library's non-window device buffers */
   int lsa_domain_size;          /* NCCL_EP_AUTO: NCCL's LSA team; k splits it (several domains: Low-Latency only) */
-  ncclEpVirtualDomain_t virtual_domain; /* NULL; or the one-GPU test mode: see ncclEpVirtualDomainCreate */
-  int virtual_rank;             /* with virtual_domain: this thread's rank in it */
   int enable_mask;              /* LL: 1 = a mask of active ranks (ncclEpMaskQuery/Update/Clean): a peer that does
                                    not arrive within timeout_ns is masked instead of failing the group */
-  ncclComm_t virtual_rail;      /* NULL; with virtual_domain, the one-GPU mixed test mode (several virtual domains,
-                                   one a process): the communicator of the virtual ranks with this virtual_rank in
-                                   every domain, in domain order. The exchange between domains then goes between
-                                   ranks of the same index, relayed inside the domain (no enable_mask there) */
   int rail_round_tokens;        /* High-Throughput across NVLink domains: a call moves its rows to each rank of
                                    another domain in rounds of this many (a send half, then the rail; the
                                    hierarchical HT: its rail rows to each other domain), so that the rail's staging
@@ -133,7 +126,7 @@ typedef struct {
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, NULL, 0, 0, NULL, NCCL_EP_AUTO, 0}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, 0}
 
 typedef struct {
   unsigned int size;
@@ -225,16 +218,6 @@ typedef struct {
 } ncclEpCompleteConfig_t;
 #define NCCL_EP_COMPLETE_CONFIG_INIT {sizeof(ncclEpCompleteConfig_t), NCCL_EP_MAGIC}
 
-/* Virtual ranks: the one-GPU test mode (docs/ARCHITECTURE.md, "One GPU, many ranks"). `n_ranks` (1..8) ranks of
- * one NVLink domain live in this process as `n_ranks` host threads on the same GPU; each thread passes its own
- * single-rank communicator to ncclEpCreateGroup with `virtual_domain` and its `virtual_rank` in the config. The
- * kernels are the ones real ranks run; peers' windows are reached by address instead of through NCCL's LSA mapping,
- * host collectives meet in the process, and each rank's SM budget is capped at 1/n_ranks of the GPU so that all
- * ranks' kernels are resident at once. It proves protocols, not cross-GPU memory ordering or link speed. Local. */
-NCCL_EP_API ncclResult_t ncclEpVirtualDomainCreate(ncclEpVirtualDomain_t* domain, int n_ranks);
-/* Local. Only after every group made on the domain has been destroyed. */
-NCCL_EP_API ncclResult_t ncclEpVirtualDomainDestroy(ncclEpVirtualDomain_t domain);
-
 /* COLLECTIVE over `comm` (every rank, same config), blocking: sizes and registers the symmetric buffers once.
  * `comm` may span several nodes: the group derives the communicator of this rank's NVLink domain (NCCL's LSA team,
  * or blocks of `lsa_domain_size` / NCCL_EXT_LSA_DOMAIN_SIZE ranks) and the rail communicator (the ranks with this
@@ -270,8 +253,9 @@ typedef struct {
   size_t rail_combine_owner_bytes;  /* LL combine with inputs.topk_weights (rows per (token, expert)); 0 in HT */
   /* The rail's traffic per call to each other domain, each way (0 with one domain): the messages, and the bytes of
    * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
-   * rank itself, or, with virtual_rail, all to the rank of my index there, which relays them; HT's flat exchange:
-   * two per rank and round, one per staging region, received straight into the window), or, for the
+   * rank itself, or, in the mixed test mode (nccl_ep_testing.h), all to the rank of my index there, which relays
+   * them; HT's flat exchange: two per rank and round, one per staging region, received straight into the window),
+   * or, for the
    * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one per round of a fixed row per token
    * (rail_round_tokens of them). These are
    * the fixed sizes (worst-case handles, captured calls); an EXACT handle's eager HT calls move only the rows their
@@ -280,7 +264,7 @@ typedef struct {
   size_t rail_dispatch_domain_bytes;
   size_t rail_combine_domain_bytes;
   int rail_relayed; /* 1: the messages go to the rank of my index in each other domain, which relays them inside its
-                     * domain (virtual_rail, or the hierarchical HT); 0: to each rank itself (or one domain) */
+                     * domain (the mixed test mode, or the hierarchical HT); 0: to each rank itself (or one domain) */
   size_t rail_staging_bytes; /* device memory this rank holds for the rail outside its window: the outboxes (one
                               * per rank of another domain; relayed: one per rank), LL's and relay mode's inboxes
                               * (the hierarchical HT's: the handle's count rows only), the hierarchical HT's rail
@@ -301,7 +285,7 @@ NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo
  * n_ranks; config.lsa_domain_size, else NCCL_EXT_LSA_DOMAIN_SIZE, splits them as ncclEpCreateGroup does), in this
  * process's environment (NCCL_EXT_RAIL_ROUND_TOKENS, NCCL_EXT_HT_HIERARCHICAL, NCCL_EXT_RAIL_OVERLAP): for memory
  * planning before the group exists (window_bytes, rail_staging_bytes). The config is checked as ncclEpCreateGroup
- * checks it (a rail_staging_bytes_max that nothing fits fails alike); virtual domains are not queried. */
+ * checks it (a rail_staging_bytes_max that nothing fits fails alike); the one-GPU test modes are not queried. */
 NCCL_EP_API ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks, int lsa_size,
                                               ncclEpGroupInfo_t* info);
 
@@ -362,7 +346,7 @@ NCCL_EP_API ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompl
  * of a combine) is masked too, and then that call's outputs are incomplete: the next call on the group, or
  * ncclEpGroupGetAsyncError, returns ncclRemoteError once, naming it. A rank masked in its own mask sends and
  * receives nothing. Change the mask only between a combine and the next dispatch.
- * Across NVLink domains (not with virtual_rail): the rail exchange has no message to or from a rank that this
+ * Across NVLink domains (not in the mixed test mode): the rail exchange has no message to or from a rank that this
  * rank's ncclEpMaskUpdate marked inactive (none at all when it marks this rank), so every rank must make the same
  * update; a rank of another domain that stops calling leaves its rail messages unmatched, and the rail's watchdog
  * then fails the group (ncclRemoteError) instead of masking it; a captured call's exchange keeps the mask of its

@@ -469,32 +469,58 @@ static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* w
   NCCLEXT_USAGE(!c.enable_mask || c.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
                 "enable_mask: rank masks belong to the Low-Latency mode (a High-Throughput wait that times out fails "
                 "the group)");
-  if (c.virtual_domain) {
-    const int n = c.virtual_domain->domain.size();
-    NCCLEXT_ARG(c.virtual_rank >= 0 && c.virtual_rank < n, "virtual_rank %d not in [0, %d) of the virtual domain",
-                c.virtual_rank, n);
+  return ncclSuccess;
+}
+
+// The one-GPU test modes of ncclEpCreateGroupTesting (NULL: none).
+static ncclResult_t checkTesting(const ncclEpTestingConfig_t* t, ncclep::TestingModes* out) {
+  *out = ncclep::TestingModes{};
+  if (!t) return ncclSuccess;
+  CHECK_HEADER(t, ncclEpTestingConfig_t, NCCL_EP_TESTING_CONFIG_INIT);
+  if (t->virtual_domain) {
+    const int n = t->virtual_domain->domain.size();
+    NCCLEXT_ARG(t->virtual_rank >= 0 && t->virtual_rank < n, "virtual_rank %d not in [0, %d) of the virtual domain",
+                t->virtual_rank, n);
   } else {
-    NCCLEXT_ARG(c.virtual_rank == 0, "virtual_rank %d without a virtual_domain", c.virtual_rank);
-    NCCLEXT_USAGE(c.virtual_rail == nullptr, "virtual_rail without a virtual_domain (the mixed test mode has both)");
+    NCCLEXT_ARG(t->virtual_rank == 0, "virtual_rank %d without a virtual_domain", t->virtual_rank);
+    NCCLEXT_USAGE(t->virtual_rail == nullptr, "virtual_rail without a virtual_domain (the mixed test mode has both)");
   }
+  out->virtualDomain = t->virtual_domain;
+  out->virtualRank = t->virtual_rank;
+  out->virtualRail = t->virtual_rail;
+  return ncclSuccess;
+}
+
+static ncclResult_t createGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config,
+                                const ncclEpTestingConfig_t* testing, const char* what) {
+  NCCLEXT_ARG(group != nullptr, "%s: group is NULL", what);
+  *group = nullptr;
+  NCCLEXT_ARG(comm != nullptr, "%s: comm is NULL", what);
+  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
+  const ncclEpGroupConfig_t& c = *config;
+  NCCLEXT_CHECK(checkGroupConfig(c, what));
+  ncclep::TestingModes modes;
+  NCCLEXT_CHECK(checkTesting(testing, &modes));
+  ncclext::LiveSet::Reservation entry(liveGroups());  // before the collective creation: registering cannot fail
+  ncclEpGroup* g = nullptr;
+  NCCLEXT_CHECK(ncclEpGroup::create(comm, c, modes, &g));
+  entry.commit(g);
+  *group = g;
   return ncclSuccess;
 }
 
 ncclResult_t ncclEpCreateGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpCreateGroup", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(group != nullptr, "ncclEpCreateGroup: group is NULL");
-    *group = nullptr;
-    NCCLEXT_ARG(comm != nullptr, "ncclEpCreateGroup: comm is NULL");
-    CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
-    const ncclEpGroupConfig_t& c = *config;
-    NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpCreateGroup"));
-    ncclext::LiveSet::Reservation entry(liveGroups());  // before the collective creation: registering cannot fail
-    ncclEpGroup* g = nullptr;
-    NCCLEXT_CHECK(ncclEpGroup::create(comm, c, &g));
-    entry.commit(g);
-    *group = g;
-    return ncclSuccess;
+    return createGroup(group, comm, config, nullptr, "ncclEpCreateGroup");
+  });
+}
+
+ncclResult_t ncclEpCreateGroupTesting(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config,
+                                      const ncclEpTestingConfig_t* testing) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclEpCreateGroupTesting", [&]() -> ncclResult_t {
+    return createGroup(group, comm, config, testing, "ncclEpCreateGroupTesting");
   });
 }
 
@@ -597,7 +623,6 @@ ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks
     CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
     const ncclEpGroupConfig_t& c = *config;
     NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpGroupInfoQuery"));
-    NCCLEXT_USAGE(c.virtual_domain == nullptr, "ncclEpGroupInfoQuery: virtual domains are not queried");
     NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclep::kMaxRanks, "ncclEpGroupInfoQuery: n_ranks %d not in [1, %d]",
                 n_ranks, ncclep::kMaxRanks);
     NCCLEXT_ARG(c.num_experts % n_ranks == 0, "num_experts %d is not a multiple of the %d ranks", c.num_experts,

@@ -27,7 +27,7 @@ constexpr size_t kStateBytes = kMaskOffset + ncclep::kMaxRanks * sizeof(int);
 namespace ncclep {
 
 void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* out,
-                 bool htHierarchical) {
+                 bool htHierarchical, bool relayRail) {
   GroupView& v = *out;
   const int rank = topo.rank, nRanks = topo.nRanks;
   v.rank = rank;
@@ -56,11 +56,11 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   off = alignUp(off + (size_t)nRanks * 8, 256);
   w.cleanFlags = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
-  // Relayed exchanges over a rail of one index: the mixed test mode's (virtual_rail), and, for the hierarchical HT
+  // Relayed exchanges over a rail of one index: the mixed test mode's (relayRail), and, for the hierarchical HT
   // (experimental), real ranks' too when their domains have several ranks (the Domain's rail; with one rank a domain
   // the hierarchical exchange is the flat one, which stays).
   const bool hier = htHierarchical && !v.lowLatency && topo.nDomains > 1;
-  const bool relay = config.virtual_rail != nullptr || (hier && topo.domainSize > 1);
+  const bool relay = relayRail || (hier && topo.domainSize > 1);
   // The hierarchical HT's exchange rows also carry the writer's token count per destination domain (an EXACT
   // handle's eager calls size their rail messages by them: ncclEpGroup::railExchange).
   w.domainCounts = nRanks + config.num_experts + v.nChunks + 1;
@@ -147,8 +147,8 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
 }
 
 ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* v,
-                                bool htHierarchical) {
-  layoutGroup(config, topo, v, htHierarchical);
+                                bool htHierarchical, bool relayRail) {
+  layoutGroup(config, topo, v, htHierarchical, relayRail);
   const size_t budget = config.rail_staging_bytes_max;
   if (budget == 0 || topo.nDomains == 1 || railStagingBytes(*v) <= budget) return ncclSuccess;
   const bool rounds = v->rail.direct || v->rail.hier;
@@ -162,7 +162,7 @@ ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
     c.rail_round_tokens = mid;
-    layoutGroup(c, topo, &probe, htHierarchical);
+    layoutGroup(c, topo, &probe, htHierarchical, relayRail);
     if (railStagingBytes(probe) <= budget) {
       lo = mid;
     } else {
@@ -171,12 +171,12 @@ ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext
   }
   if (lo == 0) {
     c.rail_round_tokens = 1;
-    layoutGroup(c, topo, &probe, htHierarchical);
+    layoutGroup(c, topo, &probe, htHierarchical, relayRail);
     NCCLEXT_ARG(false, "rail_staging_bytes_max %zu: below this group's rail staging in rounds of one row a peer, %zu "
                 "bytes", budget, railStagingBytes(probe));
   }
   c.rail_round_tokens = lo;
-  layoutGroup(c, topo, v, htHierarchical);
+  layoutGroup(c, topo, v, htHierarchical, relayRail);
   return ncclSuccess;
 }
 
@@ -222,25 +222,27 @@ namespace {
 void abortRail(ncclEpGroup* g, double seconds);
 }  // namespace
 
-ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out) {
+ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& config,
+                                 const ncclep::TestingModes& testing, ncclEpGroup** out) {
   std::unique_ptr<ncclEpGroup> g(new ncclEpGroup());
   g->comm = comm;
   g->config = config;
+  g->testing = testing;
   const ncclext::Env& env = ncclext::env();
   g->timeoutSeconds = config.timeout_ns ? config.timeout_ns * 1e-9 : env.timeoutSeconds;
   // The domain and rail communicators (collective over `comm`), then the checks of several domains, which every rank
   // reaches with the same topology.
   ncclext::DomainOptions dopt;
   dopt.domainSize = config.lsa_domain_size;
-  dopt.virt = config.virtual_domain ? &config.virtual_domain->domain : nullptr;
-  dopt.virtualRank = config.virtual_rank;
-  dopt.rail = config.virtual_rail;
+  dopt.virt = testing.virtualDomain ? &testing.virtualDomain->domain : nullptr;
+  dopt.virtualRank = testing.virtualRank;
+  dopt.rail = testing.virtualRail;
   dopt.timeoutSeconds = g->timeoutSeconds;
   NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &g->domain));
   const ncclext::Topology& topo = g->domain->topo();
-  NCCLEXT_USAGE(topo.nDomains == 1 || !config.enable_mask || !config.virtual_rail,
-                "enable_mask with virtual_rail across %d NVLink domains: not supported (a relay sends what every rank "
-                "of its domain wrote, masked or not)",
+  NCCLEXT_USAGE(topo.nDomains == 1 || !config.enable_mask || !testing.virtualRail,
+                "enable_mask in the mixed test mode (virtual_rail) across %d NVLink domains: not supported (a relay "
+                "sends what every rank of its domain wrote, masked or not)",
                 topo.nDomains);
   const int rank = topo.rank, nRanks = topo.nRanks;
   int dev = 0;
@@ -268,7 +270,8 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   ncclep::GroupView& v = g->view;
   ncclEpGroupConfig_t laid = config;  // the rail's round: the config's, else the environment's, else the default
   if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = ncclext::env().railRoundTokens;
-  NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, ncclext::env().htHierarchical != 0));
+  NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, ncclext::env().htHierarchical != 0,
+                                           testing.virtualRail != nullptr));
   ncclep::WindowLayout& w = v.wl;
   ncclep::RailView& rv = v.rail;
 
@@ -347,7 +350,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
         res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "the overlapped exchange's stream and events");
     }
     if (rv.relay && g->domain->isVirtual()) {  // every virtual rank here, in the same order (VirtualDomain::newKey)
-      g->relayFenceKey = config.virtual_domain->domain.newKey(rank - rv.domainBase);
+      g->relayFenceKey = testing.virtualDomain->domain.newKey(rank - rv.domainBase);
       g->relayFenced = true;
     }
     // Every pair of ranks in different domains connected now, while all are here: NCCL connects a pair at its first
@@ -604,7 +607,7 @@ void ncclEpGroup::relayFence(cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capture);
   if (capture == cudaStreamCaptureStatusNone)
-    relayFenceLost = config.virtual_domain->domain.fence(view.rank - view.rail.domainBase, relayFenceKey,
+    relayFenceLost = testing.virtualDomain->domain.fence(view.rank - view.rail.domainBase, relayFenceKey,
                                                          timeoutSeconds) != ncclSuccess;
 }
 
@@ -632,7 +635,7 @@ ncclEpGroup::~ncclEpGroup() {
 ncclResult_t ncclEpGroup::destroy(ncclEpGroup* g) {
   // (1) No peer reads or writes my window after this.
   ncclResult_t res = g->domain->barrier();
-  ncclext::VirtualDomain* virt = g->config.virtual_domain ? &g->config.virtual_domain->domain : nullptr;
+  ncclext::VirtualDomain* virt = g->testing.virtualDomain ? &g->testing.virtualDomain->domain : nullptr;
   const int rank = g->view.rank - g->view.rail.domainBase;  // in the virtual domain (mixed: not the world rank)
   const double timeout = g->timeoutSeconds;
   if (res == ncclSuccess && g->relayFenced && virt) virt->forget(g->relayFenceKey);  // every rank is past its fences

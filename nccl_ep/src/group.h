@@ -16,6 +16,7 @@
 #include "common/symmetric_memory.h"
 #include "common/virtual_domain.h"
 #include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/include/nccl_ep_testing.h"
 #include "nccl_ep/src/ht.h"
 #include "nccl_ep/src/ll.h"
 
@@ -31,10 +32,18 @@ namespace ncclep {
 ncclext::LiveSet& liveGroups();
 ncclext::LiveSet& liveHandles();
 
+// The one-GPU test modes a group is made in (nccl_ep_testing.h; all empty: real ranks).
+struct TestingModes {
+  ncclEpVirtualDomain* virtualDomain = nullptr;
+  int virtualRank = 0;
+  ncclComm_t virtualRail = nullptr;  // the mixed mode: relayed exchanges over the rail of my index
+};
+
 // The group's window layout, sizes and rail view (outbox pointer aside) for `config` on `topo`: pure host
-// arithmetic, the same on every rank (ncclEpGroup::create; host tests). htHierarchical: NCCL_EXT_HT_HIERARCHICAL.
+// arithmetic, the same on every rank (ncclEpGroup::create; host tests). htHierarchical: the hierarchical HT;
+// relayRail: the mixed test mode's rail (TestingModes::virtualRail).
 void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
-                 bool htHierarchical = false);
+                 bool htHierarchical = false, bool relayRail = false);
 // The rail's device memory outside the window (ncclEpGroupInfo_t::rail_staging_bytes is their sum; 0 with one
 // domain): the outboxes and inboxes, one allocation (the direct exchange: outboxes only; the hierarchical HT:
 // inboxes only, its outboxes being in the window), and the hierarchical HT's rail rows of a round (dispatch rows
@@ -58,7 +67,7 @@ inline size_t railStagingBytes(const GroupView& v) { return railBoxBytes(v.rail)
 // (railStagingBytes) fits; ncclInvalidArgument, with the smallest staging, when none does (or, Low-
 // Latency and relayed flat exchanges, whose staging is fixed, when it does not fit).
 ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
-                                bool htHierarchical = false);
+                                bool htHierarchical = false, bool relayRail = false);
 }  // namespace ncclep
 
 // The device pointers of an optional ncclEpLayoutInfo_t (all NULL without one): HT handle binding and LL dispatch.
@@ -76,6 +85,7 @@ inline ncclep::LayoutInfoOut layoutInfoOut(const ncclEpLayoutInfo_t* info) {
 struct ncclEpGroup {
   ncclComm_t comm = nullptr;
   ncclEpGroupConfig_t config{};
+  ncclep::TestingModes testing;  // the one-GPU test modes it was made in (nccl_ep_testing.h)
   std::atomic<int> liveHandles{0};  // handles of this group not destroyed: ncclEpGroupDestroy refuses while any is
   int smCount = 0;  // SMs this rank may use (virtual ranks: its share of the GPU)
   int numSms = 0;
@@ -147,7 +157,8 @@ struct ncclEpGroup {
   uint64_t relayFenceKey = 0;
   bool relayFenced = false, relayFenceLost = false;
 
-  static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, ncclEpGroup** out);
+  static ncclResult_t create(ncclComm_t comm, const ncclEpGroupConfig_t& config, const ncclep::TestingModes& testing,
+                             ncclEpGroup** out);
   ~ncclEpGroup();
   ncclResult_t deviceAlloc(void** ptr, size_t bytes);
   // Virtual ranks: a cudaFree or cudaFreeHost waits for every kernel on the GPU, peers' kernels that wait for this

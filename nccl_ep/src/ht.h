@@ -156,7 +156,7 @@ struct HierRow {
 struct RailView {
   int domainBase = 0, domainSize = 0;  // my domain's ranks: [domainBase, domainBase + domainSize)
   int highThroughput = 0;              // the group's mode: which regions each exchange moves (regionsOf)
-  // Relay (HT over a rail of one index: the mixed test mode, ncclEpGroupConfig_t::virtual_rail): the exchange goes
+  // Relay (HT over a rail of one index: the mixed test mode, ncclEpTestingConfig_t::virtual_rail): the exchange goes
   // only to the rank with my index in each other domain, which copies what I wrote for each rank of its domain into
   // that rank's window (railRelayKernel). The outboxes are the same (rank r's at r * outboxBytes: a domain's ranks
   // are one block); inbox[D * domainSize + r] holds what domain D's rank of my index wrote for my domain's rank r.

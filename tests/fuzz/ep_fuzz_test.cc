@@ -326,13 +326,12 @@ TEST(EpFuzz, CreateGroup) {
     cfg.timeout_ns = rng.chance(1, 2) ? 0 : rng.next();
     cfg.zero_copy = rng.chance(1, 2) ? NCCL_EP_ZERO_COPY_AUTO : NCCL_EP_ZERO_COPY_OFF;
     cfg.lsa_domain_size = rng.chance(1, 2) ? 0 : (int)rng.range(1, 72);
-    cfg.virtual_rank = rng.chance(1, 2) ? 0 : (int)rng.next();  // no virtual_domain: ignored or refused
     // The classic checks, each broken now and then; a fake comm only ever meets a config that fails one of them.
     auto classic = [&](int which) {
       switch (which) {
         case 0:
           cfg.size = rng.chance(1, 2) ? 0 : (unsigned)sizeof(cfg) - 16;
-          break;  // the struct before virtual_*
+          break;  // no size, or one no layout of the struct has
         case 1:
           cfg.magic = rng.chance(1, 2) ? 0 : NCCL_EP_MAGIC + 1;
           break;
@@ -381,7 +380,6 @@ TEST(EpFuzz, CreateGroup) {
         classic(k);
         broken = true;
       }
-    if (cfg.virtual_rank != 0) broken = true;  // refused without a virtual_domain, also before the comm is used
     const int commKind = (int)rng.below(3);    // NULL, fake, fake
     const bool nullGroup = rng.chance(1, 20), nullConfig = rng.chance(1, 20);
     ncclComm_t comm = commKind == 0 ? nullptr : fakeComm();
@@ -391,11 +389,11 @@ TEST(EpFuzz, CreateGroup) {
       char buf[400];
       snprintf(buf, sizeof(buf),
                "group %s comm %s config %s{size %u magic 0x%x algorithm %d num_experts %d max_tokens_per_rank %d "
-               "max_token_bytes %d max_topk %d num_sms %d zero_copy %d alloc %s/%s lsa_domain_size %d virtual_rank %d}",
+               "max_token_bytes %d max_topk %d num_sms %d zero_copy %d alloc %s/%s lsa_domain_size %d}",
                nullGroup ? "NULL" : "&g", comm ? "fake" : "NULL", nullConfig ? "NULL " : "", cfg.size, cfg.magic,
                (int)cfg.algorithm, cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_token_bytes, cfg.max_topk,
                cfg.num_sms, (int)cfg.zero_copy, cfg.alloc.alloc_fn ? "fn" : "NULL", cfg.alloc.free_fn ? "fn" : "NULL",
-               cfg.lsa_domain_size, cfg.virtual_rank);
+               cfg.lsa_domain_size);
       return std::string(buf);
     });
     const ncclResult_t r = c.call(Lib::kEp, "ncclEpCreateGroup", [&] {
@@ -812,7 +810,7 @@ TEST(EpFuzz, VersionAndErrors) {
   });
 }
 
-// ncclEpVirtualDomainCreate/Destroy, and group creation naming a domain (the config's virtual_* fields).
+// ncclEpVirtualDomainCreate/Destroy, and group creation naming a domain (ncclEpCreateGroupTesting's virtual_*).
 TEST(EpFuzz, VirtualDomain) {
   Campaign c("EpFuzz.VirtualDomain", 10000);
   c.run([&](Rng& rng, int64_t) {
@@ -844,12 +842,13 @@ TEST(EpFuzz, VirtualDomain) {
     cfg.num_experts = 64;
     cfg.max_tokens_per_rank = 128;
     cfg.max_token_bytes = 1024;
-    cfg.virtual_domain = d;
-    cfg.virtual_rank = rng.chance(1, 2) ? (int)rng.range(0, valid - 1) : rng.pick(bad);
+    ncclEpTestingConfig_t tc = NCCL_EP_TESTING_CONFIG_INIT;
+    tc.virtual_domain = d;
+    tc.virtual_rank = rng.chance(1, 2) ? (int)rng.range(0, valid - 1) : rng.pick(bad);
     const bool fake = rng.chance(1, 2);
     // A virtual rank outside the domain (or any but 0 without one) is a config check too, made before the comm
     // is used; otherwise break a classic field.
-    const bool rankBad = d ? cfg.virtual_rank < 0 || cfg.virtual_rank >= n : cfg.virtual_rank != 0;
+    const bool rankBad = d ? tc.virtual_rank < 0 || tc.virtual_rank >= n : tc.virtual_rank != 0;
     if (fake && !rankBad) {
       switch (rng.below(4)) {
         case 0:
@@ -868,15 +867,16 @@ TEST(EpFuzz, VirtualDomain) {
     }
     ncclEpGroup_t g = reinterpret_cast<ncclEpGroup_t>(0x1);
     c.describe([&] {
-      return "domain of " + std::to_string(n) + (d ? "" : " (not made)") + ", ncclEpCreateGroup(&g, " +
+      return "domain of " + std::to_string(n) + (d ? "" : " (not made)") + ", ncclEpCreateGroupTesting(&g, " +
              (fake ? "fake" : "NULL") + ", {magic " + std::to_string(cfg.magic) + " num_experts " +
              std::to_string(cfg.num_experts) + " max_topk " + std::to_string(cfg.max_topk) + " lsa_domain_size " +
-             std::to_string(cfg.lsa_domain_size) + " virtual_rank " + std::to_string(cfg.virtual_rank) + "})";
+             std::to_string(cfg.lsa_domain_size) + "}, {virtual_rank " + std::to_string(tc.virtual_rank) + "})";
     });
-    const ncclResult_t rg =
-        c.call(Lib::kEp, "ncclEpCreateGroup", [&] { return ncclEpCreateGroup(&g, fake ? fakeComm() : nullptr, &cfg); });
-    c.expectRejected(rg, "ncclEpCreateGroup", "no comm, or a config that fails its checks");
-    if (g != nullptr) c.fail("ncclEpCreateGroup failed but left *group non-NULL");
+    const ncclResult_t rg = c.call(Lib::kEp, "ncclEpCreateGroupTesting", [&] {
+      return ncclEpCreateGroupTesting(&g, fake ? fakeComm() : nullptr, &cfg, &tc);
+    });
+    c.expectRejected(rg, "ncclEpCreateGroupTesting", "no comm, or a config that fails its checks");
+    if (g != nullptr) c.fail("ncclEpCreateGroupTesting failed but left *group non-NULL");
     // A domain with no groups is destroyed; NULL is a no-op or rejected, like any other NULL argument.
     const ncclResult_t rd =
         c.call(Lib::kEp, "ncclEpVirtualDomainDestroy", [&] { return ncclEpVirtualDomainDestroy(d); });

@@ -27,6 +27,7 @@
 #include "common/device_status.h"
 #include "common/status.h"
 #include "nccl_ep.h"
+#include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/launcher.h"
 
@@ -92,10 +93,9 @@ int body(ncclext::harness::RankContext& ctx, const Options& o, ncclEpVirtualDoma
   cfg.max_topk = kTopk;
   cfg.num_sms = 16;
   cfg.timeout_ns = (uint64_t)(o.timeoutSeconds * 1e9);
-  cfg.virtual_domain = virt;
-  cfg.virtual_rank = virt ? ctx.rank : 0;
+  ncclext::harness::setEpTesting(virt, ctx.rank, nullptr);
   ncclEpGroup_t group = nullptr;
-  if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
+  if (ncclext::harness::createEpGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
     fprintf(stderr, "rank %d: ncclEpCreateGroup: %s\n", ctx.rank, ncclEpGetLastError());
     return 1;
   }

@@ -39,6 +39,7 @@
 #include "common/device_status.h"
 #include "common/status.h"
 #include "nccl_ep.h"
+#include "tests/harness/ep_testing.h"
 #include "tests/harness/launcher.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
@@ -671,11 +672,9 @@ int main(int argc, char** argv) {
     cfg.max_topk = 8;
     cfg.num_sms = 24;
     cfg.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
-    cfg.virtual_domain = virt;
-    cfg.virtual_rank = virt ? ctx.localRank : 0;
-    cfg.virtual_rail = ctx.rail;  // mixed: the rail of my index (relayed exchanges; NULL otherwise)
+    ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
     ncclEpGroup_t group = nullptr;
-    if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
+    if (ncclext::harness::createEpGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpCreateGroup: %s\n", ctx.rank, ncclEpGetLastError());
       return 1;
     }
@@ -737,7 +736,7 @@ int main(int argc, char** argv) {
       big.max_topk = 32;
       big.num_sms = NCCL_EP_AUTO;
       ncclEpGroup_t bigGroup = nullptr;
-      if (ncclEpCreateGroup(&bigGroup, ctx.comm, &big) != ncclSuccess) {
+      if (ncclext::harness::createEpGroup(&bigGroup, ctx.comm, &big) != ncclSuccess) {
         fprintf(stderr, "rank %d: ncclEpCreateGroup (limits): %s\n", ctx.rank, ncclEpGetLastError());
         rc = 1;
       } else {
@@ -815,7 +814,7 @@ int main(int argc, char** argv) {
         ncclEpGroupConfig_t scfg = cfg;
         scfg.timeout_ns = (uint64_t)(gSilentPeerSeconds * 1e9);
         silent = nullptr;
-        EXPECT_OK(ncclEpCreateGroup(&silent, ctx.comm, &scfg));
+        EXPECT_OK(ncclext::harness::createEpGroup(&silent, ctx.comm, &scfg));
       }
       const double budget = gSilentPeerSeconds;
       const int K = 8, T = 64;

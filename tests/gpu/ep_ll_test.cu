@@ -56,6 +56,7 @@
 #include "common/numeric.h"
 #include "common/status.h"
 #include "nccl_ep.h"
+#include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
 #include "tests/harness/launcher.h"
@@ -509,7 +510,7 @@ struct Runner {
   }
   int openGroup(int M, int L, int maxHidden) {
     const ncclEpGroupConfig_t cfg = groupConfig(M, L, maxHidden);
-    if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
+    if (ncclext::harness::createEpGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpCreateGroup (M %d, E %d, %d B rows): %s\n", ctx.rank, M, cfg.num_experts,
               cfg.max_token_bytes, ncclEpGetLastError());
       return 1;
@@ -958,7 +959,7 @@ struct Runner {
     cfg.enable_mask = 1;
     cfg.timeout_ns = (uint64_t)(gSilentPeerSeconds * 1e9);
     group = nullptr;
-    if (ncclEpCreateGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
+    if (ncclext::harness::createEpGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpCreateGroup (enable_mask): %s\n", ctx.rank, ncclEpGetLastError());
       group = mainGroup;
       return 1;
@@ -1045,7 +1046,7 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
   cfg.max_token_bytes = H * 2;
   cfg.timeout_ns = (uint64_t)(budget * 1e9);
   ncclEpGroup_t g = nullptr;
-  EXPECT_OK(ncclEpCreateGroup(&g, ctx.comm, &cfg));
+  EXPECT_OK(ncclext::harness::createEpGroup(&g, ctx.comm, &cfg));
   std::vector<int> idx(M * K);
   for (int t = 0; t < M; t++)
     for (int k = 0; k < K; k++) idx[t * K + k] = (t * K + k) % cfg.num_experts;  // every rank receives
@@ -1283,9 +1284,7 @@ int main(int argc, char** argv) {
     base.max_topk = kMaxTopk;
     base.num_sms = gSms;
     base.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
-    base.virtual_domain = virt;
-    base.virtual_rank = virt ? ctx.localRank : 0;
-    base.virtual_rail = ctx.rail;  // mixed: the rail of my index (relayed exchanges; NULL otherwise)
+    ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
     std::vector<Case> cases = buildCases();
     if (quick || gGraphOnly) {
       std::vector<Case> few;
@@ -1306,7 +1305,7 @@ int main(int argc, char** argv) {
       probe.max_tokens_per_rank = 1;
       probe.max_token_bytes = 512;
       ncclEpGroup_t g = nullptr;
-      if (ncclEpCreateGroup(&g, ctx.comm, &probe) != ncclSuccess) {
+      if (ncclext::harness::createEpGroup(&g, ctx.comm, &probe) != ncclSuccess) {
         fprintf(stderr, "rank %d: ncclEpCreateGroup (probe): %s\n", ctx.rank, ncclEpGetLastError());
         return 1;
       }

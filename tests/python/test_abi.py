@@ -104,7 +104,6 @@ def _create_group(**fields):
     ("max_topk", 33, "max_topk 33 not in [1, 32]"),
     ("num_sms", -1, "num_sms -1 < 0"),
     ("lsa_domain_size", -2, "lsa_domain_size -2 < 0"),
-    ("virtual_rank", 3, "virtual_rank 3 without a virtual_domain"),
     ("rail_round_tokens", -5, "rail_round_tokens -5 < 0"),
 ])
 def test_config_fields_reach_the_c_checks(field, value, text):

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "nccl_ep.h"
+#include "nccl_ep_testing.h"
 #include "nccl_m2n.h"
 
 // This binary's operator new, which the libraries' allocations reach too: once armed with k, the k-th allocation

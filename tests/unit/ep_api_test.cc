@@ -55,13 +55,30 @@ TEST(EpApi, GroupConfigRejections) {
        "both alloc_fn and free_fn"},
       {[](ncclEpGroupConfig_t* x) { x->enable_mask = 2; }, ncclInvalidArgument, "enable_mask 2"},
       {[](ncclEpGroupConfig_t* x) { x->enable_mask = 1; }, ncclInvalidUsage, "rank masks belong to the Low-Latency"},
-      {[](ncclEpGroupConfig_t* x) { x->virtual_rail = reinterpret_cast<ncclComm_t>(0x2); }, ncclInvalidUsage,
-       "virtual_rail without a virtual_domain"},
   };
   for (const Bad& b : cases) {
     ncclEpGroupConfig_t x = goodConfig();
     b.edit(&x);
     EXPECT_EQ(ncclEpCreateGroup(&g, fake, &x), b.code) << b.message;
+    EXPECT_TRUE(says(b.message)) << "want \"" << b.message << "\" in: " << ncclEpGetLastError();
+    EXPECT_EQ(g, nullptr);
+  }
+  // The one-GPU test modes (nccl_ep_testing.h), checked before the comm is used too.
+  struct BadTesting {
+    void (*edit)(ncclEpTestingConfig_t*);
+    ncclResult_t code;
+    const char* message;
+  } testing[] = {
+      {[](ncclEpTestingConfig_t* t) { t->magic = 7; }, ncclInvalidArgument, "NCCL_EP_TESTING_CONFIG_INIT"},
+      {[](ncclEpTestingConfig_t* t) { t->virtual_rank = 3; }, ncclInvalidArgument,
+       "virtual_rank 3 without a virtual_domain"},
+      {[](ncclEpTestingConfig_t* t) { t->virtual_rail = reinterpret_cast<ncclComm_t>(0x2); }, ncclInvalidUsage,
+       "virtual_rail without a virtual_domain"},
+  };
+  for (const BadTesting& b : testing) {
+    ncclEpTestingConfig_t t = NCCL_EP_TESTING_CONFIG_INIT;
+    b.edit(&t);
+    EXPECT_EQ(ncclEpCreateGroupTesting(&g, fake, &c, &t), b.code) << b.message;
     EXPECT_TRUE(says(b.message)) << "want \"" << b.message << "\" in: " << ncclEpGetLastError();
     EXPECT_EQ(g, nullptr);
   }
@@ -773,11 +790,6 @@ TEST(EpRail, InfoQueryReportsWhatTheGroupWould) {
   cfg.max_token_bytes = 500;  // as ncclEpCreateGroup: a multiple of 16
   EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 1, &info), ncclInvalidArgument);
   cfg.max_token_bytes = 512;
-  ncclEpVirtualDomain_t vd = nullptr;
-  ASSERT_EQ(ncclEpVirtualDomainCreate(&vd, 2), ncclSuccess);
-  cfg.virtual_domain = vd;
-  EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 1, &info), ncclInvalidUsage);
-  ncclEpVirtualDomainDestroy(vd);
 }
 
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512

@@ -72,8 +72,7 @@ class _GroupConfig(_Header):
                 ("num_experts", ctypes.c_int), ("max_tokens_per_rank", ctypes.c_int),
                 ("max_token_bytes", ctypes.c_int), ("max_topk", ctypes.c_int), ("num_sms", ctypes.c_int),
                 ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
-                ("lsa_domain_size", ctypes.c_int), ("virtual_domain", ctypes.c_void_p), ("virtual_rank", ctypes.c_int),
-                ("enable_mask", ctypes.c_int), ("virtual_rail", ctypes.c_void_p), ("rail_round_tokens", ctypes.c_int),
+                ("lsa_domain_size", ctypes.c_int), ("enable_mask", ctypes.c_int), ("rail_round_tokens", ctypes.c_int),
                 ("rail_staging_bytes_max", ctypes.c_size_t)]
 
 
