@@ -44,11 +44,14 @@ NCCL_EP_API const char* ncclEpGetLastError(void);
 /* ------------------------------------------------------------------------------------------------------------
  * MoE dispatch / combine. Names follow NVIDIA's nccl_ep where that serves users; docs/COMPATIBILITY.md lists every
  * difference. Structs passed by pointer start with {size, magic}; initialise them with the *_INIT macros. Fields
- * are only ever appended.
+ * are only ever appended, and a library takes every earlier layout of a struct it reads (the *_V<n>_SIZE sizes):
+ * the fields the caller's layout lacks read as zero (NCCL_EP_AUTO). Any other size is refused.
+ * A field left at NCCL_EP_AUTO is the only one an environment variable can set: a value given wins.
  * ------------------------------------------------------------------------------------------------------------ */
 #define NCCL_EP_MAGIC 0x65703031u /* 'ep01' */
 #define NCCL_EP_MAX_TENSOR_DIMS 4
-#define NCCL_EP_AUTO 0
+#define NCCL_EP_AUTO 0  /* the library's choice: the environment variable the field names, else its default */
+#define NCCL_EP_OFF (-1)
 
 typedef struct ncclEpGroup* ncclEpGroup_t;
 typedef struct ncclEpHandle* ncclEpHandle_t;
@@ -123,10 +126,21 @@ typedef struct {
                                    Throughput: its rounds take the most rows a peer (at most rail_round_tokens's) that
                                    fit; Low-Latency's staging is fixed by the group's sizes. ncclInvalidArgument when
                                    even one row a peer (LL: the fixed staging) does not fit. 0: no limit */
+  /* Appended after the first layout (NCCL_EP_GROUP_CONFIG_V1_SIZE ends before them). */
+  int ht_hierarchical;          /* High-Throughput across NVLink domains of several ranks: 1 = the hierarchical
+                                   exchange (one rail row per (token, destination domain) each way, expanded or
+                                   reduced by the rank of the sender's index there; experimental), NCCL_EP_OFF = the
+                                   flat one (a rail row per (token, destination rank)). NCCL_EP_AUTO:
+                                   NCCL_EXT_HT_HIERARCHICAL, else flat */
+  int rail_overlap;             /* High-Throughput across NVLink domains: 1 = a call's NVLink part (the flat
+                                   exchange's rows to my domain, the hierarchical one's send half) runs on a stream
+                                   of the group's beside the rail rounds, NCCL_EP_OFF = one stream. NCCL_EP_AUTO:
+                                   NCCL_EXT_RAIL_OVERLAP, else one stream */
 } ncclEpGroupConfig_t;
+#define NCCL_EP_GROUP_CONFIG_V1_SIZE offsetof(ncclEpGroupConfig_t, ht_hierarchical)
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, 0}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, NCCL_EP_AUTO}
 
 typedef struct {
   unsigned int size;
@@ -256,7 +270,7 @@ typedef struct {
    * rank itself, or, in the mixed test mode (nccl_ep_testing.h), all to the rank of my index there, which relays
    * them; HT's flat exchange: two per rank and round, one per staging region, received straight into the window),
    * or, for the
-   * hierarchical HT (NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), one per round of a fixed row per token
+   * hierarchical HT (ht_hierarchical on domains of several ranks), one per round of a fixed row per token
    * (rail_round_tokens of them). These are
    * the fixed sizes (worst-case handles, captured calls); an EXACT handle's eager HT calls move only the rows their
    * routing fills (hierarchical: a row per token that hits the domain), none where there are none. */
@@ -272,19 +286,19 @@ typedef struct {
   int rail_round_tokens;     /* HT across domains: the rows a round moves to each peer (the hierarchical HT: to each
                               * other domain; rail_*_bytes are a whole call's, in max_tokens_per_rank / this many
                               * rounds at most); else max_tokens_per_rank */
-  int rail_hierarchical;     /* 1: High-Throughput's hierarchical exchange (NCCL_EXT_HT_HIERARCHICAL=1 on domains of
+  int rail_hierarchical;     /* 1: High-Throughput's hierarchical exchange (config.ht_hierarchical on domains of
                               * several ranks: a rail row per token and destination domain, relayed); else 0 */
   int rail_overlapped;       /* 1: High-Throughput's exchange runs a call's NVLink part on a stream of the group's
-                              * beside the rail rounds (NCCL_EXT_RAIL_OVERLAP=1; default 0): the flat one's rows to
-                              * my own domain, the hierarchical one's whole send half */
+                              * beside the rail rounds (config.rail_overlap): the flat one's rows to my own domain,
+                              * the hierarchical one's whole send half */
 } ncclEpGroupInfo_t;
 #define NCCL_EP_GROUP_INFO_INIT {sizeof(ncclEpGroupInfo_t), NCCL_EP_MAGIC, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info);
 /* LOCAL, host arithmetic only (no GPU, no communicator, nothing allocated): what ncclEpGroupGetInfo would report for
  * a group made with `config` over `n_ranks` ranks whose NVLink (LSA) teams have `lsa_size` ranks (a divisor of
- * n_ranks; config.lsa_domain_size, else NCCL_EXT_LSA_DOMAIN_SIZE, splits them as ncclEpCreateGroup does), in this
- * process's environment (NCCL_EXT_RAIL_ROUND_TOKENS, NCCL_EXT_HT_HIERARCHICAL, NCCL_EXT_RAIL_OVERLAP): for memory
- * planning before the group exists (window_bytes, rail_staging_bytes). The config is checked as ncclEpCreateGroup
+ * n_ranks; config.lsa_domain_size, else NCCL_EXT_LSA_DOMAIN_SIZE, splits them as ncclEpCreateGroup does), the
+ * config's NCCL_EP_AUTO fields resolved as ncclEpCreateGroup resolves them (from this process's environment, else
+ * the defaults; a config that sets them depends on no environment): for memory planning before the group exists (window_bytes, rail_staging_bytes). The config is checked as ncclEpCreateGroup
  * checks it (a rail_staging_bytes_max that nothing fits fails alike); the one-GPU test modes are not queried. */
 NCCL_EP_API ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks, int lsa_size,
                                               ncclEpGroupInfo_t* info);

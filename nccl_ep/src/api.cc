@@ -2,6 +2,7 @@
 #include "nccl_ep/include/nccl_ep.h"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <initializer_list>
 #include <memory>
@@ -77,6 +78,24 @@ ncclResult_t checkHeader(const void* p, unsigned size, unsigned magic, size_t wa
               magic, want, NCCL_EP_MAGIC, init);
   return ncclSuccess;
 }
+// A struct the caller passes in any layout this library knows (`sizes`: every earlier layout's size, then
+// sizeof(T)), copied into `out` with what the caller's layout lacks zero (NCCL_EP_AUTO), its size this library's.
+template <typename T>
+ncclResult_t readVersioned(const T* p, std::initializer_list<size_t> sizes, const char* what, const char* init,
+                           T* out) {
+  NCCLEXT_ARG(p != nullptr, "%s is NULL", what);
+  bool known = false;
+  for (size_t s : sizes) known |= p->size == s;
+  NCCLEXT_ARG(known && p->magic == NCCL_EP_MAGIC,
+              "%s: size %u / magic 0x%x are not a layout of this library (sizes %zu to %zu, magic 0x%x): initialise "
+              "it with %s, and build against this library's nccl_ep.h or an older one",
+              what, p->size, p->magic, *sizes.begin(), sizeof(T), NCCL_EP_MAGIC, init);
+  std::memset(static_cast<void*>(out), 0, sizeof(T));
+  std::memcpy(static_cast<void*>(out), static_cast<const void*>(p), p->size);
+  out->size = sizeof(T);
+  return ncclSuccess;
+}
+
 #define CHECK_HEADER(p, type, init) NCCLEXT_CHECK(checkHeader((p), (p) ? (p)->size : 0, (p) ? (p)->magic : 0, sizeof(type), #p, #init))
 
 bool present(const ncclEpTensor_t& t) { return t.ndim != 0 || t.data != nullptr; }
@@ -443,6 +462,12 @@ ncclResult_t ncclEpCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
 const char* ncclEpGetLastError(void) { return ncclext::lastError(); }
 
 // The checks of a group's config (ncclEpCreateGroup, ncclEpGroupInfoQuery); `what` names the caller.
+// Every layout of ncclEpGroupConfig_t: the first one's size, then this one's.
+static ncclResult_t readGroupConfig(const ncclEpGroupConfig_t* config, ncclEpGroupConfig_t* out) {
+  return readVersioned(config, {NCCL_EP_GROUP_CONFIG_V1_SIZE, sizeof(ncclEpGroupConfig_t)}, "config",
+                       "NCCL_EP_GROUP_CONFIG_INIT", out);
+}
+
 static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* what) {
   NCCLEXT_ARG(c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT || c.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
               "%s: algorithm %d unknown", what, (int)c.algorithm);
@@ -469,6 +494,10 @@ static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* w
   NCCLEXT_USAGE(!c.enable_mask || c.algorithm == NCCL_EP_ALGO_LOW_LATENCY,
                 "enable_mask: rank masks belong to the Low-Latency mode (a High-Throughput wait that times out fails "
                 "the group)");
+  NCCLEXT_ARG(c.ht_hierarchical == NCCL_EP_AUTO || c.ht_hierarchical == 1 || c.ht_hierarchical == NCCL_EP_OFF,
+              "ht_hierarchical %d: 1, NCCL_EP_OFF (-1) or NCCL_EP_AUTO (0)", c.ht_hierarchical);
+  NCCLEXT_ARG(c.rail_overlap == NCCL_EP_AUTO || c.rail_overlap == 1 || c.rail_overlap == NCCL_EP_OFF,
+              "rail_overlap %d: 1, NCCL_EP_OFF (-1) or NCCL_EP_AUTO (0)", c.rail_overlap);
   return ncclSuccess;
 }
 
@@ -496,8 +525,8 @@ static ncclResult_t createGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncc
   NCCLEXT_ARG(group != nullptr, "%s: group is NULL", what);
   *group = nullptr;
   NCCLEXT_ARG(comm != nullptr, "%s: comm is NULL", what);
-  CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
-  const ncclEpGroupConfig_t& c = *config;
+  ncclEpGroupConfig_t c;
+  NCCLEXT_CHECK(readGroupConfig(config, &c));
   NCCLEXT_CHECK(checkGroupConfig(c, what));
   ncclep::TestingModes modes;
   NCCLEXT_CHECK(checkTesting(testing, &modes));
@@ -620,23 +649,22 @@ ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks
   return ncclext::guardAbi("ncclEpGroupInfoQuery", [&]() -> ncclResult_t {
     NCCLEXT_ARG(info != nullptr, "ncclEpGroupInfoQuery: info is NULL");
     CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
-    CHECK_HEADER(config, ncclEpGroupConfig_t, NCCL_EP_GROUP_CONFIG_INIT);
-    const ncclEpGroupConfig_t& c = *config;
+    ncclEpGroupConfig_t c;
+    NCCLEXT_CHECK(readGroupConfig(config, &c));
     NCCLEXT_CHECK(checkGroupConfig(c, "ncclEpGroupInfoQuery"));
     NCCLEXT_ARG(n_ranks >= 1 && n_ranks <= ncclep::kMaxRanks, "ncclEpGroupInfoQuery: n_ranks %d not in [1, %d]",
                 n_ranks, ncclep::kMaxRanks);
     NCCLEXT_ARG(c.num_experts % n_ranks == 0, "num_experts %d is not a multiple of the %d ranks", c.num_experts,
                 n_ranks);
     // As ncclEpCreateGroup's Domain: the config's domain size, else the environment's, splits the LSA team.
-    const ncclext::Env& env = ncclext::env();
     ncclext::Topology topo;
     NCCLEXT_CHECK(ncclext::makeTopology(0, n_ranks, 0, lsa_size,
-                                        c.lsa_domain_size > 0 ? c.lsa_domain_size : env.lsaDomainSize, &topo));
-    ncclEpGroupConfig_t laid = c;
-    if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = env.railRoundTokens;
+                                        c.lsa_domain_size > 0 ? c.lsa_domain_size : ncclext::env().lsaDomainSize,
+                                        &topo));
+    const ncclep::ResolvedConfig resolved = ncclep::resolveConfig(c);
     ncclep::GroupView v;
-    NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, env.htHierarchical != 0));
-    fillGroupInfo(v, topo, ncclep::railStagingBytes(v), v.rail.overlappable() && env.railOverlap != 0, info);
+    NCCLEXT_CHECK(ncclep::layoutWithinBudget(resolved.config, topo, &v, resolved.htHierarchical));
+    fillGroupInfo(v, topo, ncclep::railStagingBytes(v), v.rail.overlappable() && resolved.railOverlap, info);
     return ncclSuccess;
   });
 }

@@ -146,6 +146,18 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   }
 }
 
+ResolvedConfig resolveConfig(const ncclEpGroupConfig_t& config) {
+  const ncclext::Env& env = ncclext::env();
+  auto onOff = [](int field, int fromEnv) { return field == NCCL_EP_AUTO ? fromEnv != 0 : field == 1; };
+  ResolvedConfig r;
+  r.config = config;
+  if (config.rail_round_tokens == NCCL_EP_AUTO) r.config.rail_round_tokens = env.railRoundTokens;
+  r.htHierarchical = onOff(config.ht_hierarchical, env.htHierarchical);
+  r.railOverlap = onOff(config.rail_overlap, env.railOverlap);
+  r.timeoutSeconds = config.timeout_ns ? config.timeout_ns * 1e-9 : env.timeoutSeconds;
+  return r;
+}
+
 ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* v,
                                 bool htHierarchical, bool relayRail) {
   layoutGroup(config, topo, v, htHierarchical, relayRail);
@@ -228,8 +240,8 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   g->comm = comm;
   g->config = config;
   g->testing = testing;
-  const ncclext::Env& env = ncclext::env();
-  g->timeoutSeconds = config.timeout_ns ? config.timeout_ns * 1e-9 : env.timeoutSeconds;
+  const ncclep::ResolvedConfig resolved = ncclep::resolveConfig(config);
+  g->timeoutSeconds = resolved.timeoutSeconds;
   // The domain and rail communicators (collective over `comm`), then the checks of several domains, which every rank
   // reaches with the same topology.
   ncclext::DomainOptions dopt;
@@ -268,9 +280,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
 
   // Window layout.
   ncclep::GroupView& v = g->view;
-  ncclEpGroupConfig_t laid = config;  // the rail's round: the config's, else the environment's, else the default
-  if (laid.rail_round_tokens == NCCL_EP_AUTO) laid.rail_round_tokens = ncclext::env().railRoundTokens;
-  NCCLEXT_CHECK(ncclep::layoutWithinBudget(laid, topo, &v, ncclext::env().htHierarchical != 0,
+  NCCLEXT_CHECK(ncclep::layoutWithinBudget(resolved.config, topo, &v, resolved.htHierarchical,
                                            testing.virtualRail != nullptr));
   ncclep::WindowLayout& w = v.wl;
   ncclep::RailView& rv = v.rail;
@@ -343,7 +353,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
         res = ncclext::fail(split, __FILE__, __LINE__, "the rail communicator: ncclCommSplit: %s",
                             ncclGetErrorString(split));
     }
-    if (res == ncclSuccess && rv.overlappable() && env.railOverlap) {
+    if (res == ncclSuccess && rv.overlappable() && resolved.railOverlap) {
       if (cudaStreamCreateWithFlags(&g->sideStream, cudaStreamNonBlocking) != cudaSuccess ||
           cudaEventCreateWithFlags(&g->forkEvent, cudaEventDisableTiming) != cudaSuccess ||
           cudaEventCreateWithFlags(&g->joinEvent, cudaEventDisableTiming) != cudaSuccess)
@@ -385,7 +395,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   if (g->domain->isVirtual()) NCCLEXT_CHECK(g->domain->barrier());
   NCCLEXT_INFO("group: %d ranks, %d experts, %d tokens x %d bytes, top-%d, %d SMs, window %zu bytes, %s",
                nRanks, config.num_experts, config.max_tokens_per_rank, config.max_token_bytes, config.max_topk,
-               g->numSms, w.total, ncclext::describeEnv(env).c_str());
+               g->numSms, w.total, ncclext::describeEnv(ncclext::env()).c_str());
   *out = g.release();
   return ncclSuccess;
 }

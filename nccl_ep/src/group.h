@@ -39,6 +39,17 @@ struct TestingModes {
   ncclComm_t virtualRail = nullptr;  // the mixed mode: relayed exchanges over the rail of my index
 };
 
+// A config with the fields an environment variable may fill resolved by common/env.h's one rule (a value the config
+// gives wins; NCCL_EP_AUTO takes the variable, else the default): what ncclEpCreateGroup and ncclEpGroupInfoQuery
+// both use, so that they agree.
+struct ResolvedConfig {
+  ncclEpGroupConfig_t config{};  // rail_round_tokens resolved (0 still: layoutGroup's default)
+  bool htHierarchical = false;
+  bool railOverlap = false;
+  double timeoutSeconds = 100;
+};
+ResolvedConfig resolveConfig(const ncclEpGroupConfig_t& config);
+
 // The group's window layout, sizes and rail view (outbox pointer aside) for `config` on `topo`: pure host
 // arithmetic, the same on every rank (ncclEpGroup::create; host tests). htHierarchical: the hierarchical HT;
 // relayRail: the mixed test mode's rail (TestingModes::virtualRail).

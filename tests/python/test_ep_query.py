@@ -106,3 +106,33 @@ def test_the_overlap_takes_the_flat_and_the_hierarchical_exchange(hierarchical):
     assert across["rail_overlapped"] == 1
     assert inside["n_domains"] == 1 and inside["rail_overlapped"] == 0
     assert low_latency["n_domains"] == 2 and low_latency["rail_overlapped"] == 0
+
+
+_SWITCHES = """
+import json, sys
+import torch  # noqa: F401 (one libnccl in the process, torch's)
+import nccl.ep as ep
+out = {}
+for hier in (None, True, False):
+    for overlap in (None, True, False):
+        info = ep.query_group_info(8, 4, num_experts=64, max_tokens_per_rank=256, hidden=1024,
+                                   ht_hierarchical=hier, rail_overlap=overlap)
+        out["%s/%s" % (hier, overlap)] = [info["rail_hierarchical"], info["rail_overlapped"]]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("env_on", [False, True])
+def test_a_config_switch_wins_over_the_environment_which_fills_only_what_is_left(env_on):
+    """env.h's one rule, for the hierarchical HT and the rail overlap (2 domains of 4 ranks): True / False decide
+    whatever the environment says; None takes NCCL_EXT_HT_HIERARCHICAL / NCCL_EXT_RAIL_OVERLAP, else off."""
+    env = {k: v for k, v in os.environ.items() if k not in _ENV + ("NCCL_EXT_RAIL_OVERLAP",)}
+    if env_on:
+        env.update(NCCL_EXT_HT_HIERARCHICAL="1", NCCL_EXT_RAIL_OVERLAP="1")
+    r = subprocess.run([sys.executable, "-c", _SWITCHES], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for key, (hier, overlapped) in got.items():
+        h, o = key.split("/")
+        assert hier == {"None": int(env_on), "True": 1, "False": 0}[h], (key, got)
+        assert overlapped == {"None": int(env_on), "True": 1, "False": 0}[o], (key, got)

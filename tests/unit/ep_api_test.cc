@@ -1,6 +1,7 @@
 // nccl_ep's public entry points reject bad input with a code and a message, without a GPU: group creation checks
 // its config before touching the communicator, and handle/dispatch/combine checks run on a group and handle
 // assembled here by hand (no device memory: every case below fails before any CUDA call).
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -751,8 +752,7 @@ TEST(EpRail, WindowBytesMatchTheModel) {
 
 // ncclEpGroupInfoQuery: what ncclEpGroupGetInfo reports, before any group exists (host arithmetic): the window and
 // rail staging of WindowBytesMatchTheModel's and HighThroughputStagingBytesMatchTheModel's shapes, a staging budget
-// that shrinks the rounds, and the checks (the config's as ncclEpCreateGroup's; the ranks, their LSA teams, virtual
-// domains).
+// that shrinks the rounds, and the checks (the config's as ncclEpCreateGroup's; the ranks, their LSA teams).
 TEST(EpRail, InfoQueryReportsWhatTheGroupWould) {
   ncclEpGroupConfig_t cfg = smallGroup(4, 4);
   ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
@@ -790,6 +790,46 @@ TEST(EpRail, InfoQueryReportsWhatTheGroupWould) {
   cfg.max_token_bytes = 500;  // as ncclEpCreateGroup: a multiple of 16
   EXPECT_EQ(ncclEpGroupInfoQuery(&cfg, 4, 1, &info), ncclInvalidArgument);
   cfg.max_token_bytes = 512;
+}
+
+// A program built against the first layout of ncclEpGroupConfig_t (NCCL_EP_GROUP_CONFIG_V1_SIZE: before
+// ht_hierarchical and rail_overlap) runs on this library: its struct is read up to its size, the rest is
+// NCCL_EP_AUTO, whatever lies past it in the caller's memory; a size of no layout is refused with a message.
+TEST(EpApi, OlderConfigLayoutsAreAccepted) {
+  struct {
+    ncclEpGroupConfig_t cfg;
+    char pad[64];
+  } old;
+  std::memset(&old, 0x5a, sizeof(old));  // what lies past the old struct: garbage for this library's fields
+  const ncclEpGroupConfig_t now = smallGroup(16, 4);
+  std::memcpy(&old.cfg, &now, NCCL_EP_GROUP_CONFIG_V1_SIZE);
+  old.cfg.size = NCCL_EP_GROUP_CONFIG_V1_SIZE;
+  ncclEpGroupInfo_t a = NCCL_EP_GROUP_INFO_INIT, b = NCCL_EP_GROUP_INFO_INIT;
+  ASSERT_EQ(ncclEpGroupInfoQuery(&old.cfg, 8, 4, &a), ncclSuccess) << ncclEpGetLastError();
+  ASSERT_EQ(ncclEpGroupInfoQuery(&now, 8, 4, &b), ncclSuccess);
+  EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);  // the appended fields read as NCCL_EP_AUTO, as `now` has them
+  ncclComm_t fake = reinterpret_cast<ncclComm_t>(0x1);
+  ncclEpGroup_t g = nullptr;
+  old.cfg.num_experts = 0;  // group creation reads the old layout too: its own checks run (before the comm is used)
+  EXPECT_EQ(ncclEpCreateGroup(&g, fake, &old.cfg), ncclInvalidArgument);
+  EXPECT_TRUE(says("num_experts 0")) << ncclEpGetLastError();
+  for (unsigned size : {(unsigned)NCCL_EP_GROUP_CONFIG_V1_SIZE + 4, (unsigned)sizeof(ncclEpGroupConfig_t) + 8, 8u}) {
+    ncclEpGroupConfig_t c = now;
+    c.size = size;
+    EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclInvalidArgument) << size;
+    EXPECT_TRUE(says("are not a layout of this library")) << ncclEpGetLastError();
+  }
+  ncclEpGroupConfig_t c = now;
+  c.ht_hierarchical = 2;
+  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclInvalidArgument);
+  EXPECT_TRUE(says("ht_hierarchical 2"));
+  c = now;
+  c.ht_hierarchical = 1;  // the config's switch, not the environment's: a rail row per (token, domain), relayed
+  ASSERT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclSuccess);
+  EXPECT_EQ(a.rail_hierarchical, 1);
+  c.ht_hierarchical = NCCL_EP_OFF;
+  ASSERT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclSuccess);
+  EXPECT_EQ(a.rail_hierarchical, 0);
 }
 
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512

@@ -73,7 +73,8 @@ class _GroupConfig(_Header):
                 ("max_token_bytes", ctypes.c_int), ("max_topk", ctypes.c_int), ("num_sms", ctypes.c_int),
                 ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
                 ("lsa_domain_size", ctypes.c_int), ("enable_mask", ctypes.c_int), ("rail_round_tokens", ctypes.c_int),
-                ("rail_staging_bytes_max", ctypes.c_size_t)]
+                ("rail_staging_bytes_max", ctypes.c_size_t), ("ht_hierarchical", ctypes.c_int),
+                ("rail_overlap", ctypes.c_int)]
 
 
 class _HandleConfig(_Header):
@@ -311,7 +312,8 @@ def _choice(table: dict, value: str, name: str) -> int:
 def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None, dtype=None,
                   max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                   timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
-                  rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0) -> "_GroupConfig":
+                  rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0, ht_hierarchical: bool | None = None,
+                  rail_overlap: bool | None = None) -> "_GroupConfig":
     """The ncclEpGroupConfig_t of Group's arguments (Group, query_group_info), the checks the C API cannot make
     (or makes less clearly) first; `what` names the caller in errors."""
     import torch
@@ -334,16 +336,22 @@ def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidd
                             max_token_bytes=max_token_bytes, max_topk=max_topk, num_sms=num_sms,
                             timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
                             enable_mask=1 if enable_mask else 0, rail_round_tokens=rail_round_tokens,
-                            rail_staging_bytes_max=rail_staging_bytes_max)
+                            rail_staging_bytes_max=rail_staging_bytes_max, ht_hierarchical=_on_off(ht_hierarchical),
+                            rail_overlap=_on_off(rail_overlap))
+
+
+def _on_off(choice: bool | None) -> int:
+    """A config switch: None leaves it to the library (NCCL_EP_AUTO: its environment variable, else off)."""
+    return 0 if choice is None else 1 if choice else -1
 
 
 def query_group_info(nranks: int, lsa_size: int, **group_args) -> dict:
     """What Group(**group_args).info() would report on `nranks` ranks whose NVLink (LSA) teams have `lsa_size` ranks
-    (NCCL_EXT_LSA_DOMAIN_SIZE splits them as it would at creation), in this process's environment: window_bytes,
-    rail_staging_bytes and the rest, for memory planning before any group exists (ncclEpGroupInfoQuery: host
-    arithmetic, no GPU, no communicator). group_args are Group's keyword arguments (num_experts,
-    max_tokens_per_rank, hidden or max_token_bytes, max_topk, algorithm, rail_round_tokens,
-    rail_staging_bytes_max, ...)."""
+    (NCCL_EXT_LSA_DOMAIN_SIZE splits them as it would at creation), the arguments left at None resolved from this
+    process's environment as the group would resolve them: window_bytes, rail_staging_bytes and the rest, for memory
+    planning before any group exists (ncclEpGroupInfoQuery: host arithmetic, no GPU, no communicator). group_args
+    are Group's keyword arguments (num_experts, max_tokens_per_rank, hidden or max_token_bytes, max_topk, algorithm,
+    rail_round_tokens, rail_staging_bytes_max, ht_hierarchical, rail_overlap, ...)."""
     cfg = _group_config("query_group_info", **group_args)
     raw = _GroupInfo.new()
     _call("ncclEpGroupInfoQuery", ctypes.byref(cfg), int(nranks), int(lsa_size), ctypes.byref(raw))
@@ -373,16 +381,20 @@ class Group(Closing):
     else 1024). `rail_staging_bytes_max` (across domains; 0: no limit): the most device memory the rail's staging may
     hold, as DeepEP's num_rdma_bytes: High-Throughput's rounds shrink to fit it (info()'s rail_round_tokens and
     rail_staging_bytes say what they became); NcclInvalidArgument when even one row a peer (Low-Latency: its fixed
-    staging) does not fit."""
+    staging) does not fit. `ht_hierarchical` (High-Throughput across domains of several ranks: one rail row per
+    token and destination domain, relayed there; experimental) and `rail_overlap` (its NVLink part beside the rail
+    rounds): True or False, or None for NCCL_EXT_HT_HIERARCHICAL / NCCL_EXT_RAIL_OVERLAP (else off)."""
 
     def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                  timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
-                 rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0):
+                 rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0, ht_hierarchical: bool | None = None,
+                 rail_overlap: bool | None = None):
         cfg = _group_config("Group", num_experts=num_experts, max_tokens_per_rank=max_tokens_per_rank, hidden=hidden,
                             dtype=dtype, max_token_bytes=max_token_bytes, max_topk=max_topk, num_sms=num_sms,
                             timeout_s=timeout_s, algorithm=algorithm, enable_mask=enable_mask,
-                            rail_round_tokens=rail_round_tokens, rail_staging_bytes_max=rail_staging_bytes_max)
+                            rail_round_tokens=rail_round_tokens, rail_staging_bytes_max=rail_staging_bytes_max,
+                            ht_hierarchical=ht_hierarchical, rail_overlap=rail_overlap)
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
         self.algorithm, self.low_latency, self.enable_mask = algorithm, algorithm == "low_latency", bool(enable_mask)
