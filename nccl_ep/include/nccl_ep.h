@@ -269,11 +269,10 @@ typedef struct {
    * dispatch and of combine (LL: its rank-row combine) in all. One message per rank there, rail_*_bytes each (to the
    * rank itself, or, in the mixed test mode (nccl_ep_testing.h), all to the rank of my index there, which relays
    * them; HT's flat exchange: two per rank and round, one per staging region, received straight into the window),
-   * or, for the
-   * hierarchical HT (ht_hierarchical on domains of several ranks), one per round of a fixed row per token
-   * (rail_round_tokens of them). These are
-   * the fixed sizes (worst-case handles, captured calls); an EXACT handle's eager HT calls move only the rows their
-   * routing fills (hierarchical: a row per token that hits the domain), none where there are none. */
+   * or, for the hierarchical HT (ht_hierarchical on domains of several ranks), one per round of a fixed row per
+   * token (rail_round_tokens of them). These are the fixed sizes (worst-case handles, captured calls); an EXACT
+   * handle's eager HT calls move only the rows their routing fills (hierarchical: a row per token that hits the
+   * domain), none where there are none. */
   int rail_messages_per_domain;
   size_t rail_dispatch_domain_bytes;
   size_t rail_combine_domain_bytes;
@@ -298,8 +297,9 @@ NCCL_EP_API ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo
  * a group made with `config` over `n_ranks` ranks whose NVLink (LSA) teams have `lsa_size` ranks (a divisor of
  * n_ranks; config.lsa_domain_size, else NCCL_EXT_LSA_DOMAIN_SIZE, splits them as ncclEpCreateGroup does), the
  * config's NCCL_EP_AUTO fields resolved as ncclEpCreateGroup resolves them (from this process's environment, else
- * the defaults; a config that sets them depends on no environment): for memory planning before the group exists (window_bytes, rail_staging_bytes). The config is checked as ncclEpCreateGroup
- * checks it (a rail_staging_bytes_max that nothing fits fails alike); the one-GPU test modes are not queried. */
+ * the defaults; a config that sets them depends on no environment): for memory planning before the group exists
+ * (window_bytes, rail_staging_bytes). The config is checked as ncclEpCreateGroup checks it (a rail_staging_bytes_max
+ * that nothing fits fails alike); the one-GPU test modes are not queried. */
 NCCL_EP_API ncclResult_t ncclEpGroupInfoQuery(const ncclEpGroupConfig_t* config, int n_ranks, int lsa_size,
                                               ncclEpGroupInfo_t* info);
 

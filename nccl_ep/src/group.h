@@ -97,7 +97,7 @@ struct ncclEpGroup {
   ncclComm_t comm = nullptr;
   ncclEpGroupConfig_t config{};
   ncclep::TestingModes testing;  // the one-GPU test modes it was made in (nccl_ep_testing.h)
-  std::atomic<int> liveHandles{0};  // handles of this group not destroyed: ncclEpGroupDestroy refuses while any is
+  std::atomic<int> liveHandles{0};  // its handles not destroyed yet: ncclEpGroupDestroy refuses while there are any
   int smCount = 0;  // SMs this rank may use (virtual ranks: its share of the GPU)
   int numSms = 0;
   // Declared before the window so that it is destroyed after it.

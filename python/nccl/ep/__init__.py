@@ -184,13 +184,17 @@ def _record_on(stream, *tensors) -> None:
     """Marks each tensor (None: skipped) as used by `stream` (torch's record_stream): the caching allocator then
     hands its memory to nobody else until the work `stream` has queued so far is done, so a caller may drop a tensor
     right after a call that runs on another stream than the one it was made for."""
-    import torch
-
-    if not isinstance(stream, torch.cuda.Stream):
-        stream = torch.cuda.ExternalStream(stream.cuda_stream)
+    stream = _torch_stream(stream)
     for t in tensors:
         if t is not None:
             t.record_stream(stream)
+
+
+def _torch_stream(stream):
+    """`stream` (a torch CUDA stream, or anything with .cuda_stream) as a torch CUDA stream."""
+    import torch
+
+    return stream if isinstance(stream, torch.cuda.Stream) else torch.cuda.ExternalStream(stream.cuda_stream)
 
 
 def _allocating_on(stream):
@@ -202,9 +206,7 @@ def _allocating_on(stream):
         return contextlib.nullcontext()
     import torch
 
-    if not isinstance(stream, torch.cuda.Stream):
-        stream = torch.cuda.ExternalStream(stream.cuda_stream)
-    return torch.cuda.stream(stream)
+    return torch.cuda.stream(_torch_stream(stream))
 
 
 def _meta(t):
