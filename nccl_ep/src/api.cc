@@ -2,6 +2,7 @@
 #include "nccl_ep/include/nccl_ep.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <initializer_list>
@@ -70,33 +71,39 @@ ncclResult_t checkHandle(const ncclEpHandle* h, const char* what) {
   return ncclSuccess;
 }
 
-ncclResult_t checkHeader(const void* p, unsigned size, unsigned magic, size_t want, const char* what,
-                         const char* init) {
+// A struct header ({size, magic}) of a layout this library knows: `sizes` lists every layout's size, the earliest
+// first, sizeof of this library's last.
+ncclResult_t checkHeader(const void* p, unsigned size, unsigned magic, std::initializer_list<size_t> sizes,
+                         const char* what, const char* init) {
   NCCLEXT_ARG(p != nullptr, "%s is NULL", what);
-  NCCLEXT_ARG(size == want && magic == NCCL_EP_MAGIC,
-              "%s: size %u / magic 0x%x do not match this library (%zu / 0x%x); initialise it with %s", what, size,
-              magic, want, NCCL_EP_MAGIC, init);
+  bool known = false;
+  for (size_t s : sizes) known |= size == s;
+  char layouts[64];
+  if (sizes.size() == 1)
+    snprintf(layouts, sizeof(layouts), "%zu", *sizes.begin());
+  else
+    snprintf(layouts, sizeof(layouts), "%zu to %zu", *sizes.begin(), *(sizes.end() - 1));
+  NCCLEXT_ARG(known && magic == NCCL_EP_MAGIC,
+              "%s: size %u / magic 0x%x are not a layout of this library (size %s, magic 0x%x): initialise it with "
+              "%s, and build against this library's nccl_ep.h or an older one",
+              what, size, magic, layouts, NCCL_EP_MAGIC, init);
   return ncclSuccess;
 }
-// A struct the caller passes in any layout this library knows (`sizes`: every earlier layout's size, then
-// sizeof(T)), copied into `out` with what the caller's layout lacks zero (NCCL_EP_AUTO), its size this library's.
+
+// A struct the caller passes in any layout this library knows (checkHeader's `sizes`), copied into `out` with what
+// the caller's layout lacks zero (NCCL_EP_AUTO), its size this library's.
 template <typename T>
 ncclResult_t readVersioned(const T* p, std::initializer_list<size_t> sizes, const char* what, const char* init,
                            T* out) {
-  NCCLEXT_ARG(p != nullptr, "%s is NULL", what);
-  bool known = false;
-  for (size_t s : sizes) known |= p->size == s;
-  NCCLEXT_ARG(known && p->magic == NCCL_EP_MAGIC,
-              "%s: size %u / magic 0x%x are not a layout of this library (sizes %zu to %zu, magic 0x%x): initialise "
-              "it with %s, and build against this library's nccl_ep.h or an older one",
-              what, p->size, p->magic, *sizes.begin(), sizeof(T), NCCL_EP_MAGIC, init);
+  NCCLEXT_CHECK(checkHeader(p, p ? p->size : 0, p ? p->magic : 0, sizes, what, init));
   std::memset(static_cast<void*>(out), 0, sizeof(T));
   std::memcpy(static_cast<void*>(out), static_cast<const void*>(p), p->size);
   out->size = sizeof(T);
   return ncclSuccess;
 }
 
-#define CHECK_HEADER(p, type, init) NCCLEXT_CHECK(checkHeader((p), (p) ? (p)->size : 0, (p) ? (p)->magic : 0, sizeof(type), #p, #init))
+#define CHECK_HEADER(p, type, init) \
+  NCCLEXT_CHECK(checkHeader((p), (p) ? (p)->size : 0, (p) ? (p)->magic : 0, {sizeof(type)}, #p, #init))
 
 bool present(const ncclEpTensor_t& t) { return t.ndim != 0 || t.data != nullptr; }
 
