@@ -8,8 +8,11 @@
 # the NCCL of torch 2.12/2.13, of 2.14/2.15, 2.31 and the newest) must be served by the part built for its family, and
 # NCCL_EXT_TEST_NCCL_REFUSED (default 2.27.7) refused with a message; and, when NCCL_EXT_TEST_TORCH_LATEST names a
 # torch (default 2.15.0; 0: skip), that torch imported first and tests/python beside it. Needs no GPU (the GPU
-# tests skip without one). Outputs in $(BUILDDIR)-py: dist/ (the wheel), venv/, venv-nccl/, venv-latest/.
+# tests skip without one). Outputs in $(BUILDDIR)-py: dist/ (the wheel), venv-nccl/, and venv/ (the first torch) or,
+# when the second torch runs, venv-latest/ in its place: a torch venv is about 5 GB, so one is kept on disk at a time,
+# and pip keeps no cache (PIP_NO_CACHE_DIR), which would hold every wheel a second time.
 set -euo pipefail
+export PIP_NO_CACHE_DIR=1
 root=$(cd "$(dirname "$0")/.." && pwd)
 b=${BUILDDIR:-build}
 [[ $b = /* ]] || b=$root/$b
@@ -49,6 +52,7 @@ done
 latest=${NCCL_EXT_TEST_TORCH_LATEST:-2.15.0}
 if [ "$latest" != 0 ]; then
   echo "python-test: the wheel beside torch $latest"
+  rm -rf "$out/venv"
   "$py" -m venv "$out/venv-latest"
   "$out/venv-latest/bin/python" -m pip install -q "$wheel" pytest "torch==$latest"
   "$out/venv-latest/bin/python" "$root/tests/python/nccl_release_check.py" --torch
