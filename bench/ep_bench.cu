@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
         if (r % G == myIndex) fromDomain[r / G] = domainsOf[r][myDomain];
       }
       // The hierarchical HT's rounds: every rank of my domain takes those of the most rail rows any of them sends
-      // to or receives from one domain (ht.h railRoundsOf).
+      // to or receives from one domain (rail/view.h railRoundsOf).
       int64_t domainMostRail = 0;
       for (int p = myDomain * G; p < (myDomain + 1) * G && !remote.empty(); p++)
         for (int d = 0; d < nDomains; d++)

@@ -109,7 +109,7 @@ HT_LATENCY_US = 25.0
 # 9.8 us) (docs/PERFORMANCE.md, Low-Latency section; bench/results/gpu-check-20261201T180653Z.json). No network
 # round trip is in it.
 LL_LATENCY_US = 12.7
-# nccl_ep's default round of the flat HT exchange (ncclEpGroupConfig_t::rail_round_tokens, nccl_ep/src/ht.h
+# nccl_ep's default round of the flat HT exchange (ncclEpGroupConfig_t::rail_round_tokens, nccl_ep/src/views.h
 # kDefaultRailRoundTokens): a layout constant of the library, not a measured figure.
 DEFAULT_RAIL_ROUND_TOKENS = 1024
 # DeepEP's own measured NVLink peak on H800 (~160 GB/s achievable of 200 nominal; ep-anchors.md §2.1, DeepEP#16 and
@@ -277,7 +277,7 @@ def ht_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, m
 
 
 def _hier_row(row: int, gpus: int, k: int) -> int:
-    """ht.h HierRow: the row, then the call's number and the counts (16), the position (4), a slot per rank of the
+    """HierRow (nccl_ep): the row, then the call's number and the counts (16), the position (4), a slot per rank of the
     domain, expert ids, weights and indices per column, the fp8 scales; 16-aligned."""
     return _align(row + 20 + 4 * gpus + 12 * k + 4 * max(1, row // 128), 16)
 
@@ -338,7 +338,7 @@ def ht_window_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, ma
 def ht_hier_fixed_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens: int) -> dict:
     """Rail bytes per rank and call of nccl_ep's hierarchical High-Throughput exchange as built (relayed exchanges:
     see the module docstring): M fixed rows to and from each other domain's rank of my index, for a group of
-    max_token_bytes = 2 hidden and max_topk = k (ht.h HierRow, group.h hierMessageBytes)."""
+    max_token_bytes = 2 hidden and max_topk = k (rail/view.h HierRow, rail/rail.cc hierMessageBytes)."""
     row = 2 * hidden
     hier_row = _hier_row(row, gpus, k)
     remote = nodes - 1

@@ -20,10 +20,10 @@ for v in "${variants[@]}"; do
   (cd "$ROOT" && tar --exclude=./build --exclude=./build-* --exclude=./shared --exclude=./.git -cf - .) | tar -xf - -C "$dir"
   cd "$dir" || exit 1
   case $v in
-    shuffle) perl -pi -e 's/i0 - lane < vecs/i0 < vecs/g' nccl_ep/src/kernels/ht_combine_lsa.cu
-             grep -c "i0 < vecs" nccl_ep/src/kernels/ht_combine_lsa.cu ;;
-    repeat) perl -pi -e 's/for \(int j = 0; j < k; j\+\+\) \{/for (int j = 0; j < 0; j++) {/' nccl_ep/src/kernels/ht_route.cu
-            grep -c "j < 0" nccl_ep/src/kernels/ht_route.cu ;;
+    shuffle) perl -pi -e 's/i0 - lane < vecs/i0 < vecs/g' nccl_ep/src/ht/combine.cu
+             grep -c "i0 < vecs" nccl_ep/src/ht/combine.cu ;;
+    repeat) perl -pi -e 's/for \(int j = 0; j < k; j\+\+\) \{/for (int j = 0; j < 0; j++) {/' nccl_ep/src/ht/route.cu
+            grep -c "j < 0" nccl_ep/src/ht/route.cu ;;
     host-atomic) perl -pi -e 's/atomicCAS\(s\.claim, armed, armed \+ 1\)/atomicCAS_system((unsigned int*)&s.word->resets, armed, armed)/' common/device/sync.cuh
                  grep -c "atomicCAS_system" common/device/sync.cuh ;;
     *) echo "unknown variant $v"; exit 2 ;;

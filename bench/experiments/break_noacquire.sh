@@ -9,8 +9,8 @@ export NCCL_NVLS_ENABLE=0
 rm -rf /tmp/b-noacq && mkdir -p /tmp/b-noacq
 tar --exclude=./build-gpu --exclude=./build --exclude=./shared --exclude=./.git -cf - . | tar -xf - -C /tmp/b-noacq
 cd /tmp/b-noacq
-perl -0pi -e 's/(warpAcquire\([^)]*\) \{\n)/$1  return true;\n/' nccl_ep/src/kernels/ht_copy.cuh
-grep -A2 'bool warpAcquire' nccl_ep/src/kernels/ht_copy.cuh | head -3
+perl -0pi -e 's/(warpAcquire\([^)]*\) \{\n)/$1  return true;\n/' nccl_ep/src/ht/copy.cuh
+grep -A2 'bool warpAcquire' nccl_ep/src/ht/copy.cuh | head -3
 make BUILDDIR=b CUDA_HOME=/usr/local/cuda configure >/tmp/b.log 2>&1 && cmake --build b --target ep_ht_test -j 16 >>/tmp/b.log 2>&1 ||
   { echo "build failed"; tail -5 /tmp/b.log; exit 1; }
 args=("$@")

@@ -8,9 +8,9 @@ export NCCL_NVLS_ENABLE=0
 source "$(dirname "$0")/variant.sh"
 mk() { local name=$1; shift; mk_variant ep_bench "/tmp/v-$name" "$@"; }  # name, shell edit applied inside the copy
 mk v0 true &
-mk unroll8 "sed -i 's/constexpr int kUnroll = 4;/constexpr int kUnroll = 8;/' nccl_ep/src/kernels/ht_copy.cuh" &
-mk nocopy "sed -i 's/      deliver<true>(x, lane, s, slot, expert, w, idx, row,/      if (false) deliver<true>(x, lane, s, slot, expert, w, idx, row,/' nccl_ep/src/kernels/ht_dispatch_lsa.cu" &
-mk relaxed "sed -i 's/  if (lane == 0) ncclext::dev::storeRelease(remoteFlag, seq);/  if (lane == 0) *(volatile uint64_t*)remoteFlag = seq;/' nccl_ep/src/kernels/ht_copy.cuh" &
+mk unroll8 "sed -i 's/constexpr int kUnroll = 4;/constexpr int kUnroll = 8;/' nccl_ep/src/ht/copy.cuh" &
+mk nocopy "sed -i 's/      deliver<true>(x, lane, s, slot, expert, w, idx, row,/      if (false) deliver<true>(x, lane, s, slot, expert, w, idx, row,/' nccl_ep/src/ht/dispatch.cu" &
+mk relaxed "sed -i 's/  if (lane == 0) ncclext::dev::storeRelease(remoteFlag, seq);/  if (lane == 0) *(volatile uint64_t*)remoteFlag = seq;/' nccl_ep/src/ht/copy.cuh" &
 mk chunk16 "sed -i 's/constexpr int kChunkTokens = 32;/constexpr int kChunkTokens = 16;/' nccl_ep/src/ht.h" &
 wait
 for v in v0 unroll8 nocopy relaxed chunk16; do

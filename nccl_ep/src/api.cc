@@ -7,14 +7,15 @@
 #include <deque>
 #include <initializer_list>
 #include <memory>
-#include <type_traits>
 
 #include "common/checks.h"
 #include "common/env.h"
 #include "common/topology.h"
 #include "common/version.h"
 #include "nccl_ep/src/group.h"
-#include "nccl_ep/src/ll.h"
+#include "nccl_ep/src/handle.h"
+#include "nccl_ep/src/ht/ht.h"
+#include "nccl_ep/src/ll/ll.h"
 
 namespace ncclep {
 
@@ -210,7 +211,7 @@ ncclResult_t rowsNeeded(const ncclEpHandle* h, int64_t* rows) {
 const char* kindName(int kind) { return kind == ncclep::kDispatch ? "dispatch" : "combine"; }
 
 ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool sendOnly, const char* what) {
-  const std::deque<ncclEpHandle*>& open = h->group->pending[kind];
+  const std::deque<ncclEpHandle*>& open = h->group->ll.pending[kind];
   const char* name = kindName(kind);
   NCCLEXT_USAGE(h->pendingKind < 0, "%s: this handle's send-only %s awaits ncclEpComplete", what,
                 kindName(h->pendingKind));
@@ -223,122 +224,10 @@ ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool
   return ncclSuccess;
 }
 
-// Whether a call's combine rows go to the owner by (token, expert): its exchange moves their own regions.
-bool ownerWeighted(const ncclep::LlDispatchCall&) { return false; }
-bool ownerWeighted(const ncclep::LlCombineCall& c) { return c.mode == ncclep::kLlOwnerWeighted; }
-
-// Launches a Low-Latency call whole, or (send-only) its send half, keeping the receive half in `*keep` for
-// ncclEpComplete and marking the call open. Across NVLink domains the halves are always apart, with the rail
-// exchange between them (ncclEpGroup::railExchange): the send half, the exchange, and (a whole call) the receive half.
-template <typename Call>
-ncclResult_t launchLlCall(ncclEpHandle* h, ncclep::CallKind kind, Call c, int ctas, bool sendOnly, Call* keep,
-                          ncclResult_t (*launch)(const ncclep::GroupView&, const ncclep::HandleView&, const Call&, int,
-                                                 cudaStream_t),
-                          cudaStream_t stream) {
-  ncclEpGroup* g = h->group;
-  const bool rail = g->railComm != nullptr;
-  c.phases = sendOnly || rail ? ncclep::kLlSend : ncclep::kLlSend | ncclep::kLlReceive;
-  NCCLEXT_CHECK(launch(g->view, h->view, c, ctas, stream));
-  if (rail) {
-    NCCLEXT_CHECK(g->railExchange(kind, ownerWeighted(c), stream));
-    if (!sendOnly) {
-      c.phases = ncclep::kLlReceive;
-      return launch(g->view, h->view, c, ctas, stream);
-    }
-  }
-  if (!sendOnly) return ncclSuccess;
-  c.phases = ncclep::kLlReceive;
-  *keep = c;
-  h->pendingKind = kind;
-  h->pendingCtas = ctas;
-  h->group->pending[kind].push_back(h);
-  return ncclSuccess;
-}
-
-// Launches a High-Throughput call: whole inside one NVLink domain; across domains its send half and the rail exchange
-// of its kind (the flat exchange: in rounds, ncclEpGroup::railRounds), then its receive half (ht.h, HtPhase).
-template <typename Call>
-ncclResult_t launchHtCall(ncclEpHandle* h, ncclep::CallKind kind, Call c,
-                          ncclResult_t (*launch)(const ncclep::GroupView&, const ncclep::HandleView&, const Call&,
-                                                 cudaStream_t),
-                          cudaStream_t stream) {
-  ncclEpGroup* g = h->group;
-  if (!g->railComm) return launch(g->view, h->view, c, stream);
-  // EXACT handles know every rank's counts on the host (their binding waited for them): only those rows travel.
-  const int64_t* counts = h->config.sizing == NCCL_EP_SIZING_EXACT ? h->hostTotals + 2 : nullptr;
-  // The flat exchange moves a call in rounds (RailView::direct): each a send half and its exchange, the first one
-  // also writing my domain's rows. The hierarchical HT moves its rail rows in rounds: the send half runs whole in
-  // the first, then each round packs (dispatch) or reduces (combine) its positions, exchanges them, and (combine)
-  // scatters the partials it got back. Other relayed exchanges: one round. The receive half follows the last round.
-  const ncclep::RailView& rv = g->view.rail;
-  const bool hier = rv.hier;
-  const int rounds = g->railRounds(counts, stream);
-  // Overlapped (ncclEpGroup::sideStream): the send half's NVLink part on the group's side stream beside the rounds,
-  // joined before the receive half, on every path out. The flat exchange's is my domain's rows (the rounds then
-  // write only outboxes); the hierarchical one's is its whole send half (it writes only my domain's rows and, for
-  // combine, the outboxes my domain's relays reduce, whose flags they wait for), so its rounds only pack or reduce,
-  // exchange and relay or scatter.
-  struct Join {
-    ncclEpGroup* g;
-    cudaStream_t stream;
-    bool forked = false;
-    ~Join() {
-      if (forked) NCCLEXT_WARN_ON(cudaStreamWaitEvent(stream, g->joinEvent, 0));
-    }
-  } join{g, stream};
-  const bool overlap = g->sideStream != nullptr;  // RailView::overlappable
-  if (overlap) {
-    NCCLEXT_CUDA(cudaEventRecord(g->forkEvent, stream));
-    NCCLEXT_CUDA(cudaStreamWaitEvent(g->sideStream, g->forkEvent, 0));
-    Call local = c;
-    local.phase = ncclep::kHtSendHalf;
-    local.localOnly = hier ? 0 : 1;
-    const ncclResult_t launched = launch(g->view, h->view, local, g->sideStream);
-    NCCLEXT_CUDA(cudaEventRecord(g->joinEvent, g->sideStream));
-    join.forked = true;
-    NCCLEXT_CHECK(launched);
-  }
-  for (int k = 0; k < rounds; k++) {
-    c.phase = ncclep::kHtSendHalf;
-    c.roundLo = k * rv.roundSlots;
-    c.roundSlots = rv.direct || hier ? rv.roundSlots : 0;
-    c.remoteOnly = k > 0 || overlap;
-    if (!hier) {
-      NCCLEXT_CHECK(launch(g->view, h->view, c, stream));
-    } else if (k == 0 && !overlap) {
-      Call whole = c;
-      whole.roundLo = whole.roundSlots = whole.remoteOnly = 0;
-      NCCLEXT_CHECK(launch(g->view, h->view, whole, stream));
-    }
-    // The hierarchical HT (relay mode, NCCL_EXT_HT_HIERARCHICAL=1): dispatch packs the round's rail rows per
-    // (token, domain); combine first reduces, as a relay, its domain's rows at the round's positions for the other
-    // domains' sources (a kernel that waits for my domain's ranks: the fence follows), and after the exchange
-    // scatters the round's partials.
-    if constexpr (std::is_same<Call, ncclep::DispatchCall>::value) {
-      if (hier) NCCLEXT_CHECK(ncclep::launchHierPack(g->view, h->view, c, stream));
-    } else {
-      if (hier) {
-        NCCLEXT_CHECK(ncclep::launchHierReduce(g->view, h->view, c, stream));
-        g->relayFence(stream);
-      }
-    }
-    NCCLEXT_CHECK(g->railExchange(kind, false, stream, counts, h->view.hierFwd, k));
-    if constexpr (std::is_same<Call, ncclep::CombineCall>::value)
-      if (hier) NCCLEXT_CHECK(ncclep::launchHierScatter(g->view, h->view, c, stream));
-  }
-  c.roundLo = c.roundSlots = c.remoteOnly = 0;
-  if (join.forked) {
-    NCCLEXT_CUDA(cudaStreamWaitEvent(stream, g->joinEvent, 0));
-    join.forked = false;
-  }
-  c.phase = ncclep::kHtReceiveHalf;
-  return launch(g->view, h->view, c, stream);
-}
-
 // Low-Latency dispatch (headers checked): bf16 or e4m3 in, bf16 / e4m3 (quantised) / e4m3 (forwarded) out.
-ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
-                        const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
-                        const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
+ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
+                                const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
+                                const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
   ncclEpGroup* g = handle->group;
   NCCLEXT_CHECK(checkCallAllowed(handle, ncclep::kDispatch, config && config->send_only, "ncclEpDispatch"));
   const int T = handle->view.numTokens, K = handle->topk;
@@ -402,13 +291,13 @@ ncclResult_t llDispatch(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inpu
   c.nScales = nScales;
   c.quantize = fp8Out && !fp8In;
   c.roundScale = config && config->round_scale;
-  return launchLlCall(handle, ncclep::kDispatch, c, callSms(g, config ? config->num_sms : 0),
-                      config && config->send_only, &handle->pendingDispatch, ncclep::launchLlDispatch, stream);
+  return ncclep::llDispatch(handle, c, callSms(g, config ? config->num_sms : 0), config && config->send_only,
+                            stream);
 }
 
-ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs,
-                       const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
-                       cudaStream_t stream) {
+ncclResult_t combineLowLatency(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs,
+                               const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
+                               cudaStream_t stream) {
   ncclEpGroup* g = handle->group;
   NCCLEXT_CHECK(checkCallAllowed(handle, ncclep::kCombine, config && config->send_only, "ncclEpCombine"));
   const int T = handle->view.numTokens, K = handle->topk;
@@ -443,8 +332,8 @@ ncclResult_t llCombine(ncclEpHandle* handle, const ncclEpCombineInputs_t* inputs
   c.in = static_cast<const char*>(x.data);
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)(H * 2);
-  return launchLlCall(handle, ncclep::kCombine, c, callSms(g, config ? config->num_sms : 0),
-                      config && config->send_only, &handle->pendingCombine, ncclep::launchLlCombine, stream);
+  return ncclep::llCombine(handle, c, callSms(g, config ? config->num_sms : 0), config && config->send_only,
+                           stream);
 }
 
 }  // namespace
@@ -645,7 +534,9 @@ ncclResult_t ncclEpGroupGetInfo(ncclEpGroup_t group, ncclEpGroupInfo_t* info) {
     NCCLEXT_CHECK(checkGroup(group, "ncclEpGroupGetInfo"));
     NCCLEXT_ARG(info != nullptr, "ncclEpGroupGetInfo: info is NULL");
     CHECK_HEADER(info, ncclEpGroupInfo_t, NCCL_EP_GROUP_INFO_INIT);
-    fillGroupInfo(group->view, group->domain->topo(), group->railBytes, group->sideStream != nullptr, info);
+    const ncclep::Rail* rail = group->rail.get();
+    fillGroupInfo(group->view, group->window.domain->topo(), rail ? rail->stagingBytes() : 0,
+                  rail && rail->sideStream() != nullptr, info);
     return ncclSuccess;
   });
 }
@@ -800,7 +691,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
     CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
     if (config) CHECK_HEADER(config, ncclEpDispatchConfig_t, NCCL_EP_DISPATCH_CONFIG_INIT);
-    if (g->view.lowLatency) return llDispatch(handle, inputs, outputs, layout_info, config, stream);
+    if (g->view.lowLatency) return dispatchLowLatency(handle, inputs, outputs, layout_info, config, stream);
     NCCLEXT_CHECK(checkLayoutInfo(layout_info, g));  // accepted for API compatibility; HT reports at handle time
     NCCLEXT_ARG(!config || !config->round_scale, "config.round_scale is for Low-Latency fp8 quantisation");
     NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
@@ -876,7 +767,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
       c.nSenders = balancedCtas(sms, chunks);
       c.nReceivers = sms;
     }
-    return launchHtCall(handle, ncclep::kDispatch, c, ncclep::launchDispatch, stream);
+    return ncclep::htDispatch(handle, c, stream);
   });
 }
 
@@ -891,7 +782,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     CHECK_HEADER(inputs, ncclEpCombineInputs_t, NCCL_EP_COMBINE_INPUTS_INIT);
     CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
     if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
-    if (g->view.lowLatency) return llCombine(handle, inputs, outputs, config, stream);
+    if (g->view.lowLatency) return combineLowLatency(handle, inputs, outputs, config, stream);
     NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
     NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
     NCCLEXT_USAGE(!present(outputs->missing_experts),
@@ -919,7 +810,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     c.dtype = x.datatype;
     // Receivers reduce several rows per token for this rank's own tokens; senders push rows back to their owners.
     splitCombine(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, &c.nSenders, &c.nReceivers);
-    return launchHtCall(handle, ncclep::kCombine, c, ncclep::launchCombine, stream);
+    return ncclep::htCombine(handle, c, stream);
   });
 }
 
@@ -933,16 +824,12 @@ ncclResult_t ncclEpComplete(ncclEpHandle_t handle, const ncclEpCompleteConfig_t*
     NCCLEXT_CHECK(g->asyncError("ncclEpComplete"));
     const int kind = handle->pendingKind;
     NCCLEXT_USAGE(kind >= 0, "ncclEpComplete: the handle has no send-only call awaiting completion");
-    std::deque<ncclEpHandle*>& open = g->pending[kind];
+    const std::deque<ncclEpHandle*>& open = g->ll.pending[kind];
     NCCLEXT_USAGE(open.front() == handle,
                   "ncclEpComplete: the send-only %s of handle %p was issued first: calls of a kind complete in the "
                   "order they were issued",
                   kindName(kind), (const void*)open.front());
-    handle->pendingKind = -1;
-    open.pop_front();
-    if (kind == ncclep::kDispatch)
-      return ncclep::launchLlDispatch(g->view, handle->view, handle->pendingDispatch, handle->pendingCtas, stream);
-    return ncclep::launchLlCombine(g->view, handle->view, handle->pendingCombine, handle->pendingCtas, stream);
+    return ncclep::llComplete(handle, stream);
   });
 }
 
@@ -968,7 +855,7 @@ ncclResult_t ncclEpMaskUpdate(ncclEpGroup_t group, const int* mask_host, cudaStr
   return ncclext::guardAbi("ncclEpMaskUpdate", [&]() -> ncclResult_t {
     NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskUpdate"));
     NCCLEXT_ARG(mask_host != nullptr, "ncclEpMaskUpdate: mask_host is NULL");
-    return group->setMask(mask_host, stream);
+    return ncclep::llSetMask(group, mask_host, stream);
   });
 }
 
@@ -977,9 +864,9 @@ ncclResult_t ncclEpMaskClean(ncclEpGroup_t group, cudaStream_t stream) {
   return ncclext::guardAbi("ncclEpMaskClean", [&]() -> ncclResult_t {
     NCCLEXT_CHECK(checkMaskGroup(group, "ncclEpMaskClean"));
     for (int kind = 0; kind < 2; kind++)
-      NCCLEXT_USAGE(group->pending[kind].empty(), "ncclEpMaskClean: a send-only %s awaits ncclEpComplete",
+      NCCLEXT_USAGE(group->ll.pending[kind].empty(), "ncclEpMaskClean: a send-only %s awaits ncclEpComplete",
                     kindName(kind));
-    return group->maskClean(stream);
+    return ncclep::llMaskClean(group, stream);
   });
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "nccl_ep/src/group.h"
+#include "nccl_ep/src/handle.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace {
@@ -233,6 +234,7 @@ struct Fake {
         return 0;
       };
     }
+    group.memory = ncclep::DeviceMemory(c.alloc, false);
     group.smCount = (int)rng.range(1, 132);
     group.numSms = std::min(64, group.smCount);
     ncclep::GroupView& v = group.view;

@@ -284,7 +284,7 @@ def test_ht_fixed_slices_follow_the_library_layout():
 
 def test_ht_hier_fixed_follows_the_library_layout():
     # 2 domains of 2, top-2, hidden 256, max_tokens 4: a hierarchical rail row of 592 bytes (tests/unit/ep_api_test.cc,
-    # EpRail.HierarchicalRowBytesMatchTheModel: ht.h HierRow), M of them to the one remote domain; combine M rows.
+    # EpRail.HierarchicalRowBytesMatchTheModel: HierRow), M of them to the one remote domain; combine M rows.
     b = m.ht_hier_fixed_bytes(2, 2, 256, 2, 4)
     assert b["dispatch_per_peer"] == 4 * 592 and b["combine_per_peer"] == 4 * 512 and b["remote_domains"] == 1
     assert m.ht_hier_fixed_bytes(2, 6, 256, 2, 4)["dispatch_per_peer"] == 4 * 608  # 596, padded to 16

@@ -38,7 +38,7 @@ def test_the_window_and_the_rail_staging_at_scale_are_the_models(nodes):
 
 
 def test_groups_past_64_ranks_are_refused():
-    # nccl_ep's groups take at most 64 ranks (ht.h kMaxRanks): 16 nodes of 8 are beyond them today.
+    # nccl_ep's groups take at most 64 ranks (views.h kMaxRanks): 16 nodes of 8 are beyond them today.
     with pytest.raises(ep.NcclInvalidArgument, match="n_ranks 128 not in"):
         _query(16, 8, 4096)
 

@@ -11,6 +11,7 @@
 
 #include "common/topology.h"
 #include "nccl_ep/src/group.h"
+#include "nccl_ep/src/handle.h"
 #include "tests/harness/ep_tensor.h"
 
 namespace {
@@ -387,7 +388,7 @@ TEST(EpApi, MasksAndOpenCalls) {
     h->layout = NCCL_EP_LAYOUT_RANK_MAJOR;
     h->maxRecvRows = 512;
     h->pendingKind = ncclep::kDispatch;
-    f.group.pending[ncclep::kDispatch].push_back(h);
+    f.group.ll.pending[ncclep::kDispatch].push_back(h);
   }
   EXPECT_EQ(ncclEpMaskClean(&f.group, nullptr), ncclInvalidUsage);
   EXPECT_TRUE(says("a send-only dispatch awaits ncclEpComplete"));
@@ -401,20 +402,20 @@ TEST(EpApi, MasksAndOpenCalls) {
   so.send_only = 1;
   EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, &so, nullptr), ncclInvalidUsage);
   EXPECT_TRUE(says("the staging has two banks"));
-  f.group.pending[ncclep::kDispatch].pop_back();
+  f.group.ll.pending[ncclep::kDispatch].pop_back();
   EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr), ncclInvalidUsage);
   EXPECT_TRUE(says("complete them before a plain dispatch"));
   for (ncclEpHandle* h : {&a, &b}) h->pendingKind = -1;  // nothing for the destructors to unlink
-  f.group.pending[ncclep::kDispatch].clear();
+  f.group.ll.pending[ncclep::kDispatch].clear();
   f.group.view.mask = nullptr;
 }
 
-// Low-Latency across NVLink domains (ht.h, RailView): every byte a sender's kernels write towards a rank of another
+// Low-Latency across NVLink domains (RailView): every byte a sender's kernels write towards a rank of another
 // domain has its place in the sender's outbox for that rank (one byte each), and the rail exchange (slice i of the
 // outbox into the receiver's inbox at the same place, then copied to base[i] + sender * slice[i] of the call's
 // bank, 8 bytes at a time) puts it exactly where the kernels would have written it over LSA. Every rank lays the
 // window out alike; ranks of the own domain are local.
-// The hierarchical dispatch's rail row (ht.h): the row, then the tail's fields in order, aligned for their loads,
+// The hierarchical dispatch's rail row (HierRow): the row, then the tail's fields in order, aligned for their loads,
 // none overlapping, the whole a multiple of 16 bytes (rows follow each other in the rail buffers).
 TEST(EpRail, HierarchicalRowTailIsLaidOutInOrder) {
   for (int G : {1, 2, 8, 72})
@@ -476,7 +477,7 @@ TEST(EpRail, OutboxBytesLandWhereTheKernelsWouldHaveWrittenThem) {
     const size_t stride = v[0].rowStride, meta = v[0].meta.bytes;
     int64_t checked = 0;
     for (int me = 0; me < sh.nRanks; me++) {
-      // The byte ranges LL's kernels write into another rank's window as sender `me` (ll_lsa.cu): its header row,
+      // The byte ranges LL's kernels write into another rank's window as sender `me` (ll/kernels.cu): its header row,
       // its dispatch rows' slice flags, rows and metadata, its combine rows' slice flags and rows ([me][slot]), and
       // the owner-weighted combine's ([me][slot][k]).
       std::vector<std::pair<size_t, size_t>> ranges = {{w.header + (size_t)me * w.headerBytes, (size_t)w.headerBytes}};

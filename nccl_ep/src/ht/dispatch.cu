@@ -6,7 +6,7 @@
 //   (nReceivers == grid); alone, there are no receivers and half h of CTA j is sender 2 j + h. Each half is a team
 //   with its own named barrier. Each role walks chunks c = j, j + n, ... of kChunkTokens source tokens.
 //   Sender: before its first chunk, waits until every peer consumed all of my staging rows of the previous call
-//   (the peer's chunk counter in my window, see ht.h). Chunk c: stages the chunk's metadata in shared memory, then
+//   (the peer's chunk counter in my window, see views.h). Chunk c: stages the chunk's metadata in shared memory, then
 //   one warp per token writes the row once per other rank holding one of its experts, into that rank's staging
 //   region [me][slot] over LSA with 16-byte stores, followed by the row's metadata (local expert ids, weights,
 //   expert indices, fp8 scales) and, after __syncwarp, a system-scope release of the call's sequence number into
@@ -34,8 +34,8 @@
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
-#include "nccl_ep/src/ht.h"
-#include "nccl_ep/src/kernels/ht_copy.cuh"
+#include "nccl_ep/src/ht/copy.cuh"
+#include "nccl_ep/src/ht/ht.h"
 
 namespace ncclep {
 namespace {

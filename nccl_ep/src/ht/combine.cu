@@ -24,8 +24,8 @@
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
-#include "nccl_ep/src/ht.h"
-#include "nccl_ep/src/kernels/ht_copy.cuh"
+#include "nccl_ep/src/ht/copy.cuh"
+#include "nccl_ep/src/ht/ht.h"
 
 namespace ncclep {
 namespace {

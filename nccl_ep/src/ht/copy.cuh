@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "common/device/sync.cuh"
-#include "nccl_ep/src/ht.h"
+#include "nccl_ep/src/views.h"
 
 namespace ncclep {
 

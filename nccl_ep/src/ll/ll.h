@@ -1,7 +1,7 @@
-// Low-Latency (LL) mode inside one NVLink (LSA) domain: the call structures and launch entry points of
-// kernels/ll_lsa.cu. The group, handle and window are ht.h's (group.cc sizes the window for LL: a header row per
-// source, combine staging for every (token, expert) pair); the handle's routing comes from the HT count / scan /
-// slot kernels without their exchange (launchRoute with exchange off).
+// Low-Latency (LL) mode: the call structures and launch entry points of ll/kernels.cu, the group's LL state and the
+// calls' launches (ll/calls.cc). The group, handle and window views are views.h's (layout.cc sizes the window for
+// LL: a header row per source, combine staging for every (token, expert) pair); the handle's routing comes from the
+// HT count / scan / slot kernels without their exchange (launchRoute with exchange off).
 //
 // One launch per call, nothing on the host. Dispatch: each rank writes, into every rank's window, a header (its
 // row count for that rank and its count for each of that rank's local experts) and its rows (per-row flags, as
@@ -11,7 +11,12 @@
 // is the contract, bit for bit).
 #pragma once
 
-#include "nccl_ep/src/ht.h"
+#include <deque>
+
+#include "nccl_ep/src/views.h"
+
+struct ncclEpGroup;
+struct ncclEpHandle;
 
 namespace ncclep {
 
@@ -62,5 +67,25 @@ ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCo
 // ncclEpMaskClean's barrier (one CTA): meets every rank active in the mask at `epoch` on the window's cleanFlags;
 // a rank that does not arrive within the timeout is masked.
 ncclResult_t launchLlCleanBarrier(const GroupView& g, uint64_t epoch, cudaStream_t stream);
+
+// A Low-Latency group's host state.
+struct LlState {
+  // The handles whose send-only calls of each kind (CallKind) await ncclEpComplete, oldest first (at most two: the
+  // staging's banks).
+  std::deque<ncclEpHandle*> pending[2];
+  int hostMask[kMaxRanks] = {};  // with enable_mask: the mask as the host last set it (nonzero: active)
+  uint64_t cleans = 0;           // ncclEpMaskClean calls: the epochs of its barriers
+};
+
+// A call on `h` (its checks passed, api.cc), whole or (`sendOnly`) its send half, the receive half kept on the
+// handle for llComplete and the call marked open in the group's LlState. Across NVLink domains the halves are always
+// apart, with the rail exchange between them: the send half, the exchange, and (a whole call) the receive half.
+ncclResult_t llDispatch(ncclEpHandle* h, const LlDispatchCall& c, int ctas, bool sendOnly, cudaStream_t stream);
+ncclResult_t llCombine(ncclEpHandle* h, const LlCombineCall& c, int ctas, bool sendOnly, cudaStream_t stream);
+// ncclEpComplete: the receive half of `h`'s open send-only call, the oldest of its kind (api.cc checks that).
+ncclResult_t llComplete(ncclEpHandle* h, cudaStream_t stream);
+// enable_mask: the mask from the host (nonzero = active), stream-ordered; ncclEpMaskClean's barriers and reset.
+ncclResult_t llSetMask(ncclEpGroup* g, const int* hostMask, cudaStream_t stream);
+ncclResult_t llMaskClean(ncclEpGroup* g, cudaStream_t stream);
 
 }  // namespace ncclep

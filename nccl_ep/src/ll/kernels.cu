@@ -46,8 +46,8 @@
 #include "common/launch.h"
 #include "common/numeric.h"
 #include "nccl_ep/include/nccl_ep.h"
-#include "nccl_ep/src/kernels/ht_copy.cuh"
-#include "nccl_ep/src/ll.h"
+#include "nccl_ep/src/ht/copy.cuh"
+#include "nccl_ep/src/ll/ll.h"
 
 namespace ncclep {
 namespace {
@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(kLlThreads, 1) llCombineKernel(GroupView g, Ha
 }
 
 // One CTA: ncclEpMaskClean's barrier at `epoch` among me and the ranks of my domain active in my mask (a rank that
-// does not arrive within the timeout is masked); the other domains' meet over the rail (ncclEpGroup::railBarrier).
+// does not arrive within the timeout is masked); the other domains' meet over the rail (Rail::maskBarrier).
 __global__ void __launch_bounds__(kLlThreads) llCleanBarrierKernel(GroupView g, uint64_t epoch) {
   uint64_t active = 1ull << g.rank;
   for (int r = 0; r < g.nRanks; r++)
