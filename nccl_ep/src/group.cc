@@ -45,10 +45,12 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
 
   NCCLEXT_CHECK(ncclep::layoutWithinBudget(resolved.config, topo, &g->view, resolved.htHierarchical,
                                            testing.virtualRail != nullptr));
-  CreationStream cs;
-  NCCLEXT_CUDA(cudaStreamCreateWithFlags(&cs.stream, cudaStreamNonBlocking));
-  NCCLEXT_CHECK(g->createWindow(cs.stream));
-  if (g->view.rail.outboxBytes) NCCLEXT_CHECK(g->createRail(resolved.railOverlap, cs.stream));
+  {
+    CreationStream cs;
+    NCCLEXT_CUDA(cudaStreamCreateWithFlags(&cs.stream, cudaStreamNonBlocking));
+    NCCLEXT_CHECK(g->createWindow(cs.stream));
+    if (g->view.rail.outboxBytes) NCCLEXT_CHECK(g->createRail(resolved.railOverlap, cs.stream));
+  }
   // Virtual ranks: nobody launches a kernel of this group before every rank is done with the calls above (some of
   // them wait for all work on the GPU).
   if (g->window.domain->isVirtual()) NCCLEXT_CHECK(g->window.domain->barrier());
