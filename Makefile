@@ -3,8 +3,8 @@
 #   make nccl_ep.build    build libnccl_ep only        make nccl_m2n.build   build libnccl_m2n only
 #   make test             build for every supported NCCL release (NCCL_RELEASES=all), then run the host tests
 #                         (ctest; no GPU needed), then test-asan and test-python
-#   make test-asan        build only the C API fuzz target with AddressSanitizer + LeakSanitizer, in its own
-#                         tree $(BUILDDIR)-asan, and run it (no GPU needed)
+#   make test-asan        build only the C API fuzz target with AddressSanitizer, LeakSanitizer and
+#                         UndefinedBehaviorSanitizer, in its own tree $(BUILDDIR)-asan, and run it (no GPU needed)
 #   make test-python      build the wheel (pip wheel .), install it in a fresh venv with torch, run tests/python
 #   make demo             the main job: the demo/benchmark on local GPUs, or what can be done without them
 #   make gpu-check        build and run every GPU test and benchmark on the local GPUs; results in bench/results/
@@ -36,9 +36,10 @@ CMAKE_ARGS += "-DNCCL_EXT_NCCL_RELEASES=$(NCCL_RELEASES)"
 ifdef CMAKE_EXTRA
 CMAKE_ARGS += $(CMAKE_EXTRA)
 endif
-# The sanitizer tree: the same configuration in its own folder, with ASan + LSan and debug info for the reports.
+# The sanitizer tree: the same configuration in its own folder, with ASan + LSan + UBSan (every report fatal) and
+# debug info for the reports.
 ASAN_BUILDDIR := $(BUILDDIR)-asan
-ASAN_ARGS := $(patsubst $(BUILDDIR),$(ASAN_BUILDDIR),$(CMAKE_ARGS)) -DNCCL_EXT_SANITIZE=address \
+ASAN_ARGS := $(patsubst $(BUILDDIR),$(ASAN_BUILDDIR),$(CMAKE_ARGS)) -DNCCL_EXT_SANITIZE=address,undefined \
              -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNCCL_EXT_BUILD_BENCH=OFF
 
 .PHONY: all configure nccl_ep.build nccl_m2n.build test test-asan test-python demo gpu-check gpu-sanitize install clean

@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstring>
 #include <exception>
 #include <new>
+#include <type_traits>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -70,5 +72,15 @@ ncclResult_t guardAbi(const char* function, Body&& body) noexcept {
     return fail(ncclInternalError, __FILE__, __LINE__, "%s: unexpected exception", function);
   }
 }
+
+// The int a C caller stored in a field of NCCL's ncclDataType_t, read as an int: C++ leaves loading a value outside
+// the enumerators as the enum undefined, and a caller may store any int there. A known value converts back.
+inline int storedInt(const ncclDataType_t& field) {
+  static_assert(sizeof(ncclDataType_t) == sizeof(int), "ncclDataType_t is an int");
+  int v;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
+inline bool isNcclDataType(int v) { return v >= 0 && v < (int)ncclNumTypes; }
 
 }  // namespace ncclext

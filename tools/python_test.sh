@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # make test-python: the Python package as a user gets it. Builds the wheel from this tree (pip wheel .:
 # scikit-build-core, CMake and ninja from PyPI, the two libraries for every NCCL release family and architecture),
-# installs it into a fresh virtual environment with pytest and torch (NCCL_EXT_TEST_TORCH: the version, default
-# 2.11.0, NCCL 2.28.9; 0: no torch, the torch tests skip), imports both modules and runs tests/python from outside the
-# source tree, so that nothing is imported from python/. Then the same wheel beside other NCCL releases
+# installs it into a fresh virtual environment with pytest, hypothesis and torch (NCCL_EXT_TEST_TORCH: the version,
+# default 2.11.0, NCCL 2.28.9; 0: no torch, the torch tests skip), imports both modules and runs tests/python from
+# outside the source tree, so that nothing is imported from python/. Then the same wheel beside other NCCL releases
 # (tests/python/nccl_release_check.py, no torch): each of NCCL_EXT_TEST_NCCL (default 2.29.7 2.30.7 2.31.2 2.32.6:
 # the NCCL of torch 2.12/2.13, of 2.14/2.15, 2.31 and the newest) must be served by the part built for its family, and
 # NCCL_EXT_TEST_NCCL_REFUSED (default 2.27.7) refused with a message; and, when NCCL_EXT_TEST_TORCH_LATEST names a
@@ -27,7 +27,7 @@ echo "python-test: building the wheel"
 wheel=$(ls "$out"/dist/nccl_ext-*.whl)
 "$py" -m venv "$out/venv"
 pip=("$out/venv/bin/python" -m pip install -q)
-"${pip[@]}" "$wheel" pytest
+"${pip[@]}" "$wheel" pytest hypothesis
 if [ "$torch_version" != 0 ]; then
   echo "python-test: installing torch $torch_version"
   "${pip[@]}" "torch==$torch_version"
@@ -54,7 +54,7 @@ if [ "$latest" != 0 ]; then
   echo "python-test: the wheel beside torch $latest"
   rm -rf "$out/venv"
   "$py" -m venv "$out/venv-latest"
-  "$out/venv-latest/bin/python" -m pip install -q "$wheel" pytest "torch==$latest"
+  "$out/venv-latest/bin/python" -m pip install -q "$wheel" pytest hypothesis "torch==$latest"
   "$out/venv-latest/bin/python" "$root/tests/python/nccl_release_check.py" --torch
   "$out/venv-latest/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python" "$@"
 fi

@@ -21,6 +21,14 @@ extern "C" {
 #else
 #define NCCL_EP_API
 #endif
+/* An enum is an int. In C++ its underlying type is int too, so that any int a C caller stores, an unknown value
+ * included, is a value of the type that the library reads and refuses (C++ leaves other enums' values outside their
+ * enumerators undefined). */
+#if defined(__cplusplus)
+#define NCCL_EP_ENUM enum : int
+#else
+#define NCCL_EP_ENUM enum
+#endif
 
 #define NCCL_EP_MAJOR 0
 #define NCCL_EP_MINOR 1
@@ -56,7 +64,7 @@ NCCL_EP_API const char* ncclEpGetLastError(void);
 typedef struct ncclEpGroup* ncclEpGroup_t;
 typedef struct ncclEpHandle* ncclEpHandle_t;
 
-typedef enum { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } ncclEpAlgorithm_t;
+typedef NCCL_EP_ENUM { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } ncclEpAlgorithm_t;
 
 /* Receive layouts. FLAT (HT): one row per (token, destination rank), grouped by source rank in rank order, tokens
  * in source order. EXPERT_MAJOR: one row per (token, local expert), grouped by local expert, inside a zone by
@@ -64,19 +72,19 @@ typedef enum { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } 
  * zone e is rows [e * R * M, (e + 1) * R * M) (M = max_tokens_per_rank), its first expert_counters[e] rows valid.
  * RANK_MAJOR (LL only): rows [s * M, s * M + src_rank_counters[s]) hold, in source order, the tokens of source s
  * with an expert on this rank. LL rows past the counts are not written. */
-typedef enum {
+typedef NCCL_EP_ENUM {
   NCCL_EP_LAYOUT_UNSET = 0,
   NCCL_EP_LAYOUT_EXPERT_MAJOR = 1,
   NCCL_EP_LAYOUT_RANK_MAJOR = 2,
   NCCL_EP_LAYOUT_FLAT = 3
 } ncclEpLayout_t;
 
-typedef enum { NCCL_EP_ZERO_COPY_AUTO = 0, NCCL_EP_ZERO_COPY_OFF = 1, NCCL_EP_ZERO_COPY_ON = 2 } ncclEpZeroCopyMode_t;
+typedef NCCL_EP_ENUM { NCCL_EP_ZERO_COPY_AUTO = 0, NCCL_EP_ZERO_COPY_OFF = 1, NCCL_EP_ZERO_COPY_ON = 2 } ncclEpZeroCopyMode_t;
 
 /* Output sizing. WORST_CASE: outputs hold the most rows any routing can produce (see ncclEpHandleGetMaxRecvRows);
  * nothing waits on the host, so handle creation, dispatch and combine can be captured in a CUDA graph. EXACT: handle
  * creation waits for the receive count and ncclEpHandleGetRecvRows reports it. */
-typedef enum { NCCL_EP_SIZING_WORST_CASE = 0, NCCL_EP_SIZING_EXACT = 1 } ncclEpSizing_t;
+typedef NCCL_EP_ENUM { NCCL_EP_SIZING_WORST_CASE = 0, NCCL_EP_SIZING_EXACT = 1 } ncclEpSizing_t;
 
 /* A tensor: dense row-major, up to 4 dims. `data` is required (a device pointer) unless some size is 0 (an empty
  * tensor: ranks with zero tokens take part with empty tensors). `win_hdl`/`win_offset` optionally say that the

@@ -112,9 +112,11 @@ bool present(const ncclEpTensor_t& t) { return t.ndim != 0 || t.data != nullptr;
 ncclResult_t checkTensor(const ncclEpTensor_t& t, const char* what, unsigned ndim,
                          std::initializer_list<ncclDataType_t> types, std::initializer_list<int64_t> sizes) {
   NCCLEXT_ARG(t.ndim == ndim, "%s: %u dims, expected %u", what, t.ndim, ndim);
+  const int dtype = ncclext::storedInt(t.datatype);
   bool typeOk = false;
-  for (ncclDataType_t d : types) typeOk |= t.datatype == d;
-  NCCLEXT_ARG(typeOk, "%s: dtype %s (%d) not accepted here", what, dtypeName(t.datatype), (int)t.datatype);
+  for (ncclDataType_t d : types) typeOk |= dtype == (int)d;
+  NCCLEXT_ARG(typeOk, "%s: dtype %s (%d) not accepted here", what,
+              ncclext::isNcclDataType(dtype) ? dtypeName(static_cast<ncclDataType_t>(dtype)) : "unknown", dtype);
   int64_t elems = 1;
   bool overflow = false;  // a product past int64 must not wrap to "empty" (and so skip the data check)
   unsigned i = 0;

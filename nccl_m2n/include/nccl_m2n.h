@@ -20,6 +20,14 @@ extern "C" {
 #else
 #define NCCL_M2N_API
 #endif
+/* An enum is an int. In C++ its underlying type is int too, so that any int a C caller stores, an unknown value
+ * included, is a value of the type that the library reads and refuses (C++ leaves other enums' values outside their
+ * enumerators undefined). */
+#if defined(__cplusplus)
+#define NCCL_M2N_ENUM enum : int
+#else
+#define NCCL_M2N_ENUM enum
+#endif
 
 #define NCCL_M2N_MAJOR 0
 #define NCCL_M2N_MINOR 1
@@ -134,7 +142,7 @@ NCCL_M2N_API ncclResult_t ncclM2nLayoutLocalBox(const ncclM2nLayout_t* layout, i
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nHostPlan* ncclM2nHostPlan_t;
 
-typedef enum { ncclM2nSends = 0, ncclM2nRecvs = 1, ncclM2nLocalCopies = 2 } ncclM2nTransferKind_t;
+typedef NCCL_M2N_ENUM { ncclM2nSends = 0, ncclM2nRecvs = 1, ncclM2nLocalCopies = 2 } ncclM2nTransferKind_t;
 
 /* One strided box: ndims (after merging contiguous dims; 0 = one element) extents, outermost first, with the
  * element strides of each side's local tensor. */

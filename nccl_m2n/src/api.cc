@@ -55,7 +55,9 @@ ncclResult_t translateLayout(const ncclM2nLayout_t* in, const char* side, ncclm2
     NCCLEXT_ARG(meshSize <= (1 << 24), "%s mesh: more than 2^24 positions", side);
   }
   out->globalShape.assign(in->globalShape, in->globalShape + in->ndims);
-  out->dtype = in->dtype;
+  const int dtype = ncclext::storedInt(in->dtype);
+  NCCLEXT_ARG(ncclext::isNcclDataType(dtype), "%s layout: dtype %d is not an NCCL data type", side, dtype);
+  out->dtype = static_cast<ncclDataType_t>(dtype);
   out->mesh.dims.assign(m->dims, m->dims + m->ndims);
   out->mesh.ranks.assign(m->ranks, m->ranks + meshSize);
   out->placements.clear();

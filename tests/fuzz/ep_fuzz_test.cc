@@ -67,14 +67,14 @@ struct Breaks {
 
 bool present(const ncclEpTensor_t& t) { return t.ndim != 0 || t.data != nullptr; }
 
-bool oneOf(ncclDataType_t d, std::initializer_list<ncclDataType_t> set) {
+bool oneOf(const ncclDataType_t& d, std::initializer_list<ncclDataType_t> set) {
   for (ncclDataType_t x : set)
-    if (x == d) return true;
+    if ((int)x == fuzz::dtypeInt(d)) return true;
   return false;
 }
 
 std::string describeTensor(const ncclEpTensor_t& t) {
-  std::string s = "{ndim " + std::to_string(t.ndim) + " dtype " + std::to_string((int)t.datatype) +
+  std::string s = "{ndim " + std::to_string(t.ndim) + " dtype " + std::to_string(fuzz::dtypeInt(t.datatype)) +
                   (t.data ? " data" : " NULL") + " sizes";
   for (int i = 0; i < NCCL_EP_MAX_TENSOR_DIMS; i++) s += " " + std::to_string(t.sizes[i]);
   return s + "}";
@@ -128,14 +128,14 @@ ncclEpTensor_t makeTensor(Rng& rng, const Want& w, bool mayBreak, Breaks* b) {
     }
     case 1: {
       const std::vector<ncclDataType_t>& ok = w.accepted.empty() ? w.types : w.accepted;
-      ncclDataType_t d = w.types[0];
+      int d = w.types[0];
       for (;;) {
-        d = rng.chance(1, 3) ? (ncclDataType_t)rng.pick(kBadEnums) : rng.pick(kAllDtypes);
+        d = rng.chance(1, 3) ? rng.pick(kBadEnums) : (int)rng.pick(kAllDtypes);
         bool accepted = false;
-        for (ncclDataType_t x : ok) accepted |= x == d;
+        for (ncclDataType_t x : ok) accepted |= (int)x == d;
         if (!accepted) break;
       }
-      t.datatype = d;
+      fuzz::storeDtype(&t.datatype, d);
       b->sure(poison("dtype not accepted"));
       break;
     }
@@ -433,7 +433,7 @@ TEST(EpFuzz, Handles) {
     if (nullIdx) b.hard("topk_idx NULL");
     ncclEpTensor_t idx =
         makeTensor(rng, {"topk_idx", 2, {ncclInt32, ncclInt64}, {}, {T, K}, {false, false}, false, false}, true, &b);
-    if (idx.ndim != 2 || (idx.datatype != ncclInt32 && idx.datatype != ncclInt64)) b.hard("topk_idx rank or dtype");
+    if (idx.ndim != 2 || !oneOf(idx.datatype, {ncclInt32, ncclInt64})) b.hard("topk_idx rank or dtype");
     const bool withInfo = rng.chance(1, 3), withConfig = rng.chance(1, 2);
     ncclEpLayoutInfo_t info = withInfo ? makeLayoutInfo(rng, f, &b) : ncclEpLayoutInfo_t{};
     ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
@@ -492,7 +492,7 @@ TEST(EpFuzz, Handles) {
     if (K2 != f.handle.topk) u.sure("topk_idx: top-k differs from the handle's");
     ncclEpTensor_t idx2 =
         makeTensor(rng, {"topk_idx", 2, {ncclInt32, ncclInt64}, {}, {T2, K2}, {false, false}, false, false}, true, &u);
-    if (idx2.ndim != 2 || (idx2.datatype != ncclInt32 && idx2.datatype != ncclInt64)) u.hard("topk_idx rank or dtype");
+    if (idx2.ndim != 2 || !oneOf(idx2.datatype, {ncclInt32, ncclInt64})) u.hard("topk_idx rank or dtype");
     const bool nullHandle = rng.chance(1, 30), nullIdx2 = rng.chance(1, 30) || mustHarden(u);
     if (nullHandle) u.hard("handle NULL");
     if (nullIdx2) u.hard("topk_idx NULL");
@@ -636,7 +636,8 @@ TEST(EpFuzz, DispatchCombine) {
       if (fp8 != present(in.scales)) b.sure("inputs.scales with non-fp8 tokens, or none with fp8");
       const int64_t N = rng.chance(1, 10) ? rng.range(0, std::max<int64_t>(0, need - 1)) : need + (int64_t)rng.below(3);
       out.tokens = makeTensor(rng, {"outputs.tokens", 2, {dt}, {}, {N, H}, {false, true}, false, true}, true, &b);
-      if (rng.chance(1, 20) && out.tokens.datatype == dt) {  // (not over a dtype break, which it could undo)
+      // (not over a dtype break, which it could undo)
+      if (rng.chance(1, 20) && fuzz::dtypeInt(out.tokens.datatype) == (int)dt) {
         ncclDataType_t odt = dt;
         while (odt == dt) odt = rng.pick(kAllDtypes);
         out.tokens.datatype = odt;
@@ -716,9 +717,11 @@ TEST(EpFuzz, DispatchCombine) {
         in.tokens.datatype = rng.chance(1, 2) ? ncclFloat8e4m3 : ncclInt32;  // no combine of these
         b.hard("inputs.tokens dtype not combinable");
       }
+      // The input's dtype, or any where the input's is no dtype at all (that input is refused anyway).
+      const int inType = fuzz::dtypeInt(in.tokens.datatype);
+      const ncclDataType_t outType = inType >= 0 && inType < ncclNumTypes ? (ncclDataType_t)inType : ncclBfloat16;
       out.tokens = makeTensor(
-          rng, {"outputs.tokens", 2, {in.tokens.datatype}, {}, {T, in.tokens.sizes[1]}, {true, true}, false, false},
-          true, &b);
+          rng, {"outputs.tokens", 2, {outType}, {}, {T, in.tokens.sizes[1]}, {true, true}, false, false}, true, &b);
       const bool withConfig = rng.chance(1, 2), nullIn = rng.chance(1, 40), nullOut = rng.chance(1, 40),
                  nullHandle = rng.chance(1, 40);
       ncclEpCombineConfig_t cc = NCCL_EP_COMBINE_CONFIG_INIT;
@@ -758,7 +761,7 @@ TEST(EpFuzz, InfoQuery) {
     cfg.algorithm = rng.chance(1, 2) ? NCCL_EP_ALGO_HIGH_THROUGHPUT : NCCL_EP_ALGO_LOW_LATENCY;
     const int nRanks = rng.chance(1, 20) ? (int)rng.next() : (int)rng.range(1, 64);
     const int lsa = rng.chance(1, 20) ? (int)rng.next() : rng.chance(1, 3) ? 1 : (int)rng.range(1, 8);
-    cfg.num_experts = rng.chance(1, 20) ? (int)rng.next() : nRanks * (int)rng.range(1, 8);
+    cfg.num_experts = rng.chance(1, 20) ? (int)rng.next() : (int)(nRanks * rng.range(1, 8));  // wraps past int
     cfg.max_tokens_per_rank = rng.chance(1, 20) ? (int)rng.next() : (int)rng.range(1, 4096);
     cfg.max_token_bytes = rng.chance(1, 20) ? (int)rng.next() : 16 * (int)rng.range(1, 1024);
     cfg.max_topk = rng.chance(1, 20) ? (int)rng.next() : (int)rng.range(1, 32);

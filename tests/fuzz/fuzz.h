@@ -14,10 +14,20 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 
 namespace fuzz {
+
+// NCCL's ncclDataType_t holding any int, an unknown value included, written and read as the int it is: C++ leaves
+// loading an enum value outside its enumerators undefined, and these tests store such values on purpose.
+inline void storeDtype(ncclDataType_t* field, int v) { std::memcpy(field, &v, sizeof v); }
+inline int dtypeInt(const ncclDataType_t& field) {
+  int v;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
 
 constexpr uint64_t kDefaultSeed = 0x6e63636c65787431ull;  // 'ncclext1'
 

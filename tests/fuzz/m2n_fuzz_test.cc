@@ -130,7 +130,7 @@ std::string LayoutArgs::describe() const {
   std::string s;
   char buf[160];
   snprintf(buf, sizeof(buf), "{size %zu magic 0x%x ndims %d dtype %d shape", layout.size, layout.magic, layout.ndims,
-           (int)layout.dtype);
+           fuzz::dtypeInt(layout.dtype));
   s += buf;
   if (nullShape) s += " NULL";
   for (int d = 0; d < nd && !nullShape; d++) s += " " + std::to_string(shape[d]);
@@ -326,7 +326,7 @@ void breakLayout(Rng& rng, int nRanks, bool dst, LayoutArgs* l) {
         l->setPoison("global shape beyond 2^62 elements");
         break;
       case 7: {
-        l->layout.dtype = (ncclDataType_t)rng.pick(kBadDtypes);
+        fuzz::storeDtype(&l->layout.dtype, rng.pick(kBadDtypes));
         l->setPoison("unknown dtype");
         break;
       }

@@ -17,6 +17,7 @@ import os
 import threading
 from pathlib import Path
 
+from .cvalues import checked_args
 from .errors import NcclInvalidUsage, error_for
 
 _lock = threading.Lock()
@@ -184,8 +185,10 @@ def check(lib: ctypes.CDLL, prefix: str, name: str, rc: int) -> None:
 
 
 def call(lib: ctypes.CDLL, prefix: str, name: str, *args) -> None:
-    """Calls lib.<name>(*args); a non-zero result raises its exception class with the library's last-error text."""
-    check(lib, prefix, name, getattr(lib, name)(*args))
+    """Calls lib.<name>(*args); a non-zero result raises its exception class with the library's last-error text.
+    An integer argument its C parameter cannot hold is refused first (cvalues.checked_args)."""
+    fn = getattr(lib, name)
+    check(lib, prefix, name, fn(*checked_args(fn, name, args)))
 
 
 def version(lib: ctypes.CDLL, prefix: str) -> tuple[int, int, int]:

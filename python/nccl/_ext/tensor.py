@@ -37,7 +37,10 @@ def _table() -> dict:
 
 
 def nccl_dtype(dtype) -> int:
-    code = _table().get(dtype)
+    try:
+        code = _table().get(dtype)
+    except TypeError:  # not hashable: no dtype at all
+        code = None
     if code is None:
         raise NcclInvalidArgument("dtype %s has no NCCL equivalent" % dtype)
     return code

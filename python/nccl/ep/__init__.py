@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from .._ext import _loader
 from .._ext.closing import Closing
+from .._ext.cvalues import c_integer, set_fields
 from .._ext.comm import Communicator
 from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
                            NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
@@ -58,8 +59,7 @@ class _Header(ctypes.Structure):
         for name, ctype in cls._fields_:
             if ctype is CTensor:
                 setattr(s, name, absent())
-        for k, v in fields.items():
-            setattr(s, k, v)
+        set_fields(s, cls.__name__.lstrip("_"), **fields)
         return s
 
 
@@ -321,6 +321,18 @@ def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidd
     import torch
 
     algo = _choice(_ALGO, algorithm, "algorithm")
+    # The numbers as the C config holds them, each refused by name when it cannot (cvalues.c_integer).
+    num_experts, max_tokens_per_rank, max_topk, num_sms, rail_round_tokens = (
+        c_integer(v, ctypes.c_int, "%s: %s" % (what, k))
+        for k, v in (("num_experts", num_experts), ("max_tokens_per_rank", max_tokens_per_rank),
+                     ("max_topk", max_topk), ("num_sms", num_sms), ("rail_round_tokens", rail_round_tokens)))
+    hidden = None if hidden is None else c_integer(hidden, ctypes.c_int, "%s: hidden" % what)
+    if max_token_bytes is not None:
+        max_token_bytes = c_integer(max_token_bytes, ctypes.c_int, "%s: max_token_bytes" % what)
+    rail_staging_bytes_max = c_integer(rail_staging_bytes_max, ctypes.c_int64, "%s: rail_staging_bytes_max" % what)
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 <= timeout_s < 2**64 / 1e9):
+        raise NcclInvalidArgument("%s: timeout_s=%r: seconds, a finite number >= 0 (0: the default)"
+                                  % (what, timeout_s))
     if rail_staging_bytes_max < 0:
         raise NcclInvalidArgument("%s: rail_staging_bytes_max %d < 0 (0: no limit)" % (what, rail_staging_bytes_max))
     if enable_mask and algorithm != "low_latency":
@@ -329,6 +341,8 @@ def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidd
     if algorithm == "low_latency" and not 1 <= max_tokens_per_rank <= _LL_MAX_TOKENS:
         raise NcclInvalidArgument("%s: max_tokens_per_rank %d: a Low-Latency group takes 1..%d tokens per rank"
                                   % (what, max_tokens_per_rank, _LL_MAX_TOKENS))
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise NcclInvalidArgument("%s: dtype=%r: a torch.dtype is expected" % (what, dtype))
     if max_token_bytes is None:
         if hidden is None:
             raise NcclInvalidArgument("%s: give hidden (with dtype, default bfloat16) or max_token_bytes" % what)
@@ -356,7 +370,8 @@ def query_group_info(nranks: int, lsa_size: int, **group_args) -> dict:
     rail_round_tokens, rail_staging_bytes_max, ht_hierarchical, rail_overlap, ...)."""
     cfg = _group_config("query_group_info", **group_args)
     raw = _GroupInfo.new()
-    _call("ncclEpGroupInfoQuery", ctypes.byref(cfg), int(nranks), int(lsa_size), ctypes.byref(raw))
+    _call("ncclEpGroupInfoQuery", ctypes.byref(cfg), c_integer(nranks, ctypes.c_int, "query_group_info: nranks"),
+          c_integer(lsa_size, ctypes.c_int, "query_group_info: lsa_size"), ctypes.byref(raw))
     return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
 
 

@@ -21,6 +21,7 @@ import ctypes
 
 from .._ext import _loader
 from .._ext.closing import Closing
+from .._ext.cvalues import c_integer, c_integers, set_fields
 from .._ext.comm import Communicator
 from .._ext.errors import NcclError, NcclInvalidArgument
 from .._ext.tensor import nccl_dtype
@@ -136,7 +137,7 @@ def _nested_shape_and_flat(mesh):
 
     def walk(x, depth):
         if depth == len(dims):
-            flat.append(int(x))
+            flat.append(c_integer(x, ctypes.c_int, "mesh: rank"))
             return
         if not isinstance(x, (list, tuple)) or len(x) != dims[depth]:
             raise NcclInvalidArgument("mesh: a ragged nesting (expected %d entries at depth %d)" % (dims[depth], depth))
@@ -192,6 +193,14 @@ def _nested(flat, dims):
     return mesh
 
 
+def _seconds(timeout_s, what: str) -> float:
+    """A timeout in seconds for the C config (0: the library's default)."""
+    if not (isinstance(timeout_s, (int, float)) and 0 <= timeout_s < float("inf")):
+        raise NcclInvalidArgument("%s: timeout_s=%r: seconds, a finite number >= 0 (0: the default)"
+                                  % (what, timeout_s))
+    return float(timeout_s)
+
+
 def _dtype_code(dtype) -> int:
     return dtype if isinstance(dtype, int) else nccl_dtype(dtype)
 
@@ -203,14 +212,18 @@ class Layout:
     position (element strides of that rank's local tensor), or None for row-major locals."""
 
     def __init__(self, global_shape, dtype, mesh, placements=None, boxes=None, local_strides=None):
-        self.global_shape = tuple(int(s) for s in global_shape)
-        self.dtype = _dtype_code(dtype)
+        i64, i32 = ctypes.c_int64, ctypes.c_int
+        self.global_shape = tuple(c_integers(global_shape, i64, "Layout: global_shape"))
+        self.dtype = c_integer(_dtype_code(dtype), i32, "Layout: dtype")
         self.mesh_dims, self.mesh_ranks = _nested_shape_and_flat(mesh)
         if (placements is None) == (boxes is None):
             raise NcclInvalidArgument("Layout: give placements or boxes (one of them)")
-        self.placements = None if placements is None else [int(p) for p in placements]
-        self.boxes = None if boxes is None else [(tuple(o), tuple(s)) for o, s in boxes]
-        self.local_strides = None if local_strides is None else [tuple(s) for s in local_strides]
+        self.placements = None if placements is None else c_integers(placements, i32, "Layout: placements")
+        self.boxes = None if boxes is None else [(tuple(c_integers(o, i64, "Layout: boxes[%d] offset" % i)),
+                                                  tuple(c_integers(s, i64, "Layout: boxes[%d] shape" % i)))
+                                                 for i, (o, s) in enumerate(boxes)]
+        self.local_strides = None if local_strides is None else [
+            tuple(c_integers(st, i64, "Layout: local_strides[%d]" % i)) for i, st in enumerate(local_strides)]
         self._build()
 
     def _build(self):
@@ -229,7 +242,11 @@ class Layout:
             if len(self.boxes) != n:
                 raise NcclInvalidArgument("Layout: %d boxes for %d mesh positions" % (len(self.boxes), n))
             self._boxes = (_Box * n)()
+            if nd > MAX_DIMS:
+                raise NcclInvalidArgument("Layout: %d dims: at most %d" % (nd, MAX_DIMS))
             for i, (o, s) in enumerate(self.boxes):
+                if len(o) != nd or len(s) != nd:
+                    raise NcclInvalidArgument("Layout: boxes[%d]: an offset and a shape of %d dims each" % (i, nd))
                 for d in range(nd):
                     self._boxes[i].offset[d], self._boxes[i].shape[d] = o[d], s[d]
             c.boxes = self._boxes
@@ -353,7 +370,8 @@ class HostPlan(Closing):
     def __init__(self, tensors, rank: int, n_ranks: int, ranks_per_domain: int = 0, fp8_block_rows: int = 1):
         self._tensors = list(tensors)  # the layouts' C structs stay alive with them
         specs, self._names = _specs(self._tensors)
-        cfg = _PlanConfig(ctypes.sizeof(_PlanConfig), _MAGIC, n_ranks, ranks_per_domain, None, fp8_block_rows)
+        cfg = _PlanConfig(ctypes.sizeof(_PlanConfig), _MAGIC)
+        set_fields(cfg, "HostPlan", nRanks=n_ranks, ranksPerDomain=ranks_per_domain, fp8BlockRows=fp8_block_rows)
         self._h = ctypes.c_void_p()
         _call("ncclM2nHostPlanCreate", ctypes.byref(self._h), rank, len(self._tensors), specs, ctypes.byref(cfg))
         info = _PlanInfo()
@@ -435,7 +453,7 @@ class Plan(Closing):
 
     def __init__(self, tensors, group=None, staging_bytes: int = 0, timeout_s: float = 0, fp8_block_rows: int = 1,
                  lsa: bool = False, zero_copy=None):
-        if zero_copy not in _ZERO_COPY:
+        if not (zero_copy is None or isinstance(zero_copy, str)) or zero_copy not in _ZERO_COPY:
             raise NcclInvalidArgument("Plan: zero_copy %r: None, 'pull' or 'push'" % (zero_copy,))
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
@@ -445,8 +463,8 @@ class Plan(Closing):
         # alike); False: every stream between ranks by ncclSend/ncclRecv. zero_copy ('pull' / 'push', with lsa):
         # those streams move in place, the sources (pull) or destinations (push) in memory register()ed on the
         # plan's communicator.
-        cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, staging_bytes, timeout_s, fp8_block_rows,
-                          1 if lsa else 0)
+        cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, 0, _seconds(timeout_s, "Plan"))
+        set_fields(cfg, "Plan", stagingBytes=staging_bytes, fp8BlockRows=fp8_block_rows, lsa=1 if lsa else 0)
         cfg.zeroCopy = _ZERO_COPY[zero_copy]
         self._h = ctypes.c_void_p()
         try:
@@ -542,7 +560,7 @@ def retain(comm: Communicator, timeout_s: float = 0) -> None:
     """COLLECTIVE over `comm`: keeps the communicator that plans on `comm` exchange over alive between plans
     (ncclM2nCommRetain), so that plans and reshards made one after another on it split nothing. release() it
     before closing `comm`."""
-    cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, 0, timeout_s)
+    cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, 0, _seconds(timeout_s, "retain"))
     _call("ncclM2nCommRetain", comm.handle, ctypes.byref(cfg))
 
 
