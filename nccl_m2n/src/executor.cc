@@ -348,14 +348,22 @@ ncclResult_t connectPeers(ncclM2nPlan* plan, cudaStream_t stream) {
 
 }  // namespace
 
-ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& fp8, const std::string& localError,
-                        const ExecOptions& o, ncclM2nPlan** out) {
-  // Any failure below frees what was allocated so far (destroyPlan frees the device memory, then the plan).
-  std::unique_ptr<ncclM2nPlan, void (*)(ncclM2nPlan*)> plan(new ncclM2nPlan(),
-                                                         [](ncclM2nPlan* q) { (void)destroyPlan(q); });
-  plan->comm = comm;
-  plan->virt = o.virt;
-  NCCLEXT_CHECK(loadExecKernels());
+namespace {
+
+// Plan creation, in the order createPlan runs them. Each returns at its first failure; createPlan's plan then frees
+// what was made so far.
+
+// The creation's stream, left to the process when a host collective on it may still run (a failed all-gather).
+struct CreationStream {
+  cudaStream_t s = nullptr;
+  bool leak = false;
+  ~CreationStream() {
+    if (s && !leak) cudaStreamDestroy(s);
+  }
+};
+
+// The plan's rank and rank count: comm's, or the virtual domain's for the one-GPU virtual-rank mode.
+ncclResult_t placePlan(ncclM2nPlan* plan, ncclComm_t comm, const ExecOptions& o) {
   NCCLEXT_NCCL(ncclCommUserRank(comm, &plan->rank));
   NCCLEXT_NCCL(ncclCommCount(comm, &plan->nRanks));
   if (o.virt) {
@@ -368,23 +376,31 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
     plan->nRanks = o.virt->size();
   }
   ncclext::setLogRank(plan->rank);
-  const int rank = plan->rank, n = plan->nRanks;
-  cudaStream_t stream = nullptr;
-  NCCLEXT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t s;
-    bool leak = false;
-    ~StreamGuard() {
-      if (!leak) cudaStreamDestroy(s);
-    }
-  } guard{stream};
-  // The host collectives of plan creation: over comm, or in the process for virtual ranks.
-  auto gather = [&](const void* mine, size_t bytes, void* all) {
-    return o.virt ? o.virt->allGather(rank, mine, bytes, all, o.timeoutSeconds)
-                  : ncclext::ncclAllGatherHost(comm, stream, mine, bytes, all, o.timeoutSeconds);
-  };
+  return ncclSuccess;
+}
 
-  // Round 1: every rank's domain, validity and digest.
+// The host collectives of plan creation: over comm, or in the process for virtual ranks. A failure leaves the
+// stream to the process (the all-gather may still run on it).
+struct CreationGather {
+  ncclComm_t comm;
+  const ExecOptions& o;
+  int rank;
+  CreationStream& stream;
+  ncclResult_t operator()(const void* mine, size_t bytes, void* all) const {
+    const ncclResult_t res = o.virt ? o.virt->allGather(rank, mine, bytes, all, o.timeoutSeconds)
+                                    : ncclext::ncclAllGatherHost(comm, stream.s, mine, bytes, all, o.timeoutSeconds);
+    if (res != ncclSuccess) stream.leak = !o.virt;
+    return res;
+  }
+};
+
+// Rounds 1 and 2: every rank's domain, validity, options and digest of the batch (`all`); when the digests differ,
+// the hashes of the first group that differs, for a message naming the first tensor the ranks disagree on. Every
+// rank fails alike unless all agree and are valid.
+ncclResult_t agreeOnBatch(ncclComm_t comm, const Problem& p, const std::string& localError, const ExecOptions& o,
+                          const CreationGather& gather, std::vector<Round1>* all,
+                          std::shared_ptr<ExchangeComm>* reusable) {
+  const int rank = gather.rank, n = (int)all->size();
   std::vector<uint64_t> hashes(p.tensors.size());
   for (size_t t = 0; t < p.tensors.size(); t++) hashes[t] = tensorHash(p.tensors[t]);
   Round1 mine;
@@ -396,16 +412,10 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   mine.zeroCopy = o.zeroCopy;
   mine.valid = localError.empty();
   mine.digest = digestOf(hashes);
-  std::shared_ptr<ExchangeComm> reusable;
-  mine.exchange = voteFor(comm, &reusable);
-  std::vector<Round1> all(n);
-  ncclResult_t res = gather(&mine, sizeof(mine), all.data());
-  if (res != ncclSuccess) {
-    guard.leak = !o.virt;  // the all-gather may still run: leave its stream to the process
-    return res;
-  }
+  mine.exchange = voteFor(comm, reusable);
+  NCCLEXT_CHECK(gather(&mine, sizeof(mine), all->data()));
   std::vector<Digest> digests;
-  for (const Round1& r : all) digests.push_back(r.digest);
+  for (const Round1& r : *all) digests.push_back(r.digest);
   const Agreement a = compareDigests(digests);
   if (!a.agree) {
     std::string msg = a.message;
@@ -413,11 +423,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
       int64_t lo, hi;
       digestGroup((int64_t)hashes.size(), a.group, &lo, &hi);
       std::vector<uint64_t> groupAll((size_t)(hi - lo) * n);
-      res = gather(hashes.data() + lo, (size_t)(hi - lo) * sizeof(uint64_t), groupAll.data());
-      if (res != ncclSuccess) {
-        guard.leak = !o.virt;
-        return res;
-      }
+      NCCLEXT_CHECK(gather(hashes.data() + lo, (size_t)(hi - lo) * sizeof(uint64_t), groupAll.data()));
       std::vector<std::vector<uint64_t>> per(n);
       for (int r = 0; r < n; r++)
         per[r].assign(groupAll.begin() + (size_t)r * (hi - lo), groupAll.begin() + (size_t)(r + 1) * (hi - lo));
@@ -430,51 +436,69 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   }
   if (!localError.empty())
     return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__, "ncclM2nPlanCreate: %s", localError.c_str());
+  const std::vector<Round1>& v = *all;
   for (int r = 0; r < n; r++) {
-    if (!all[r].valid)
+    if (!v[r].valid)
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
                            "ncclM2nPlanCreate: rank %d's batch is invalid (its error says why)", r);
-    if (all[r].lsa != all[0].lsa)
+    if (v[r].lsa != v[0].lsa)
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
-                           "ncclM2nPlanCreate: rank %d sets lsa to %d, rank 0 to %d: the ranks must agree", r,
-                           all[r].lsa, all[0].lsa);
-    if (all[r].zeroCopy != all[0].zeroCopy)
+                           "ncclM2nPlanCreate: rank %d sets lsa to %d, rank 0 to %d: the ranks must agree", r, v[r].lsa,
+                           v[0].lsa);
+    if (v[r].zeroCopy != v[0].zeroCopy)
       return ncclext::fail(ncclInvalidArgument, __FILE__, __LINE__,
                            "ncclM2nPlanCreate: rank %d sets zeroCopy to %d, rank 0 to %d: the ranks must agree", r,
-                           all[r].zeroCopy, all[0].zeroCopy);
+                           v[r].zeroCopy, v[0].zeroCopy);
   }
+  return ncclSuccess;
+}
 
-  // Every rank agreed. The NVLink domains: with LSA and an LSA team of more than one rank somewhere, the domain
-  // communicator (ncclext::Domain, collective over comm: NCCL_EXT_LSA_DOMAIN_SIZE may split the teams), whose
-  // blocks of consecutive ranks are the domains; else NCCL's LSA teams, every stream by ncclSend / ncclRecv.
-  plan->timeoutSeconds = o.timeoutSeconds;
-  NCCLEXT_CUDA(cudaGetDevice(&plan->device));
+// The NVLink domains, once every rank agreed: with LSA and an LSA team of more than one rank somewhere, the domain
+// communicator (ncclext::Domain, collective over comm: NCCL_EXT_LSA_DOMAIN_SIZE may split the teams), whose blocks of
+// consecutive ranks are the domains; else NCCL's LSA teams, every stream by ncclSend / ncclRecv. Then the exchange
+// communicator: none for one rank, for virtual ranks and for one domain over LSA (nothing goes by ncclSend /
+// ncclRecv); the same decision on every rank. `*lsa`: streams inside the domain go over its windows.
+ncclResult_t setUpDomains(ncclM2nPlan* plan, Problem& p, const ExecOptions& o, const std::vector<Round1>& all,
+                          std::shared_ptr<ExchangeComm>&& reusable, bool* lsa) {
+  const int n = plan->nRanks;
   p.options.domainOfRank.resize(n);
   for (int r = 0; r < n; r++) p.options.domainOfRank[r] = all[r].domain;
-  bool lsa = false;
-  for (int r = 0; r < n && o.lsa; r++) lsa = lsa || all[r].lsaSize > 1;
-  if (lsa) {
+  *lsa = false;
+  for (int r = 0; r < n && o.lsa; r++) *lsa = *lsa || all[r].lsaSize > 1;
+  if (*lsa) {
     ncclext::DomainOptions dopt;
     dopt.virt = o.virt;
     dopt.virtualRank = o.virtualRank;
     dopt.timeoutSeconds = o.timeoutSeconds;
-    NCCLEXT_CHECK(ncclext::Domain::create(comm, dopt, &plan->domain));
+    NCCLEXT_CHECK(ncclext::Domain::create(plan->comm, dopt, &plan->domain));
     const ncclext::Topology& topo = plan->domain->topo();
-    lsa = topo.domainSize > 1;  // the same on every rank
+    *lsa = topo.domainSize > 1;  // the same on every rank
     for (int r = 0; r < n; r++) p.options.domainOfRank[r] = r / topo.domainSize;
-    if (!lsa) plan->domain.reset();
+    if (!*lsa) plan->domain.reset();
   }
-  // The exchange communicator: none for one rank, for virtual ranks and for one domain over LSA (nothing goes by
-  // ncclSend / ncclRecv); the same decision on every rank.
-  if (n == 1 || o.virt || (lsa && plan->domain->topo().nDomains == 1)) {
+  if (n == 1 || o.virt || (*lsa && plan->domain->topo().nDomains == 1)) {
     plan->x = std::make_shared<ExchangeComm>();
-  } else {
-    std::vector<ExchangeVote> votes;
-    for (const Round1& r : all) votes.push_back(r.exchange);
-    NCCLEXT_CHECK(chooseExchange(comm, rank, plan->device, votes, std::move(reusable), &plan->x));
+    return ncclSuccess;
   }
+  std::vector<ExchangeVote> votes;
+  for (const Round1& r : all) votes.push_back(r.exchange);
+  return chooseExchange(plan->comm, plan->rank, plan->device, votes, std::move(reusable), &plan->x);
+}
 
-  // The same batch everywhere: plan this rank's part with those domains.
+// What LSA needs beyond the schedule, agreed over the domain (setUpLsa).
+struct LsaAgreement {
+  int64_t rounds = 0;         // the domain's most LSA chunks of a rank
+  int64_t domainStreams = 0;  // the domain's LSA streams
+};
+
+// This rank's part of the batch (the same batch everywhere, planned with those domains): the schedule and the
+// execution tables, the copy segments, what the rank holds and the fp8 descriptors. With LSA, one all-gather over
+// the domain of each rank's longest LSA stream and its most LSA chunks (the chunk count does not depend on the
+// slots): the window sized by the longest stream when shorter than a chunk, and the rounds; and its LSA streams:
+// with zero-copy, whether the domain publishes and meets the in-place moves' barriers.
+ncclResult_t planTables(ncclM2nPlan* plan, const Problem& p, const std::vector<Fp8Tensor>& fp8, const ExecOptions& o,
+                        bool lsa, LsaAgreement* agreed, int64_t* scratchBytes) {
+  const int rank = plan->rank;
   RankPlan rp;
   PlanStats stats;
   planRank(p, rank, &rp, &stats);
@@ -486,10 +510,6 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   RankSchedule sched;
   std::string why;
   NCCLEXT_ARG(buildSchedule(p, rp, so, &sched, &why), "ncclM2nPlanCreate: %s", why.c_str());
-  // LSA: one all-gather over the domain of each rank's longest LSA stream and its most LSA chunks (the chunk count
-  // does not depend on the slots): the window sized by the longest stream when shorter than a chunk, and the rounds.
-  // Its LSA streams too: with zero-copy, whether the domain publishes and meets the in-place moves' barriers.
-  int64_t lsaRounds = 0, domainStreams = 0;
   if (plan->domain) {
     const int64_t mineLsa[3] = {sched.lsaStreamMax, sched.lsaChunks, sched.lsaStreams};
     std::vector<int64_t> allLsa(3 * (size_t)plan->domain->topo().domainSize);
@@ -497,8 +517,8 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
     int64_t m = 0;
     for (size_t r = 0; r < allLsa.size(); r += 3) {
       m = std::max(m, allLsa[r]);
-      lsaRounds = std::max(lsaRounds, allLsa[r + 1]);
-      domainStreams += allLsa[r + 2];
+      agreed->rounds = std::max(agreed->rounds, allLsa[r + 1]);
+      agreed->domainStreams += allLsa[r + 2];
     }
     if (m > 0 && m < sched.chunkBytes) {
       so.lsaSlotBytes = m;
@@ -515,8 +535,7 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   for (const TensorPair& tp : p.tensors) plan->names.push_back(tp.name);
   holdings(p, rank, &plan->needSrc, &plan->needDst, &plan->srcBytes, &plan->dstBytes);
   // A quantised tensor's moves read the scratch; the caller passes the bf16 / fp32 source, and no scales source.
-  int64_t scratchBytes = 0;
-  plan->quant = quantDescs(fp8, rank, &scratchBytes);
+  plan->quant = quantDescs(fp8, rank, scratchBytes);
   for (size_t j = 0; j < plan->quant.size(); j++) {
     QuantDesc& q = plan->quant[j];
     plan->quantTensor.push_back(q.srcIndex);
@@ -528,7 +547,12 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
     plan->fp8Tensors.push_back(f.tensor);
     plan->needSrc[f.tensor + 1] = 0;
   }
+  return ncclSuccess;
+}
 
+// The plan's device memory: the tables, the staging, the fp8 scratch and the call's pointer array; then the LSA
+// window (COLLECTIVE over the domain) and the connections to the plan's peers (COLLECTIVE over its pairs).
+ncclResult_t uploadPlan(ncclM2nPlan* plan, const LsaAgreement& agreed, int64_t scratchBytes, cudaStream_t stream) {
   const ExecTables& x = plan->tables;
   NCCLEXT_CHECK(upload(x.copies, &plan->copies, stream));
   NCCLEXT_CHECK(upload(x.sends, &plan->sends, stream));
@@ -545,9 +569,36 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
     plan->dst = const_cast<void**>(plan->src + nSrc);
   }
   NCCLEXT_CHECK(upload(plan->tables.remote, &plan->remote, stream));
-  if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan.get(), lsaRounds, domainStreams, stream));
-  NCCLEXT_CHECK(connectPeers(plan.get(), stream));
-  NCCLEXT_CHECK(ncclext::waitStream(stream, o.timeoutSeconds, "ncclM2nPlanCreate (uploading the tables)"));
+  if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan, agreed.rounds, agreed.domainStreams, stream));
+  return connectPeers(plan, stream);
+}
+
+}  // namespace
+
+ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& fp8, const std::string& localError,
+                        const ExecOptions& o, ncclM2nPlan** out) {
+  // Any failure below frees what was allocated so far (destroyPlan frees the device memory, then the plan).
+  std::unique_ptr<ncclM2nPlan, void (*)(ncclM2nPlan*)> plan(new ncclM2nPlan(),
+                                                         [](ncclM2nPlan* q) { (void)destroyPlan(q); });
+  plan->comm = comm;
+  plan->virt = o.virt;
+  NCCLEXT_CHECK(loadExecKernels());
+  NCCLEXT_CHECK(placePlan(plan.get(), comm, o));
+  CreationStream stream;
+  NCCLEXT_CUDA(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
+  const CreationGather gather{comm, o, plan->rank, stream};
+  std::vector<Round1> all(plan->nRanks);
+  std::shared_ptr<ExchangeComm> reusable;
+  NCCLEXT_CHECK(agreeOnBatch(comm, p, localError, o, gather, &all, &reusable));
+  plan->timeoutSeconds = o.timeoutSeconds;
+  NCCLEXT_CUDA(cudaGetDevice(&plan->device));
+  bool lsa = false;
+  NCCLEXT_CHECK(setUpDomains(plan.get(), p, o, all, std::move(reusable), &lsa));
+  LsaAgreement agreed;
+  int64_t scratchBytes = 0;
+  NCCLEXT_CHECK(planTables(plan.get(), p, fp8, o, lsa, &agreed, &scratchBytes));
+  NCCLEXT_CHECK(uploadPlan(plan.get(), agreed, scratchBytes, stream.s));
+  NCCLEXT_CHECK(ncclext::waitStream(stream.s, o.timeoutSeconds, "ncclM2nPlanCreate (uploading the tables)"));
   // Virtual ranks: no rank launches an execute's barrier before every rank is done with the calls above, some of
   // which (cudaHostAlloc, cudaMalloc) may wait for all work on the GPU, a peer's spinning barrier included.
   if (plan->domain && plan->domain->isVirtual()) NCCLEXT_CHECK(plan->domain->barrier());

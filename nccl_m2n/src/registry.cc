@@ -54,6 +54,18 @@ std::shared_ptr<Registry> registryOf(ncclComm_t comm, bool create) {
   return r;
 }
 
+// The first registration on comm: its NVLink domains (COLLECTIVE over comm) and the device table of the
+// registrations' window bases, zeroed.
+ncclResult_t openDomain(ncclComm_t comm, Registry* r) {
+  ncclext::DomainOptions opts;
+  opts.timeoutSeconds = ncclext::env().timeoutSeconds;
+  NCCLEXT_CHECK(ncclext::Domain::create(comm, opts, &r->domain));
+  const size_t tableBytes = sizeof(char*) * kMaxRegistrations * r->domain->topo().domainSize;
+  NCCLEXT_CUDA(cudaMalloc(reinterpret_cast<void**>(&r->devBases), tableBytes));
+  NCCLEXT_CUDA(cudaMemset(r->devBases, 0, tableBytes));
+  return ncclSuccess;
+}
+
 void dropIfEmpty(ncclComm_t comm, const std::shared_ptr<Registry>& r) {
   std::lock_guard<std::mutex> lock(registriesMu);
   if (r->live == 0 && !r->domain) registries().erase(comm);
@@ -64,17 +76,11 @@ void dropIfEmpty(ncclComm_t comm, const std::shared_ptr<Registry>& r) {
 ncclResult_t registerBuffer(ncclComm_t comm, void* buffer, size_t bytes, ncclM2nRegistration** out) {
   std::shared_ptr<Registry> r = registryOf(comm, true);
   std::unique_lock<std::mutex> lock(r->mu);
-  ncclResult_t res = ncclSuccess;
-  if (!r->domain) {  // the first registration: the NVLink domains of comm (collective over comm)
-    ncclext::DomainOptions opts;
-    opts.timeoutSeconds = ncclext::env().timeoutSeconds;
-    res = ncclext::Domain::create(comm, opts, &r->domain);
-    const size_t tableBytes = res == ncclSuccess ? sizeof(char*) * kMaxRegistrations * r->domain->topo().domainSize : 0;
-    if (res == ncclSuccess && cudaMalloc(reinterpret_cast<void**>(&r->devBases), tableBytes) != cudaSuccess)
-      res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "ncclM2nRegister: cudaMalloc failed");
-    if (res == ncclSuccess && cudaMemset(r->devBases, 0, tableBytes) != cudaSuccess)
-      res = ncclext::fail(ncclUnhandledCudaError, __FILE__, __LINE__, "ncclM2nRegister: cudaMemset failed");
-    if (res != ncclSuccess) {
+  if (!r->domain) {
+    const ncclResult_t res = openDomain(comm, r.get());
+    if (res != ncclSuccess) {  // none of it stays: the next registration tries again
+      if (r->devBases) cudaFree(r->devBases);
+      r->devBases = nullptr;
       r->domain.reset();
       lock.unlock();
       dropIfEmpty(comm, r);
