@@ -45,6 +45,7 @@
 #include "bench/timing.cuh"
 #include "common/numeric.h"
 #include "nccl_m2n.h"
+#include "nccl_m2n_testing.h"
 #include "tests/harness/launcher.h"
 
 namespace {
@@ -389,11 +390,12 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       cfg.timeoutSeconds = 120;
       cfg.lsa = o.lsa ? 1 : 0;
       cfg.zeroCopy = o.zeroCopy;
-      cfg.virtualDomain = o.virt;
-      cfg.virtualRank = o.virt ? ctx.rank : 0;
+      ncclM2nTestingConfig_t testing = NCCL_M2N_TESTING_CONFIG_INITIALIZER;
+      testing.virtualDomain = o.virt;
+      testing.virtualRank = o.virt ? ctx.rank : 0;
       ncclM2nPlan_t plan = nullptr;
-      BENCH_CHECK(ncclM2nPlanCreate(&plan, ctx.comm, 1, &spec, &cfg) == ncclSuccess, "%s: ncclM2nPlanCreate: %s",
-                  k.name, ncclM2nGetLastError());
+      BENCH_CHECK(ncclM2nPlanCreateTesting(&plan, ctx.comm, 1, &spec, &cfg, &testing) == ncclSuccess,
+                  "%s: ncclM2nPlanCreate: %s", k.name, ncclM2nGetLastError());
       // Stream-ordered allocations (virtual ranks: a synchronous free would wait for the others' kernels).
       void *src = nullptr, *dst = nullptr;
       // Zero-copy on real ranks: the published side in a registered ncclMemAlloc buffer, as large as the largest

@@ -189,29 +189,20 @@ NCCL_M2N_API ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan);
  * pointers of tensor t (NULL where it holds no part of that side; its layout's strides and dtype), and the call
  * enqueues the local copies and the exchanges on `stream`. It may be captured in a CUDA graph and replayed.
  *
- * By default every byte between ranks goes by ncclSend/ncclRecv, inside an NVLink domain too (NCCL's own NVLink
- * path). With the config's `lsa` (and always for virtual ranks), bytes between two ranks of one NVLink domain (NCCL's
- * LSA team, or blocks of NCCL_EXT_LSA_DOMAIN_SIZE ranks of it) go over LSA instead: the sender packs into its
- * symmetric window and the receiver unpacks from it by NVLink loads, chunk by chunk, with a barrier of the domain
- * between (every wait bounded by the timeout; a peer that never arrives fails the execute's barrier, and
- * ncclM2nPlanGetAsyncError and every later execute return ncclRemoteError). The LSA path is not yet validated on
- * GPUs (docs/M2N.md says how far it got). Between domains: ncclSend/ncclRecv (contiguous pieces straight between
- * the tensors, the rest through the staging) on a communicator split from `comm` (by the first plan on `comm`;
- * shared by the plans created while one lives). Those exchanges are watched: past the timeout that communicator is
- * aborted (ncclM2nPlanGetAsyncError). A plan may be destroyed before the CUDA graphs that captured its execute (not
- * replayed after). bf16 or fp32 -> fp8 e4m3 with one fp32 scale per 128 columns: see ncclM2nTensorSpec_t.
- * Zero-copy inside an NVLink domain (the config's zeroCopy, with lsa): see ncclM2nRegister.
+ * By default every byte between ranks goes by ncclSend/ncclRecv, inside an NVLink domain too (NCCL's own NVLink path).
+ * With the config's `lsa` (and always for virtual ranks, nccl_m2n_testing.h), bytes between two ranks of one NVLink
+ * domain (NCCL's LSA team, or blocks of NCCL_EXT_LSA_DOMAIN_SIZE ranks of it) go over LSA instead: the sender packs
+ * into its symmetric window and the receiver unpacks from it by NVLink loads, chunk by chunk, with a barrier of the
+ * domain between (every wait bounded by the timeout; a peer that never arrives fails the execute's barrier, and
+ * ncclM2nPlanGetAsyncError and every later execute return ncclRemoteError). The LSA path has run on one GPU only, with
+ * virtual ranks (docs/M2N.md). Between domains: ncclSend/ncclRecv (contiguous pieces straight between the tensors, the
+ * rest through the staging) on a communicator split from `comm` (by the first plan on `comm`; shared by the plans
+ * created while one lives). Those exchanges are watched: past the timeout that communicator is aborted
+ * (ncclM2nPlanGetAsyncError). A plan may be destroyed before the CUDA graphs that captured its execute (not replayed
+ * after). bf16 or fp32 -> fp8 e4m3 with one fp32 scale per 128 columns: see ncclM2nTensorSpec_t. Zero-copy inside an
+ * NVLink domain (the config's zeroCopy, with lsa): see ncclM2nRegister.
  * ------------------------------------------------------------------------------------------------------------ */
 typedef struct ncclM2nPlan* ncclM2nPlan_t;
-
-/* The one-GPU test mode (docs/ARCHITECTURE.md, "One GPU, many ranks"): nRanks host threads of one process, each with
- * its own single-rank communicator on the same GPU, joined into one NVLink domain whose windows they reach by
- * address. Create it once (before the threads), pass it with each thread's rank in ncclM2nExecConfig_t (comm: that
- * thread's communicator), destroy it after every plan on it. Every stream then goes over LSA, and plan destruction
- * is collective over the domain (a barrier before and after freeing). 1 <= nRanks <= 8. */
-typedef struct ncclM2nVirtualDomain* ncclM2nVirtualDomain_t;
-NCCL_M2N_API ncclResult_t ncclM2nVirtualDomainCreate(ncclM2nVirtualDomain_t* domain, int nRanks);
-NCCL_M2N_API ncclResult_t ncclM2nVirtualDomainDestroy(ncclM2nVirtualDomain_t domain);
 
 typedef struct {
   size_t size;           /* sizeof(ncclM2nExecConfig_t) */
@@ -221,12 +212,10 @@ typedef struct {
                             execute's exchanges and barriers; 0: NCCL_EXT_TIMEOUT_S */
   int fp8BlockRows;      /* rows of an fp8 scale block (see ncclM2nTensorSpec_t): 1 (0 too) or 128 */
   int lsa;               /* 1: streams inside an NVLink domain over LSA (see above; all ranks alike); 0: by
-                            ncclSend/ncclRecv there too. Virtual ranks always use LSA */
-  ncclM2nVirtualDomain_t virtualDomain; /* NULL; or the one-GPU test mode (ncclM2nVirtualDomainCreate) */
-  int virtualRank;       /* with virtualDomain: this thread's rank in it */
+                            ncclSend/ncclRecv there too */
   int zeroCopy;          /* with lsa (all ranks alike): NCCL_M2N_ZERO_COPY_OFF, _PULL or _PUSH (ncclM2nRegister) */
 } ncclM2nExecConfig_t;
-#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0, 0, 0, NULL, 0, 0}
+#define NCCL_M2N_EXEC_CONFIG_INITIALIZER {sizeof(ncclM2nExecConfig_t), NCCL_M2N_MAGIC, 0, 0, 0, 0, 0}
 
 /* Zero-copy inside an NVLink domain. Between two ranks of one domain a plan with lsa = 1 normally stages every
  * stream in the sender's window. With zeroCopy = NCCL_M2N_ZERO_COPY_PULL the receiver instead reads the sender's
@@ -239,8 +228,8 @@ typedef struct {
  * tensor. ncclM2nRegister: COLLECTIVE over comm's NVLink domain (the first registration on a communicator: over
  * comm; every rank registers its own buffer, in the same order; sizes may differ); the buffer must suit
  * ncclCommWindowRegister (ncclMemAlloc, or cuMem with the handle types NCCL needs). Deregister (collective likewise)
- * only when no execute or graph that uses it can run any more. Virtual ranks (virtualDomain) need no registration:
- * any device memory works. Not with fp8 tensors (refused at plan time). */
+ * only when no execute or graph that uses it can run any more. Virtual ranks (nccl_m2n_testing.h) need no
+ * registration: any device memory works. Not with fp8 tensors (refused at plan time). */
 #define NCCL_M2N_ZERO_COPY_OFF 0
 #define NCCL_M2N_ZERO_COPY_PULL 1
 #define NCCL_M2N_ZERO_COPY_PUSH 2
@@ -252,8 +241,9 @@ NCCL_M2N_API ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm
                                             const ncclM2nTensorSpec_t* tensors, const ncclM2nExecConfig_t* config);
 NCCL_M2N_API ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* src, void* const* dst,
                                          cudaStream_t stream);
-/* Local: after every execute of the plan has finished (it frees device memory); with a virtualDomain, collective
- * over it (ncclRemoteError when a rank does not come within the timeout). */
+/* Local: after every execute of the plan has finished (it frees device memory); for virtual ranks
+ * (nccl_m2n_testing.h), collective over their domain (ncclRemoteError when a rank does not come within the
+ * timeout). */
 NCCL_M2N_API ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan);
 /* ncclSuccess, or ncclRemoteError with a message once an execute's exchanges outlived the config's timeoutSeconds
  * (a peer that died or never executes): the plans' exchange communicator was then aborted (the caller's is

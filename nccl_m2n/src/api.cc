@@ -1,5 +1,6 @@
 // The only file that touches nccl_m2n.h's public structs: validate, translate, call, record the last error.
 #include "nccl_m2n/include/nccl_m2n.h"
+#include "nccl_m2n/include/nccl_m2n_testing.h"
 
 #include <algorithm>
 #include <memory>
@@ -290,57 +291,82 @@ ncclResult_t ncclM2nHostPlanDestroy(ncclM2nHostPlan_t plan) {
   });
 }
 
+namespace {
+
+// ncclM2nPlanCreate, with virtual ranks when `virt` is set (ncclM2nPlanCreateTesting).
+ncclResult_t planCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors, const ncclM2nTensorSpec_t* tensors,
+                        const ncclM2nExecConfig_t* config, ncclext::VirtualDomain* virt, int virtualRank) {
+  NCCLEXT_ARG(plan != nullptr, "ncclM2nPlanCreate: plan is NULL");
+  *plan = nullptr;
+  NCCLEXT_ARG(comm != nullptr, "ncclM2nPlanCreate: comm is NULL");
+  NCCLEXT_ARG(config == nullptr || (config->size == sizeof(ncclM2nExecConfig_t) && config->magic == NCCL_M2N_MAGIC),
+              "ncclM2nPlanCreate: config size/magic do not match; use NCCL_M2N_EXEC_CONFIG_INITIALIZER");
+  NCCLEXT_ARG(config == nullptr || config->timeoutSeconds >= 0, "ncclM2nPlanCreate: timeoutSeconds < 0");
+  NCCLEXT_ARG(config == nullptr || config->fp8BlockRows == 0 || config->fp8BlockRows == 1 ||
+                  config->fp8BlockRows == 128,
+              "ncclM2nPlanCreate: fp8BlockRows %d: 1 (or 0) or 128", config ? config->fp8BlockRows : 0);
+  NCCLEXT_ARG(config == nullptr || config->lsa == 0 || config->lsa == 1, "ncclM2nPlanCreate: lsa %d: 0 or 1",
+              config ? config->lsa : 0);
+  NCCLEXT_ARG(config == nullptr || (config->zeroCopy >= NCCL_M2N_ZERO_COPY_OFF &&
+                                    config->zeroCopy <= NCCL_M2N_ZERO_COPY_PUSH),
+              "ncclM2nPlanCreate: zeroCopy %d: NCCL_M2N_ZERO_COPY_OFF, _PULL or _PUSH", config ? config->zeroCopy : 0);
+  NCCLEXT_ARG(config == nullptr || config->zeroCopy == 0 || config->lsa == 1 || virt,
+              "ncclM2nPlanCreate: zeroCopy %d needs lsa = 1 (it moves the streams inside an NVLink domain in place)",
+              config ? config->zeroCopy : 0);
+  NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nPlanCreate: %d tensors at %p",
+              nTensors, (const void*)tensors);
+  NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
+  int nRanks = 0;
+  NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
+  if (virt) nRanks = virt->size();  // comm: one of its ranks
+  ncclm2n::Problem p;
+  p.nRanks = nRanks;
+  std::vector<char> isScales;
+  NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p, &isScales));
+  std::string why;
+  std::vector<ncclm2n::Fp8Tensor> fp8;
+  // A rule broken here fails every rank together (plan creation's agreement), as a checkBatch failure does.
+  const int blockRows = config && config->fp8BlockRows > 1 ? config->fp8BlockRows : 1;
+  if (ncclm2n::rewriteFp8(&p, isScales, blockRows, &fp8, &why) && !checkBatch(p, &why) && why.empty())
+    why = "invalid batch";
+  ncclm2n::ExecOptions o;
+  if (config && config->stagingBytes) o.stagingBytes = (int64_t)config->stagingBytes;
+  o.virt = virt;
+  o.virtualRank = virtualRank;
+  o.lsa = (config && config->lsa == 1) || virt;  // virtual ranks reach each other only over LSA
+  if (config) {
+    o.zeroCopy = config->zeroCopy;
+    if (o.zeroCopy && !fp8.empty() && why.empty())  // every rank fails together (the batch is the same)
+      why = "zeroCopy with fp8 tensors is not supported (their quantised values live in plan-owned scratch)";
+  }
+  o.timeoutSeconds = config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
+  return ncclm2n::createPlan(comm, std::move(p), std::move(fp8), why, o, plan);
+}
+
+}  // namespace
+
 ncclResult_t ncclM2nPlanCreate(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors, const ncclM2nTensorSpec_t* tensors,
                                const ncclM2nExecConfig_t* config) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclM2nPlanCreate", [&]() -> ncclResult_t {
-    NCCLEXT_ARG(plan != nullptr, "ncclM2nPlanCreate: plan is NULL");
-    *plan = nullptr;
-    NCCLEXT_ARG(comm != nullptr, "ncclM2nPlanCreate: comm is NULL");
-    NCCLEXT_ARG(config == nullptr || (config->size == sizeof(ncclM2nExecConfig_t) && config->magic == NCCL_M2N_MAGIC),
-                "ncclM2nPlanCreate: config size/magic do not match; use NCCL_M2N_EXEC_CONFIG_INITIALIZER");
-    NCCLEXT_ARG(config == nullptr || config->timeoutSeconds >= 0, "ncclM2nPlanCreate: timeoutSeconds < 0");
-    NCCLEXT_ARG(config == nullptr || config->fp8BlockRows == 0 || config->fp8BlockRows == 1 ||
-                    config->fp8BlockRows == 128,
-                "ncclM2nPlanCreate: fp8BlockRows %d: 1 (or 0) or 128", config ? config->fp8BlockRows : 0);
-    NCCLEXT_ARG(config == nullptr || config->lsa == 0 || config->lsa == 1, "ncclM2nPlanCreate: lsa %d: 0 or 1",
-                config ? config->lsa : 0);
-    NCCLEXT_ARG(config == nullptr || config->virtualDomain != nullptr || config->virtualRank == 0,
-                "ncclM2nPlanCreate: virtualRank %d without a virtualDomain", config ? config->virtualRank : 0);
-    NCCLEXT_ARG(config == nullptr || (config->zeroCopy >= NCCL_M2N_ZERO_COPY_OFF &&
-                                      config->zeroCopy <= NCCL_M2N_ZERO_COPY_PUSH),
-                "ncclM2nPlanCreate: zeroCopy %d: NCCL_M2N_ZERO_COPY_OFF, _PULL or _PUSH", config ? config->zeroCopy : 0);
-    NCCLEXT_ARG(config == nullptr || config->zeroCopy == 0 || config->lsa == 1 || config->virtualDomain,
-                "ncclM2nPlanCreate: zeroCopy %d needs lsa = 1 (it moves the streams inside an NVLink domain in place)",
-                config ? config->zeroCopy : 0);
-    NCCLEXT_ARG(nTensors >= 0 && (nTensors == 0 || tensors != nullptr), "ncclM2nPlanCreate: %d tensors at %p",
-                nTensors, (const void*)tensors);
-    NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
-    int nRanks = 0;
-    NCCLEXT_NCCL(ncclCommCount(comm, &nRanks));
-    if (config && config->virtualDomain) nRanks = config->virtualDomain->domain.size();  // comm: one of its ranks
-    ncclm2n::Problem p;
-    p.nRanks = nRanks;
-    std::vector<char> isScales;
-    NCCLEXT_CHECK(translateBatch(nTensors, tensors, &p, &isScales));
-    std::string why;
-    std::vector<ncclm2n::Fp8Tensor> fp8;
-    // A rule broken here fails every rank together (plan creation's agreement), as a checkBatch failure does.
-    const int blockRows = config && config->fp8BlockRows > 1 ? config->fp8BlockRows : 1;
-    if (ncclm2n::rewriteFp8(&p, isScales, blockRows, &fp8, &why) && !checkBatch(p, &why) && why.empty())
-      why = "invalid batch";
-    ncclm2n::ExecOptions o;
-    if (config && config->stagingBytes) o.stagingBytes = (int64_t)config->stagingBytes;
-    if (config) {
-      o.virt = config->virtualDomain ? &config->virtualDomain->domain : nullptr;
-      o.lsa = config->lsa == 1 || o.virt;  // virtual ranks reach each other only over LSA
-      o.virtualRank = config->virtualRank;
-      o.zeroCopy = config->zeroCopy;
-      if (o.zeroCopy && !fp8.empty() && why.empty())  // every rank fails together (the batch is the same)
-        why = "zeroCopy with fp8 tensors is not supported (their quantised values live in plan-owned scratch)";
-    }
-    o.timeoutSeconds = config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
-    return ncclm2n::createPlan(comm, std::move(p), std::move(fp8), why, o, plan);
+    return planCreate(plan, comm, nTensors, tensors, config, nullptr, 0);
+  });
+}
+
+ncclResult_t ncclM2nPlanCreateTesting(ncclM2nPlan_t* plan, ncclComm_t comm, int nTensors,
+                                      const ncclM2nTensorSpec_t* tensors, const ncclM2nExecConfig_t* config,
+                                      const ncclM2nTestingConfig_t* testing) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nPlanCreateTesting", [&]() -> ncclResult_t {
+    if (plan) *plan = nullptr;
+    NCCLEXT_ARG(testing == nullptr || (testing->size == sizeof(ncclM2nTestingConfig_t) &&
+                                       testing->magic == NCCL_M2N_MAGIC),
+                "ncclM2nPlanCreateTesting: testing size/magic do not match; use NCCL_M2N_TESTING_CONFIG_INITIALIZER");
+    ncclext::VirtualDomain* virt = testing && testing->virtualDomain ? &testing->virtualDomain->domain : nullptr;
+    const int virtualRank = testing ? testing->virtualRank : 0;
+    NCCLEXT_ARG(virt != nullptr || virtualRank == 0, "ncclM2nPlanCreateTesting: virtualRank %d without a virtualDomain",
+                virtualRank);
+    return planCreate(plan, comm, nTensors, tensors, config, virt, virtualRank);
   });
 }
 

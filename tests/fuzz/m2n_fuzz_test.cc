@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "nccl_m2n/include/nccl_m2n.h"
+#include "nccl_m2n/include/nccl_m2n_testing.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace {
@@ -931,6 +932,52 @@ TEST(M2nFuzz, ExecutionPlanArguments) {
     if (!nullOut && reg != nullptr) c.fail("ncclM2nRegister left *reg set on failure");
     c.expectRejected(c.call(Lib::kM2n, "ncclM2nDeregister", [&] { return ncclM2nDeregister(nullptr); }),
                      "ncclM2nDeregister", "reg NULL");
+  });
+}
+
+// The one-GPU test mode (nccl_m2n_testing.h): virtual domains of any size, and plan creation with a testing config
+// of any size, magic and virtual rank, with or without a domain. The communicator is NULL, so every call is refused.
+TEST(M2nFuzz, TestingMode) {
+  Campaign c("M2nFuzz.TestingMode", 5000);
+  c.run([&](Rng& rng, int64_t) {
+    const int bad[] = {0, -1, 9, 64, INT_MIN, INT_MAX};
+    const int n = rng.chance(1, 3) ? rng.pick(bad) : (int)rng.range(1, 8);
+    const bool nullOut = rng.chance(1, 20);
+    ncclM2nVirtualDomain_t d = nullptr;
+    c.describe([&] {
+      return std::string("ncclM2nVirtualDomainCreate(") + (nullOut ? "NULL" : "&d") + ", " + std::to_string(n) + ")";
+    });
+    const ncclResult_t r = c.call(Lib::kM2n, "ncclM2nVirtualDomainCreate",
+                                  [&] { return ncclM2nVirtualDomainCreate(nullOut ? nullptr : &d, n); });
+    c.expectRejected(r, "ncclM2nVirtualDomainCreate", nullOut ? "domain NULL" : n < 1 || n > 8 ? "nRanks not in 1..8"
+                                                                                              : nullptr);
+    if (r != ncclSuccess && d != nullptr) c.fail("ncclM2nVirtualDomainCreate failed but wrote a domain");
+    if (r == ncclSuccess && d == nullptr) c.fail("ncclM2nVirtualDomainCreate succeeded without a domain");
+    ncclM2nTestingConfig_t t = NCCL_M2N_TESTING_CONFIG_INITIALIZER;
+    const int kind = (int)rng.range(0, 3);
+    if (kind == 1) t.size = (size_t)rng.range(0, 200);
+    if (kind == 2) t.magic ^= 1u << rng.range(0, 31);
+    t.virtualDomain = rng.chance(3, 4) ? d : nullptr;
+    t.virtualRank = rng.chance(1, 2) ? (int)rng.range(0, 7) : rng.pick(bad);
+    const bool nullTesting = rng.chance(1, 10), nullPlan = rng.chance(1, 10);
+    ncclM2nPlan_t plan = reinterpret_cast<ncclM2nPlan_t>(0x1);
+    c.describe([&] {
+      return "ncclM2nPlanCreateTesting(" + std::string(nullPlan ? "NULL" : "&plan") + ", NULL, 0, NULL, NULL, " +
+             (nullTesting ? std::string("NULL") : "{size " + std::to_string(t.size) + " magic " +
+                                                     std::to_string(t.magic) + " domain " +
+                                                     (t.virtualDomain ? "set" : "NULL") + " virtualRank " +
+                                                     std::to_string(t.virtualRank) + "}") +
+             ")";
+    });
+    const ncclResult_t rp = c.call(Lib::kM2n, "ncclM2nPlanCreateTesting", [&] {
+      return ncclM2nPlanCreateTesting(nullPlan ? nullptr : &plan, nullptr, 0, nullptr, nullptr,
+                                      nullTesting ? nullptr : &t);
+    });
+    c.expectRejected(rp, "ncclM2nPlanCreateTesting", "comm NULL");
+    if (!nullPlan && plan != nullptr) c.fail("ncclM2nPlanCreateTesting left *plan set on failure");
+    const ncclResult_t rd =
+        c.call(Lib::kM2n, "ncclM2nVirtualDomainDestroy", [&] { return ncclM2nVirtualDomainDestroy(d); });
+    if (rd != ncclSuccess) c.fail("ncclM2nVirtualDomainDestroy returned " + std::string(ncclGetErrorString(rd)));
   });
 }
 

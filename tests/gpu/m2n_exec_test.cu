@@ -36,6 +36,7 @@
 #include "common/device_status.h"
 #include "common/status.h"
 #include "nccl_m2n.h"
+#include "nccl_m2n_testing.h"
 #include "nccl_m2n/src/layout.h"
 #include "nccl_m2n/src/move.h"
 #include "nccl_m2n/src/quantize.h"
@@ -58,13 +59,20 @@ struct Options {
   ncclM2nVirtualDomain_t virt = nullptr;  // --one-gpu virtual: the library's in-process domain
 };
 
-// A plan's config on this rank (virtual ranks: the domain and this thread's rank in it).
-ncclM2nExecConfig_t configFor(const ncclext::harness::RankContext& ctx, const Options& o, double timeoutSeconds) {
+// A plan's config on this rank.
+ncclM2nExecConfig_t configFor(const ncclext::harness::RankContext&, const Options&, double timeoutSeconds) {
   ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
   cfg.timeoutSeconds = timeoutSeconds;
-  cfg.virtualDomain = o.virt;
-  cfg.virtualRank = o.virt ? ctx.rank : 0;
   return cfg;
+}
+
+// ncclM2nPlanCreate on this rank (virtual ranks: with the domain and this thread's rank in it).
+ncclResult_t createPlan(ncclM2nPlan_t* plan, const ncclext::harness::RankContext& ctx, const Options& o, int nTensors,
+                        const ncclM2nTensorSpec_t* specs, const ncclM2nExecConfig_t* cfg) {
+  ncclM2nTestingConfig_t testing = NCCL_M2N_TESTING_CONFIG_INITIALIZER;
+  testing.virtualDomain = o.virt;
+  testing.virtualRank = o.virt ? ctx.rank : 0;
+  return ncclM2nPlanCreateTesting(plan, ctx.comm, nTensors, specs, cfg, &testing);
 }
 
 using testing::forEachElement;
@@ -315,7 +323,7 @@ int64_t fp8Cases(ncclext::harness::RankContext& ctx, const Options& o, uint64_t 
         cfg.stagingBytes = 4096 * 4 * (size_t)std::max(1, n - 1);
         cfg.fp8BlockRows = blockRows;
         ncclM2nPlan_t plan = nullptr;
-        if (ncclM2nPlanCreate(&plan, ctx.comm, 2, specs, &cfg) != ncclSuccess) {
+        if (createPlan(&plan, ctx, o, 2, specs, &cfg) != ncclSuccess) {
           fprintf(stderr, "rank %d fp8 case %lld: ncclM2nPlanCreate: %s\n", ctx.rank, (long long)cases,
                   ncclM2nGetLastError());
           return bad + 1;
@@ -446,7 +454,7 @@ int64_t transposeCases(ncclext::harness::RankContext& ctx, const Options& o) {
     b.build();
     ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
     ncclM2nPlan_t plan = nullptr;
-    if (ncclM2nPlanCreate(&plan, ctx.comm, 1, b.specs.data(), &cfg) != ncclSuccess) {
+    if (createPlan(&plan, ctx, o, 1, b.specs.data(), &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d transposing case: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
       return bad + 1;
     }
@@ -487,7 +495,7 @@ int64_t registrationCase(ncclext::harness::RankContext& ctx, const Options& o) {
   cfg.lsa = 1;
   cfg.zeroCopy = NCCL_M2N_ZERO_COPY_PULL;
   ncclM2nPlan_t plan = nullptr;
-  if (ncclM2nPlanCreate(&plan, ctx.comm, 1, b.specs.data(), &cfg) != ncclSuccess) {
+  if (createPlan(&plan, ctx, o, 1, b.specs.data(), &cfg) != ncclSuccess) {
     fprintf(stderr, "rank %d: zero-copy plan: %s\n", ctx.rank, ncclM2nGetLastError());
     bad++;
   } else {
@@ -538,7 +546,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     cfg.stagingBytes = (size_t)(chunk * 4 * std::max(1, ctx.nRanks - 1));
     ncclM2nPlan_t plan = nullptr;
     const auto created = std::chrono::steady_clock::now();
-    if (ncclM2nPlanCreate(&plan, ctx.comm, (int)b.specs.size(), b.specs.data(), &cfg) != ncclSuccess) {
+    if (createPlan(&plan, ctx, o, (int)b.specs.size(), b.specs.data(), &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d case %d: ncclM2nPlanCreate: %s\n", ctx.rank, c, ncclM2nGetLastError());
       return 1;
     }
@@ -556,8 +564,9 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       return 1;
     }
     errors += checkDestinations(b.p, ctx.rank, 1, &L, "execute");
-    // Every fifth batch: its first tensor again, alone, through the one-shot ncclM2nReshard.
-    if (c % 5 == 4 && !b.p.tensors.empty()) {
+    // Every fifth batch: its first tensor again, alone, through the one-shot ncclM2nReshard (real ranks: it takes
+    // no testing config).
+    if (c % 5 == 4 && !b.p.tensors.empty() && !o.virt) {
       Problem one = b.p;
       one.tensors.resize(1);
       if (!poisonDestinations(one, ctx.rank, &L)) return 1;
@@ -632,7 +641,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     b.build();
     ncclM2nPlan_t plan = nullptr;
     ncclM2nExecConfig_t cfg = configFor(ctx, o, 60);
-    const ncclResult_t r = ncclM2nPlanCreate(&plan, ctx.comm, (int)b.specs.size(), b.specs.data(), &cfg);
+    const ncclResult_t r = createPlan(&plan, ctx, o, (int)b.specs.size(), b.specs.data(), &cfg);
     const std::string msg = ncclM2nGetLastError();
     mismatchOk = r == ncclInvalidArgument && plan == nullptr &&
                  msg.find("tensor " + std::to_string(bad)) != std::string::npos &&
@@ -695,7 +704,7 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
   b.build();
   ncclM2nExecConfig_t cfg = configFor(ctx, o, o.timeoutSeconds);
   ncclM2nPlan_t plan = nullptr;
-  if (ncclM2nPlanCreate(&plan, ctx.comm, 1, b.specs.data(), &cfg) != ncclSuccess) {
+  if (createPlan(&plan, ctx, o, 1, b.specs.data(), &cfg) != ncclSuccess) {
     fprintf(stderr, "rank %d: ncclM2nPlanCreate: %s\n", ctx.rank, ncclM2nGetLastError());
     return 1;
   }

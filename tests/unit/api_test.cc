@@ -10,6 +10,7 @@
 #include "nccl_ep.h"
 #include "nccl_ep_testing.h"
 #include "nccl_m2n.h"
+#include "nccl_m2n_testing.h"
 
 // This binary's operator new, which the libraries' allocations reach too: once armed with k, the k-th allocation
 // after that throws std::bad_alloc (tests/unit/api_test.cc's allocation sweep).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "nccl_m2n.h"
+#include "nccl_m2n_testing.h"
 
 namespace {
 
@@ -167,21 +168,26 @@ TEST(M2nApi, RejectsSourceBoxesThatLeaveADestinationElementWithoutSource) {
   EXPECT_EQ(ncclM2nHostPlanDestroy(plan), ncclSuccess);
 }
 
-TEST(M2nApi, ExecConfigLsaAndVirtualFieldsAreChecked) {
+TEST(M2nApi, ExecConfigLsaAndTestingConfigAreChecked) {
   // The checks come before the communicator is touched, so a stand-in handle serves on a machine without a GPU.
   TwoRankTp t;
   ncclComm_t notAComm = reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(0x10));
   ncclM2nPlan_t plan = nullptr;
   ncclM2nExecConfig_t cfg = NCCL_M2N_EXEC_CONFIG_INITIALIZER;
   EXPECT_EQ(cfg.lsa, 0);
-  EXPECT_EQ(cfg.virtualDomain, nullptr);
   cfg.lsa = 2;
   EXPECT_EQ(ncclM2nPlanCreate(&plan, notAComm, 1, &t.spec, &cfg), ncclInvalidArgument);
   EXPECT_TRUE(says("lsa 2: 0 or 1")) << ncclM2nGetLastError();
   cfg.lsa = 0;
-  cfg.virtualRank = 1;
-  EXPECT_EQ(ncclM2nPlanCreate(&plan, notAComm, 1, &t.spec, &cfg), ncclInvalidArgument);
+  ncclM2nTestingConfig_t testing = NCCL_M2N_TESTING_CONFIG_INITIALIZER;
+  EXPECT_EQ(testing.virtualDomain, nullptr);
+  testing.virtualRank = 1;
+  EXPECT_EQ(ncclM2nPlanCreateTesting(&plan, notAComm, 1, &t.spec, &cfg, &testing), ncclInvalidArgument);
   EXPECT_TRUE(says("virtualRank 1 without a virtualDomain")) << ncclM2nGetLastError();
+  testing.virtualRank = 0;
+  testing.size = sizeof(testing) - 4;
+  EXPECT_EQ(ncclM2nPlanCreateTesting(&plan, notAComm, 1, &t.spec, &cfg, &testing), ncclInvalidArgument);
+  EXPECT_TRUE(says("NCCL_M2N_TESTING_CONFIG_INITIALIZER")) << ncclM2nGetLastError();
   EXPECT_EQ(plan, nullptr);
   ncclM2nVirtualDomain_t vd = nullptr;
   EXPECT_EQ(ncclM2nVirtualDomainCreate(&vd, 0), ncclInvalidArgument);

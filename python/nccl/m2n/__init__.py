@@ -77,7 +77,7 @@ class _Transfer(ctypes.Structure):
 class _ExecConfig(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("stagingBytes", ctypes.c_size_t),
                 ("timeoutSeconds", ctypes.c_double), ("fp8BlockRows", ctypes.c_int), ("lsa", ctypes.c_int),
-                ("virtualDomain", ctypes.c_void_p), ("virtualRank", ctypes.c_int), ("zeroCopy", ctypes.c_int)]
+                ("zeroCopy", ctypes.c_int)]
 
 
 class _PlanInfo(ctypes.Structure):
