@@ -34,6 +34,9 @@ the dispatched ones). Autograd as nccl.ep.autograd's Low-Latency formulas (bf16 
 y; `ll_redispatch` (the handle's routing as bound) is combine's gradient.
 Ordering: combine must consume a tensor computed from dispatch's outputs (it does in any MoE layer), which keeps the
 two in order in a compiled graph; the group's calls must still run in the same order on every rank.
+Mutation: every op declares `mutates_args=()`, truly: no tensor argument is written (outputs are new tensors). What
+changes is the routing bound to the handle behind `handle_id`, state outside torch's view; the data dependency above
+orders the calls that read it (the GPU tests run torch.library.opcheck on combine).
 """
 
 from __future__ import annotations
