@@ -12,7 +12,6 @@
 //
 // Usage: ep_dead_peer_test [--nranks N] [--one-gpu off|nodes|virtual] [--iters I] [--die-at K] [--victim R]
 //                          [--timeout-s S] [--json FILE]                     Exit: 0 pass, 1 fail, 77 no GPU.
-#include <getopt.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,6 +26,7 @@
 #include "common/device_status.h"
 #include "common/status.h"
 #include "nccl_ep.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/launcher.h"
@@ -48,31 +48,19 @@ constexpr int kTokens = 256, kTopk = 8, kHidden = 1024, kExpertsPerRank = 8;
 std::atomic<int> gSurvivorsDone{0};
 
 bool parse(int argc, char** argv, Options* o) {
-  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
-                                 {"one-gpu", required_argument, nullptr, 'g'},
-                                 {"iters", required_argument, nullptr, 'i'},
-                                 {"die-at", required_argument, nullptr, 'd'},
-                                 {"victim", required_argument, nullptr, 'v'},
-                                 {"timeout-s", required_argument, nullptr, 'T'},
-                                 {"json", required_argument, nullptr, 'j'},
-                                 {nullptr, 0, nullptr, 0}};
-  int c;
-  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
-    switch (c) {
-      case 'n': o->nRanks = atoi(optarg); break;
-      case 'g':
-        if (!ncclext::harness::parseOneGpu(optarg, &o->oneGpu)) return false;
-        break;
-      case 'i': o->iters = atoi(optarg); break;
-      case 'd': o->dieAt = atoi(optarg); break;
-      case 'v': o->victim = atoi(optarg); break;
-      case 'T': o->timeoutSeconds = atof(optarg); break;
-      case 'j': o->json = optarg; break;
-      default: return false;
-    }
-  }
+  ncclext::harness::Cli cli(argv[0]);
+  cli.option("nranks", &o->nRanks);
+  cli.oneGpu(&o->oneGpu);
+  cli.option("iters", &o->iters);
+  cli.option("die-at", &o->dieAt);
+  cli.option("victim", &o->victim);
+  cli.option("timeout-s", &o->timeoutSeconds);
+  cli.option("json", &o->json);
+  if (!cli.parse(argc, argv)) return false;
   if (o->victim < 0) o->victim = o->nRanks - 1;
-  return o->nRanks >= 2 && o->victim < o->nRanks && o->dieAt >= 0 && o->dieAt < o->iters && o->timeoutSeconds > 0;
+  return cli.require(o->nRanks >= 2 && o->victim < o->nRanks && o->dieAt >= 0 && o->dieAt < o->iters &&
+                         o->timeoutSeconds > 0,
+                     "needs --nranks >= 2, --victim < nranks, 0 <= --die-at < --iters and --timeout-s > 0");
 }
 
 struct Buffers {
@@ -177,15 +165,14 @@ int body(ncclext::harness::RankContext& ctx, const Options& o, ncclEpVirtualDoma
          "in %.2f s (%s) -> %s\n",
          ctx.rank, it, ncclGetErrorString(seen), noticed, bound, msg.c_str(), teardown, ncclGetErrorString(destroyed),
          ok ? "PASS" : "FAIL");
-  if (ctx.rank == 0 && !o.json.empty()) {
-    if (FILE* f = fopen(o.json.c_str(), "a")) {
-      fprintf(f,
-              "{\"test\": \"ep_dead_peer\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"victim\": %d, "
-              "\"die_at\": %d, \"noticed_s\": %.3f, \"teardown_s\": %.3f, \"budget_s\": %.3f}\n",
-              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", o.victim, o.dieAt, noticed,
-              teardown, o.timeoutSeconds);
-      fclose(f);
-    }
+  if (ctx.rank == 0) {
+    char line[320];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"ep_dead_peer\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"victim\": %d, "
+             "\"die_at\": %d, \"noticed_s\": %.3f, \"teardown_s\": %.3f, \"budget_s\": %.3f}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", o.victim, o.dieAt, noticed,
+             teardown, o.timeoutSeconds);
+    ncclext::harness::writeJsonLine(o.json, line);
   }
   return ok ? 0 : 1;
 }
@@ -194,13 +181,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o, ncclEpVirtualDoma
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o)) {
-    fprintf(stderr,
-            "usage: %s [--nranks N>=2] [--one-gpu off|nodes|virtual] [--iters I] [--die-at K<I] [--victim R] "
-            "[--timeout-s S] [--json FILE]\n",
-            argv[0]);
-    return 2;
-  }
+  if (!parse(argc, argv, &o)) return 2;
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;

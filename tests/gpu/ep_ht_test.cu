@@ -24,7 +24,6 @@
 // budget, on a group of its own (default: --timeout-s, on the test's group).     Exit: 0 pass, 1 fail, 77 no GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <getopt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +39,7 @@
 #include "common/status.h"
 #include "nccl_ep.h"
 #include "tests/harness/ep_testing.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/launcher.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
@@ -608,32 +608,17 @@ struct Runner {
 
 bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json, ncclext::harness::OneGpu* oneGpu,
            bool* quick) {
-  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"seed", required_argument, nullptr, 's'},
-                                 {"json", required_argument, nullptr, 'j'}, {"one-gpu", required_argument, nullptr, 'g'},
-                                 {"timeout-s", required_argument, nullptr, 'T'}, {"quick", no_argument, nullptr, 'q'},
-                                 {"silent-peer-s", required_argument, nullptr, 'S'}, {nullptr, 0, nullptr, 0}};
-  int c;
-  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
-    if (c == 'n') *nRanks = atoi(optarg);
-    else if (c == 's') *seed = strtoull(optarg, nullptr, 0);
-    else if (c == 'j') *json = optarg;
-    else if (c == 'g') { if (!ncclext::harness::parseOneGpu(optarg, oneGpu, /*mixedToo=*/true)) return false; }
-    else if (c == 'T') gTimeoutSeconds = atof(optarg);
-    else if (c == 'q') *quick = true;
-    else if (c == 'S') gSilentPeerSeconds = atof(optarg);
-    else return false;
-  }
+  ncclext::harness::Cli cli(argv[0]);
+  cli.option("nranks", nRanks);
+  cli.oneGpu(oneGpu, /*mixedToo=*/true);
+  cli.option("seed", seed);
+  cli.option("timeout-s", &gTimeoutSeconds);
+  cli.option("silent-peer-s", &gSilentPeerSeconds);
+  cli.flag("quick", quick);
+  cli.option("json", json);
+  if (!cli.parse(argc, argv)) return false;
   if (gSilentPeerSeconds <= 0) gSilentPeerSeconds = gTimeoutSeconds;
-  return gTimeoutSeconds > 0;
-}
-
-void writeJson(const std::string& json, const char* line) {
-  printf("RESULT %s\n", line);
-  if (json.empty()) return;
-  if (FILE* f = fopen(json.c_str(), "a")) {
-    fprintf(f, "%s\n", line);
-    fclose(f);
-  }
+  return cli.require(gTimeoutSeconds > 0, "--timeout-s must be > 0");
 }
 
 }  // namespace
@@ -644,13 +629,7 @@ int main(int argc, char** argv) {
   std::string json;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   bool quick = false;
-  if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) {
-    fprintf(stderr,
-            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--quick] "
-            "[--json FILE]\n",
-            argv[0]);
-    return 2;
-  }
+  if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) return 2;
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
   lo.oneGpu = oneGpu;
@@ -872,7 +851,7 @@ int main(int argc, char** argv) {
                "\"across_domains\": %s, \"seed\": %llu}",
                ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", cases.size(), replays,
                ctx.nRanks > 1 ? "true" : "false", waited, acrossDomains ? "true" : "false", (unsigned long long)seed);
-      writeJson(json, line);
+      ncclext::harness::writeJsonLine(json, line);
     }
     return pass ? 0 : 1;
   });

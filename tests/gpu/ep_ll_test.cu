@@ -41,7 +41,6 @@
 // --quick (the sanitizer runs): a few cases, 5 graph replays, all checked. --silent-peer-s: the timeout test's
 // budget (default 1.5 s). --graph-only / --back-to-back: the mixed mode's replay experiment (gGraphOnly below).
 //                                                                              Exit: 0 pass, 1 fail, 77 no GPU.
-#include <getopt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,6 +55,7 @@
 #include "common/numeric.h"
 #include "common/status.h"
 #include "nccl_ep.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
@@ -1192,60 +1192,19 @@ std::vector<Case> buildCases() {
 
 bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json, ncclext::harness::OneGpu* oneGpu,
            bool* quick) {
-  static const option kLong[] = {
-      {"nranks", required_argument, nullptr, 'n'},        {"seed", required_argument, nullptr, 's'},
-      {"json", required_argument, nullptr, 'j'},          {"one-gpu", required_argument, nullptr, 'g'},
-      {"timeout-s", required_argument, nullptr, 'T'},     {"quick", no_argument, nullptr, 'q'},
-      {"silent-peer-s", required_argument, nullptr, 'S'}, {"sms", required_argument, nullptr, 'm'},
-      {"graph-only", no_argument, nullptr, 'G'},          {"back-to-back", no_argument, nullptr, 'B'},
-      {nullptr, 0, nullptr, 0}};
-  int c;
-  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
-    switch (c) {
-      case 'n':
-        *nRanks = atoi(optarg);
-        break;
-      case 's':
-        *seed = strtoull(optarg, nullptr, 0);
-        break;
-      case 'j':
-        *json = optarg;
-        break;
-      case 'g':
-        if (!ncclext::harness::parseOneGpu(optarg, oneGpu, /*mixedToo=*/true)) return false;
-        break;
-      case 'T':
-        gTimeoutSeconds = atof(optarg);
-        break;
-      case 'q':
-        *quick = true;
-        break;
-      case 'S':
-        gSilentPeerSeconds = atof(optarg);
-        break;
-      case 'm':
-        gSms = atoi(optarg);
-        break;
-      case 'G':
-        gGraphOnly = true;
-        break;
-      case 'B':
-        gBackToBack = true;
-        break;
-      default:
-        return false;
-    }
-  }
-  return gTimeoutSeconds > 0 && gSilentPeerSeconds > 0;
-}
-
-void writeJson(const std::string& json, const char* line) {
-  printf("RESULT %s\n", line);
-  if (json.empty()) return;
-  if (FILE* f = fopen(json.c_str(), "a")) {
-    fprintf(f, "%s\n", line);
-    fclose(f);
-  }
+  ncclext::harness::Cli cli(argv[0]);
+  cli.option("nranks", nRanks);
+  cli.oneGpu(oneGpu, /*mixedToo=*/true);
+  cli.option("seed", seed);
+  cli.option("timeout-s", &gTimeoutSeconds);
+  cli.option("silent-peer-s", &gSilentPeerSeconds);
+  cli.option("sms", &gSms);
+  cli.flag("quick", quick);
+  cli.flag("graph-only", &gGraphOnly);
+  cli.flag("back-to-back", &gBackToBack);
+  cli.option("json", json);
+  return cli.parse(argc, argv) &&
+         cli.require(gTimeoutSeconds > 0 && gSilentPeerSeconds > 0, "--timeout-s and --silent-peer-s must be > 0");
 }
 
 }  // namespace
@@ -1256,13 +1215,7 @@ int main(int argc, char** argv) {
   std::string json;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   bool quick = false;
-  if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) {
-    fprintf(stderr,
-            "usage: %s [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S] "
-            "[--quick] [--graph-only] [--back-to-back] [--json FILE]\n",
-            argv[0]);
-    return 2;
-  }
+  if (!parse(argc, argv, &nRanks, &seed, &json, &oneGpu, &quick)) return 2;
   printf("ep_ll_test: seed %llu\n", (unsigned long long)seed);
   fflush(stdout);
   ncclext::harness::LaunchOptions lo;
@@ -1386,7 +1339,7 @@ int main(int argc, char** argv) {
                ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", cases.size(), replays,
                run.validationChecks, ctx.nRanks > 1 ? "true" : "false", waited,
                acrossDomains ? "true" : "false", (unsigned long long)seed);
-      writeJson(json, line);
+      ncclext::harness::writeJsonLine(json, line);
     }
     return pass ? 0 : 1;
   });

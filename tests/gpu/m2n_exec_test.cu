@@ -20,7 +20,6 @@
 // Usage: m2n_exec_test [--nranks N] [--one-gpu off|nodes|virtual] [--cases C] [--seed S] [--json FILE]
 //                      [--dead-peer --timeout-s S]
 // Exit: 0 pass, 1 fail, 77 no GPU.
-#include <getopt.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -40,6 +39,7 @@
 #include "nccl_m2n/src/layout.h"
 #include "nccl_m2n/src/move.h"
 #include "nccl_m2n/src/quantize.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/launcher.h"
 #include "tests/unit/m2n_elements.h"
 #include "tests/unit/m2n_random.h"
@@ -666,16 +666,15 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
          graphOk ? "ok" : "FAILED",
          mismatchOk ? "ok" : "FAILED",
          (long long)errors, (unsigned long long)total, seconds, pass ? "PASS" : "FAIL", (unsigned long long)o.seed);
-  if (ctx.rank == 0 && !o.json.empty()) {
-    if (FILE* f = fopen(o.json.c_str(), "a")) {
-      fprintf(f,
-              "{\"test\": \"m2n_exec\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %lld, "
-              "\"layout_pairs\": %lld, \"elements\": %lld, \"seconds\": %.3f, \"seed\": %llu, "
-              "\"plan_create_ms\": %.2f, \"plan_create_retained_ms\": %.2f}\n",
-              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", (long long)cases,
-              (long long)pairs, (long long)elements, seconds, (unsigned long long)o.seed, createMs[0], createMs[1]);
-      fclose(f);
-    }
+  if (ctx.rank == 0) {
+    char line[512];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"m2n_exec\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %lld, "
+             "\"layout_pairs\": %lld, \"elements\": %lld, \"seconds\": %.3f, \"seed\": %llu, "
+             "\"plan_create_ms\": %.2f, \"plan_create_retained_ms\": %.2f}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", (long long)cases,
+             (long long)pairs, (long long)elements, seconds, (unsigned long long)o.seed, createMs[0], createMs[1]);
+    ncclext::harness::writeJsonLine(o.json, line);
   }
   return pass ? 0 : 1;
 }
@@ -747,14 +746,13 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
          ctx.rank, ncclext::harness::oneGpuName(ctx.mode), ctx.nRanks, ncclGetErrorString(seen), noticed,
          o.timeoutSeconds, bound, msg.c_str(), drained == ncclSuccess ? "drained" : "NOT drained",
          ncclGetErrorString(again), ok ? "PASS" : "FAIL");
-  if (ctx.rank == 0 && !o.json.empty()) {
-    if (FILE* f = fopen(o.json.c_str(), "a")) {
-      fprintf(f,
-              "{\"test\": \"m2n_dead_peer\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, "
-              "\"noticed_s\": %.3f, \"budget_s\": %.3f}\n",
-              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", noticed, o.timeoutSeconds);
-      fclose(f);
-    }
+  if (ctx.rank == 0) {
+    char line[256];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"m2n_dead_peer\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, "
+             "\"noticed_s\": %.3f, \"budget_s\": %.3f}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", noticed, o.timeoutSeconds);
+    ncclext::harness::writeJsonLine(o.json, line);
   }
   return ok ? 0 : 1;
 }
@@ -764,32 +762,20 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   o.seed = (uint64_t)std::chrono::system_clock::now().time_since_epoch().count();
-  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
-                                 {"one-gpu", required_argument, nullptr, 'g'},
-                                 {"cases", required_argument, nullptr, 'c'},
-                                 {"seed", required_argument, nullptr, 's'},
-                                 {"json", required_argument, nullptr, 'j'},
-                                 {"dead-peer", no_argument, nullptr, 'd'},
-                                 {"timeout-s", required_argument, nullptr, 't'},
-                                 {nullptr, 0, nullptr, 0}};
-  int c;
-  bool ok = true;
-  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
-    if (c == 'n') o.nRanks = atoi(optarg);
-    else if (c == 'g') ok = ncclext::harness::parseOneGpu(optarg, &o.oneGpu) && ok;
-    else if (c == 'c') o.cases = atoi(optarg);
-    else if (c == 's') o.seed = strtoull(optarg, nullptr, 0);
-    else if (c == 'j') o.json = optarg;
-    else if (c == 'd') o.deadPeer = true;
-    else if (c == 't') o.timeoutSeconds = atof(optarg);
-    else ok = false;
-  }
+  ncclext::harness::Cli cli(argv[0]);
+  cli.option("nranks", &o.nRanks);
+  cli.oneGpu(&o.oneGpu);
+  cli.option("cases", &o.cases);
+  cli.option("seed", &o.seed);
+  cli.flag("dead-peer", &o.deadPeer);
+  cli.option("timeout-s", &o.timeoutSeconds);
+  cli.option("json", &o.json);
+  if (!cli.parse(argc, argv)) return 2;
   const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;
-  if (!ok || o.cases < 1 || (o.deadPeer && o.nRanks < 2) || (virt && o.nRanks < 1) || o.timeoutSeconds <= 0) {
-    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--cases C] [--seed S] "
-            "[--json FILE] [--dead-peer --timeout-s S (N >= 2)]\n", argv[0]);
+  if (!cli.require(o.cases >= 1 && (!o.deadPeer || o.nRanks >= 2) && (!virt || o.nRanks >= 1) && o.timeoutSeconds > 0,
+                   "needs --cases >= 1, --timeout-s > 0, --nranks >= 2 with --dead-peer and >= 1 with --one-gpu "
+                   "virtual"))
     return 2;
-  }
   // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them.
   if (virt && ncclM2nVirtualDomainCreate(&o.virt, o.nRanks) != ncclSuccess) {
     fprintf(stderr, "ncclM2nVirtualDomainCreate: %s\n", ncclM2nGetLastError());

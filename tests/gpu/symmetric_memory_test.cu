@@ -31,7 +31,6 @@
 // --break store skips the kernel's stores and --break barrier skips its exit barrier: both must make the smoke test
 // FAIL (the oracle can fail); gpu-check never passes --break.
 // Exit status: 0 pass, 1 fail, 77 no GPU.
-#include <getopt.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -50,6 +49,7 @@
 #include "common/device_status.h"
 #include "common/launch.h"
 #include "common/symmetric_memory.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/launcher.h"
 
 namespace {
@@ -231,15 +231,6 @@ ncclResult_t railExchange(ncclext::harness::RankContext& ctx, const Fixture& f, 
   return ncclSuccess;
 }
 
-void appendJson(const Options& o, const std::string& line) {
-  printf("RESULT %s\n", line.c_str());
-  if (o.json.empty()) return;
-  FILE* f = fopen(o.json.c_str(), "a");
-  if (!f) return;
-  fprintf(f, "%s\n", line.c_str());
-  fclose(f);
-}
-
 int runSmoke(ncclext::harness::RankContext& ctx, const Options& o) {
   Fixture f;
   TEST_CHECK(makeFixture(ctx, o.slotElems * sizeof(uint64_t), o.ctas, 60.0, &f));
@@ -307,7 +298,7 @@ int runSmoke(ncclext::harness::RankContext& ctx, const Options& o) {
              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), topo.nDomains, pass ? "true" : "false", o.iters,
              o.ctas, o.slotElems * 8, f.domain->railComm() ? o.railElems * 8 : (size_t)0, (size_t)n * o.slotElems,
              (unsigned long long)total, seconds, v, NCCL_VERSION_CODE);
-    appendJson(o, line);
+    ncclext::harness::writeJsonLine(o.json, line);
   }
   return pass ? 0 : 1;
 }
@@ -349,7 +340,7 @@ int runTimeout(ncclext::harness::RankContext& ctx, const Options& o) {
              "{\"test\": \"symmem_timeout\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"budget_s\": %.3f, "
              "\"waited_s\": %.3f}",
              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", o.timeoutSeconds, waited);
-    appendJson(o, line);
+    ncclext::harness::writeJsonLine(o.json, line);
   }
   return pass ? 0 : 1;
 }
@@ -445,74 +436,51 @@ int runDeadPeer(ncclext::harness::RankContext& ctx, const Options& o) {
              "\"noticed_s\": %.3f, \"teardown_s\": %.3f, \"budget_s\": %.3f}",
              ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", o.dieAt, noticed, teardown,
              o.timeoutSeconds);
-    appendJson(o, line);
+    ncclext::harness::writeJsonLine(o.json, line);
   }
   return ok ? 0 : 1;
 }
 
 bool parse(int argc, char** argv, Options* o) {
-  static const option kLong[] = {{"test", required_argument, nullptr, 'x'},
-                                 {"nranks", required_argument, nullptr, 'n'},
-                                 {"one-gpu", required_argument, nullptr, 'g'},
-                                 {"domain-size", required_argument, nullptr, 'D'},
-                                 {"rail-elems", required_argument, nullptr, 'r'},
-                                 {"iters", required_argument, nullptr, 'i'},
-                                 {"ctas", required_argument, nullptr, 'c'},
-                                 {"threads", required_argument, nullptr, 't'},
-                                 {"slot-elems", required_argument, nullptr, 'e'},
-                                 {"timeout-s", required_argument, nullptr, 'T'},
-                                 {"json", required_argument, nullptr, 'j'},
-                                 {"break", required_argument, nullptr, 'b'},
-                                 {"die-at", required_argument, nullptr, 'd'},
-                                 {nullptr, 0, nullptr, 0}};
-  int c;
-  while ((c = getopt_long(argc, argv, "", kLong, nullptr)) != -1) {
-    switch (c) {
-      case 'x': o->test = optarg; break;
-      case 'n': o->nRanks = atoi(optarg); break;
-      case 'g':
-        if (!ncclext::harness::parseOneGpu(optarg, &o->oneGpu, /*mixedToo=*/true)) return false;
-        break;
-      case 'r': o->railElems = strtoull(optarg, nullptr, 0); break;
-      case 'D': o->domainSize = atoi(optarg); break;
-      case 'i': o->iters = atoi(optarg); break;
-      case 'c': o->ctas = atoi(optarg); break;
-      case 't': o->threads = atoi(optarg); break;
-      case 'e': o->slotElems = strtoull(optarg, nullptr, 0); break;
-      case 'T': o->timeoutSeconds = atof(optarg); break;
-      case 'j': o->json = optarg; break;
-      case 'd': o->dieAt = atoi(optarg); break;
-      case 'b':
-        if (!strcmp(optarg, "store")) o->breakMode = kBreakStore;
-        else if (!strcmp(optarg, "barrier")) o->breakMode = kBreakBarrier;
-        else return false;
-        break;
-      default: return false;
-    }
-  }
-  if (o->test == "dead-peer" && (o->nRanks < 2 || o->dieAt < 0 || o->dieAt >= o->iters)) return false;
-  if (o->test == "dead-peer" && o->oneGpu == ncclext::harness::OneGpu::kMixed) {
-    fprintf(stderr, "symmetric_memory_test: --test dead-peer does not run in the mixed mode\n");
+  ncclext::harness::Cli cli(argv[0]);
+  cli.option("test", &o->test, "smoke|timeout|dead-peer|all");
+  cli.option("nranks", &o->nRanks);
+  cli.oneGpu(&o->oneGpu, /*mixedToo=*/true);
+  cli.option("domain-size", &o->domainSize);
+  cli.option("rail-elems", &o->railElems);
+  cli.option("iters", &o->iters);
+  cli.option("ctas", &o->ctas);
+  cli.option("threads", &o->threads);
+  cli.option("slot-elems", &o->slotElems);
+  cli.option("timeout-s", &o->timeoutSeconds);
+  cli.option("die-at", &o->dieAt);
+  cli.custom("break", "store|barrier", [o](const char* s) {
+    if (!strcmp(s, "store")) o->breakMode = kBreakStore;
+    else if (!strcmp(s, "barrier")) o->breakMode = kBreakBarrier;
+    else return false;
+    return true;
+  });
+  cli.option("json", &o->json);
+  if (!cli.parse(argc, argv)) return false;
+  const bool deadPeer = o->test == "dead-peer";
+  if (!cli.require(!deadPeer || (o->nRanks >= 2 && o->dieAt >= 0 && o->dieAt < o->iters),
+                   "--test dead-peer needs --nranks >= 2 and 0 <= --die-at < --iters"))
     return false;
-  }
-  return (o->test == "smoke" || o->test == "timeout" || o->test == "dead-peer" || o->test == "all") &&
-         o->nRanks >= 0 && o->iters >= 1 &&
-         o->railElems >= 1 && o->ctas >= 1 && o->threads >= 32 && o->threads <= 1024 && o->slotElems >= 1 && o->timeoutSeconds > 0;
+  if (!cli.require(!deadPeer || o->oneGpu != ncclext::harness::OneGpu::kMixed,
+                   "--test dead-peer does not run in the mixed mode"))
+    return false;
+  return cli.require(o->test == "smoke" || o->test == "timeout" || deadPeer || o->test == "all", "unknown --test") &&
+         cli.require(o->nRanks >= 0 && o->iters >= 1 && o->railElems >= 1 && o->ctas >= 1 && o->threads >= 32 &&
+                         o->threads <= 1024 && o->slotElems >= 1 && o->timeoutSeconds > 0,
+                     "a count out of range (iters, rail-elems, ctas, slot-elems >= 1; 32 <= threads <= 1024; "
+                     "timeout-s > 0)");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o)) {
-    fprintf(stderr,
-            "usage: %s [--test smoke|timeout|dead-peer|all] [--nranks N] [--one-gpu off|nodes|virtual|mixed] "
-            "[--domain-size D] [--iters I] "
-            "[--ctas C] [--threads T] [--slot-elems E] [--rail-elems E] [--timeout-s S] [--die-at K<I (dead-peer, "
-            "N>=2)] [--json FILE] [--break store|barrier]\n",
-            argv[0]);
-    return 2;
-  }
+  if (!parse(argc, argv, &o)) return 2;
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;
