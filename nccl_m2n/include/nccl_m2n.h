@@ -226,7 +226,8 @@ typedef struct {
  * The published tensors (the sources with PULL, the destinations with PUSH) must lie, at every execute, in memory
  * registered with ncclM2nRegister on the plan's communicator; an execute with one outside is refused naming the
  * tensor. ncclM2nRegister: COLLECTIVE over comm's NVLink domain (the first registration on a communicator: over
- * comm; every rank registers its own buffer, in the same order; sizes may differ); the buffer must suit
+ * comm; every rank registers its own buffer, in the same order, of the same size on every rank of the domain,
+ * which NCCL 2.28's windows need: a different size is refused naming the ranks); the buffer must suit
  * ncclCommWindowRegister (ncclMemAlloc, or cuMem with the handle types NCCL needs). Deregister (collective likewise)
  * only when no execute or graph that uses it can run any more. Virtual ranks (nccl_m2n_testing.h) need no
  * registration: any device memory works. Not with fp8 tensors (refused at plan time). */

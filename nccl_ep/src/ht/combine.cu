@@ -4,15 +4,15 @@
 //   grid = nSenders + nReceivers CTAs of kThreads (no senders with one rank). Roles walk chunks of the OWNER's
 //   tokens, as in dispatch.
 //   Sender (expert rank): before its first chunk, waits until every owner consumed all of my staging rows of the
-//   previous call (the owner's chunk counter in my window). Chunk c, for every owner s != me, one warp per row: the
-//   rows of s's chunk c are my received flat rows recvOffset[s] + [chunkPrefix[s][c], chunkPrefix[s][c+1]); FLAT
-//   sends each row as is, EXPERT_MAJOR first sums the row's local experts' rows weighted by the dispatched top-k
-//   weights (fp32); the result goes to s's combine staging [me][slot] over LSA, then (after __syncwarp) lane 0
-//   release-stores the call's sequence number into that row's flag in s's window.
+//   previous call (the owner's done flag in my window, waitPeersConsumed). Chunk c, for every owner s != me, one warp
+//   per row: the rows of s's chunk c are my received flat rows recvOffset[s] + [chunkPrefix[s][c],
+//   chunkPrefix[s][c+1]); FLAT sends each row as is, EXPERT_MAJOR first sums the row's local experts' rows weighted by
+//   the dispatched top-k weights (fp32); the result goes to s's combine staging [me][slot] over LSA, then (after
+//   __syncwarp) lane 0 release-stores the call's sequence number into that row's flag in s's window.
 //   Receiver (owner), chunk c: one warp per token acquires the flag of each peer row it needs, then sums in fp32
 //   the rows of every rank that received the token (its own contribution read in place, the peers' from staging)
-//   and writes the output dtype; tokens routed nowhere get zeros. After its last chunk the CTA adds its chunk count
-//   to my counter in every peer's window (release).
+//   and writes the output dtype; tokens routed nowhere get zeros. Then every CTA meets in finishCall, whose last
+//   arrival release-stores the call's number into my done flag in every peer's window.
 //   Dtypes: bf16, fp16, fp32 (template). Sequence numbers and timeouts as in dispatch.
 //   Across NVLink domains (c.phase) as dispatch: the send half's senders write another domain's owner's rows and
 //   flags into my outbox for it (the flat exchange: the round's slots only, c.roundLo / roundSlots, and a later

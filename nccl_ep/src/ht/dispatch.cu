@@ -5,22 +5,23 @@
 //   of SMs used). With peers, CTA j's first half is sender j (if j < nSenders) and its second half receiver j
 //   (nReceivers == grid); alone, there are no receivers and half h of CTA j is sender 2 j + h. Each half is a team
 //   with its own named barrier. Each role walks chunks c = j, j + n, ... of kChunkTokens source tokens.
-//   Sender: before its first chunk, waits until every peer consumed all of my staging rows of the previous call
-//   (the peer's chunk counter in my window, see views.h). Chunk c: stages the chunk's metadata in shared memory, then
-//   one warp per token writes the row once per other rank holding one of its experts, into that rank's staging
-//   region [me][slot] over LSA with 16-byte stores, followed by the row's metadata (local expert ids, weights,
-//   expert indices, fp8 scales) and, after __syncwarp, a system-scope release of the call's sequence number into
-//   the row's flag (cumulativity publishes every lane's stores of the row).
+//   Sender: before its first chunk, waits until every peer consumed all of my staging rows of the previous call (the
+//   peer's done flag in my window, waitPeersConsumed in copy.cuh). Chunk c: stages the chunk's metadata in shared
+//   memory, then one warp per token writes the row once per other rank holding one of its experts, into that rank's
+//   staging region [me][slot] over LSA with 16-byte stores, followed by the row's metadata (local expert ids, weights,
+//   expert indices, fp8 scales) and, after __syncwarp, a system-scope release of the call's sequence number into the
+//   row's flag (cumulativity publishes every lane's stores of the row).
 //   Receiver, chunk c: first copies this rank's own tokens of chunk c that have a local expert to their final
 //   output positions (FLAT row recvOffset[me] + slot, or one EXPERT_MAJOR row per local expert), so that senders
 //   only push over NVLink (with one rank there are no receivers and the senders do it); then for every source s,
 //   one warp per staging row of [chunkPrefix[s][c], chunkPrefix[s][c+1]): every lane acquires the row's flag, then
 //   the warp copies the row to the output (FLAT: row recvOffset[s] + slot; EXPERT_MAJOR: one row per local expert
-//   at zoneStart + srcExpOff[s] + index) and records where it landed for combine. After its last chunk the CTA adds
-//   its chunk count to my counter in every source's window (release).
-//   Sequence numbers: seq = 1 + the chunk's counter in device memory (equal to the call count for every chunk),
-//   bumped by the one CTA owning the chunk in that role, so replays of a captured graph stay in step; chunk
-//   ownership may differ between calls and ranks. Every wait has the group's time budget; a timed-out CTA records
+//   at zoneStart + srcExpOff[s] + index) and records where it landed for combine. Then every CTA meets in
+//   finishCall (copy.cuh): the last to arrive bumps the call counter and release-stores the call's number into my
+//   done flag in every peer's window, after which the peers may overwrite my staging.
+//   Sequence numbers: seq = the call's number, 1 + the calls of this kind completed (a counter in device memory
+//   that only finishCall bumps), so replays of a captured graph stay in step; chunk ownership may differ between
+//   calls and ranks. Every wait has the group's time budget; a timed-out CTA records
 //   the error word and returns (the host reports ncclRemoteError).
 //   Pad rows of EXPERT_MAJOR zones are zero-filled by the senders (local memory).
 //   Across NVLink domains (c.phase): the send half runs the senders only, writing another domain's rank's rows and

@@ -1,51 +1,28 @@
-"""DeepEP's Python surface (V1 `deep_ep.Buffer`, intranode High-Throughput and Low-Latency paths) on nccl.ep:
+"""DeepEP's V1 `deep_ep.Buffer` API on nccl.ep (High-Throughput and Low-Latency, inside and across NVLink
+domains):
 
     import nccl.ep.deepep as deep_ep
 
-Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` (constructor, `get_dispatch_layout`,
-`dispatch` - plain, fp8 with scales, cached, `num_worst_tokens` - and `combine`, with the `previous_event`,
-`async_finish` and `allocate_on_comm_stream` flags; with `low_latency_mode=True`, `low_latency_dispatch`,
-`low_latency_combine`, `clean_low_latency_buffer` and `get_low_latency_rdma_size_hint`, and with `enable_shrink=True`
-the rank mask: `low_latency_update_mask_buffer`, `low_latency_query_mask_buffer`, `low_latency_clean_mask_buffer`),
-`Config`, `EventOverlap`, `topk_idx_t`. What it does not implement raises NotImplementedError naming the argument or
-method: UE8M0-packed scales, LogFMT and zero-copy combine, the wait-time statistics, mpi4py communicators,
-multi-node NVLink (allow_mnnvl), and the internals of the HT dispatch handle (across NVLink domains both modes go
-over nccl.ep's rail exchange). docs/COMPATIBILITY.md has the table.
+Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` (`get_dispatch_layout`, `dispatch`,
+`combine`; with `low_latency_mode=True` the Low-Latency calls, receive hooks and `zero_copy` combine; with
+`enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`. What it
+does not implement raises NotImplementedError naming the argument or method: UE8M0-packed scales, LogFMT, the
+wait-time statistics, mpi4py communicators, `allow_mnnvl`, `get_local_buffer_tensor`, `get_comm_stream` and the
+internals of the High-Throughput handle. docs/COMPATIBILITY.md lists every method and how it differs.
 
 How it differs inside (none of it changes results):
-- nccl.ep has no communication stream: calls run on the current stream, which `previous_event` is waited on first;
-  with `async_finish` the returned EventOverlap is recorded after the call on that stream.
-- The nccl.ep group is sized at the first dispatch, collectively (one all-reduce of the largest token count, row
-  size and top-k over the ranks): at least `Buffer.max_tokens_per_rank` tokens (default 4096) and the largest rows
-  and top-k seen then. A later call beyond them raises with the numbers; raise the class attributes before it.
-  An nccl.ep group serves one expert count: the first dispatch with another count makes another group of the same
-  capacity (collectively; each count holds its own buffers until destroy()).
-- Strided (e.g. column-major) fp8 scales are made contiguous, a copy of [T, H/128] floats.
-- Low-Latency: the group is made at the first `low_latency_dispatch`, collectively, for its
-  (num_max_dispatch_tokens_per_rank, hidden, num_experts, top-k), checked equal across ranks then; it is reused while
-  they stay the same, and a call with others destroys it (after a device synchronisation) and makes a new one (every
-  rank must change them at the same call: the check runs only on a rank whose values changed). Those calls wait on
-  the host: make the first one before a CUDA graph capture; it also makes all the handles of the ring below, so that
-  dispatch and combine then neither allocate in the library nor wait on the host.
-  `num_qps_per_rank` and `allow_nvlink_for_low_latency_mode` are accepted and unused (one NVLink domain: the mode
-  runs over NVLink), and so is `num_rdma_bytes` for Low-Latency (its group sizes its own buffers; the
-  High-Throughput groups take it as their rail staging budget, Group(rail_staging_bytes_max=)). Each dispatch binds
-  its routing to one of `Buffer.num_low_latency_handles` (2) nccl.ep handles in turn, as DeepEP's two buffers: a
-  dispatch's handle stays valid for combine until that many later dispatches; an older one is refused with a
-  message.
-  `return_recv_hook=True` issues the call's sends only (nccl.ep's send-only half) and returns a hook that enqueues
-  the receive half on the current stream; work issued in between overlaps the transfer. As DeepEP's two buffers,
-  two calls of each kind may be open at once (nccl.ep's staging is double-buffered), but their hooks must be called
-  in the order of the calls (else NcclInvalidUsage), and a third call of the kind before the first hook is refused.
-  The fp8 scales come row-major ([L, R * M, H / 128] contiguous; DeepEP's are column-major in the last two
-  dimensions: the same values under other strides).
-- `enable_shrink=True` makes the Low-Latency group with nccl.ep's rank mask (Group(enable_mask=True)); the mask
-  methods keep DeepEP's convention (1 = masked; nccl.ep's is 1 = active). A peer that does not arrive in time is
-  masked, as in DeepEP; one that stopped in the middle of a call is masked too, and then (unlike DeepEP, which says
-  nothing: query the mask) the next call raises NcclRemoteError once, naming it. The mask lives in the group, made
-  at the first low_latency_dispatch: until then the Buffer keeps it, and a group made anew (other sizes) starts from
-  its predecessor's. The group is made over every rank of the process group: a rank that is gone cannot be among
-  them then.
+- Calls run on the current stream (there is no communication stream): `previous_event` is waited on first, and
+  with `async_finish` the returned EventOverlap is recorded after the call.
+- Groups are sized at the first dispatch, collectively: at least `Buffer.max_tokens_per_rank` tokens (4096, or
+  NCCL_EP_DEEPEP_MAX_TOKENS) and the largest rows and top-k seen then; a later call beyond them raises with the
+  numbers. Another expert count makes another group. The Low-Latency group is made at the first
+  `low_latency_dispatch` for its (tokens, hidden, experts, top-k) and made anew (after a device synchronisation)
+  when they change: make the first call before a CUDA graph capture.
+- Low-Latency dispatches bind their routing to `Buffer.num_low_latency_handles` (2) handles in turn, as DeepEP's
+  two buffers: a combine whose handle two later dispatches reused is refused. Hooks must be called in the order of
+  their calls. fp8 scales come row-major (DeepEP's are column-major: the same values under other strides).
+- The mask calls keep DeepEP's convention (1 = masked). A peer that stopped in the middle of a call is masked, and
+  the next call raises NcclRemoteError once, naming it (DeepEP reports nothing).
 """
 
 from __future__ import annotations
@@ -299,7 +276,7 @@ class Buffer:
         """The num_rdma_bytes a Low-Latency Buffer needs from its caller: 0. nccl.ep ignores num_rdma_bytes - the
         group sizes and registers its own buffers from (M, hidden, num_experts, top-k) at the first
         low_latency_dispatch - so any value, 0 included, satisfies DeepEP's "minimum size". It is not a measure of
-        the memory nccl.ep uses (the C API has no size query). The arguments are checked as dispatch would."""
+        the memory nccl.ep uses (nccl.ep.query_group_info says that). The arguments are checked as dispatch would."""
         _check_low_latency_sizes("get_low_latency_rdma_size_hint", num_max_dispatch_tokens_per_rank, hidden,
                                  num_experts, num_ranks)
         return 0
