@@ -43,7 +43,6 @@
 // --mode ll runs the Low-Latency benchmark, ep_ll_bench (beside this binary), with the other arguments.
 // A JSON row's "pass": every call of the row returned ncclSuccess (the outputs' values are ep_ht_test's to check).
 #include <cuda_bf16.h>
-#include <getopt.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,14 +54,21 @@
 #include <string>
 #include <vector>
 
-#include "common/device_status.h"
 #include "bench/timing.cuh"
+#include "common/device_status.h"
 #include "nccl_ep.h"
+#include "tests/harness/cli.h"
+#include "tests/harness/ep_tensor.h"
 #include "tests/harness/ep_testing.h"
 #include "tests/harness/launcher.h"
-#include "tests/harness/ep_tensor.h"
 
 namespace {
+
+using ncclext::bench::median;
+using ncclext::harness::epTensor;
+using ncclext::harness::OneGpu;
+using ncclext::harness::RankContext;
+using Call = std::function<ncclResult_t(int)>;
 
 struct Shape {
   int tokens, hidden, topk, experts;
@@ -71,11 +77,15 @@ struct Shape {
   std::vector<int> sms;
 };
 
-using ncclext::harness::epTensor;
-
-using ncclext::bench::median;
-
-}  // namespace
+struct Options {
+  int nRanks = 0, maxTokens = 0;  // maxTokens 0: the shapes' most
+  bool quick = false;
+  std::string json;
+  OneGpu oneGpu = OneGpu::kOff;
+  bool mixed() const { return oneGpu == OneGpu::kMixed; }
+  // Across domains on one GPU (one-GPU nodes, or mixed): loopback sockets between the domains.
+  bool acrossOnOneGpu() const { return oneGpu == OneGpu::kNodes || mixed(); }
+};
 
 // --mode ll: replaces this process with ep_ll_bench from this binary's folder, the other arguments passed on.
 int runLowLatency(int argc, char** argv) {
@@ -99,41 +109,24 @@ int runLowLatency(int argc, char** argv) {
   return 1;
 }
 
-int main(int argc, char** argv) {
-  int nRanks = 0, maxTokensArg = 0;
-  bool quick = false;
-  std::string json;
-  // --mode first: the Low-Latency benchmark takes options of its own.
-  for (int i = 1; i < argc; i++) {
-    const std::string a = argv[i];
-    const std::string mode = a == "--mode" && i + 1 < argc ? argv[i + 1] : a.rfind("--mode=", 0) == 0 ? a.substr(7) : "";
-    if (mode == "ll") return runLowLatency(argc, argv);
-    if (!mode.empty() && mode != "ht") {
-      fprintf(stderr, "ep_bench: --mode %s: ht or ll\n", mode.c_str());
-      return 2;
-    }
-  }
-  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
-                                 {"quick", no_argument, nullptr, 'q'},        {"mode", required_argument, nullptr, 'm'},
-                                 {"one-gpu", required_argument, nullptr, 'g'},
-                                 {"max-tokens", required_argument, nullptr, 't'},
-                                 {nullptr, 0, nullptr, 0}};
-  ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
-  for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
-    if (c == 'n') nRanks = atoi(optarg);
-    else if (c == 'j') json = optarg;
-    else if (c == 'q') quick = true;
-    else if (c == 't') maxTokensArg = atoi(optarg);
-    else if (c == 'g' && ncclext::harness::parseOneGpu(optarg, &oneGpu, /*mixedToo=*/true)) continue;
-    else if (c != 'm') return 2;
-  }
-  if (oneGpu == ncclext::harness::OneGpu::kVirtual) {
-    fprintf(stderr, "ep_bench: --one-gpu virtual: not for the High-Throughput benchmark (off, nodes or mixed)\n");
-    return 2;
-  }
-  const bool mixed = oneGpu == ncclext::harness::OneGpu::kMixed;
-  // Across domains on one GPU (one-GPU nodes, or mixed): loopback sockets between the domains.
-  const bool oneGpuAcross = oneGpu == ncclext::harness::OneGpu::kNodes || mixed;
+// The High-Throughput options (--mode ll went to ep_ll_bench before).
+bool parseOptions(int argc, char** argv, Options* o) {
+  ncclext::harness::Cli cli(argv[0]);
+  cli.custom("mode", "ht|ll", [](const char* s) { return std::string(s) == "ht"; });
+  cli.option("nranks", &o->nRanks);
+  cli.oneGpu(&o->oneGpu, /*mixedToo=*/true);
+  cli.option("max-tokens", &o->maxTokens);
+  cli.flag("quick", &o->quick);
+  cli.option("json", &o->json);
+  return cli.parse(argc, argv) &&
+         cli.require(o->oneGpu != OneGpu::kVirtual,
+                     "--one-gpu virtual: not for the High-Throughput benchmark (off, nodes or mixed)");
+}
+
+std::vector<Shape> shapesFor(const Options& o) {
+  if (o.acrossOnOneGpu())  // over loopback sockets: what the rail moves is sized by max_tokens_per_rank
+    return {{512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {24}},
+            {512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, {24}}};
   std::vector<Shape> shapes = {
       {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {16, 24, 32, 64, 132}},
       {4096, 7168, 8, 256, ncclFloat8e4m3, NCCL_EP_LAYOUT_FLAT, {24, 64, 132}},
@@ -142,496 +135,654 @@ int main(int argc, char** argv) {
       {16384, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
       {4096, 4096, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
   };
-  if (oneGpuAcross)  // over loopback sockets: what the rail moves is sized by max_tokens_per_rank
-    shapes = {{512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {24}},
-              {512, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, {24}}};
-  if (quick && !oneGpuAcross) shapes.resize(1);
-  int shapeTokens = 0;
-  for (const Shape& s : shapes) shapeTokens = std::max(shapeTokens, s.tokens);
-  if (maxTokensArg != 0 && maxTokensArg < shapeTokens) {
-    fprintf(stderr, "ep_bench: --max-tokens %d: the group must hold the shapes' %d tokens a rank\n", maxTokensArg,
-            shapeTokens);
-    return 2;
+  if (o.quick) shapes.resize(1);
+  return shapes;
+}
+
+// How many calls each row times.
+struct Counts {
+  int warm, iters, warmSynced;
+  explicit Counts(const Options& o)
+      : warm(o.acrossOnOneGpu() ? 3 : 10),
+        iters(o.acrossOnOneGpu() ? 20 : 60),
+        warmSynced(o.acrossOnOneGpu() ? 3 : 5) {}
+};
+
+// A rank's group and what its rail baseline needs (the ranks of other domains, the communicator and buffers).
+struct RankSetup {
+  ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+  ncclEpGroup_t group = nullptr;
+  ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
+  std::vector<int> remote;  // the ranks of other domains
+  bool relayed = false, hierarchical = false;
+  const char* exchange = "none";
+  ncclComm_t railOfIndex = nullptr;  // a relayed exchange's baseline: the ranks of my index
+  size_t railMost = 0, railSlots = 0;
+  void *railSend = nullptr, *railRecv = nullptr;
+  int smCount = 0;
+  cudaDeviceProp prop;
+};
+
+int setUpRank(RankContext& ctx, const Options& o, int maxTokens, ncclEpVirtualDomain_t virt, RankSetup* r) {
+  r->cfg.num_experts = 256;
+  r->cfg.max_tokens_per_rank = maxTokens;
+  r->cfg.max_token_bytes = 7168 * 2;
+  r->cfg.max_topk = 8;
+  r->cfg.num_sms = 132;
+  ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
+  NCCLEXT_BENCH_EP(ncclext::harness::createEpGroup(&r->group, ctx.comm, &r->cfg));
+  NCCLEXT_BENCH_EP(ncclEpGroupGetInfo(r->group, &r->info));
+  const ncclEpGroupInfo_t& info = r->info;
+  for (int p = 0; p < ctx.nRanks; p++)
+    if (p / info.domain_size != ctx.rank / info.domain_size) r->remote.push_back(p);
+  // A relayed exchange (mixed, or real ranks with the hierarchical HT): its baseline goes over the ranks of my index
+  // (mixed: the harness's rail; real ranks: split from the world here, ranked by domain).
+  r->relayed = info.rail_relayed != 0;
+  r->railOfIndex = o.mixed() ? ctx.rail : nullptr;
+  if (r->relayed && !o.mixed()) {
+    ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
+    const ncclResult_t split =
+        ncclCommSplit(ctx.comm, ctx.rank % info.domain_size, ctx.rank / info.domain_size, &r->railOfIndex, &cc);
+    if (split != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclCommSplit (the ranks of my index): %s\n", ctx.rank, ncclGetErrorString(split));
+      return 1;
+    }
   }
-  const int warm = oneGpuAcross ? 3 : 10, iters = oneGpuAcross ? 20 : 60, warmSynced = oneGpuAcross ? 3 : 5;
-  ncclext::harness::LaunchOptions lo;
-  lo.nRanks = nRanks;
-  lo.oneGpu = oneGpu;
-  // Mixed: the library's in-process domain, made before the launcher forks (each node's process gets its copy).
-  ncclEpVirtualDomain_t virt = nullptr;
-  if (mixed && ncclEpVirtualDomainCreate(&virt, lo.domainSize) != ncclSuccess) {
-    fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
-    return 1;
+  // The rail baseline's buffers: one slice per remote rank each way (relayed: every other domain's messages).
+  r->railMost = r->relayed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
+                           : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
+  r->railSlots = r->relayed ? (size_t)info.n_domains - 1 : r->remote.size();
+  // What crosses the rail, for the output and the baseline.
+  r->hierarchical = info.rail_hierarchical != 0;
+  r->exchange = r->remote.empty() ? "none" : !r->relayed ? "flat" : r->hierarchical ? "hierarchical" : "relayed";
+  if (!r->remote.empty()) {
+    cudaMalloc(&r->railSend, r->railMost * r->railSlots);
+    cudaMalloc(&r->railRecv, r->railMost * r->railSlots);
   }
-  const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
-    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
-    cfg.num_experts = 256;
-    cfg.max_tokens_per_rank = maxTokensArg ? maxTokensArg : shapeTokens;
-    cfg.max_token_bytes = 7168 * 2;
-    cfg.max_topk = 8;
-    cfg.num_sms = 132;
-    ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
-    ncclEpGroup_t group = nullptr;
-    NCCLEXT_BENCH_EP(ncclext::harness::createEpGroup(&group, ctx.comm, &cfg));
-    ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
-    NCCLEXT_BENCH_EP(ncclEpGroupGetInfo(group, &info));
-    std::vector<int> remote;  // the ranks of other domains
-    for (int r = 0; r < ctx.nRanks; r++)
-      if (r / info.domain_size != ctx.rank / info.domain_size) remote.push_back(r);
-    // A relayed exchange (mixed, or real ranks with the hierarchical HT): its baseline goes over the ranks of my index
-    // (mixed: the harness's rail; real ranks: split from the world here, ranked by domain).
-    const bool relayed = info.rail_relayed != 0;
-    ncclComm_t railOfIndex = mixed ? ctx.rail : nullptr;
-    if (relayed && !mixed) {
-      ncclConfig_t cc = NCCL_CONFIG_INITIALIZER;
-      const ncclResult_t split =
-          ncclCommSplit(ctx.comm, ctx.rank % info.domain_size, ctx.rank / info.domain_size, &railOfIndex, &cc);
-      if (split != ncclSuccess) {
-        fprintf(stderr, "rank %d: ncclCommSplit (the ranks of my index): %s\n", ctx.rank, ncclGetErrorString(split));
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&r->smCount, cudaDevAttrMultiProcessorCount, dev);
+  cudaGetDeviceProperties(&r->prop, dev);
+  return 0;
+}
+
+int tearDownRank(RankContext& ctx, RankSetup* r) {
+  cudaFree(r->railSend);
+  cudaFree(r->railRecv);
+  if (r->railOfIndex && r->railOfIndex != ctx.rail) ncclCommDestroy(r->railOfIndex);
+  NCCLEXT_BENCH_EP(ncclEpGroupGetAsyncError(r->group));
+  ncclEpGroupDestroy(r->group);
+  return 0;
+}
+
+// A shape's routing: top-k distinct experts per token, uniform, seeded by the rank (so that every rank can derive
+// every rank's); toRank[r] / fromRank[r]: my tokens that go to rank r, rank r's that come to me; toDomain[d] /
+// fromDomain[d]: my tokens that hit a rank of domain d, and the tokens of domain d's rank of my index that hit my
+// domain (the hierarchical HT's rail rows of an EXACT handle, out and in).
+struct Routing {
+  std::vector<int> idx;
+  std::vector<int64_t> toRank, fromRank, toDomain, fromDomain;
+  int64_t domainMostRail = 0;  // the hierarchical HT's rounds: the most rail rows of my domain's ranks to or from one
+                               // domain (rail/view.h railRoundsOf)
+  int64_t sentRows = 0;        // rows to other ranks
+};
+
+Routing routeShape(const RankContext& ctx, const Shape& s, const RankSetup& setup) {
+  const int T = s.tokens, K = s.topk, E = s.experts, R = ctx.nRanks;
+  const int G = setup.info.domain_size, myDomain = ctx.rank / G, myIndex = ctx.rank % G, nDomains = R / G;
+  auto routingOf = [&](int rank, std::vector<int>* idx, std::vector<int64_t>* toRank, std::vector<int64_t>* toDomain) {
+    std::mt19937 rng(1234 + rank);
+    std::vector<int> pool(E);
+    std::iota(pool.begin(), pool.end(), 0);
+    idx->assign((size_t)T * K, 0);
+    toRank->assign(R, 0);
+    toDomain->assign(nDomains, 0);
+    for (int t = 0; t < T; t++) {
+      for (int k = 0; k < K; k++) std::swap(pool[k], pool[k + rng() % (E - k)]);
+      uint64_t mask = 0;
+      for (int k = 0; k < K; k++) {
+        (*idx)[(size_t)t * K + k] = pool[k];
+        mask |= 1ull << (pool[k] / (E / R));
+      }
+      for (int r = 0; r < R; r++) (*toRank)[r] += mask >> r & 1;
+      const uint64_t domainBits = G >= 64 ? ~0ull : (1ull << G) - 1;
+      for (int d = 0; d < nDomains; d++) (*toDomain)[d] += (mask >> (d * G) & domainBits) != 0;
+    }
+  };
+  Routing rt;
+  rt.fromRank.assign(R, 0);
+  rt.fromDomain.assign(nDomains, 0);
+  std::vector<int> other;
+  std::vector<int64_t> theirs;
+  std::vector<std::vector<int64_t>> domainsOf(R);  // every rank's toDomain
+  routingOf(ctx.rank, &rt.idx, &rt.toRank, &rt.toDomain);
+  const bool across = !setup.remote.empty();
+  for (int r = 0; r < R && across; r++) {
+    routingOf(r, &other, &theirs, &domainsOf[r]);
+    rt.fromRank[r] = theirs[ctx.rank];
+    if (r % G == myIndex) rt.fromDomain[r / G] = domainsOf[r][myDomain];
+  }
+  for (int p = myDomain * G; p < (myDomain + 1) * G && across; p++)
+    for (int d = 0; d < nDomains; d++)
+      if (d != myDomain)
+        rt.domainMostRail = std::max({rt.domainMostRail, domainsOf[p][d], domainsOf[d * G + p % G][myDomain]});
+  for (int r = 0; r < R; r++)
+    if (r != ctx.rank) rt.sentRows += rt.toRank[r];
+  return rt;
+}
+
+// The timed calls of a rank: every call between its own pair of events on the rank's stream.
+class Timer {
+ public:
+  static constexpr int kMaxIters = 80;
+
+  Timer(RankContext& ctx, bool mixed) : ctx_(ctx), mixed_(mixed), e0_(kMaxIters), e1_(kMaxIters), e2_(kMaxIters) {
+    for (int i = 0; i < kMaxIters; i++) {
+      cudaEventCreate(&e0_[i]);
+      cudaEventCreate(&e1_[i]);
+      cudaEventCreate(&e2_[i]);
+    }
+    cudaMalloc(&barrierWord_, sizeof(float));
+  }
+  ~Timer() {
+    cudaFree(barrierWord_);
+    for (int i = 0; i < kMaxIters; i++) {
+      cudaEventDestroy(e0_[i]);
+      cudaEventDestroy(e1_[i]);
+      cudaEventDestroy(e2_[i]);
+    }
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+
+  // Back to back: every call enqueued after the previous one with no host synchronisation in between, each timed
+  // by its own pair of events (DeepEP's method), one wait at the end. `synced`: all ranks meet in an NCCL
+  // all-reduce before each timed call (outside the events) and the host waits after each call, so a call is
+  // neither overlapped with nor charged for a peer's previous call. 0, or 1 when a call failed.
+  template <typename F>
+  int time(F&& call, int warm, int iters, std::vector<float>* ts, bool synced = false) {
+    if (warm + iters > kMaxIters) return 1;
+    for (int i = 0; i < warm + iters; i++) {
+      // Mixed: ctx.comm is the rank's own (virtual ranks): the ranks meet on the host, the stream idle.
+      if (synced && mixed_ && ncclext::harness::barrier(ctx_, 60) != ncclSuccess) return 1;
+      if (synced && !mixed_ &&
+          ncclAllReduce(barrierWord_, barrierWord_, 1, ncclFloat32, ncclSum, ctx_.comm, ctx_.stream) != ncclSuccess)
         return 1;
-      }
+      cudaEventRecord(e0_[i], ctx_.stream);
+      if (call(i) != ncclSuccess) return 1;
+      cudaEventRecord(e1_[i], ctx_.stream);
+      if (synced && ncclext::waitStream(ctx_.stream, 120, "bench") != ncclSuccess) return 1;
     }
-    // The rail baseline's buffers: one slice per remote rank each way (relayed: every other domain's messages).
-    const size_t railMost =
-        relayed ? std::max({info.rail_dispatch_domain_bytes, info.rail_combine_domain_bytes, (size_t)16})
-                : std::max({info.rail_dispatch_bytes, info.rail_combine_bytes, (size_t)16});
-    const size_t railSlots = relayed ? (size_t)info.n_domains - 1 : remote.size();
-    // What crosses the rail, for the output and the baseline.
-    const bool hierarchical = info.rail_hierarchical != 0;
-    const char* exchange = remote.empty() ? "none" : !relayed ? "flat" : hierarchical ? "hierarchical" : "relayed";
-    void *railSend = nullptr, *railRecv = nullptr;
-    if (!remote.empty()) {
-      cudaMalloc(&railSend, railMost * railSlots);
-      cudaMalloc(&railRecv, railMost * railSlots);
+    if (ncclext::waitStream(ctx_.stream, 120, "bench") != ncclSuccess) return 1;
+    for (int i = warm; i < warm + iters; i++) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0_[i], e1_[i]);
+      ts->push_back(ms * 1000.f);
     }
-    int dev = 0, smCount = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceProp prop;
-    cudaGetDeviceProperties(&prop, dev);
-    FILE* out = ctx.rank == 0 && !json.empty() ? fopen(json.c_str(), "a") : nullptr;
-    if (ctx.rank == 0)
-      printf("%-6s %-5s %-12s %6s %5s %4s %9s %9s %9s %10s %10s %12s\n", "op", "dtype", "layout", "tokens", "hidden",
-             "SMs", "median_us", "synced_us", "update+d", "NVLink", "logical", "NVLink_MB");
-    for (const Shape& s : shapes) {
-      const int T = s.tokens, H = s.hidden, K = s.topk, E = s.experts, R = ctx.nRanks;
-      const bool fp8 = s.dtype == ncclFloat8e4m3;
-      const size_t esz = fp8 ? 1 : 2;
-      const size_t payload = H * esz + (fp8 ? H / 128 * 4 : 0);
-      // Routing: top-k distinct experts per token, uniform, seeded by the rank (so that every rank can derive every
-      // rank's); toRank[r] / fromRank[r]: my tokens that go to rank r, rank r's that come to me; toDomain[d] /
-      // fromDomain[d]: my tokens that hit a rank of domain d, and the tokens of domain d's rank of my index that hit
-      // my domain (the hierarchical HT's rail rows of an EXACT handle, out and in).
-      const int G = info.domain_size, myDomain = ctx.rank / G, myIndex = ctx.rank % G, nDomains = R / G;
-      auto routingOf = [&](int rank, std::vector<int>* idx, std::vector<int64_t>* toRank,
-                           std::vector<int64_t>* toDomain) {
-        std::mt19937 rng(1234 + rank);
-        std::vector<int> pool(E);
-        std::iota(pool.begin(), pool.end(), 0);
-        idx->assign((size_t)T * K, 0);
-        toRank->assign(R, 0);
-        toDomain->assign(nDomains, 0);
-        for (int t = 0; t < T; t++) {
-          for (int k = 0; k < K; k++) std::swap(pool[k], pool[k + rng() % (E - k)]);
-          uint64_t mask = 0;
-          for (int k = 0; k < K; k++) {
-            (*idx)[(size_t)t * K + k] = pool[k];
-            mask |= 1ull << (pool[k] / (E / R));
+    return 0;
+  }
+
+  // Interleaved: call a then call b, `iters` pairs back to back after `warm`, each timed by its own events (a from
+  // e0 to e1, b from e1 to e2): both sampled over the same seconds, whatever the transport's drift.
+  int pairs(const Call& a, const Call& b, int warm, int iters, std::vector<float>* ta, std::vector<float>* tb) {
+    if (warm + iters > kMaxIters) return 1;
+    for (int i = 0; i < warm + iters; i++) {
+      cudaEventRecord(e0_[i], ctx_.stream);
+      if (a(i) != ncclSuccess) return 1;
+      cudaEventRecord(e1_[i], ctx_.stream);
+      if (b(i) != ncclSuccess) return 1;
+      cudaEventRecord(e2_[i], ctx_.stream);
+    }
+    if (ncclext::waitStream(ctx_.stream, 120, "bench") != ncclSuccess) return 1;
+    for (int i = warm; i < warm + iters; i++) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0_[i], e1_[i]);
+      ta->push_back(ms * 1000.f);
+      cudaEventElapsedTime(&ms, e1_[i], e2_[i]);
+      tb->push_back(ms * 1000.f);
+    }
+    return 0;
+  }
+
+ private:
+  RankContext& ctx_;
+  bool mixed_;
+  std::vector<cudaEvent_t> e0_, e1_, e2_;
+  float* barrierWord_ = nullptr;
+};
+
+// A shape's device buffers: the routing, 3 rotating input sets, the outputs (sized for a worst-case handle).
+struct ShapeBuffers {
+  static constexpr int kSets = 3;
+  int *dIdx = nullptr, *dTotal = nullptr;
+  std::vector<void*> xs = std::vector<void*>(kSets), ws = std::vector<void*>(kSets), ss = std::vector<void*>(kSets),
+                     cins = std::vector<void*>(kSets);
+  void *y = nullptr, *yw = nullptr, *ys = nullptr, *cout = nullptr;
+  ShapeBuffers() = default;
+  ShapeBuffers(const ShapeBuffers&) = delete;
+  ShapeBuffers& operator=(const ShapeBuffers&) = delete;
+  ~ShapeBuffers() {
+    for (int i = 0; i < kSets; i++) {
+      cudaFree(xs[i]);
+      cudaFree(ws[i]);
+      cudaFree(ss[i]);
+      cudaFree(cins[i]);
+    }
+    cudaFree(y);
+    cudaFree(yw);
+    cudaFree(ys);
+    cudaFree(cout);
+    cudaFree(dIdx);
+    cudaFree(dTotal);
+  }
+};
+
+// Across domains: NCCL send/recv of exactly what the exchange of an EXACT handle moves (the rows the routing fills,
+// a message per region: dispatch rows and metadata, combine flags and rows), same communicator, timed alone here and
+// interleaved with our calls by the rows. The rounds (rail_round_tokens rows a peer, ncclEpGroupConfig_t;
+// hierarchical: rail rows a domain): the baseline moves the same rows in the same rounds, one NCCL group each, as
+// ours does (the kernels between them aside).
+struct RailBaseline {
+  Call call[2];  // dispatch, combine; empty within one domain
+  double us[2] = {0, 0};
+  size_t sent[2] = {0, 0};
+};
+
+int railBaselines(RankContext& ctx, const RankSetup& setup, const Routing& rt, Timer& timer, const Counts& n,
+                  RailBaseline* b) {
+  const ncclEpGroupInfo_t& info = setup.info;
+  const ncclEpGroupConfig_t& cfg = setup.cfg;
+  if (setup.remote.empty()) return 0;
+  const int myDomain = ctx.rank / info.domain_size;
+  const size_t rowStride = cfg.max_token_bytes;
+  const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
+  const int64_t roundRows = info.rail_round_tokens > 0 ? info.rail_round_tokens : cfg.max_tokens_per_rank;
+  auto roundsOf = [&](int64_t most) { return (int)std::max<int64_t>(1, (most + roundRows - 1) / roundRows); };
+  const size_t railMost = setup.railMost;
+  void* const railSend = setup.railSend;
+  void* const railRecv = setup.railRecv;
+  std::vector<int> otherDomains;
+  for (int d = 0; d < info.n_domains; d++)
+    if (d != myDomain) otherDomains.push_back(d);
+  for (int op = 0; op < 2 && setup.relayed; op++) {
+    // Relayed: the exchange's own messages on the rail of my index, to and from the rank of my index (rail rank d)
+    // in every other domain d: relayed flat, fixed (one round); hierarchical, as the EXACT handle timed here sends
+    // them: its rail rows to d (dispatch; combine: the partials back for the rows it relays), from d the other way,
+    // in rounds, no message where there are none.
+    const bool hierarchical = setup.hierarchical;
+    const int nMsg = hierarchical ? 1 : std::max(info.rail_messages_per_domain, 1);
+    const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
+    const size_t msgBytes = domainBytes / nMsg, hierRow = domainBytes / (size_t)cfg.max_tokens_per_rank;
+    const int rounds = hierarchical ? roundsOf(rt.domainMostRail) : 1;
+    const std::vector<int64_t> toDomain = rt.toDomain, fromDomain = rt.fromDomain;
+    auto bytesOf = [=](int d, bool out, int k) {
+      if (!hierarchical) return msgBytes;
+      const int64_t rows = (op == 0) == out ? toDomain[d] : fromDomain[d];
+      return (size_t)std::max<int64_t>(0, std::min(rows - k * roundRows, roundRows)) * hierRow;
+    };
+    const ncclComm_t railOfIndex = setup.railOfIndex;
+    b->call[op] = [=, &ctx](int) {
+      bool ok = true;
+      for (int k = 0; k < rounds; k++) {
+        ok = ok && ncclGroupStart() == ncclSuccess;
+        for (size_t i = 0; i < otherDomains.size(); i++) {
+          const int d = otherDomains[i];
+          const size_t at = i * railMost + (size_t)k * roundRows * hierRow;
+          char* send = static_cast<char*>(railSend) + at;
+          char* recv = static_cast<char*>(railRecv) + at;
+          const size_t out = bytesOf(d, true, k), in = bytesOf(d, false, k);
+          for (int m = 0; m < nMsg; m++) {
+            if (out > 0) ok = ok && ncclSend(send + m * out, out, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
+            if (in > 0) ok = ok && ncclRecv(recv + m * in, in, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
           }
-          for (int r = 0; r < R; r++) (*toRank)[r] += mask >> r & 1;
-          const uint64_t domainBits = G >= 64 ? ~0ull : (1ull << G) - 1;
-          for (int d = 0; d < nDomains; d++) (*toDomain)[d] += (mask >> (d * G) & domainBits) != 0;
         }
-      };
-      std::vector<int> idx, other;
-      std::vector<int64_t> toRank, fromRank(R, 0), theirs, toDomain, fromDomain(nDomains, 0);
-      std::vector<std::vector<int64_t>> domainsOf(R);  // every rank's toDomain
-      routingOf(ctx.rank, &idx, &toRank, &toDomain);
-      for (int r = 0; r < R && !remote.empty(); r++) {
-        routingOf(r, &other, &theirs, &domainsOf[r]);
-        fromRank[r] = theirs[ctx.rank];
-        if (r % G == myIndex) fromDomain[r / G] = domainsOf[r][myDomain];
+        ok = ncclGroupEnd() == ncclSuccess && ok;
       }
-      // The hierarchical HT's rounds: every rank of my domain takes those of the most rail rows any of them sends
-      // to or receives from one domain (rail/view.h railRoundsOf).
-      int64_t domainMostRail = 0;
-      for (int p = myDomain * G; p < (myDomain + 1) * G && !remote.empty(); p++)
-        for (int d = 0; d < nDomains; d++)
-          if (d != myDomain)
-            domainMostRail = std::max({domainMostRail, domainsOf[p][d], domainsOf[d * G + p % G][myDomain]});
-      int64_t sentRows = 0, logicalRows = 0;
-      for (int r = 0; r < R; r++)
-        if (r != ctx.rank) sentRows += toRank[r];
-      int *dIdx = nullptr, *dTotal = nullptr;
-      cudaMalloc(&dIdx, idx.size() * 4);
-      cudaMalloc(&dTotal, 4);
-      // On the rank's stream and waited for: a plain cudaMemcpy from pageable memory may return before its DMA is
-      // done, and the legacy stream it runs on does not order the rank's non-blocking stream after it.
-      cudaMemcpyAsync(dIdx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice, ctx.stream);
-      cudaStreamSynchronize(ctx.stream);
-      ncclEpTensor_t ti = epTensor(dIdx, ncclInt32, {T, K});
-      ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
-      hc.sizing = NCCL_EP_SIZING_EXACT;
-      ncclEpHandle_t h = nullptr;
-      NCCLEXT_BENCH_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, &hc, ctx.stream));
-      int64_t rows = 0, flatRows = 0;
-      NCCLEXT_BENCH_EP(ncclEpHandleGetRecvRows(h, &rows));
-      if (s.layout == NCCL_EP_LAYOUT_FLAT) {
-        flatRows = rows;
-      } else {  // FLAT count of the same routing, for the byte conventions
-        ncclEpHandle_t hf = nullptr;
-        NCCLEXT_BENCH_EP(ncclEpCreateHandle(&hf, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream));
-        ncclEpHandleGetRecvRows(hf, &flatRows);
-        ncclEpHandleDestroy(hf);
+      return ok ? ncclSuccess : ncclSystemError;
+    };
+    b->sent[op] = 0;
+    for (const int d : otherDomains)
+      for (int k = 0; k < rounds; k++) b->sent[op] += nMsg * bytesOf(d, true, k);
+    std::vector<float> tr;
+    if (timer.time(b->call[op], n.warm, n.iters, &tr)) return 1;
+    b->us[op] = median(tr);
+  }
+  // The flat exchange's rounds.
+  int64_t most = 0;
+  for (const int r : setup.remote) most = std::max({most, rt.toRank[r], rt.fromRank[r]});
+  const int rounds = roundsOf(most);
+  for (int op = 0; op < 2 && !setup.relayed; op++) {
+    const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
+    const size_t maxTokens = (size_t)cfg.max_tokens_per_rank;
+    const std::vector<int> remote = setup.remote;
+    const std::vector<int64_t> toRank = rt.toRank, fromRank = rt.fromRank;
+    b->call[op] = [=, &ctx](int) {
+      bool ok = true;
+      for (int k = 0; k < rounds; k++) {
+        const int64_t lo = k * roundRows;
+        auto inRound = [&](int64_t rows) { return std::max<int64_t>(0, std::min(rows - lo, roundRows)); };
+        ok = ok && ncclGroupStart() == ncclSuccess;
+        for (size_t i = 0; i < remote.size(); i++) {
+          const int r = remote[i];
+          const int64_t out = inRound(op == 0 ? toRank[r] : fromRank[r]);
+          const int64_t in = inRound(op == 0 ? fromRank[r] : toRank[r]);
+          size_t at = 0;
+          for (const size_t bytes : per) {
+            char* send = static_cast<char*>(railSend) + i * railMost + at + lo * bytes;
+            char* recv = static_cast<char*>(railRecv) + i * railMost + at + lo * bytes;
+            if (out > 0) ok = ok && ncclSend(send, out * bytes, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
+            if (in > 0) ok = ok && ncclRecv(recv, in * bytes, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
+            at += maxTokens * bytes;
+          }
+        }
+        ok = ncclGroupEnd() == ncclSuccess && ok;
       }
-      logicalRows = flatRows;
-      // Buffers: 3 rotating input sets; outputs.
-      const int kSets = 3;
-      std::vector<void*> xs(kSets), ws(kSets), ss(kSets), cins(kSets);
-      const size_t nScales = fp8 ? H / 128 : 0;
-      for (int i = 0; i < kSets; i++) {
-        cudaMalloc(&xs[i], (size_t)T * H * esz);
-        cudaMalloc(&ws[i], (size_t)T * K * 4);
-        cudaMalloc(&ss[i], (size_t)T * std::max<size_t>(nScales, 1) * 4);
-        cudaMalloc(&cins[i], (size_t)std::max<int64_t>(rows, 1) * H * 2);
-        cudaMemset(xs[i], 0x11 * (i + 1), (size_t)T * H * esz);
-        cudaMemset(ws[i], 0, (size_t)T * K * 4);
-        cudaMemset(ss[i], 0, (size_t)T * std::max<size_t>(nScales, 1) * 4);
-        cudaMemset(cins[i], 0x01 * (i + 1), (size_t)std::max<int64_t>(rows, 1) * H * 2);
-      }
-      cudaDeviceSynchronize();  // the fills (on the legacy stream) before the rank's stream reads them
-      void *y = nullptr, *yw = nullptr, *ys = nullptr, *cout = nullptr;
-      const bool flat = s.layout == NCCL_EP_LAYOUT_FLAT;
-      int64_t maxRows = 0;  // a worst-case output, for the handle-creation timing
-      NCCLEXT_BENCH_EP(ncclEpHandleGetMaxRecvRows(h, &maxRows));
-      cudaMalloc(&y, (size_t)std::max<int64_t>(maxRows, 1) * H * esz);
-      cudaMalloc(&yw, (size_t)std::max<int64_t>(maxRows, 1) * K * 4);
-      cudaMalloc(&ys, (size_t)std::max<int64_t>(maxRows, 1) * std::max<size_t>(nScales, 1) * 4);
-      cudaMalloc(&cout, (size_t)T * H * 2);
-      auto dispatchArgs = [&](int i, ncclEpDispatchInputs_t* in, ncclEpDispatchOutputs_t* o, int64_t rows) {
-        *in = NCCL_EP_DISPATCH_INPUTS_INIT;
-        in->tokens = epTensor(xs[i], s.dtype, {T, H});
-        in->topk_weights = epTensor(ws[i], ncclFloat32, {T, K});
-        if (fp8) in->scales = epTensor(ss[i], ncclFloat32, {T, (int64_t)nScales});
-        *o = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-        o->tokens = epTensor(y, s.dtype, {rows, H});
-        o->topk_weights = flat ? epTensor(yw, ncclFloat32, {rows, K}) : epTensor(yw, ncclFloat32, {rows});
-        if (fp8) o->scales = epTensor(ys, ncclFloat32, {rows, (int64_t)nScales});
-      };
-      // Back to back: every call enqueued after the previous one with no host synchronisation in between, each
-      // timed by its own pair of events (DeepEP's method), one wait at the end. `synced`: all ranks meet in an NCCL
-      // all-reduce before each timed call (outside the events) and the host waits after each call, so a call is
-      // neither overlapped with nor charged for a peer's previous call.
-      const int kMaxIters = 80;
-      std::vector<cudaEvent_t> e0(kMaxIters), e1(kMaxIters), e2(kMaxIters);
-      for (int i = 0; i < kMaxIters; i++) {
-        cudaEventCreate(&e0[i]);
-        cudaEventCreate(&e1[i]);
-        cudaEventCreate(&e2[i]);
-      }
-      float* barrierWord = nullptr;
-      cudaMalloc(&barrierWord, sizeof(float));
-      auto timeIt = [&](auto&& call, int warm, int iters, std::vector<float>* ts, bool synced = false) -> int {
-        if (warm + iters > kMaxIters) return 1;
-        for (int i = 0; i < warm + iters; i++) {
-          // Mixed: ctx.comm is the rank's own (virtual ranks): the ranks meet on the host, the stream idle.
-          if (synced && mixed && ncclext::harness::barrier(ctx, 60) != ncclSuccess) return 1;
-          if (synced && !mixed &&
-              ncclAllReduce(barrierWord, barrierWord, 1, ncclFloat32, ncclSum, ctx.comm, ctx.stream) != ncclSuccess)
-            return 1;
-          cudaEventRecord(e0[i], ctx.stream);
-          if (call(i) != ncclSuccess) return 1;
-          cudaEventRecord(e1[i], ctx.stream);
-          if (synced && ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
-        }
-        if (ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
-        for (int i = warm; i < warm + iters; i++) {
-          float ms = 0;
-          cudaEventElapsedTime(&ms, e0[i], e1[i]);
-          ts->push_back(ms * 1000.f);
-        }
-        return 0;
-      };
-      // Interleaved: call a then call b, `iters` pairs back to back after `warm`, each timed by its own events (a from
-      // e0 to e1, b from e1 to e2): both sampled over the same seconds, whatever the transport's drift.
-      using Call = std::function<ncclResult_t(int)>;
-      auto timePairs = [&](const Call& a, const Call& b, int warm, int iters, std::vector<float>* ta,
-                           std::vector<float>* tb) -> int {
-        if (warm + iters > kMaxIters) return 1;
-        for (int i = 0; i < warm + iters; i++) {
-          cudaEventRecord(e0[i], ctx.stream);
-          if (a(i) != ncclSuccess) return 1;
-          cudaEventRecord(e1[i], ctx.stream);
-          if (b(i) != ncclSuccess) return 1;
-          cudaEventRecord(e2[i], ctx.stream);
-        }
-        if (ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
-        for (int i = warm; i < warm + iters; i++) {
-          float ms = 0;
-          cudaEventElapsedTime(&ms, e0[i], e1[i]);
-          ta->push_back(ms * 1000.f);
-          cudaEventElapsedTime(&ms, e1[i], e2[i]);
-          tb->push_back(ms * 1000.f);
-        }
-        return 0;
-      };
-      // Routing not cached: ncclEpUpdateHandle (new routing bound to an existing handle, worst-case sizing, no
-      // host synchronisation) + dispatch, as a training step that re-routes every iteration does.
-      std::vector<float> tHandle;
-      ncclEpHandleConfig_t worst = NCCL_EP_HANDLE_CONFIG_INIT;
-      ncclEpHandle_t hw = nullptr;
-      NCCLEXT_BENCH_EP(ncclEpCreateHandle(&hw, group, s.layout, &ti, nullptr, &worst, ctx.stream));
-      if (timeIt([&](int i) {
+      return ok ? ncclSuccess : ncclSystemError;
+    };
+    for (const int r : remote) b->sent[op] += (size_t)(op == 0 ? toRank[r] : fromRank[r]) * (per[0] + per[1]);
+    std::vector<float> tr;
+    if (timer.time(b->call[op], n.warm, n.iters, &tr)) return 1;
+    b->us[op] = median(tr);
+  }
+  return 0;
+}
+
+// The practical limit at this size: the copy engine moving the same NVLink bytes (dispatch payload) from every rank
+// to the next at once, ranks synced before each copy. 0 with one rank, and on one GPU (no peer to copy to).
+int copyEngineUs(RankContext& ctx, const Options& o, size_t bytes, Timer& timer, double* us) {
+  *us = 0;
+  if (ctx.nRanks <= 1 || bytes == 0 || o.acrossOnOneGpu()) return 0;
+  const int peer = (ctx.device + 1) % ctx.nRanks;
+  void *src = nullptr, *dst = nullptr;
+  cudaMalloc(&src, bytes);
+  cudaSetDevice(peer);
+  cudaMalloc(&dst, bytes);
+  cudaSetDevice(ctx.device);
+  if (cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess) cudaGetLastError();  // already enabled is fine
+  std::vector<float> t;
+  const int failed = timer.time(
+      [&](int) {
+        return cudaMemcpyPeerAsync(dst, peer, src, ctx.device, bytes, ctx.stream) == cudaSuccess
+                   ? ncclSuccess
+                   : ncclUnhandledCudaError;
+      },
+      5, 40, &t, true);
+  if (failed) return 1;
+  *us = median(t);
+  cudaFree(src);
+  cudaFree(dst);
+  if (ctx.rank == 0)
+    printf("copy engine, the same %.1f MB from every rank to the next at once: %.1f us (%.1f GB/s per rank)\n",
+           bytes / 1e6, *us, bytes / *us / 1e3);
+  return 0;
+}
+
+// One row's numbers (a shape, an SM count, dispatch or combine).
+struct Row {
+  const Shape* s;
+  int sms, op;  // op 0: dispatch, 1: combine
+  double us, usSynced, updateUs;
+  int64_t sentRows, logicalRows;
+  size_t payload, ceBytes;
+  double ceUs;
+  double pairedUs, pairedRailUs, pairedRatio;
+};
+
+// Prints a row (rank 0) and appends it to the JSON lines (`out`, rank 0's).
+void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, const RailBaseline& rail, const Row& w,
+               FILE* out) {
+  if (ctx.rank != 0) return;
+  const Shape& s = *w.s;
+  const ncclEpGroupInfo_t& info = setup.info;
+  const int T = s.tokens, H = s.hidden, K = s.topk, E = s.experts, R = ctx.nRanks, op = w.op;
+  const bool fp8 = s.dtype == ncclFloat8e4m3;
+  const char* dn = fp8 ? "fp8" : "bf16";
+  const char* ln = s.layout == NCCL_EP_LAYOUT_FLAT ? "flat" : "expert_major";
+  // Byte conventions: see the file comment. Combine moves bf16 rows back.
+  const double rowB = op == 0 ? (double)w.payload : (double)H * 2;
+  const double nvB = w.sentRows * rowB, logB = w.logicalRows * rowB;
+  printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn, ln, T,
+         H, w.sms, w.us, w.usSynced, op == 0 ? w.updateUs : 0.0, nvB / w.us / 1e3, logB / w.us / 1e3, nvB / 1e6);
+  if (!setup.remote.empty() && setup.relayed)
+    printf(
+        "       rail: %zu bytes sent to %zu domains (%d messages each, %s); NCCL send/recv of them %.1f us; ours / "
+        "that %.2f\n",
+        rail.sent[op], setup.railSlots, info.rail_messages_per_domain, setup.exchange, rail.us[op],
+        rail.us[op] > 0 ? w.us / rail.us[op] : 0.0);
+  else if (!setup.remote.empty())
+    printf(
+        "       rail: %zu bytes sent to %zu ranks (at most %zu each); NCCL send/recv of them %.1f us; ours / that "
+        "%.2f\n",
+        rail.sent[op], setup.remote.size(), op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes, rail.us[op],
+        rail.us[op] > 0 ? w.us / rail.us[op] : 0.0);
+  if (rail.call[op])
+    printf("       interleaved, %d pairs: ours %.1f us, NCCL %.1f us; median of the pairs' ratios %.2f\n", n.iters,
+           w.pairedUs, w.pairedRailUs, w.pairedRatio);
+  if (!out) return;
+  fprintf(out,
+          "{\"what\": \"ep_%s\", \"pass\": true, \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, "
+          "\"hidden\": %d, "
+          "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
+          "\"us_median_synced\": %.2f, "
+          "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
+          "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
+          "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
+          "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
+          "\"rail_fixed_bytes_per_peer\": %zu, \"rail_fixed_bytes_per_domain\": %zu, "
+          "\"rail_us_median\": %.2f, \"paired_us_median\": %.2f, \"paired_rail_us_median\": %.2f, "
+          "\"paired_ratio_median\": %.3f, "
+          "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
+          "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, "
+          "\"exchange\": \"%s\", "
+          "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
+          "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
+          "metadata); relayed: the exchange's messages to every other domain (flat: fixed; "
+          "hierarchical: its rail rows, the EXACT handle's)\"}\n",
+          op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, w.sms, w.us, w.usSynced, op == 0 ? w.updateUs : 0.0, nvB,
+          nvB / w.us / 1e3, logB, logB / w.us / 1e3, w.ceBytes, w.ceUs, n.iters, setup.prop.name,
+          ncclext::harness::oneGpuName(ctx.mode), info.n_domains, setup.cfg.max_tokens_per_rank, setup.remote.size(),
+          rail.sent[op], op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
+          op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, rail.us[op], w.pairedUs,
+          w.pairedRailUs, w.pairedRatio, info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
+          info.rail_round_tokens, info.rail_overlapped, setup.exchange);
+}
+
+// One shape: its routing bound once to an EXACT handle (cached routing), the update-handle + dispatch timing, the
+// baselines, then dispatch and combine at each SM count.
+int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const Shape& s, const Counts& n, FILE* out) {
+  const int T = s.tokens, H = s.hidden, K = s.topk;
+  const bool fp8 = s.dtype == ncclFloat8e4m3, flat = s.layout == NCCL_EP_LAYOUT_FLAT;
+  const size_t esz = fp8 ? 1 : 2;
+  const size_t payload = H * esz + (fp8 ? H / 128 * 4 : 0);
+  const ncclEpGroup_t group = setup.group;
+  const Routing rt = routeShape(ctx, s, setup);
+  ShapeBuffers buf;
+  cudaMalloc(&buf.dIdx, rt.idx.size() * 4);
+  cudaMalloc(&buf.dTotal, 4);
+  // On the rank's stream and waited for: a plain cudaMemcpy from pageable memory may return before its DMA is done,
+  // and the legacy stream it runs on does not order the rank's non-blocking stream after it.
+  cudaMemcpyAsync(buf.dIdx, rt.idx.data(), rt.idx.size() * 4, cudaMemcpyHostToDevice, ctx.stream);
+  cudaStreamSynchronize(ctx.stream);
+  ncclEpTensor_t ti = epTensor(buf.dIdx, ncclInt32, {T, K});
+  ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+  hc.sizing = NCCL_EP_SIZING_EXACT;
+  ncclEpHandle_t h = nullptr;
+  NCCLEXT_BENCH_EP(ncclEpCreateHandle(&h, group, s.layout, &ti, nullptr, &hc, ctx.stream));
+  struct HandleGuard {
+    ncclEpHandle_t h;
+    ~HandleGuard() {
+      if (h) ncclEpHandleDestroy(h);
+    }
+  } hGuard{h};
+  int64_t rows = 0, flatRows = 0;
+  NCCLEXT_BENCH_EP(ncclEpHandleGetRecvRows(h, &rows));
+  if (flat) {
+    flatRows = rows;
+  } else {  // FLAT count of the same routing, for the byte conventions
+    ncclEpHandle_t hf = nullptr;
+    NCCLEXT_BENCH_EP(ncclEpCreateHandle(&hf, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream));
+    ncclEpHandleGetRecvRows(hf, &flatRows);
+    ncclEpHandleDestroy(hf);
+  }
+  const int64_t logicalRows = flatRows;
+  const int kSets = ShapeBuffers::kSets;
+  const size_t nScales = fp8 ? H / 128 : 0;
+  for (int i = 0; i < kSets; i++) {
+    cudaMalloc(&buf.xs[i], (size_t)T * H * esz);
+    cudaMalloc(&buf.ws[i], (size_t)T * K * 4);
+    cudaMalloc(&buf.ss[i], (size_t)T * std::max<size_t>(nScales, 1) * 4);
+    cudaMalloc(&buf.cins[i], (size_t)std::max<int64_t>(rows, 1) * H * 2);
+    cudaMemset(buf.xs[i], 0x11 * (i + 1), (size_t)T * H * esz);
+    cudaMemset(buf.ws[i], 0, (size_t)T * K * 4);
+    cudaMemset(buf.ss[i], 0, (size_t)T * std::max<size_t>(nScales, 1) * 4);
+    cudaMemset(buf.cins[i], 0x01 * (i + 1), (size_t)std::max<int64_t>(rows, 1) * H * 2);
+  }
+  cudaDeviceSynchronize();  // the fills (on the legacy stream) before the rank's stream reads them
+  int64_t maxRows = 0;      // a worst-case output, for the handle-creation timing
+  NCCLEXT_BENCH_EP(ncclEpHandleGetMaxRecvRows(h, &maxRows));
+  cudaMalloc(&buf.y, (size_t)std::max<int64_t>(maxRows, 1) * H * esz);
+  cudaMalloc(&buf.yw, (size_t)std::max<int64_t>(maxRows, 1) * K * 4);
+  cudaMalloc(&buf.ys, (size_t)std::max<int64_t>(maxRows, 1) * std::max<size_t>(nScales, 1) * 4);
+  cudaMalloc(&buf.cout, (size_t)T * H * 2);
+  auto dispatchArgs = [&](int i, ncclEpDispatchInputs_t* in, ncclEpDispatchOutputs_t* od, int64_t outRows) {
+    *in = NCCL_EP_DISPATCH_INPUTS_INIT;
+    in->tokens = epTensor(buf.xs[i], s.dtype, {T, H});
+    in->topk_weights = epTensor(buf.ws[i], ncclFloat32, {T, K});
+    if (fp8) in->scales = epTensor(buf.ss[i], ncclFloat32, {T, (int64_t)nScales});
+    *od = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+    od->tokens = epTensor(buf.y, s.dtype, {outRows, H});
+    od->topk_weights = flat ? epTensor(buf.yw, ncclFloat32, {outRows, K}) : epTensor(buf.yw, ncclFloat32, {outRows});
+    if (fp8) od->scales = epTensor(buf.ys, ncclFloat32, {outRows, (int64_t)nScales});
+  };
+  Timer timer(ctx, o.mixed());
+  // Routing not cached: ncclEpUpdateHandle (new routing bound to an existing handle, worst-case sizing, no host
+  // synchronisation) + dispatch, as a training step that re-routes every iteration does.
+  std::vector<float> tHandle;
+  ncclEpHandleConfig_t worst = NCCL_EP_HANDLE_CONFIG_INIT;
+  ncclEpHandle_t hw = nullptr;
+  NCCLEXT_BENCH_EP(ncclEpCreateHandle(&hw, group, s.layout, &ti, nullptr, &worst, ctx.stream));
+  if (timer.time(
+          [&](int i) {
             ncclResult_t r = ncclEpUpdateHandle(hw, &ti, nullptr, ctx.stream);
             if (r != ncclSuccess) return r;
             ncclEpDispatchInputs_t in;
-            ncclEpDispatchOutputs_t o;
-            dispatchArgs(i % kSets, &in, &o, maxRows);
-            return ncclEpDispatch(hw, &in, &o, nullptr, nullptr, ctx.stream);
-          }, 3, 20, &tHandle))
+            ncclEpDispatchOutputs_t od;
+            dispatchArgs(i % kSets, &in, &od, maxRows);
+            return ncclEpDispatch(hw, &in, &od, nullptr, nullptr, ctx.stream);
+          },
+          3, 20, &tHandle))
+    return 1;
+  RailBaseline rail;
+  if (railBaselines(ctx, setup, rt, timer, n, &rail)) return 1;
+  ncclEpHandleDestroy(hw);
+  const size_t ceBytes = (size_t)rt.sentRows * payload;
+  double ceUs = 0;
+  if (copyEngineUs(ctx, o, ceBytes, timer, &ceUs)) return 1;
+  for (int sms : s.sms) {
+    if (sms > setup.smCount) sms = setup.smCount;
+    ncclEpDispatchConfig_t dc = NCCL_EP_DISPATCH_CONFIG_INIT;
+    dc.num_sms = sms;
+    ncclEpCombineConfig_t cc = NCCL_EP_COMBINE_CONFIG_INIT;
+    cc.num_sms = sms;
+    std::vector<float> td, tc, tds, tcs;
+    auto dispatchCall = [&](int i) {
+      ncclEpDispatchInputs_t in;
+      ncclEpDispatchOutputs_t od;
+      dispatchArgs(i % kSets, &in, &od, rows);
+      return ncclEpDispatch(h, &in, &od, nullptr, &dc, ctx.stream);
+    };
+    auto combineCall = [&](int i) {
+      ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
+      in.tokens = epTensor(buf.cins[i % kSets], ncclBfloat16, {rows, H});
+      ncclEpCombineOutputs_t oc = NCCL_EP_COMBINE_OUTPUTS_INIT;
+      oc.tokens = epTensor(buf.cout, ncclBfloat16, {T, H});
+      return ncclEpCombine(h, &in, &oc, &cc, ctx.stream);
+    };
+    if (timer.time(dispatchCall, n.warm, n.iters, &td) || timer.time(dispatchCall, n.warmSynced, n.iters, &tds, true))
+      return 1;
+    if (!fp8 &&
+        (timer.time(combineCall, n.warm, n.iters, &tc) || timer.time(combineCall, n.warmSynced, n.iters, &tcs, true)))
+      return 1;
+    Row w[2];
+    for (int op = 0; op < (fp8 ? 1 : 2); op++) {
+      w[op] = Row{&s,
+                  sms,
+                  op,
+                  median(op == 0 ? td : tc),
+                  median(op == 0 ? tds : tcs),
+                  median(tHandle),
+                  rt.sentRows,
+                  logicalRows,
+                  payload,
+                  ceBytes,
+                  ceUs,
+                  0,
+                  0,
+                  0};
+      // Across domains: each call interleaved with its baseline, the pairs' ratios' median.
+      if (!rail.call[op]) continue;
+      std::vector<float> ours, theirs, ratios;
+      if (timer.pairs(op == 0 ? Call(dispatchCall) : Call(combineCall), rail.call[op], n.warm, n.iters, &ours, &theirs))
         return 1;
-      // Across domains: NCCL send/recv of exactly what the exchange of an EXACT handle moves (the rows the routing
-      // fills, a message per region: dispatch rows and metadata, combine flags and rows), same communicator.
-      double railUs[2] = {0, 0};
-      size_t railSent[2] = {0, 0};
-      Call railCall[2];  // the baselines, timed alone here and interleaved with our calls below
-      const size_t rowStride = cfg.max_token_bytes;
-      const size_t metaBytes = info.rail_dispatch_bytes / cfg.max_tokens_per_rank - rowStride;
-      // The rounds (rail_round_tokens rows a peer, ncclEpGroupConfig_t; hierarchical: rail rows a domain): the
-      // baseline moves the same rows in the same rounds, one NCCL group each, as ours does (the kernels between them
-      // aside).
-      const int64_t roundRows = info.rail_round_tokens > 0 ? info.rail_round_tokens : cfg.max_tokens_per_rank;
-      auto roundsOf = [&](int64_t most) { return (int)std::max<int64_t>(1, (most + roundRows - 1) / roundRows); };
-      auto roundsFor = [&](const std::vector<int64_t>& a, const std::vector<int64_t>& b, const std::vector<int>& of) {
-        int64_t most = 0;
-        for (const int i : of) most = std::max({most, a[i], b[i]});
-        return roundsOf(most);
-      };
-      std::vector<int> otherDomains;
-      for (int d = 0; d < info.n_domains; d++)
-        if (d != myDomain) otherDomains.push_back(d);
-      for (int op = 0; op < 2 && relayed && !remote.empty(); op++) {
-        // Relayed: the exchange's own messages on the rail of my index, to and from the rank of my index (rail rank
-        // d) in every other domain d: relayed flat, fixed (one round); hierarchical, as the EXACT handle timed here
-        // sends them: its rail rows to d (dispatch; combine: the partials back for the rows it relays), from d the
-        // other way, in rounds, no message where there are none.
-        const int nMsg = hierarchical ? 1 : std::max(info.rail_messages_per_domain, 1);
-        const size_t domainBytes = op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes;
-        const size_t msgBytes = domainBytes / nMsg, hierRow = domainBytes / (size_t)cfg.max_tokens_per_rank;
-        const int rounds = hierarchical ? roundsOf(domainMostRail) : 1;
-        auto bytesOf = [=](int d, bool out, int k) {
-          if (!hierarchical) return msgBytes;
-          const int64_t rows = (op == 0) == out ? toDomain[d] : fromDomain[d];
-          return (size_t)std::max<int64_t>(0, std::min(rows - k * roundRows, roundRows)) * hierRow;
-        };
-        railCall[op] = [=, &ctx](int) {
-          bool ok = true;
-          for (int k = 0; k < rounds; k++) {
-            ok = ok && ncclGroupStart() == ncclSuccess;
-            for (size_t i = 0; i < otherDomains.size(); i++) {
-              const int d = otherDomains[i];
-              const size_t at = i * railMost + (size_t)k * roundRows * hierRow;
-              char* send = static_cast<char*>(railSend) + at;
-              char* recv = static_cast<char*>(railRecv) + at;
-              const size_t out = bytesOf(d, true, k), in = bytesOf(d, false, k);
-              for (int m = 0; m < nMsg; m++) {
-                if (out > 0)
-                  ok = ok && ncclSend(send + m * out, out, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
-                if (in > 0)
-                  ok = ok && ncclRecv(recv + m * in, in, ncclUint8, d, railOfIndex, ctx.stream) == ncclSuccess;
-              }
-            }
-            ok = ncclGroupEnd() == ncclSuccess && ok;
-          }
-          return ok ? ncclSuccess : ncclSystemError;
-        };
-        railSent[op] = 0;
-        for (const int d : otherDomains)
-          for (int k = 0; k < rounds; k++) railSent[op] += nMsg * bytesOf(d, true, k);
-        std::vector<float> tr;
-        if (timeIt(railCall[op], warm, iters, &tr)) return 1;
-        railUs[op] = median(tr);
-      }
-      // The flat exchange's rounds.
-      const int rounds = roundsFor(toRank, fromRank, remote);
-      for (int op = 0; op < 2 && !relayed && !remote.empty(); op++) {
-        const size_t per[2] = {op == 0 ? rowStride : 8, op == 0 ? metaBytes : rowStride};  // a slot of each region
-        const size_t maxTokens = (size_t)cfg.max_tokens_per_rank;
-        railCall[op] = [=, &ctx](int) {
-          bool ok = true;
-          for (int k = 0; k < rounds; k++) {
-            const int64_t lo = k * roundRows;
-            auto inRound = [&](int64_t rows) { return std::max<int64_t>(0, std::min(rows - lo, roundRows)); };
-            ok = ok && ncclGroupStart() == ncclSuccess;
-            for (size_t i = 0; i < remote.size(); i++) {
-              const int r = remote[i];
-              const int64_t out = inRound(op == 0 ? toRank[r] : fromRank[r]);
-              const int64_t in = inRound(op == 0 ? fromRank[r] : toRank[r]);
-              size_t at = 0;
-              for (const size_t b : per) {
-                char* send = static_cast<char*>(railSend) + i * railMost + at + lo * b;
-                char* recv = static_cast<char*>(railRecv) + i * railMost + at + lo * b;
-                if (out > 0) ok = ok && ncclSend(send, out * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
-                if (in > 0) ok = ok && ncclRecv(recv, in * b, ncclUint8, r, ctx.comm, ctx.stream) == ncclSuccess;
-                at += maxTokens * b;
-              }
-            }
-            ok = ncclGroupEnd() == ncclSuccess && ok;
-          }
-          return ok ? ncclSuccess : ncclSystemError;
-        };
-        for (const int r : remote) railSent[op] += (size_t)(op == 0 ? toRank[r] : fromRank[r]) * (per[0] + per[1]);
-        std::vector<float> tr;
-        if (timeIt(railCall[op], warm, iters, &tr)) return 1;
-        railUs[op] = median(tr);
-      }
-      ncclEpHandleDestroy(hw);
-      // The practical limit at this size: the copy engine moving the same NVLink bytes (dispatch payload) from every
-      // rank to the next at once, ranks synced before each copy. 0 with one rank.
-      double ceUs = 0;
-      const size_t ceBytes = (size_t)sentRows * payload;
-      if (R > 1 && ceBytes > 0 && !oneGpuAcross) {  // one-GPU nodes share one GPU: no peer to copy to
-        const int peer = (ctx.device + 1) % R;
-        void *ceSrc = nullptr, *ceDst = nullptr;
-        cudaMalloc(&ceSrc, ceBytes);
-        cudaSetDevice(peer);
-        cudaMalloc(&ceDst, ceBytes);
-        cudaSetDevice(ctx.device);
-        if (cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess) cudaGetLastError();  // already enabled is fine
-        std::vector<float> tce;
-        if (timeIt([&](int) {
-              return cudaMemcpyPeerAsync(ceDst, peer, ceSrc, ctx.device, ceBytes, ctx.stream) == cudaSuccess
-                         ? ncclSuccess
-                         : ncclUnhandledCudaError;
-            }, 5, 40, &tce, true))
-          return 1;
-        ceUs = median(tce);
-        cudaFree(ceSrc);
-        cudaFree(ceDst);
-        if (ctx.rank == 0)
-          printf("copy engine, the same %.1f MB from every rank to the next at once: %.1f us (%.1f GB/s per rank)\n",
-                 ceBytes / 1e6, ceUs, ceBytes / ceUs / 1e3);
-      }
-      for (int sms : s.sms) {
-        if (sms > smCount) sms = smCount;
-        ncclEpDispatchConfig_t dc = NCCL_EP_DISPATCH_CONFIG_INIT;
-        dc.num_sms = sms;
-        ncclEpCombineConfig_t cc = NCCL_EP_COMBINE_CONFIG_INIT;
-        cc.num_sms = sms;
-        std::vector<float> td, tc, tds, tcs;
-        auto dispatchCall = [&](int i) {
-          ncclEpDispatchInputs_t in;
-          ncclEpDispatchOutputs_t o;
-          dispatchArgs(i % kSets, &in, &o, rows);
-          return ncclEpDispatch(h, &in, &o, nullptr, &dc, ctx.stream);
-        };
-        auto combineCall = [&](int i) {
-          ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
-          in.tokens = epTensor(cins[i % kSets], ncclBfloat16, {rows, H});
-          ncclEpCombineOutputs_t o = NCCL_EP_COMBINE_OUTPUTS_INIT;
-          o.tokens = epTensor(cout, ncclBfloat16, {T, H});
-          return ncclEpCombine(h, &in, &o, &cc, ctx.stream);
-        };
-        if (timeIt(dispatchCall, warm, iters, &td) || timeIt(dispatchCall, warmSynced, iters, &tds, true)) return 1;
-        if (!fp8 && (timeIt(combineCall, warm, iters, &tc) || timeIt(combineCall, warmSynced, iters, &tcs, true)))
-          return 1;
-        // Across domains: each call interleaved with its baseline (timePairs), the pairs' ratios' median.
-        double pairedUs[2] = {0, 0}, pairedRailUs[2] = {0, 0}, pairedRatio[2] = {0, 0};
-        for (int op = 0; op < (fp8 ? 1 : 2); op++) {
-          if (!railCall[op]) continue;
-          std::vector<float> ours, theirs, ratios;
-          if (timePairs(op == 0 ? Call(dispatchCall) : Call(combineCall), railCall[op], warm, iters, &ours, &theirs))
-            return 1;
-          for (size_t i = 0; i < ours.size(); i++) ratios.push_back(theirs[i] > 0 ? ours[i] / theirs[i] : 0.f);
-          pairedUs[op] = median(ours);
-          pairedRailUs[op] = median(theirs);
-          pairedRatio[op] = median(ratios);
-        }
-        const char* dn = fp8 ? "fp8" : "bf16";
-        const char* ln = flat ? "flat" : "expert_major";
-        for (int op = 0; op < (fp8 ? 1 : 2); op++) {
-          const double us = median(op == 0 ? td : tc), usSynced = median(op == 0 ? tds : tcs);
-          // Byte conventions: see the file comment. Combine moves bf16 rows back.
-          const double rowB = op == 0 ? (double)payload : (double)H * 2;
-          const double nvB = sentRows * rowB, logB = logicalRows * rowB;
-          if (ctx.rank == 0) {
-            printf("%-6s %-5s %-12s %6d %5d %4d %9.1f %9.1f %9.1f %7.1f GB/s %7.1f GB/s %9.1f\n", op ? "comb" : "disp", dn,
-                   ln, T, H, sms, us, usSynced, op == 0 ? median(tHandle) : 0.0, nvB / us / 1e3, logB / us / 1e3,
-                   nvB / 1e6);
-            if (!remote.empty() && relayed)
-              printf("       rail: %zu bytes sent to %zu domains (%d messages each, %s); NCCL send/recv of them "
-                     "%.1f us; ours / that %.2f\n",
-                     railSent[op], railSlots, info.rail_messages_per_domain, exchange, railUs[op],
-                     railUs[op] > 0 ? us / railUs[op] : 0.0);
-            else if (!remote.empty())
-              printf("       rail: %zu bytes sent to %zu ranks (at most %zu each); NCCL send/recv of them %.1f us; "
-                     "ours / that %.2f\n",
-                     railSent[op], remote.size(), op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
-                     railUs[op], railUs[op] > 0 ? us / railUs[op] : 0.0);
-            if (railCall[op])
-              printf("       interleaved, %d pairs: ours %.1f us, NCCL %.1f us; median of the pairs' ratios %.2f\n",
-                     iters, pairedUs[op], pairedRailUs[op], pairedRatio[op]);
-            if (out)
-              fprintf(out,
-                      "{\"what\": \"ep_%s\", \"pass\": true, \"dtype\": \"%s\", \"layout\": \"%s\", \"tokens\": %d, "
-                      "\"hidden\": %d, "
-                      "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
-                      "\"us_median_synced\": %.2f, "
-                      "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
-                      "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
-                      "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
-                      "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
-                      "\"rail_fixed_bytes_per_peer\": %zu, \"rail_fixed_bytes_per_domain\": %zu, "
-                      "\"rail_us_median\": %.2f, \"paired_us_median\": %.2f, \"paired_rail_us_median\": %.2f, "
-                      "\"paired_ratio_median\": %.3f, "
-                      "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
-                      "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, "
-                      "\"exchange\": \"%s\", "
-                      "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
-                      "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
-                      "metadata); relayed: the exchange's messages to every other domain (flat: fixed; "
-                      "hierarchical: its rail rows, the EXACT handle's)\"}\n",
-                      op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, sms, us, usSynced,
-                      op == 0 ? median(tHandle) : 0.0, nvB,
-                      nvB / us / 1e3, logB, logB / us / 1e3, ceBytes, ceUs, iters, prop.name,
-                      ncclext::harness::oneGpuName(ctx.mode), info.n_domains, cfg.max_tokens_per_rank, remote.size(),
-                      railSent[op],
-                      op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
-                      op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, railUs[op],
-                      pairedUs[op], pairedRailUs[op], pairedRatio[op], info.rail_messages_per_domain,
-                      info.rail_staging_bytes, info.window_bytes,
-                      info.rail_round_tokens, info.rail_overlapped, exchange);
-          }
-        }
-      }
-      cudaFree(barrierWord);
-      for (int i = 0; i < kMaxIters; i++) {
-        cudaEventDestroy(e0[i]);
-        cudaEventDestroy(e1[i]);
-        cudaEventDestroy(e2[i]);
-      }
-      for (int i = 0; i < kSets; i++) {
-        cudaFree(xs[i]);
-        cudaFree(ws[i]);
-        cudaFree(ss[i]);
-        cudaFree(cins[i]);
-      }
-      cudaFree(y);
-      cudaFree(yw);
-      cudaFree(ys);
-      cudaFree(cout);
-      cudaFree(dIdx);
-      cudaFree(dTotal);
-      ncclEpHandleDestroy(h);
+      for (size_t i = 0; i < ours.size(); i++) ratios.push_back(theirs[i] > 0 ? ours[i] / theirs[i] : 0.f);
+      w[op].pairedUs = median(ours);
+      w[op].pairedRailUs = median(theirs);
+      w[op].pairedRatio = median(ratios);
     }
-    if (out) fclose(out);
-    cudaFree(railSend);
-    cudaFree(railRecv);
-    if (railOfIndex && railOfIndex != ctx.rail) ncclCommDestroy(railOfIndex);
-    NCCLEXT_BENCH_EP(ncclEpGroupGetAsyncError(group));
-    ncclEpGroupDestroy(group);
-    return 0;
-  });
+    for (int op = 0; op < (fp8 ? 1 : 2); op++) reportRow(ctx, setup, n, rail, w[op], out);
+  }
+  return 0;
+}
+
+// A rank's run: its group, then every shape.
+int runRank(RankContext& ctx, const Options& o, const std::vector<Shape>& shapes, int maxTokens,
+            ncclEpVirtualDomain_t virt) {
+  RankSetup setup;
+  if (setUpRank(ctx, o, maxTokens, virt, &setup)) return 1;
+  FILE* out = ctx.rank == 0 && !o.json.empty() ? fopen(o.json.c_str(), "a") : nullptr;
+  if (ctx.rank == 0)
+    printf("%-6s %-5s %-12s %6s %5s %4s %9s %9s %9s %10s %10s %12s\n", "op", "dtype", "layout", "tokens", "hidden",
+           "SMs", "median_us", "synced_us", "update+d", "NVLink", "logical", "NVLink_MB");
+  const Counts n(o);
+  for (const Shape& s : shapes)
+    if (benchShape(ctx, o, setup, s, n, out)) return 1;
+  if (out) fclose(out);
+  return tearDownRank(ctx, &setup);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // --mode first: the Low-Latency benchmark takes options of its own.
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    const std::string mode = a == "--mode" && i + 1 < argc ? argv[i + 1]
+                             : a.rfind("--mode=", 0) == 0  ? a.substr(7)
+                                                           : "";
+    if (mode == "ll") return runLowLatency(argc, argv);
+  }
+  Options o;
+  if (!parseOptions(argc, argv, &o)) return 2;
+  const std::vector<Shape> shapes = shapesFor(o);
+  int shapeTokens = 0;
+  for (const Shape& s : shapes) shapeTokens = std::max(shapeTokens, s.tokens);
+  if (o.maxTokens != 0 && o.maxTokens < shapeTokens) {
+    fprintf(stderr, "ep_bench: --max-tokens %d: the group must hold the shapes' %d tokens a rank\n", o.maxTokens,
+            shapeTokens);
+    return 2;
+  }
+  ncclext::harness::LaunchOptions lo;
+  lo.nRanks = o.nRanks;
+  lo.oneGpu = o.oneGpu;
+  // Mixed: the library's in-process domain, made before the launcher forks (each node's process gets its copy).
+  ncclEpVirtualDomain_t virt = nullptr;
+  if (o.mixed() && ncclEpVirtualDomainCreate(&virt, lo.domainSize) != ncclSuccess) {
+    fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
+    return 1;
+  }
+  const int maxTokens = o.maxTokens ? o.maxTokens : shapeTokens;
+  const int rc =
+      ncclext::harness::launch(lo, [&](RankContext& ctx) { return runRank(ctx, o, shapes, maxTokens, virt); });
   if (virt) ncclEpVirtualDomainDestroy(virt);
   return rc;
 }

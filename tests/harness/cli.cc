@@ -32,7 +32,8 @@ void Cli::flag(const char* name, bool* v) {
 }
 
 void Cli::option(const char* name, int* v) {
-  custom(name, "N", [v](const char* s) { return whole(s, v, [](const char* a, char** e) { return strtol(a, e, 0); }); });
+  custom(name, "N",
+         [v](const char* s) { return whole(s, v, [](const char* a, char** e) { return strtol(a, e, 0); }); });
 }
 
 void Cli::option(const char* name, int64_t* v) {
@@ -69,8 +70,8 @@ void Cli::custom(const char* name, const char* meta, std::function<bool(const ch
 bool Cli::parse(int argc, char** argv) {
   std::vector<struct ::option> longs;
   for (size_t i = 0; i < opts_.size(); i++)
-    longs.push_back({opts_[i].name.c_str(), opts_[i].meta.empty() ? no_argument : required_argument, nullptr,
-                     (int)(1000 + i)});
+    longs.push_back(
+        {opts_[i].name.c_str(), opts_[i].meta.empty() ? no_argument : required_argument, nullptr, (int)(1000 + i)});
   longs.push_back({nullptr, 0, nullptr, 0});
   optind = 1;
   opterr = 0;
