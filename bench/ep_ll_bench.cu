@@ -21,7 +21,6 @@
 //
 // Usage: ep_ll_bench [--nranks N] [--one-gpu off|nodes|virtual] [--sms N] [--json FILE] [--quick]
 // (also: ep_bench --mode ll). --sms: the calls' num_sms (default: the group's, 64 capped by the GPU).
-#include <getopt.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -32,6 +31,7 @@
 
 #include "bench/timing.cuh"
 #include "nccl_ep.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/launcher.h"
@@ -79,17 +79,13 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string json;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
-  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'}, {"json", required_argument, nullptr, 'j'},
-                                 {"one-gpu", required_argument, nullptr, 'o'}, {"quick", no_argument, nullptr, 'q'},
-                                 {"sms", required_argument, nullptr, 's'},     {nullptr, 0, nullptr, 0}};
-  for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
-    if (c == 'n') nRanks = atoi(optarg);
-    else if (c == 'j') json = optarg;
-    else if (c == 'o' && ncclext::harness::parseOneGpu(optarg, &oneGpu)) continue;
-    else if (c == 'q') quick = true;
-    else if (c == 's') sms = atoi(optarg);
-    else return 2;
-  }
+  ncclext::harness::Cli cli(argv[0]);
+  cli.option("nranks", &nRanks);
+  cli.oneGpu(&oneGpu);
+  cli.option("sms", &sms);
+  cli.flag("quick", &quick);
+  cli.option("json", &json);
+  if (!cli.parse(argc, argv)) return 2;
   std::vector<Shape> shapes;
   for (int t : {1, 8, 32, 64, 128, 256})
     for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})

@@ -34,7 +34,6 @@
 // buffer of the same size on every rank, registered with ncclM2nRegister. --case / --min-mib: one case, the sizes
 // from M MiB on: a profiler's run, bench/experiments/m2n_profile.sh.) Exit: 0 pass, 1 a failure or a wrong
 // element, 77 no GPU.
-#include <getopt.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -46,6 +45,7 @@
 #include "common/numeric.h"
 #include "nccl_m2n.h"
 #include "nccl_m2n_testing.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/launcher.h"
 
 namespace {
@@ -524,41 +524,29 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
-                                 {"one-gpu", required_argument, nullptr, 'g'},
-                                 {"lsa", no_argument, nullptr, 'l'},
-                                 {"zero-copy", required_argument, nullptr, 'z'},
-                                 {"iters", required_argument, nullptr, 'i'},
-                                 {"max-mib", required_argument, nullptr, 'm'},
-                                 {"min-mib", required_argument, nullptr, 'M'},
-                                 {"case", required_argument, nullptr, 'c'},
-                                 {"large", no_argument, nullptr, 'L'},
-                                 {"json", required_argument, nullptr, 'j'},
-                                 {nullptr, 0, nullptr, 0}};
-  bool ok = true;
-  for (int c; (c = getopt_long(argc, argv, "", kLong, nullptr)) != -1;) {
-    if (c == 'n') o.nRanks = atoi(optarg);
-    else if (c == 'g') ok = ncclext::harness::parseOneGpu(optarg, &o.oneGpu) && ok;
-    else if (c == 'l') o.lsa = true;
-    else if (c == 'z' && !strcmp(optarg, "pull")) o.zeroCopy = NCCL_M2N_ZERO_COPY_PULL;
-    else if (c == 'z' && !strcmp(optarg, "push")) o.zeroCopy = NCCL_M2N_ZERO_COPY_PUSH;
-    else if (c == 'i') o.iters = atoi(optarg);
-    else if (c == 'm') o.maxMiB = atoll(optarg);
-    else if (c == 'M') o.minMiB = atoll(optarg);
-    else if (c == 'c') o.only = optarg;
-    else if (c == 'L') o.large = true;
-    else if (c == 'j') o.json = optarg;
-    else ok = false;
-  }
+  ncclext::harness::Cli cli(argv[0]);
+  cli.option("nranks", &o.nRanks);
+  cli.oneGpu(&o.oneGpu);
+  cli.flag("lsa", &o.lsa);
+  cli.custom("zero-copy", "pull|push", [&o](const char* v) {
+    if (!strcmp(v, "pull")) o.zeroCopy = NCCL_M2N_ZERO_COPY_PULL;
+    else if (!strcmp(v, "push")) o.zeroCopy = NCCL_M2N_ZERO_COPY_PUSH;
+    else return false;
+    return true;
+  });
+  cli.option("iters", &o.iters);
+  cli.option("max-mib", &o.maxMiB);
+  cli.option("min-mib", &o.minMiB);
+  cli.option("case", &o.only, "NAME");
+  cli.flag("large", &o.large);
+  cli.option("json", &o.json);
+  if (!cli.parse(argc, argv)) return 2;
   const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;
-  if (!ok || o.iters < 0 || o.maxMiB < 1 || o.minMiB < 0 || (virt && o.nRanks < 1) ||
-      (o.zeroCopy && !o.lsa && !virt)) {
-    fprintf(stderr, "usage: %s [--nranks N] [--one-gpu off|nodes|virtual (with --nranks)] [--lsa] "
-            "[--zero-copy pull|push (with --lsa or virtual)] [--iters I] [--max-mib M] [--min-mib M] [--case NAME] "
-            "[--large] [--json FILE]\n",
-            argv[0]);
+  if (!cli.require(o.iters >= 0 && o.maxMiB >= 1 && o.minMiB >= 0 && (!virt || o.nRanks >= 1) &&
+                       (!o.zeroCopy || o.lsa || virt),
+                   "needs --iters >= 0, --max-mib >= 1, --min-mib >= 0, --nranks with --one-gpu virtual, and --lsa "
+                   "(or virtual ranks) with --zero-copy"))
     return 2;
-  }
   if (virt && ncclM2nVirtualDomainCreate(&o.virt, o.nRanks) != ncclSuccess) {
     fprintf(stderr, "ncclM2nVirtualDomainCreate: %s\n", ncclM2nGetLastError());
     return 1;
