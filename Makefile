@@ -1,11 +1,13 @@
 # Thin wrapper: the build is CMake (CMakeLists.txt). Outputs land in $(BUILDDIR)/{lib,include,bin}.
 #   make [all]            build both libraries, tests, benchmarks
 #   make nccl_ep.build    build libnccl_ep only        make nccl_m2n.build   build libnccl_m2n only
-#   make test             build for every supported NCCL release (NCCL_RELEASES=all), then run the host tests
-#                         (ctest; no GPU needed), then test-asan and test-python
+#   make test             test-docs, then build for every supported NCCL release (NCCL_RELEASES=all), run the host
+#                         tests (ctest; no GPU needed), then test-asan and test-python
 #   make test-asan        build only the C API fuzz target with AddressSanitizer, LeakSanitizer and
 #                         UndefinedBehaviorSanitizer, in its own tree $(BUILDDIR)-asan, and run it (no GPU needed)
 #   make test-python      build the wheel (pip wheel .), install it in a fresh venv with torch, run tests/python
+#   make test-docs        the docs check (tools/docs_check.py: no history markers, no broken links) and the result
+#                         index (tools/results_index.py --check); the first step of make test
 #   make demo             the main job: the demo/benchmark on local GPUs, or what can be done without them
 #   make gpu-check        build and run every GPU test and benchmark on the local GPUs; results in bench/results/
 #   make gpu-sanitize     build and run every GPU test under compute-sanitizer (memcheck, racecheck, synccheck)
@@ -42,7 +44,7 @@ ASAN_BUILDDIR := $(BUILDDIR)-asan
 ASAN_ARGS := $(patsubst $(BUILDDIR),$(ASAN_BUILDDIR),$(CMAKE_ARGS)) -DNCCL_EXT_SANITIZE=address,undefined \
              -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNCCL_EXT_BUILD_BENCH=OFF
 
-.PHONY: all configure nccl_ep.build nccl_m2n.build test test-asan test-python demo gpu-check gpu-sanitize install clean
+.PHONY: all configure nccl_ep.build nccl_m2n.build test test-asan test-python test-docs demo gpu-check gpu-sanitize install clean
 
 all: configure
 	cmake --build $(BUILDDIR) -j $(JOBS)
@@ -56,7 +58,7 @@ nccl_ep.build: configure
 nccl_m2n.build: configure
 	cmake --build $(BUILDDIR) -j $(JOBS) --target nccl_m2n
 
-test:
+test: test-docs
 	$(MAKE) --no-print-directory all NCCL_RELEASES=$(or $(NCCL_RELEASES),all)
 	ctest --test-dir $(BUILDDIR) --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory test-asan
@@ -70,6 +72,11 @@ test-asan:
 
 test-python:
 	BUILDDIR=$(BUILDDIR) tools/python_test.sh
+
+# The docs describe the present and link to files that exist; bench/results/README.md indexes what is there.
+test-docs:
+	python3 tools/docs_check.py
+	python3 tools/results_index.py --check
 
 demo: all
 	BUILDDIR=$(BUILDDIR) tools/demo.sh

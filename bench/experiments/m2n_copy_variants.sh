@@ -10,7 +10,7 @@
 #          twice as slow at 1 and 16 MiB, hence long segments for long copies only, kLongCopyElements in move.h);
 #   grid   kMaxCtas = 528: at most 4 CTAs an SM of an H200 at once, not 1024 CTAs in waves.
 # Each variant's two kernels' registers, stack and spills (cuobjdump) are printed beside its times.
-# Measured and gone (docs/PERFORMANCE.md): __launch_bounds__(512, 2) on the one kernel both paths shared (slower in
+# Measured and gone (docs/PERFORMANCE.md as of commit 272b2be): __launch_bounds__(512, 2) on the one kernel both paths shared (slower in
 # both cases, session 12), a packed 2-byte tile (session 12), and session 12's TileRound refactor of the whole-tile
 # rounds (348 us transposed in session 13 against 237 us before it, with a 368-byte stack frame), with its
 # pipelined rounds (405 us), eight loads in flight in the contiguous copy (203 us against 167 us) and evict-first

@@ -163,8 +163,8 @@ __device__ void copyTileSegment(const MoveDesc& d, const MoveSegment& g, const M
 // loads in flight, the more CTAs an SM the better, and tileKernel for the tile segments, through shared memory.
 // kPlainMinCtas: the CTAs an SM the plain kernel asks of the compiler (1: no register cap). No cap on the tile
 // kernel (__launch_bounds__(kThreads, 2)): with it, when one kernel had both paths, [16384, 8192] bf16 on one H200
-// took 165 us contiguous and 392 us transposed, without it 157 and 237 us (bench/experiments/m2n_copy_variants.sh,
-// docs/PERFORMANCE.md).
+// took 165 us contiguous and 392 us transposed, without it 157 and 237 us (bench/experiments/m2n_copy_variants.sh;
+// the run is in docs/PERFORMANCE.md as of commit 272b2be).
 constexpr int kPlainMinCtas = 1;
 __global__ void __launch_bounds__(kThreads, kPlainMinCtas)
     copyKernel(const MoveDesc* descs, const MoveSegment* segs, int64_t n, MoveEnds m) {

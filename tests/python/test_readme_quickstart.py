@@ -1,4 +1,4 @@
-"""README.md's Python quick start, run as written: the ```python block under "Quick start (Python, EP)" is read from
+"""README.md's Python quick start, run as written: the ```python block under "Quick start (Python)" is read from
 the README and executed with the names it leaves to the caller (x, topk_idx, topk_weights, and experts, here the
 doubling of every received row), on 1 rank or under torchrun (one-GPU nodes too). Its `out` is checked against torch:
 token t comes back once, doubled, from every rank that hosts one of its experts. The CPU test checks that the block
@@ -15,9 +15,9 @@ LOCAL_OF_256 = {1: 256, 2: 128, 4: 64, 8: 32}
 
 def _block():
     text = README.read_text()
-    section = text.split("## Quick start (Python, EP)", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Quick start (Python)", 1)[1].split("\n## ", 1)[0]
     found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found, "README.md: no ```python block under 'Quick start (Python, EP)'"
+    assert found, "README.md: no ```python block under 'Quick start (Python)'"
     return found.group(1)
 
 
