@@ -202,7 +202,7 @@ class _LowLatencyGroup:
     def __init__(self, group, **kwargs):
         self.kwargs, self.calls, self.closed = kwargs, [], False
         self.size, self.local_experts = R, kwargs["num_experts"] // R
-        self.src_info = self.counts = None
+        self.src_info = self.counts = self.scales = self.on_complete = None
         self.mask = [1] * R  # nccl.ep's convention: 1 = active
         _LowLatencyGroup.made.append(self)
 
@@ -216,7 +216,8 @@ class _LowLatencyGroup:
         src = self.src_info if self.src_info is not None else torch.zeros(n, dtype=torch.int32)
         counts = self.counts if self.counts is not None else torch.arange(1, self.local_experts + 1, dtype=torch.int32)
         return SimpleNamespace(tokens=torch.zeros(n, x.shape[1], dtype=out_dtype or x.dtype), handle=handle,
-                               scales=torch.ones(n, x.shape[1] // 128) if out_dtype is not None else None,
+                               scales=(self.scales if self.scales is not None else torch.ones(n, x.shape[1] // 128))
+                               if out_dtype is not None else None,
                                src_info=src, expert_counts=counts)
 
     def combine(self, y, handle, topk_weights=None, out=None, send_only=False):
@@ -225,6 +226,8 @@ class _LowLatencyGroup:
 
     def complete(self, handle):
         self.calls.append(("complete", handle))
+        if self.on_complete is not None:  # the receive half writes the outputs
+            self.on_complete()
 
     def mask_query(self):
         self.calls.append(("mask_query",))
@@ -399,7 +402,6 @@ def test_low_latency_sizes_must_agree_across_ranks(ll, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs,what", [
-    ({"use_ue8m0": True}, "low_latency_dispatch(use_ue8m0=True)"),
     ({"dispatch_wait_recv_cost_stats": torch.zeros(R, R, dtype=torch.int64)},
      "low_latency_dispatch(dispatch_wait_recv_cost_stats=...)"),
 ])
@@ -595,3 +597,46 @@ def test_mask_methods_need_enable_shrink(ll, buffer, method, args):
 def test_mask_refusals(shrink, make, text):
     with pytest.raises(NcclInvalidArgument, match=text):
         make(shrink)
+
+
+# -- UE8M0-packed scales ---------------------------------------------------------------------------------------------
+def _ue8m0_reference(exponent):
+    """DeepEP's packing at the bit level: int32 (l, n, p) holds exponent[l, n, 4p + k] in bits 8k .. 8k + 7."""
+    return sum(exponent[:, :, k::4].long() << (8 * k) for k in range(4))
+
+
+@pytest.mark.parametrize("return_recv_hook", [False, True])
+def test_low_latency_ue8m0_scales_have_deepeps_packed_layout(ll, return_recv_hook):
+    """use_ue8m0=True turns the power-of-two fp32 scales into DeepEP's int32 [L, R * M, H / 512], column-major in the
+    last two dims, four exponent bytes an int32; DeepEP's test unpacks them (the contiguous copy's bytes, each shifted
+    into a float's exponent field) back into the scales. With a hook the packing waits for the receive half."""
+    hidden, local, rows = 1024, E // R, R * LM
+    groups = hidden // 128
+    _call(ll, hidden=hidden)  # makes the group of this hidden size
+    g = _LowLatencyGroup.made[-1]
+    exponent = torch.randint(1, 255, (local * rows, groups), generator=torch.Generator().manual_seed(7),
+                             dtype=torch.int32)
+    final = (exponent << 23).view(torch.float32)  # powers of two 2^-126 .. 2^127
+    g.scales = torch.ones(local * rows, groups) if return_recv_hook else final.clone()
+    g.on_complete = lambda: g.scales.copy_(final)
+    _, _, (recv_x, _, _, _, hook) = _call(ll, hidden=hidden, use_fp8=True, round_scale=True, use_ue8m0=True,
+                                          return_recv_hook=return_recv_hook)
+    q, packed = recv_x
+    assert q.shape == (local, rows, hidden) and q.dtype == torch.float8_e4m3fn
+    assert packed.dtype == torch.int32 and packed.shape == (local, rows, hidden // 512)
+    assert packed.stride() == (hidden // 512 * rows, 1, rows)  # DeepEP's transposed [L, H / 512, R * M]
+    if hook is not None:
+        hook()
+    assert torch.equal(packed.long() & 0xFFFFFFFF, _ue8m0_reference(exponent.view(local, rows, groups)))
+    unpacked = (packed.contiguous().view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
+    assert torch.equal(unpacked.view(local * rows, groups), final)
+
+
+def test_low_latency_ue8m0_needs_round_scale_and_whole_int32s(ll):
+    with pytest.raises(NcclInvalidArgument, match="use_ue8m0=True needs round_scale=True"):
+        _call(ll, hidden=512, use_fp8=True, use_ue8m0=True)
+    with pytest.raises(NcclInvalidArgument, match="use_ue8m0=True needs hidden % 512 == 0.*hidden is 256"):
+        _call(ll, use_fp8=True, round_scale=True, use_ue8m0=True)
+    # Without fp8 there are no scales: bf16 rows as without use_ue8m0 (DeepEP likewise).
+    _, _, (recv_x, _, _, _, _) = _call(ll, use_fp8=False, round_scale=True, use_ue8m0=True)
+    assert recv_x.dtype == torch.bfloat16

@@ -210,6 +210,32 @@ def test_low_latency_round_trip(ll_buffer, use_fp8, round_scale, hook):
         assert _calc_diff(ref, combined) < (7e-4 if use_fp8 else 1e-5)
 
 
+@pytest.mark.parametrize("hook", [False, True])
+def test_low_latency_ue8m0_scales(ll_buffer, hook):
+    """use_ue8m0=True: DeepEP's packed int32 scales ([L, R * M, H / 512], column-major in the last two dims), read
+    back by DeepEP's rule (the contiguous copy's bytes shifted into a float's exponent field), equal the fp32
+    power-of-two scales of the same dispatch without it; the e4m3 rows are the same bytes."""
+    buf, E = ll_buffer
+    R, T = buf.group_size, 100
+    local, rows = E // R, R * LL_M
+    _, x_rand, topk_idx, _ = _ll_inputs(T, E, 11, buf.rank)
+    (q0, s0), count0, _, _, _ = _ll_or_skip(lambda: buf.low_latency_dispatch(x_rand, topk_idx, LL_M, E, use_fp8=True,
+                                                                             round_scale=True))
+    (q1, packed), count1, _, _, hook_fn = buf.low_latency_dispatch(x_rand, topk_idx, LL_M, E, use_fp8=True,
+                                                                   round_scale=True, use_ue8m0=True,
+                                                                   return_recv_hook=hook)
+    if hook:
+        hook_fn()
+    assert packed.dtype == torch.int32 and packed.shape == (local, rows, LL_H // 512)
+    assert packed.stride() == (LL_H // 512 * rows, 1, rows)
+    unpacked = (packed.contiguous().view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
+    assert torch.equal(count0, count1)
+    for i in range(local):
+        n = int(count0[i])
+        assert torch.equal(unpacked[i, :n], s0[i, :n]), i
+        assert torch.equal(q1[i, :n].view(torch.uint8), q0[i, :n].view(torch.uint8)), i
+
+
 def test_low_latency_zero_copy_combine(ll_buffer):
     # The experts write into get_next_low_latency_combine_buffer(handle); combine(zero_copy=True) reads it, giving
     # bit for bit what a combine of the same rows passed as x gives.

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
+import _deepep_reference as ref  # noqa: E402
 import nccl.ep.deepep as deep_ep  # noqa: E402
 from _seeded import on_rank, routed_tokens  # noqa: E402
 
@@ -66,3 +67,36 @@ def test_layout_dispatch_cached_dispatch_and_combine(buffer):
     # A cached dispatch (the handle given) moves new rows along the same routing.
     cached_x, *rest, _ = buf.dispatch(x.cuda() * 2, handle=handle)
     assert torch.equal(cached_x.cpu(), torch.cat(rows) * 2) and rest == [None, None, None, None]
+
+
+@pytest.mark.parametrize("worst", [False, True])
+def test_handle_entries_are_deepeps(buffer, worst):
+    """The dispatch handle's six entries against DeepEP's definitions (tests/python/_deepep_reference.py) computed
+    from every rank's routing, with exact and worst-case rows; the rows of recv_x from source s end at
+    rank_prefix_matrix[s][me] (as DeepEP's test_intranode.py reads it) and are source s's tokens recv_src_idx."""
+    buf, me, R = buffer
+    E, channels = LOCAL * R, 12
+    hits = [torch.stack([on_rank(_inputs(s, R)[0], d, LOCAL).any(dim=1) for d in range(R)], dim=1) for s in range(R)]
+    idx, x, w = _inputs(me, R)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx.cuda(), E)
+    recv_x, _, _, _, handle, _ = buf.dispatch(
+        x.cuda(), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=idx.cuda(), topk_weights=w.float().cuda(), num_worst_tokens=R * M if worst else 0,
+        config=deep_ep.Config(2 * channels, 8, 256))
+    rows = recv_x.shape[0]
+    want = ref.handle([h.tolist() for h in hits], me, channels, rows)
+    rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head = handle
+    for got, expected in zip((rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, send_head), want):
+        assert got.is_cuda and got.dtype == torch.int32 and got.tolist() == expected
+    assert is_token_in_rank is in_rank
+    total = int(rank_prefix[R - 1][me])
+    assert total == sum(int(h[:, me].sum()) for h in hits) and (worst or rows == total)
+    start = 0
+    for s in range(R):
+        end = int(rank_prefix[s][me])
+        src = recv_src_idx[start:end].long().cpu()
+        assert torch.equal(recv_x[start:end].cpu(), _inputs(s, R)[1][src]), s
+        start = end
+    out, _, _ = buf.combine(recv_x, handle)  # the handle still serves combine
+    sent = hits[me].any(dim=1)
+    assert torch.equal(out.cpu()[sent], (x.float() * hits[me].sum(dim=1, keepdim=True)).to(torch.bfloat16)[sent])

@@ -6,9 +6,9 @@ domains):
 Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` (`get_dispatch_layout`, `dispatch`,
 `combine`; with `low_latency_mode=True` the Low-Latency calls, receive hooks and `zero_copy` combine; with
 `enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`. What it
-does not implement raises NotImplementedError naming the argument or method: UE8M0-packed scales, LogFMT, the
-wait-time statistics, mpi4py communicators, `allow_mnnvl`, `get_local_buffer_tensor`, `get_comm_stream` and the
-internals of the High-Throughput handle. docs/COMPATIBILITY.md lists every method and how it differs.
+does not implement raises NotImplementedError naming the argument or method: LogFMT, the wait-time statistics,
+mpi4py communicators, `allow_mnnvl`, `get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the entries of
+the High-Throughput handle (DeepEP's internode handle). docs/COMPATIBILITY.md lists every method and how it differs.
 
 How it differs inside (none of it changes results):
 - Calls run on the current stream (there is no communication stream): `previous_event` is waited on first, and
@@ -20,7 +20,10 @@ How it differs inside (none of it changes results):
   when they change: make the first call before a CUDA graph capture.
 - Low-Latency dispatches bind their routing to `Buffer.num_low_latency_handles` (2) handles in turn, as DeepEP's
   two buffers: a combine whose handle two later dispatches reused is refused. Hooks must be called in the order of
-  their calls. fp8 scales come row-major (DeepEP's are column-major: the same values under other strides).
+  their calls. fp32 fp8 scales come row-major (DeepEP's are column-major: the same values under other strides);
+  UE8M0-packed ones have DeepEP's strides.
+- The High-Throughput handle's DeepEP entries cost each dispatch one all-to-all over the Buffer's process group
+  (`Buffer.dispatch_handle_entries = False` skips it); combine and cached dispatch do not read them.
 - The mask calls keep DeepEP's convention (1 = masked). A peer that stopped in the middle of a call is masked, and
   the next call raises NcclRemoteError once, naming it (DeepEP reports nothing).
 """
@@ -119,19 +122,47 @@ class Config:
 
 
 class _DispatchHandle(tuple):
-    """What dispatch returns as `handle`: pass it back to combine or to a cached dispatch. Its DeepEP internals
-    (prefix matrices, source indices, send heads) are not computed: indexing it raises."""
+    """What dispatch returns as `handle`: DeepEP's intranode tuple (rank_prefix_matrix, channel_prefix_matrix,
+    recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head), with DeepEP's meanings, R ranks, this
+    rank `me`, T tokens here, C = config.num_sms // 2 channels (DeepEP's: channel c holds tokens [c * P, (c + 1) * P)
+    clipped to T, P = ceil(T / C)):
+      rank_prefix_matrix         [R, R] int32, the same on every rank: [i][j] = tokens sent to rank j by ranks 0..i,
+                                 so recv_x's rows [i - 1][me] .. [i][me] came from rank i;
+      channel_prefix_matrix      [R, C] int32: [d][c] = this rank's tokens of channels 0..c that went to rank d;
+      recv_channel_prefix_matrix [R, C] int32: [s][c] = rank s's tokens of channels 0..c-1 that came here (where its
+                                 channel c's rows begin inside its block of recv_x);
+      recv_src_idx               [rows] int32: each row's token index at its source (-1 for rows past the received
+                                 ones with num_worst_tokens);
+      is_token_in_rank           [T, R] bool, as given;
+      send_head                  [T, R] int32: [t][d] = how many tokens of t's channel before t went to rank d, -1
+                                 where t did not (DeepEP's combine rewrites the -1 entries in place; ours reads none).
+    Token counts come from is_token_in_rank. Pass the handle back to combine or to a cached dispatch: those use the
+    nccl.ep handle it carries, not the entries. Above 8 ranks (DeepEP's internode handle has other entries) or with
+    Buffer.dispatch_handle_entries = False the entries are not computed and indexing the handle raises."""
 
-    def __new__(cls, ep_handle, is_token_in_rank, rows_returned):
-        h = super().__new__(cls, ())
-        h.ep_handle, h.is_token_in_rank, h.rows_returned = ep_handle, is_token_in_rank, rows_returned
+    def __new__(cls, ep_handle, rows_returned, entries=None):
+        h = super().__new__(cls, entries if entries is not None else ())
+        h.ep_handle, h.rows_returned, h.has_entries = ep_handle, rows_returned, entries is not None
         return h
 
+    def _need_entries(self):
+        if not self.has_entries:
+            raise _unsupported("reading the dispatch handle's entries above %d ranks (DeepEP's internode handle) or "
+                               "with Buffer.dispatch_handle_entries = False" % _NVL_PEERS)
+
     def __getitem__(self, i):
-        raise _unsupported("indexing the dispatch handle (its prefix matrices and source indices)")
+        self._need_entries()
+        return tuple.__getitem__(self, i)
+
+    def __iter__(self):
+        self._need_entries()
+        return tuple.__iter__(self)
 
     def __len__(self):
         return 6  # DeepEP's intranode handle has six entries
+
+    def __repr__(self):
+        return "_DispatchHandle(rows=%d, entries=%s)" % (self.rows_returned, self.has_entries)
 
 
 class _LowLatencyHandle(tuple):
@@ -219,6 +250,10 @@ class Buffer:
     max_topk: int = 8
     # Low-Latency dispatches whose handles stay valid for combine at once (DeepEP: two buffers).
     num_low_latency_handles: int = 2
+    # Whether dispatch computes its handle's DeepEP entries (see _DispatchHandle): one all-to-all over the Buffer's
+    # process group of R x (R + num_sms / 2 + max_tokens_per_rank) int32 per dispatch. False skips it (nothing of
+    # nccl.ep reads the entries) and indexing the handle raises.
+    dispatch_handle_entries: bool = True
 
     def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
@@ -338,12 +373,15 @@ class Buffer:
         intranode dispatch: rows grouped by source rank in source-token order; local expert ids (int64), -1 for
         experts elsewhere; weights 0 there; the per-expert list (a host sync) rounded up to `expert_alignment`.
         With `num_worst_tokens` nothing waits on the host: outputs have that many rows, the list is empty and the
-        rows past the received ones have expert -1. A cached dispatch (handle given) returns recv_x and the event."""
+        rows past the received ones have expert -1. handle: DeepEP's six entries (see _DispatchHandle), computed on
+        the current stream with one all-to-all over the Buffer's process group and no host sync. A cached dispatch
+        (handle given) returns recv_x and the event."""
         self._wait(previous_event)
         x, scales = x if isinstance(x, tuple) else (x, None)
         if scales is not None and not scales.is_contiguous():
             scales = scales.contiguous()
-        num_sms = (config if config is not None else Config(Buffer.num_sms)).num_sms
+        config = config if config is not None else Config(Buffer.num_sms)
+        num_sms = config.num_sms
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
                 raise NcclInvalidArgument("dispatch: a cached dispatch (handle given) takes no topk_idx/topk_weights")
@@ -359,13 +397,17 @@ class Buffer:
             raise NcclInvalidArgument("dispatch: give topk_idx and topk_weights together, or neither")
         if num_worst_tokens and topk_idx is None:
             raise NcclInvalidArgument("dispatch: num_worst_tokens needs topk_idx")
+        if (not isinstance(is_token_in_rank, torch.Tensor) or is_token_in_rank.dtype != torch.bool
+                or tuple(is_token_in_rank.shape) != (x.shape[0], self.group_size)):
+            raise NcclInvalidArgument("dispatch: is_token_in_rank must be [%d, %d] bool (get_dispatch_layout's); got "
+                                      "%s" % (x.shape[0], self.group_size, _shape_dtype(is_token_in_rank)))
         num_experts = num_tokens_per_expert.numel()
         routing = topk_idx if topk_idx is not None else self._routing_by_rank(is_token_in_rank, num_experts)
         group = self._group_for(x, routing, num_experts)
         recv = group.dispatch(x, routing, topk_weights, scales=scales,
                                  sizing="worst_case" if num_worst_tokens else "exact", num_sms=self._sms(num_sms))
         rows = num_worst_tokens if num_worst_tokens else recv.tokens.shape[0]
-        h = _DispatchHandle(recv.handle, is_token_in_rank, rows)
+        h = _DispatchHandle(recv.handle, rows, self._handle_entries(is_token_in_rank, config, rows))
 
         def aligned(counts):  # the per-expert list (a host sync), each rounded up to expert_alignment
             return [-(-c // expert_alignment) * expert_alignment for c in counts.tolist()]
@@ -458,17 +500,16 @@ class Buffer:
         """COLLECTIVE, on the current stream: (recv_x, recv_count, handle, event, hook), as DeepEP's.
         x [T, H] bf16 (T <= num_max_dispatch_tokens_per_rank = M <= 1024), topk_idx [T, K] int64 (or int32), -1 =
         none. recv_x [L, R * M, H]: bf16, or with use_fp8 (e4m3 [L, R * M, H], scales [L, R * M, H / 128] fp32,
-        row-major): zone e's first recv_count[e] rows are its tokens, by (source rank, token); the rest unspecified.
-        Quantisation: one scale per 128 columns, amax / 448 (round_scale: rounded up to a power of two).
+        row-major; with use_ue8m0, which needs round_scale and H % 512 == 0, DeepEP's [L, R * M, H / 512] int32 with
+        column-major last two dims, four exponent bytes an int32, see _pack_ue8m0): zone e's first recv_count[e] rows
+        are its tokens, by (source rank, token); the rest unspecified. Quantisation: one scale per 128 columns,
+        amax / 448 (round_scale: rounded up to a power of two).
         recv_count [L] int32, this dispatch's own; cumulative_local_expert_recv_stats [L] int32 gets it added (on the
         stream). handle: see _LowLatencyHandle. event: recorded after the call with async_finish, else empty.
         hook: with return_recv_hook a callable that receives (the call itself only sent; the outputs exist once
         the hook's work has run on the stream; hooks in the order of their dispatches, each before two more
         dispatches), else None; async_finish and return_recv_hook together are refused, as DeepEP does. Not
-        implemented: use_ue8m0=True (UE8M0-packed scales), dispatch_wait_recv_cost_stats."""
-        if use_ue8m0:
-            raise _unsupported("low_latency_dispatch(use_ue8m0=True) (UE8M0-packed int32 scales; round_scale=True "
-                               "gives the same powers of two as fp32)")
+        implemented: dispatch_wait_recv_cost_stats."""
         if dispatch_wait_recv_cost_stats is not None:
             raise _unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...) (per-rank wait times)")
         self._need_low_latency("low_latency_dispatch")
@@ -481,6 +522,13 @@ class Buffer:
             raise NcclInvalidArgument("low_latency_dispatch: topk_idx must be [%d, num_topk]; got %s"
                                       % (x.shape[0], _shape_dtype(topk_idx)))
         _check_low_latency_sizes("low_latency_dispatch", m, x.shape[1], num_experts, self.group_size)
+        if use_ue8m0 and not round_scale:
+            raise NcclInvalidArgument("low_latency_dispatch: use_ue8m0=True needs round_scale=True (UE8M0 holds powers "
+                                      "of two; DeepEP asserts it too)")
+        ue8m0 = bool(use_fp8 and use_ue8m0)
+        if ue8m0 and x.shape[1] % 512:
+            raise NcclInvalidArgument("low_latency_dispatch: use_ue8m0=True needs hidden %% 512 == 0 (four scales of "
+                                      "128 columns an int32); hidden is %d" % x.shape[1])
         if x.shape[0] > m:
             raise NcclInvalidArgument("low_latency_dispatch: %d tokens exceed num_max_dispatch_tokens_per_rank %d"
                                       % (x.shape[0], m))
@@ -506,13 +554,21 @@ class Buffer:
                                  round_scale=bool(round_scale and use_fp8), send_only=bool(return_recv_hook))
         hidden, rows = x.shape[1], self.group_size * m
         recv_x = recv.tokens.view(local, rows, hidden)
+        scales = packed = None
         if use_fp8:
-            recv_x = (recv_x, recv.scales.view(local, rows, hidden // 128))
+            scales = recv.scales.view(local, rows, hidden // 128)
+            if ue8m0:  # filled once the scales exist (by the hook with return_recv_hook)
+                packed = torch.empty((local, hidden // 512, rows, 4), dtype=torch.uint8, device=x.device)
+                recv_x = (recv_x, packed.view(torch.int32).view(local, hidden // 512, rows).transpose(1, 2))
+            else:
+                recv_x = (recv_x, scales)
         stats = cumulative_local_expert_recv_stats
 
         def received(group=st.group, h=h, counts=recv.expert_counts):
             if return_recv_hook:
                 group.complete(h)  # the receive half: the counts exist from here on
+            if packed is not None:
+                _pack_ue8m0(scales, packed)
             if stats is not None:
                 stats.add_(counts)
 
@@ -663,6 +719,19 @@ class Buffer:
         ranks = torch.arange(self.group_size, device=is_token_in_rank.device, dtype=torch.int64) * per_rank
         return torch.where(is_token_in_rank, ranks, torch.full_like(ranks, -1))
 
+    def _handle_entries(self, is_token_in_rank, config, rows):
+        """COLLECTIVE (up to 8 ranks, with dispatch_handle_entries), on the current stream, no host sync: the six
+        entries of DeepEP's intranode handle. What only other ranks know (their counts to every rank, their channel
+        counts to this rank, the tokens they sent here) comes in one all-to-all of _handle_payload rows."""
+        if not Buffer.dispatch_handle_entries or self.group_size > _NVL_PEERS:
+            return None
+        channels = max(1, config.num_sms // 2)
+        payload, channel_prefix, send_head = _handle_payload(is_token_in_rank, channels, max(1, self._caps[0]))
+        received = torch.empty_like(payload)
+        dist.all_to_all_single(received, payload, group=self.group)
+        rank_prefix, recv_channel_prefix, recv_src_idx = _handle_from_payloads(received, self.rank, channels, rows)
+        return (rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head)
+
     def _x_out(self, recv, rows, scales):
         return (recv.tokens[:rows], recv.scales[:rows]) if scales is not None else recv.tokens[:rows]
 
@@ -715,6 +784,64 @@ def _tokens_per_rdma_rank(is_token_in_rank):
         raise NcclInvalidArgument("get_dispatch_layout: %d ranks: DeepEP's internode layout takes a multiple of %d"
                                   % (r, _NVL_PEERS))
     return is_token_in_rank.view(t, r // _NVL_PEERS, _NVL_PEERS).any(dim=2).sum(dim=0, dtype=torch.int32)
+
+
+def _handle_payload(is_token_in_rank, channels: int, max_tokens: int):
+    """(payload, channel_prefix_matrix, send_head) of this rank's is_token_in_rank [T, R] (T <= max_tokens) and C
+    channels. payload [R, R + C + max_tokens] int32, what this rank sends rank d in row d: its token counts to every
+    rank [R], its channel_prefix_matrix row d [C], and the indices of its tokens that go to d in token order (then
+    filler). channel_prefix_matrix [R, C] int32: [d][c] = tokens of channels 0..c that go to d. send_head [T, R]
+    int32: a token's position among the tokens of its channel that go to d, -1 where it does not go to d. Static
+    shapes: nothing waits on the host."""
+    t, r = is_token_in_rank.shape
+    dev = is_token_in_rank.device
+    hit = is_token_in_rank.to(torch.int32)
+    before = torch.zeros(t + 1, r, dtype=torch.int32, device=dev)  # [i][d]: tokens among 0..i-1 that go to d
+    torch.cumsum(hit, 0, dtype=torch.int32, out=before[1:])
+    per = max(1, -(-t // channels))  # tokens per channel (DeepEP's get_channel_task_range)
+    channel_end = (torch.arange(1, channels + 1, device=dev) * per).clamp(max=t)
+    channel_prefix = before[channel_end].t().contiguous()
+    channel_begin = torch.arange(t, device=dev) // per * per
+    send_head = torch.where(is_token_in_rank, before[:t] - before[channel_begin], -1).to(torch.int32)
+    payload = torch.full((r, r + channels + max_tokens), -1, dtype=torch.int32, device=dev)
+    payload[:, :r] = before[t]
+    payload[:, r:r + channels] = channel_prefix
+    # A stable sort of "goes to d" first: the tokens to d in token order, then the others.
+    order = torch.sort((~is_token_in_rank).t().to(torch.uint8), dim=1, stable=True).indices
+    payload[:, r + channels:r + channels + t] = order
+    return payload, channel_prefix, send_head
+
+
+def _handle_from_payloads(received, rank: int, channels: int, rows: int):
+    """The entries that need other ranks' tokens, from received [R, R + C + max_tokens] (row s: what rank s sent this
+    rank, _handle_payload's row for it): rank_prefix_matrix [R, R] int32, recv_channel_prefix_matrix [R, C] int32 and
+    recv_src_idx [rows] int32 (rows grouped by source rank in rank order, each source's in token order; -1 past the
+    received ones)."""
+    r = received.shape[0]
+    counts = received[:, :r]  # [s][d]: tokens rank s sends rank d
+    rank_prefix = counts.cumsum(0, dtype=torch.int32)
+    recv_channel_prefix = torch.zeros(r, channels, dtype=torch.int32, device=received.device)
+    recv_channel_prefix[:, 1:] = received[:, r:r + channels - 1]
+    sources = received[:, r + channels:]
+    end = rank_prefix[:, rank].long()
+    begin = end - counts[:, rank]
+    row = torch.arange(rows, device=received.device)
+    src = torch.searchsorted(end, row, right=True)  # the source whose block holds the row; r past the last one
+    valid = src < r
+    src = src.clamp(max=r - 1)
+    at = (row - begin[src]).clamp(0, sources.shape[1] - 1)
+    recv_src_idx = torch.where(valid, sources[src, at], -1).to(torch.int32)
+    return rank_prefix, recv_channel_prefix, recv_src_idx
+
+
+def _pack_ue8m0(scales, out) -> None:
+    """DeepEP's UE8M0 scale layout, on the current stream: scales [L, N, G] fp32 powers of two (one per 128 columns,
+    G % 4 == 0) into out [L, G / 4, N, 4] uint8, which viewed as int32 [L, G / 4, N] and transposed is DeepEP's [L, N,
+    G / 4] int32 with column-major last two dims: int32 (l, n, p) holds the exponent bytes (float bits >> 23) of
+    scales g = 4p .. 4p + 3 of row n, g = 4p in the low byte."""
+    l, n, g = scales.shape
+    exponent = torch.bitwise_and(scales.view(torch.int32) >> 23, 0xFF)
+    out.copy_(exponent.view(l, n, g // 4, 4).permute(0, 2, 1, 3))
 
 
 def _shape_dtype(t) -> str:
