@@ -88,11 +88,6 @@ def test_tokens_per_rdma_rank_follows_deepeps_nodes_of_eight():
         _tokens_per_rdma_rank(torch.zeros(2, 12, dtype=torch.bool))
 
 
-def test_buffer_options_not_implemented(buffer):
-    with pytest.raises(NotImplementedError, match="allow_mnnvl=True"):
-        deep_ep.Buffer(dist.group.WORLD, 0, 0, allow_mnnvl=True)
-
-
 def test_mpi_communicator_not_implemented():
     with pytest.raises(NotImplementedError, match="mpi4py"):
         deep_ep.Buffer(None, comm=object())

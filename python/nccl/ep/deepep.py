@@ -5,10 +5,12 @@ domains):
 
 Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` (`get_dispatch_layout`, `dispatch`,
 `combine`; with `low_latency_mode=True` the Low-Latency calls, receive hooks and `zero_copy` combine; with
-`enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`. What it
-does not implement raises NotImplementedError naming the argument or method: LogFMT, the wait-time statistics,
-mpi4py communicators, `allow_mnnvl`, `get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the entries of
-the High-Throughput handle (DeepEP's internode handle). docs/COMPATIBILITY.md lists every method and how it differs.
+`enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`; DeepEP
+V2's `ElasticBuffer`, `EPHandle` and `EventHandle` come from nccl.ep.deepep_elastic (`from nccl.ep.deepep import
+ElasticBuffer`). What it does not implement raises NotImplementedError naming the argument or method: LogFMT, the
+wait-time statistics, mpi4py communicators, `get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the
+entries of the High-Throughput handle (DeepEP's internode handle). docs/COMPATIBILITY.md lists every method and how
+it differs.
 
 How it differs inside (none of it changes results):
 - Calls run on the current stream (there is no communication stream): `previous_event` is waited on first, and
@@ -43,6 +45,16 @@ __version__ = "1.2.1"  # the DeepEP release whose API this mirrors
 topk_idx_t = torch.int64
 
 _KNOWN_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+_ELASTIC_NAMES = ("ElasticBuffer", "EPHandle", "EventHandle")  # DeepEP V2's, from nccl.ep.deepep_elastic
+
+
+def __getattr__(name):
+    # Imported on first use: nccl.ep.deepep_elastic builds on this module.
+    if name in _ELASTIC_NAMES:
+        from . import deepep_elastic
+
+        return getattr(deepep_elastic, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 def _unsupported(what: str) -> NotImplementedError:
@@ -261,8 +273,7 @@ class Buffer:
                  comm=None):
         if group is None:
             raise _unsupported("Buffer(group=None, comm=<mpi4py communicator>)")
-        if allow_mnnvl:
-            raise _unsupported("Buffer(allow_mnnvl=True)")
+        # allow_mnnvl needs nothing: an nccl.ep NVLink domain is NCCL's LSA team, which spans multi-node NVLink.
         self.group = group
         self.rank = dist.get_rank(group)
         self.group_size = dist.get_world_size(group)
