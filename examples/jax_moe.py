@@ -3,6 +3,7 @@ layer on one device; then a Low-Latency decode loop inside one jitted fori_loop,
 
     python examples/jax_moe.py --nproc 2               # 2 processes, one GPU each (or, with fewer GPUs, all on GPU 0
                                                        # as one-GPU NCCL nodes)
+    python examples/jax_moe.py --nproc 4 --one-gpu nodes   # all on GPU 0 as one-GPU nodes, whatever the GPUs
     python examples/jax_moe.py --nproc 1 --steps 3
 
 Each process is one rank of the mesh axis "ep" (jax.distributed, one GPU per process) and holds E/R experts (a
@@ -14,10 +15,12 @@ sums each token's rows at its owner; jax.grad runs back through the same handle.
 layer (all experts, every rank's tokens) on this process's GPU with plain JAX; after each step the loss, and at the
 end every parameter, must match. Decode (Low-Latency, bf16, EXPERT_MAJOR): a residual MoE step repeated in a
 jax.lax.fori_loop, each expert's zone through its MLP, the owner-weighted combine. Exits 0 when everything matches
-(or when there is no GPU: it says so), 1 otherwise.
+(or when there is no GPU: it says so; 77 with --json, as the GPU tests do), 1 otherwise. --json FILE appends one
+result line (make gpu-check's format).
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -232,6 +235,9 @@ def main():
     ap.add_argument("--decode-steps", type=int, default=4)
     ap.add_argument("--decode-rtol", type=float, default=3e-2)
     ap.add_argument("--port", type=int, default=29700 + os.getpid() % 200)
+    ap.add_argument("--one-gpu", choices=["nodes"], default=None,
+                    help="every process on GPU 0, each its own NCCL node (so anyway where GPUs are fewer than --nproc)")
+    ap.add_argument("--json", default=None, help="append one result line to this file")
     ap.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--gpu", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -240,8 +246,8 @@ def main():
     gpus = gpu_count()
     if gpus == 0:
         print("jax_moe: no GPU visible to JAX (nccl.ep.jax runs on CUDA GPUs); nothing to do")
-        return 0
-    one_gpu = gpus < a.nproc  # every rank on GPU 0, each its own NCCL node
+        return 77 if a.json else 0
+    one_gpu = a.one_gpu == "nodes" or gpus < a.nproc  # every rank on GPU 0, each its own NCCL node
     procs = []
     for i in range(a.nproc):
         env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0")
@@ -254,6 +260,10 @@ def main():
     codes = [p.wait() for p in procs]
     ok = all(c == 0 for c in codes)
     print("jax_moe: %d rank(s)%s: %s" % (a.nproc, " on one GPU" if one_gpu else "", "PASS" if ok else "FAIL"))
+    if a.json:
+        with open(a.json, "a") as f:
+            f.write(json.dumps({"test": "jax_moe", "ranks": a.nproc, "one_gpu": one_gpu, "pass": ok,
+                                "exit_codes": codes}) + "\n")
     return 0 if ok else 1
 
 

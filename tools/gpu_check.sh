@@ -84,7 +84,7 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   # A test that hangs prints every thread's Python stack before the run's timeout ends it (torchrun: per rank, its
   # lines prefixed with the rank by --tee).
   PYTEST_HANG="-o faulthandler_timeout=$(( ${GPU_CHECK_RUN_TIMEOUT:-300} * 3 / 4 ))"
-  RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python --json JSON|1|")
+  RUNS+=("python|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python --ignore=tests/python/test_ep_jax_gpu.py --json JSON|1|")
   RUNS+=("moe_example|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 examples/moe_layer.py --json JSON|1|")
   # nccl.m2n on several ranks (torchrun; on one GPU as one-GPU nodes: conftest's --one-gpu nodes).
   # The Python overhead of Plan.execute on a whole Qwen3-32B-like model (a benchmark: 128 GB of GPU memory).
@@ -97,7 +97,7 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
     # Low-Latency tests run at any rank count (its High-Throughput ones skip: test_deepep_ranks.py has theirs), and
     # the README's Python quick start runs as written.
     RUNS+=("python_ep_ll|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ll_ranks.py tests/python/test_deepep_gpu.py --json JSON|2|nodes")
-    RUNS+=("python_ep_ht|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ht_ranks.py tests/python/test_deepep_ranks.py tests/python/test_readme_quickstart.py --json JSON|2|nodes")
+    RUNS+=("python_ep_ht|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ht_ranks.py tests/python/test_deepep_ranks.py tests/python/test_deepep_elastic_gpu.py tests/python/test_readme_quickstart.py --json JSON|2|nodes")
     RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
     RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
     # A whole Qwen3-32B-like model rank 0 -> rank 1 beside per-tensor broadcast, at 1/64 of its weights' size (the
@@ -106,6 +106,19 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
   fi
 else
   echo "gpu-check: no torch or no pytest for python3 here: the Python tests (tests/python) do not run"
+fi
+# nccl.ep.jax, where the build made libnccl_ep_jax.so and python3's jax has a CUDA backend (asked in a process of its
+# own that allocates nothing ahead): its GPU tests (1 rank; torchrun, on one GPU as one-GPU nodes: every process its
+# own JAX runtime, jax.distributed among them) and the example (a dropless MoE layer trained against one device, a
+# Low-Latency decode loop; it starts its own processes).
+if [ -f "$BUILDDIR/lib/libnccl_ep_jax.so" ] &&
+   XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -c "import jax; jax.devices('gpu')" >/dev/null 2>&1; then
+  if [ -n "${PYRUN:-}" ]; then
+    RUNS+=("python_ep_jax|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_jax_gpu.py --json JSON|1|nodes")
+  fi
+  RUNS+=("jax_moe_example|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 examples/jax_moe.py --nproc NRANKS --json JSON|1|nodes")
+else
+  echo "gpu-check: no $BUILDDIR/lib/libnccl_ep_jax.so (jaxlib's FFI headers were not found at configure time) or no JAX CUDA backend for python3: the JAX runs (python_ep_jax, jax_moe_example) do not run"
 fi
 # The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
 if command -v mpirun >/dev/null 2>&1; then

@@ -171,6 +171,38 @@ def test_grad_runs_both_calls_backwards():
     assert (gx.shape, gx.dtype, gw.shape, gw.dtype) == ((T, H), jnp.bfloat16, (T, K), jnp.float32)
 
 
+def test_backward_redispatch_is_ordered_after_the_forward_dispatch():
+    # A linear loss: the cotangent of combine's output is a constant, which alone would let XLA run the backward's
+    # redispatch before the forward dispatch binds the routing. The redispatch's operand must come out of an
+    # optimization barrier that also takes a value computed from the forward dispatch's outputs.
+    spec = _spec()
+
+    def loss(x, w, idx):
+        recv = epjax.dispatch(spec, x, idx, w)
+        return jnp.sum(epjax.combine(spec, recv.tokens).astype(jnp.float32))
+
+    x, idx, w = _args()
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.zeros(x.shape, x.dtype), jnp.zeros(w.shape),
+                                           jnp.zeros(idx.shape, jnp.int32)).jaxpr
+    producers = {v: e for e in jaxpr.eqns for v in e.outvars}  # variable -> the equation that made it
+
+    def upstream(v, seen):
+        e = producers.get(v)
+        if e is None or id(e) in seen:
+            return
+        seen.add(id(e))
+        yield e
+        for u in e.invars:
+            if hasattr(u, "aval") and not hasattr(u, "val"):
+                yield from upstream(u, seen)
+
+    calls = [e for e in jaxpr.eqns if "target_name" in str(e.params)]
+    redispatch = [e for e in calls if "nccl_ep_ht_redispatch" in str(e.params)]
+    assert len(redispatch) == 1
+    before = [str(e.params) for v in redispatch[0].invars for e in upstream(v, set())]
+    assert any("nccl_ep_ht_dispatch" in p for p in before), "the redispatch does not depend on the forward dispatch"
+
+
 def test_grad_of_bf16_weights_keeps_their_dtype():
     spec = _spec()
 
@@ -221,7 +253,7 @@ def test_shard_map_over_an_expert_axis():
         print(text.count("stablehlo.custom_call @nccl_ep_ht"))
         grad = jax.jit(jax.grad(lambda *a: layer(*a).astype(jnp.float32).sum(), argnums=(0, 2)))
         print(grad.lower(*args).as_text().count("stablehlo.custom_call @nccl_ep_ht"))
-    """, {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    """, {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
     assert out.split() == ["varying", "['ep']", "2", "4"]
 
 

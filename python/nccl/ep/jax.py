@@ -266,6 +266,7 @@ def _ht_dispatch_fwd(spec, x, idx, w):
 
 def _ht_dispatch_bwd(spec, local_ids, cts):
     ct_tokens, _, ct_weights, _, _ = cts
+    # Both combines below depend on local_ids, an output of the forward dispatch: they run after it.
     local = local_ids >= 0  # rows past the count are -1 everywhere: their cotangents are dropped with them
     row_valid = jnp.any(local, axis=1, keepdims=True)  # a received row has at least one expert here
     grad_x = _ht_combine_call(spec, jnp.where(row_valid, ct_tokens, jnp.zeros_like(ct_tokens)))
@@ -289,10 +290,15 @@ def _ht_combine(spec, y):
 
 
 def _ht_combine_fwd(spec, y):
-    return _ht_combine_call(spec, y), None
+    # The residual, a corner of y (computed from the forward dispatch's outputs), only orders the backward.
+    return _ht_combine_call(spec, y), y[:1, :1]
 
 
-def _ht_combine_bwd(spec, _, ct):
+def _ht_combine_bwd(spec, after, ct):
+    # The redispatch sends through the routing the forward dispatch bound, so it must run after that dispatch. A
+    # cotangent that does not depend on the forward (a linear loss, a given cotangent) gives XLA no such order: the
+    # barrier makes it depend on y, and y on the dispatch.
+    ct, _ = jax.lax.optimization_barrier((ct, after))
     return (_ht_redispatch_call(spec, ct),)
 
 
