@@ -98,6 +98,9 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
     # the README's Python quick start runs as written.
     RUNS+=("python_ep_ll|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ll_ranks.py tests/python/test_deepep_gpu.py --json JSON|2|nodes")
     RUNS+=("python_ep_ht|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_ht_ranks.py tests/python/test_deepep_ranks.py tests/python/test_deepep_elastic_gpu.py tests/python/test_readme_quickstart.py --json JSON|2|nodes")
+    # The soak (tests/python/test_soak_gpu.py: EP dispatch + combine pairs with new routings and handles, M2N plan
+    # cycles, memory flat; its docstring says the defaults a rank count gets and what the full soak needs).
+    RUNS+=("python_soak|env NCCL_EXT_SOAK=1 $PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_soak_gpu.py --json JSON|1|nodes")
     RUNS+=("m2n_colocated|$PYRUN examples/m2n_colocated.py --size 4096 --iters 5 --json JSON|2|nodes")
     RUNS+=("m2n_weight_sync|$PYRUN examples/m2n_weight_sync.py --json JSON|4|nodes")
     # A whole Qwen3-32B-like model rank 0 -> rank 1 beside per-tensor broadcast, at 1/64 of its weights' size (the

@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
-# `make gpu-sanitize`: every GPU test under compute-sanitizer memcheck, racecheck and synccheck, on 1 real rank and
-# on 2 ranks on one GPU in both one-GPU modes (one-GPU nodes, virtual ranks), with results in
-# bench/results/gpu-sanitize-<UTC time>.json (the gpu-check format). A run passes when the test passes and the
-# sanitizer reports nothing of ours. Reports from inside NCCL are not ours to fix: tools/sanitize_suppressions.txt names
-# NCCL's kernels (not instrumented) and NCCL's library (API errors its own host code raises and handles, dropped by
-# tools/sanitize_filter.py from the innermost host frame); nothing of ours is ever filtered.
+# `make gpu-sanitize`: every GPU suite under compute-sanitizer memcheck, racecheck, synccheck and initcheck, on 1 real
+# rank and on 2 ranks on one GPU in both one-GPU modes (one-GPU nodes, virtual ranks), with results in
+# bench/results/gpu-sanitize-<UTC time>.json (the gpu-check format, plus each row's "sanitize" verdict). A run passes
+# when the test passes and the sanitizer reports nothing of ours. Reports from inside NCCL are not ours to fix:
+# tools/sanitize_suppressions.txt names NCCL's kernels (not instrumented) and NCCL's library (API errors its own host
+# code raises and handles, dropped by tools/sanitize_filter.py from the innermost host frame); nothing of ours is ever
+# filtered.
 # The tests run with small shapes (--quick, fewer iterations) and a longer device-wait budget, since instrumented
 # kernels run far slower. Assumes `make` has built $BUILDDIR.
+#
+# Every row (test, tool, mode) ends as one of: pass; fail; inconclusive (exit 98: a run with virtual ranks that
+# fails only by a device wait's timeout, or is killed, with nothing of ours reported: compute-sanitizer does not run
+# both ranks' kernels at once); not run, with the reason (a row this machine cannot run, or the time budget spent).
+# A row not run never counts as a pass. Exit status: 1 if any row failed, else 0.
+#
+# Options (environment):
+#   GPU_SANITIZE_LIST=1          print the rows (number, name, ranks, command or why not run) and exit; needs no GPU
+#   GPU_SANITIZE_TOOLS=...       the tools (default: memcheck racecheck synccheck initcheck)
+#   GPU_SANITIZE_ONLY=REGEX      only the tests whose name matches
+#   GPU_SANITIZE_PART=K/N        every N-th row of the selection from the K-th (1-based): N calls cover every row,
+#                                each with its own JSON (tools/gpu_check_merge.py merges them)
+#   GPU_SANITIZE_RESUME=DIR      rows run in DIR by earlier calls (pass, fail, inconclusive: DIR/done.tsv, one line a
+#                                row; delete a line to run that row again) are not run again; this call's are added
+#                                there, with their logs; the JSON covers every row of the selection
+#   GPU_SANITIZE_RUN_TIMEOUT=S   per run (default 300); GPU_SANITIZE_BUDGET_S=S: start no run that could end after S
+#                                seconds of this call (those rows: not run, for a later call)
+#   GPU_SANITIZE_KEEP_LOGS=DIR   the whole log of every row that did not pass
+#   GPU_SANITIZE_TAG=T           a suffix for the JSON's name
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILDDIR=${BUILDDIR:-build}
 export NCCL_NVLS_ENABLE=0
 OUTDIR=${GPU_CHECK_OUT:-bench/results}
-mkdir -p "$OUTDIR"
-STAMP=$(date -u +%Y%m%dT%H%M%SZ)
-RAW=$(mktemp -d)
-trap 'rm -rf "$RAW"' EXIT
+LIST=${GPU_SANITIZE_LIST:-0}
 
-if ! nvidia-smi -L >/dev/null 2>&1; then
+NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$LIST" = 0 ] && [ "$NGPU" -eq 0 ]; then
   echo "gpu-sanitize: no GPU on this machine (nvidia-smi lists none): nothing to run."
   exit 0
 fi
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-if [ ! -x "$SAN" ]; then
+if [ "$LIST" = 0 ] && [ ! -x "$SAN" ]; then
   echo "gpu-sanitize: compute-sanitizer not found (set COMPUTE_SANITIZER)"
   exit 1
 fi
@@ -31,70 +49,211 @@ while read -r kind pattern _; do
   [ "$kind" = kernel ] && EXCLUDE+=(--kernel-name-exclude "kns=$pattern")
 done < tools/sanitize_suppressions.txt
 
-# name | command (NRANKS, JSON substituted) | modes (real: 1 rank; nodes, virtual: 2 ranks on one GPU)
+# What the Python rows need: torch and pytest for python3 (torchrun for several ranks); the JAX row also
+# libnccl_ep_jax.so and a JAX CUDA backend.
+PY_MISSING=""
+python3 -c "import torch, pytest" >/dev/null 2>&1 || PY_MISSING="no torch or no pytest for python3"
+[ -z "$PY_MISSING" ] && ! command -v torchrun >/dev/null 2>&1 && PY_MISSING="no torchrun"
+JAX_MISSING=$PY_MISSING
+if [ -z "$JAX_MISSING" ] && ! { [ -f "$BUILDDIR/lib/libnccl_ep_jax.so" ] &&
+     XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -c "import jax; jax.devices('gpu')" >/dev/null 2>&1; }; then
+  JAX_MISSING="no $BUILDDIR/lib/libnccl_ep_jax.so or no JAX CUDA backend for python3"
+fi
+
+# name | command (NRANKS, JSON substituted) | modes
+# Modes: real (1 rank, 1 GPU); domains (2 ranks on 2 real GPUs, each its own NVLink domain through
+# NCCL_EXT_LSA_DOMAIN_SIZE=1 in the command); nodes, virtual (2 ranks on one GPU: one-GPU nodes, every rank a domain
+# of its own so that every row between ranks crosses the rail; virtual ranks, one domain); mixed (4 ranks on one
+# GPU: 2 one-GPU nodes of 2 virtual ranks, the relayed exchanges).
 # The device-wait budgets are long (instrumented kernels, and the sanitizer's first patching of each kernel while a
 # peer already waits, are slow); the tests of the timeout path itself keep a short one of their own.
 # Small grids (--ctas 4): the one-GPU virtual ranks need every rank's CTAs resident at once, and under the sanitizer
 # a 16-CTA smoke kernel was seen with one CTA never scheduled while its peers waited (both ranks timed out).
+# Python (pytest under torchrun, which compute-sanitizer follows with --target-processes all; PyTorch's caching
+# allocator off so that memcheck sees each tensor's bounds): the ranks' EP and M2N suites, the DeepEP drop-in and the
+# JAX layer, 1 rank and 2 one-GPU nodes; conftest has no virtual ranks, so those rows are not run. The compile tests
+# (Triton kernels generated at run time, not ours) are left out.
+PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python PYTORCH_NO_CUDA_MEMORY_CACHING=1 torchrun --standalone --nproc_per_node NRANKS -m pytest -q -p no:cacheprovider"
+HT="$BUILDDIR/bin/ep_ht_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON"
+LL="$BUILDDIR/bin/ep_ll_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON"
 TESTS=(
   "symmem|$BUILDDIR/bin/symmetric_memory_test --test all --iters 3 --ctas 4 --slot-elems 65536 --rail-elems 4096 --timeout-s 3 --nranks NRANKS --json JSON|real nodes virtual"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 6 --die-at 2 --ctas 4 --timeout-s 10 --slot-elems 65536 --rail-elems 4096 --nranks NRANKS --json JSON|nodes virtual"
-  "ep_ht|$BUILDDIR/bin/ep_ht_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON|real nodes virtual"
-  "m2n_exec|$BUILDDIR/bin/m2n_exec_test --cases 8 --nranks NRANKS --json JSON|real nodes"
-  # Low-Latency; as one-GPU nodes across NVLink domains (the outboxes, the rail exchange, the inbox copy).
-  "ep_ll|$BUILDDIR/bin/ep_ll_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON|real nodes"
-  "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --iters 8 --die-at 3 --timeout-s 20 --nranks NRANKS --json JSON|virtual"
+  # High-Throughput and Low-Latency inside a domain (real, virtual) and across domains (nodes, domains: the flat
+  # rail exchange; mixed: the relayed one).
+  "ep_ht|$HT|real nodes virtual mixed"
+  "ep_ll|$LL|real nodes virtual mixed"
+  "ep_ht_domains|env NCCL_EXT_LSA_DOMAIN_SIZE=1 $HT|domains"
+  "ep_ll_domains|env NCCL_EXT_LSA_DOMAIN_SIZE=1 $LL|domains"
+  # The hierarchical High-Throughput exchange (one rail row per (token, destination domain), relayed there).
+  "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $HT|mixed"
+  "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --iters 8 --die-at 3 --timeout-s 20 --nranks NRANKS --json JSON|nodes virtual"
+  "m2n_exec|$BUILDDIR/bin/m2n_exec_test --cases 8 --nranks NRANKS --json JSON|real nodes virtual"
+  "m2n_dead_peer|$BUILDDIR/bin/m2n_exec_test --dead-peer --timeout-s 10 --nranks NRANKS --json JSON|nodes virtual"
+  "python_ep|$PYRUN -k not(compile) tests/python/test_ep_gpu.py tests/python/test_ep_ht_ranks.py tests/python/test_ep_ll_ranks.py --json JSON|real nodes virtual"
+  "python_m2n|$PYRUN tests/python/test_m2n_gpu.py --json JSON|real nodes virtual"
+  "python_deepep|$PYRUN -k not(compile) tests/python/test_deepep_gpu.py tests/python/test_deepep_ranks.py tests/python/test_deepep_elastic_gpu.py --json JSON|real nodes virtual"
+  "python_ep_jax|$PYRUN tests/python/test_ep_jax_gpu.py --json JSON|real nodes virtual"
 )
-TOOLS=${GPU_SANITIZE_TOOLS:-memcheck racecheck synccheck}
+TOOLS=${GPU_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 RUN_TIMEOUT=${GPU_SANITIZE_RUN_TIMEOUT:-300}
-: > "$RAW/runs.tsv"
+
+PART_K=1 PART_N=1
+if [ -n "${GPU_SANITIZE_PART:-}" ]; then
+  if ! [[ $GPU_SANITIZE_PART =~ ^([0-9]+)/([0-9]+)$ ]] || [ "${BASH_REMATCH[1]}" -lt 1 ] ||
+     [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
+    echo "gpu-sanitize: GPU_SANITIZE_PART=$GPU_SANITIZE_PART: K/N with 1 <= K <= N" >&2
+    exit 2
+  fi
+  PART_K=${BASH_REMATCH[1]} PART_N=${BASH_REMATCH[2]}
+fi
+TAG=${GPU_SANITIZE_TAG:-}
+[ "$PART_N" -gt 1 ] && TAG="part$PART_K-of-$PART_N${TAG:+-$TAG}"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)${TAG:+-$TAG}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+# RAW: each row's JSON lines and log; done.tsv: the rows finished (kept across calls with GPU_SANITIZE_RESUME).
+if [ -n "${GPU_SANITIZE_RESUME:-}" ]; then
+  RAW=$GPU_SANITIZE_RESUME
+  mkdir -p "$RAW" || exit 2
+  RAW=$(cd "$RAW" && pwd)
+else
+  RAW=$TMP
+fi
+touch "$RAW/done.tsv" "$RAW/reasons.tsv"
+: > "$TMP/pending.tsv"
+: > "$TMP/reasons.tsv"
+[ "$LIST" = 0 ] && mkdir -p "$OUTDIR"
+
+# why_not NAME MODE: why this machine cannot run the row (empty: it can).
+why_not() {
+  case $1 in
+    python_ep_jax) [ -n "$JAX_MISSING" ] && { echo "$JAX_MISSING"; return; } ;;
+    python_*) [ -n "$PY_MISSING" ] && { echo "$PY_MISSING"; return; } ;;
+  esac
+  case $1:$2 in
+    python_*:virtual) echo "the Python tests have no virtual ranks (conftest: --one-gpu nodes only)"; return ;;
+    python_*:mixed) echo "the Python tests have no virtual ranks (conftest: --one-gpu nodes only)"; return ;;
+  esac
+  [ "$2" = domains ] && [ "$NGPU" -lt 2 ] &&
+    echo "needs 2 GPUs (NCCL_EXT_LSA_DOMAIN_SIZE=1 splits real GPUs into domains; this machine has $NGPU)"
+}
+
+report() {
+  cat "$RAW/done.tsv" "$TMP/pending.tsv" > "$TMP/runs.tsv"
+  cat "$RAW/reasons.tsv" "$TMP/reasons.tsv" > "$TMP/all_reasons.tsv"
+  python3 tools/gpu_check_report.py --runs "$TMP/runs.tsv" --out "$OUTDIR/gpu-sanitize-$STAMP.json" \
+    --kind gpu-sanitize >/dev/null
+  # Each row's verdict: pass / fail / inconclusive / not-run (with the reason), and the selection this call made.
+  python3 - "$OUTDIR/gpu-sanitize-$STAMP.json" "$TMP/all_reasons.tsv" "$TOOLS" "${GPU_SANITIZE_ONLY:-}" \
+    "${GPU_SANITIZE_PART:-}" "${GPU_SANITIZE_RESUME:-}" "$1" <<'EOF'
+import json, sys
+path, reasons_path, tools, only, part, resume, final = sys.argv[1:]
+reasons = {}
+for line in open(reasons_path):
+    tag, n, why = line.rstrip("\n").split("\t", 2)
+    reasons[(tag, int(n))] = why
+doc = json.load(open(path))
+count = {"pass": 0, "fail": 0, "inconclusive": 0, "not-run": 0}
+for r in doc["runs"]:
+    why = reasons.get((r["name"], r["nranks"]))
+    if why is not None:
+        r["status"], r["sanitize"] = "not run: " + why, "not-run"
+    elif r["status"] == "pass":
+        r["sanitize"] = "pass"
+    elif r["status"].startswith("inconclusive"):
+        r["sanitize"] = "inconclusive"
+    elif r["status"].startswith("skipped"):
+        r["status"], r["sanitize"] = "not run: the test found no GPU", "not-run"
+    else:
+        r["sanitize"] = "fail"
+    count[r["sanitize"]] += 1
+doc["selection"] = {"tools": tools.split(), "only": only, "part": part, "resume": resume}
+doc["summary"] = count
+json.dump(doc, open(path, "w"), indent=1)
+if final == "1":
+    print("%-44s %6s %9s  %s" % ("row", "ranks", "seconds", "status"))
+    for r in doc["runs"]:
+        print("%-44s %6d %9.1f  %s" % (r["name"], r["nranks"], r["seconds"], r["status"][:110]))
+        if r["sanitize"] in ("fail", "inconclusive") and r.get("log_tail"):
+            print("    " + r["log_tail"].replace("\n", "\n    "))
+    print("\n%(pass)d passed, %(fail)d failed, %(inconclusive)d inconclusive, %(not-run)d not run" % count)
+    print("results: %s" % path)
+sys.exit(1 if count["fail"] else 0)
+EOF
+}
+
+ROW=0 SELECTED=0
 for tool in $TOOLS; do
   for spec in "${TESTS[@]}"; do
     IFS='|' read -r name cmd modes <<<"$spec"
-    # GPU_SANITIZE_ONLY=REGEX: only the tests whose name matches (a partial run; its JSON says which ran).
     [ -n "${GPU_SANITIZE_ONLY:-}" ] && ! [[ $name =~ $GPU_SANITIZE_ONLY ]] && continue
     for mode in $modes; do
-      n=2
-      [ "$mode" = real ] && n=1
+      case $mode in real) n=1 ;; mixed) n=4 ;; *) n=2 ;; esac
       tag="$name[$tool]"
-      [ "$mode" != real ] && tag="$name[$tool,$mode]"
+      case $mode in real | domains) ;; *) tag="$name[$tool,$mode]" ;; esac
+      SELECTED=$((SELECTED + 1))
+      [ $(((SELECTED - 1) % PART_N)) -ne $((PART_K - 1)) ] && continue
+      ROW=$((ROW + 1))
       json="$RAW/$tag.$n.jsonl" log="$RAW/$tag.$n.log"
-      : > "$json"
       c=${cmd//NRANKS/$n}
       c=${c//JSON/$json}
-      [ "$mode" != real ] && c="$c --one-gpu $mode"
-      # Out of time (a run may take up to GPU_SANITIZE_RUN_TIMEOUT): say so rather than stop silently.
-      if [ $((SECONDS + RUN_TIMEOUT)) -gt "${GPU_SANITIZE_BUDGET_S:-1000000}" ]; then
-        echo "== $tag: not run (GPU_SANITIZE_BUDGET_S spent)" | tee "$log"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 125 0 "$json" "$log" >> "$RAW/runs.tsv"
+      case $mode in nodes | virtual | mixed) c="$c --one-gpu $mode" ;; esac
+      why=$(why_not "$name" "$mode")
+      if [ "$LIST" != 0 ]; then
+        printf '%3d  %-40s %d rank(s)  %s\n' "$SELECTED" "$tag" "$n" "${why:+not run: $why}"
+        [ -z "$why" ] && printf '     %s --tool %s %s\n' "$(basename "$SAN")" "$tool" "$c"
         continue
       fi
+      if grep -qF -- "$tag	$n	" "$RAW/done.tsv"; then
+        echo "== $tag on $n rank(s): done in an earlier call (GPU_SANITIZE_RESUME)"
+        continue
+      fi
+      if [ -n "$why" ]; then
+        echo "== $tag on $n rank(s): not run: $why"
+        # (asked again by every call: a resumed check on another machine may run it)
+        printf '%s\t%s\t%s\n' "$tag" "$n" "$why" >> "$TMP/reasons.tsv"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 97 0 "$json" "$log" >> "$TMP/pending.tsv"
+        continue
+      fi
+      # Out of time (a run may take up to GPU_SANITIZE_RUN_TIMEOUT): not run here, left for a later call.
+      if [ $((SECONDS + RUN_TIMEOUT)) -gt "${GPU_SANITIZE_BUDGET_S:-1000000}" ]; then
+        echo "== $tag: not run (GPU_SANITIZE_BUDGET_S spent)"
+        printf '%s\t%s\t%s\n' "$tag" "$n" "time budget spent (GPU_SANITIZE_BUDGET_S): a later call" >> "$TMP/reasons.tsv"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 125 0 "$json" "$log" >> "$TMP/pending.tsv"
+        continue
+      fi
+      : > "$json"
       echo "== $tag on $n rank(s)"
       start=$(date +%s.%N)
-      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all "${EXCLUDE[@]}" $c \
-        >"$log" 2>&1
+      set -f  # the command's words are not globbed (a row's file names hold brackets)
+      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all "${EXCLUDE[@]}" $c >"$log" 2>&1
       rc=$?
+      set +f
       end=$(date +%s.%N)
       python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$log" > "$log.filtered"
       frc=$?
       [ $rc -eq 0 ] && [ $frc -ne 0 ] && rc=99  # the test passed, but the sanitizer reported something of ours
       # Virtual ranks need every rank's kernels running at once; under compute-sanitizer kernels of different streams
       # of one process were seen not to (each rank waiting for a CTA of the other that never ran: docs/PERFORMANCE.md),
-      # so a virtual run that fails only by a device wait's timeout, or is killed, with nothing of ours reported, is
-      # inconclusive (98), not a pass.
-      if [ "$mode" = virtual ] && [ $rc -ne 0 ] && [ $rc -ne 99 ] && [ $frc -eq 0 ] &&
+      # so a run with virtual ranks that fails only by a device wait's timeout, or is killed, with nothing of ours
+      # reported, is inconclusive (98), not a pass.
+      if { [ "$mode" = virtual ] || [ "$mode" = mixed ]; } && [ $rc -ne 0 ] && [ $rc -ne 99 ] && [ $frc -eq 0 ] &&
          { [ $rc -eq 124 ] || grep -q "timed out after" "$log"; }; then
         rc=98
       fi
       cat "$log.filtered" >> "$log"
       grep -E "RACECHECK SUMMARY|PASS|FAIL" "$log" | sort | uniq -c | head -6
       tail -4 "$log.filtered"
-      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
-      [ -n "${GPU_SANITIZE_KEEP_LOGS:-}" ] && [ $rc -ne 0 ] && cp "$log" "$GPU_SANITIZE_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.log"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/done.tsv"
+      [ -n "${GPU_SANITIZE_KEEP_LOGS:-}" ] && [ $rc -ne 0 ] && cp "$log" "$GPU_SANITIZE_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.$n.log"
       # The report after every run: a session that ends early still leaves the runs it made.
-      python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-sanitize-$STAMP.json" \
-        --kind gpu-sanitize >/dev/null
+      report 0 >/dev/null
     done
   done
 done
-python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-sanitize-$STAMP.json" --kind gpu-sanitize
+if [ "$LIST" != 0 ]; then
+  echo "$SELECTED rows selected${GPU_SANITIZE_PART:+, part $GPU_SANITIZE_PART: every $PART_N-th from row $PART_K}"
+  exit 0
+fi
+report 1
