@@ -26,6 +26,19 @@ for n in $RANKS; do
       { echo "baseline_torch.py --world $n failed:"; tail -5 "$tmp/baseline.err"; }
   fi
 done
+# NVIDIA's nccl-extensions (1 rank), in its own venv (tools/nvidia_ep_wheelhouse.sh): its rows join the baselines.
+# NVIDIA_EP_NCCL_HOME (an unpacked NCCL 2.30.x) becomes its NCCL_HOME and LD_PRELOAD, in its process only.
+if [ -n "${NVIDIA_EP_VENV:-}" ]; then
+  echo "== NVIDIA nccl-extensions baseline ($NVIDIA_EP_VENV)"
+  nv_env=(-u PYTHONPATH)
+  [ -z "${NVIDIA_EP_NCCL_HOME:-}" ] ||
+    nv_env+=(NCCL_HOME="$NVIDIA_EP_NCCL_HOME" LD_PRELOAD="$NVIDIA_EP_NCCL_HOME/lib/libnccl.so.2")
+  env "${nv_env[@]}" timeout 600 "$NVIDIA_EP_VENV/bin/python" bench/baselines/baseline_nvidia_ep.py \
+    --json "$tmp/baseline.jsonl" "$@"
+  rc=$?; [ $rc -eq 0 ] || [ $rc -eq 77 ] || echo "baseline_nvidia_ep.py failed (exit $rc)"
+else
+  echo "NVIDIA nccl-extensions baseline skipped: NVIDIA_EP_VENV is not set"
+fi
 python3 - "$tmp/ep.jsonl" "$tmp/baseline.jsonl" "$OUTDIR/ep_bench-$stamp.json" <<'PY'
 import json, os, subprocess, sys, datetime
 def lines(p):
