@@ -4,6 +4,7 @@ fail with its own error (a float or a string where an integer goes): NcclInvalid
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 
 from .errors import NcclInvalidArgument
@@ -15,6 +16,7 @@ def is_integer_type(ctype) -> bool:
     return isinstance(ctype, type) and issubclass(ctype, ctypes._SimpleCData) and ctype._type_ in _INTEGER_CODES
 
 
+@functools.lru_cache(maxsize=None)
 def integer_range(ctype) -> tuple[int, int]:
     bits = 8 * ctypes.sizeof(ctype)
     if ctype._type_.islower():  # b h i l q: signed
@@ -41,14 +43,32 @@ def c_integers(values, ctype, name: str) -> list[int]:
     return [c_integer(v, ctype, "%s[%d]" % (name, i)) for i, v in enumerate(values)]
 
 
+def _integer_params(fn) -> tuple:
+    """(index, ctype) of each integer parameter of C function `fn`, worked out from its argtypes once and kept on
+    the function object (the loader sets argtypes when it loads a library, before any call)."""
+    try:
+        return fn._nccl_integer_params
+    except AttributeError:
+        pass
+    params = tuple((i, t) for i, t in enumerate(getattr(fn, "argtypes", None) or ()) if is_integer_type(t))
+    try:
+        fn._nccl_integer_params = params
+    except AttributeError:  # a callable that takes no attributes: worked out at every call
+        pass
+    return params
+
+
 def checked_args(fn, name: str, args) -> tuple:
     """The arguments of a call of C function `fn` (its argtypes set): every one whose parameter is an integer type
-    through c_integer, the others as given."""
-    types = list(getattr(fn, "argtypes", None) or ())
-    out = []
-    for i, a in enumerate(args):
-        t = types[i] if i < len(types) else None
-        out.append(c_integer(a, t, "%s argument %d" % (name, i + 1)) if t is not None and is_integer_type(t) else a)
+    through c_integer, the others as given. A function without integer parameters (dispatch, combine) costs one
+    attribute lookup."""
+    params = _integer_params(fn)
+    if not params:
+        return args
+    out = list(args)
+    for i, t in params:
+        if i < len(out):
+            out[i] = c_integer(out[i], t, "%s argument %d" % (name, i + 1))
     return tuple(out)
 
 
