@@ -255,16 +255,24 @@ NCCL_M2N_API ncclResult_t ncclM2nPlanGetAsyncError(ncclM2nPlan_t plan);
 
 /* The exchange communicator that plans on `comm` share is split by the first plan and lives while one of them
  * does. ncclM2nCommRetain (COLLECTIVE over comm, blocking, within the config's timeoutSeconds) keeps one alive
- * between plans too, so that plans and ncclM2nReshard calls made one after another on `comm` split nothing.
- * ncclM2nCommRelease (local) lets it go with the last plan on it; call it before destroying `comm`. */
+ * between plans too, so that plans made one after another on `comm` split nothing (ncclM2nReshard's cached plans
+ * keep it alive as plans do). ncclM2nCommRelease (local) lets it go with the last plan on it and frees the plans
+ * ncclM2nReshard cached on `comm` once their executes finished (at most twice their timeout each; a plan whose
+ * execute does not finish is left to the process and the call returns the error); call it before destroying
+ * `comm`. */
 NCCL_M2N_API ncclResult_t ncclM2nCommRetain(ncclComm_t comm, const ncclM2nExecConfig_t* config);
 NCCL_M2N_API ncclResult_t ncclM2nCommRelease(ncclComm_t comm);
 
-/* One tensor, one call: COLLECTIVE over `comm` and blocking. Plans `spec` as ncclM2nPlanCreate plans a batch of one,
- * executes it on `stream` (src / dst: this rank's local pointers, NULL where it holds no part), waits for the stream
- * (at most the config's timeoutSeconds; 0: NCCL_EXT_TIMEOUT_S) and frees the plan. A wait that runs out returns
- * ncclRemoteError and leaves the plan's memory to the process (its kernels may still run). Not capturable in a CUDA
- * graph (it waits); a reshard repeated with the same layouts belongs in a plan. `config` may be NULL. */
+/* One tensor, one call: COLLECTIVE over `comm`, asynchronous on `stream` (src / dst: this rank's local pointers,
+ * NULL where it holds no part; stream-ordered like ncclM2nExecute). The plan of `spec` and `config` (both layouts
+ * and the config's fields; the name aside) is kept per communicator: the first call with a pair plans it (as
+ * ncclM2nPlanCreate plans a batch of one: collective and blocking on the host), later ones with the same pair only
+ * enqueue its execute, behind that plan's previous execute on whatever stream it ran. The 8 most recently used
+ * pairs are kept; a ninth frees the least recently used after its last execute (a host wait, at most twice the
+ * config's timeoutSeconds). Every rank makes the same calls in the same order, so every rank plans and frees alike.
+ * An earlier execute whose exchanges outlived the budget makes the next call with that pair return ncclRemoteError
+ * (the plan is dropped). ncclM2nCommRelease frees the communicator's plans: call it before destroying `comm`. Not
+ * for CUDA graph capture. `config` may be NULL. */
 NCCL_M2N_API ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, const void* src,
                                          void* dst, const ncclM2nExecConfig_t* config, cudaStream_t stream);
 

@@ -429,8 +429,9 @@ ncclResult_t ncclM2nCommRelease(ncclComm_t comm) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclM2nCommRelease", [&]() -> ncclResult_t {
     NCCLEXT_ARG(comm != nullptr, "ncclM2nCommRelease: comm is NULL");
+    const ncclResult_t plans = ncclm2n::releaseReshardPlans(comm);
     ncclm2n::releaseExchange(comm);
-    return ncclSuccess;
+    return plans;
   });
 }
 
@@ -457,24 +458,20 @@ ncclResult_t ncclM2nDeregister(ncclM2nRegistration_t reg) {
 ncclResult_t ncclM2nReshard(ncclComm_t comm, const ncclM2nTensorSpec_t* spec, const void* src, void* dst,
                             const ncclM2nExecConfig_t* config, cudaStream_t stream) {
   ncclext::clearLastError();
-  NCCLEXT_ARG(spec != nullptr, "ncclM2nReshard: spec is NULL");
-  ncclM2nPlan_t plan = nullptr;
-  NCCLEXT_CHECK(ncclM2nPlanCreate(&plan, comm, 1, spec, config));  // validates comm, config and the spec
   return ncclext::guardAbi("ncclM2nReshard", [&]() -> ncclResult_t {
-    const ncclResult_t run = ncclm2n::execute(plan, &src, &dst, stream);
-    const double budget =
-        config && config->timeoutSeconds > 0 ? config->timeoutSeconds : ncclext::env().timeoutSeconds;
-    // Even a failed execute may have queued work: wait before freeing. A run-out wait keeps the plan (its kernels
-    // may still read it) and reports ncclRemoteError.
-    // The watchdog ends the exchanges within the budget; the wait allows the budget twice over.
-    const ncclResult_t waited = ncclext::waitStream(stream, 2 * budget, "ncclM2nReshard");
-    if (waited != ncclSuccess)
-      return ncclext::fail(ncclRemoteError, __FILE__, __LINE__,
-                           "ncclM2nReshard: the reshard did not finish within %.1f s (a peer that never called?): "
-                           "its plan is left to the process", 2 * budget);
-    const ncclResult_t exchanged = run == ncclSuccess ? ncclm2n::asyncError(plan) : run;
-    const ncclResult_t destroyed = ncclm2n::destroyPlan(plan);
-    return exchanged != ncclSuccess ? exchanged : destroyed;
+    NCCLEXT_ARG(spec != nullptr, "ncclM2nReshard: spec is NULL");
+    NCCLEXT_ARG(comm != nullptr, "ncclM2nReshard: comm is NULL");
+    NCCLEXT_ARG(config == nullptr || (config->size == sizeof(ncclM2nExecConfig_t) && config->magic == NCCL_M2N_MAGIC),
+                "ncclM2nReshard: config size/magic do not match; use NCCL_M2N_EXEC_CONFIG_INITIALIZER");
+    NCCLEXT_CHECK(ncclext::checkNcclRuntime(nullptr));
+    // The spec's checks before the cache's key follows its pointers (plan creation checks it again on a miss).
+    ncclm2n::Problem p;
+    NCCLEXT_NCCL(ncclCommCount(comm, &p.nRanks));
+    std::vector<char> isScales;
+    NCCLEXT_CHECK(translateBatch(1, spec, &p, &isScales));
+    return ncclm2n::reshard(comm, *spec, src, dst, config, stream, [&](ncclM2nPlan** plan) {
+      return planCreate(plan, comm, 1, spec, config, nullptr, 0);
+    });
   });
 }
 

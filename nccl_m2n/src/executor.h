@@ -6,10 +6,12 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/virtual_domain.h"
+#include "nccl_m2n/include/nccl_m2n.h"
 #include "nccl_m2n/src/exec_tables.h"
 #include "nccl_m2n/src/plan.h"
 #include "nccl_m2n/src/quantize.h"
@@ -49,5 +51,12 @@ ncclResult_t asyncError(ncclM2nPlan* plan);
 ncclResult_t retainExchange(ncclComm_t comm, double timeoutSeconds);
 void releaseExchange(ncclComm_t comm);
 
+// ncclM2nReshard (reshard.cc): the cached plan of `spec` and `config` (which passed api.cc's checks), or a new one
+// from `create` (collective), executed on `stream` without a host wait.
+ncclResult_t reshard(ncclComm_t comm, const ncclM2nTensorSpec_t& spec, const void* src, void* dst,
+                     const ncclM2nExecConfig_t* config, cudaStream_t stream,
+                     const std::function<ncclResult_t(ncclM2nPlan**)>& create);
+// ncclM2nCommRelease: frees comm's reshard plans once their executes finished (at most twice each plan's budget).
+ncclResult_t releaseReshardPlans(ncclComm_t comm);
 
 }  // namespace ncclm2n

@@ -565,17 +565,21 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     }
     errors += checkDestinations(b.p, ctx.rank, 1, &L, "execute");
     // Every fifth batch: its first tensor again, alone, through the one-shot ncclM2nReshard (real ranks: it takes
-    // no testing config).
+    // no testing config), twice: the second call finds its plan cached. Asynchronous: the stream is waited for.
     if (c % 5 == 4 && !b.p.tensors.empty() && !o.virt) {
       Problem one = b.p;
       one.tensors.resize(1);
-      if (!poisonDestinations(one, ctx.rank, &L)) return 1;
-      if (ncclM2nReshard(ctx.comm, &b.specs[0], L.srcDev[0], L.dstDev[0], &cfg, ctx.stream) != ncclSuccess) {
-        fprintf(stderr, "rank %d case %d: ncclM2nReshard: %s\n", ctx.rank, c, ncclM2nGetLastError());
-        return 1;
+      for (int again = 0; again < 2; again++) {
+        if (!poisonDestinations(one, ctx.rank, &L)) return 1;
+        if (ncclM2nReshard(ctx.comm, &b.specs[0], L.srcDev[0], L.dstDev[0], &cfg, ctx.stream) != ncclSuccess ||
+            ncclext::waitStream(ctx.stream, 60, "one-shot reshard") != ncclSuccess) {
+          fprintf(stderr, "rank %d case %d: ncclM2nReshard: %s / %s\n", ctx.rank, c, ncclM2nGetLastError(),
+                  ncclext::lastError());
+          return 1;
+        }
+        errors += checkDestinations(one, ctx.rank, 1, &L, again ? "one-shot reshard, cached plan" : "one-shot reshard");
+        oneShots++;
       }
-      errors += checkDestinations(one, ctx.rank, 1, &L, "one-shot reshard");
-      oneShots++;
     }
     for (const TensorPair& tp : b.p.tensors) {
       const ShardGrid dg(tp.dst);
@@ -650,7 +654,11 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
            ncclGetErrorString(r), msg.c_str());
     if (plan) ncclM2nPlanDestroy(plan);
   }
-  ncclM2nCommRelease(ctx.comm);  // before the harness destroys the communicator
+  // Before the harness destroys the communicator: frees the reshards' cached plans too.
+  if (ncclM2nCommRelease(ctx.comm) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclM2nCommRelease: %s\n", ctx.rank, ncclM2nGetLastError());
+    errors++;
+  }
   const double createMs[2] = {creates[0] ? 1e3 * createSeconds[0] / creates[0] : 0,
                               creates[1] ? 1e3 * createSeconds[1] / creates[1] : 0};
   printf("rank %d: plan creation %.1f ms a plan (%lld plans), %.1f ms with the exchange communicator retained "

@@ -115,3 +115,22 @@ def test_sync_before_plan_is_refused():
 def test_reshard_needs_a_layout_for_a_plain_tensor():
     with pytest.raises(m2n.NcclError, match="needs its Layout"):
         m2n.reshard(torch.zeros(3), m2n.Layout((3,), torch.float32, mesh=[0], placements=[m2n.REPLICATE]))
+
+
+def test_reshard_plans_are_released_before_their_communicator_goes(monkeypatch):
+    # No NCCL here: a Communicator whose NCCL calls are recorded (its handle a stand-in) and m2n's C calls too.
+    from nccl._ext import comm as ext_comm
+
+    calls = []
+    monkeypatch.setattr(ext_comm, "_nccl_call", lambda name, *a: calls.append(name))
+    monkeypatch.setattr(sync, "_call", lambda name, *a: calls.append(name))
+    for end in ("close", "abort"):
+        calls.clear()
+        c = object.__new__(m2n.Communicator)
+        c._comm, c.before_close = ext_comm.ctypes.c_void_p(1), []
+        sync._release_on_close(c)
+        sync._release_on_close(c)  # once per communicator
+        getattr(c, end)()
+        getattr(c, end)()  # idempotent
+        assert calls == ["ncclM2nCommRelease"] + (["ncclCommFinalize", "ncclCommDestroy"] if end == "close"
+                                                  else ["ncclCommAbort"])

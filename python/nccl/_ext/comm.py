@@ -74,6 +74,9 @@ class Communicator:
         index = torch.cuda.current_device() if device is None else torch.device(device).index
         self.device = torch.device("cuda", index)
         self._comm = ctypes.c_void_p()
+        # Called with the handle before close() or abort() frees it (the libraries' per-communicator state, such as
+        # nccl.m2n's cached reshard plans).
+        self.before_close = []
         with torch.cuda.device(self.device):
             _nccl_call("ncclCommInitRank", ctypes.byref(self._comm), self.size, uid, self.rank)
 
@@ -88,6 +91,7 @@ class Communicator:
         """COLLECTIVE: finalises and destroys the communicator (every rank calls it). Idempotent."""
         if self._comm:
             c, self._comm = self._comm, ctypes.c_void_p()
+            self._run_before_close(c)
             _nccl_call("ncclCommFinalize", c)
             _nccl_call("ncclCommDestroy", c)
 
@@ -95,7 +99,15 @@ class Communicator:
         """Local: frees the communicator without waiting for peers (after a peer failed). Idempotent."""
         if self._comm:
             c, self._comm = self._comm, ctypes.c_void_p()
-            _nccl_call("ncclCommAbort", c)
+            try:
+                self._run_before_close(c)
+            finally:
+                _nccl_call("ncclCommAbort", c)
+
+    def _run_before_close(self, handle) -> None:
+        hooks, self.before_close = self.before_close, []
+        for hook in hooks:
+            hook(handle)
 
     def __enter__(self):
         return self

@@ -104,6 +104,7 @@ _SIGNATURES = {
     "ncclM2nPlanGetAsyncError": [_P],
     "ncclM2nCommRetain": [_P, ctypes.POINTER(_ExecConfig)],
     "ncclM2nCommRelease": [_P],
+    "ncclM2nReshard": [_P, ctypes.POINTER(_TensorSpec), _P, _P, ctypes.POINTER(_ExecConfig), _P],
     "ncclM2nRegister": [_P, _P, ctypes.c_size_t, ctypes.POINTER(_P)],
     "ncclM2nDeregister": [_P],
 }
@@ -445,6 +446,56 @@ class _Side:
         self.last = None  # (the tensors of the last call, their pointers' array): a repeat skips the checks
 
 
+def _pointers(plan_tensors, index, tensors, side: _Side):
+    """The pointer array of one side's tensors (a list in plan order or a dict by name), each checked against
+    what this rank holds of it (`side`); a repeat of the last call's tensors skips the checks."""
+    import torch
+
+    n = len(plan_tensors)
+    if isinstance(tensors, dict):
+        unknown = [k for k in tensors if k not in index]
+        if unknown:
+            raise NcclInvalidArgument("execute: %s tensor %r is not in the plan" % (side.name, unknown[0]))
+        tensors = [tensors.get(name) for name, _, _ in plan_tensors]
+    else:
+        tensors = list(tensors)
+    if len(tensors) != n:
+        raise NcclInvalidArgument("execute: %d %s tensors for a plan of %d" % (len(tensors), side.name, n))
+    tensors = [None if t is None else _local_of(t) for t in tensors]
+    last = side.last
+    if last is not None and all(a is b for a, b in zip(last[0], tensors)):
+        ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+        if ptrs == last[2]:
+            return last[1]  # the same tensors at the same addresses: checked last time
+    # The checks, cheapest forms first (~1 us a tensor: this runs for every tensor of a model on a new call).
+    ptrs = [0] * n
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        name, shape, strides = plan_tensors[i][0], side.shapes[i], side.strides[i]
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            raise NcclInvalidArgument("execute: %s tensor %r must be a CUDA tensor" % (side.name, name))
+        ptrs[i] = t.data_ptr()
+        if shape is None:
+            continue  # this rank holds no part: the pointer is not used
+        if t.shape != shape:
+            raise NcclInvalidArgument("execute: %s tensor %r has shape %s; this rank holds %s" %
+                                      (side.name, name, tuple(t.shape), tuple(shape)))
+        if strides is None and not t.is_contiguous():
+            raise NcclInvalidArgument("execute: %s tensor %r is not contiguous and its layout gives no "
+                                      "local_strides (no copy is made)" % (side.name, name))
+        if strides is not None and tuple(t.stride()) != strides:
+            raise NcclInvalidArgument("execute: %s tensor %r has strides %s; its layout says %s" %
+                                      (side.name, name, tuple(t.stride()), strides))
+        want = side.torch_dtypes[i]
+        if (t.dtype is not want) if want is not None else nccl_dtype(t.dtype) != side.dtypes[i]:
+            raise NcclInvalidArgument("execute: %s tensor %r has dtype %s; its layout has NCCL type %d" %
+                                      (side.name, name, t.dtype, side.dtypes[i]))
+    arr = (ctypes.c_void_p * max(1, n))(*ptrs)
+    side.last = (tensors, arr, ptrs)
+    return arr
+
+
 class Plan(Closing):
     """An execution plan (ncclM2nPlanCreate; COLLECTIVE over `group`, a torch ProcessGroup, None for the default,
     or a Communicator, which many plans may share): `tensors` is a list of (name, source Layout, destination
@@ -478,51 +529,7 @@ class Plan(Closing):
         self._sides = (_Side(self.tensors, 1, self.comm.rank), _Side(self.tensors, 2, self.comm.rank, fp8_block_rows))
 
     def _pointers(self, tensors, side: _Side):
-        import torch
-
-        n = len(self.tensors)
-        if isinstance(tensors, dict):
-            unknown = [k for k in tensors if k not in self._index]
-            if unknown:
-                raise NcclInvalidArgument("execute: %s tensor %r is not in the plan" % (side.name, unknown[0]))
-            tensors = [tensors.get(name) for name, _, _ in self.tensors]
-        else:
-            tensors = list(tensors)
-        if len(tensors) != n:
-            raise NcclInvalidArgument("execute: %d %s tensors for a plan of %d" % (len(tensors), side.name, n))
-        tensors = [None if t is None else _local_of(t) for t in tensors]
-        last = side.last
-        if last is not None and all(a is b for a, b in zip(last[0], tensors)):
-            ptrs = [0 if t is None else t.data_ptr() for t in tensors]
-            if ptrs == last[2]:
-                return last[1]  # the same tensors at the same addresses: checked last time
-        # The checks, cheapest forms first (~1 us a tensor: this runs for every tensor of a model on a new call).
-        ptrs = [0] * n
-        for i, t in enumerate(tensors):
-            if t is None:
-                continue
-            name, shape, strides = self.tensors[i][0], side.shapes[i], side.strides[i]
-            if not isinstance(t, torch.Tensor) or not t.is_cuda:
-                raise NcclInvalidArgument("execute: %s tensor %r must be a CUDA tensor" % (side.name, name))
-            ptrs[i] = t.data_ptr()
-            if shape is None:
-                continue  # this rank holds no part: the pointer is not used
-            if t.shape != shape:
-                raise NcclInvalidArgument("execute: %s tensor %r has shape %s; this rank holds %s" %
-                                          (side.name, name, tuple(t.shape), tuple(shape)))
-            if strides is None and not t.is_contiguous():
-                raise NcclInvalidArgument("execute: %s tensor %r is not contiguous and its layout gives no "
-                                          "local_strides (no copy is made)" % (side.name, name))
-            if strides is not None and tuple(t.stride()) != strides:
-                raise NcclInvalidArgument("execute: %s tensor %r has strides %s; its layout says %s" %
-                                          (side.name, name, tuple(t.stride()), strides))
-            want = side.torch_dtypes[i]
-            if (t.dtype is not want) if want is not None else nccl_dtype(t.dtype) != side.dtypes[i]:
-                raise NcclInvalidArgument("execute: %s tensor %r has dtype %s; its layout has NCCL type %d" %
-                                          (side.name, name, t.dtype, side.dtypes[i]))
-        arr = (ctypes.c_void_p * max(1, n))(*ptrs)
-        side.last = (tensors, arr, ptrs)
-        return arr
+        return _pointers(self.tensors, self._index, tensors, side)
 
     def execute(self, src, dst, stream=None) -> None:
         """COLLECTIVE, stream-ordered (the current stream): src / dst are lists (plan order) or dicts (by name) of
@@ -565,7 +572,8 @@ def retain(comm: Communicator, timeout_s: float = 0) -> None:
 
 
 def release(comm: Communicator) -> None:
-    """Local: undoes retain() (the exchange communicator goes with the last plan on it)."""
+    """Local: undoes retain() (the exchange communicator goes with the last plan on it) and frees the plans that
+    reshard() cached on `comm`, once their executes finished (Communicator.close() calls it)."""
     _call("ncclM2nCommRelease", comm.handle)
 
 

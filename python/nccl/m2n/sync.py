@@ -6,12 +6,14 @@ from. DTensor meshes hold global ranks; both helpers translate them to the group
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 
 from .._ext.closing import Closing
 from .._ext.objects import all_gather_bytes
 from .._ext.tensor import NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT8E4M3
-from . import Communicator, Layout, NcclInvalidArgument, Plan, release, retain
+from . import (_MAGIC, Communicator, Layout, NcclInvalidArgument, Plan, _call, _ExecConfig, _pointers, _seconds, _Side,
+               _specs, release, retain)
 
 # reshard's communicators: torch group (the default group's object for None) -> Communicator, retained.
 _COMMUNICATORS: dict = {}
@@ -72,9 +74,11 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None,
     `src` is a DTensor (its layout is read from it) or this rank's local tensor / None with `src_layout`. `dst` is a
     Layout, or (DeviceMesh, placements): then a rank of that mesh gets a DTensor, of `dtype` (default the
     source's; fp32 <-> bf16 is converted on the way). `out` is an optional destination tensor (else one is
-    allocated). Every rank passes the same layouts. Each call plans once: a reshard repeated with the same layouts
-    belongs in a Plan. On a torch group, the first call makes a communicator that later calls on the group reuse
-    (release_communicators() closes it); on a Communicator, retain() it to spare each call a communicator split."""
+    allocated). Every rank passes the same layouts, in the same order of calls. Asynchronous on the current stream
+    (ncclM2nReshard): the first call with a pair of layouts plans it (collective, on the host), later ones find the
+    plan cached (the 8 most recent pairs per communicator) and only enqueue. On a torch group, the first call makes a
+    communicator that later calls on the group reuse (release_communicators() closes it and frees the plans); on a
+    Communicator, its plans go with release(comm) or comm.close()."""
     import torch
 
     comm_group = group.group if isinstance(group, Communicator) else group
@@ -87,11 +91,18 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None,
     if not isinstance(dst, Layout):
         raise NcclInvalidArgument("reshard: dst must be a Layout or (DeviceMesh, placements)")
     comm = group if isinstance(group, Communicator) else _communicator_for(group)
-    with Plan([("reshard", s_lay, dst)], comm, timeout_s=timeout_s) as plan:
-        box = dst.local_box(plan.comm.rank)
-        if box is not None and out is None:
-            out = torch.empty(box[1], dtype=_torch_dtype(dst.dtype), device=plan.comm.device)
-        plan.execute([src], [out if box is not None else None])
+    tensors = [("reshard", s_lay, dst)]
+    specs, _names = _specs(tensors)
+    box = dst.local_box(comm.rank)
+    if box is not None and out is None:
+        out = torch.empty(box[1], dtype=_torch_dtype(dst.dtype), device=comm.device)
+    index = {"reshard": 0}
+    s = _pointers(tensors, index, [src], _Side(tensors, 1, comm.rank))
+    d = _pointers(tensors, index, [out if box is not None else None], _Side(tensors, 2, comm.rank))
+    cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, 0, _seconds(timeout_s, "reshard"))
+    _release_on_close(comm)
+    _call("ncclM2nReshard", comm.handle, specs, s[0], d[0], ctypes.byref(cfg),
+          ctypes.c_void_p(torch.cuda.current_stream(comm.device).cuda_stream))
     if box is None:
         return None
     if mesh is not None:
@@ -100,6 +111,13 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None,
         return DTensor.from_local(out, mesh, placements, run_check=False, shape=torch.Size(s_lay.global_shape),
                                   stride=torch.empty(s_lay.global_shape, device="meta").stride())
     return out
+
+
+def _release_on_close(comm: Communicator) -> None:
+    """The reshard plans cached on `comm` are freed (ncclM2nCommRelease) before it is closed or aborted."""
+    if not getattr(comm, "_m2n_release_hooked", False):
+        comm.before_close.append(lambda handle: _call("ncclM2nCommRelease", handle))
+        comm._m2n_release_hooked = True
 
 
 def _torch_dtype(code: int):
