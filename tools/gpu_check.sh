@@ -50,6 +50,7 @@ RUNS=(
   "ep_ht_hier_domains|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_LSA_DOMAIN_SIZE=2 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|4|"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 10 --die-at 3 --timeout-s 3 --slot-elems 65536 --nranks NRANKS --json JSON|2|nodes virtual"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --nranks NRANKS --json JSON|2|nodes virtual"
+  "ep_ll_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --algo ll --nranks NRANKS --json JSON|2|nodes virtual"
   # The Low-Latency benchmark (a run: rows with the empty-kernel floor of the same run; docs/PERFORMANCE.md). As
   # one-GPU nodes, across domains: beside NCCL send/recv of the rail exchange's bytes in the same run.
   "ep_ll_bench|$BUILDDIR/bin/ep_bench --mode ll --nranks NRANKS --json JSON|1|nodes virtual"

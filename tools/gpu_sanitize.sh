@@ -88,6 +88,7 @@ TESTS=(
   # The hierarchical High-Throughput exchange (one rail row per (token, destination domain), relayed there).
   "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $HT|mixed"
   "ep_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --iters 8 --die-at 3 --timeout-s 20 --nranks NRANKS --json JSON|nodes virtual"
+  "ep_ll_dead_peer|$BUILDDIR/bin/ep_dead_peer_test --algo ll --iters 8 --die-at 3 --timeout-s 20 --nranks NRANKS --json JSON|nodes virtual"
   "m2n_exec|$BUILDDIR/bin/m2n_exec_test --cases 8 --nranks NRANKS --json JSON|real nodes virtual"
   "m2n_dead_peer|$BUILDDIR/bin/m2n_exec_test --dead-peer --timeout-s 10 --nranks NRANKS --json JSON|nodes virtual"
   "python_ep|$PYRUN -k not(compile) tests/python/test_ep_gpu.py tests/python/test_ep_ht_ranks.py tests/python/test_ep_ll_ranks.py --json JSON|real nodes virtual"

@@ -10,8 +10,10 @@
 // As one-GPU nodes (every rank a domain of its own) the victim's process dies too, and the survivors notice it in the
 // rail exchange (NCCL's error, or the watchdog aborting the rail communicator past the budget).
 //
-// Usage: ep_dead_peer_test [--nranks N] [--one-gpu off|nodes|virtual] [--iters I] [--die-at K] [--victim R]
-//                          [--timeout-s S] [--json FILE]                     Exit: 0 pass, 1 fail, 77 no GPU.
+// --algo ll runs the loop in the Low-Latency mode (RANK_MAJOR), else High-Throughput (FLAT).
+//
+// Usage: ep_dead_peer_test [--nranks N] [--one-gpu off|nodes|virtual] [--algo ht|ll] [--iters I] [--die-at K]
+//                          [--victim R] [--timeout-s S] [--json FILE]        Exit: 0 pass, 1 fail, 77 no GPU.
 #include <signal.h>
 #include <unistd.h>
 
@@ -39,7 +41,8 @@ struct Options {
   int nRanks = 2, iters = 50, dieAt = 5, victim = -1;
   double timeoutSeconds = 3;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
-  std::string json;
+  std::string algo = "ht", json;
+  bool lowLatency() const { return algo == "ll"; }
 };
 
 constexpr int kTokens = 256, kTopk = 8, kHidden = 1024, kExpertsPerRank = 8;
@@ -55,12 +58,14 @@ bool parse(int argc, char** argv, Options* o) {
   cli.option("die-at", &o->dieAt);
   cli.option("victim", &o->victim);
   cli.option("timeout-s", &o->timeoutSeconds);
+  cli.option("algo", &o->algo, "ht|ll");
   cli.option("json", &o->json);
   if (!cli.parse(argc, argv)) return false;
   if (o->victim < 0) o->victim = o->nRanks - 1;
   return cli.require(o->nRanks >= 2 && o->victim < o->nRanks && o->dieAt >= 0 && o->dieAt < o->iters &&
-                         o->timeoutSeconds > 0,
-                     "needs --nranks >= 2, --victim < nranks, 0 <= --die-at < --iters and --timeout-s > 0");
+                         o->timeoutSeconds > 0 && (o->algo == "ht" || o->algo == "ll"),
+                     "needs --nranks >= 2, --victim < nranks, 0 <= --die-at < --iters, --timeout-s > 0 and --algo ht "
+                     "or ll");
 }
 
 struct Buffers {
@@ -81,6 +86,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o, ncclEpVirtualDoma
   cfg.max_topk = kTopk;
   cfg.num_sms = 16;
   cfg.timeout_ns = (uint64_t)(o.timeoutSeconds * 1e9);
+  if (o.lowLatency()) cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
   ncclext::harness::setEpTesting(virt, ctx.rank, nullptr);
   ncclEpGroup_t group = nullptr;
   if (ncclext::harness::createEpGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
@@ -101,7 +107,8 @@ int body(ncclext::harness::RankContext& ctx, const Options& o, ncclEpVirtualDoma
                cudaMallocAsync(&b.out, (size_t)kTokens * kHidden * 2, ctx.stream) == cudaSuccess &&
                cudaStreamSynchronize(ctx.stream) == cudaSuccess;
   ncclEpTensor_t ti = epTensor(b.topk, ncclInt32, {kTokens, kTopk});
-  setup = setup && ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream) == ncclSuccess &&
+  const ncclEpLayout_t layout = o.lowLatency() ? NCCL_EP_LAYOUT_RANK_MAJOR : NCCL_EP_LAYOUT_FLAT;
+  setup = setup && ncclEpCreateHandle(&h, group, layout, &ti, nullptr, nullptr, ctx.stream) == ncclSuccess &&
           ncclEpHandleGetMaxRecvRows(h, &rows) == ncclSuccess &&
           cudaMallocAsync(&b.y, (size_t)rows * kHidden * 2, ctx.stream) == cudaSuccess;
   if (!setup) {
@@ -168,10 +175,10 @@ int body(ncclext::harness::RankContext& ctx, const Options& o, ncclEpVirtualDoma
   if (ctx.rank == 0) {
     char line[320];
     snprintf(line, sizeof(line),
-             "{\"test\": \"ep_dead_peer\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"victim\": %d, "
-             "\"die_at\": %d, \"noticed_s\": %.3f, \"teardown_s\": %.3f, \"budget_s\": %.3f}",
-             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", o.victim, o.dieAt, noticed,
-             teardown, o.timeoutSeconds);
+             "{\"test\": \"ep_dead_peer\", \"algo\": \"%s\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, "
+             "\"victim\": %d, \"die_at\": %d, \"noticed_s\": %.3f, \"teardown_s\": %.3f, \"budget_s\": %.3f}",
+             o.algo.c_str(), ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), ok ? "true" : "false", o.victim,
+             o.dieAt, noticed, teardown, o.timeoutSeconds);
     ncclext::harness::writeJsonLine(o.json, line);
   }
   return ok ? 0 : 1;
