@@ -24,16 +24,19 @@ struct Side {
     for (int r = 0; r < n; r++) ranks.push_back(r);
     point();
   }
-  Side(const Side& o)
-      : shape{o.shape[0], o.shape[1]},
-        dims{o.dims[0]},
-        ranks(o.ranks),
-        placements{o.placements[0]},
-        boxes(o.boxes),
-        strides(o.strides),
-        mesh(o.mesh),
-        layout(o.layout) {
+  Side(const Side& o) { *this = o; }
+  Side& operator=(const Side& o) {  // the copy's pointers point into the copy
+    shape[0] = o.shape[0];
+    shape[1] = o.shape[1];
+    dims[0] = o.dims[0];
+    ranks = o.ranks;
+    placements[0] = o.placements[0];
+    boxes = o.boxes;
+    strides = o.strides;
+    mesh = o.mesh;
+    layout = o.layout;
     point();
+    return *this;
   }
   void point() {
     mesh.ndims = 1;
@@ -133,7 +136,9 @@ TEST(M2nReshardCache, KeepsTheMostRecentlyUsedAndHandsBackTheRest) {
     const std::string k = std::to_string((call * 7919) % 13);
     const bool hit0 = r0.find(k) != nullptr, hit1 = r1.find(k) != nullptr;
     ASSERT_EQ(hit0, hit1);
-    if (!hit0) ASSERT_EQ(r0.add(k, call), r1.add(k, call));
+    if (!hit0) {
+      ASSERT_EQ(r0.add(k, call), r1.add(k, call));
+    }
   }
 }
 
