@@ -3,6 +3,7 @@ message, on torch's fake process group (4 ranks in one process, no communication
 translation into nccl.ep calls, the shrink-mode masks included (DeepEP's 1 = masked against nccl.ep's 1 = active),
 runs against a stand-in Group that records them. Needs torch."""
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -350,6 +351,22 @@ def test_low_latency_combine_translation(ll):
     assert combined is out and hook() is None and group.calls[-1] == ("complete", handle.ep_handle)
 
 
+def test_low_latency_combine_with_logfmt_is_the_bf16_combine_warned_once(ll):
+    from nccl.ep import deepep
+
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
+    w = torch.rand(LM, LK)
+    deepep._LOGFMT_WARNED.clear()
+    with pytest.warns(UserWarning, match="use_logfmt=True.*bf16"):
+        ll.low_latency_combine(recv_x, idx, w, handle, use_logfmt=True)
+    plain = _LowLatencyGroup.made[-1].calls[-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        ll.low_latency_combine(recv_x, idx, w, handle, use_logfmt=True)
+    ll.low_latency_combine(recv_x, idx, w, handle)
+    assert _LowLatencyGroup.made[-1].calls[-1][1:] == plain[1:]  # the same call as without LogFMT
+
+
 def test_low_latency_group_is_made_anew_when_the_sizes_change(ll):
     first = _call(ll)[2][2]
     _call(ll)
@@ -406,7 +423,6 @@ def test_low_latency_dispatch_not_implemented(ll, kwargs, what):
 
 
 @pytest.mark.parametrize("kwargs,what", [
-    ({"use_logfmt": True}, "low_latency_combine(use_logfmt=True)"),
     ({"combine_wait_recv_cost_stats": torch.zeros(R, R, dtype=torch.int64)},
      "low_latency_combine(combine_wait_recv_cost_stats=...)"),
 ])

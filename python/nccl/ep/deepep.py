@@ -7,8 +7,8 @@ Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` 
 `combine`; with `low_latency_mode=True` the Low-Latency calls, receive hooks and `zero_copy` combine; with
 `enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`; DeepEP
 V2's `ElasticBuffer`, `EPHandle` and `EventHandle` come from nccl.ep.deepep_elastic (`from nccl.ep.deepep import
-ElasticBuffer`). What it does not implement raises NotImplementedError naming the argument or method: LogFMT, the
-wait-time statistics, mpi4py communicators, `get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the
+ElasticBuffer`). `low_latency_combine(use_logfmt=True)` moves bf16 rows (exact, no smaller messages; warned once).
+What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics, mpi4py communicators, `get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the
 entries of the High-Throughput handle (DeepEP's internode handle). docs/COMPATIBILITY.md lists every method and how
 it differs.
 
@@ -33,6 +33,7 @@ How it differs inside (none of it changes results):
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,17 @@ def __getattr__(name):
 
         return getattr(deepep_elastic, name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+_LOGFMT_WARNED = []
+
+
+def _warn_logfmt_once() -> None:
+    if not _LOGFMT_WARNED:
+        _LOGFMT_WARNED.append(True)
+        warnings.warn("nccl.ep.deepep: low_latency_combine(use_logfmt=True) moves the rows in bf16 (exact; LogFMT's "
+                      "10-bit encoding is not implemented by nccl.ep yet, so the messages are not smaller)",
+                      stacklevel=3)
 
 
 def _unsupported(what: str) -> NotImplementedError:
@@ -598,10 +610,12 @@ class Buffer:
         Each (token, expert) row returns to its owner, which sums them weighted by topk_weights [T, K] fp32 in
         top-k column order (fp32). topk_idx [T, K] must be the dispatch's routing: nccl.ep bound it at dispatch and
         checks only its shape here. out: an optional [T, H] bf16 output. event / hook as low_latency_dispatch's (not
-        both). zero_copy=True: the rows are in get_next_low_latency_combine_buffer(handle) (x is not read). Not
-        implemented: use_logfmt=True, combine_wait_recv_cost_stats."""
+        both). zero_copy=True: the rows are in get_next_low_latency_combine_buffer(handle) (x is not read).
+        use_logfmt=True is accepted and the rows travel in bf16, unencoded: the result is the exact bf16 combine
+        (at least as accurate as DeepEP's LogFMT, which its tests hold to the bf16 tolerance), without LogFMT's
+        smaller messages (a warning says so once). Not implemented: combine_wait_recv_cost_stats."""
         if use_logfmt:
-            raise _unsupported("low_latency_combine(use_logfmt=True) (LogFMT-encoded rows)")
+            _warn_logfmt_once()
         if combine_wait_recv_cost_stats is not None:
             raise _unsupported("low_latency_combine(combine_wait_recv_cost_stats=...) (per-rank wait times)")
         self._need_low_latency("low_latency_combine")
