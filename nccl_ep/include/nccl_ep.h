@@ -200,8 +200,12 @@ typedef struct {
   int num_sms;                 /* NCCL_EP_AUTO: the group's */
   int round_scale;             /* LL fp8 quantisation (bf16 in, fp8 e4m3 out): 1 = scales rounded up to powers of 2 */
   int send_only;               /* LL: 1 = issue the sends and return; ncclEpComplete receives (see there) */
+  /* Appended after the first layout (NCCL_EP_DISPATCH_CONFIG_V1_SIZE ends before it). */
+  int global_expert_ids;       /* 1: outputs.topk_idx (HT FLAT, LL RANK_MAJOR) holds global expert ids (this rank's
+                                  first expert + the local id), -1 elsewhere; 0: local ids */
 } ncclEpDispatchConfig_t;
-#define NCCL_EP_DISPATCH_CONFIG_INIT {sizeof(ncclEpDispatchConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO, 0, 0}
+#define NCCL_EP_DISPATCH_CONFIG_INIT {sizeof(ncclEpDispatchConfig_t), NCCL_EP_MAGIC, NCCL_EP_AUTO, 0, 0, 0}
+#define NCCL_EP_DISPATCH_CONFIG_V1_SIZE offsetof(ncclEpDispatchConfig_t, global_expert_ids)
 
 typedef struct {
   unsigned int size;

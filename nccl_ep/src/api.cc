@@ -293,6 +293,7 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   c.nScales = nScales;
   c.quantize = fp8Out && !fp8In;
   c.roundScale = config && config->round_scale;
+  c.idBase = config && config->global_expert_ids ? g->view.rank * g->view.localExperts : 0;
   return ncclep::llDispatch(handle, c, callSms(g, config ? config->num_sms : 0), config && config->send_only,
                             stream);
 }
@@ -692,7 +693,14 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_CHECK(g->asyncError("ncclEpDispatch"));
     CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
     CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
-    if (config) CHECK_HEADER(config, ncclEpDispatchConfig_t, NCCL_EP_DISPATCH_CONFIG_INIT);
+    ncclEpDispatchConfig_t given;  // the caller's layout, any known one, with what it lacks zero
+    if (config) {
+      NCCLEXT_CHECK(readVersioned(config, {NCCL_EP_DISPATCH_CONFIG_V1_SIZE, sizeof(ncclEpDispatchConfig_t)}, "config",
+                                  "NCCL_EP_DISPATCH_CONFIG_INIT", &given));
+      config = &given;
+      NCCLEXT_ARG(config->global_expert_ids == 0 || config->global_expert_ids == 1,
+                  "config.global_expert_ids %d: 0 (local ids) or 1", config->global_expert_ids);
+    }
     if (g->view.lowLatency) return dispatchLowLatency(handle, inputs, outputs, layout_info, config, stream);
     NCCLEXT_CHECK(checkLayoutInfo(layout_info, g));  // accepted for API compatibility; HT reports at handle time
     NCCLEXT_ARG(!config || !config->round_scale, "config.round_scale is for Low-Latency fp8 quantisation");
@@ -757,6 +765,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     setDispatchTensors(&c, inputs, outputs);
     c.rowBytes = (int)rowBytes;
     c.nScales = nScales;
+    c.idBase = config && config->global_expert_ids ? g->view.rank * g->view.localExperts : 0;
     // One CTA per SM of the budget: its first half a sender (rows over NVLink, the long pole), its second half a
     // receiver (the local copies: own rows and staged rows; every SM, since the peers' token counts are not known
     // here). Senders: as few as keep my chunks balanced. Alone, both halves send.

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "nccl_ep/src/group.h"
@@ -282,6 +283,15 @@ struct Fake {
   }
 };
 
+// Whether the library reads a T of `size` bytes: its size, or an earlier layout's (the *_V<n>_SIZE sizes).
+template <typename T>
+bool knownSize(size_t size) {
+  if (size == sizeof(T)) return true;
+  if constexpr (std::is_same_v<T, ncclEpGroupConfig_t>) return size == NCCL_EP_GROUP_CONFIG_V1_SIZE;
+  if constexpr (std::is_same_v<T, ncclEpDispatchConfig_t>) return size == NCCL_EP_DISPATCH_CONFIG_V1_SIZE;
+  return false;
+}
+
 // Header fields: valid, or one of the mismatches a caller could build (a struct of another version, no init).
 template <typename T>
 void makeHeader(Rng& rng, T* p, bool mayBreak, Breaks* b) {
@@ -290,7 +300,7 @@ void makeHeader(Rng& rng, T* p, bool mayBreak, Breaks* b) {
   if (!mayBreak || !rng.chance(1, 12)) return;
   if (rng.chance(1, 2)) {
     const unsigned bad[] = {0, 4, 8, (unsigned)sizeof(T) - 4, (unsigned)sizeof(T) + 8, UINT_MAX};
-    while (p->size == sizeof(T)) p->size = rng.pick(bad);
+    while (knownSize<T>(p->size)) p->size = rng.pick(bad);
   } else {
     p->magic = rng.chance(1, 2) ? 0 : NCCL_EP_MAGIC ^ (1u << rng.below(32));
   }

@@ -123,13 +123,14 @@ def test_low_latency_sizing_reaches_the_c_checks():
 
 def test_round_scale_follows_num_sms_in_the_dispatch_config_only():
     # The split mirrors (their offsets against the C compiler's are test_struct_layout's): round_scale sits after
-    # num_sms in the dispatch config only, send_only last in both.
-    cfg = ep._DispatchConfig.new(num_sms=3, round_scale=1, send_only=1)
-    raw = (ctypes.c_int * 5).from_buffer_copy(cfg)
-    assert list(raw) == [ctypes.sizeof(ep._DispatchConfig), ep._MAGIC, 3, 1, 1]
+    # num_sms in the dispatch config only, send_only last in the combine config and before the dispatch config's
+    # appended global_expert_ids.
+    cfg = ep._DispatchConfig.new(num_sms=3, round_scale=1, send_only=1, global_expert_ids=1)
+    raw = (ctypes.c_int * 6).from_buffer_copy(cfg)
+    assert list(raw) == [ctypes.sizeof(ep._DispatchConfig), ep._MAGIC, 3, 1, 1, 1]
     craw = (ctypes.c_int * 4).from_buffer_copy(ep._CombineConfig.new(num_sms=2, send_only=1))
     assert list(craw) == [ctypes.sizeof(ep._CombineConfig), ep._MAGIC, 2, 1]
-    assert ctypes.sizeof(ep._CombineConfig) == 16 and ctypes.sizeof(ep._DispatchConfig) == 20
+    assert ctypes.sizeof(ep._CombineConfig) == 16 and ctypes.sizeof(ep._DispatchConfig) == 24
 
 
 def test_bad_header_is_refused():

@@ -92,6 +92,23 @@ def _check_flat(g, me, R, sizing):
     recv.handle.close()
 
 
+def test_flat_topk_idx_in_global_expert_ids(ht):
+    # global_expert_ids=True: each source's rows carry the routing's own ids where the expert is here, -1 elsewhere.
+    g, me, R = ht
+    idx, x, w = _inputs(me, R)
+    recv = g.dispatch(x.cuda(), idx.cuda(), w.float().cuda(), layout="flat", sizing="exact", global_expert_ids=True)
+    torch.cuda.synchronize()
+    want = []
+    for s in range(R):
+        idx_s, _, _ = _inputs(s, R)
+        hit = _mine(idx_s, me)
+        want.append(torch.where(hit, idx_s, torch.full_like(idx_s, -1))[hit.any(dim=1)])
+    want = torch.cat(want)
+    assert recv.tokens.shape[0] == want.shape[0]
+    assert torch.equal(recv.topk_idx.long().cpu(), want)
+    recv.handle.close()
+
+
 def test_expert_major_zones_and_weighted_combine(ht):
     g, me, R = ht
     idx, x, w = _inputs(me, R)

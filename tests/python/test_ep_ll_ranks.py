@@ -46,6 +46,24 @@ def _dispatched(g, me, R, layout):
     return idx, x, w, w_owner, h, recv
 
 
+def test_rank_major_topk_idx_in_global_expert_ids(ll):
+    # global_expert_ids=True: source s's rows s * M + j carry the routing's own ids where the expert is here, -1
+    # elsewhere.
+    g, me, R = ll
+    T, idx, x, w, _ = _inputs(me, R)
+    h = g.create_handle(idx.cuda(), layout="rank_major")
+    recv = g.dispatch(x.cuda(), topk_weights=w.cuda(), handle=h, global_expert_ids=True)
+    torch.cuda.synchronize()
+    for s in range(R):
+        _, idx_s, _, _, _ = _inputs(s, R)
+        hit = _mine(idx_s, me)
+        sent = hit.any(dim=1)
+        n = int(sent.sum())
+        want = torch.where(hit, idx_s, torch.full_like(idx_s, -1))[sent]
+        assert torch.equal(recv.topk_idx[s * M:s * M + n].long().cpu(), want), s
+    h.close()
+
+
 def test_rank_major_rows_from_every_source_and_combine_by_rank(ll):
     g, me, R = ll
     idx, x, w, _, h, recv = _dispatched(g, me, R, "rank_major")

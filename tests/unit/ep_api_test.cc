@@ -833,6 +833,34 @@ TEST(EpApi, OlderConfigLayoutsAreAccepted) {
   EXPECT_EQ(a.rail_hierarchical, 0);
 }
 
+// A dispatch config of the first layout (no global_expert_ids) is read as such: what lies past it is not read (the
+// appended field is 0), so the call goes on to its next check; a field out of range and an unknown size are refused.
+TEST(EpApi, OlderDispatchConfigLayoutsAreAccepted) {
+  Fake f;
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclBfloat16, {99, 7168});  // not the handle's 100 tokens: the check after the config's
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
+  struct {
+    ncclEpDispatchConfig_t cfg;
+    char pad[64];
+  } old;
+  std::memset(&old, 0x5a, sizeof(old));
+  const ncclEpDispatchConfig_t now = NCCL_EP_DISPATCH_CONFIG_INIT;
+  std::memcpy(&old.cfg, &now, NCCL_EP_DISPATCH_CONFIG_V1_SIZE);
+  old.cfg.size = NCCL_EP_DISPATCH_CONFIG_V1_SIZE;
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, &old.cfg, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.tokens: sizes[0] = 99")) << ncclEpGetLastError();
+  ncclEpDispatchConfig_t c = now;
+  c.global_expert_ids = 2;
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, &c, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("config.global_expert_ids 2")) << ncclEpGetLastError();
+  c = now;
+  c.size = NCCL_EP_DISPATCH_CONFIG_V1_SIZE + 8;
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, &c, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("are not a layout of this library")) << ncclEpGetLastError();
+}
+
 // The hierarchical exchange's rail row (ht_hier_fixed_bytes): rows of 512 bytes, domains of 2, top-2, 4 scales (512
 // / 128, as layoutGroup sets them): the row, seq + counts (16), the position (4), 2 slots, experts + weights +
 // indices (24), scales (16) = 580, padded to 592; with 6 slots 596, padded to 608. A call's dispatch is M of them

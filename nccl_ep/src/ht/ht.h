@@ -31,6 +31,7 @@ struct DispatchCall {
   int* outIdx;
   float* outScales;
   int rowBytes, nScales;
+  int idBase;  // added to every expert id written to outIdx (global ids: my first expert; else 0)
   int nSenders, nReceivers;
   int phase;  // HtPhase
   // HT's flat exchange in rounds (RailView::direct): roundSlots > 0 makes a send half write, towards another

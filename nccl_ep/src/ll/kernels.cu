@@ -401,7 +401,7 @@ __device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDis
     const bool first = sl == 0;
     if (rankMajor) {
       copySlice(c, lane, rowIndex, row, scales, cols);
-      if (first && has && c.outIdx) c.outIdx[rowIndex * K + lane] = id;
+      if (first && has && c.outIdx) c.outIdx[rowIndex * K + lane] = id >= 0 ? id + c.idBase : -1;
       if (first && has && c.outWeights) c.outWeights[rowIndex * K + lane] = id >= 0 ? wt : 0.f;
       if (first && lane == 0 && c.outSrcInfo) c.outSrcInfo[rowIndex] = token;
     } else {

@@ -29,7 +29,7 @@ struct LlDispatchCall {
   const float* scales;   // [T][nScales], e4m3 input only
   char* outTokens;       // [N][H] of the output dtype
   float* outWeights;     // RANK_MAJOR [N][K], EXPERT_MAJOR [N]; or NULL
-  int* outIdx;           // RANK_MAJOR [N][K] local expert ids; or NULL
+  int* outIdx;           // RANK_MAJOR [N][K] expert ids (local + idBase; -1 elsewhere); or NULL
   float* outScales;      // [N][nScales] with an e4m3 output
   int* outSrcInfo;       // [N] or NULL
   LayoutInfoOut info;    // any may be NULL
@@ -39,6 +39,7 @@ struct LlDispatchCall {
   int nScales;           // H / 128 with an e4m3 output, else 0
   int quantize;          // bf16 in, e4m3 out: the sender quantises
   int roundScale;        // powers of two
+  int idBase;            // added to every expert id written to outIdx (global ids: my first expert; else 0)
   int phases;            // LlPhase bits: kLlSend, kLlReceive or both
 };
 

@@ -99,7 +99,7 @@ class _DispatchOutputs(_Header):
 
 class _DispatchConfig(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("num_sms", ctypes.c_int),
-                ("round_scale", ctypes.c_int), ("send_only", ctypes.c_int)]
+                ("round_scale", ctypes.c_int), ("send_only", ctypes.c_int), ("global_expert_ids", ctypes.c_int)]
 
 
 class _CombineInputs(_Header):
@@ -499,12 +499,13 @@ class Group(Closing):
     def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
                  layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
                  send_only: bool = False, num_sms: int = 0, out: "DispatchResult | None" = None,
-                 stream=None) -> "DispatchResult":
+                 global_expert_ids: bool = False, stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it, of
         `layout`: "flat" for High-Throughput groups and "expert_major" for Low-Latency ones by default) or a handle
         made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine without owner
-        weights needs them).
+        weights needs them). The FLAT and RANK_MAJOR outputs' topk_idx hold this rank's local expert ids (-1 where
+        the expert is elsewhere), or with `global_expert_ids=True` the global ones (rank * local_experts + local).
 
         Low-Latency groups: x is bf16, or fp8 e4m3 with `scales` (forwarded as they are). `out_dtype=
         torch.float8_e4m3fn` with bf16 x quantises on the sender: tokens arrive as e4m3 with `scales` [N, H/128]
@@ -532,14 +533,15 @@ class Group(Closing):
             handle.update(topk_idx, stream)
         try:
             key = (x.dtype, x.shape, x.get_device(), None if topk_weights is None else _meta(topk_weights),
-                   None if scales is None else _meta(scales), out_dtype, bool(round_scale), bool(send_only), num_sms)
+                   None if scales is None else _meta(scales), out_dtype, bool(round_scale), bool(send_only), num_sms,
+                   bool(global_expert_ids))
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (x.is_contiguous() and (topk_weights is None or topk_weights.is_contiguous())
                                 and (scales is None or scales.is_contiguous())):
             prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale,
-                                          send_only)
+                                          send_only, global_expert_ids)
         if out is not None and (key is None or out.handle is not handle or getattr(out, "_key", None) != key):
             raise NcclInvalidArgument("dispatch: out must be the result of an earlier dispatch of this signature "
                                       "(shapes, dtypes, options) on this handle")
@@ -566,7 +568,7 @@ class Group(Closing):
         return out
 
     def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms, out_dtype=None,
-                          round_scale=False, send_only=False) -> _Prepared:
+                          round_scale=False, send_only=False, global_expert_ids=False) -> _Prepared:
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
@@ -644,7 +646,8 @@ class Group(Closing):
             parts = _count_parts(local, ranks)
             info = _LayoutInfo.new(**{field: descriptor((n,), torch.int32) for _, field, _, n in parts})
             counts = (2 * local + ranks + 1, [(getattr(info, field), offset) for _, field, offset, _ in parts], parts)
-        cfg = _DispatchConfig.new(num_sms=num_sms, round_scale=1 if round_scale else 0, send_only=1 if send_only else 0)
+        cfg = _DispatchConfig.new(num_sms=num_sms, round_scale=1 if round_scale else 0, send_only=1 if send_only else 0,
+                                  global_expert_ids=1 if global_expert_ids else 0)
         prep = _Prepared("ncclEpDispatch", inputs, outputs, cfg, given, made, x.device, tuple(names), info, counts)
         handle._prepared[key] = prep
         return prep
