@@ -121,8 +121,10 @@ if [ -f "$BUILDDIR/lib/libnccl_ep_jax.so" ] &&
     RUNS+=("python_ep_jax|$PYRUN -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_ep_jax_gpu.py --json JSON|1|nodes")
   fi
   RUNS+=("jax_moe_example|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 examples/jax_moe.py --nproc NRANKS --json JSON|1|nodes")
+  # The JAX pair's overhead against the C API's and torch's, 1 rank (a benchmark: the C and torch pairs in a child).
+  RUNS+=("ep_jax_overhead|env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python python3 bench/ep_jax_overhead.py --json JSON|1|")
 else
-  echo "gpu-check: no $BUILDDIR/lib/libnccl_ep_jax.so (jaxlib's FFI headers were not found at configure time) or no JAX CUDA backend for python3: the JAX runs (python_ep_jax, jax_moe_example) do not run"
+  echo "gpu-check: no $BUILDDIR/lib/libnccl_ep_jax.so (jaxlib's FFI headers were not found at configure time) or no JAX CUDA backend for python3: the JAX runs (python_ep_jax, jax_moe_example, ep_jax_overhead) do not run"
 fi
 # The same binaries started by external launchers (one process per rank, ids through NCCL_COMM_ID).
 if command -v mpirun >/dev/null 2>&1; then
