@@ -12,8 +12,8 @@ import pickle
 from .._ext.closing import Closing
 from .._ext.objects import all_gather_bytes
 from .._ext.tensor import NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT8E4M3
-from . import (_MAGIC, Communicator, Layout, NcclInvalidArgument, Plan, _call, _ExecConfig, _pointers, _seconds, _Side,
-               _specs, release, retain)
+from . import (_MAGIC, Communicator, Layout, NcclInvalidArgument, Plan, _call, _ExecConfig, _local_of, _pointers,
+               _seconds, _Side, _specs, release, retain)
 
 # reshard's communicators: torch group (the default group's object for None) -> Communicator, retained.
 _COMMUNICATORS: dict = {}
@@ -101,8 +101,11 @@ def reshard(src, dst, *, src_layout: Layout | None = None, out=None, dtype=None,
     d = _pointers(tensors, index, [out if box is not None else None], _Side(tensors, 2, comm.rank))
     cfg = _ExecConfig(ctypes.sizeof(_ExecConfig), _MAGIC, 0, _seconds(timeout_s, "reshard"))
     _release_on_close(comm)
-    _call("ncclM2nReshard", comm.handle, specs, s[0], d[0], ctypes.byref(cfg),
-          ctypes.c_void_p(torch.cuda.current_stream(comm.device).cuda_stream))
+    stream = torch.cuda.current_stream(comm.device)
+    _call("ncclM2nReshard", comm.handle, specs, s[0], d[0], ctypes.byref(cfg), ctypes.c_void_p(stream.cuda_stream))
+    for t in (src, out):  # the reshard reads / writes them after this returns: their memory waits for it
+        if t is not None:
+            _local_of(t).record_stream(stream)
     if box is None:
         return None
     if mesh is not None:
