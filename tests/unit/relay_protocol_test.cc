@@ -11,12 +11,14 @@
 //   receive     acquires every source's flag (>= n) in my window, reads the slices, then (finishCall) releases my
 //               done flag n into every other window of my domain.
 // A rank's kernels run in its stream's order; LL's send-only calls keep two calls open (S X Y of n and n + 1, then the
-// two receive halves). Checked: every slice a receive half reads holds call n's data from its acquire to its done
-// flag (no stale slice, none overwritten under a reader), and no reachable state is stuck. Weaker waits (an older
-// call's done flag, the done flag before the reads, a receive half taking the previous call's flag, a relay into the
-// other bank, one bank for two open calls) must fail. Simplified: one call kind per run (dispatch and combine have
-// flags and banks of their own; on a stream they only add order), a slice is one unit with one flag (the code's rows
-// and slices each have theirs, waited for alike), and an exchange ends once every rank of its index is in it.
+// two receive halves); with rail_overlap (HT) my domain's rows go on a side stream, forked after the previous receive
+// half and joined before this call's, and the main stream's send half writes only outboxes. Checked: every slice a
+// receive half reads holds call n's data from its acquire to its done flag (no stale slice, none overwritten under a
+// reader), and no reachable state is stuck. Weaker waits (an older call's done flag, the done flag before the reads, a
+// receive half taking the previous call's flag, a relay into the other bank, one bank for two open calls) must fail.
+// Simplified: one call kind per run (dispatch and combine have flags and banks of their own; on a stream they only add
+// order), a slice is one unit with one flag (the code's rows and slices each have theirs, waited for alike), and an
+// exchange ends once every rank of its index is in it.
 //
 // The second model adds what the one GPU of the mixed test mode adds: each process (domain) pushes its ranks' kernels
 // into a few hardware queues, a queue's head leaves only once its stream's previous kernel finished, and virtual ranks
@@ -42,6 +44,9 @@ struct RelayModel {
   int domains = 2, domainSize = 2, calls = 3;
   int banks = 2;               // LL: 2 (call n in bank n & 1); HT: 1
   bool sendOnlyPairs = false;  // LL's send-only calls: two open at once
+  // rail_overlap (Rail::sideStream): my domain's rows go on a side stream, forked after the previous receive half and
+  // joined before this call's; the main stream's send half writes only my outboxes and waits for nothing.
+  bool sideStream = false;
   // The waits, as the code has them when 0 (a lag of `banks`); the mutants set them.
   int sendLag = 0, relayLag = 0;
   bool relayWaits = true, doneBeforeReads = false, acceptOlder = false, relayOtherBank = false;
@@ -90,9 +95,11 @@ struct State {
   std::vector<uint8_t> outbox;              // [rank][destination]
   std::vector<uint8_t> inbox;  // [rank][writer]: what writer wrote for this rank's domain, per local rank below
   std::vector<uint8_t> done;   // [rank][peer]: the peer's done flag in this rank's window
+  std::vector<uint8_t> side;   // [rank] side-stream send halves done (sideStream)
 
   std::string key() const {
     std::string k(pc.begin(), pc.end());
+    k.append(side.begin(), side.end());
     k.append(reading.begin(), reading.end());
     k.append(running.begin(), running.end());
     k.append(launched.begin(), launched.end());
@@ -153,8 +160,10 @@ class Checker {
     int lead = 0;
     for (int q = 0; q < R_; q++) {
       int written = 0;
-      for (int k = 0; k < s.pc[q]; k++)
-        if (prog_[k].kind == kSend || prog_[k].kind == kRelay) written = std::max(written, (int)prog_[k].call);
+      for (int k = 0; k < s.pc[q]; k++)  // with the side stream the main send half writes only outboxes
+        if ((prog_[k].kind == kSend && !m_.sideStream) || prog_[k].kind == kRelay)
+          written = std::max(written, (int)prog_[k].call);
+      written = std::max(written, (int)s.side[q]);
       for (int p = domainOf(q) * G_; p < (domainOf(q) + 1) * G_; p++) {
         int received = 0;
         for (int k = 0; k < s.pc[p]; k++)
@@ -183,6 +192,7 @@ class Checker {
     s.outbox.assign((size_t)R_ * R_, 0);
     s.inbox.assign((size_t)R_ * R_, 0);
     s.done.assign((size_t)R_ * R_, 0);
+    s.side.assign(R_, 0);
     return s;
   }
 
@@ -220,12 +230,12 @@ class Checker {
     };
     switch (k.kind) {
       case kSend:
-        if (!peersConsumed(s, r, n - (m_.sendLag ? m_.sendLag : m_.banks))) return false;
+        if (!m_.sideStream && !peersConsumed(s, r, n - (m_.sendLag ? m_.sendLag : m_.banks))) return false;
         for (int q = 0; q < R_; q++) {
-          if (domainOf(q) == d)
-            win(s, q, bankOf(n), r) = Slice{(uint8_t)n, (uint8_t)n};
-          else
+          if (domainOf(q) != d)
             s.outbox[(size_t)r * R_ + q] = (uint8_t)n;
+          else if (!m_.sideStream)
+            win(s, q, bankOf(n), r) = Slice{(uint8_t)n, (uint8_t)n};
         }
         finish(r);
         break;
@@ -261,6 +271,8 @@ class Checker {
         break;
       case kReceive:
         if (!s.reading[r]) {
+          if (m_.sideStream && s.side[r] < n)
+            return false;  // the join: the side stream's send half of this call came first
           for (int src = 0; src < R_; src++)
             if (win(s, r, bankOf(n), src).flag < n - (m_.acceptOlder ? 1 : 0)) return false;
           *why = checkReads(s, r, n, "acquired");
@@ -289,8 +301,27 @@ class Checker {
     return true;
   }
 
+  // r's side-stream send half of its next call, if the fork (its previous receive half done) and its wait allow.
+  bool sideStep(const State& from, int r, State* to) const {
+    const int n = from.side[r] + 1;
+    if (!m_.sideStream || n > m_.calls) return false;
+    int received = 0;
+    for (int k = 0; k < from.pc[r]; k++) received += prog_[k].kind == kReceive;
+    State s = from;
+    if (received < n - 1 || !peersConsumed(s, r, n - (m_.sendLag ? m_.sendLag : m_.banks))) return false;
+    for (int q = domainOf(r) * G_; q < (domainOf(r) + 1) * G_; q++)
+      win(s, q, bankOf(n), r) = Slice{(uint8_t)n, (uint8_t)n};
+    s.side[r]++;
+    *to = std::move(s);
+    return true;
+  }
+
   std::string successors(const State& s, std::vector<State>* next) const {
     bool unfinished = false;
+    for (int r = 0; r < R_; r++) {
+      State t;
+      if (sideStep(s, r, &t)) next->push_back(std::move(t));
+    }
     for (int r = 0; r < R_; r++) {
       if (s.pc[r] >= K_) continue;
       unfinished = true;
@@ -442,6 +473,20 @@ TEST(RelayProtocol, WholeCallsNeedNoDoneFlagsWithTwoBanks) {
   EXPECT_EQ(lead, 2);
   m.sendOnlyPairs = true;
   EXPECT_NE(check(m), "");
+}
+
+// rail_overlap (High-Throughput's): the main stream's send half waits for nothing (it writes only outboxes), so the
+// relay's own wait is what keeps it off the bank a peer still reads: without it some interleaving fails, with it none.
+TEST(RelayProtocol, OnTheOverlapsSideStreamTheRelaysWaitIsNeeded) {
+  RelayModel m = highThroughput(4);
+  m.sideStream = true;
+  size_t states = 0;
+  int lead = -1;
+  EXPECT_EQ(check(m, &states, &lead), "");
+  EXPECT_GT(states, 1000u);
+  EXPECT_EQ(lead, 1);
+  m.relayWaits = false;
+  EXPECT_NE(check(m).find("holding call"), std::string::npos);
 }
 
 // Back-to-back graph replays on one GPU (a replay has no launch fences): where two ranks' kernels share a process's
