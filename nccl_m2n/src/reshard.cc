@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "common/device_status.h"
-#include "common/log.h"
+#include "common/env.h"
 #include "nccl_m2n/src/executor.h"
 
 namespace ncclm2n {

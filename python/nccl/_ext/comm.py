@@ -105,7 +105,7 @@ class Communicator:
                 _nccl_call("ncclCommAbort", c)
 
     def _run_before_close(self, handle) -> None:
-        hooks, self.before_close = self.before_close, []
+        hooks, self.before_close = getattr(self, "before_close", []), []
         for hook in hooks:
             hook(handle)
 
