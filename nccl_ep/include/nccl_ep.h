@@ -173,9 +173,12 @@ typedef struct {
 typedef struct {
   unsigned int size;
   unsigned int magic;
-  ncclEpTensor_t tokens;       /* [T, H]: bf16, fp16, fp32 or fp8 e4m3 */
+  ncclEpTensor_t tokens;       /* [T, H]: bf16, fp16, fp32 or fp8 e4m3; HT also uint8 (opaque bytes, e.g. packed fp4) */
   ncclEpTensor_t topk_weights; /* [T, K] fp32; optional (EXPERT_MAJOR combine needs it) */
-  ncclEpTensor_t scales;       /* [T, H/128] fp32, fp8 tokens only: forwarded byte-exact */
+  ncclEpTensor_t scales;       /* forwarded byte-exact. fp8 tokens need them: LL [T, H/128] fp32; HT [T, S] fp32 or
+                                  int32 laid out as the caller likes (S from 1 to max_token_bytes / 128: per token,
+                                  per 128 columns, packed UE8M0, fp4 block scales four bytes a word), which uint8
+                                  tokens may carry too */
 } ncclEpDispatchInputs_t;
 #define NCCL_EP_DISPATCH_INPUTS_INIT \
   {sizeof(ncclEpDispatchInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
@@ -186,7 +189,7 @@ typedef struct {
   ncclEpTensor_t tokens;       /* [N, H], same dtype as the input; N >= the receive count */
   ncclEpTensor_t topk_weights; /* FLAT: [N, K] (0 where not local); EXPERT_MAJOR: [N] (0 on pads). Optional */
   ncclEpTensor_t topk_idx;     /* FLAT: [N, K] int32 local expert ids, -1 elsewhere. Optional; EXPERT_MAJOR: unused */
-  ncclEpTensor_t scales;       /* [N, H/128] fp32 with fp8 tokens */
+  ncclEpTensor_t scales;       /* with input scales: [N, their S], their dtype */
   ncclEpTensor_t src_info;     /* LL, optional: [N] int32: RANK_MAJOR the row's token index at its source;
                                   EXPERT_MAJOR source rank * max_tokens_per_rank + token. HT: unused */
 } ncclEpDispatchOutputs_t;

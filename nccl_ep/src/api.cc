@@ -707,8 +707,8 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
     const int T = handle->view.numTokens, K = handle->topk;
     const ncclEpTensor_t& x = inputs->tokens;
-    NCCLEXT_CHECK(
-        checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}, {T, -1}));
+    NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2,
+                              {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3, ncclUint8}, {T, -1}));
     NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
     NCCLEXT_ARG(!present(outputs->src_info),
                 "outputs.src_info is a Low-Latency output (FLAT rows are in source order)");
@@ -720,20 +720,26 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
                 "inputs.tokens: a row of %lld bytes is not a positive multiple of 16", (long long)rowBytes);
     NCCLEXT_ARG(rowBytes <= g->config.max_token_bytes, "inputs.tokens: a row of %lld bytes exceeds max_token_bytes %d",
                 (long long)rowBytes, g->config.max_token_bytes);
-    const bool fp8 = x.datatype == ncclFloat8e4m3;
+    // Quantised tokens travel with their scales as the caller lays them out: S 4-byte values a row, fp32 or int32
+    // (per 128 columns, per token, DeepEP's packed UE8M0, or an fp4 format's block scales packed four bytes to a
+    // value), copied bit for bit beside the row. fp8 rows need them; uint8 rows (opaque bytes, e.g. packed fp4) may
+    // have them.
+    const bool fp8 = x.datatype == ncclFloat8e4m3, opaque = x.datatype == ncclUint8;
     if (present(inputs->topk_weights))
       NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
     int nScales = 0;
-    if (fp8) {
-      NCCLEXT_ARG(H % 128 == 0, "fp8 tokens: hidden %lld is not a multiple of 128 (one scale per 128 columns)",
-                  (long long)H);
-      nScales = (int)(H / 128);
-      NCCLEXT_ARG(present(inputs->scales), "fp8 tokens need inputs.scales [T, hidden/128] fp32");
-      NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
-      NCCLEXT_ARG(nScales <= g->view.meta.maxScales, "%d scales per row exceed the group's %d", nScales,
-                  g->view.meta.maxScales);
+    ncclDataType_t scaleType = ncclFloat32;
+    if (present(inputs->scales)) {
+      NCCLEXT_ARG(fp8 || opaque, "inputs.scales are for fp8 or uint8 (opaque, e.g. packed fp4) tokens only");
+      NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32, ncclInt32}, {T, -1}));
+      NCCLEXT_ARG(inputs->scales.sizes[1] >= 1 && inputs->scales.sizes[1] <= g->view.meta.maxScales,
+                  "inputs.scales: %lld a row; from 1 to the group's %d (max_token_bytes / 128)",
+                  (long long)inputs->scales.sizes[1], g->view.meta.maxScales);
+      nScales = (int)inputs->scales.sizes[1];
+      scaleType = inputs->scales.datatype;
     } else {
-      NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 tokens only");
+      NCCLEXT_ARG(!fp8, "fp8 tokens need inputs.scales [T, S] fp32 or int32 (e.g. hidden/128 fp32, or hidden/512 "
+                        "int32 of packed UE8M0)");
     }
     int64_t need = 0;
     NCCLEXT_CHECK(rowsNeeded(handle, &need));
@@ -755,11 +761,12 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
       NCCLEXT_USAGE(flat, "outputs.topk_idx is for the FLAT layout (EXPERT_MAJOR rows are grouped by expert)");
       NCCLEXT_CHECK(checkTensor(outputs->topk_idx, "outputs.topk_idx", 2, {ncclInt32}, {N, K}));
     }
-    if (fp8) {
-      NCCLEXT_ARG(present(outputs->scales), "fp8 tokens need outputs.scales [N, hidden/128] fp32");
-      NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {N, nScales}));
+    if (nScales) {
+      NCCLEXT_ARG(present(outputs->scales), "inputs.scales given: outputs.scales [N, %d] of their dtype are needed",
+                  nScales);
+      NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {scaleType}, {N, nScales}));
     } else {
-      NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 tokens only");
+      NCCLEXT_ARG(!present(outputs->scales), "outputs.scales come with inputs.scales (fp8 or uint8 tokens)");
     }
     ncclep::DispatchCall c{};
     setDispatchTensors(&c, inputs, outputs);

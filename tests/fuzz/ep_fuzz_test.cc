@@ -629,21 +629,25 @@ TEST(EpFuzz, DispatchCombine) {
                              {"inputs.tokens",
                               2,
                               {dt},
-                              {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3},
+                              {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3, ncclUint8},
                               {T, H},
                               {true, false},
                               false,
                               false},
                              true, &b);
-      if (in.tokens.ndim != 2 || !oneOf(in.tokens.datatype, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3}))
+      if (in.tokens.ndim != 2 ||
+          !oneOf(in.tokens.datatype, {ncclBfloat16, ncclFloat16, ncclFloat32, ncclFloat8e4m3, ncclUint8}))
         b.hard("inputs.tokens rank or dtype");
       if (rng.chance(1, 2))
         in.topk_weights =
             makeTensor(rng, {"inputs.topk_weights", 2, {ncclFloat32}, {}, {T, K}, {true, true}, true, false}, true, &b);
-      if (fp8 ? !rng.chance(1, 20) : rng.chance(1, 20))
-        in.scales =
-            makeTensor(rng, {"inputs.scales", 2, {ncclFloat32}, {}, {T, S}, {true, true}, true, false}, true, &b);
+      if (fp8 ? !rng.chance(1, 20) : rng.chance(1, 20)) {  // S is the caller's: a size break changes T only
+        in.scales = makeTensor(
+            rng, {"inputs.scales", 2, {ncclFloat32, ncclInt32}, {}, {T, S}, {true, false}, true, false}, true, &b);
+      }
       if (fp8 != present(in.scales)) b.sure("inputs.scales with non-fp8 tokens, or none with fp8");
+      const ncclDataType_t scaleType =
+          oneOf(in.scales.datatype, {ncclFloat32, ncclInt32}) ? in.scales.datatype : ncclFloat32;
       const int64_t N = rng.chance(1, 10) ? rng.range(0, std::max<int64_t>(0, need - 1)) : need + (int64_t)rng.below(3);
       out.tokens = makeTensor(rng, {"outputs.tokens", 2, {dt}, {}, {N, H}, {false, true}, false, true}, true, &b);
       // (not over a dtype break, which it could undo)
@@ -669,7 +673,7 @@ TEST(EpFuzz, DispatchCombine) {
       }
       if (fp8 ? !rng.chance(1, 20) : rng.chance(1, 20))
         out.scales =
-            makeTensor(rng, {"outputs.scales", 2, {ncclFloat32}, {}, {Nout, S}, {true, true}, true, false}, true, &b);
+            makeTensor(rng, {"outputs.scales", 2, {scaleType}, {}, {Nout, S}, {true, true}, true, false}, true, &b);
       if (fp8 != present(out.scales)) b.sure("outputs.scales with non-fp8 tokens, or none with fp8");
       const bool withInfo = rng.chance(1, 4), withConfig = rng.chance(1, 2), nullIn = rng.chance(1, 40),
                  nullOut = rng.chance(1, 40), nullHandle = rng.chance(1, 40);

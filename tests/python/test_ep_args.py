@@ -247,6 +247,30 @@ def test_high_throughput_dispatch_is_unchanged(on_cpu):
     assert recv.expert_counts is h.expert_counts and recv.src_info is None and recv.scales is None
 
 
+@pytest.mark.parametrize("x_dtype,scales", [
+    (torch.float8_e4m3fn, torch.ones(5, 1)),                        # one scale a token
+    (torch.float8_e4m3fn, torch.zeros(5, H // 512, dtype=torch.int32)),  # DeepEP's packed UE8M0
+    (torch.uint8, torch.zeros(5, H // 32, dtype=torch.int32)),      # packed fp4 rows, e4m3 block scales four a word
+    (torch.uint8, None),
+])
+def test_high_throughput_forwards_scales_as_the_caller_lays_them_out(on_cpu, x_dtype, scales):
+    g = _shell(low_latency=False)
+    h = _FakeHandle(g, "flat")
+    h.expert_counts, h.rank_counts = torch.zeros(L, dtype=torch.int32), torch.zeros(R, dtype=torch.int32)
+    width = H // 2 if x_dtype == torch.uint8 else H
+    recv = g.dispatch(torch.zeros(5, width, dtype=x_dtype), handle=h, scales=scales, stream=_Stream())
+    (prep, args), = on_cpu
+    inputs, outputs, cfg, info = prep.structs
+    assert _dims(outputs.tokens) == ([7, width], T.NCCL_UINT8 if x_dtype == torch.uint8 else T.NCCL_FLOAT8E4M3)
+    if scales is None:
+        assert inputs.scales.ndim == 0 and outputs.scales.ndim == 0 and recv.scales is None
+    else:
+        code = T.NCCL_INT32 if scales.dtype == torch.int32 else T.NCCL_FLOAT32
+        assert _dims(inputs.scales) == ([5, scales.shape[1]], code)
+        assert _dims(outputs.scales) == ([7, scales.shape[1]], code)
+        assert recv.scales.shape == (7, scales.shape[1]) and recv.scales.dtype == scales.dtype
+
+
 @pytest.mark.parametrize("ll,kwargs,exc,text", [
     (True, {"x": torch.zeros(5, H, dtype=torch.float16)}, ep.NcclInvalidArgument,
      "Low-Latency dispatch takes bfloat16, or float8_e4m3fn with scales"),

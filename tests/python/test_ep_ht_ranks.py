@@ -109,6 +109,41 @@ def test_flat_topk_idx_in_global_expert_ids(ht):
     recv.handle.close()
 
 
+@pytest.mark.parametrize("form", ["fp8_fp32_per_token", "fp8_int32_ue8m0", "fp4_opaque_int32"])
+def test_flat_forwards_quantised_rows_and_their_scales_bit_for_bit(ht, form):
+    # Scales as the caller lays them out: one fp32 a token, one int32 word of packed exponents (H = 256: DeepEP's
+    # UE8M0 has H / 512 words, at least one), and packed fp4 rows (two values a byte, uint8) with their e4m3 block
+    # scales four to an int32 word (H / 16 bytes); random bits everywhere (NaN patterns included): each received
+    # row and its scales must be the source's, byte for byte.
+    g, me, R = ht
+
+    def payload(s, n):
+        gen = torch.Generator().manual_seed(7100 + 31 * s)
+        width = H // 2 if form.startswith("fp4") else H
+        rows = torch.randint(0, 256, (n, width), dtype=torch.uint8, generator=gen)
+        words = {"fp8_fp32_per_token": 1, "fp8_int32_ue8m0": 1, "fp4_opaque_int32": H // 16 // 4}[form]
+        scales = torch.randint(-2 ** 31, 2 ** 31 - 1, (n, words), dtype=torch.int32, generator=gen)
+        return rows, (scales.view(torch.float32) if form == "fp8_fp32_per_token" else scales)
+
+    idx, _, _ = _inputs(me, R)
+    rows, scales = payload(me, idx.shape[0])
+    x = rows.cuda() if form.startswith("fp4") else rows.cuda().view(torch.float8_e4m3fn)
+    recv = g.dispatch(x, idx.cuda(), layout="flat", sizing="exact", scales=scales.cuda())
+    torch.cuda.synchronize()
+    want_rows, want_scales = [], []
+    for s in range(R):
+        idx_s, _, _ = _inputs(s, R)
+        rows_s, scales_s = payload(s, idx_s.shape[0])
+        sent = _mine(idx_s, me).any(dim=1)
+        want_rows.append(rows_s[sent])
+        want_scales.append(scales_s[sent])
+    got_rows = recv.tokens.cpu().view(torch.uint8)
+    assert recv.scales.dtype == scales.dtype and recv.tokens.dtype == x.dtype
+    assert torch.equal(got_rows, torch.cat(want_rows))
+    assert torch.equal(recv.scales.cpu().view(torch.int32), torch.cat(want_scales).view(torch.int32))
+    recv.handle.close()
+
+
 def test_expert_major_zones_and_weighted_combine(ht):
     g, me, R = ht
     idx, x, w = _inputs(me, R)

@@ -191,12 +191,46 @@ TEST(EpApi, DispatchAndCombineRejections) {
   in.topk_weights = NCCL_EP_TENSOR_INIT;
   in.scales = epTensor(f.p, ncclFloat32, {100, 56});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
-  EXPECT_TRUE(says("scales are for fp8 tokens only"));
+  EXPECT_TRUE(says("scales are for fp8 or uint8 (opaque, e.g. packed fp4) tokens only"));
   in.scales = NCCL_EP_TENSOR_INIT;
   in.tokens = epTensor(f.p, ncclFloat8e4m3, {100, 7168});
   out.tokens = epTensor(f.p, ncclFloat8e4m3, {150, 7168});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("fp8 tokens need inputs.scales"));
+  // Scales as the caller lays them out: any S from 1 to max_token_bytes / 128 of fp32 or int32, the output's the
+  // same; uint8 rows (opaque: packed fp4) with or without. Each accepted form gets as far as the next check (the
+  // row of outputs.topk_idx given one column short).
+  const ncclEpTensor_t none = NCCL_EP_TENSOR_INIT;
+  out.topk_idx = epTensor(f.p, ncclInt32, {150, 7});
+  const std::pair<ncclDataType_t, ncclEpTensor_t> forms[] = {{ncclFloat8e4m3, epTensor(f.p, ncclFloat32, {100, 56})},
+                                                             {ncclFloat8e4m3, epTensor(f.p, ncclInt32, {100, 14})},
+                                                             {ncclFloat8e4m3, epTensor(f.p, ncclFloat32, {100, 1})},
+                                                             {ncclUint8, epTensor(f.p, ncclInt32, {100, 112})},
+                                                             {ncclUint8, none}};
+  for (const auto& [tokens, scales] : forms) {
+    const int64_t H = tokens == ncclUint8 ? 3584 : 7168;  // an fp4 row: two values a byte
+    in.tokens = epTensor(f.p, tokens, {100, H});
+    out.tokens = epTensor(f.p, tokens, {150, H});
+    in.scales = scales;
+    out.scales = scales.ndim ? epTensor(f.p, scales.datatype, {150, scales.sizes[1]}) : none;
+    EXPECT_EQ(dispatch(), ncclInvalidArgument);
+    EXPECT_TRUE(says("outputs.topk_idx: sizes[1] = 7, expected 8")) << ncclEpGetLastError();
+  }
+  out.topk_idx = none;
+  in.scales = epTensor(f.p, ncclInt32, {100, 14});
+  out.scales = epTensor(f.p, ncclFloat32, {150, 14});  // not the input's dtype
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.scales")) << ncclEpGetLastError();
+  out.scales = none;
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.scales [N, 14] of their dtype are needed")) << ncclEpGetLastError();
+  in.scales = epTensor(f.p, ncclInt32, {100, 113});  // above the group's max_token_bytes / 128 = 112
+  out.scales = epTensor(f.p, ncclInt32, {150, 113});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.scales: 113 a row; from 1 to the group's 112")) << ncclEpGetLastError();
+  in.scales = epTensor(f.p, ncclInt64, {100, 14});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  in.scales = out.scales = none;
   in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
   out.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
   f.handle.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;  // its exact count is 300 rows

@@ -501,9 +501,11 @@ class Group(Closing):
                  send_only: bool = False, num_sms: int = 0, out: "DispatchResult | None" = None,
                  global_expert_ids: bool = False, stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
-        [T, H/128] fp32) to every rank hosting one of its experts. Give topk_idx (a handle is made for it, of
-        `layout`: "flat" for High-Throughput groups and "expert_major" for Low-Latency ones by default) or a handle
-        made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine without owner
+        [T, H/128] fp32) to every rank hosting one of its experts. High-Throughput groups forward any scales as the
+        caller lays them out, bit for bit: [T, S] fp32 or int32 (per token, per block, DeepEP's packed UE8M0), with
+        fp8 x, or with uint8 x (opaque bytes: packed fp4 with its block scales); recv.scales has their dtype. Give
+        topk_idx (a handle is made for it, of `layout`: "flat" for High-Throughput groups and "expert_major" for
+        Low-Latency ones by default) or a handle made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine without owner
         weights needs them). The FLAT and RANK_MAJOR outputs' topk_idx hold this rank's local expert ids (-1 where
         the expert is elsewhere), or with `global_expert_ids=True` the global ones (rank * local_experts + local).
 
@@ -604,7 +606,8 @@ class Group(Closing):
             if round_scale:
                 raise NcclInvalidUsage("round_scale=True: for the Low-Latency mode's fp8 quantisation")
         if x.dtype == fp8 and scales is None:
-            raise NcclInvalidArgument("x is float8_e4m3fn: give its scales [T, H/128] fp32")
+            raise NcclInvalidArgument("x is float8_e4m3fn: give its scales [T, S] fp32 (Low-Latency: S = H/128; "
+                                      "High-Throughput: any S, or int32, e.g. packed UE8M0)")
         out_dt = fp8 if quantise else x.dtype
         per_row_k = handle.layout in ("flat", "rank_major")  # rows of one token with all its top-k slots
         inputs = _DispatchInputs.new(tokens=xin)
@@ -627,13 +630,16 @@ class Group(Closing):
             names.append("topk_idx")
         if scales is not None or quantise:
             if scales is not None:
-                inputs.scales = describe(scales, "scales", dtypes=(torch.float32,), ndim=2)
+                # High-Throughput forwards them bit for bit, as the caller lays them out: fp32 or int32, S a row.
+                scale_types = (torch.float32,) if ll else (torch.float32, torch.int32)
+                inputs.scales = describe(scales, "scales", dtypes=scale_types, ndim=2)
                 given.append((inputs.scales, scales.numel() > 0))
             else:
                 given.append((None, False))
             shape = (rows, scales.shape[1] if scales is not None else hdim // _FP8_BLOCK)
-            outputs.scales = descriptor(shape, torch.float32)
-            made.append((outputs.scales, shape, torch.float32))
+            scale_dt = torch.float32 if scales is None else scales.dtype
+            outputs.scales = descriptor(shape, scale_dt)
+            made.append((outputs.scales, shape, scale_dt))
             names.append("scales")
         else:
             given.append((None, False))
