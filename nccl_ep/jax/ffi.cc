@@ -23,12 +23,16 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "nccl_ep/include/nccl_ep.h"
@@ -50,7 +54,44 @@ struct Entry {
   int64_t maxRows = 0;
   bool lowLatency = false;
   ncclEpLayout_t layout = NCCL_EP_LAYOUT_UNSET;
+  double waitSeconds = 0;  // the host's deadline for the waits of create and destroy
 };
+
+// `stream`'s work, waited for at most `seconds` (its kernels' device waits end within the group's budget; this is
+// the host's own deadline). cudaSuccess, the stream's error, or cudaErrorTimeout once the deadline passed.
+cudaError_t waitStreamWithin(cudaStream_t stream, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const cudaError_t ce = cudaStreamQuery(stream);
+    if (ce != cudaErrorNotReady) return ce;
+    if (std::chrono::steady_clock::now() > until) return cudaErrorTimeout;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+// Every queued kernel of `device` (XLA's streams are not known here) finished, waited for at most `seconds`: the
+// device synchronisation runs on a thread of its own, which is left behind, blocked, if the deadline passes
+// (cudaErrorTimeout then; what the caller would have freed stays allocated).
+cudaError_t synchronizeDeviceWithin(int device, double seconds) {
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    cudaError_t result = cudaSuccess;
+  };
+  auto w = std::make_shared<Wait>();
+  std::thread([w, device] {
+    cudaError_t ce = cudaSetDevice(device);
+    if (ce == cudaSuccess) ce = cudaDeviceSynchronize();
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->result = ce;
+    w->done = true;
+    w->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(w->mu);
+  if (!w->cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return w->done; })) return cudaErrorTimeout;
+  return w->result;
+}
 
 std::mutex& registryMutex() {
   static std::mutex* m = new std::mutex;  // never destroyed: a call during the process's exit still finds it
@@ -499,17 +540,19 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxGetVersion(int* version) {
 
 // COLLECTIVE for High-Throughput groups (as ncclEpCreateHandle), blocking: on GPU `device`, makes a handle of
 // `group` with worst-case sizing for routings [num_tokens, topk] int32 (layout: FLAT for High-Throughput groups,
-// RANK_MAJOR or EXPERT_MAJOR for Low-Latency ones), bound once to "no expert" on a stream of its own and waited for,
-// and registers it as `id` (refused if taken). Writes the rows of a dispatch output to *max_rows.
+// RANK_MAJOR or EXPERT_MAJOR for Low-Latency ones), bound once to "no expert" on a stream of its own and waited for
+// (at most wait_seconds: past it ncclSystemError, and the handle is left allocated), and registers it as `id`
+// (refused if taken). Writes the rows of a dispatch output to *max_rows.
 NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t group, int device, int lowLatency,
                                                    int layout, int numTokens, int topk, int localExperts, int nRanks,
-                                                   int64_t* maxRows) {
+                                                   double waitSeconds, int64_t* maxRows) {
   try {
     if (maxRows == nullptr) return fail(ncclInvalidArgument, "ncclEpJaxHandleCreate: max_rows is NULL");
     if (numTokens < 0 || topk < 1) {
       return fail(ncclInvalidArgument, "ncclEpJaxHandleCreate: num_tokens " + std::to_string(numTokens) + " and topk " +
                                            std::to_string(topk) + ": num_tokens >= 0, topk >= 1");
     }
+    if (!(waitSeconds > 0)) return fail(ncclInvalidArgument, "ncclEpJaxHandleCreate: wait_seconds must be > 0");
     {
       std::lock_guard<std::mutex> lock(registryMutex());
       if (registry().count(id)) {
@@ -526,6 +569,7 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
     e.nRanks = nRanks;
     e.lowLatency = lowLatency != 0;
     e.layout = (ncclEpLayout_t)layout;
+    e.waitSeconds = waitSeconds;
     if (nRanks < 1 || localExperts < 1) {
       return fail(ncclInvalidArgument, "ncclEpJaxHandleCreate: n_ranks " + std::to_string(nRanks) +
                                            " and local_experts " + std::to_string(localExperts) + ": both >= 1");
@@ -543,13 +587,11 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
       if (routing) cudaFree(routing);
       return rc;
     };
+    // The fills on the binding's stream, before the binding.
     if ((ce = cudaMalloc(&routing, total)) != cudaSuccess ||
-        (ce = cudaMemset(routing, 0xff, bytes)) != cudaSuccess ||  // -1 everywhere: no expert
-        (ce = cudaMemset(static_cast<char*>(routing) + countsAt, 0, total - countsAt)) != cudaSuccess ||
-        (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
-      return undo(fail(ncclUnhandledCudaError, std::string("ncclEpJaxHandleCreate: ") + cudaGetErrorString(ce)));
-    }
-    if ((ce = cudaDeviceSynchronize()) != cudaSuccess) {  // the memset (legacy stream) before the binding's stream
+        (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (ce = cudaMemsetAsync(routing, 0xff, bytes, stream)) != cudaSuccess ||  // -1 everywhere: no expert
+        (ce = cudaMemsetAsync(static_cast<char*>(routing) + countsAt, 0, total - countsAt, stream)) != cudaSuccess) {
       return undo(fail(ncclUnhandledCudaError, std::string("ncclEpJaxHandleCreate: ") + cudaGetErrorString(ce)));
     }
     e.routing = static_cast<int*>(routing);
@@ -564,7 +606,11 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
     cfg.sizing = NCCL_EP_SIZING_WORST_CASE;
     ncclResult_t rc = ncclEpCreateHandle(&handle, group, (ncclEpLayout_t)layout, &t, nullptr, &cfg, stream);
     if (rc != ncclSuccess) return undo(failed(rc, "ncclEpCreateHandle"));
-    if ((ce = cudaStreamSynchronize(stream)) != cudaSuccess) {
+    if ((ce = waitStreamWithin(stream, waitSeconds)) != cudaSuccess) {
+      if (ce == cudaErrorTimeout) {  // the binding may still run: what it uses stays allocated
+        return fail(ncclSystemError, "ncclEpJaxHandleCreate: the binding did not finish within " +
+                                         std::to_string(waitSeconds) + " s; its handle is left to the process");
+      }
       return undo(fail(ncclUnhandledCudaError, std::string("ncclEpJaxHandleCreate: ") + cudaGetErrorString(ce)));
     }
     rc = ncclEpGroupGetAsyncError(group);
@@ -589,7 +635,8 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
   }
 }
 
-// Local, blocking: waits for the handle's GPU (its queued work: XLA's stream is not known here), destroys the handle
+// Local, blocking: waits for the handle's GPU (its queued work: XLA's stream is not known here; at most the create's
+// wait_seconds, past which the handle is left allocated and ncclSystemError says so), destroys the handle
 // and its routing buffer, and unregisters `id`. An id not registered: ncclInvalidArgument.
 NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleDestroy(int64_t id) {
   try {
@@ -603,8 +650,13 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleDestroy(int64_t id) {
       e = it->second;
       registry().erase(it);
     }
-    cudaError_t ce = cudaSetDevice(e.device);
-    if (ce == cudaSuccess) ce = cudaDeviceSynchronize();
+    const cudaError_t ce = synchronizeDeviceWithin(e.device, e.waitSeconds);
+    if (ce == cudaErrorTimeout) {  // queued work may still use the handle: it stays allocated
+      return fail(ncclSystemError, "ncclEpJaxHandleDestroy: the GPU's queued work did not finish within " +
+                                       std::to_string(e.waitSeconds) + " s; handle " + std::to_string(id) +
+                                       " is left to the process");
+    }
+    cudaSetDevice(e.device);
     ncclResult_t rc = ncclEpHandleDestroy(e.handle);
     if (e.routing) cudaFree(e.routing);  // the rank counts with it
     if (rc != ncclSuccess) return failed(rc, "ncclEpHandleDestroy");

@@ -3,6 +3,7 @@ shape rules (worst-case outputs), argument errors at trace time, the custom_vjp 
 backward's custom calls), shard_map, group setup's pieces that need no GPU, the FFI library's loading and
 registration (when built), and the import boundaries (no torch in the JAX path, no jax in the torch layer)."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -330,6 +331,17 @@ def test_ffi_library_loads_and_registers():
     epjax.register_targets()  # once
     with pytest.raises(ep.NcclInvalidArgument, match="no handle registered as 42"):
         epjax._lib_call("ncclEpJaxHandleDestroy", 42)
+    rows = ctypes.c_int64(0)  # a handle's host waits need a deadline
+    with pytest.raises(ep.NcclInvalidArgument, match="wait_seconds must be > 0"):
+        epjax._lib_call("ncclEpJaxHandleCreate", 43, None, 0, 0, 0, 4, 2, 1, 1, 0.0, ctypes.byref(rows))
+
+
+def test_the_host_waits_deadline_is_twice_the_device_budget(monkeypatch):
+    assert epjax._host_wait_s(5) == 20.0
+    monkeypatch.setenv("NCCL_EXT_TIMEOUT_S", "30")
+    assert epjax._host_wait_s(None) == 70.0
+    monkeypatch.delenv("NCCL_EXT_TIMEOUT_S")
+    assert epjax._host_wait_s(0) == 210.0  # the libraries' default budget, 100 s
 
 
 def test_no_torch_in_the_jax_path_and_no_jax_in_the_torch_layer():

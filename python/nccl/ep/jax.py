@@ -44,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import os
 import threading
 import zlib
 from dataclasses import dataclass
@@ -73,7 +74,8 @@ _P = ctypes.c_void_p
 _SIGNATURES = {
     "ncclEpJaxGetVersion": [ctypes.POINTER(ctypes.c_int)],
     "ncclEpJaxHandleCreate": [ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)],
+                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+                              ctypes.POINTER(ctypes.c_int64)],
     "ncclEpJaxHandleDestroy": [ctypes.c_int64],
 }
 _LIBRARY = "libnccl_ep_jax.so"
@@ -513,6 +515,7 @@ class Group(Closing):
         self.num_experts, self.local_experts = num_experts, num_experts // self.size
         self.max_tokens_per_rank, self.max_topk = max_tokens_per_rank, max_topk
         self.max_token_bytes = cfg.max_token_bytes
+        self.host_wait_s = _host_wait_s(timeout_s)
         self._config_key, self._key = _config_key(cfg), _key
         self._handles: list[Handle] = []
         register_targets()
@@ -598,7 +601,8 @@ class Handle(Closing):
         hid = _new_id(fields)
         rows = ctypes.c_int64(0)
         _lib_call("ncclEpJaxHandleCreate", hid, group._group(), group.hardware_id, int(group.low_latency),
-                  _LAYOUT[layout], num_tokens, topk, group.local_experts, group.size, ctypes.byref(rows))
+                  _LAYOUT[layout], num_tokens, topk, group.local_experts, group.size, group.host_wait_s,
+                  ctypes.byref(rows))
         self.group, self.id = group, hid
         self.spec = HandleSpec(id=hid, low_latency=group.low_latency, layout=layout, num_tokens=num_tokens, topk=topk,
                                rows=rows.value, ranks=group.size, local_experts=group.local_experts,
@@ -606,13 +610,26 @@ class Handle(Closing):
         group._handles.append(self)
 
     def close(self) -> None:
-        """Local, blocking: waits for the GPU's queued work, then frees the handle. Idempotent. JAX dispatches
+        """Local, blocking: waits for the GPU's queued work (at most the group's host_wait_s: past it the handle is
+        left allocated and NcclSystemError says so), then frees the handle. Idempotent. JAX dispatches
         asynchronously: wait for the computations that use the handle first (block_until_ready on their outputs);
         a call of a closed handle fails with "no handle registered"."""
         if self.id is not None:
             hid, self.id = self.id, None
             self.group._handles.remove(self)
             _lib_call("ncclEpJaxHandleDestroy", hid)
+
+
+def _host_wait_s(timeout_s) -> float:
+    """The host's deadline for a handle's waits at creation and at close: twice the device-wait budget (the group's
+    timeout_s, else NCCL_EXT_TIMEOUT_S's, 100 s by default: the kernels end within it) plus a margin."""
+    budget = timeout_s
+    if not budget:
+        try:
+            budget = float(os.environ.get("NCCL_EXT_TIMEOUT_S", "100"))
+        except ValueError:
+            budget = 100.0
+    return 2 * max(float(budget), 1.0) + 10.0
 
 
 def _config(*, num_experts, max_tokens_per_rank, hidden, dtype, max_token_bytes, max_topk, num_sms, timeout_s,
