@@ -10,7 +10,10 @@ Times, each the median of --iters CUDA-synchronised calls after 2 warm-ups:
             checked again);
   torch_copy the baseline: dst.copy_(src) for every tensor (torch's device copies);
 and the host time of enqueueing each call on an idle GPU (bench/_timing.py). Overhead = (python - c) / c. The result
-checked (every tensor, bit-exact) is one execute's into NaN-poisoned destinations. `--scale k`
+checked (every tensor, bit-exact) is one execute's into NaN-poisoned destinations. Then the one-call reshard of the
+model's largest tensor (m2n.reshard, asynchronous, its plan cached by layout pair): the host time of its first call
+(which makes the default group's communicator and plans), and wall and enqueue of later calls beside Plan.execute of a plan of that tensor alone (the cached
+plan should cost what an execute costs); its result checked the same way. `--scale k`
 divides every dimension above 1024 by k (a smaller GPU). Bytes: each tensor's bytes once (read once, written once).
 """
 
@@ -19,6 +22,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -91,17 +95,39 @@ def main():
         plan.execute(src, dst)
         torch.cuda.synchronize()
         ok = all(torch.equal(src[k], dst[k]) for k in names)
+    # The one-call reshard of the largest tensor: its first call plans, the later ones find the plan cached.
+    big = max(names, key=lambda k: src[k].numel())
+    lay = next(s_lay for name, s_lay, _ in batch if name == big)
+    x, y = src[big], dst[big]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    m2n.reshard(x, lay, src_layout=lay, out=y)
+    first_us = (time.perf_counter() - t0) * 1e6
+    with m2n.Plan([(big, lay, lay)]) as one:
+        for what, fn in (("reshard", lambda: m2n.reshard(x, lay, src_layout=lay, out=y)),
+                         ("plan_execute_one", lambda: one.execute([x], [y]))):
+            wall, host = host_and_wall(fn, a.iters)
+            rows[what] = {"wall_us": wall, "enqueue_us": host}
+    y.fill_(float("nan"))
+    m2n.reshard(x, lay, src_layout=lay, out=y)
+    torch.cuda.synchronize()
+    ok = ok and torch.equal(x, y)
+    m2n.release_communicators()
     c, py, ck = rows["c"]["wall_us"], rows["python"]["wall_us"], rows["checked"]["wall_us"]
     result = {"test": "m2n_python_overhead", "pass": ok, "gpu": torch.cuda.get_device_name(0), "ranks": 1,
               "model": config["name"], "tensors": n, "bytes": total, "scale": a.scale, "iters": a.iters,
               "rows": rows, "overhead_python": (py - c) / c, "overhead_checked": (ck - c) / c,
               "copy_GBps": total / (c * 1e-6) / 1e9,
               "torch_copy_GBps": total / (rows["torch_copy"]["wall_us"] * 1e-6) / 1e9,
+              "reshard_tensor": big, "reshard_first_call_us": first_us,
+              "reshard_overhead_enqueue_us": rows["reshard"]["enqueue_us"] - rows["plan_execute_one"]["enqueue_us"],
               "byte_convention": "each tensor's bytes once"}
     print("m2n_python_overhead: %s, %d tensors, %.1f GB, 1 rank on %s" % (config["name"], n, total / 1e9,
                                                                        result["gpu"]))
-    for what in ("c", "python", "checked", "torch_copy"):
-        print("  %-8s %10.1f us a call (enqueue %8.1f us)" % (what, rows[what]["wall_us"], rows[what]["enqueue_us"]))
+    for what in ("c", "python", "checked", "torch_copy", "reshard", "plan_execute_one"):
+        print("  %-16s %10.1f us a call (enqueue %8.1f us)" % (what, rows[what]["wall_us"], rows[what]["enqueue_us"]))
+    print("  reshard of %s: first call %.1f us (communicator and plan); later calls enqueue %+.1f us beside Plan.execute" % (
+        big, first_us, result["reshard_overhead_enqueue_us"]))
     print("  overhead: python %+.2f%%, checked %+.2f%%; copy %.0f GB/s (torch's copy_ %.0f GB/s); results %s" % (
         100 * result["overhead_python"], 100 * result["overhead_checked"], result["copy_GBps"],
         result["torch_copy_GBps"], "equal" if ok else "DIFFER"))
