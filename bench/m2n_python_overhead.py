@@ -12,8 +12,9 @@ Times, each the median of --iters CUDA-synchronised calls after 2 warm-ups:
 and the host time of enqueueing each call on an idle GPU (bench/_timing.py). Overhead = (python - c) / c. The result
 checked (every tensor, bit-exact) is one execute's into NaN-poisoned destinations. Then the one-call reshard of the
 model's largest tensor (m2n.reshard, asynchronous, its plan cached by layout pair): the host time of its first call
-(which makes the default group's communicator and plans), and wall and enqueue of later calls beside Plan.execute of a plan of that tensor alone (the cached
-plan should cost what an execute costs); its result checked the same way. `--scale k`
+(which makes the default group's communicator and plans), and wall and enqueue of later calls beside Plan.execute
+of a plan of that tensor alone (the cached plan should cost what an execute costs); its result checked the same
+way. `--scale k`
 divides every dimension above 1024 by k (a smaller GPU). Bytes: each tensor's bytes once (read once, written once).
 """
 
