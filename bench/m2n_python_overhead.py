@@ -127,8 +127,8 @@ def main():
                                                                        result["gpu"]))
     for what in ("c", "python", "checked", "torch_copy", "reshard", "plan_execute_one"):
         print("  %-16s %10.1f us a call (enqueue %8.1f us)" % (what, rows[what]["wall_us"], rows[what]["enqueue_us"]))
-    print("  reshard of %s: first call %.1f us (communicator and plan); later calls enqueue %+.1f us beside Plan.execute" % (
-        big, first_us, result["reshard_overhead_enqueue_us"]))
+    print("  reshard of %s: first call %.1f us (communicator and plan); later calls enqueue %+.1f us beside "
+          "Plan.execute" % (big, first_us, result["reshard_overhead_enqueue_us"]))
     print("  overhead: python %+.2f%%, checked %+.2f%%; copy %.0f GB/s (torch's copy_ %.0f GB/s); results %s" % (
         100 * result["overhead_python"], 100 * result["overhead_checked"], result["copy_GBps"],
         result["torch_copy_GBps"], "equal" if ok else "DIFFER"))
