@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# tools/replay_hang_experiment.sh [OUT_DIR]: the GPU experiment that settles the mixed mode's back-to-back replay hang
+# (docs/ARCHITECTURE.md, "Back-to-back replays in the mixed mode"). RelayProtocol.* shows the relayed exchange cannot
+# hang by itself and that two ranks' kernels in one hardware queue can; this runs
+#   ep_ll_test --one-gpu mixed --nranks 4 --graph-only --back-to-back
+# with CUDA_DEVICE_MAX_CONNECTIONS at 1, the default (8) and 32, each under a timeout, and writes one JSON line a
+# setting (exit code, seconds, timed out or not) to OUT_DIR/replay-hang.jsonl (default: bench/results). Reading: a
+# pass at 32 with a hang at 8 proves the shared hardware queue; a hang at 32 too points at NCCL's proxy host callbacks
+# (one callback thread a process) instead. Every run has its own timeout (REPLAY_TIMEOUT_S, default 120 s); the
+# test's device-wait budget stays its own. Needs a build (make all) and a GPU; exit 77 without them.
+set -uo pipefail
+out=${1:-bench/results}
+bin=${BUILDDIR:-build}/bin/ep_ll_test
+limit=${REPLAY_TIMEOUT_S:-120}
+if [ ! -x "$bin" ]; then
+  echo "replay_hang_experiment: no $bin (make all first)" >&2
+  exit 77
+fi
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "replay_hang_experiment: no GPU visible" >&2
+  exit 77
+fi
+mkdir -p "$out"
+json=$out/replay-hang.jsonl
+for connections in 1 default 32; do
+  log=$(mktemp)
+  start=$(date +%s.%N)
+  if [ "$connections" = default ]; then
+    timeout "$limit" env -u CUDA_DEVICE_MAX_CONNECTIONS "$bin" --one-gpu mixed --nranks 4 --graph-only \
+      --back-to-back >"$log" 2>&1
+  else
+    timeout "$limit" env CUDA_DEVICE_MAX_CONNECTIONS="$connections" "$bin" --one-gpu mixed --nranks 4 --graph-only \
+      --back-to-back >"$log" 2>&1
+  fi
+  rc=$?
+  seconds=$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$start" "$(date +%s.%N)")
+  timed_out=false
+  [ "$rc" -eq 124 ] && timed_out=true
+  python3 - "$json" "$connections" "$rc" "$seconds" "$timed_out" "$log" <<'EOF'
+import json, sys
+path, connections, rc, seconds, timed_out, log = sys.argv[1:]
+tail = open(log, errors="replace").read()[-2000:]
+line = {"test": "replay_hang_experiment", "cuda_device_max_connections": connections, "rc": int(rc),
+        "pass": rc == "0", "timed_out": timed_out == "true", "seconds": float(seconds), "log_tail": tail}
+with open(path, "a") as f:
+    f.write(json.dumps(line) + "\n")
+print("replay_hang_experiment: CUDA_DEVICE_MAX_CONNECTIONS=%s -> rc %s in %s s%s" % (
+    connections, rc, seconds, " (timed out)" if timed_out == "true" else ""))
+EOF
+  rm -f "$log"
+done
+echo "replay_hang_experiment: results in $json"
