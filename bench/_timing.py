@@ -1,7 +1,22 @@
-"""Timing for the Python benchmarks: CUDA-synchronised calls, medians."""
+"""Timing for the Python benchmarks: CUDA-synchronised calls, medians; and the shapes the dispatch + combine pair
+benchmarks share."""
 
+import argparse
 import statistics
 import time
+
+
+def pair_arguments(argv=None) -> argparse.Namespace:
+    """The options of the dispatch + combine pair benchmarks (ep_python_overhead.py, ep_jax_overhead.py, which runs
+    the former on its own values): token counts, hidden, top-k, experts, iterations, the JSON file."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="128,4096")
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--json", default=None)
+    return ap.parse_args(argv)
 
 
 def host_and_wall(fn, iters: int, warmup: int = 2, between=None):

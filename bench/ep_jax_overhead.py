@@ -19,7 +19,6 @@ first: at 1 rank every routed token's row comes back as it went. Exit 77 without
 libnccl_ep_jax.so.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -29,9 +28,11 @@ import tempfile
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 from _launch import append_json  # noqa: E402
+from _timing import pair_arguments  # noqa: E402
 
 
 def _median_us(samples):
@@ -111,14 +112,7 @@ def _torch_rows(counts, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", default="128,4096")
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--experts", type=int, default=256)
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    a = pair_arguments()
     counts = [int(t) for t in a.tokens.split(",")]
     try:
         import jax

@@ -26,7 +26,6 @@ kernels move no byte over a link: the GPU time is local copies, so the overhead 
 GPU time it will ever be added to.
 """
 
-import argparse
 import ctypes
 import os
 import statistics
@@ -36,18 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 from _launch import append_json, start  # noqa: E402
-from _timing import back_to_back, interleaved, paired_difference  # noqa: E402
+from _timing import back_to_back, interleaved, paired_difference, pair_arguments  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", default="128,4096")
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--experts", type=int, default=256)
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    a = pair_arguments()
     start(False, backend="gloo")  # one process, GPU 0
     import torch
     import torch.distributed as dist
