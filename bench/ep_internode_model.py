@@ -302,27 +302,33 @@ def ht_hier_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: i
 
 
 def ht_window_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, max_tokens: int,
-                    hierarchical: bool = False) -> dict:
+                    hierarchical: bool = False, recv_cap: int = 0) -> dict:
     """A rank's symmetric window in High-Throughput (ncclEpGroupInfo_t::window_bytes; group.cc layoutGroup): the
     flags and the handle's exchange rows, then one staging region per source for dispatch rows, their metadata and
     combine rows, max_tokens rows each (R x max_tokens x (2 rowStride + metaBytes + 8) in all), each region aligned;
     with the hierarchical HT also its outboxes (one per rank: the count row, max_tokens combine flags and rows). For
     a group of max_token_bytes = 2 hidden and max_topk = k. The staging regions grow with R x max_tokens whatever the
-    round: the rail's rounds bound only what crosses the rail."""
+    round: the rail's rounds bound only what crosses the rail. A receive cap (max_recv_rows_per_rank, one domain)
+    gives the dispatch staging min(cap, R x max_tokens) rows, the combine staging max_tokens x min(R, k), and the
+    exchange row a count per local expert more."""
     row = 2 * hidden
     ranks = nodes * gpus
+    capped = recv_cap > 0 and nodes == 1
     meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
     chunks = -(-max_tokens // 32)
     ints = ranks + experts + chunks + 1 + (nodes if hierarchical and nodes > 1 and gpus > 1 else 0)
+    ints += experts // ranks if capped else 0
     off = 0
     for _ in range(4):  # barrier flags, dispatch and combine done flags, clean flags
         off = _align(off + 8 * ranks, 256)
     off = _align(off + 4 * ranks * ints, 4096)  # the exchange rows
     slots = ranks * max_tokens
-    off = _align(off + 8 * slots, 256)  # combine flags (no Low-Latency header)
+    recv_rows = min(recv_cap, slots) if capped else slots
+    comb_rows = max_tokens * min(ranks, k) if capped else slots
+    off = _align(off + 8 * comb_rows, 256)  # combine flags (no Low-Latency header)
     off = _align(off, 4096)  # (no Low-Latency dispatch flags)
     staging_start = off
-    for region in (slots * row, slots * meta, slots * row):  # dispatch rows, metadata, combine rows
+    for region in (recv_rows * row, recv_rows * meta, comb_rows * row):  # dispatch rows, metadata, combine rows
         off = _align(off + region, 4096)
     staging = off - staging_start
     off = _align(off, 256)  # (no owner regions in High-Throughput)

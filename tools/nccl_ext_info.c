@@ -30,6 +30,42 @@ static int printEpMemory(void) {
   return 0;
 }
 
+/* The same group inside one NVLink domain of 8 to 64 GPUs (one multi-node NVLink system), without and with a
+ * receive cap (max_recv_rows_per_rank) of twice a rank's mean load under uniform top-8 routing: each of the R x 4096
+ * tokens reaches a given rank with probability 1 - C(256 - L, 8) / C(256, 8), L = 256 / R experts a rank. */
+static int printEpCapMemory(void) {
+  const int ranks[] = {8, 16, 32, 64};
+  int i, j;
+  printf(
+      "With a receive cap, one NVLink domain (ncclEpGroupInfoQuery; the same group, cap = 2 x the mean rows a "
+      "rank receives):\n");
+  for (i = 0; i < (int)(sizeof(ranks) / sizeof(ranks[0])); i++) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    ncclEpGroupInfo_t open = NCCL_EP_GROUP_INFO_INIT, capped = NCCL_EP_GROUP_INFO_INIT;
+    const int R = ranks[i], L = 256 / R;
+    double miss = 1, mean;
+    for (j = 0; j < 8; j++) miss *= (double)(256 - L - j) / (double)(256 - j);
+    mean = (double)R * 4096 * (1 - miss);
+    cfg.num_experts = 256;
+    cfg.max_tokens_per_rank = 4096;
+    cfg.max_token_bytes = 7168 * 2;
+    cfg.max_topk = 8;
+    if (ncclEpGroupInfoQuery(&cfg, R, R, &open) != ncclSuccess) {
+      printf("  %2d GPUs: %s\n", R, ncclEpGetLastError());
+      return 1;
+    }
+    cfg.max_recv_rows_per_rank = (int)(2 * mean);
+    if (ncclEpGroupInfoQuery(&cfg, R, R, &capped) != ncclSuccess) {
+      printf("  %2d GPUs: %s\n", R, ncclEpGetLastError());
+      return 1;
+    }
+    printf("  %2d GPUs: mean %6.0f rows, cap %6d of %6d: window %.2f GB -> %.2f GB (%.1fx)\n", R, mean,
+           cfg.max_recv_rows_per_rank, R * 4096, (double)open.window_bytes / 1e9, (double)capped.window_bytes / 1e9,
+           (double)open.window_bytes / (double)capped.window_bytes);
+  }
+  return 0;
+}
+
 int main(void) {
   int ep = 0, m2n = 0, built = 0, loaded = 0;
   ncclResult_t res;
@@ -41,6 +77,6 @@ int main(void) {
            loaded / 100 % 100, loaded % 100, built / 10000, built / 100 % 100, built % 100);
   else
     printf("NCCL: %s\n", ncclEpGetLastError());
-  if (printEpMemory() != 0) return 1;
+  if (printEpMemory() != 0 || printEpCapMemory() != 0) return 1;
   return res == ncclSuccess ? 0 : 1;
 }

@@ -86,6 +86,13 @@ typedef NCCL_EP_ENUM { NCCL_EP_ZERO_COPY_AUTO = 0, NCCL_EP_ZERO_COPY_OFF = 1, NC
  * creation waits for the receive count and ncclEpHandleGetRecvRows reports it. */
 typedef NCCL_EP_ENUM { NCCL_EP_SIZING_WORST_CASE = 0, NCCL_EP_SIZING_EXACT = 1 } ncclEpSizing_t;
 
+/* What becomes of the rows past a High-Throughput group's receive cap (ncclEpGroupConfig_t::max_recv_rows_per_rank).
+ * Either way they are not delivered and nothing is written past the cap; ERROR also makes the receiving rank's next
+ * call after its handle's kernels ran (under EXACT sizing, handle creation itself) fail with ncclInvalidArgument
+ * naming the rows; DROP counts them (ncclEpLayoutInfo_t::recv_dropped_counter) and combine leaves them out of the
+ * sum (ncclEpCombineOutputs_t::missing_experts). */
+typedef NCCL_EP_ENUM { NCCL_EP_RECV_OVERFLOW_ERROR = 0, NCCL_EP_RECV_OVERFLOW_DROP = 1 } ncclEpRecvOverflow_t;
+
 /* A tensor: dense row-major, up to 4 dims. `data` is required (a device pointer) unless some size is 0 (an empty
  * tensor: ranks with zero tokens take part with empty tensors). `win_hdl`/`win_offset` optionally say that the
  * memory lies in an NCCL window (reserved for zero-copy). */
@@ -144,11 +151,21 @@ typedef struct {
                                    exchange's rows to my domain, the hierarchical one's send half) runs on a stream
                                    of the group's beside the rail rounds, NCCL_EP_OFF = one stream. NCCL_EP_AUTO:
                                    NCCL_EXT_RAIL_OVERLAP, else one stream */
+  /* Appended after the second layout (NCCL_EP_GROUP_CONFIG_V2_SIZE ends before them). */
+  int max_recv_rows_per_rank;   /* High-Throughput inside one NVLink domain: the most rows (one per (token, this
+                                   rank)) a dispatch delivers to a rank, so that the window's dispatch staging and a
+                                   handle's FLAT output hold this many rows instead of n_ranks x max_tokens_per_rank,
+                                   and its combine staging max_tokens_per_rank x min(n_ranks, max_topk). Rows past it
+                                   (the last sources' last tokens, in the FLAT order) go by recv_overflow.
+                                   NCCL_EP_AUTO: no cap */
+  ncclEpRecvOverflow_t recv_overflow; /* rows past max_recv_rows_per_rank (see ncclEpRecvOverflow_t) */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_V1_SIZE offsetof(ncclEpGroupConfig_t, ht_hierarchical)
+#define NCCL_EP_GROUP_CONFIG_V2_SIZE offsetof(ncclEpGroupConfig_t, max_recv_rows_per_rank)
 #define NCCL_EP_GROUP_CONFIG_INIT                                                                            \
   {sizeof(ncclEpGroupConfig_t), NCCL_EP_MAGIC, NCCL_EP_ALGO_HIGH_THROUGHPUT, 0, 0, 0, 8, NCCL_EP_AUTO, 0, \
-   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, NCCL_EP_AUTO}
+   NCCL_EP_ZERO_COPY_AUTO, {NULL, NULL, NULL}, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, 0, NCCL_EP_AUTO, NCCL_EP_AUTO, \
+   NCCL_EP_AUTO, NCCL_EP_RECV_OVERFLOW_ERROR}
 
 typedef struct {
   unsigned int size;
@@ -166,9 +183,14 @@ typedef struct {
   ncclEpTensor_t src_rank_counters;  /* [ranks]: rows received from each source rank */
   ncclEpTensor_t expert_offsets;     /* [local experts]: EXPERT_MAJOR zone starts (rows) */
   ncclEpTensor_t recv_total_counter; /* [1]: rows received (EXPERT_MAJOR: pads included) */
+  /* Appended after the first layout (NCCL_EP_LAYOUT_INFO_V1_SIZE ends before it). */
+  ncclEpTensor_t recv_dropped_counter; /* HT with max_recv_rows_per_rank: [1], rows for this rank past the cap (not
+                                          delivered, not in the counts above); 0 without a cap */
 } ncclEpLayoutInfo_t;
-#define NCCL_EP_LAYOUT_INFO_INIT \
-  {sizeof(ncclEpLayoutInfo_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
+#define NCCL_EP_LAYOUT_INFO_V1_SIZE offsetof(ncclEpLayoutInfo_t, recv_dropped_counter)
+#define NCCL_EP_LAYOUT_INFO_INIT                                                                              \
+  {sizeof(ncclEpLayoutInfo_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, \
+   NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;
@@ -226,9 +248,10 @@ typedef struct {
   unsigned int size;
   unsigned int magic;
   ncclEpTensor_t tokens;       /* [T, H], same dtype as the input */
-  ncclEpTensor_t missing_experts; /* LL with enable_mask, optional: [T] int32, how many of the token's top-k
-                                     experts sit on ranks masked when the combine began (their rows are not in
-                                     the sum; 0 for every token when no rank is masked) */
+  ncclEpTensor_t missing_experts; /* optional: [T] int32, how many of the token's top-k experts' rows are not in
+                                     the sum: LL with enable_mask, those on ranks masked when the combine began;
+                                     HT with max_recv_rows_per_rank, those on ranks where the token's row was past
+                                     the cap (0 for every token when nothing is missing) */
 } ncclEpCombineOutputs_t;
 #define NCCL_EP_COMBINE_OUTPUTS_INIT \
   {sizeof(ncclEpCombineOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}

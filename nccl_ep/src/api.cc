@@ -145,7 +145,12 @@ ncclResult_t checkAligned(const ncclEpTensor_t& t, const char* what) {
 
 ncclResult_t checkLayoutInfo(const ncclEpLayoutInfo_t* info, const ncclEpGroup* g) {
   if (!info) return ncclSuccess;
-  CHECK_HEADER(info, ncclEpLayoutInfo_t, NCCL_EP_LAYOUT_INFO_INIT);
+  NCCLEXT_CHECK(checkHeader(info, info->size, info->magic, {NCCL_EP_LAYOUT_INFO_V1_SIZE, sizeof(ncclEpLayoutInfo_t)},
+                            "layout_info", "NCCL_EP_LAYOUT_INFO_INIT"));
+  if (info->size >= sizeof(ncclEpLayoutInfo_t) && present(info->recv_dropped_counter)) {
+    NCCLEXT_USAGE(!g->view.lowLatency, "layout_info.recv_dropped_counter: High-Throughput only (the receive cap's)");
+    NCCLEXT_CHECK(checkTensor(info->recv_dropped_counter, "layout_info.recv_dropped_counter", 1, {ncclInt32}, {1}));
+  }
   const int L = g->view.localExperts, R = g->view.nRanks;
   const struct {
     const ncclEpTensor_t& t;
@@ -361,10 +366,11 @@ ncclResult_t ncclEpCheckNcclRuntime(int* builtVersion, int* loadedVersion) {
 const char* ncclEpGetLastError(void) { return ncclext::lastError(); }
 
 // The checks of a group's config (ncclEpCreateGroup, ncclEpGroupInfoQuery); `what` names the caller.
-// Every layout of ncclEpGroupConfig_t: the first one's size, then this one's.
+// Every layout of ncclEpGroupConfig_t: the first two's sizes, then this one's.
 static ncclResult_t readGroupConfig(const ncclEpGroupConfig_t* config, ncclEpGroupConfig_t* out) {
-  return readVersioned(config, {NCCL_EP_GROUP_CONFIG_V1_SIZE, sizeof(ncclEpGroupConfig_t)}, "config",
-                       "NCCL_EP_GROUP_CONFIG_INIT", out);
+  return readVersioned(config,
+                       {NCCL_EP_GROUP_CONFIG_V1_SIZE, NCCL_EP_GROUP_CONFIG_V2_SIZE, sizeof(ncclEpGroupConfig_t)},
+                       "config", "NCCL_EP_GROUP_CONFIG_INIT", out);
 }
 
 static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* what) {
@@ -397,6 +403,13 @@ static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* w
               "ht_hierarchical %d: 1, NCCL_EP_OFF (-1) or NCCL_EP_AUTO (0)", c.ht_hierarchical);
   NCCLEXT_ARG(c.rail_overlap == NCCL_EP_AUTO || c.rail_overlap == 1 || c.rail_overlap == NCCL_EP_OFF,
               "rail_overlap %d: 1, NCCL_EP_OFF (-1) or NCCL_EP_AUTO (0)", c.rail_overlap);
+  NCCLEXT_ARG(c.max_recv_rows_per_rank >= 0, "max_recv_rows_per_rank %d < 0 (NCCL_EP_AUTO, 0: no cap)",
+              c.max_recv_rows_per_rank);
+  NCCLEXT_USAGE(c.max_recv_rows_per_rank == 0 || c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT,
+                "max_recv_rows_per_rank: the receive cap belongs to the High-Throughput mode (Low-Latency outputs "
+                "are fixed, [local experts][R x max_tokens_per_rank] rows)");
+  NCCLEXT_ARG(c.recv_overflow == NCCL_EP_RECV_OVERFLOW_ERROR || c.recv_overflow == NCCL_EP_RECV_OVERFLOW_DROP,
+              "recv_overflow %d unknown", (int)c.recv_overflow);
   return ncclSuccess;
 }
 
@@ -803,8 +816,9 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     if (g->view.lowLatency) return combineLowLatency(handle, inputs, outputs, config, stream);
     NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
     NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
-    NCCLEXT_USAGE(!present(outputs->missing_experts),
-                  "outputs.missing_experts is for Low-Latency groups with enable_mask");
+    NCCLEXT_USAGE(!present(outputs->missing_experts) || g->view.recvCap > 0,
+                  "outputs.missing_experts is for Low-Latency groups with enable_mask and High-Throughput groups with "
+                  "max_recv_rows_per_rank");
     const ncclEpTensor_t& x = inputs->tokens;
     NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
     NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
@@ -826,6 +840,11 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     c.out = static_cast<char*>(outputs->tokens.data);
     c.rowBytes = (int)rowBytes;
     c.dtype = x.datatype;
+    if (present(outputs->missing_experts)) {
+      NCCLEXT_CHECK(
+          checkTensor(outputs->missing_experts, "outputs.missing_experts", 1, {ncclInt32}, {handle->view.numTokens}));
+      c.missing = static_cast<int*>(outputs->missing_experts.data);
+    }
     // Receivers reduce several rows per token for this rank's own tokens; senders push rows back to their owners.
     splitCombine(g, callSms(g, config ? config->num_sms : 0), handle->view.numTokens, &c.nSenders, &c.nReceivers);
     return ncclep::htCombine(handle, c, stream);

@@ -168,6 +168,15 @@ ncclResult_t ncclEpGroup::asyncError(const char* what) {
     window.status->reset();
     return ncclext::describeDeviceError(w, what);
   }
+  if (w.code == ncclext::kDeviceBadInput && w.site == ncclep::kSiteRecvCap) {
+    window.status->reset();
+    return ncclext::fail(
+        ncclInvalidArgument, __FILE__, __LINE__,
+        "%s: a handle routes %llu rows to rank %d, above max_recv_rows_per_rank %llu: the last %u (the "
+        "last sources' last tokens) were not delivered, and combine leaves them out (recv_overflow "
+        "DROP makes that the rule instead of an error)",
+        what, (unsigned long long)w.seen, w.rank, (unsigned long long)w.expected, w.index);
+  }
   if (w.code == ncclext::kDeviceBadInput && (w.site == ncclep::kSiteTopkIdx || w.site == ncclep::kSiteTopkRepeat)) {
     window.status->reset();
     if (w.site == ncclep::kSiteTopkRepeat)

@@ -65,6 +65,8 @@ inline ncclep::LayoutInfoOut layoutInfoOut(const ncclEpLayoutInfo_t* info) {
     out.srcRankCounters = static_cast<int*>(info->src_rank_counters.data);
     out.expertOffsets = static_cast<int*>(info->expert_offsets.data);
     out.recvTotal = static_cast<int*>(info->recv_total_counter.data);
+    // A caller built against the first layout has no recv_dropped_counter (checkLayoutInfo took its size).
+    if (info->size >= sizeof(ncclEpLayoutInfo_t)) out.recvDropped = static_cast<int*>(info->recv_dropped_counter.data);
   }
   return out;
 }

@@ -19,7 +19,7 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   const ncclep::GroupView& g = group->view;
   const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, MK = g.meta.maxTopk;
   const int align = std::max(1, config.dispatch_output_per_expert_alignment);
-  h->maxFlatRows = (int64_t)R * g.maxTokens;
+  h->maxFlatRows = g.recvCap > 0 ? g.recvCap : (int64_t)R * g.maxTokens;  // HT's receive cap bounds the FLAT rows
   if (g.lowLatency) {  // fixed layouts: RANK_MAJOR [R][M], EXPERT_MAJOR [L][R x M]
     h->maxRecvRows = layout == NCCL_EP_LAYOUT_RANK_MAJOR ? h->maxFlatRows : h->maxFlatRows * L;
   } else {
@@ -43,6 +43,14 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   dl.totals = n;
   n += 2;
   dl.peerChunks = n;
+  n += 1;
+  dl.dispAt = n;
+  n += R;
+  dl.combAt = n;
+  n += R;
+  dl.combMine = n;
+  n += R;
+  dl.dropped = n;
   n += 1;
   dl.ints = n;
   // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW, llRecvCount, llToken, and for the

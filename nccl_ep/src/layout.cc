@@ -25,8 +25,16 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   v.meta.bytes = alignUp(v.meta.tokenOff() + 4, 16);
   WindowLayout& w = v.wl;
   const size_t regionRows = (size_t)nRanks * v.maxTokens;
+  // HT's receive cap (one domain; layoutWithinBudget refuses it across domains): dense staging positions, the
+  // dispatch staging's rows capped, the combine staging's the most rows one rank's tokens send (a token goes to at
+  // most min(R, K) ranks).
+  const bool capped = !v.lowLatency && config.max_recv_rows_per_rank > 0 && topo.nDomains == 1;
+  v.recvCap = capped ? (int)std::min(regionRows, (size_t)config.max_recv_rows_per_rank) : 0;
+  v.recvCapError = capped && config.recv_overflow != NCCL_EP_RECV_OVERFLOW_DROP;
+  const size_t dispRowsCount = capped ? (size_t)v.recvCap : regionRows;
   // LL combine staging also holds one row per (token, expert) of the owner: [maxTokens][maxTopk].
-  w.combSlots = (int)std::max(regionRows, v.lowLatency ? (size_t)v.maxTokens * config.max_topk : 0);
+  w.combSlots = capped ? v.maxTokens * std::min(nRanks, config.max_topk)
+                       : (int)std::max(regionRows, v.lowLatency ? (size_t)v.maxTokens * config.max_topk : 0);
   w.headerBytes = v.lowLatency ? (int)alignUp(12 + 4 * (size_t)v.localExperts, 16) : 0;
   w.slices = v.lowLatency ? (config.max_token_bytes + kLlSliceCols - 1) / kLlSliceCols : 1;
   size_t off = 0;
@@ -47,6 +55,8 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   // handle's eager calls size their rail messages by them: Rail::exchange).
   w.domainCounts = nRanks + config.num_experts + v.nChunks + 1;
   w.exchangeInts = w.domainCounts + (relay && hier ? topo.nDomains : 0);
+  w.retained = capped ? w.exchangeInts : 0;
+  w.exchangeInts += capped ? v.localExperts : 0;
   w.exchange = off;
   off = alignUp(off + (size_t)nRanks * w.exchangeInts * 4, 4096);
   // The staging bank (LL: two of them, so that two send-only calls of a kind may be open at once).
@@ -58,9 +68,9 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   w.dispFlags = off;
   off = alignUp(off + (v.lowLatency ? regionRows * w.slices * 8 : 0), 4096);
   w.dispRows = off;
-  off = alignUp(off + regionRows * v.rowStride, 4096);
+  off = alignUp(off + dispRowsCount * v.rowStride, 4096);
   w.dispMeta = off;
-  off = alignUp(off + regionRows * v.meta.bytes, 4096);
+  off = alignUp(off + dispRowsCount * v.meta.bytes, 4096);
   w.combRows = off;
   off = alignUp(off + (size_t)w.combSlots * v.rowStride, 4096);
   // Across domains (LL): the owner-weighted combine's rows from other domains, by (source, slot, column).
@@ -142,6 +152,9 @@ ResolvedConfig resolveConfig(const ncclEpGroupConfig_t& config) {
 
 ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* v,
                                 bool htHierarchical, bool relayRail) {
+  NCCLEXT_USAGE(config.max_recv_rows_per_rank == 0 || (topo.nDomains == 1 && !relayRail),
+                "max_recv_rows_per_rank %d: the receive cap works inside one NVLink domain (this group spans %d)",
+                config.max_recv_rows_per_rank, topo.nDomains);
   layoutGroup(config, topo, v, htHierarchical, relayRail);
   const size_t budget = config.rail_staging_bytes_max;
   if (budget == 0 || topo.nDomains == 1 || railStagingBytes(*v) <= budget) return ncclSuccess;

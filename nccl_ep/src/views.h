@@ -28,7 +28,9 @@ constexpr int kThreads = 512;
 // Error-word sites of nccl_ep (common/device_error.h numbers the shared ones).
 // Bad-input reports: `index` the token, `peer` the column, `seen` the id; `expected` the limit (kSiteTopkIdx) or the
 // earlier column holding the same id (kSiteTopkRepeat).
-enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1, kSiteTopkRepeat };
+// The receive cap's (kSiteRecvCap, ERROR overflow): `seen` the rows for the rank, `expected` the cap, `index` the rows
+// past it.
+enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1, kSiteTopkRepeat, kSiteRecvCap };
 
 enum CallKind { kDispatch = 0, kCombine = 1 };
 
@@ -42,10 +44,11 @@ struct WindowLayout {
   // at these offsets + (seq & 1) * bankBytes.
   size_t combFlags;     // u64 [combSlots]: flag of combine staging row [r][slot] (LL: or [token][k]), written by r
   size_t exchange;      // int32 [R][exchangeInts]: row s written by source s
-  size_t dispRows;      // [R][maxTokens][rowStride]: region s written by source s
-  size_t dispMeta;      // [R][maxTokens][metaBytes]: the row's flag first
+  size_t dispRows;      // [R][maxTokens][rowStride]: region s written by source s (HT with a receive cap:
+                        // [recvCap][rowStride], source s's slot j at row recvOffset[s] + j, its FLAT row)
+  size_t dispMeta;      // [R][maxTokens][metaBytes]: the row's flag first (capped: [recvCap][metaBytes])
   size_t combRows;      // [combSlots][rowStride]: HT and LL per (token, rank): [r][slot], written by expert rank
-                        // r; LL per (token, expert): [token][k]
+                        // r (HT with a receive cap: row combMine[r] + slot); LL per (token, expert): [token][k]
   size_t header;        // LL: [R][headerBytes]: row s written by source s (its flag, then its counts for me)
   size_t dispFlags;     // LL: u64 [R][maxTokens][slices]: flag of each slice of dispatch staging row [s][slot]
                         // (LL combine flags are [combSlots][slices] likewise)
@@ -61,8 +64,11 @@ struct WindowLayout {
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader; then,
                      // the hierarchical HT (RailView::hier), the writer's tokens per destination domain
   int domainCounts;  // where those domain counts start in a row (R + E + NC + 1; the row ends there without them)
+  int retained;      // HT with a receive cap: where the row's L counts start, the writer's rows for each of the
+                     // reader's experts that fit the cap (written only when some rank's rows overflow it); 0: none
   int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)
-  int combSlots;     // rows of the combine staging: R x maxTokens (LL: at least maxTokens x maxTopk)
+  int combSlots;     // rows of the combine staging: R x maxTokens (LL: at least maxTokens x maxTopk; HT with a
+                     // receive cap: maxTokens x min(R, maxTopk), the most rows one rank's tokens send)
   int slices;        // LL: flags per staging row (ceil(max_token_bytes / kLlSliceCols): any row's slices); HT: 1
   int ownerCols;     // LL: min(max_topk, local experts), the most of a token's columns one rank can host
 };
@@ -84,9 +90,15 @@ struct MetaLayout {
 
 // Handle-derived int32 arrays, one device block; offsets in ints.
 struct DerivedLayout {
-  int srcCount, recvOffset, expCount, zoneStart, srcExpOff, chunkPrefix, totals, peerChunks, ints;
+  int srcCount, recvOffset, expCount, zoneStart, srcExpOff, chunkPrefix, totals, peerChunks;
   // totals: [0] FLAT rows, [1] EXPERT_MAJOR rows (pads included); peerChunks: [0] chunks of the peers' tokens
   // that hold rows for me (1 + the last such chunk of any peer)
+  // HT with a receive cap (GroupView::recvCap), [R] each: dispAt[r], where my rows start in r's dispatch staging
+  // (the rows of the sources before me to r); combAt[s], where my rows for owner s start in s's combine staging (s's
+  // rows to the ranks before me); combMine[r], where r's rows start in mine (my rows to the ranks before r). Then
+  // dropped [1], my rows past the cap. srcCount, expCount and totals count the rows delivered.
+  int dispAt, combAt, combMine, dropped;
+  int ints;
 };
 
 struct GroupView {
@@ -96,6 +108,11 @@ struct GroupView {
   MetaLayout meta;
   int rank, nRanks, numExperts, localExperts, maxTokens, nChunks, rowStride;
   int lowLatency;  // the group's algorithm is NCCL_EP_ALGO_LOW_LATENCY
+  // HT with max_recv_rows_per_rank (one domain): the dispatch staging's rows, min(cap, R x maxTokens); positions are
+  // dense (DerivedLayout::dispAt, combAt, combMine) and rows at or past it are not sent. 0: no cap (staging by
+  // source).
+  int recvCap;
+  int recvCapError;  // with recvCap: rows past it are an error (NCCL_EP_RECV_OVERFLOW_ERROR), not only dropped
   uint64_t* calls;               // u64 [2]: dispatch and combine calls completed on this rank
   unsigned long long* arrivals;  // [2]: CTAs of the running dispatch / combine kernel that finished
   uint64_t* sent;                // LL, u64 [2]: dispatch and combine calls whose send half ran on this rank
@@ -142,6 +159,7 @@ struct LayoutInfoOut {
   int* srcRankCounters;
   int* expertOffsets;
   int* recvTotal;
+  int* recvDropped;  // HT: rows past the receive cap (0 without one)
 };
 
 // Where `offset` bytes into a remote rank's window (one of my slices of its staging, either bank) sits in my outbox

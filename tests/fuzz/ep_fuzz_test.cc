@@ -287,7 +287,9 @@ struct Fake {
 template <typename T>
 bool knownSize(size_t size) {
   if (size == sizeof(T)) return true;
-  if constexpr (std::is_same_v<T, ncclEpGroupConfig_t>) return size == NCCL_EP_GROUP_CONFIG_V1_SIZE;
+  if constexpr (std::is_same_v<T, ncclEpGroupConfig_t>)
+    return size == NCCL_EP_GROUP_CONFIG_V1_SIZE || size == NCCL_EP_GROUP_CONFIG_V2_SIZE;
+  if constexpr (std::is_same_v<T, ncclEpLayoutInfo_t>) return size == NCCL_EP_LAYOUT_INFO_V1_SIZE;
   if constexpr (std::is_same_v<T, ncclEpDispatchConfig_t>) return size == NCCL_EP_DISPATCH_CONFIG_V1_SIZE;
   return false;
 }
@@ -312,11 +314,11 @@ ncclEpLayoutInfo_t makeLayoutInfo(Rng& rng, const Fake& f, Breaks* b) {
   makeHeader(rng, &info, true, b);
   const int L = f.group.view.localExperts, R = f.group.view.nRanks;
   ncclEpTensor_t* outs[] = {&info.expert_counters, &info.src_rank_counters, &info.expert_offsets,
-                            &info.recv_total_counter};
-  const int n[] = {L, R, L, 1};
+                            &info.recv_total_counter, &info.recv_dropped_counter};
+  const int n[] = {L, R, L, 1, 1};
   const char* names[] = {"layout_info.expert_counters", "layout_info.src_rank_counters", "layout_info.expert_offsets",
-                         "layout_info.recv_total_counter"};
-  for (int i = 0; i < 4; i++)
+                         "layout_info.recv_total_counter", "layout_info.recv_dropped_counter"};
+  for (int i = 0; i < 5; i++)
     if (rng.chance(1, 2))
       *outs[i] = makeTensor(rng, {names[i], 1, {ncclInt32}, {}, {n[i]}, {true}, true, false}, true, b);
   return info;
@@ -342,7 +344,7 @@ TEST(EpFuzz, CreateGroup) {
     auto classic = [&](int which) {
       switch (which) {
         case 0:
-          cfg.size = rng.chance(1, 2) ? 0 : (unsigned)sizeof(cfg) - 16;
+          cfg.size = rng.chance(1, 2) ? 0 : (unsigned)sizeof(cfg) - 4;
           break;  // no size, or one no layout of the struct has
         case 1:
           cfg.magic = rng.chance(1, 2) ? 0 : NCCL_EP_MAGIC + 1;
@@ -381,13 +383,27 @@ TEST(EpFuzz, CreateGroup) {
           else
             cfg.alloc.free_fn = [](void*, void*) { return 0; };
           break;
+        case 10:
+          if (rng.chance(1, 2)) {  // a receive cap below 0, or on a Low-Latency group
+            cfg.max_recv_rows_per_rank = (int)rng.range(INT_MIN, -1);
+          } else {
+            cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+            cfg.max_tokens_per_rank = (int)rng.range(1, 1024);
+            cfg.max_recv_rows_per_rank = (int)rng.range(1, INT_MAX);
+          }
+          break;
+        case 11:
+          cfg.recv_overflow = (ncclEpRecvOverflow_t)rng.pick(kBadEnums);
+          break;
         default:
           cfg.lsa_domain_size = (int)rng.range(INT_MIN, -1);
           break;
       }
     };
+    if (rng.chance(1, 4)) cfg.max_recv_rows_per_rank = (int)rng.range(0, INT_MAX);
+    if (rng.chance(1, 4)) cfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_DROP;
     bool broken = false;
-    for (int k = 0; k < 11; k++)
+    for (int k = 0; k < 13; k++)
       if (rng.chance(1, 12)) {
         classic(k);
         broken = true;
@@ -395,7 +411,7 @@ TEST(EpFuzz, CreateGroup) {
     const int commKind = (int)rng.below(3);    // NULL, fake, fake
     const bool nullGroup = rng.chance(1, 20), nullConfig = rng.chance(1, 20);
     ncclComm_t comm = commKind == 0 ? nullptr : fakeComm();
-    if (comm && !nullGroup && !nullConfig && !broken) classic((int)rng.below(11));
+    if (comm && !nullGroup && !nullConfig && !broken) classic((int)rng.below(13));
     ncclEpGroup_t g = reinterpret_cast<ncclEpGroup_t>(0x1);
     c.describe([&] {
       char buf[400];

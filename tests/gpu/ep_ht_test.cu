@@ -196,6 +196,7 @@ struct Runner {
   uint64_t seed;
   int errors = 0;
   std::string lastBadCase;
+  int cap = 0;  // the group's max_recv_rows_per_rank (0: none): the reference keeps each rank's first `cap` rows
   void bad(const Case& c, const char* what, long a = 0, long b = 0) {
     if (errors++ < 10 || lastBadCase != c.name)
       fprintf(stderr, "rank %d [%s] %s (%ld, %ld)\n", ctx.rank, c.name.c_str(), what, a, b);
@@ -281,11 +282,16 @@ struct Runner {
   int runCase(const Case& c, uint64_t caseSeed) {
     const int rank = ctx.rank, R = ctx.nRanks, K = c.topk, L = c.expertsPerRank;
     const Routing r = makeRouting(c, R, caseSeed);
-    const auto recv = ncclep::ref::dispatchLayout(r, std::max(1, c.align));
+    const auto recv = ncclep::ref::dispatchLayout(r, std::max(1, c.align), cap);
     const ncclep::ref::RankRecv& rr = recv[rank];
     const int T = r.numTokens[rank];
     const size_t rowBytes = c.hidden * esize(c.dtype);
     const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;
+    // kept[d][t]: my token t's row reached rank d (it has an expert there and, under a cap, fit)
+    std::vector<std::vector<char>> kept(R, std::vector<char>(T, 0));
+    for (int d = 0; d < R; d++)
+      for (const ncclep::ref::FlatRow& f : recv[d].flat)
+        if (f.src == rank) kept[d][f.token] = 1;
     // Routing to the device.
     DeviceBuf topk((size_t)T * K * (c.idx64 ? 8 : 4));
     if (c.idx64) {
@@ -294,13 +300,14 @@ struct Runner {
     } else {
       topk.put(r.topkIdx[rank].data(), r.topkIdx[rank].size() * 4);
     }
-    DeviceBuf cntE(L * 4), cntS(R * 4), offE(L * 4), total(4);
-    for (DeviceBuf* b : {&cntE, &cntS, &offE, &total}) b->poison();
+    DeviceBuf cntE(L * 4), cntS(R * 4), offE(L * 4), total(4), dropped(4);
+    for (DeviceBuf* b : {&cntE, &cntS, &offE, &total, &dropped}) b->poison();
     ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
     info.expert_counters = epTensor(cntE.p, ncclInt32, {L});
     info.src_rank_counters = epTensor(cntS.p, ncclInt32, {R});
     info.expert_offsets = epTensor(offE.p, ncclInt32, {L});
     info.recv_total_counter = epTensor(total.p, ncclInt32, {1});
+    info.recv_dropped_counter = epTensor(dropped.p, ncclInt32, {1});
     ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
     hc.dispatch_output_per_expert_alignment = c.align;
     hc.sizing = c.sizing;
@@ -343,6 +350,8 @@ struct Runner {
     for (int s = 0; s < R; s++)
       if (hsrc[s] != rr.srcCounts[s]) bad(c, "src_rank_counters differ at", s, hsrc[s]);
     if (ht[0] != want) bad(c, "recv_total_counter differs", ht[0], want);
+    const int hd = dropped.get<int>(1)[0];
+    if (hd != rr.dropped) bad(c, "recv_dropped_counter differs", hd, rr.dropped);
 
     // Combine: a numeric dtype (fp8 cases combine in bf16).
     const ncclDataType_t cd = c.dtype == ncclFloat8e4m3 ? ncclBfloat16 : c.dtype;
@@ -356,16 +365,29 @@ struct Runner {
       for (int col = 0; col < c.hidden; col++)
         storeValue(cd, hin.data(), i * c.hidden + col, combineValue(caseSeed, rank, s, t, k, col));
     }
-    DeviceBuf cin(rows * cRow), cout((size_t)T * cRow);
+    DeviceBuf cin(rows * cRow), cout((size_t)T * cRow), missing((size_t)T * 4);
     cin.put(hin.data(), hin.size());
     cout.poison();
+    missing.poison();
     ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
     ci.tokens = epTensor(cin.p, cd, {rows, c.hidden});
     ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
     co.tokens = epTensor(cout.p, cd, {T, c.hidden});
+    if (cap) co.missing_experts = epTensor(missing.p, ncclInt32, {T});
     EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
     if (wait("combine")) return 1;
     auto hc2 = cout.get<uint8_t>((size_t)T * cRow);
+    if (cap) {  // per token: its experts on ranks its row did not reach
+      auto hm = missing.get<int>(T);
+      for (int t = 0; t < T; t++) {
+        int n = 0;
+        for (int k = 0; k < K; k++) {
+          const int e = r.topkIdx[rank][(size_t)t * K + k];
+          n += e >= 0 && !kept[r.owner(e)][t];
+        }
+        if (hm[t] != n) { bad(c, "missing_experts differs at token", t, hm[t]); break; }
+      }
+    }
     const double tol = flat ? 0.0 : cd == ncclBfloat16 ? 2e-2 : cd == ncclFloat16 ? 4e-3 : 1e-5;
     for (int t = 0; t < T; t++) {
       for (int col = 0; col < c.hidden; col++) {
@@ -374,6 +396,7 @@ struct Runner {
           const int e = r.topkIdx[rank][(size_t)t * K + k];
           if (e < 0) continue;
           const int d = r.owner(e);
+          if (!kept[d][t]) continue;  // past the receive cap at d: not in the sum
           if (flat) {
             // Each destination rank contributes its one row once.
             bool first = true;
@@ -564,6 +587,43 @@ struct Runner {
       }
     }
     for (Side& sd : side) EXPECT_OK(ncclEpHandleDestroy(sd.h));
+    return 0;
+  }
+
+  // A group with a receive cap of `cap` rows and the ERROR policy, every rank's M tokens to the last rank's
+  // experts: the last rank gets more rows than the cap. A worst-case handle's creation returns everywhere; the last
+  // rank's next look at the group (ncclEpGroupGetAsyncError, after its stream) reports the rows that did not fit,
+  // the others see nothing. An EXACT handle's creation fails on the last rank with the same message and succeeds
+  // on the others.
+  int runCapError(int cap) {
+    const int rank = ctx.rank, R = ctx.nRanks, K = 8, T = kMaxTokens;
+    const bool last = rank == R - 1;
+    const Case c{"cap: ERROR policy", kAllToLastRank, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE,
+                 false, K, 8, true};
+    std::vector<int> idx(T * K);
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) idx[t * K + k] = (R - 1) * kExpertsPerRank + (t + k) % kExpertsPerRank;
+    DeviceBuf topk(idx.size() * 4);
+    topk.put(idx.data(), idx.size() * 4);
+    ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
+    const std::string want = "routes " + std::to_string((long long)T * R) + " rows to rank " + std::to_string(R - 1) +
+                             ", above max_recv_rows_per_rank " + std::to_string(cap);
+    for (ncclEpSizing_t sizing : {NCCL_EP_SIZING_WORST_CASE, NCCL_EP_SIZING_EXACT}) {
+      ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+      hc.sizing = sizing;
+      ncclEpHandle_t h = nullptr;
+      ncclResult_t res = ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, &hc, ctx.stream);
+      if (sizing == NCCL_EP_SIZING_WORST_CASE && res == ncclSuccess) {
+        if (ncclext::waitStream(ctx.stream, gTimeoutSeconds + 30, "cap handle") != ncclSuccess) return 1;
+        res = ncclEpGroupGetAsyncError(group);
+      }
+      const std::string msg = ncclEpGetLastError();
+      if (last && (res != ncclInvalidArgument || msg.find(want) == std::string::npos))
+        bad(c, ("receive cap overflow not reported as \"" + want + "\": " + msg).c_str(), res, sizing);
+      if (!last && res != ncclSuccess) bad(c, ("a rank within the cap failed: " + msg).c_str(), res, sizing);
+      if (sizing == NCCL_EP_SIZING_EXACT && last && h) bad(c, "an EXACT handle was returned past the cap");
+      if (h) ncclEpHandleDestroy(h);
+    }
     return 0;
   }
 
@@ -759,6 +819,61 @@ int main(int argc, char** argv) {
         cases.insert(cases.end(), limits.begin(), limits.end());
         if (ncclEpGroupDestroy(bigGroup) != ncclSuccess) {
           fprintf(stderr, "rank %d: ncclEpGroupDestroy (limits): %s\n", ctx.rank, ncclEpGetLastError());
+          rc = 1;
+        }
+      }
+    }
+    // The receive cap (inside one domain): a group whose ranks keep max_recv_rows_per_rank = M x R / 2 rows, DROP:
+    // random routings overflow some ranks now and then, the skewed ones (every token to the last rank) always;
+    // every output, count, combine and missing_experts against the reference that keeps each rank's first rows.
+    // Then, ERROR: the overflowing rank (the last) is told, the others not.
+    if (!rc && !acrossDomains) {
+      ncclEpGroupConfig_t capCfg = cfg;
+      capCfg.max_recv_rows_per_rank = std::max(1, kMaxTokens * ctx.nRanks / 2);
+      capCfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_DROP;
+      ncclEpGroup_t capGroup = nullptr;
+      if (ncclext::harness::createEpGroup(&capGroup, ctx.comm, &capCfg) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpCreateGroup (receive cap): %s\n", ctx.rank, ncclEpGetLastError());
+        rc = 1;
+      } else {
+        std::vector<Case> capped;
+        capped.push_back({"cap: bf16/flat/exact", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
+                          false, 8, 384, true});
+        capped.push_back({"cap: fp8/em/worst", kRandom, ncclFloat8e4m3, NCCL_EP_LAYOUT_EXPERT_MAJOR, 8,
+                          NCCL_EP_SIZING_WORST_CASE, true, 8, 1024, true});
+        Case skew{"cap: skew, flat/worst", kAllToLastRank, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                  NCCL_EP_SIZING_WORST_CASE, false, 8, 512, true};
+        skew.allFull = true;
+        capped.push_back(skew);
+        skew.name = "cap: skew, em/exact, fp32";
+        skew.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
+        skew.align = 4;
+        skew.sizing = NCCL_EP_SIZING_EXACT;
+        skew.dtype = ncclFloat32;
+        capped.push_back(skew);
+        Runner capRun{ctx, capGroup, seed, 0, {}, capCfg.max_recv_rows_per_rank};
+        for (size_t i = 0; i < capped.size() && !rc; i++) {
+          const int before = capRun.errors;
+          rc |= capRun.runCase(capped[i], seed * 100 + 70 + i);
+          if (capRun.errors != before) failedCases++;
+        }
+        run.errors += capRun.errors;
+        cases.insert(cases.end(), capped.begin(), capped.end());
+        if (ncclEpGroupDestroy(capGroup) != ncclSuccess) {
+          fprintf(stderr, "rank %d: ncclEpGroupDestroy (receive cap): %s\n", ctx.rank, ncclEpGetLastError());
+          rc = 1;
+        }
+      }
+      capCfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_ERROR;
+      if (!rc && ncclext::harness::createEpGroup(&capGroup, ctx.comm, &capCfg) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpCreateGroup (receive cap, ERROR): %s\n", ctx.rank, ncclEpGetLastError());
+        rc = 1;
+      } else if (!rc) {
+        Runner capRun{ctx, capGroup, seed, 0, {}, capCfg.max_recv_rows_per_rank};
+        rc |= capRun.runCapError(capCfg.max_recv_rows_per_rank);
+        run.errors += capRun.errors;
+        if (ncclEpGroupDestroy(capGroup) != ncclSuccess) {
+          fprintf(stderr, "rank %d: ncclEpGroupDestroy (receive cap, ERROR): %s\n", ctx.rank, ncclEpGetLastError());
           rc = 1;
         }
       }

@@ -208,9 +208,9 @@ def test_missing_experts_of_no_tokens_has_no_pointer(on_cpu):
      "missing_experts must have 1 dimensions"),
     (True, True, torch.zeros(10, dtype=torch.int32)[::2], ep.NcclInvalidArgument, "missing_experts must be contiguous"),
     (True, True, [0] * 5, ep.NcclInvalidArgument, "missing_experts must be a torch.Tensor, not list"),
-    (True, False, torch.zeros(5, dtype=torch.int32), ep.NcclInvalidUsage,
-     "made with enable_mask=True; this one is Low-Latency without a mask"),
-    (False, False, torch.zeros(5, dtype=torch.int32), ep.NcclInvalidUsage, "this one is High-Throughput"),
+    (True, False, torch.zeros(5, dtype=torch.int32), ep.NcclInvalidUsage, "this one is Low-Latency without a mask"),
+    (False, False, torch.zeros(5, dtype=torch.int32), ep.NcclInvalidUsage,
+     "this one is High-Throughput without a receive cap"),
 ])
 def test_missing_experts_refusals(on_cpu, ll, mask, missing, exc, text):
     g = _shell(low_latency=ll, enable_mask=mask)
@@ -218,6 +218,14 @@ def test_missing_experts_refusals(on_cpu, ll, mask, missing, exc, text):
     with pytest.raises(exc, match=text):
         _combine(g, h, missing_experts=missing)
     assert on_cpu == []
+
+
+def test_a_high_throughput_group_with_a_receive_cap_takes_missing_experts(on_cpu):
+    g = _shell(low_latency=False, enable_mask=False)
+    g.max_recv_rows_per_rank = 100
+    h = _FakeHandle(g)
+    _combine(g, h, missing_experts=torch.zeros(5, dtype=torch.int32))
+    assert on_cpu[0].structs[1].missing_experts.ndim == 1
 
 
 def test_missing_experts_must_be_on_the_gpu(on_cpu, monkeypatch):

@@ -92,6 +92,54 @@ def _check_flat(g, me, R, sizing):
     recv.handle.close()
 
 
+def test_a_receive_cap_keeps_each_ranks_first_rows(ht):
+    # max_recv_rows_per_rank = M * R / 2 with recv_overflow="drop": a rank keeps its first FLAT rows (source by source,
+    # tokens in order) up to the cap; the rest are not delivered (the handle's recv_dropped counts them), and combine
+    # sums only the rows delivered, missing_experts counting each token's experts left out. Across NVLink domains
+    # (one-GPU nodes) the cap is refused, on every rank alike.
+    g0, me, R = ht
+    cap = M * R // 2
+    args = dict(num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, dtype=torch.float32, max_topk=K, num_sms=8,
+                timeout_s=30, max_recv_rows_per_rank=cap, recv_overflow="drop")
+    if g0.info()["n_domains"] > 1:
+        with pytest.raises(ep.NcclInvalidUsage, match="inside one NVLink domain"):
+            ep.Group(**args)
+        return
+    g = ep.Group(**args)
+    try:
+        assert g.info()["window_bytes"] < g0.info()["window_bytes"]
+
+        def kept(d):  # rank d's rows: (source, token) in FLAT order, the first `cap` of them, and how many did not fit
+            rows = [(s, t) for s in range(R) for t in _mine(_inputs(s, R)[0], d).any(dim=1).nonzero()[:, 0].tolist()]
+            return rows[:cap], max(0, len(rows) - cap)
+
+        idx, x, w = _inputs(me, R)
+        for sizing in ("exact", "worst_case"):
+            recv = g.dispatch(x.cuda(), idx.cuda(), w.float().cuda(), layout="flat", sizing=sizing)
+            torch.cuda.synchronize()
+            rows, dropped = kept(me)
+            want = torch.stack([_inputs(s, R)[1][t] for s, t in rows]) if rows else x[:0]
+            assert int(recv.handle.recv_dropped) == dropped
+            assert int(recv.recv_total) == len(rows)
+            assert torch.equal(recv.tokens[:len(rows)].cpu(), want)
+            missing = torch.full((idx.shape[0],), -1, dtype=torch.int32, device="cuda")
+            out = g.combine(recv.tokens * 2, recv.handle, missing_experts=missing)
+            torch.cuda.synchronize()
+            reached = torch.zeros(idx.shape[0], R, dtype=torch.bool)  # my token t's row fit at rank d
+            for d in range(R):
+                for s, t in kept(d)[0]:
+                    if s == me:
+                        reached[t, d] = True
+            want_out = (x.float() * 2 * reached.sum(dim=1, keepdim=True)).to(torch.bfloat16)
+            assert torch.equal(out.cpu(), want_out)
+            owner = torch.where(idx >= 0, idx // LOCAL, torch.zeros_like(idx))
+            lost = (idx >= 0) & ~reached.gather(1, owner)
+            assert torch.equal(missing.cpu(), lost.sum(dim=1).int())
+            recv.handle.close()
+    finally:
+        g.close()
+
+
 def test_flat_topk_idx_in_global_expert_ids(ht):
     # global_expert_ids=True: each source's rows carry the routing's own ids where the expert is here, -1 elsewhere.
     g, me, R = ht

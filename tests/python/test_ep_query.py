@@ -37,6 +37,30 @@ def test_the_window_and_the_rail_staging_at_scale_are_the_models(nodes):
     assert info["rail_round_tokens"] == (m.DEFAULT_RAIL_ROUND_TOKENS if nodes > 1 else 4096)
 
 
+@pytest.mark.parametrize("gpus", [8, 16, 32, 64])
+def test_a_receive_cap_sizes_the_window_as_the_model(gpus):
+    # One NVLink domain of `gpus`, a cap of twice a rank's mean load under uniform top-8 routing (the table
+    # nccl_ext_info prints): the library's window is the model's, and past 16 GPUs it is several times smaller.
+    local, miss = 256 // gpus, 1.0
+    for i in range(8):
+        miss *= (256 - local - i) / (256 - i)
+    cap = int(2 * gpus * 4096 * (1 - miss))
+    whole, capped = _query(1, gpus, 4096), _query(1, gpus, 4096, max_recv_rows_per_rank=cap)
+    assert capped["window_bytes"] == m.ht_window_bytes(1, gpus, 7168, 8, 256, 4096, recv_cap=cap)["window_bytes"]
+    assert whole["window_bytes"] / capped["window_bytes"] >= {8: 1.0, 16: 1.5, 32: 2.8, 64: 5.4}[gpus]
+
+
+def test_a_receive_cap_is_refused_where_it_cannot_hold():
+    with pytest.raises(ep.NcclInvalidUsage, match="inside one NVLink domain"):
+        _query(2, 8, 4096, max_recv_rows_per_rank=1000)
+    with pytest.raises(ep.NcclInvalidUsage, match="belongs to the High-Throughput mode"):
+        _query(1, 8, 128, algorithm="low_latency", max_recv_rows_per_rank=1000)
+    with pytest.raises(ep.NcclInvalidArgument, match="recv_overflow='ignore': expected one of drop, error"):
+        _query(1, 8, 4096, max_recv_rows_per_rank=1000, recv_overflow="ignore")
+    with pytest.raises(ep.NcclInvalidArgument, match="max_recv_rows_per_rank -5 < 0"):
+        _query(1, 8, 4096, max_recv_rows_per_rank=-5)
+
+
 def test_groups_past_64_ranks_are_refused():
     # nccl_ep's groups take at most 64 ranks (views.h kMaxRanks): 16 nodes of 8 are beyond them today.
     with pytest.raises(ep.NcclInvalidArgument, match="n_ranks 128 not in"):

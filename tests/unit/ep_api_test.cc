@@ -867,6 +867,118 @@ TEST(EpApi, OlderConfigLayoutsAreAccepted) {
   EXPECT_EQ(a.rail_hierarchical, 0);
 }
 
+// High-Throughput's receive cap (max_recv_rows_per_rank, one NVLink domain): the dispatch staging holds the cap's
+// rows, the combine staging the most rows one rank's tokens send (M x min(R, K)), and the exchange row gains the
+// retained counts (L ints); the rest of the window is as without a cap. A cap above R x M stays dense but bounds
+// nothing; the checks refuse it across domains, on Low-Latency groups, below 0, and an unknown overflow policy.
+TEST(EpCap, ReceiveCapSizesTheStaging) {
+  ncclEpGroupConfig_t cfg = goodConfig();  // 256 experts, M 4096, 14336-byte rows, top-8
+  const int R = 8, M = 4096, K = 8, L = 256 / R;
+  const ncclep::GroupView open = layoutOnRank0(cfg, R, R);
+  EXPECT_EQ(open.recvCap, 0);
+  cfg.max_recv_rows_per_rank = 12000;
+  const ncclep::GroupView capped = layoutOnRank0(cfg, R, R);
+  EXPECT_EQ(capped.recvCap, 12000);
+  EXPECT_EQ(capped.recvCapError, 1);
+  EXPECT_EQ(capped.wl.dispMeta - capped.wl.dispRows, ncclep::alignUp(12000ull * 14336, 4096));
+  EXPECT_EQ(capped.wl.combSlots, M * std::min(R, K));
+  EXPECT_EQ(capped.wl.exchangeInts, open.wl.exchangeInts + L);
+  EXPECT_EQ(capped.wl.retained, open.wl.exchangeInts);
+  EXPECT_LT(capped.wl.total, open.wl.total);
+  cfg.max_recv_rows_per_rank = R * M + 5;  // above the most rows any routing sends: dense, nothing dropped
+  EXPECT_EQ(layoutOnRank0(cfg, R, R).recvCap, R * M);
+  cfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_DROP;
+  EXPECT_EQ(layoutOnRank0(cfg, R, R).recvCapError, 0);
+  // The memory model: 64 ranks in one domain (4 experts each), a cap of twice the mean load of uniform top-8
+  // routing: a source's token reaches a given rank with probability 1 - C(252, 8) / C(256, 8), so a rank receives
+  // 64 x M x that rows on average (31,439). The window shrinks 5.4x (7.67 GB to 1.41 GB).
+  double miss = 1;
+  for (int i = 0; i < 8; i++) miss *= (252.0 - i) / (256.0 - i);
+  const int meanRows = (int)(64.0 * M * (1 - miss));
+  EXPECT_EQ(meanRows, 31439);
+  ncclEpGroupConfig_t big = goodConfig();
+  ncclEpGroupInfo_t a = NCCL_EP_GROUP_INFO_INIT, b = NCCL_EP_GROUP_INFO_INIT;
+  ASSERT_EQ(ncclEpGroupInfoQuery(&big, 64, 64, &a), ncclSuccess) << ncclEpGetLastError();
+  big.max_recv_rows_per_rank = 2 * meanRows;
+  ASSERT_EQ(ncclEpGroupInfoQuery(&big, 64, 64, &b), ncclSuccess) << ncclEpGetLastError();
+  EXPECT_GT((double)a.window_bytes / (double)b.window_bytes, 5.0) << a.window_bytes << " vs " << b.window_bytes;
+  // The checks.
+  ncclEpGroupConfig_t c = goodConfig();
+  c.max_recv_rows_per_rank = 1000;
+  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclInvalidUsage);  // two domains of four
+  EXPECT_TRUE(says("inside one NVLink domain")) << ncclEpGetLastError();
+  c.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+  c.max_tokens_per_rank = 128;
+  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 8, &a), ncclInvalidUsage);
+  EXPECT_TRUE(says("belongs to the High-Throughput mode")) << ncclEpGetLastError();
+  c = goodConfig();
+  c.max_recv_rows_per_rank = -1;
+  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 8, &a), ncclInvalidArgument);
+  EXPECT_TRUE(says("max_recv_rows_per_rank -1 < 0")) << ncclEpGetLastError();
+  c.max_recv_rows_per_rank = 1000;
+  c.recv_overflow = (ncclEpRecvOverflow_t)7;
+  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 8, &a), ncclInvalidArgument);
+  EXPECT_TRUE(says("recv_overflow 7 unknown")) << ncclEpGetLastError();
+}
+
+// A config of the second layout (NCCL_EP_GROUP_CONFIG_V2_SIZE: before the receive cap) reads no cap whatever lies
+// past it; a layout_info of the first layout (no recv_dropped_counter) is read up to its size; the cap's outputs are
+// refused where they mean nothing (recv_dropped_counter on Low-Latency groups, missing_experts on a High-Throughput
+// group without a cap) and checked where they do.
+TEST(EpCap, OlderLayoutsAndTheCapsOutputs) {
+  struct {
+    ncclEpGroupConfig_t cfg;
+    char pad[64];
+  } old;
+  std::memset(&old, 0x5a, sizeof(old));
+  const ncclEpGroupConfig_t now = goodConfig();
+  std::memcpy(&old.cfg, &now, NCCL_EP_GROUP_CONFIG_V2_SIZE);
+  old.cfg.size = NCCL_EP_GROUP_CONFIG_V2_SIZE;
+  ncclEpGroupInfo_t a = NCCL_EP_GROUP_INFO_INIT, b = NCCL_EP_GROUP_INFO_INIT;
+  ASSERT_EQ(ncclEpGroupInfoQuery(&old.cfg, 8, 8, &a), ncclSuccess) << ncclEpGetLastError();
+  ASSERT_EQ(ncclEpGroupInfoQuery(&now, 8, 8, &b), ncclSuccess);
+  EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);
+  // layout_info of the first layout: its header passes, the next check (a tensor of the wrong length) speaks.
+  Fake f;
+  struct {
+    ncclEpLayoutInfo_t info;
+    char pad[64];
+  } oldInfo;
+  std::memset(&oldInfo, 0x5a, sizeof(oldInfo));
+  const ncclEpLayoutInfo_t init = NCCL_EP_LAYOUT_INFO_INIT;
+  std::memcpy(&oldInfo.info, &init, NCCL_EP_LAYOUT_INFO_V1_SIZE);
+  oldInfo.info.size = NCCL_EP_LAYOUT_INFO_V1_SIZE;
+  oldInfo.info.recv_total_counter = epTensor(f.p, ncclInt32, {2});
+  ncclEpHandle_t h = nullptr;
+  ncclEpTensor_t idx = epTensor(f.p, ncclInt32, {100, 8});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, &oldInfo.info, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("layout_info.recv_total_counter: sizes[0] = 2")) << ncclEpGetLastError();
+  ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
+  info.recv_dropped_counter = epTensor(f.p, ncclInt32, {3});
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, &info, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("layout_info.recv_dropped_counter: sizes[0] = 3")) << ncclEpGetLastError();
+  FakeLl ll;
+  info.recv_dropped_counter = epTensor(ll.p, ncclInt32, {1});
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(ll.p, ncclBfloat16, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(ll.p, ncclBfloat16, {2 * 256, 7168});
+  EXPECT_EQ(ncclEpDispatch(&ll.handle, &in, &out, &info, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("recv_dropped_counter: High-Throughput only")) << ncclEpGetLastError();
+  // missing_experts at a High-Throughput combine: only with a cap, then [T] int32.
+  ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+  ci.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
+  ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  co.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  co.missing_experts = epTensor(f.p, ncclInt32, {99});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("High-Throughput groups with max_recv_rows_per_rank")) << ncclEpGetLastError();
+  f.group.view.recvCap = 150;
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.missing_experts: sizes[0] = 99")) << ncclEpGetLastError();
+}
+
 // A dispatch config of the first layout (no global_expert_ids) is read as such: what lies past it is not read (the
 // appended field is 0), so the call goes on to its next check; a field out of range and an unknown size are refused.
 TEST(EpApi, OlderDispatchConfigLayoutsAreAccepted) {

@@ -3,7 +3,7 @@
 namespace ncclep {
 namespace ref {
 
-std::vector<RankRecv> dispatchLayout(const Routing& r, int align) {
+std::vector<RankRecv> dispatchLayout(const Routing& r, int align, int cap) {
   const int L = r.localExperts();
   std::vector<RankRecv> out(r.nRanks);
   for (int d = 0; d < r.nRanks; d++) {
@@ -16,14 +16,19 @@ std::vector<RankRecv> dispatchLayout(const Routing& r, int align) {
         bool hit = false;
         for (int k = 0; k < r.topk; k++) {
           const int e = r.topkIdx[s][(size_t)t * r.topk + k];
-          if (e < 0 || r.owner(e) != d) continue;
-          hit = true;
-          zones[e - d * L].push_back({s, t, k});
+          hit = hit || (e >= 0 && r.owner(e) == d);
         }
-        if (hit) {
-          rr.flat.push_back({s, t});
-          rr.srcCounts[s]++;
+        if (!hit) continue;
+        if (cap > 0 && (int)rr.flat.size() >= cap) {
+          rr.dropped++;
+          continue;
         }
+        for (int k = 0; k < r.topk; k++) {
+          const int e = r.topkIdx[s][(size_t)t * r.topk + k];
+          if (e >= 0 && r.owner(e) == d) zones[e - d * L].push_back({s, t, k});
+        }
+        rr.flat.push_back({s, t});
+        rr.srcCounts[s]++;
       }
     }
     rr.zoneStart.assign(L, 0);

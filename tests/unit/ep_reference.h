@@ -6,6 +6,8 @@
 //                 the alignment; inside a zone rows are ordered by (source rank, token); pad rows are zero.
 //   combine FLAT  out[t] = sum over the ranks r that received t of in_r[row(t, r)].
 //   combine EM    out[t] = sum over ranks r of sum over t's experts e on r of w[t][k(e)] * in_r[row(t, e)].
+//   receive cap   (max_recv_rows_per_rank) a rank keeps its first `cap` FLAT rows; the rows past them are not
+//                 delivered in either layout (zones and counts hold the kept rows only), and combine leaves them out.
 #pragma once
 
 #include <cstddef>
@@ -37,10 +39,11 @@ struct RankRecv {
   std::vector<int> expertCounts;  // per local expert, unpadded
   std::vector<int> zoneStart;     // per local expert
   std::vector<EmRow> em;          // EXPERT_MAJOR rows, pads included
+  int dropped = 0;                // rows past the receive cap
 };
 
-// Receive layouts of every rank. `align` >= 1.
-std::vector<RankRecv> dispatchLayout(const Routing& r, int align);
+// Receive layouts of every rank. `align` >= 1; `cap` > 0: the receive cap.
+std::vector<RankRecv> dispatchLayout(const Routing& r, int align, int cap = 0);
 
 // Combine, in double. flatIn[rank][row][h] -> out[rank][token][h].
 std::vector<std::vector<std::vector<double>>> combineFlat(const Routing& r, const std::vector<RankRecv>& recv,

@@ -68,6 +68,67 @@ TEST(EpReference, CombineSumsFlatAndWeightsExpertMajor) {
   EXPECT_DOUBLE_EQ(outEm[1][0][0], 10.0);
 }
 
+// The receive cap on the hand case: rank 1's FLAT rows are (0, t0), (0, t2), (1, t0); a cap of 2 keeps the first
+// two, so its own token t0 (experts 3 and 2, both here) is dropped: out of zones and counts, and out of combine.
+TEST(EpReference, CapKeepsTheFirstFlatRows) {
+  Routing r = handCase();
+  auto recv = dispatchLayout(r, 1, 2);
+  ASSERT_EQ(recv[1].flat.size(), 2u);
+  EXPECT_EQ(recv[1].dropped, 1);
+  EXPECT_EQ(recv[1].srcCounts, (std::vector<int>{2, 0}));
+  EXPECT_EQ(recv[1].expertCounts, (std::vector<int>{1, 2}));
+  EXPECT_EQ(recv[0].dropped, 0);  // two rows: none past the cap
+  std::vector<std::vector<std::vector<double>>> in(2);
+  for (int d = 0; d < 2; d++) in[d].assign(recv[d].flat.size(), std::vector<double>(1, d + 1.0));
+  auto out = combineFlat(r, recv, in, 1);
+  EXPECT_DOUBLE_EQ(out[0][0][0], 3.0);
+  EXPECT_DOUBLE_EQ(out[1][0][0], 0.0);  // its only row was dropped
+}
+
+// What the kernels rely on (ht/route.cu, the retained counts): under a cap, each source's rows that an expert's
+// zone keeps are the first of that source's rows in the uncapped zone, so that a row's (source, expert) index
+// still places it.
+TEST(EpReference, CapKeepsAPrefixOfEverySourcesRowsPerExpert) {
+  std::mt19937 rng(11);
+  for (int c = 0; c < 200; c++) {
+    Routing r;
+    r.nRanks = 1 + rng() % 8;
+    r.numExperts = r.nRanks * (1 + rng() % 8);
+    r.topk = 1 + rng() % std::min(8, r.numExperts);
+    r.numTokens.resize(r.nRanks);
+    r.topkIdx.resize(r.nRanks);
+    for (int s = 0; s < r.nRanks; s++) {
+      r.numTokens[s] = rng() % 40;
+      for (int t = 0; t < r.numTokens[s]; t++) {
+        std::vector<int> pool(r.numExperts);
+        for (int e = 0; e < r.numExperts; e++) pool[e] = e;
+        std::shuffle(pool.begin(), pool.end(), rng);
+        for (int k = 0; k < r.topk; k++) r.topkIdx[s].push_back(rng() % 5 == 0 ? -1 : pool[k]);
+      }
+    }
+    const int cap = 1 + rng() % 60;
+    const auto open = dispatchLayout(r, 1), capped = dispatchLayout(r, 1, cap);
+    const int L = r.localExperts();
+    for (int d = 0; d < r.nRanks; d++) {
+      EXPECT_EQ(capped[d].flat.size() + capped[d].dropped, open[d].flat.size());
+      EXPECT_LE((int)capped[d].flat.size(), cap);
+      for (int l = 0; l < L; l++) {
+        auto rowsOf = [&](const RankRecv& rr, int s) {
+          std::vector<int> tokens;
+          for (int i = rr.zoneStart[l]; i < rr.zoneStart[l] + rr.expertCounts[l]; i++)
+            if (rr.em[i].src == s) tokens.push_back(rr.em[i].token);
+          return tokens;
+        };
+        for (int s = 0; s < r.nRanks; s++) {
+          const std::vector<int> all = rowsOf(open[d], s), kept = rowsOf(capped[d], s);
+          ASSERT_LE(kept.size(), all.size());
+          EXPECT_TRUE(std::equal(kept.begin(), kept.end(), all.begin())) << "case " << c << " rank " << d;
+        }
+      }
+    }
+  }
+}
+
 TEST(EpReference, RandomRoutingsConserveRows) {
   std::mt19937 rng(5);
   for (int c = 0; c < 200; c++) {

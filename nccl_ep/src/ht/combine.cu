@@ -136,9 +136,10 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
     const int base = x.d[x.h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
+      if (g.recvCap && base + slot >= g.recvCap) break;  // this and later rows were past the receive cap: not here
       const int at = roundSlotOf(g.rail, s, slot, x.c.roundLo, x.c.roundSlots);
       if (at < 0) continue;  // another round's row
-      const size_t rowIndex = (size_t)me * g.maxTokens + at;
+      const size_t rowIndex = g.recvCap ? (size_t)(x.d[x.h.dl.combAt + s] + slot) : (size_t)me * g.maxTokens + at;
       char* dst = static_cast<char*>(peerAt(g, g.wl.combRows + rowIndex * g.rowStride, s));
       if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
         warpCopy<false>(lane, dst, x.c.in + (size_t)(base + slot) * x.c.rowBytes, x.c.rowBytes);
@@ -174,13 +175,29 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   auto slotOf = [&](int r) { return __shfl_sync(0xffffffffu, r < 32 ? slotLo : slotHi, r & 31); };
   const char* staging = static_cast<const char*>(g.peers.local(g.wl.combRows));
   const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
+  // With a receive cap: the token's row at rank r was dropped (past the cap there; DerivedLayout::dispAt, whose
+  // entry for me is recvOffset[me]), else where r's row for it is in my staging (combMine).
+  auto dropped = [&](int r, int slot) { return g.recvCap && x.d[h.dl.dispAt + r] + slot >= g.recvCap; };
+  auto stagingRow = [&](int r, int slot) {
+    return g.recvCap ? (size_t)(x.d[h.dl.combMine + r] + slot) : (size_t)r * g.maxTokens + slot;
+  };
   for (int r = 0; r < R; r++) {
     const int slot = slotOf(r);
-    if (r != me && slot >= 0 && !warpAcquire(g, flags + (size_t)r * g.maxTokens + slot, seq, r, slot))
+    if (r != me && slot >= 0 && !dropped(r, slot) && !warpAcquire(g, flags + stagingRow(r, slot), seq, r, slot))
       return false;
   }
+  if (x.c.missing) {  // lane k: whether column k's expert sits on a rank that dropped the token's row
+    const int K = h.topk;
+    bool miss = false;
+    if (lane < K && h.emIdx[(size_t)t * g.meta.maxTopk + lane] >= 0) {
+      const int r = loadExpert(h, t, lane) / g.localExperts;
+      miss = dropped(r, h.sendSlot[(size_t)t * R + r]);
+    }
+    const int n = __popc(__ballot_sync(0xffffffffu, miss));
+    if (lane == 0) x.c.missing[t] = n;
+  }
   const int mySlot = slotOf(me);
-  const int myRow = mySlot >= 0 ? x.d[h.dl.recvOffset + me] + mySlot : -1;
+  const int myRow = mySlot >= 0 && !dropped(me, mySlot) ? x.d[h.dl.recvOffset + me] + mySlot : -1;
   const bool flat = h.layout == NCCL_EP_LAYOUT_FLAT;
   const int vecs = x.c.rowBytes >> 4;
   const int4* mine = reinterpret_cast<const int4*>(x.c.in) + (size_t)myRow * vecs;
@@ -196,8 +213,8 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
     }
     for (int r = 0; r < R; r++) {
       const int slot = slotOf(r);
-      if (slot < 0 || r == me) continue;
-      const int4* row = reinterpret_cast<const int4*>(staging + ((size_t)r * g.maxTokens + slot) * g.rowStride);
+      if (slot < 0 || r == me || dropped(r, slot)) continue;
+      const int4* row = reinterpret_cast<const int4*>(staging + stagingRow(r, slot) * g.rowStride);
       int4 v[kU];
 #pragma unroll
       for (int u = 0; u < kU; u++)

@@ -126,6 +126,7 @@ __device__ __forceinline__ void deliverOwn(const Ctx& x, const ChunkStage* st, i
   const GroupView& g = x.g;
   const int slot = st->slot[j][g.rank];
   if (slot < 0) return;
+  if (g.recvCap && x.d[x.h.dl.recvOffset + g.rank] + slot >= g.recvCap) return;  // past the receive cap: dropped
   const DispatchCall& c = x.c;
   const bool has = lane < x.h.topk;
   const int e = has ? st->expert[j][lane] : -1;
@@ -161,7 +162,11 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
       }
       const int at = roundSlotOf(g.rail, r, slot, c.roundLo, c.roundSlots);
       if (at < 0) continue;  // another round's row
-      const size_t rowIndex = (size_t)me * g.maxTokens + at;
+      // With a receive cap (one domain, no rounds) the row's position at r is its FLAT row there; past the cap it
+      // is dropped.
+      const int pos = g.recvCap ? x.d[h.dl.dispAt + r] + slot : -1;
+      if (g.recvCap && pos >= g.recvCap) continue;
+      const size_t rowIndex = g.recvCap ? (size_t)pos : (size_t)me * g.maxTokens + at;
       char* dst = static_cast<char*>(peerAt(g, g.wl.dispRows + rowIndex * g.rowStride, r));
       char* meta = static_cast<char*>(peerAt(g, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
@@ -195,8 +200,10 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
     const int s = (me + k) % R;
     const int* prefix = x.d + h.dl.chunkPrefix + s * (NC + 1);
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
+    const int base = x.d[h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
-      const size_t rowIndex = (size_t)s * g.maxTokens + slot;
+      if (g.recvCap && base + slot >= g.recvCap) break;  // this and later slots are past the receive cap: dropped
+      const size_t rowIndex = g.recvCap ? (size_t)(base + slot) : (size_t)s * g.maxTokens + slot;
       const char* meta =
           static_cast<const char*>(g.peers.local(g.wl.dispMeta + rowIndex * g.meta.bytes));
       if (!warpAcquire(g, reinterpret_cast<const uint64_t*>(meta + g.meta.flagOff()), seq, s, slot)) {

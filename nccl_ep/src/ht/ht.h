@@ -53,6 +53,7 @@ struct CombineCall {
   int nSenders, nReceivers;
   int phase;  // HtPhase
   int roundLo, roundSlots, remoteOnly, localOnly;  // as DispatchCall's (the combine's rows towards their owners)
+  int* missing;  // [T] or NULL: per token, its top-k experts on ranks where its row was past the receive cap
 };
 
 // Each family's kernels loaded now (group creation; see ncclext::loadKernels).

@@ -173,21 +173,73 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   const int* rows = static_cast<const int*>(g.peers.local(g.wl.exchange));
   const DerivedLayout& dl = h.dl;
   int* d = h.derived;
+  const int cap = g.recvCap;  // 0: no cap
   if (threadIdx.x == 0) {
     int off = 0;
     for (int s = 0; s < R; s++) {
       const int n = rows[(size_t)s * g.wl.exchangeInts + me];
-      d[dl.srcCount + s] = n;
+      d[dl.srcCount + s] = cap ? max(0, min(n, cap - off)) : n;  // the rows delivered
       d[dl.recvOffset + s] = off;
       off += n;
     }
-    d[dl.totals + 0] = off;
+    const int dropped = cap ? max(0, off - cap) : 0;
+    d[dl.totals + 0] = off - dropped;
+    d[dl.dropped] = dropped;
+    if (info.recvDropped) info.recvDropped[0] = dropped;
+    if (dropped > 0 && g.recvCapError)
+      ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, me, me, (uint64_t)cap, (uint64_t)off, kSiteRecvCap,
+                                (uint32_t)dropped, 0);
+  }
+  // Every rank holds every rank's counts towards every rank now (row s: s's totals): the receive cap's dense
+  // positions, and whether any rank gets more rows than the cap (the same answer on every rank).
+  int retainedAt = R + me * L;  // where my experts' counts start in a row: all of them, or those that fit
+  if (cap) {
+    bool overflow = false;
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      int at = 0, comb = 0, mine = 0, total = 0;
+      for (int s = 0; s < R; s++) {
+        const int n = rows[(size_t)s * g.wl.exchangeInts + r];
+        at += s < me ? n : 0;
+        total += n;
+        comb += s < me ? rows[(size_t)r * g.wl.exchangeInts + s] : 0;
+        mine += s < r ? rows[(size_t)me * g.wl.exchangeInts + s] : 0;
+      }
+      d[dl.dispAt + r] = at;
+      d[dl.combAt + r] = comb;
+      d[dl.combMine + r] = mine;
+      overflow = overflow || total > cap;
+    }
+    if (__syncthreads_or(overflow)) {
+      // Some rank drops rows: its EXPERT_MAJOR zones must count only the rows that fit. The rows past the cap are
+      // each source's last (positions grow with the source, then the slot), so a source's rows that fit for an
+      // expert are the first of its (source, expert) indices: I count mine (slot below the cap's room at r), write
+      // them into r's row, and meet every rank again before reading the counts written for me.
+      __shared__ int room[kMaxRanks];
+      __shared__ int kept[kMaxExperts];
+      for (int r = threadIdx.x; r < R; r += blockDim.x) room[r] = cap - d[dl.dispAt + r];
+      for (int e = threadIdx.x; e < E; e += blockDim.x) kept[e] = 0;
+      __syncthreads();
+      for (int i = threadIdx.x; i < h.numTokens * h.topk; i += blockDim.x) {
+        const int t = i / h.topk, k = i % h.topk;
+        if (h.emIdx[(size_t)t * g.meta.maxTopk + k] < 0) continue;  // ignored by routing (slotKernel)
+        const int e = loadExpert(h, t, k), r = e / L;
+        if (h.sendSlot[(size_t)t * R + r] < room[r]) atomicAdd(&kept[e], 1);
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < R * L; i += blockDim.x) {
+        const int r = i / L, l = i % L;
+        int* row = static_cast<int*>(peerAt(g, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
+        row[g.wl.retained + l] = kept[i];
+      }
+      if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
+      retainedAt = g.wl.retained;
+    }
   }
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     int run = 0;
     for (int s = 0; s < R; s++) {
       d[dl.srcExpOff + s * L + l] = run;
-      run += rows[(size_t)s * g.wl.exchangeInts + R + me * L + l];
+      run += rows[(size_t)s * g.wl.exchangeInts + retainedAt + l];
     }
     d[dl.expCount + l] = run;
   }

@@ -44,6 +44,7 @@ _MAGIC = 0x65703031  # NCCL_EP_MAGIC
 _ALGO = {"low_latency": 0, "high_throughput": 1}
 _LAYOUT = {"expert_major": 1, "rank_major": 2, "flat": 3}
 _SIZING = {"worst_case": 0, "exact": 1}
+_RECV_OVERFLOW = {"error": 0, "drop": 1}
 _LL_MAX_TOKENS = 1024  # ncclEpGroupConfig_t.max_tokens_per_rank of a Low-Latency group
 _FP8_BLOCK = 128       # columns per fp8 scale
 
@@ -74,7 +75,8 @@ class _GroupConfig(_Header):
                 ("timeout_ns", ctypes.c_uint64), ("zero_copy", ctypes.c_int), ("alloc", _AllocConfig),
                 ("lsa_domain_size", ctypes.c_int), ("enable_mask", ctypes.c_int), ("rail_round_tokens", ctypes.c_int),
                 ("rail_staging_bytes_max", ctypes.c_size_t), ("ht_hierarchical", ctypes.c_int),
-                ("rail_overlap", ctypes.c_int)]
+                ("rail_overlap", ctypes.c_int), ("max_recv_rows_per_rank", ctypes.c_int),
+                ("recv_overflow", ctypes.c_int)]
 
 
 class _HandleConfig(_Header):
@@ -84,7 +86,8 @@ class _HandleConfig(_Header):
 
 class _LayoutInfo(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("expert_counters", CTensor),
-                ("src_rank_counters", CTensor), ("expert_offsets", CTensor), ("recv_total_counter", CTensor)]
+                ("src_rank_counters", CTensor), ("expert_offsets", CTensor), ("recv_total_counter", CTensor),
+                ("recv_dropped_counter", CTensor)]
 
 
 class _DispatchInputs(_Header):
@@ -315,17 +318,20 @@ def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidd
                   max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                   timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
                   rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0, ht_hierarchical: bool | None = None,
-                  rail_overlap: bool | None = None) -> "_GroupConfig":
+                  rail_overlap: bool | None = None, max_recv_rows_per_rank: int = 0,
+                  recv_overflow: str = "error") -> "_GroupConfig":
     """The ncclEpGroupConfig_t of Group's arguments (Group, query_group_info), the checks the C API cannot make
     (or makes less clearly) first; `what` names the caller in errors."""
     import torch
 
     algo = _choice(_ALGO, algorithm, "algorithm")
     # The numbers as the C config holds them, each refused by name when it cannot (cvalues.c_integer).
-    num_experts, max_tokens_per_rank, max_topk, num_sms, rail_round_tokens = (
+    num_experts, max_tokens_per_rank, max_topk, num_sms, rail_round_tokens, max_recv_rows_per_rank = (
         c_integer(v, ctypes.c_int, "%s: %s" % (what, k))
         for k, v in (("num_experts", num_experts), ("max_tokens_per_rank", max_tokens_per_rank),
-                     ("max_topk", max_topk), ("num_sms", num_sms), ("rail_round_tokens", rail_round_tokens)))
+                     ("max_topk", max_topk), ("num_sms", num_sms), ("rail_round_tokens", rail_round_tokens),
+                     ("max_recv_rows_per_rank", max_recv_rows_per_rank)))
+    overflow = _choice(_RECV_OVERFLOW, recv_overflow, "recv_overflow")
     hidden = None if hidden is None else c_integer(hidden, ctypes.c_int, "%s: hidden" % what)
     if max_token_bytes is not None:
         max_token_bytes = c_integer(max_token_bytes, ctypes.c_int, "%s: max_token_bytes" % what)
@@ -353,7 +359,8 @@ def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidd
                             timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
                             enable_mask=1 if enable_mask else 0, rail_round_tokens=rail_round_tokens,
                             rail_staging_bytes_max=rail_staging_bytes_max, ht_hierarchical=_on_off(ht_hierarchical),
-                            rail_overlap=_on_off(rail_overlap))
+                            rail_overlap=_on_off(rail_overlap), max_recv_rows_per_rank=max_recv_rows_per_rank,
+                            recv_overflow=overflow)
 
 
 def _on_off(choice: bool | None) -> int:
@@ -400,18 +407,30 @@ class Group(Closing):
     rail_staging_bytes say what they became); NcclInvalidArgument when even one row a peer (Low-Latency: its fixed
     staging) does not fit. `ht_hierarchical` (High-Throughput across domains of several ranks: one rail row per
     token and destination domain, relayed there; experimental) and `rail_overlap` (its NVLink part beside the rail
-    rounds): True or False, or None for NCCL_EXT_HT_HIERARCHICAL / NCCL_EXT_RAIL_OVERLAP (else off)."""
+    rounds): True or False, or None for NCCL_EXT_HT_HIERARCHICAL / NCCL_EXT_RAIL_OVERLAP (else off).
+
+    `max_recv_rows_per_rank` (High-Throughput inside one NVLink domain; 0: no cap) bounds the rows a dispatch
+    delivers to a rank, one per (token, rank): the window's dispatch staging and a handle's "flat" output hold that
+    many rows instead of size * max_tokens_per_rank, and the combine staging max_tokens_per_rank * min(size,
+    max_topk) (info()'s window_bytes; query_group_info before). The rows past it (the last source ranks' last
+    tokens) are never delivered; `recv_overflow="error"` (default) makes the receiving rank's next call raise
+    NcclInvalidArgument naming them, "drop" counts them (the handle's recv_dropped) and combine leaves them out of
+    the sum (its missing_experts says how many of each token's experts)."""
+
+    max_recv_rows_per_rank = 0  # the receive cap (set by __init__)
 
     def __init__(self, group=None, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=None, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                  timeout_s: float | None = None, algorithm: str = "high_throughput", enable_mask: bool = False,
                  rail_round_tokens: int = 0, rail_staging_bytes_max: int = 0, ht_hierarchical: bool | None = None,
-                 rail_overlap: bool | None = None):
+                 rail_overlap: bool | None = None, max_recv_rows_per_rank: int = 0, recv_overflow: str = "error"):
         cfg = _group_config("Group", num_experts=num_experts, max_tokens_per_rank=max_tokens_per_rank, hidden=hidden,
                             dtype=dtype, max_token_bytes=max_token_bytes, max_topk=max_topk, num_sms=num_sms,
                             timeout_s=timeout_s, algorithm=algorithm, enable_mask=enable_mask,
                             rail_round_tokens=rail_round_tokens, rail_staging_bytes_max=rail_staging_bytes_max,
-                            ht_hierarchical=ht_hierarchical, rail_overlap=rail_overlap)
+                            ht_hierarchical=ht_hierarchical, rail_overlap=rail_overlap,
+                            max_recv_rows_per_rank=max_recv_rows_per_rank, recv_overflow=recv_overflow)
+        self.max_recv_rows_per_rank = cfg.max_recv_rows_per_rank
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
         self.algorithm, self.low_latency, self.enable_mask = algorithm, algorithm == "low_latency", bool(enable_mask)
@@ -668,9 +687,10 @@ class Group(Closing):
         over the row's local experts) and the owner sums the ranks' rows; EXPERT_MAJOR weights each expert's rows
         with the dispatched weights (1 where none were dispatched) as High-Throughput does, or, given
         `topk_weights` [T, K] fp32 (the owner's), returns every (token, expert) row as it is and the owner weights
-        and sums them in top-k column order (DeepEP's low_latency_combine). `missing_experts` (groups made with
-        enable_mask): a caller's int32 [T] CUDA tensor that gets, per token, how many of its top-k experts sit on
-        ranks masked when the combine began (their rows are not in the sum). `send_only=True`: as dispatch's; the
+        and sums them in top-k column order (DeepEP's low_latency_combine). `missing_experts` (Low-Latency groups
+        made with enable_mask, High-Throughput groups with max_recv_rows_per_rank): a caller's int32 [T] CUDA tensor
+        that gets, per token, how many of its top-k experts' rows are not in the sum (on ranks masked when the
+        combine began; on ranks where the token's row was past the receive cap). `send_only=True`: as dispatch's; the
         outputs are written by `complete(handle)`."""
         try:
             key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out),
@@ -725,10 +745,11 @@ class Group(Closing):
             given.append((outputs.tokens, out.numel() > 0))
             made = []
         if missing_experts is not None:
-            if not (ll and handle.group.enable_mask):
+            if not (handle.group.enable_mask if ll else handle.group.max_recv_rows_per_rank > 0):
                 raise NcclInvalidUsage("combine: missing_experts is for Low-Latency groups made with "
-                                       "enable_mask=True; this one is %s%s"
-                                       % ("Low-Latency" if ll else "High-Throughput", " without a mask" if ll else ""))
+                                       "enable_mask=True and High-Throughput groups with max_recv_rows_per_rank; "
+                                       "this one is %s" % ("Low-Latency without a mask" if ll
+                                                           else "High-Throughput without a receive cap"))
             outputs.missing_experts = describe(missing_experts, "missing_experts", dtypes=(torch.int32,), ndim=1)
             if missing_experts.shape[0] != handle.num_tokens:
                 raise NcclInvalidArgument("missing_experts has shape %s; the routing has %d tokens"
@@ -833,7 +854,8 @@ class Handle(Closing):
     (High-Throughput only: waits for the receive count; outputs are that size). expert_counts [local experts],
     rank_counts [ranks], expert_offsets [local experts] and recv_total [1] (int32, device) say how many rows each
     local expert and each source rank sent: written at binding (High-Throughput), or the last dispatch's
-    (Low-Latency: None before the first)."""
+    (Low-Latency: None before the first). High-Throughput: recv_dropped [1] (int32, device), the rows for this rank
+    past the group's max_recv_rows_per_rank (not delivered, not in the counts; 0 without a cap)."""
 
     def __init__(self, group: Group, topk_idx, layout: str, sizing: str, alignment: int, stream):
         import torch
@@ -853,6 +875,7 @@ class Handle(Closing):
                 raise NcclInvalidArgument("alignment=%d: Low-Latency expert zones are fixed (R * M rows each); "
                                           "give 0 or 1" % alignment)
             self.expert_counts = self.rank_counts = self.expert_offsets = self.recv_total = None
+            self.recv_dropped = None
         else:
             if layout == "rank_major":
                 raise NcclInvalidUsage("layout='rank_major' belongs to the Low-Latency mode "
@@ -864,6 +887,7 @@ class Handle(Closing):
                 self.rank_counts = torch.zeros(group.size, dtype=torch.int32, device=dev)
                 self.expert_offsets = torch.zeros(group.local_experts, dtype=torch.int32, device=dev)
                 self.recv_total = torch.zeros(1, dtype=torch.int32, device=dev)
+                self.recv_dropped = torch.zeros(1, dtype=torch.int32, device=dev)
         ti = self._routing(topk_idx)
         cfg = _HandleConfig.new(dispatch_output_per_expert_alignment=alignment, sizing=_SIZING[sizing])
         self._h = ctypes.c_void_p()
@@ -896,7 +920,8 @@ class Handle(Closing):
         self._info = _LayoutInfo.new(expert_counters=describe(self.expert_counts, "expert_counts"),
                                      src_rank_counters=describe(self.rank_counts, "rank_counts"),
                                      expert_offsets=describe(self.expert_offsets, "expert_offsets"),
-                                     recv_total_counter=describe(self.recv_total, "recv_total"))
+                                     recv_total_counter=describe(self.recv_total, "recv_total"),
+                                     recv_dropped_counter=describe(self.recv_dropped, "recv_dropped"))
         return ctypes.byref(self._info)
 
     def _handle(self):

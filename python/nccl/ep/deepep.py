@@ -272,6 +272,10 @@ class Buffer:
     max_tokens_per_rank: int = int(os.environ.get("NCCL_EP_DEEPEP_MAX_TOKENS", "4096"))
     max_token_bytes: int = 0
     max_topk: int = 8
+    # The intranode groups' receive cap (Group's max_recv_rows_per_rank; 0: none): a rank's window holds this many
+    # received rows instead of group size x max_tokens_per_rank, rows past it are dropped (recv_overflow "drop") and
+    # counted in the handle's recv_dropped; one NVLink domain only. Set it to the num_worst_tokens the dispatches pass.
+    max_recv_rows_per_rank: int = 0
     # Low-Latency dispatches whose handles stay valid for combine at once (DeepEP: two buffers).
     num_low_latency_handles: int = 2
     # Whether dispatch computes its handle's DeepEP entries (see _DispatchHandle): one all-to-all over the Buffer's
@@ -789,9 +793,11 @@ class Buffer:
                     "Buffer.max_tokens_per_rank / max_token_bytes / max_topk before it" % (value, what, cap))
         group = self._groups.get(num_experts)
         if group is None:  # collective: every rank dispatches with the same expert counts in the same order
+            cap = int(Buffer.max_recv_rows_per_rank)
             group = Group(self.group, num_experts=num_experts, max_tokens_per_rank=self._caps[0],
                           max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3],
-                          rail_staging_bytes_max=int(self.num_rdma_bytes))
+                          rail_staging_bytes_max=int(self.num_rdma_bytes),
+                          **(dict(max_recv_rows_per_rank=cap, recv_overflow="drop") if cap else {}))
             self._groups[num_experts] = group
         return group
 
