@@ -36,7 +36,10 @@
 // ranks of my index split here.
 //
 // Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|mixed] [--json FILE] [--quick] [--max-tokens M]
+//                 [--recv-cap C]
 // --quick: the first shape only (across domains: both of theirs).
+// --recv-cap C: the group's max_recv_rows_per_rank (one NVLink domain; rows past it dropped): the dense staging's
+// speed beside the default's (the JSON's recv_cap and window_bytes).
 // --max-tokens M: the group's max_tokens_per_rank (default: the shapes' most tokens), for calls below the group's
 // size: across domains the fixed rail messages (worst-case handles, the update+d column) grow with M, those of the
 // EXACT handles timed in the other columns with the routing.
@@ -79,6 +82,7 @@ struct Shape {
 
 struct Options {
   int nRanks = 0, maxTokens = 0;  // maxTokens 0: the shapes' most
+  int recvCap = 0;                // --recv-cap: the group's max_recv_rows_per_rank (DROP); 0: none
   bool quick = false;
   std::string json;
   OneGpu oneGpu = OneGpu::kOff;
@@ -116,9 +120,10 @@ bool parseOptions(int argc, char** argv, Options* o) {
   cli.option("nranks", &o->nRanks);
   cli.oneGpu(&o->oneGpu, /*mixedToo=*/true);
   cli.option("max-tokens", &o->maxTokens);
+  cli.option("recv-cap", &o->recvCap);
   cli.flag("quick", &o->quick);
   cli.option("json", &o->json);
-  return cli.parse(argc, argv) &&
+  return cli.parse(argc, argv) && cli.require(o->recvCap >= 0, "--recv-cap must be >= 0") &&
          cli.require(o->oneGpu != OneGpu::kVirtual,
                      "--one-gpu virtual: not for the High-Throughput benchmark (off, nodes or mixed)");
 }
@@ -169,6 +174,8 @@ int setUpRank(RankContext& ctx, const Options& o, int maxTokens, ncclEpVirtualDo
   r->cfg.max_token_bytes = 7168 * 2;
   r->cfg.max_topk = 8;
   r->cfg.num_sms = 132;
+  r->cfg.max_recv_rows_per_rank = o.recvCap;
+  r->cfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_DROP;
   ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
   NCCLEXT_BENCH_EP(ncclext::harness::createEpGroup(&r->group, ctx.comm, &r->cfg));
   NCCLEXT_BENCH_EP(ncclEpGroupGetInfo(r->group, &r->info));
@@ -572,7 +579,7 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
           "\"rail_us_median\": %.2f, \"paired_us_median\": %.2f, \"paired_rail_us_median\": %.2f, "
           "\"paired_ratio_median\": %.3f, "
           "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
-          "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, "
+          "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, \"recv_cap\": %d, "
           "\"exchange\": \"%s\", "
           "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
           "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
@@ -584,7 +591,7 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
           rail.sent[op], op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
           op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, rail.us[op], w.pairedUs,
           w.pairedRailUs, w.pairedRatio, info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
-          info.rail_round_tokens, info.rail_overlapped, setup.exchange);
+          info.rail_round_tokens, info.rail_overlapped, setup.cfg.max_recv_rows_per_rank, setup.exchange);
 }
 
 // One shape: its routing bound once to an EXACT handle (cached routing), the update-handle + dispatch timing, the
