@@ -9,6 +9,12 @@
 // - Block scales (DeepSeek-V3's recipe, one fp32 scale per 128 elements): scale = amax / 448 with amax at least
 //   kFp8MinAmax, so that x / scale fits e4m3 and dequantisation is q * scale; with pow2 (UE8M0) the scale is
 //   rounded up to a power of two, 2^ceil(log2(amax / 448)).
+// - fp4 e2m1 (NVFP4's element): 1 sign, 2 exponent (bias 1), 1 mantissa bit: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, no
+//   infinities or NaN. Conversion rounds to nearest, ties to the even code, and saturates to +-6; a NaN saturates
+//   too (its sign kept). Two to a byte, the first element in the low nibble (torch.float4_e2m1fn_x2, CUTLASS).
+// - NVFP4 blocks (16 elements) under a global scale g (the multiplier TensorRT-LLM and vLLM pass, typically
+//   448 x 6 / the tensor's amax): the block's scale is e4m3(amax / 6 x g), its elements e2m1(x x (g / scale)), 0
+//   where the scale is 0; dequantisation is q x scale / g.
 #pragma once
 
 #include <stdint.h>
@@ -123,6 +129,56 @@ NCCLEXT_HD void fp8QuantizeRow(const float* x, int n, bool pow2, uint8_t* q, flo
     const float s = fp8BlockScale(amax, pow2);
     scales[b] = s;
     for (int i = 0; i < kFp8BlockElems; i++) q[b * kFp8BlockElems + i] = floatToE4m3(x[b * kFp8BlockElems + i] / s);
+  }
+}
+
+constexpr float kFp4E2m1Max = 6.0f;
+constexpr int kNvfp4BlockElems = 16;
+
+NCCLEXT_HD float e2m1ToFloat(uint8_t v) {
+  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = mags[v & 7];
+  return (v & 8) ? -m : m;
+}
+
+// The e2m1 code (low nibble) of f: the nearest of the eight magnitudes, a tie to the even code, past 6 (and NaN) 6.
+NCCLEXT_HD uint8_t floatToE2m1(float f) {
+  const uint32_t u = floatBits(f);
+  const uint8_t sign = (uint8_t)((u >> 28) & 0x8);
+  const uint32_t au = u & 0x7fffffffu;
+  if (au > 0x7f800000u) return (uint8_t)(sign | 7);  // NaN: saturate
+  const float a = bitsFloat(au);
+  // mid[c]: the midpoint between codes c and c + 1; at a midpoint the even code wins (c when c is even, else c + 1).
+  const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  uint8_t c = 0;
+  while (c < 7 && (a > mid[c] || (a == mid[c] && (c & 1)))) c++;
+  return (uint8_t)(sign | c);
+}
+
+// The e4m3 scale of an NVFP4 block whose largest magnitude is `amax`, under global scale g.
+NCCLEXT_HD uint8_t nvfp4BlockScale(float amax, float g) { return floatToE4m3(amax / kFp4E2m1Max * g); }
+
+// What a block's elements are multiplied by before e2m1: g / scale, or 0 for a zero (or NaN) scale.
+NCCLEXT_HD float nvfp4Factor(uint8_t scale, float g) {
+  const float s = e4m3ToFloat(scale);
+  return s > 0.0f || s < 0.0f ? g / s : 0.0f;
+}
+
+// One row of `n` floats (n a multiple of kNvfp4BlockElems) as NVFP4 under global scale g: packed[i / 2] holds
+// elements i (low nibble) and i + 1, scales[b] block b's e4m3 scale.
+NCCLEXT_HD void nvfp4QuantizeRow(const float* x, int n, float g, uint8_t* packed, uint8_t* scales) {
+  for (int b = 0; b < n / kNvfp4BlockElems; b++) {
+    const float* v = x + b * kNvfp4BlockElems;
+    float amax = 0.0f;
+    for (int i = 0; i < kNvfp4BlockElems; i++) {
+      const float a = v[i] < 0 ? -v[i] : v[i];
+      amax = a > amax ? a : amax;  // a NaN never wins
+    }
+    scales[b] = nvfp4BlockScale(amax, g);
+    const float f = nvfp4Factor(scales[b], g);
+    for (int i = 0; i < kNvfp4BlockElems; i += 2)
+      packed[(b * kNvfp4BlockElems + i) / 2] =
+          (uint8_t)(floatToE2m1(v[i] * f) | (uint8_t)(floatToE2m1(v[i + 1] * f) << 4));
   }
 }
 

@@ -200,18 +200,27 @@ typedef struct {
   ncclEpTensor_t scales;       /* forwarded byte-exact. fp8 tokens need them: LL [T, H/128] fp32; HT [T, S] fp32 or
                                   int32 laid out as the caller likes (S from 1 to max_token_bytes / 128: per token,
                                   per 128 columns, packed UE8M0, fp4 block scales four bytes a word), which uint8
-                                  tokens may carry too */
+                                  tokens may carry too. LL NVFP4 tokens (uint8 [T, H/2]): [T, H/16] uint8 or e4m3 */
+  /* Appended after the first layout (NCCL_EP_DISPATCH_INPUTS_V1_SIZE ends before it). */
+  ncclEpTensor_t global_scale; /* LL NVFP4 quantisation (bf16 in, uint8 [N, H/2] out): [1] fp32 on the device, g.
+                                  Each block of 16 columns gets scale s = e4m3(amax / 6 x g) and elements
+                                  e2m1(x x g / s) (0 where s is 0; nearest, ties to even, saturating), two a byte,
+                                  the first in the low nibble; x ~ q x s / g. Not taken otherwise */
 } ncclEpDispatchInputs_t;
-#define NCCL_EP_DISPATCH_INPUTS_INIT \
-  {sizeof(ncclEpDispatchInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
+#define NCCL_EP_DISPATCH_INPUTS_V1_SIZE offsetof(ncclEpDispatchInputs_t, global_scale)
+#define NCCL_EP_DISPATCH_INPUTS_INIT                                                                        \
+  {sizeof(ncclEpDispatchInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, \
+   NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;
   unsigned int magic;
-  ncclEpTensor_t tokens;       /* [N, H], same dtype as the input; N >= the receive count */
+  ncclEpTensor_t tokens;       /* [N, H], same dtype as the input (LL: e4m3 from bf16 quantises per 128 columns,
+                                  uint8 [N, H/2] from bf16 to NVFP4, see global_scale); N >= the receive count */
   ncclEpTensor_t topk_weights; /* FLAT: [N, K] (0 where not local); EXPERT_MAJOR: [N] (0 on pads). Optional */
   ncclEpTensor_t topk_idx;     /* FLAT: [N, K] int32 local expert ids, -1 elsewhere. Optional; EXPERT_MAJOR: unused */
-  ncclEpTensor_t scales;       /* with input scales: [N, their S], their dtype */
+  ncclEpTensor_t scales;       /* with input scales: [N, their S], their dtype; LL fp8 [N, H/128] fp32, LL NVFP4
+                                  [N, H/16] uint8 or e4m3 (block b's e4m3 scale at column b, no swizzle) */
   ncclEpTensor_t src_info;     /* LL, optional: [N] int32: RANK_MAJOR the row's token index at its source;
                                   EXPERT_MAJOR source rank * max_tokens_per_rank + token. HT: unused */
 } ncclEpDispatchOutputs_t;

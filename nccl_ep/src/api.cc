@@ -231,7 +231,8 @@ ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool
   return ncclSuccess;
 }
 
-// Low-Latency dispatch (headers checked): bf16 or e4m3 in, bf16 / e4m3 (quantised) / e4m3 (forwarded) out.
+// Low-Latency dispatch (headers checked): bf16 in and bf16 / e4m3 (quantised per 128 columns) / NVFP4 (quantised
+// per 16, uint8 [N, H/2]) out, or e4m3 / NVFP4 in and out (forwarded with their scales).
 ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
                                 const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
                                 const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
@@ -241,35 +242,64 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   const int64_t N = handle->maxRecvRows;
   const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
   const ncclEpTensor_t& x = inputs->tokens;
-  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat8e4m3}, {T, -1}));
+  NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat8e4m3, ncclUint8}, {T, -1}));
   NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
-  const int64_t H = x.sizes[1];
-  const bool fp8In = x.datatype == ncclFloat8e4m3;
-  NCCLEXT_ARG(H >= 1 && H <= g->config.max_token_bytes / (fp8In ? 1 : 2) && (H * (fp8In ? 1 : 2)) % 16 == 0,
+  // A row's format: bf16 (2 bytes a column), e4m3 (1) or NVFP4 (uint8, two columns a byte); H counts columns.
+  enum Format { kBf16, kFp8, kFp4 };
+  auto formatOf = [](int dtype) { return dtype == ncclBfloat16 ? kBf16 : dtype == ncclFloat8e4m3 ? kFp8 : kFp4; };
+  auto rowBytesOf = [](Format f, int64_t cols) { return f == kBf16 ? 2 * cols : f == kFp8 ? cols : cols / 2; };
+  const Format in = formatOf(x.datatype);
+  NCCLEXT_ARG(x.sizes[1] <= g->config.max_token_bytes, "inputs.tokens: %lld columns exceed max_token_bytes %d",
+              (long long)x.sizes[1], g->config.max_token_bytes);  // before the products below
+  const int64_t H = in == kFp4 ? 2 * x.sizes[1] : x.sizes[1];
+  NCCLEXT_ARG(H >= 1 && rowBytesOf(in, H) <= g->config.max_token_bytes && rowBytesOf(in, H) % 16 == 0,
               "inputs.tokens: hidden %lld: its row must be a multiple of 16 bytes within max_token_bytes %d",
               (long long)H, g->config.max_token_bytes);
   const ncclEpTensor_t& y = outputs->tokens;
-  NCCLEXT_CHECK(checkTensor(y, "outputs.tokens", 2, {ncclBfloat16, ncclFloat8e4m3}, {-1, H}));
+  NCCLEXT_CHECK(checkTensor(y, "outputs.tokens", 2, {ncclBfloat16, ncclFloat8e4m3, ncclUint8}, {-1, -1}));
+  const Format out = formatOf(y.datatype);
+  NCCLEXT_ARG(y.sizes[1] == (out == kFp4 ? H / 2 : H), "outputs.tokens: sizes[1] = %lld, expected %lld (hidden %lld%s)",
+              (long long)y.sizes[1], (long long)(out == kFp4 ? H / 2 : H), (long long)H,
+              out == kFp4 ? " as NVFP4, two columns a byte" : "");
   NCCLEXT_CHECK(checkAligned(y, "outputs.tokens"));
   NCCLEXT_ARG(y.sizes[0] >= N, "outputs.tokens has %lld rows; a Low-Latency %s output has %lld",
               (long long)y.sizes[0], rankMajor ? "RANK_MAJOR" : "EXPERT_MAJOR", (long long)N);
-  const bool fp8Out = y.datatype == ncclFloat8e4m3;
-  NCCLEXT_ARG(!fp8In || fp8Out, "inputs.tokens are fp8: outputs.tokens must be fp8 too (forwarded)");
-  const int nScales = fp8Out ? (int)(H / 128) : 0;
-  if (fp8Out) {
-    NCCLEXT_ARG(H % 128 == 0, "fp8 tokens: hidden %lld is not a multiple of 128 (one scale per 128 columns)",
-                (long long)H);
-    NCCLEXT_ARG(present(outputs->scales), "fp8 outputs need outputs.scales [N, hidden/128] fp32");
-    NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {-1, nScales}));
+  NCCLEXT_ARG(in == kBf16 || in == out, "inputs.tokens are %s: outputs.tokens must be %s too (forwarded)",
+              in == kFp8 ? "fp8" : "NVFP4 (uint8)", in == kFp8 ? "fp8" : "NVFP4");
+  const bool fp8Out = out == kFp8, fp4Out = out == kFp4;
+  // Scale words a row: one fp32 per 128 columns (fp8), four e4m3 per 64 (NVFP4, one per 16).
+  const int scaleCols = fp4Out ? 64 : 128;
+  const int nScales = fp8Out || fp4Out ? (int)(H / scaleCols) : 0;
+  const char* fmt = fp4Out ? "NVFP4" : "fp8";
+  if (fp8Out || fp4Out) {
+    NCCLEXT_ARG(H % 128 == 0, "%s tokens: hidden %lld is not a multiple of 128", fmt, (long long)H);
+    NCCLEXT_ARG(present(outputs->scales), "%s outputs need outputs.scales %s", fmt,
+                fp4Out ? "[N, hidden/16] uint8 or e4m3" : "[N, hidden/128] fp32");
+    if (fp4Out)
+      NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclUint8, ncclFloat8e4m3}, {-1, H / 16}));
+    else
+      NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {-1, nScales}));
     NCCLEXT_CHECK(checkRows(outputs->scales, "outputs.scales", N));
   } else {
-    NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 outputs only");
+    NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 and NVFP4 outputs only");
   }
-  if (fp8In) {
-    NCCLEXT_ARG(present(inputs->scales), "fp8 tokens need inputs.scales [T, hidden/128] fp32");
-    NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
+  if (in != kBf16) {
+    NCCLEXT_ARG(present(inputs->scales), "%s tokens need inputs.scales %s", fmt,
+                fp4Out ? "[T, hidden/16] uint8 or e4m3" : "[T, hidden/128] fp32");
+    if (in == kFp4)
+      NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclUint8, ncclFloat8e4m3}, {T, H / 16}));
+    else
+      NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
   } else {
-    NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 tokens only");
+    NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 and NVFP4 tokens only");
+  }
+  const bool quantizeFp4 = in == kBf16 && fp4Out;
+  if (quantizeFp4) {
+    NCCLEXT_ARG(present(inputs->global_scale), "NVFP4 quantisation needs inputs.global_scale [1] fp32");
+    NCCLEXT_CHECK(checkTensor(inputs->global_scale, "inputs.global_scale", 1, {ncclFloat32}, {1}));
+    NCCLEXT_ARG(!config || !config->round_scale, "config.round_scale is for fp8 quantisation (NVFP4 scales are e4m3)");
+  } else {
+    NCCLEXT_ARG(!present(inputs->global_scale), "inputs.global_scale is for NVFP4 quantisation (bf16 in, uint8 out)");
   }
   if (present(inputs->topk_weights))
     NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
@@ -293,10 +323,13 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   c.outSrcInfo = static_cast<int*>(outputs->src_info.data);
   c.info = layoutInfoOut(info);
   c.hidden = (int)H;
-  c.inRowBytes = (int)(H * (fp8In ? 1 : 2));
-  c.outRowBytes = (int)(H * (fp8Out ? 1 : 2));
+  c.inRowBytes = (int)rowBytesOf(in, H);
+  c.outRowBytes = (int)rowBytesOf(out, H);
   c.nScales = nScales;
-  c.quantize = fp8Out && !fp8In;
+  c.scaleCols = scaleCols;
+  c.quantize = in == kBf16 && fp8Out;
+  c.quantizeFp4 = quantizeFp4;
+  c.globalScale = quantizeFp4 ? static_cast<const float*>(inputs->global_scale.data) : nullptr;
   c.roundScale = config && config->round_scale;
   c.idBase = config && config->global_expert_ids ? g->view.rank * g->view.localExperts : 0;
   return ncclep::llDispatch(handle, c, callSms(g, config ? config->num_sms : 0), config && config->send_only,
@@ -704,7 +737,10 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_CHECK(checkHandle(handle, "ncclEpDispatch"));
     ncclEpGroup* g = handle->group;
     NCCLEXT_CHECK(g->asyncError("ncclEpDispatch"));
-    CHECK_HEADER(inputs, ncclEpDispatchInputs_t, NCCL_EP_DISPATCH_INPUTS_INIT);
+    ncclEpDispatchInputs_t givenInputs;  // the caller's layout, any known one, with what it lacks absent
+    NCCLEXT_CHECK(readVersioned(inputs, {NCCL_EP_DISPATCH_INPUTS_V1_SIZE, sizeof(ncclEpDispatchInputs_t)}, "inputs",
+                                "NCCL_EP_DISPATCH_INPUTS_INIT", &givenInputs));
+    inputs = &givenInputs;
     CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
     ncclEpDispatchConfig_t given;  // the caller's layout, any known one, with what it lacks zero
     if (config) {
@@ -725,6 +761,8 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
     NCCLEXT_ARG(!present(outputs->src_info),
                 "outputs.src_info is a Low-Latency output (FLAT rows are in source order)");
+    NCCLEXT_ARG(!present(inputs->global_scale),
+                "inputs.global_scale is for Low-Latency NVFP4 quantisation (High-Throughput forwards uint8 rows)");
     const int64_t H = x.sizes[1];
     NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
                 g->config.max_token_bytes);  // before the product below, which could wrap

@@ -14,7 +14,8 @@
 // Cases, each on both layouts: random routings at several sizes (M 1..256, top-k 1..8, E = R, 4R, 8R experts, H
 // 128..2048 and one 7168), one hot expert that fills its zone, a rank nobody routes to, ranks with 0 and 1 tokens,
 // mostly -1 slots, no dispatch weights, only the required outputs, fp8 quantised (round_scale 0 and 1), fp8
-// forwarded, a handle rebound with ncclEpUpdateHandle, send-only dispatch and combine each finished by
+// forwarded, NVFP4 quantised under a global scale (against common/numeric.h's nvfp4QuantizeRow) and forwarded (packed
+// bytes and e4m3 scale bytes as they are), a handle rebound with ncclEpUpdateHandle, send-only dispatch and combine each finished by
 // ncclEpComplete; then CUDA graphs (global capture mode) of dispatch + combine (one of them send-only + complete)
 // replayed 1000 times with fresh inputs written by a kernel between replays, every 100th and the last checked in
 // full; argument checks that must return an error, not crash (FLAT, EXACT sizing, alignment 8, T > M, top-k above
@@ -87,7 +88,12 @@ enum RoutingKind {
   kTinyRanks,     // ranks with 0 and with 1 token beside random ones
   kSparse,        // 70% of the slots -1
 };
-enum Tokens { kBf16, kFp8Quantised, kFp8Pow2Scales, kFp8Forwarded };  // what dispatch takes and returns
+// What dispatch takes and returns: bf16; e4m3 quantised by the sender (scales per 128 columns, or powers of two) or
+// forwarded; NVFP4 (uint8, two columns a byte, e4m3 scales per 16) quantised under a global scale or forwarded.
+enum Tokens { kBf16, kFp8Quantised, kFp8Pow2Scales, kFp8Forwarded, kFp4Quantised, kFp4Forwarded };
+bool isFp4(Tokens t) { return t == kFp4Quantised || t == kFp4Forwarded; }
+// The NVFP4 global scale: 448 x 6 over the largest token magnitude tokenBits draws (127 x 2^4).
+constexpr float kFp4GlobalScale = 448.0f * 6.0f / 2032.0f;
 enum Combine { kByRank, kWeightsAtDispatch, kWeightsAtCombine, kBothPaths };
 enum Kind { kDispatchCombine, kGraph, kValidation, kDoubleBuffered, kMasked };
 
@@ -252,10 +258,11 @@ Shape shapeOf(const Case& c, int nRanks) {
   sh.L = c.expertsPerRank;
   sh.K = topkOf(c, nRanks);
   sh.H = c.hidden;
-  sh.nScales = c.tokens == kBf16 ? 0 : c.hidden / ncclext::kFp8BlockElems;
+  // Scale words a row: one fp32 per 128 columns (fp8), four e4m3 bytes per 64 (NVFP4).
+  sh.nScales = c.tokens == kBf16 ? 0 : c.hidden / (isFp4(c.tokens) ? 64 : ncclext::kFp8BlockElems);
   sh.N = (int64_t)(sh.rankMajor() ? 1 : sh.L) * sh.R * sh.M;
-  sh.inRow = (size_t)c.hidden * (c.tokens == kFp8Forwarded ? 1 : 2);
-  sh.outRow = (size_t)c.hidden * (c.tokens == kBf16 ? 2 : 1);
+  sh.inRow = c.tokens == kFp4Forwarded ? (size_t)c.hidden / 2 : (size_t)c.hidden * (c.tokens == kFp8Forwarded ? 1 : 2);
+  sh.outRow = isFp4(c.tokens) ? (size_t)c.hidden / 2 : (size_t)c.hidden * (c.tokens == kBf16 ? 2 : 1);
   return sh;
 }
 
@@ -374,7 +381,7 @@ void fill(Fill what, DeviceBuf& b, int64_t rows, int cols, uint64_t seed, int ra
 struct Buffers {
   DeviceBuf topk, x, scales, weights, combineWeights, combineIn, valid;
   DeviceBuf y, yScales, yWeights, yIdx, ySrc, combineOut, missing;
-  DeviceBuf expertCounters, srcRankCounters, expertOffsets, recvTotal;
+  DeviceBuf expertCounters, srcRankCounters, expertOffsets, recvTotal, globalScale;
   explicit Buffers(const Shape& s)
       : topk((size_t)s.M * s.K * 8),
         x((size_t)s.M * s.inRow),
@@ -393,7 +400,8 @@ struct Buffers {
         expertCounters((size_t)s.L * 4),
         srcRankCounters((size_t)s.R * 4),
         expertOffsets((size_t)s.L * 4),
-        recvTotal(4) {}
+        recvTotal(4),
+        globalScale(4) {}
   void poisonOutputs() {
     for (DeviceBuf* b : {&y, &yScales, &yWeights, &yIdx, &ySrc, &combineOut, &missing, &expertCounters,
                          &srcRankCounters, &expertOffsets, &recvTotal})
@@ -414,13 +422,19 @@ struct Call {
 
 Call describe(const Case& c, const Shape& sh, Buffers& b, int T, Combine path) {
   Call k;
-  const ncclDataType_t inType = sh.tokens == kFp8Forwarded ? ncclFloat8e4m3 : ncclBfloat16;
-  const ncclDataType_t outType = sh.tokens == kBf16 ? ncclBfloat16 : ncclFloat8e4m3;
-  k.in.tokens = epTensor(b.x.p, inType, {T, sh.H});
+  const bool fp4 = isFp4(sh.tokens);
+  const ncclDataType_t inType = sh.tokens == kFp8Forwarded   ? ncclFloat8e4m3
+                                : sh.tokens == kFp4Forwarded ? ncclUint8
+                                                             : ncclBfloat16;
+  const ncclDataType_t outType = sh.tokens == kBf16 ? ncclBfloat16 : fp4 ? ncclUint8 : ncclFloat8e4m3;
+  k.in.tokens = epTensor(b.x.p, inType, {T, sh.tokens == kFp4Forwarded ? sh.H / 2 : sh.H});
   if (c.dispatchWeights) k.in.topk_weights = epTensor(b.weights.p, ncclFloat32, {T, sh.K});
   if (sh.tokens == kFp8Forwarded) k.in.scales = epTensor(b.scales.p, ncclFloat32, {T, sh.nScales});
-  k.out.tokens = epTensor(b.y.p, outType, {sh.N, sh.H});
-  if (sh.nScales) k.out.scales = epTensor(b.yScales.p, ncclFloat32, {sh.N, sh.nScales});
+  if (sh.tokens == kFp4Forwarded) k.in.scales = epTensor(b.scales.p, ncclFloat8e4m3, {T, sh.H / 16});
+  if (sh.tokens == kFp4Quantised) k.in.global_scale = epTensor(b.globalScale.p, ncclFloat32, {1});
+  k.out.tokens = epTensor(b.y.p, outType, {sh.N, fp4 ? sh.H / 2 : sh.H});
+  if (sh.nScales && !fp4) k.out.scales = epTensor(b.yScales.p, ncclFloat32, {sh.N, sh.nScales});
+  if (fp4) k.out.scales = epTensor(b.yScales.p, ncclUint8, {sh.N, sh.H / 16});
   if (!c.bare) {
     k.out.topk_weights = sh.rankMajor() ? epTensor(b.yWeights.p, ncclFloat32, {sh.N, sh.K})
                                         : epTensor(b.yWeights.p, ncclFloat32, {sh.N});
@@ -449,6 +463,12 @@ void expectedRow(const Shape& sh, uint64_t ds, int s, int t, std::vector<uint8_t
     for (int i = 0; i < sh.nScales; i++) (*scales)[i] = scaleOf(ds, s, t, i);
     return;
   }
+  if (sh.tokens == kFp4Forwarded) {  // the packed bytes and the e4m3 scale bytes as the fill kernel writes them
+    for (size_t i = 0; i < sh.outRow; i++) (*row)[i] = fp8Byte(ds, s, t, (int)i);
+    uint8_t* sb = reinterpret_cast<uint8_t*>(scales->data());
+    for (int i = 0; i < sh.H / 16; i++) sb[i] = fp8Byte(~ds, s, t, i);
+    return;
+  }
   std::vector<uint16_t> bits(sh.H);
   for (int h = 0; h < sh.H; h++) bits[h] = tokenBits(ds, s, t, h);
   if (sh.tokens == kBf16) {
@@ -457,6 +477,10 @@ void expectedRow(const Shape& sh, uint64_t ds, int s, int t, std::vector<uint8_t
   }
   std::vector<float> x(sh.H);
   for (int h = 0; h < sh.H; h++) x[h] = ncclext::bf16ToFloat(bits[h]);
+  if (sh.tokens == kFp4Quantised) {
+    ncclext::nvfp4QuantizeRow(x.data(), sh.H, kFp4GlobalScale, row->data(), reinterpret_cast<uint8_t*>(scales->data()));
+    return;
+  }
   ncclext::fp8QuantizeRow(x.data(), sh.H, sh.tokens == kFp8Pow2Scales, row->data(), scales->data());
 }
 
@@ -553,8 +577,14 @@ struct Runner {
 
   void fillInputs(const Case& c, const Shape& sh, Buffers& b, int T, uint64_t ds) {
     const int me = ctx.rank;
-    fill(sh.tokens == kFp8Forwarded ? Fill::kTokensFp8 : Fill::kTokensBf16, b.x, T, sh.H, ds, me);
+    if (sh.tokens == kFp4Forwarded) {  // packed bytes, then e4m3 scale bytes (any byte: forwarded bit for bit)
+      fill(Fill::kTokensFp8, b.x, T, sh.H / 2, ds, me);
+      fill(Fill::kTokensFp8, b.scales, T, sh.H / 16, ~ds, me);
+    } else {
+      fill(sh.tokens == kFp8Forwarded ? Fill::kTokensFp8 : Fill::kTokensBf16, b.x, T, sh.H, ds, me);
+    }
     if (sh.tokens == kFp8Forwarded) fill(Fill::kScales, b.scales, T, sh.nScales, ds, me);
+    if (sh.tokens == kFp4Quantised) b.globalScale.put(&kFp4GlobalScale, 4);
     if (c.dispatchWeights) fill(Fill::kWeights, b.weights, T, sh.K, ds, me);
     fill(Fill::kWeights, b.combineWeights, T, sh.K, combineWeightSeed(ds), me);
     fill(Fill::kCombineIn, b.combineIn, sh.N, sh.H, ds, me, &b.valid);
@@ -590,7 +620,7 @@ struct Runner {
       const long at = firstDiff(&y[row * sh.outRow], want.data(), sh.outRow);
       if (at >= 0) return bad(label, "token bytes differ at row/byte", (long)row, at), false;
       const long q = firstDiff(ys.data() + row * sh.nScales, wantScales.data(), wantScales.size() * 4);
-      if (q >= 0) return bad(label, "fp8 scales differ at row/scale", (long)row, q / 4), false;
+      if (q >= 0) return bad(label, "scales differ at row/word", (long)row, q / 4), false;
       return true;
     };
     if (sh.rankMajor()) {
@@ -1146,6 +1176,14 @@ std::vector<Case> buildCases() {
       cases.push_back(c);
       c = make("fp8 forwarded", layout, z.M, z.L, 8, z.H);
       c.tokens = kFp8Forwarded;
+      c.quick = !em;
+      cases.push_back(c);
+      c = make("NVFP4 quantised", layout, z.M, z.L, 8, z.H);
+      c.tokens = kFp4Quantised;
+      c.quick = em;
+      cases.push_back(c);
+      c = make("NVFP4 forwarded", layout, z.M, z.L, 8, z.H);
+      c.tokens = kFp4Forwarded;
       c.quick = !em;
       cases.push_back(c);
       c = make("ncclEpUpdateHandle", layout, z.M, z.L, 8, z.H);

@@ -356,6 +356,76 @@ TEST(EpApi, LowLatencyRejections) {
   EXPECT_TRUE(says("created without enable_mask"));
 }
 
+// Low-Latency NVFP4: bf16 in, uint8 [N, H/2] out with [N, H/16] e4m3 scales and inputs.global_scale quantises;
+// uint8 in and out forwards with the scales; every missing or misshapen piece is named, and the pieces that belong
+// to NVFP4 are refused elsewhere (High-Throughput's global_scale, round_scale). An inputs struct of the first layout
+// (no global_scale) is read up to its size.
+TEST(EpApi, LowLatencyNvfp4Checks) {
+  FakeLl f;
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(f.p, ncclUint8, {512, 7168});
+  ncclEpDispatchConfig_t cfg = NCCL_EP_DISPATCH_CONFIG_INIT;
+  auto dispatch = [&]() { return ncclEpDispatch(&f.handle, &in, &out, nullptr, &cfg, nullptr); };
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("sizes[1] = 7168, expected 3584 (hidden 7168 as NVFP4, two columns a byte)"))
+      << ncclEpGetLastError();
+  out.tokens = epTensor(f.p, ncclUint8, {512, 3584});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("NVFP4 outputs need outputs.scales [N, hidden/16] uint8 or e4m3")) << ncclEpGetLastError();
+  out.scales = epTensor(f.p, ncclFloat32, {512, 56});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.scales: dtype fp32")) << ncclEpGetLastError();
+  out.scales = epTensor(f.p, ncclUint8, {512, 448});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("NVFP4 quantisation needs inputs.global_scale [1] fp32")) << ncclEpGetLastError();
+  in.global_scale = epTensor(f.p, ncclFloat32, {2});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.global_scale: sizes[0] = 2, expected 1")) << ncclEpGetLastError();
+  in.global_scale = epTensor(f.p, ncclFloat32, {1});
+  cfg.round_scale = 1;
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("config.round_scale is for fp8 quantisation")) << ncclEpGetLastError();
+  cfg.round_scale = 0;
+  // Forwarded NVFP4: the input's scales are required; the output must be NVFP4 too; no global scale.
+  in.tokens = epTensor(f.p, ncclUint8, {100, 3584});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("NVFP4 tokens need inputs.scales [T, hidden/16] uint8 or e4m3")) << ncclEpGetLastError();
+  in.scales = epTensor(f.p, ncclFloat8e4m3, {100, 448});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.global_scale is for NVFP4 quantisation")) << ncclEpGetLastError();
+  in.global_scale = NCCL_EP_TENSOR_INIT;
+  out.tokens = epTensor(f.p, ncclBfloat16, {512, 7168});
+  out.scales = NCCL_EP_TENSOR_INIT;
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.tokens must be NVFP4 too")) << ncclEpGetLastError();
+  // bf16 out with a global scale; High-Throughput refuses it.
+  in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  in.global_scale = epTensor(f.p, ncclFloat32, {1});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.global_scale is for NVFP4 quantisation (bf16 in, uint8 out)")) << ncclEpGetLastError();
+  Fake ht;
+  ncclEpDispatchOutputs_t hout = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  hout.tokens = epTensor(ht.p, ncclBfloat16, {150, 7168});
+  EXPECT_EQ(ncclEpDispatch(&ht.handle, &in, &hout, nullptr, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.global_scale is for Low-Latency NVFP4 quantisation")) << ncclEpGetLastError();
+  // The first layout of the inputs: read up to its size (what lies past it is not a global scale).
+  struct {
+    ncclEpDispatchInputs_t in;
+    char pad[64];
+  } old;
+  std::memset(&old, 0x5a, sizeof(old));
+  ncclEpDispatchInputs_t now = NCCL_EP_DISPATCH_INPUTS_INIT;
+  now.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  std::memcpy(&old.in, &now, NCCL_EP_DISPATCH_INPUTS_V1_SIZE);
+  old.in.size = NCCL_EP_DISPATCH_INPUTS_V1_SIZE;
+  out.tokens = epTensor(f.p, ncclBfloat16, {511, 7168});
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &old.in, &out, nullptr, &cfg, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("a Low-Latency RANK_MAJOR output has 512")) << ncclEpGetLastError();
+}
+
 // A call on a group or handle that is not alive (destroyed, or never created) is an error, not a use-after-free; a
 // group with live handles is not destroyed.
 TEST(EpApi, CallsOnObjectsNotAliveAreErrors) {

@@ -2,6 +2,7 @@
 // nearest e4m3 value (ties to even, saturating at 448) and to the nearest bf16, and the FP8 block scales.
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -124,6 +125,85 @@ TEST(Numeric, Fp8BlockScales) {
       }
     }
   }
+}
+
+// e2m1 against brute force: the nearest of the 16 codes' values, a tie to the code whose lowest bit is 0, saturating
+// past 6, on every midpoint and its neighbouring floats and on random floats across the range.
+uint8_t nearestE2m1(float f) {
+  if (isNan(f)) return std::signbit(f) ? 0xf : 0x7;
+  const uint8_t sign = std::signbit(f) ? 8 : 0;
+  const float a = std::fabs(f);
+  if (a > 6.0f) return (uint8_t)(sign | 7);  // saturation (distances to 4 and 6 round alike for huge values)
+  uint8_t best = 0;
+  for (uint8_t c = 1; c < 8; c++) {
+    const float d = std::fabs(e2m1ToFloat(c) - a), bd = std::fabs(e2m1ToFloat(best) - a);
+    if (d < bd || (d == bd && (c & 1) == 0)) best = c;
+  }
+  return (uint8_t)(sign | best);
+}
+
+TEST(Numeric, E2m1DecodesItsEightMagnitudes) {
+  const float want[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (uint8_t c = 0; c < 8; c++) {
+    EXPECT_EQ(e2m1ToFloat(c), want[c]);
+    EXPECT_EQ(e2m1ToFloat((uint8_t)(c | 8)), -want[c]);
+    EXPECT_EQ(floatToE2m1(want[c]), c);
+    EXPECT_EQ(floatToE2m1(-want[c]), (uint8_t)(c | 8));
+  }
+}
+
+TEST(Numeric, E2m1EncodesToTheNearestValueTiesToEven) {
+  std::vector<float> probes;
+  for (float m : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 0.0f})
+    for (float v : {m, std::nextafter(m, 0.0f), std::nextafter(m, 100.0f)}) probes.push_back(v);
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+  for (int i = 0; i < 100000; i++) probes.push_back(u(rng));
+  for (float big : {7.0f, 1e30f, INFINITY}) probes.push_back(big);
+  for (float p : std::vector<float>(probes)) probes.push_back(-p);
+  for (float p : probes) ASSERT_EQ(floatToE2m1(p), nearestE2m1(p)) << p;
+  EXPECT_EQ(floatToE2m1(0.25f), 0);  // ties: 0.25 to 0, 0.75 to 1.0, 1.25 to 1.0, 1.75 to 2, 2.5 to 2, 3.5 to 4, 5 to 4
+  EXPECT_EQ(floatToE2m1(0.75f), 2);
+  EXPECT_EQ(floatToE2m1(5.0f), 6);
+  EXPECT_EQ(floatToE2m1(NAN), 7);
+  EXPECT_EQ(floatToE2m1(-INFINITY), 0xf);
+}
+
+// NVFP4: a block's scale is e4m3(amax / 6 x g), its elements come back within half an e2m1 step of the scaled value
+// (so within amax / 6 of x after dequantisation), zero blocks give zero scales and codes, and the row packs element
+// 2i in the low nibble of byte i.
+TEST(Numeric, Nvfp4QuantisesBlocksUnderAGlobalScale) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int trial = 0; trial < 200; trial++) {
+    const int n = 64;
+    float x[n], amaxRow = 0;
+    for (int i = 0; i < n; i++) amaxRow = std::fmax(amaxRow, std::fabs(x[i] = nd(rng) * (trial % 5 + 1)));
+    if (trial % 17 == 0)
+      for (int i = 16; i < 32; i++) x[i] = 0.0f;  // a zero block
+    const float g = kFp8E4m3Max * kFp4E2m1Max / amaxRow;
+    uint8_t packed[n / 2], scales[n / 16];
+    nvfp4QuantizeRow(x, n, g, packed, scales);
+    for (int b = 0; b < n / 16; b++) {
+      float amax = 0;
+      for (int i = 0; i < 16; i++) amax = std::fmax(amax, std::fabs(x[b * 16 + i]));
+      ASSERT_EQ(scales[b], floatToE4m3(amax / 6.0f * g)) << trial << " " << b;
+      const float s = e4m3ToFloat(scales[b]);
+      for (int i = 0; i < 16; i++) {
+        const int k = b * 16 + i;
+        const uint8_t q = (uint8_t)(k % 2 ? packed[k / 2] >> 4 : packed[k / 2] & 0xf);
+        if (amax == 0.0f) {
+          ASSERT_EQ(scales[b], 0);
+          ASSERT_EQ(q & 7, 0);
+          continue;
+        }
+        ASSERT_EQ(q, floatToE2m1(x[k] * (g / s)));
+        const float back = e2m1ToFloat(q) * s / g;
+        ASSERT_LE(std::fabs(back - x[k]), amax / 6.0f * 1.2f) << trial << " " << k;  // e4m3 scale error included
+      }
+    }
+  }
+  EXPECT_EQ(nvfp4Factor(0, 100.0f), 0.0f);
 }
 
 }  // namespace

@@ -254,13 +254,57 @@ __device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const
   }
 }
 
+// One warp: columns `cols` of token t's bf16 row as NVFP4 (common/numeric.h) into every destination's staging, the
+// blocks' e4m3 scales into their metadata (byte b for block b of 16 columns). Lane i holds columns 4 i .. 4 i + 3 of
+// each 128 (four lanes a block: its amax by two shuffles) and writes their two packed bytes.
+__device__ void quantizeSliceFp4(const GroupView& g, const LlDispatchCall& c, const Slots& slots, uint64_t active,
+                                 size_t bank, const char* row, Cols cols, int lane) {
+  const int me = g.rank, R = g.nRanks;
+  const float gs = __ldg(c.globalScale);
+  for (int b = cols.lo / 128; b < cols.hi / 128; b++) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + (size_t)b * 256) + lane);
+    const uint16_t bits[4] = {(uint16_t)(raw.x & 0xffff), (uint16_t)(raw.x >> 16), (uint16_t)(raw.y & 0xffff),
+                              (uint16_t)(raw.y >> 16)};
+    float v[4], amax = 0.0f;
+    for (int i = 0; i < 4; i++) {
+      v[i] = ncclext::bf16ToFloat(bits[i]);
+      const float a = v[i] < 0 ? -v[i] : v[i];
+      amax = a > amax ? a : amax;  // as numeric.h's nvfp4QuantizeRow: a NaN never wins
+    }
+    for (int o = 1; o < 4; o <<= 1) {  // the four lanes of the block of 16
+      const float a = __shfl_xor_sync(kAll, amax, o);
+      amax = a > amax ? a : amax;
+    }
+    const uint8_t scale = ncclext::nvfp4BlockScale(amax, gs);
+    const float f = ncclext::nvfp4Factor(scale, gs);
+    const uint16_t q = (uint16_t)(ncclext::floatToE2m1(v[0] * f) | ncclext::floatToE2m1(v[1] * f) << 4 |
+                                  ncclext::floatToE2m1(v[2] * f) << 8 | ncclext::floatToE2m1(v[3] * f) << 12);
+    for (int r = 0; r < R; r++) {
+      const int slot = slots.of(r);
+      if (slot < 0 || !isOn(active, r)) continue;
+      const size_t rowIndex = (size_t)me * g.maxTokens + slot;
+      char* dst = static_cast<char*>(peerAt(g, bank + g.wl.dispRows + rowIndex * g.rowStride, r));
+      reinterpret_cast<uint16_t*>(dst + (size_t)b * 64)[lane] = q;
+      if ((lane & 3) == 0) {
+        char* meta = static_cast<char*>(peerAt(g, bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+        reinterpret_cast<uint8_t*>(meta + g.meta.scaleOff())[b * 8 + lane / 4] = scale;
+      }
+    }
+  }
+}
+
+// Bytes of a row of `rowBytes` holding `hidden` columns before column `col` (rows of 2, 1 or 1/2 byte a column).
+__device__ __forceinline__ size_t colBytes(int col, int rowBytes, int hidden) {
+  return (size_t)col * (size_t)rowBytes / (size_t)hidden;
+}
+
 // One warp per (token of mine, slice): the slice (and, slice 0, the metadata) into every active destination's
 // staging, then the slice's flags.
 __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, uint64_t seq,
                          uint64_t active, const WarpId& w) {
   const int me = g.rank, R = g.nRanks, K = h.topk, MK = g.meta.maxTopk, lane = w.lane, S = slicesOf(c.hidden);
   const size_t bank = bankOf(g, seq);
-  const int inElem = c.inRowBytes / c.hidden;
+  const bool forward = !c.quantize && !c.quantizeFp4;
   for (int item = w.gw; item < h.numTokens * S; item += w.nw) {
     const int t = item / S, sl = item % S;
     const Cols cols = Cols::of(sl, c.hidden);
@@ -276,12 +320,12 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
       if (slot < 0 || !isOn(active, r)) continue;
       const size_t rowIndex = (size_t)me * g.maxTokens + slot;
       char* meta = static_cast<char*>(peerAt(g, bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
-      if (!c.quantize) {
+      if (forward) {
         char* dst = static_cast<char*>(peerAt(g, bank + g.wl.dispRows + rowIndex * g.rowStride, r));
-        warpCopy<false>(lane, dst + (size_t)cols.lo * inElem, row + (size_t)cols.lo * inElem,
-                        (cols.hi - cols.lo) * inElem);
-        if (c.scales)
-          for (int b = cols.lo / 128 + lane; b < cols.hi / 128; b += 32)
+        const size_t lo = colBytes(cols.lo, c.inRowBytes, c.hidden), hi = colBytes(cols.hi, c.inRowBytes, c.hidden);
+        warpCopy<false>(lane, dst + lo, row + lo, (int)(hi - lo));
+        if (c.scales)  // whole words: a slice's columns are a multiple of scaleCols (H is a multiple of 128)
+          for (int b = cols.lo / c.scaleCols + lane; b < cols.hi / c.scaleCols; b += 32)
             reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = __ldg(c.scales + (size_t)t * c.nScales + b);
       }
       if (has) {
@@ -292,6 +336,7 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
       if (sl == 0 && lane == 0) *reinterpret_cast<int*>(meta + g.meta.tokenOff()) = t;
     }
     if (c.quantize) quantizeSlice(g, c, slots, active, bank, row, cols, lane);
+    if (c.quantizeFp4) quantizeSliceFp4(g, c, slots, active, bank, row, cols, lane);
     __syncwarp();  // every lane's stores of every destination's slice before the releases
     // Lane r releases destination r's flag (and r + 32's): one round instead of one release per destination.
     if (slots.lo >= 0 && isOn(active, lane))
@@ -363,11 +408,10 @@ __device__ __forceinline__ int sourceOf(const int* rowStart, int R, int i) {
 // One warp: the slice's columns of a staged row (and its blocks' scales) to output row `row`.
 __device__ __forceinline__ void copySlice(const LlDispatchCall& c, int lane, size_t row, const char* src,
                                           const float* scales, Cols cols) {
-  const int elem = c.outRowBytes / c.hidden;
-  warpCopy<true>(lane, c.outTokens + row * c.outRowBytes + (size_t)cols.lo * elem, src + (size_t)cols.lo * elem,
-                 (cols.hi - cols.lo) * elem);
-  if (c.outScales)
-    for (int b = cols.lo / 128 + lane; b < cols.hi / 128; b += 32)
+  const size_t lo = colBytes(cols.lo, c.outRowBytes, c.hidden), hi = colBytes(cols.hi, c.outRowBytes, c.hidden);
+  warpCopy<true>(lane, c.outTokens + row * c.outRowBytes + lo, src + lo, (int)(hi - lo));
+  if (c.outScales)  // 32-bit words, bit for bit (NVFP4: four e4m3 scales each)
+    for (int b = cols.lo / c.scaleCols + lane; b < cols.hi / c.scaleCols; b += 32)
       c.outScales[row * c.nScales + b] = __ldcg(scales + b);
 }
 

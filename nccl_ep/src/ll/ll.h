@@ -24,20 +24,23 @@ constexpr int kLlMaxTokens = 1024;
 constexpr int kLlSliceCols = 512;  // a warp's share of a row: a row of H columns is ceil(H / 512) slices
 
 struct LlDispatchCall {
-  const char* tokens;    // [T][H]: bf16, or e4m3 (forwarded with `scales`)
+  const char* tokens;    // [T][H]: bf16, or e4m3 or packed NVFP4 (forwarded with `scales`)
   const float* weights;  // [T][K] or NULL (weights 1)
-  const float* scales;   // [T][nScales], e4m3 input only
-  char* outTokens;       // [N][H] of the output dtype
+  const float* scales;   // [T][nScales] 32-bit words, e4m3 and NVFP4 input only
+  char* outTokens;       // [N][outRowBytes] of the output dtype
   float* outWeights;     // RANK_MAJOR [N][K], EXPERT_MAJOR [N]; or NULL
   int* outIdx;           // RANK_MAJOR [N][K] expert ids (local + idBase; -1 elsewhere); or NULL
-  float* outScales;      // [N][nScales] with an e4m3 output
+  float* outScales;      // [N][nScales] 32-bit words with an e4m3 or NVFP4 output (NVFP4: four e4m3 scales a word)
   int* outSrcInfo;       // [N] or NULL
   LayoutInfoOut info;    // any may be NULL
   int hidden;            // H
-  int inRowBytes;        // H x the input's element size
-  int outRowBytes;       // H x the output's element size
-  int nScales;           // H / 128 with an e4m3 output, else 0
+  int inRowBytes;        // H x the input's element size (NVFP4: H / 2)
+  int outRowBytes;       // H x the output's element size (NVFP4: H / 2)
+  int nScales;           // scale words a row: H / scaleCols with an e4m3 or NVFP4 output, else 0
+  int scaleCols;         // columns a scale word covers: 128 (e4m3: one fp32), 64 (NVFP4: four e4m3 of 16)
   int quantize;          // bf16 in, e4m3 out: the sender quantises
+  int quantizeFp4;       // bf16 in, NVFP4 out: the sender quantises under *globalScale
+  const float* globalScale;  // [1] on the device, with quantizeFp4
   int roundScale;        // powers of two
   int idBase;            // added to every expert id written to outIdx (global ids: my first expert; else 0)
   int phases;            // LlPhase bits: kLlSend, kLlReceive or both
