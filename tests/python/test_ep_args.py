@@ -2,6 +2,7 @@
 Needs torch (skipped without it); no GPU."""
 
 import ctypes
+import re
 import types
 
 import pytest
@@ -234,6 +235,36 @@ def test_low_latency_dispatch_structs(on_cpu, layout, mode):
     assert on_cpu[1][0] is prep and again.expert_counts.data_ptr() != base  # same structs, new counts
 
 
+@pytest.mark.parametrize("mode", ["nvfp4_quantised", "nvfp4_quantised_uint8", "nvfp4_forwarded"])
+def test_low_latency_nvfp4_dispatch_structs(on_cpu, mode):
+    # bf16 x with out_dtype float4_e2m1fn_x2 (or uint8) and a global scale: tokens [N, H/2] of that dtype, scales
+    # [N, H/16] float8_e4m3fn; NVFP4 x [T, H/2] with its [T, H/16] scales: forwarded, the same shapes and dtypes.
+    g = _shell()
+    h = _FakeHandle(g, "rank_major")
+    n = h.output_rows()
+    fp4 = torch.uint8 if mode == "nvfp4_quantised_uint8" else torch.float4_e2m1fn_x2
+    gs = torch.full((1,), 2.5)
+    if mode == "nvfp4_forwarded":
+        x, scales = torch.zeros(5, H // 2, dtype=torch.uint8).view(fp4), torch.zeros(5, H // 16, dtype=torch.uint8)
+        recv = g.dispatch(x, handle=h, scales=scales.view(torch.float8_e4m3fn), stream=_Stream())
+    else:
+        recv = g.dispatch(torch.zeros(5, H, dtype=torch.bfloat16), handle=h, out_dtype=fp4, global_scale=gs,
+                          stream=_Stream())
+    (prep, args), = on_cpu
+    inputs, outputs, cfg, info = prep.structs
+    assert _dims(outputs.tokens) == ([n, H // 2], T.NCCL_UINT8)
+    assert recv.tokens.shape == (n, H // 2) and recv.tokens.dtype == fp4
+    assert _dims(outputs.scales) == ([n, H // 16], T.NCCL_FLOAT8E4M3)
+    assert recv.scales.shape == (n, H // 16) and recv.scales.dtype == torch.float8_e4m3fn
+    if mode == "nvfp4_forwarded":
+        assert _dims(inputs.tokens) == ([5, H // 2], T.NCCL_UINT8) and _dims(inputs.scales) == ([5, H // 16],
+                                                                                               T.NCCL_FLOAT8E4M3)
+        assert inputs.global_scale.ndim == 0
+    else:
+        assert _dims(inputs.global_scale) == ([1], T.NCCL_FLOAT32) and inputs.global_scale.data == gs.data_ptr()
+        assert inputs.scales.ndim == 0
+
+
 def test_high_throughput_dispatch_is_unchanged(on_cpu):
     g = _shell(low_latency=False)
     h = _FakeHandle(g, "flat")
@@ -273,16 +304,26 @@ def test_high_throughput_forwards_scales_as_the_caller_lays_them_out(on_cpu, x_d
 
 @pytest.mark.parametrize("ll,kwargs,exc,text", [
     (True, {"x": torch.zeros(5, H, dtype=torch.float16)}, ep.NcclInvalidArgument,
-     "Low-Latency dispatch takes bfloat16, or float8_e4m3fn with scales"),
-    (True, {"out_dtype": torch.float16}, ep.NcclInvalidArgument, "converts bfloat16 to float8_e4m3fn only"),
-    (True, {"round_scale": True}, ep.NcclInvalidArgument, "round_scale=True: for bf16 x quantised on the way"),
+     "Low-Latency dispatch takes bfloat16, or float8_e4m3fn or NVFP4 (float4_e2m1fn_x2, uint8) with scales"),
+    (True, {"out_dtype": torch.float16}, ep.NcclInvalidArgument,
+     "converts bfloat16 to float8_e4m3fn or NVFP4 (float4_e2m1fn_x2, uint8) only"),
+    (True, {"round_scale": True}, ep.NcclInvalidArgument, "round_scale=True: for bf16 x quantised to fp8 on the way"),
+    (True, {"round_scale": True, "out_dtype": torch.uint8, "global_scale": torch.ones(1)}, ep.NcclInvalidArgument,
+     "round_scale=True: for bf16 x quantised to fp8"),
+    (True, {"out_dtype": torch.float4_e2m1fn_x2}, ep.NcclInvalidArgument, "global_scale: a [1] fp32 CUDA tensor"),
+    (True, {"global_scale": torch.ones(1)}, ep.NcclInvalidArgument, "global_scale: a [1] fp32 CUDA tensor"),
+    (True, {"x": torch.zeros(5, H // 2, dtype=torch.uint8)}, ep.NcclInvalidArgument,
+     "x is NVFP4 (torch.uint8): give its scales [T, H/16]"),
+    (True, {"x": torch.zeros(5, 100, dtype=torch.uint8), "scales": torch.zeros(5, 12, dtype=torch.uint8)},
+     ep.NcclInvalidArgument, "hidden 200 is not a multiple of 128"),
+    (False, {"global_scale": torch.ones(1)}, ep.NcclInvalidUsage, "global_scale: for the Low-Latency mode's NVFP4"),
     (True, {"out_dtype": torch.float8_e4m3fn, "scales": torch.ones(5, 2)}, ep.NcclInvalidArgument,
      "the sender computes them"),
     (True, {"x": torch.zeros(5, 200, dtype=torch.bfloat16), "out_dtype": torch.float8_e4m3fn},
      ep.NcclInvalidArgument, "hidden 200 is not a multiple of 128"),
     (True, {"x": torch.zeros(5, H, dtype=torch.float8_e4m3fn)}, ep.NcclInvalidArgument, "give its scales"),
     (True, {"scales": torch.ones(5, 2)}, ep.NcclInvalidArgument,
-     "scales: for float8_e4m3fn x only"),
+     "scales: for float8_e4m3fn or NVFP4 x only"),
     (False, {"out_dtype": torch.float8_e4m3fn}, ep.NcclInvalidUsage, "quantising on the way is the Low-Latency"),
     (False, {"round_scale": True}, ep.NcclInvalidUsage, "round_scale=True: for the Low-Latency mode"),
 ])
@@ -291,7 +332,7 @@ def test_dispatch_refusals(on_cpu, ll, kwargs, exc, text):
     h = _FakeHandle(g, "expert_major")
     kwargs = dict(kwargs)
     x = kwargs.pop("x", torch.zeros(5, H, dtype=torch.bfloat16))
-    with pytest.raises(exc, match=text.replace("(", r"\(")):
+    with pytest.raises(exc, match=re.escape(text)):
         g.dispatch(x, handle=h, stream=_Stream(), **kwargs)
     assert on_cpu == []
 

@@ -64,6 +64,63 @@ def test_rank_major_topk_idx_in_global_expert_ids(ll):
     h.close()
 
 
+def _nvfp4_reference(x, g):
+    """NVFP4 of bf16 rows x [n, H] under global scale g, computed here in torch (not by the library's numeric.h):
+    per 16 columns the e4m3 scale of amax / 6 x g, then each value times g / scale to the nearest e2m1 magnitude,
+    ties to the even code, saturating at 6; two codes a byte, the first in the low nibble. Returns (bytes [n, H/2]
+    uint8, scales [n, H/16] uint8)."""
+    g = torch.tensor(g, dtype=torch.float32)  # as the kernel reads it: every step in fp32
+    v = x.float().reshape(x.shape[0], -1, 16)
+    amax = v.abs().amax(dim=2)
+    scale = (amax / 6.0 * g).to(torch.float8_e4m3fn)
+    s = scale.float()
+    f = torch.where(s != 0, g / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(s))
+    a = (v * f.unsqueeze(2)).abs()
+    mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    dist = (a.unsqueeze(3) - mags).abs()
+    best = dist.min(dim=3, keepdim=True).values
+    ties = (dist == best) & (torch.arange(8) % 2 == 0)  # a tie goes to the even code
+    code = torch.where((dist == best).sum(dim=3) > 1, ties.int().argmax(dim=3), dist.argmin(dim=3))
+    code = torch.where(a > 6.0, torch.full_like(code, 7), code)
+    code = code | ((v * f.unsqueeze(2) < 0) | ((v * f.unsqueeze(2) == 0) & torch.signbit(v))).int() * 8
+    code = code.reshape(x.shape[0], -1).to(torch.uint8)
+    return code[:, 0::2] | (code[:, 1::2] << 4), scale.view(torch.uint8)
+
+
+@pytest.mark.parametrize("layout", ["rank_major", "expert_major"])
+def test_nvfp4_quantised_rows_match_a_torch_reference(ll, layout):
+    # bf16 x dispatched with out_dtype=float4_e2m1fn_x2 and a global scale: every received row's packed bytes and
+    # e4m3 scales are the torch reference's of the source's row (RANK_MAJOR rows s * M + j; EXPERT_MAJOR: each
+    # zone's rows, by src_info).
+    g, me, R = ll
+    T, idx, x, w, _ = _inputs(me, R)
+    gscale = 448.0 * 6.0 / max(float(_inputs(s, R)[2].float().abs().max()) for s in range(R))
+    h = g.create_handle(idx.cuda(), layout=layout)
+    recv = g.dispatch(x.cuda(), handle=h, out_dtype=torch.float4_e2m1fn_x2,
+                      global_scale=torch.tensor([gscale], device="cuda"))
+    torch.cuda.synchronize()
+    assert recv.tokens.dtype == torch.float4_e2m1fn_x2 and recv.tokens.shape[1] == H // 2
+    assert recv.scales.dtype == torch.float8_e4m3fn and recv.scales.shape[1] == H // 16
+    got, got_s = recv.tokens.view(torch.uint8).cpu(), recv.scales.view(torch.uint8).cpu()
+    src = recv.src_info.cpu()
+    rows = []
+    if layout == "rank_major":
+        for s in range(R):
+            for j in range(int(recv.rank_counts[s])):
+                rows.append((s * M + j, s, int(src[s * M + j])))
+    else:
+        for e in range(LOCAL):
+            for i in range(int(recv.expert_counts[e])):
+                r = e * R * M + i
+                rows.append((r, int(src[r]) // M, int(src[r]) % M))
+    assert rows
+    for r, s, t in rows:
+        want, want_s = _nvfp4_reference(_inputs(s, R)[2][t:t + 1], gscale)
+        assert torch.equal(got[r], want[0]), (r, s, t)
+        assert torch.equal(got_s[r], want_s[0]), (r, s, t)
+    h.close()
+
+
 def test_rank_major_rows_from_every_source_and_combine_by_rank(ll):
     g, me, R = ll
     idx, x, w, _, h, recv = _dispatched(g, me, R, "rank_major")

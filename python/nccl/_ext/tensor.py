@@ -33,6 +33,8 @@ def _table() -> dict:
                        torch.int8: NCCL_INT8})
         if hasattr(torch, "float8_e4m3fn"):
             _TABLE[torch.float8_e4m3fn] = NCCL_FLOAT8E4M3
+        if hasattr(torch, "float4_e2m1fn_x2"):  # two e2m1 values a byte: bytes to the C APIs (NVFP4 rows)
+            _TABLE[torch.float4_e2m1fn_x2] = NCCL_UINT8
     return _TABLE
 
 

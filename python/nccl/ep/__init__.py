@@ -92,7 +92,7 @@ class _LayoutInfo(_Header):
 
 class _DispatchInputs(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor),
-                ("scales", CTensor)]
+                ("scales", CTensor), ("global_scale", CTensor)]
 
 
 class _DispatchOutputs(_Header):
@@ -518,7 +518,7 @@ class Group(Closing):
     def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
                  layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
                  send_only: bool = False, num_sms: int = 0, out: "DispatchResult | None" = None,
-                 global_expert_ids: bool = False, stream=None) -> "DispatchResult":
+                 global_expert_ids: bool = False, global_scale=None, stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. High-Throughput groups forward any scales as the
         caller lays them out, bit for bit: [T, S] fp32 or int32 (per token, per block, DeepEP's packed UE8M0), with
@@ -530,7 +530,12 @@ class Group(Closing):
 
         Low-Latency groups: x is bf16, or fp8 e4m3 with `scales` (forwarded as they are). `out_dtype=
         torch.float8_e4m3fn` with bf16 x quantises on the sender: tokens arrive as e4m3 with `scales` [N, H/128]
-        fp32 (amax / 448 per 128 columns; `round_scale=True`: rounded up to powers of 2). Outputs have the fixed
+        fp32 (amax / 448 per 128 columns; `round_scale=True`: rounded up to powers of 2). `out_dtype=
+        torch.float4_e2m1fn_x2` (or torch.uint8) with bf16 x and `global_scale` (a [1] fp32 CUDA tensor g, as vLLM's
+        and TensorRT-LLM's NVFP4 quantisers take it) quantises to NVFP4: tokens [N, H/2] of out_dtype (two e2m1 a
+        byte, the first in the low nibble) with `scales` [N, H/16] float8_e4m3fn, one per 16 columns (e4m3(amax / 6
+        x g); x ~ q x scale / g; linear, not the swizzled layout grouped GEMMs read); x of float4_e2m1fn_x2 or uint8
+        [T, H/2] with such scales is forwarded. Outputs have the fixed
         worst-case shape, N = R * M (RANK_MAJOR: rows s * M + j, j < rank_counts[s], hold source s's tokens in source
         order) or L * R * M (EXPERT_MAJOR, viewable as [L, R * M, H]: rows e * R * M + i, i < expert_counts[e], by
         (source rank, token)); rows past the counts are not written. src_info [N] int32 (RANK_MAJOR: the token's
@@ -555,22 +560,22 @@ class Group(Closing):
         try:
             key = (x.dtype, x.shape, x.get_device(), None if topk_weights is None else _meta(topk_weights),
                    None if scales is None else _meta(scales), out_dtype, bool(round_scale), bool(send_only), num_sms,
-                   bool(global_expert_ids))
+                   bool(global_expert_ids), None if global_scale is None else _meta(global_scale))
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (x.is_contiguous() and (topk_weights is None or topk_weights.is_contiguous())
                                 and (scales is None or scales.is_contiguous())):
             prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale,
-                                          send_only, global_expert_ids)
+                                          send_only, global_expert_ids, global_scale)
         if out is not None and (key is None or out.handle is not handle or getattr(out, "_key", None) != key):
             raise NcclInvalidArgument("dispatch: out must be the result of an earlier dispatch of this signature "
                                       "(shapes, dtypes, options) on this handle")
-        outs = prep.fill((x, topk_weights, scales), None if out is None else out._outs, stream)
+        outs = prep.fill((x, topk_weights, scales, global_scale), None if out is None else out._outs, stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
                     handle._on(_raw_stream(stream, prep.device_index)))
         if stream is not None:  # the inputs were made for another stream, most likely (the current one)
-            _record_on(stream, x, topk_weights, scales)
+            _record_on(stream, x, topk_weights, scales, global_scale)
         # A send-only call's outputs, written by complete() (on its stream, maybe another): kept until then.
         handle._open_outputs = (outs, stream) if send_only else None
         if out is None:
@@ -589,50 +594,65 @@ class Group(Closing):
         return out
 
     def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms, out_dtype=None,
-                          round_scale=False, send_only=False, global_expert_ids=False) -> _Prepared:
+                          round_scale=False, send_only=False, global_expert_ids=False, global_scale=None) -> _Prepared:
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
-        self._same_device(("x", x), ("topk_weights", topk_weights), ("scales", scales))
+        self._same_device(("x", x), ("topk_weights", topk_weights), ("scales", scales),
+                          ("global_scale", global_scale))
         xin = describe(x, "x", ndim=2)
         if x.shape[0] != handle.num_tokens:
             raise NcclInvalidArgument("x has %d tokens but the routing has %d" % (x.shape[0], handle.num_tokens))
         rows, hdim, k = handle.output_rows(), x.shape[1], handle.topk
         fp8 = getattr(torch, "float8_e4m3fn", None)
+        fp4_types = tuple(t for t in (getattr(torch, "float4_e2m1fn_x2", None), torch.uint8) if t is not None)
         ll = handle.group.low_latency
         quantise = ll and x.dtype == torch.bfloat16 and out_dtype is not None and out_dtype == fp8
+        quantise4 = ll and x.dtype == torch.bfloat16 and out_dtype is not None and out_dtype in fp4_types
+        forward4 = ll and x.dtype in fp4_types
         if ll:
-            if x.dtype not in (torch.bfloat16, fp8):
-                raise NcclInvalidArgument("x has dtype %s; Low-Latency dispatch takes bfloat16, or float8_e4m3fn "
-                                          "with scales" % x.dtype)
-            if out_dtype is not None and out_dtype != x.dtype and not quantise:
+            hdim = 2 * x.shape[1] if forward4 else hdim  # columns: NVFP4 x holds two a byte
+            if x.dtype not in (torch.bfloat16, fp8) + fp4_types:
+                raise NcclInvalidArgument("x has dtype %s; Low-Latency dispatch takes bfloat16, or float8_e4m3fn or "
+                                          "NVFP4 (float4_e2m1fn_x2, uint8) with scales" % x.dtype)
+            if out_dtype is not None and out_dtype != x.dtype and not (quantise or quantise4):
                 raise NcclInvalidArgument("out_dtype=%s for x of %s: Low-Latency dispatch converts bfloat16 to "
-                                          "float8_e4m3fn only" % (out_dtype, x.dtype))
+                                          "float8_e4m3fn or NVFP4 (float4_e2m1fn_x2, uint8) only" % (out_dtype, x.dtype))
             if round_scale and not quantise:
-                raise NcclInvalidArgument("round_scale=True: for bf16 x quantised on the way "
+                raise NcclInvalidArgument("round_scale=True: for bf16 x quantised to fp8 on the way "
                                           "(out_dtype=torch.float8_e4m3fn)")
-            if quantise and scales is not None:
+            if (quantise or quantise4) and scales is not None:
                 raise NcclInvalidArgument("scales: the sender computes them when it quantises bf16 x; pass none")
-            if scales is not None and x.dtype != fp8:
-                raise NcclInvalidArgument("scales: for float8_e4m3fn x only (forwarded with it); x is %s" % x.dtype)
-            if quantise and hdim % _FP8_BLOCK:
-                raise NcclInvalidArgument("x: hidden %d is not a multiple of %d (one fp8 scale per %d columns)"
-                                          % (hdim, _FP8_BLOCK, _FP8_BLOCK))
+            if scales is not None and x.dtype == torch.bfloat16:
+                raise NcclInvalidArgument("scales: for float8_e4m3fn or NVFP4 x only (forwarded with it); x is %s"
+                                          % x.dtype)
+            if quantise4 != (global_scale is not None):
+                raise NcclInvalidArgument("global_scale: a [1] fp32 CUDA tensor for NVFP4 quantisation (bf16 x, "
+                                          "out_dtype=torch.float4_e2m1fn_x2 or torch.uint8), and only then")
+            if (quantise or quantise4 or forward4) and hdim % _FP8_BLOCK:
+                raise NcclInvalidArgument("x: hidden %d is not a multiple of %d" % (hdim, _FP8_BLOCK))
+            if forward4 and scales is None:
+                raise NcclInvalidArgument("x is NVFP4 (%s): give its scales [T, H/16] float8_e4m3fn or uint8"
+                                          % x.dtype)
         else:
             if out_dtype is not None and out_dtype != x.dtype:
                 raise NcclInvalidUsage("out_dtype=%s for x of %s: High-Throughput dispatch moves tokens as they are; "
                                        "quantising on the way is the Low-Latency mode's" % (out_dtype, x.dtype))
             if round_scale:
                 raise NcclInvalidUsage("round_scale=True: for the Low-Latency mode's fp8 quantisation")
+            if global_scale is not None:
+                raise NcclInvalidUsage("global_scale: for the Low-Latency mode's NVFP4 quantisation (High-Throughput "
+                                       "forwards NVFP4 rows as uint8 with their scales)")
         if x.dtype == fp8 and scales is None:
             raise NcclInvalidArgument("x is float8_e4m3fn: give its scales [T, S] fp32 (Low-Latency: S = H/128; "
                                       "High-Throughput: any S, or int32, e.g. packed UE8M0)")
-        out_dt = fp8 if quantise else x.dtype
+        out_dt = fp8 if quantise else out_dtype if quantise4 else x.dtype
+        out_cols = hdim // 2 if quantise4 or forward4 else hdim
         per_row_k = handle.layout in ("flat", "rank_major")  # rows of one token with all its top-k slots
         inputs = _DispatchInputs.new(tokens=xin)
-        outputs = _DispatchOutputs.new(tokens=descriptor((rows, hdim), out_dt))
+        outputs = _DispatchOutputs.new(tokens=descriptor((rows, out_cols), out_dt))
         given = [(inputs.tokens, x.numel() > 0)]
-        made = [(outputs.tokens, (rows, hdim), out_dt)]
+        made = [(outputs.tokens, (rows, out_cols), out_dt)]
         names = ["tokens"]
         if topk_weights is not None:
             inputs.topk_weights = describe(topk_weights, "topk_weights", dtypes=(torch.float32,), ndim=2)
@@ -647,19 +667,25 @@ class Group(Closing):
             outputs.topk_idx = descriptor((rows, k), torch.int32)
             made.append((outputs.topk_idx, (rows, k), torch.int32))
             names.append("topk_idx")
-        if scales is not None or quantise:
+        if scales is not None or quantise or quantise4:
             if scales is not None:
                 # High-Throughput forwards them bit for bit, as the caller lays them out: fp32 or int32, S a row.
-                scale_types = (torch.float32,) if ll else (torch.float32, torch.int32)
+                scale_types = ((fp8, torch.uint8) if forward4 else (torch.float32,)) if ll else (torch.float32,
+                                                                                                 torch.int32)
                 inputs.scales = describe(scales, "scales", dtypes=scale_types, ndim=2)
                 given.append((inputs.scales, scales.numel() > 0))
             else:
                 given.append((None, False))
-            shape = (rows, scales.shape[1] if scales is not None else hdim // _FP8_BLOCK)
-            scale_dt = torch.float32 if scales is None else scales.dtype
+            shape = (rows, scales.shape[1] if scales is not None else hdim // (16 if quantise4 else _FP8_BLOCK))
+            scale_dt = fp8 if quantise4 else torch.float32 if scales is None else scales.dtype
             outputs.scales = descriptor(shape, scale_dt)
             made.append((outputs.scales, shape, scale_dt))
             names.append("scales")
+        else:
+            given.append((None, False))
+        if global_scale is not None:
+            inputs.global_scale = describe(global_scale, "global_scale", dtypes=(torch.float32,), ndim=1)
+            given.append((inputs.global_scale, True))
         else:
             given.append((None, False))
         info = counts = None
