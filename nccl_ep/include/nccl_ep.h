@@ -369,6 +369,15 @@ NCCL_EP_API ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle);
 NCCL_EP_API ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows);
 /* Rows of a worst-case dispatch output for this handle's layout. Local. */
 NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows);
+/* LOCAL, zero-copy dispatch outputs (High-Throughput groups with max_recv_rows_per_rank, FLAT handles): `*tokens`
+ * becomes a [max_recv_rows_per_rank, hidden] tensor of `datatype` in this rank's window, where dispatch's senders
+ * write each row at its FLAT position; given as outputs.tokens of a dispatch, no received row is copied again (the
+ * rest of the outputs are as usual). hidden x the dtype's size must be max_token_bytes (the window's row stride).
+ * Its rows hold a dispatch's until the group's next dispatch on any rank begins: in the usual order (dispatch,
+ * expert compute, combine, next dispatch) until this rank's combine has read them. Rows past the receive count hold
+ * earlier calls' data. */
+NCCL_EP_API ncclResult_t ncclEpGroupGetDispatchWindow(ncclEpGroup_t group, ncclDataType_t datatype, int64_t hidden,
+                                                      ncclEpTensor_t* tokens);
 
 /* COLLECTIVE, stream-ordered, asynchronous: sends each token once to every rank hosting one of its experts.
  * Backward pass: the gradient of combine is a dispatch of the output gradient.

@@ -719,6 +719,32 @@ ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t* rows) {
   });
 }
 
+ncclResult_t ncclEpGroupGetDispatchWindow(ncclEpGroup_t group, ncclDataType_t datatype, int64_t hidden,
+                                          ncclEpTensor_t* tokens) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclEpGroupGetDispatchWindow", [&]() -> ncclResult_t {
+    NCCLEXT_CHECK(checkGroup(group, "ncclEpGroupGetDispatchWindow"));
+    NCCLEXT_ARG(tokens != nullptr, "ncclEpGroupGetDispatchWindow: tokens is NULL");
+    const ncclep::GroupView& v = group->view;
+    NCCLEXT_USAGE(v.recvCap > 0,
+                  "ncclEpGroupGetDispatchWindow: zero-copy outputs need a High-Throughput group with "
+                  "max_recv_rows_per_rank (its staging holds each row at its FLAT position)");
+    const int dtype = ncclext::storedInt(datatype);
+    const size_t esize = ncclext::isNcclDataType(dtype) ? dtypeBytes(static_cast<ncclDataType_t>(dtype)) : 0;
+    NCCLEXT_ARG(esize > 0, "ncclEpGroupGetDispatchWindow: datatype %d unknown", dtype);
+    NCCLEXT_ARG(hidden > 0 && hidden * (int64_t)esize == v.rowStride,
+                "ncclEpGroupGetDispatchWindow: hidden %lld x %zu bytes is not the window's row of max_token_bytes %d",
+                (long long)hidden, esize, v.rowStride);
+    *tokens = NCCL_EP_TENSOR_INIT;
+    tokens->ndim = 2;
+    tokens->datatype = static_cast<ncclDataType_t>(dtype);
+    tokens->data = v.peers.mine + v.wl.dispRows;
+    tokens->sizes[0] = v.recvCap;
+    tokens->sizes[1] = hidden;
+    return ncclSuccess;
+  });
+}
+
 ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclEpHandleGetMaxRecvRows", [&]() -> ncclResult_t {
@@ -819,8 +845,22 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     } else {
       NCCLEXT_ARG(!present(outputs->scales), "outputs.scales come with inputs.scales (fp8 or uint8 tokens)");
     }
+    // Zero-copy: outputs.tokens in my window is ncclEpGroupGetDispatchWindow's tensor, where the rows land already.
+    const char* window = g->view.peers.mine;
+    const char* yp = static_cast<const char*>(y.data);
+    const bool inPlace = window && yp >= window && yp < window + g->view.wl.total;
+    if (inPlace) {
+      NCCLEXT_USAGE(yp == window + g->view.wl.dispRows && g->view.recvCap > 0,
+                    "outputs.tokens lies in the group's window: only ncclEpGroupGetDispatchWindow's tensor may");
+      NCCLEXT_USAGE(flat, "outputs.tokens from ncclEpGroupGetDispatchWindow: FLAT handles only (EXPERT_MAJOR rows "
+                          "are ordered by expert, not as they land)");
+      NCCLEXT_ARG(rowBytes == g->view.rowStride,
+                  "outputs.tokens from ncclEpGroupGetDispatchWindow: rows of %lld bytes; the window's are %d",
+                  (long long)rowBytes, g->view.rowStride);
+    }
     ncclep::DispatchCall c{};
     setDispatchTensors(&c, inputs, outputs);
+    c.rowsInPlace = inPlace;
     c.rowBytes = (int)rowBytes;
     c.nScales = nScales;
     c.idBase = config && config->global_expert_ids ? g->view.rank * g->view.localExperts : 0;

@@ -593,6 +593,20 @@ TEST(EpFuzz, Handles) {
       return ncclEpGroupGetInfo(infoCase == 0 ? nullptr : &f.group, infoCase == 1 ? nullptr : &gi);
     });
     c.expectRejected(rinfo, "ncclEpGroupGetInfo", infoCase == 0 ? "group NULL" : infoCase == 1 ? "info NULL" : "magic");
+    // ncclEpGroupGetDispatchWindow: the fake groups have no receive cap (and no window): refused, whatever the
+    // dtype and hidden, and NULL group or tensor refused first; the tensor is left alone on failure.
+    ncclEpTensor_t win = NCCL_EP_TENSOR_INIT;
+    win.ndim = 77;
+    const int wCase = (int)rng.below(3);
+    const ncclDataType_t wType = rng.chance(1, 4) ? (ncclDataType_t)rng.pick(kBadEnums) : ncclBfloat16;
+    const int64_t wHidden = rng.chance(1, 4) ? (int64_t)rng.next() : (int64_t)rng.range(1, 8192);
+    const ncclResult_t rw = c.call(Lib::kEp, "ncclEpGroupGetDispatchWindow", [&] {
+      return ncclEpGroupGetDispatchWindow(wCase == 0 ? nullptr : &f.group, wType, wHidden,
+                                          wCase == 1 ? nullptr : &win);
+    });
+    c.expectRejected(rw, "ncclEpGroupGetDispatchWindow",
+                     wCase == 0 ? "group NULL" : wCase == 1 ? "tensor NULL" : "no receive cap");
+    if (win.ndim != 77) c.fail("ncclEpGroupGetDispatchWindow wrote the tensor on failure");
     if (c.call(Lib::kEp, "ncclEpHandleDestroy", [&] { return ncclEpHandleDestroy(nullptr); }) != ncclSuccess)
       c.fail("ncclEpHandleDestroy(NULL) failed");
     if (c.call(Lib::kEp, "ncclEpGroupDestroy", [&] { return ncclEpGroupDestroy(nullptr); }) != ncclSuccess)

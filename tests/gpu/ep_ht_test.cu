@@ -72,6 +72,7 @@ struct Case {
   int expertsPerRank = kExpertsPerRank;  // must match the group the case runs on
   int maxTokens = kMaxTokens;            // tokens per rank are drawn in [1, maxTokens]
   bool allFull = false;                  // every rank sends maxTokens
+  bool windowOut = false;                // FLAT tokens into ncclEpGroupGetDispatchWindow's tensor (zero-copy)
 };
 
 uint32_t mix(uint64_t x) {
@@ -229,19 +230,27 @@ struct Runner {
 
   // Checks the dispatch outputs of this rank against the reference.
   void checkDispatch(const Case& c, const Routing& r, const ncclep::ref::RankRecv& rr, uint64_t cs, int64_t rows,
-                     const DeviceBuf& y, const DeviceBuf& yw, const DeviceBuf& yi, const DeviceBuf& ys) {
+                     const DeviceBuf& y, const DeviceBuf& yw, const DeviceBuf& yi, const DeviceBuf& ys,
+                     const void* yWindow = nullptr) {
     const int K = c.topk, L = r.localExperts(), me = ctx.rank;
     const size_t rowBytes = c.hidden * esize(c.dtype);
     const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;
     const bool flat = c.layout == NCCL_EP_LAYOUT_FLAT;
     const int64_t used = flat ? (int64_t)rr.flat.size() : (int64_t)rr.em.size();
-    auto hy = y.get<uint8_t>(rows * rowBytes);
+    std::vector<uint8_t> hy = y.get<uint8_t>(yWindow ? 0 : rows * rowBytes);
+    if (yWindow) {  // the window's rows: read after the stream, as DeviceBuf::get does
+      hy.resize(rows * rowBytes);
+      if (ncclext::copyToHostAfter(tStream, hy.data(), yWindow, hy.size(), gTimeoutSeconds + 30, "window to host") !=
+          ncclSuccess)
+        bad(c, "copy of the dispatch window failed");
+    }
     auto hw = yw.get<float>(flat ? rows * K : rows);
     auto hi = yi.get<int>(rows * K);
     const auto hs = nScales ? ys.get<float>(rows * nScales) : std::vector<float>();  // ys holds scales only with fp8
     for (int64_t i = 0; i < rows; i++) {
       const uint8_t* row = &hy[i * rowBytes];
-      if (i >= used) {  // past the receive count: nothing may have been written
+      if (i >= used) {  // past the receive count: nothing may have been written (the window holds older calls')
+        if (yWindow) continue;
         for (size_t j = 0; j < rowBytes; j++)
           if (row[j] != 0xff) { bad(c, "write past the receive count, row", i); break; }
         continue;
@@ -327,20 +336,26 @@ struct Runner {
     // Inputs and poisoned outputs.
     DeviceBuf x((size_t)T * rowBytes), w((size_t)T * K * 4), sc((size_t)T * std::max(nScales, 1) * 4);
     fillInputs(c, r, caseSeed, x, w, sc);
-    DeviceBuf y(rows * rowBytes), yw(rows * K * 4), yi(rows * K * 4), ys(rows * std::max(nScales, 1) * 4);
-    for (DeviceBuf* b : {&y, &yw, &yi, &ys}) b->poison();
+    DeviceBuf y(c.windowOut ? 0 : rows * rowBytes), yw(rows * K * 4), yi(rows * K * 4),
+        ys(rows * std::max(nScales, 1) * 4);
+    for (DeviceBuf* b : {&y, &yw, &yi, &ys}) b->poison();  // not the window: a peer may be writing it already
+    ncclEpTensor_t window = NCCL_EP_TENSOR_INIT;
+    if (c.windowOut) {
+      EXPECT_OK(ncclEpGroupGetDispatchWindow(group, c.dtype, c.hidden, &window));
+      if (window.sizes[0] < rows) bad(c, "the dispatch window holds fewer rows than the output", window.sizes[0], rows);
+    }
     ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
     in.tokens = epTensor(x.p, c.dtype, {T, c.hidden});
     if (c.weights) in.topk_weights = epTensor(w.p, ncclFloat32, {T, K});
     if (nScales) in.scales = epTensor(sc.p, ncclFloat32, {T, nScales});
     ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-    out.tokens = epTensor(y.p, c.dtype, {rows, c.hidden});
+    out.tokens = c.windowOut ? window : epTensor(y.p, c.dtype, {rows, c.hidden});
     out.topk_weights = flat ? epTensor(yw.p, ncclFloat32, {rows, K}) : epTensor(yw.p, ncclFloat32, {rows});
     if (flat) out.topk_idx = epTensor(yi.p, ncclInt32, {rows, K});
     if (nScales) out.scales = epTensor(ys.p, ncclFloat32, {rows, nScales});
     EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
     if (wait("dispatch")) return 1;
-    checkDispatch(c, r, rr, caseSeed, rows, y, yw, yi, ys);
+    checkDispatch(c, r, rr, caseSeed, rows, y, yw, yi, ys, c.windowOut ? window.data : nullptr);
     // Layout-info counts.
     auto he = cntE.get<int>(L), hsrc = cntS.get<int>(R), ho = offE.get<int>(L), ht = total.get<int>(1);
     for (int l = 0; l < L; l++) {
@@ -851,6 +866,16 @@ int main(int argc, char** argv) {
         skew.sizing = NCCL_EP_SIZING_EXACT;
         skew.dtype = ncclFloat32;
         capped.push_back(skew);
+        // Zero-copy: FLAT rows of the window's row size (7168 bf16) straight into the window, random and skewed.
+        Case zc{"cap: zero-copy flat, bf16 7168", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                NCCL_EP_SIZING_WORST_CASE, false, 8, kMaxRowBytes / 2, true};
+        zc.windowOut = true;
+        capped.push_back(zc);
+        zc.name = "cap: zero-copy flat, skew, exact";
+        zc.routing = kAllToLastRank;
+        zc.allFull = true;
+        zc.sizing = NCCL_EP_SIZING_EXACT;
+        capped.push_back(zc);
         Runner capRun{ctx, capGroup, seed, 0, {}, capCfg.max_recv_rows_per_rank};
         for (size_t i = 0; i < capped.size() && !rc; i++) {
           const int before = capRun.errors;

@@ -140,6 +140,35 @@ def test_a_receive_cap_keeps_each_ranks_first_rows(ht):
         g.close()
 
 
+def test_zero_copy_rows_land_in_the_dispatch_window(ht):
+    # A group with a receive cap of the worst case (nothing dropped), rows of max_token_bytes: dispatch into
+    # dispatch_window() returns the window's tensor, whose first rows are every source's rows in FLAT order (as the
+    # copying path's), and combine of them sums as usual. Across domains the cap (and so the window) is refused.
+    g0, me, R = ht
+    if g0.info()["n_domains"] > 1:
+        pytest.skip("the dispatch window needs a receive cap: one NVLink domain")
+    g = ep.Group(num_experts=LOCAL * R, max_tokens_per_rank=M, hidden=H, max_topk=K, num_sms=8, timeout_s=30,
+                 max_recv_rows_per_rank=M * R)
+    try:
+        win = g.dispatch_window()
+        assert win.shape == (M * R, H) and win.dtype == torch.bfloat16 and win.is_cuda
+        idx, x, w = _inputs(me, R)
+        for sizing in ("exact", "worst_case"):
+            recv = g.dispatch(x.cuda(), idx.cuda(), w.float().cuda(), layout="flat", sizing=sizing, tokens_out=win)
+            torch.cuda.synchronize()
+            assert recv.tokens is win
+            want = torch.cat([_inputs(s, R)[1][_mine(_inputs(s, R)[0], me).any(dim=1)] for s in range(R)])
+            n = want.shape[0]
+            assert int(recv.recv_total) == n and torch.equal(win[:n].cpu(), want)
+            out = g.combine(win[:recv.topk_idx.shape[0]] * 2, recv.handle)
+            torch.cuda.synchronize()
+            ranks_hit = torch.stack([_mine(idx, d).any(dim=1) for d in range(R)], dim=1).sum(dim=1)
+            assert torch.equal(out.cpu(), (x.float() * 2 * ranks_hit.unsqueeze(1)).to(torch.bfloat16))
+            recv.handle.close()
+    finally:
+        g.close()
+
+
 def test_flat_topk_idx_in_global_expert_ids(ht):
     # global_expert_ids=True: each source's rows carry the routing's own ids where the expert is here, -1 elsewhere.
     g, me, R = ht

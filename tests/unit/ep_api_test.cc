@@ -1049,6 +1049,45 @@ TEST(EpCap, OlderLayoutsAndTheCapsOutputs) {
   EXPECT_TRUE(says("outputs.missing_experts: sizes[0] = 99")) << ncclEpGetLastError();
 }
 
+// Zero-copy outputs: ncclEpGroupGetDispatchWindow describes the window's dispatch staging ([cap, hidden] of the
+// dtype, hidden x its size the row stride) on a group with a receive cap only; a dispatch whose outputs.tokens lies
+// in the window is accepted only at that tensor, for FLAT handles and rows of the window's size.
+TEST(EpCap, DispatchWindowAndItsChecks) {
+  Fake f;
+  ncclEpTensor_t w = NCCL_EP_TENSOR_INIT;
+  EXPECT_EQ(ncclEpGroupGetDispatchWindow(&f.group, ncclBfloat16, 7168, &w), ncclInvalidUsage);
+  EXPECT_TRUE(says("need a High-Throughput group with max_recv_rows_per_rank")) << ncclEpGetLastError();
+  alignas(16) static char window[1 << 16];
+  f.group.view.recvCap = 150;
+  f.group.view.rowStride = 14336;
+  f.group.view.wl.dispRows = 4096;
+  f.group.view.wl.total = sizeof(window);
+  f.group.view.peers.mine = window;
+  EXPECT_EQ(ncclEpGroupGetDispatchWindow(&f.group, ncclBfloat16, 7000, &w), ncclInvalidArgument);
+  EXPECT_TRUE(says("hidden 7000 x 2 bytes is not the window's row of max_token_bytes 14336")) << ncclEpGetLastError();
+  EXPECT_EQ(ncclEpGroupGetDispatchWindow(&f.group, (ncclDataType_t)99, 7168, &w), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpGroupGetDispatchWindow(&f.group, ncclBfloat16, 7168, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpGroupGetDispatchWindow(nullptr, ncclBfloat16, 7168, &w), ncclInvalidArgument);
+  ASSERT_EQ(ncclEpGroupGetDispatchWindow(&f.group, ncclBfloat16, 7168, &w), ncclSuccess) << ncclEpGetLastError();
+  EXPECT_EQ(w.ndim, 2u);
+  EXPECT_EQ(w.data, window + 4096);
+  EXPECT_EQ(w.sizes[0], 150);
+  EXPECT_EQ(w.sizes[1], 7168);
+  // A dispatch into the window elsewhere than the staging, and into it from an EXPERT_MAJOR handle.
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = w;
+  out.tokens.data = window + 4096 + 16;
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("only ncclEpGroupGetDispatchWindow's tensor may")) << ncclEpGetLastError();
+  out.tokens = w;
+  f.handle.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
+  f.totals[1] = 150;  // EXACT: the EXPERT_MAJOR rows it needs
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("FLAT handles only")) << ncclEpGetLastError();
+}
+
 // A dispatch config of the first layout (no global_expert_ids) is read as such: what lies past it is not read (the
 // appended field is 0), so the call goes on to its next check; a field out of range and an unknown size are refused.
 TEST(EpApi, OlderDispatchConfigLayoutsAreAccepted) {

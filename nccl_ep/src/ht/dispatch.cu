@@ -60,7 +60,8 @@ __device__ void deliver(const Ctx& x, int lane, int s, int slot, int expert, flo
   const int flatRow = x.d[h.dl.recvOffset + s] + slot;
   const int K = h.topk, MK = g.meta.maxTopk;
   if (h.layout == NCCL_EP_LAYOUT_FLAT) {
-    warpCopy<kFromPeer>(lane, c.outTokens + (size_t)flatRow * c.rowBytes, srcRow, c.rowBytes);
+    if (!(kFromPeer && c.rowsInPlace))  // in place: the sender wrote the row where it belongs
+      warpCopy<kFromPeer>(lane, c.outTokens + (size_t)flatRow * c.rowBytes, srcRow, c.rowBytes);
     if (lane < K) {
       if (c.outIdx) c.outIdx[(size_t)flatRow * K + lane] = expert >= 0 ? expert + c.idBase : -1;
       if (c.outWeights) c.outWeights[(size_t)flatRow * K + lane] = expert >= 0 ? w : 0.f;

@@ -43,6 +43,9 @@ struct DispatchCall {
   // writes only my domain's rows, with the pad rows and the waits (the overlapped flat exchange runs it on a stream
   // of the group's beside the rounds, which are then all remoteOnly: Rail::sideStream).
   int roundLo, roundSlots, remoteOnly, localOnly;
+  // outputs.tokens is the window's dispatch staging (ncclEpGroupGetDispatchWindow; a receive cap, FLAT): the peers'
+  // rows are in place, receivers copy only their metadata (my own rows still go from the input).
+  int rowsInPlace;
 };
 
 struct CombineCall {

@@ -34,7 +34,7 @@ from .._ext.cvalues import c_integer, set_fields
 from .._ext.comm import Communicator
 from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
                            NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
-from .._ext.tensor import CTensor, absent, describe, descriptor
+from .._ext.tensor import CTensor, absent, describe, descriptor, nccl_dtype
 
 __all__ = ["Group", "Handle", "DispatchResult", "Communicator", "query_group_info", "version", "NcclError",
            "NcclUnhandledCudaError", "NcclSystemError", "NcclInternalError", "NcclInvalidArgument", "NcclInvalidUsage",
@@ -143,6 +143,7 @@ _SIGNATURES = {
     "ncclEpHandleDestroy": [_P],
     "ncclEpHandleGetRecvRows": [_P, ctypes.POINTER(ctypes.c_int64)],
     "ncclEpHandleGetMaxRecvRows": [_P, ctypes.POINTER(ctypes.c_int64)],
+    "ncclEpGroupGetDispatchWindow": [_P, ctypes.c_int, ctypes.c_int64, ctypes.POINTER(CTensor)],
     "ncclEpDispatch": [_P, ctypes.POINTER(_DispatchInputs), ctypes.POINTER(_DispatchOutputs),
                        ctypes.POINTER(_LayoutInfo), ctypes.POINTER(_DispatchConfig), _P],
     "ncclEpCombine": [_P, ctypes.POINTER(_CombineInputs), ctypes.POINTER(_CombineOutputs),
@@ -430,7 +431,7 @@ class Group(Closing):
                             rail_round_tokens=rail_round_tokens, rail_staging_bytes_max=rail_staging_bytes_max,
                             ht_hierarchical=ht_hierarchical, rail_overlap=rail_overlap,
                             max_recv_rows_per_rank=max_recv_rows_per_rank, recv_overflow=recv_overflow)
-        self.max_recv_rows_per_rank = cfg.max_recv_rows_per_rank
+        self.max_recv_rows_per_rank, self.max_token_bytes = cfg.max_recv_rows_per_rank, cfg.max_token_bytes
         self._owns_comm = not isinstance(group, Communicator)
         self.comm = Communicator(group) if self._owns_comm else group
         self.algorithm, self.low_latency, self.enable_mask = algorithm, algorithm == "low_latency", bool(enable_mask)
@@ -518,7 +519,8 @@ class Group(Closing):
     def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
                  layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
                  send_only: bool = False, num_sms: int = 0, out: "DispatchResult | None" = None,
-                 global_expert_ids: bool = False, global_scale=None, stream=None) -> "DispatchResult":
+                 global_expert_ids: bool = False, global_scale=None, tokens_out=None,
+                 stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. High-Throughput groups forward any scales as the
         caller lays them out, bit for bit: [T, S] fp32 or int32 (per token, per block, DeepEP's packed UE8M0), with
@@ -548,6 +550,9 @@ class Group(Closing):
         dispatches), completed in the order they were issued (completing the later one first raises
         NcclInvalidUsage); a plain call of a kind while one of that kind is open is refused.
 
+        `tokens_out`: the tensor the received tokens go to (its dtype and width the output's, at least the output's
+        rows), instead of a new one: e.g. `dispatch_window()`'s, whose rows land in place (zero-copy, FLAT).
+
         `out`: a result of an earlier dispatch of the same signature (tensor shapes and dtypes, options) on this
         handle, whose tensors this call writes again instead of allocating new ones (and returns, updated): for
         loops that are done with the previous outputs, as DeepEP's buffer views are reused by its next calls."""
@@ -560,18 +565,21 @@ class Group(Closing):
         try:
             key = (x.dtype, x.shape, x.get_device(), None if topk_weights is None else _meta(topk_weights),
                    None if scales is None else _meta(scales), out_dtype, bool(round_scale), bool(send_only), num_sms,
-                   bool(global_expert_ids), None if global_scale is None else _meta(global_scale))
+                   bool(global_expert_ids), None if global_scale is None else _meta(global_scale),
+                   None if tokens_out is None else (_meta(tokens_out), tokens_out.data_ptr()))
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (x.is_contiguous() and (topk_weights is None or topk_weights.is_contiguous())
-                                and (scales is None or scales.is_contiguous())):
+                                and (scales is None or scales.is_contiguous())
+                                and (tokens_out is None or tokens_out.is_contiguous())):
             prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale,
-                                          send_only, global_expert_ids, global_scale)
+                                          send_only, global_expert_ids, global_scale, tokens_out)
         if out is not None and (key is None or out.handle is not handle or getattr(out, "_key", None) != key):
             raise NcclInvalidArgument("dispatch: out must be the result of an earlier dispatch of this signature "
                                       "(shapes, dtypes, options) on this handle")
-        outs = prep.fill((x, topk_weights, scales, global_scale), None if out is None else out._outs, stream)
+        outs = prep.fill((x, topk_weights, scales, global_scale, tokens_out), None if out is None else out._outs,
+                         stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
                     handle._on(_raw_stream(stream, prep.device_index)))
         if stream is not None:  # the inputs were made for another stream, most likely (the current one)
@@ -579,7 +587,7 @@ class Group(Closing):
         # A send-only call's outputs, written by complete() (on its stream, maybe another): kept until then.
         handle._open_outputs = (outs, stream) if send_only else None
         if out is None:
-            out = DispatchResult(tokens=outs[0], handle=handle, expert_counts=handle.expert_counts,
+            out = DispatchResult(tokens=tokens_out, handle=handle, expert_counts=handle.expert_counts,
                                  rank_counts=handle.rank_counts, expert_offsets=handle.expert_offsets,
                                  recv_total=handle.recv_total)
             out._key, out._outs = key, outs
@@ -594,7 +602,8 @@ class Group(Closing):
         return out
 
     def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms, out_dtype=None,
-                          round_scale=False, send_only=False, global_expert_ids=False, global_scale=None) -> _Prepared:
+                          round_scale=False, send_only=False, global_expert_ids=False, global_scale=None,
+                          tokens_out=None) -> _Prepared:
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
@@ -650,10 +659,18 @@ class Group(Closing):
         out_cols = hdim // 2 if quantise4 or forward4 else hdim
         per_row_k = handle.layout in ("flat", "rank_major")  # rows of one token with all its top-k slots
         inputs = _DispatchInputs.new(tokens=xin)
-        outputs = _DispatchOutputs.new(tokens=descriptor((rows, out_cols), out_dt))
         given = [(inputs.tokens, x.numel() > 0)]
-        made = [(outputs.tokens, (rows, out_cols), out_dt)]
-        names = ["tokens"]
+        if tokens_out is None:
+            outputs = _DispatchOutputs.new(tokens=descriptor((rows, out_cols), out_dt))
+            made = [(outputs.tokens, (rows, out_cols), out_dt)]
+            names = ["tokens"]
+        else:  # the caller's tensor (dispatch_window()'s: rows in place)
+            self._same_device(("tokens_out", tokens_out))
+            outputs = _DispatchOutputs.new(tokens=describe(tokens_out, "tokens_out", dtypes=(out_dt,), ndim=2))
+            if tokens_out.shape[1] != out_cols or tokens_out.shape[0] < rows:
+                raise NcclInvalidArgument("tokens_out has shape %s; the output is [%d (or more), %d]"
+                                          % (tuple(tokens_out.shape), rows, out_cols))
+            made, names = [], []
         if topk_weights is not None:
             inputs.topk_weights = describe(topk_weights, "topk_weights", dtypes=(torch.float32,), ndim=2)
             shape = (rows, k) if per_row_k else (rows,)
@@ -688,6 +705,7 @@ class Group(Closing):
             given.append((inputs.global_scale, True))
         else:
             given.append((None, False))
+        given.append((outputs.tokens, tokens_out.numel() > 0) if tokens_out is not None else (None, False))
         info = counts = None
         if ll:
             outputs.src_info = descriptor((rows,), torch.int32)
@@ -816,6 +834,31 @@ class Group(Closing):
         raw = _GroupInfo.new()
         _call("ncclEpGroupGetInfo", self._g, ctypes.byref(raw))
         return {name: getattr(raw, name) for name, _ in _GroupInfo._fields_[2:]}
+
+    def dispatch_window(self, dtype=None):
+        """Local: the group's zero-copy dispatch output (ncclEpGroupGetDispatchWindow; High-Throughput groups made
+        with max_recv_rows_per_rank): a [max_recv_rows_per_rank, H] tensor of `dtype` (default bfloat16; H x its size
+        = the group's max_token_bytes) in this rank's window, where dispatch's senders write each FLAT row in place.
+        Pass it as dispatch's `tokens_out` (FLAT handles): no received row is copied again. It holds a dispatch's rows
+        until the group's next dispatch on any rank begins (in the dispatch, compute, combine order: until this rank's
+        combine has read them); rows past the receive count hold earlier calls' data. It does not keep the window
+        alive: do not use it after close()."""
+        import torch
+
+        dtype = torch.bfloat16 if dtype is None else dtype
+        esize = torch.empty((), dtype=dtype).element_size()
+        row_bytes = self.max_token_bytes
+        if row_bytes % esize:
+            raise NcclInvalidArgument("dispatch_window: rows of %d bytes are not whole %s elements" % (row_bytes, dtype))
+        d = CTensor()
+        _call("ncclEpGroupGetDispatchWindow", self._handle(), ctypes.c_int(nccl_dtype(dtype)),
+              ctypes.c_int64(row_bytes // esize), ctypes.byref(d))
+
+        class _Rows:  # the window's rows as bytes (the CUDA array interface has no bfloat16), viewed as `dtype`
+            __cuda_array_interface__ = {"shape": (d.sizes[0], row_bytes), "typestr": "|u1", "data": (d.data, False),
+                                        "version": 3, "strides": None}
+
+        return torch.as_tensor(_Rows(), device=self.comm.device).view(dtype)
 
     def _reap(self) -> None:
         """Destroys the handles dropped without close() whose work is done: their calls ran on the device's current
