@@ -36,10 +36,11 @@
 // ranks of my index split here.
 //
 // Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|mixed] [--json FILE] [--quick] [--max-tokens M]
-//                 [--recv-cap C]
+//                 [--recv-cap C [--zero-copy]]
 // --quick: the first shape only (across domains: both of theirs).
 // --recv-cap C: the group's max_recv_rows_per_rank (one NVLink domain; rows past it dropped): the dense staging's
-// speed beside the default's (the JSON's recv_cap and window_bytes).
+// speed beside the default's (the JSON's recv_cap and window_bytes). --zero-copy: FLAT shapes whose rows are the
+// window's (max_token_bytes) dispatch into ncclEpGroupGetDispatchWindow's tensor (the JSON's zero_copy).
 // --max-tokens M: the group's max_tokens_per_rank (default: the shapes' most tokens), for calls below the group's
 // size: across domains the fixed rail messages (worst-case handles, the update+d column) grow with M, those of the
 // EXACT handles timed in the other columns with the routing.
@@ -83,6 +84,7 @@ struct Shape {
 struct Options {
   int nRanks = 0, maxTokens = 0;  // maxTokens 0: the shapes' most
   int recvCap = 0;                // --recv-cap: the group's max_recv_rows_per_rank (DROP); 0: none
+  bool zeroCopy = false;          // --zero-copy (with --recv-cap): FLAT rows of the window's size land in place
   bool quick = false;
   std::string json;
   OneGpu oneGpu = OneGpu::kOff;
@@ -121,9 +123,11 @@ bool parseOptions(int argc, char** argv, Options* o) {
   cli.oneGpu(&o->oneGpu, /*mixedToo=*/true);
   cli.option("max-tokens", &o->maxTokens);
   cli.option("recv-cap", &o->recvCap);
+  cli.flag("zero-copy", &o->zeroCopy);
   cli.flag("quick", &o->quick);
   cli.option("json", &o->json);
   return cli.parse(argc, argv) && cli.require(o->recvCap >= 0, "--recv-cap must be >= 0") &&
+         cli.require(!o->zeroCopy || o->recvCap > 0, "--zero-copy needs --recv-cap (the window holds FLAT rows then)") &&
          cli.require(o->oneGpu != OneGpu::kVirtual,
                      "--one-gpu virtual: not for the High-Throughput benchmark (off, nodes or mixed)");
 }
@@ -533,6 +537,7 @@ struct Row {
   size_t payload, ceBytes;
   double ceUs;
   double pairedUs, pairedRailUs, pairedRatio;
+  bool zeroCopy;  // the dispatch's FLAT output was the group's window (--zero-copy)
 };
 
 // Prints a row (rank 0) and appends it to the JSON lines (`out`, rank 0's).
@@ -579,7 +584,7 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
           "\"rail_us_median\": %.2f, \"paired_us_median\": %.2f, \"paired_rail_us_median\": %.2f, "
           "\"paired_ratio_median\": %.3f, "
           "\"rail_messages_per_domain\": %d, \"rail_staging_bytes\": %zu, \"window_bytes\": %zu, "
-          "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, \"recv_cap\": %d, "
+          "\"rail_round_tokens\": %d, \"rail_overlapped\": %d, \"recv_cap\": %d, \"zero_copy\": %d, "
           "\"exchange\": \"%s\", "
           "\"byte_convention\": \"nvlink = rows sent to other ranks x payload; logical = rows received "
           "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
@@ -591,7 +596,8 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
           rail.sent[op], op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
           op == 0 ? info.rail_dispatch_domain_bytes : info.rail_combine_domain_bytes, rail.us[op], w.pairedUs,
           w.pairedRailUs, w.pairedRatio, info.rail_messages_per_domain, info.rail_staging_bytes, info.window_bytes,
-          info.rail_round_tokens, info.rail_overlapped, setup.cfg.max_recv_rows_per_rank, setup.exchange);
+          info.rail_round_tokens, info.rail_overlapped, setup.cfg.max_recv_rows_per_rank, w.zeroCopy ? 1 : 0,
+          setup.exchange);
 }
 
 // One shape: its routing bound once to an EXACT handle (cached routing), the update-handle + dispatch timing, the
@@ -651,13 +657,17 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
   cudaMalloc(&buf.yw, (size_t)std::max<int64_t>(maxRows, 1) * K * 4);
   cudaMalloc(&buf.ys, (size_t)std::max<int64_t>(maxRows, 1) * std::max<size_t>(nScales, 1) * 4);
   cudaMalloc(&buf.cout, (size_t)T * H * 2);
+  // --zero-copy: the window's rows as the FLAT output, where their rows are the window's.
+  ncclEpTensor_t window = NCCL_EP_TENSOR_INIT;
+  const bool zeroCopy = o.zeroCopy && flat && (int64_t)(H * esz) == setup.cfg.max_token_bytes;
+  if (zeroCopy) NCCLEXT_BENCH_EP(ncclEpGroupGetDispatchWindow(group, s.dtype, H, &window));
   auto dispatchArgs = [&](int i, ncclEpDispatchInputs_t* in, ncclEpDispatchOutputs_t* od, int64_t outRows) {
     *in = NCCL_EP_DISPATCH_INPUTS_INIT;
     in->tokens = epTensor(buf.xs[i], s.dtype, {T, H});
     in->topk_weights = epTensor(buf.ws[i], ncclFloat32, {T, K});
     if (fp8) in->scales = epTensor(buf.ss[i], ncclFloat32, {T, (int64_t)nScales});
     *od = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-    od->tokens = epTensor(buf.y, s.dtype, {outRows, H});
+    od->tokens = zeroCopy ? window : epTensor(buf.y, s.dtype, {outRows, H});
     od->topk_weights = flat ? epTensor(buf.yw, ncclFloat32, {outRows, K}) : epTensor(buf.yw, ncclFloat32, {outRows});
     if (fp8) od->scales = epTensor(buf.ys, ncclFloat32, {outRows, (int64_t)nScales});
   };
@@ -725,7 +735,8 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
                   ceUs,
                   0,
                   0,
-                  0};
+                  0,
+                  zeroCopy && op == 0};
       // Across domains: each call interleaved with its baseline, the pairs' ratios' median.
       if (!rail.call[op]) continue;
       std::vector<float> ours, theirs, ratios;
