@@ -5,13 +5,13 @@
 // For each shape (tokens per rank 1, 8, 32, 64, 128, 256, hidden 7168 (and 4096 at 128 tokens), top-8, 256 experts
 // over the ranks): random top-k routing without repeats, a handle bound once, then, each timed with its own pair of
 // CUDA events on the call's stream and reported as the median of 100 calls after 20 warm-up calls, back to back:
-//   dispatch (bf16 out, or fp8 e4m3 quantised by the sender), combine (RANK_MAJOR: rows as given; EXPERT_MAJOR:
+//   dispatch (bf16 out, or fp8 e4m3 or NVFP4 quantised by the sender; NVFP4 under a global scale of 1), combine (RANK_MAJOR: rows as given; EXPERT_MAJOR:
 //   the owner-weighted path, DeepEP's), the pair dispatch + combine, and graphs (dispatch, combine, and the pair,
 //   each captured once and replayed);
 // and, in the same run, the floor: an empty kernel with the same grid (launch + completion, the least any
 // kernel-based call costs), and the copy engine moving this rank's dispatch payload device to device.
 // Bytes: payload = rows this rank sends (one per (token, destination rank), its own included) x row bytes (fp8:
-// + 4 bytes per 128 columns). Every rank reports; rank 0 prints.
+// + 4 bytes per 128 columns; NVFP4: H / 2 + one byte per 16 columns). Every rank reports; rank 0 prints.
 //
 // Across NVLink domains (--one-gpu nodes: every rank a domain of its own, loopback sockets between them; or several
 // nodes): the group's rail exchange moves fixed-size slices per call (ncclEpGroupGetInfo), and the baseline in the
@@ -43,10 +43,13 @@ using ncclext::harness::epTensor;
 constexpr int kHidden = 7168, kTopk = 8, kExperts = 256, kMaxTokens = 256;
 int gWarm = 20, gIters = 100;  // across domains: 5 and 20
 
+enum Format { kBf16, kFp8, kNvfp4 };  // what dispatch delivers: bf16, or quantised by the sender
+const char* formatName(int f) { return f == kBf16 ? "bf16" : f == kFp8 ? "fp8_e4m3" : "nvfp4"; }
+
 struct Shape {
   int tokens, hidden;
   ncclEpLayout_t layout;
-  bool fp8;
+  int fmt;  // Format
 };
 
 using ncclext::bench::median;
@@ -89,12 +92,14 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   for (int t : {1, 8, 32, 64, 128, 256})
     for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
-      for (bool fp8 : {false, true}) shapes.push_back({t, kHidden, l, fp8});
+      for (int fmt : {kBf16, kFp8, kNvfp4}) shapes.push_back({t, kHidden, l, fmt});
   for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
-    for (bool fp8 : {false, true}) shapes.push_back({128, 4096, l, fp8});
+    for (int fmt : {kBf16, kFp8, kNvfp4}) shapes.push_back({128, 4096, l, fmt});
   if (quick) shapes.resize(2);
   // Across domains (known once the group exists, below): bf16 at 1 and 128 tokens only.
-  auto acrossDomainsShape = [](const Shape& s) { return !s.fp8 && s.hidden == kHidden && (s.tokens == 1 || s.tokens == 128); };
+  auto acrossDomainsShape = [](const Shape& s) {
+    return s.fmt == kBf16 && s.hidden == kHidden && (s.tokens == 1 || s.tokens == 128);
+  };
   static ncclEpVirtualDomain_t virtualDomain = nullptr;
   if (oneGpu == ncclext::harness::OneGpu::kVirtual &&
       ncclEpVirtualDomainCreate(&virtualDomain, nRanks > 0 ? nRanks : 1) != ncclSuccess)
@@ -129,7 +134,7 @@ int main(int argc, char** argv) {
     const int L = kExperts / R;
     const int64_t rmRows = (int64_t)R * kMaxTokens, emRows = rmRows * L;
     // Outputs and inputs sized for the larger layout, allocated stream-ordered (virtual ranks: see ARCHITECTURE).
-    void *x, *w, *idxBuf, *y, *scales, *comb, *out;
+    void *x, *w, *idxBuf, *y, *scales, *comb, *out, *globalScale;
     CHECK_CUDA(cudaMallocAsync(&x, (size_t)kMaxTokens * kHidden * 2, st));
     CHECK_CUDA(cudaMallocAsync(&w, (size_t)kMaxTokens * kTopk * 4, st));
     CHECK_CUDA(cudaMallocAsync(&idxBuf, (size_t)kMaxTokens * kTopk * 4, st));
@@ -137,6 +142,9 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMallocAsync(&scales, (size_t)emRows * (kHidden / 128) * 4, st));
     CHECK_CUDA(cudaMallocAsync(&comb, (size_t)emRows * kHidden * 2, st));
     CHECK_CUDA(cudaMallocAsync(&out, (size_t)kMaxTokens * kHidden * 2, st));
+    CHECK_CUDA(cudaMallocAsync(&globalScale, 4, st));
+    const float one = 1.0f;
+    CHECK_CUDA(cudaMemcpyAsync(globalScale, &one, 4, cudaMemcpyHostToDevice, st));
     CHECK_CUDA(cudaMemsetAsync(x, 0x3c, (size_t)kMaxTokens * kHidden * 2, st));  // bf16 ~ 0.0115: finite
     CHECK_CUDA(cudaMemsetAsync(comb, 0x3c, (size_t)emRows * kHidden * 2, st));
     std::vector<float> hw((size_t)kMaxTokens * kTopk, 1.0f / kTopk);
@@ -187,8 +195,14 @@ int main(int argc, char** argv) {
       din.tokens = epTensor(x, ncclBfloat16, {T, H});
       din.topk_weights = epTensor(w, ncclFloat32, {T, K});
       ncclEpDispatchOutputs_t dout = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-      dout.tokens = epTensor(y, s.fp8 ? ncclFloat8e4m3 : ncclBfloat16, {N, H});
-      if (s.fp8) dout.scales = epTensor(scales, ncclFloat32, {N, H / 128});
+      if (s.fmt == kNvfp4) {
+        din.global_scale = epTensor(globalScale, ncclFloat32, {1});
+        dout.tokens = epTensor(y, ncclUint8, {N, H / 2});
+        dout.scales = epTensor(scales, ncclUint8, {N, H / 16});
+      } else {
+        dout.tokens = epTensor(y, s.fmt == kFp8 ? ncclFloat8e4m3 : ncclBfloat16, {N, H});
+        if (s.fmt == kFp8) dout.scales = epTensor(scales, ncclFloat32, {N, H / 128});
+      }
       ncclEpCombineInputs_t cin = NCCL_EP_COMBINE_INPUTS_INIT;
       cin.tokens = epTensor(comb, ncclBfloat16, {N, H});
       if (!rm) cin.topk_weights = epTensor(w, ncclFloat32, {T, K});
@@ -244,7 +258,8 @@ int main(int argc, char** argv) {
         emptyKernel<<<ctas, 512, 0, st>>>();
         return (int)cudaGetLastError();
       }, &failed);
-      const size_t payload = (size_t)sentRows * (s.fp8 ? H + H / 128 * 4 : H * 2);
+      const size_t rowBytes = s.fmt == kFp8 ? H + H / 128 * 4 : s.fmt == kNvfp4 ? H / 2 + H / 16 : H * 2;
+      const size_t payload = (size_t)sentRows * rowBytes;
       const double ceUs = timeCalls(st, [&]() {
         return payload ? (int)cudaMemcpyAsync(copyDst, y, payload, cudaMemcpyDeviceToDevice, st) : 0;
       }, &failed);
@@ -262,7 +277,8 @@ int main(int argc, char** argv) {
       const char* layout = rm ? "RANK_MAJOR" : "EXPERT_MAJOR";
       if (ctx.rank == 0) {
         printf("%-6d %-12s %-5s %6d %6d %4d %10.1f %10.1f %10.1f %10.1f %9.1f %9.1f %11.1f\n", R, layout,
-               s.fp8 ? "fp8" : "bf16", T, H, ctas, dUs, cUs, pairUs, gUs, floorUs, ceUs, payload / 1024.0);
+               s.fmt == kFp8 ? "fp8" : s.fmt == kNvfp4 ? "nvfp4" : "bf16", T, H, ctas, dUs, cUs, pairUs, gUs, floorUs,
+               ceUs, payload / 1024.0);
         if (rail)
           printf("       rail: %zu + %zu bytes per remote rank x %zu ranks; NCCL send/recv of them %.1f / %.1f us; "
                  "ratio %.3f / %.3f\n",
@@ -282,7 +298,7 @@ int main(int argc, char** argv) {
                   prop.name,
                   virtualDomain ? "virtual ranks on one GPU"
                   : ctx.mode == ncclext::harness::OneGpu::kNodes ? "one-GPU nodes" : "real GPUs",
-                  R, layout, s.fp8 ? "fp8_e4m3" : "bf16", T, H, K, kExperts, ctas, dUs, cUs, pairUs, gUs, graphUs[0],
+                  R, layout, formatName(s.fmt), T, H, K, kExperts, ctas, dUs, cUs, pairUs, gUs, graphUs[0],
                   graphUs[1], floorUs, ceUs, payload, gIters, info.n_domains, rail ? railD : (size_t)0,
                   rail ? railC : (size_t)0, remote.size(), railDUs, railCUs);
       }
@@ -290,7 +306,7 @@ int main(int argc, char** argv) {
       NCCLEXT_BENCH_EP(ncclEpHandleDestroy(h));
     }
     if (js) fclose(js);
-    for (void* p : {x, w, idxBuf, y, scales, comb, out, copyDst, railSend, railRecv})
+    for (void* p : {x, w, idxBuf, y, scales, comb, out, globalScale, copyDst, railSend, railRecv})
       if (p) cudaFreeAsync(p, st);
     CHECK_CUDA(cudaStreamSynchronize(st));
     NCCLEXT_BENCH_EP(ncclEpGroupDestroy(group));
