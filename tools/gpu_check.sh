@@ -108,6 +108,14 @@ if python3 -c "import torch, pytest" >/dev/null 2>&1; then
     # full size on two GPUs: bench/m2n_model_bench.py without --scale).
     RUNS+=("m2n_model|$PYRUN bench/m2n_model_bench.py --scale 8 --iters 3 --json JSON|2|nodes")
   fi
+  # The DeepEP drop-in over an mpi4py communicator (TensorRT-LLM's way), under Open MPI's mpirun, where both are.
+  if command -v mpirun >/dev/null 2>&1 && mpirun --version 2>&1 | grep -q "Open MPI" &&
+     python3 -c "import mpi4py" >/dev/null 2>&1; then
+    MPIRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python mpirun -np NRANKS --allow-run-as-root --oversubscribe -x NCCL_EXT_LIB_DIR -x PYTHONPATH -x NCCL_NVLS_ENABLE"
+    RUNS+=("python_deepep_mpi|$MPIRUN python3 -m pytest -q -p no:cacheprovider $PYTEST_HANG tests/python/test_deepep_mpi_gpu.py --json JSON|2|nodes")
+  else
+    echo "gpu-check: no Open MPI mpirun or no mpi4py for python3: python_deepep_mpi does not run"
+  fi
 else
   echo "gpu-check: no torch or no pytest for python3 here: the Python tests (tests/python) do not run"
 fi

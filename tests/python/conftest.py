@@ -87,7 +87,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (make gpu-check runs these)")
     if config.getoption("--one-gpu") == "nodes":  # before any NCCL call reads the environment
         os.environ["NCCL_EXT_TEST_ONE_GPU"] = "nodes"
-        os.environ["NCCL_HOSTID"] = "ncclext-node-%s" % os.environ.get("RANK", "0")
+        rank = next((os.environ[v] for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if v in os.environ), "0")
+        os.environ["NCCL_HOSTID"] = "ncclext-node-%s" % rank  # torchrun's rank, or mpirun's (Open MPI, MPICH)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 

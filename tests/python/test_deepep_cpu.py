@@ -89,9 +89,83 @@ def test_tokens_per_rdma_rank_follows_deepeps_nodes_of_eight():
         _tokens_per_rdma_rank(torch.zeros(2, 12, dtype=torch.bool))
 
 
-def test_mpi_communicator_not_implemented():
-    with pytest.raises(NotImplementedError, match="mpi4py"):
-        deep_ep.Buffer(None, comm=object())
+class _FakeMpi:
+    """mpi4py's surface the Buffer uses (Get_rank, Get_size, bcast, Allreduce, Alltoall), one process standing for
+    rank 1 of R: each collective's result is what it would be if every rank passed the same values; calls recorded."""
+
+    SUM, MAX = "sum", "max"
+
+    def __init__(self):
+        self.calls = []
+
+    def Get_rank(self):
+        return 1
+
+    def Get_size(self):
+        return R
+
+    def bcast(self, obj, root=0):
+        self.calls.append(("bcast", root))
+        return obj
+
+    def Allreduce(self, send, recv, op):
+        self.calls.append(("Allreduce", op, send.dtype.name, tuple(send.shape)))
+        recv[...] = send * (R if op == self.SUM else 1)
+
+    def Alltoall(self, send, recv):
+        self.calls.append(("Alltoall", send.dtype.name, tuple(send.shape)))
+        recv[...] = send
+
+
+def test_an_mpi4py_communicator_carries_the_buffers_collectives(monkeypatch):
+    # Buffer(None, comm=<mpi4py communicator>) (TensorRT-LLM's): rank and size from it, the Buffer's own collectives
+    # on the host through it (the first dispatch's sizes: a MAX of int64), and one NCCL communicator of the Buffer's
+    # (Communicator.from_mpi), shared by its nccl.ep groups and closed by destroy() after them.
+    import sys
+    import types
+
+    mpi = _FakeMpi()
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=mpi))
+    made, events = [], []
+
+    class _Comm:
+        @classmethod
+        def from_mpi(cls, comm):
+            events.append(("from_mpi", comm))
+            return cls()
+
+        def close(self):
+            events.append(("close", self))
+
+    class _Recorder:
+        def __init__(self, group, **kwargs):
+            made.append((group, kwargs))
+
+        def close(self):
+            events.append(("group close", self))
+
+    monkeypatch.setattr(deep_ep, "Communicator", _Comm)
+    monkeypatch.setattr(deep_ep, "Group", _Recorder)
+    buf = deep_ep.Buffer(None, int(1e9), 0, explicitly_destroy=True, comm=mpi)
+    assert (buf.rank, buf.group_size, buf.group) == (1, R, None)
+    x, idx = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
+    buf._group_for(x, idx, E)
+    buf._group_for(x, idx, 2 * E)
+    assert ("Allreduce", "max", "int64", (3,)) in mpi.calls
+    assert len(made) == 2 and made[0][0] is made[1][0] and isinstance(made[0][0], _Comm)
+    assert [e[0] for e in events] == ["from_mpi"]
+    buf.destroy()
+    assert [e[0] for e in events] == ["from_mpi", "group close", "group close", "close"]
+    with pytest.raises(NcclInvalidArgument, match="give a torch ProcessGroup, or group=None and comm="):
+        deep_ep.Buffer(None)
+
+
+def test_an_mpi_buffer_without_mpi4py_says_so(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import fails
+    with pytest.raises(NcclInvalidArgument, match="mpi4py is not importable"):
+        deep_ep.Buffer(None, comm=_FakeMpi())
 
 
 @pytest.mark.parametrize("method", ["get_local_buffer_tensor", "get_comm_stream"])

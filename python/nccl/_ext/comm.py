@@ -48,17 +48,20 @@ def _nccl_call(name: str, *args) -> None:
 
 class Communicator:
     """An NCCL communicator of our own over the ranks of a torch ProcessGroup (None: the default group), in the
-    group's rank order, on the current CUDA device (or `device`).
+    group's rank order, on the current CUDA device (or `device`); or over an mpi4py communicator's (from_mpi).
 
     COLLECTIVE: every rank of the group constructs it at the same point. Rank 0 makes a unique id and broadcasts it
     over the group itself (a uint8 tensor on the group's device), so any backend the group has will do. Release
     with close() (collective) or abort() (local, after a peer failed), or use it as a context manager.
     """
 
-    def __init__(self, group=None, device=None):
-        import torch
+    def __init__(self, group=None, device=None, *, _mpi=None):
         import torch.distributed as dist
 
+        if _mpi is not None:  # from_mpi: the id goes over the MPI communicator
+            self.group, self.rank, self.size = None, _mpi.Get_rank(), _mpi.Get_size()
+            self._init(lambda mine: _mpi.bcast(mine, root=0), device)
+            return
         if not dist.is_initialized():
             raise NcclInvalidArgument("Communicator: torch.distributed is not initialised (init_process_group first)")
         self.group = group  # the torch group (None: the default one)
@@ -66,11 +69,28 @@ class Communicator:
         self.size = dist.get_world_size(group)
         if self.rank < 0:
             raise NcclInvalidArgument("Communicator: this process is not a member of the group")
+        self._init(lambda mine: broadcast_bytes(mine, ctypes.sizeof(_UniqueId), group), device)
+
+    @classmethod
+    def from_mpi(cls, comm, device=None) -> "Communicator":
+        """COLLECTIVE over an mpi4py communicator (every rank of it, at the same point): the same NCCL communicator,
+        in the MPI communicator's rank order, its unique id broadcast by MPI from rank 0 (as TensorRT-LLM builds its
+        NCCL communicators). `group` is None then."""
+        for name in ("Get_rank", "Get_size", "bcast"):
+            if not callable(getattr(comm, name, None)):
+                raise NcclInvalidArgument("Communicator.from_mpi: %r has no %s(): an mpi4py communicator is expected"
+                                          % (comm, name))
+        return cls(device=device, _mpi=comm)
+
+    def _init(self, broadcast, device) -> None:
+        """Rank 0's unique id to every rank through `broadcast` (rank 0's bytes in, every rank's copy out), then
+        the communicator on `device` (the current CUDA device by default)."""
+        import torch
+
         uid = _UniqueId()
         if self.rank == 0:
             _nccl_call("ncclGetUniqueId", ctypes.byref(uid))
-        raw = broadcast_bytes(id_to_bytes(uid) if self.rank == 0 else None, ctypes.sizeof(_UniqueId), group)
-        uid = id_from_bytes(raw)
+        uid = id_from_bytes(broadcast(id_to_bytes(uid) if self.rank == 0 else None))
         index = torch.cuda.current_device() if device is None else torch.device(device).index
         self.device = torch.device("cuda", index)
         self._comm = ctypes.c_void_p()

@@ -8,8 +8,12 @@ Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` 
 `enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`; DeepEP
 V2's `ElasticBuffer`, `EPHandle` and `EventHandle` come from nccl.ep.deepep_elastic (`from nccl.ep.deepep import
 ElasticBuffer`). `low_latency_combine(use_logfmt=True)` moves bf16 rows (exact, no smaller messages; warned once).
-What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics, mpi4py communicators, `get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the
-entries of the High-Throughput handle (DeepEP's internode handle). docs/COMPATIBILITY.md lists every method and how
+What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics,
+`get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the entries of the High-Throughput handle (DeepEP's
+internode handle). `Buffer(None, ..., comm=<mpi4py communicator>)` (TensorRT-LLM's way) works: the NCCL communicator's
+id goes over MPI, and the Buffer's few collectives of its own run there on the host (a host synchronisation each:
+the first dispatch's sizes, a Low-Latency group's, and the High-Throughput handle entries' all-to-all, which
+`Buffer.dispatch_handle_entries = False` skips). docs/COMPATIBILITY.md lists every method and how
 it differs.
 
 How it differs inside (none of it changes results):
@@ -38,6 +42,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from .._ext.comm import Communicator
 from . import _LL_MAX_TOKENS, Group, NcclInvalidArgument, NcclInvalidUsage, _combine_weights
 
 __all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
@@ -143,6 +148,62 @@ class Config:
         """0: nccl.ep needs no RDMA buffer from its caller (its rail staging sizes itself; a num_rdma_bytes given
         to Buffer anyway bounds the High-Throughput groups' staging)."""
         return 0
+
+
+class _TorchRanks:
+    """The Buffer's own collectives (small integer tensors) over a torch ProcessGroup, on its device."""
+
+    def __init__(self, group):
+        self.group, self.rank, self.size = group, dist.get_rank(group), dist.get_world_size(group)
+
+    def all_reduce(self, t, op: str = "sum") -> None:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self.group)
+
+    def all_to_all(self, out, inp) -> None:
+        dist.all_to_all_single(out, inp, group=self.group)
+
+    def group_arg(self):
+        """What nccl.ep's Group is made over: the ProcessGroup (each Group makes its own communicator)."""
+        return self.group
+
+    def close(self) -> None:
+        pass
+
+
+class _MpiRanks:
+    """The same over an mpi4py communicator: each collective on the host (the tensor copied there and back), and one
+    NCCL communicator of the Buffer's (its id broadcast by MPI), shared by its nccl.ep groups."""
+
+    def __init__(self, comm):
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise NcclInvalidArgument("Buffer(comm=...): mpi4py is not importable here (%s)" % e) from e
+        self.comm, self.mpi = comm, MPI
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.group, self._nccl = None, None
+
+    def all_reduce(self, t, op: str = "sum") -> None:
+        host = t.cpu().contiguous().numpy()
+        out = host.copy()
+        self.comm.Allreduce(host, out, op=self.mpi.MAX if op == "max" else self.mpi.SUM)
+        t.copy_(torch.from_numpy(out))
+
+    def all_to_all(self, out, inp) -> None:
+        host = inp.cpu().contiguous().numpy()
+        got = host.copy()
+        self.comm.Alltoall(host, got)
+        out.copy_(torch.from_numpy(got))
+
+    def group_arg(self):
+        if self._nccl is None:
+            self._nccl = Communicator.from_mpi(self.comm)
+        return self._nccl
+
+    def close(self) -> None:
+        if self._nccl is not None:
+            nccl, self._nccl = self._nccl, None
+            nccl.close()
 
 
 class _DispatchHandle(tuple):
@@ -287,12 +348,13 @@ class Buffer:
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
                  allow_mnnvl: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
                  comm=None):
-        if group is None:
-            raise _unsupported("Buffer(group=None, comm=<mpi4py communicator>)")
+        if group is None and comm is None:
+            raise NcclInvalidArgument("Buffer: give a torch ProcessGroup, or group=None and comm=<an mpi4py "
+                                      "communicator>")
         # allow_mnnvl needs nothing: an nccl.ep NVLink domain is NCCL's LSA team, which spans multi-node NVLink.
+        self._ranks = _TorchRanks(group) if group is not None else _MpiRanks(comm)
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.group_size = dist.get_world_size(group)
+        self.rank, self.group_size = self._ranks.rank, self._ranks.size
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode, self.explicitly_destroy = low_latency_mode, explicitly_destroy
         self.enable_shrink = enable_shrink
@@ -441,7 +503,7 @@ class Buffer:
 
         if topk_idx is None:  # the rows carry no experts: the list comes from every rank's num_tokens_per_expert
             total = num_tokens_per_expert.clone()
-            dist.all_reduce(total, group=self.group)
+            self._ranks.all_reduce(total)
             local = num_experts // self.group_size
             counts = aligned(total[self.rank * local:(self.rank + 1) * local])
             return self._x_out(recv, rows, scales), None, None, counts, h, self._event(async_finish)
@@ -660,6 +722,7 @@ class Buffer:
         ll, self._ll = self._ll, None
         if ll is not None:
             ll.close(self._ll_device)
+        self._ranks.close()  # an mpi4py Buffer's NCCL communicator, after its groups
 
     # -- internals --------------------------------------------------------------------------------------------------
     def _need_low_latency(self, method: str) -> None:
@@ -693,7 +756,7 @@ class Buffer:
         if self._ll is not None and self._ll.key == key:
             return self._ll
         both = torch.tensor(list(key) + [-v for v in key], dtype=torch.int64, device=device)
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        self._ranks.all_reduce(both, "max")
         high, low = both[:4].tolist(), [-v for v in both[4:].tolist()]
         if high != low:
             raise NcclInvalidArgument(
@@ -704,8 +767,8 @@ class Buffer:
                 self._ll_mask = self._active_ranks()
             old, self._ll = self._ll, None
             old.close(self._ll_device)
-        group = Group(self.group, num_experts=num_experts, max_tokens_per_rank=m, hidden=hidden, max_topk=topk,
-                      algorithm="low_latency", enable_mask=self.enable_shrink)
+        group = Group(self._ranks.group_arg(), num_experts=num_experts, max_tokens_per_rank=m, hidden=hidden,
+                      max_topk=topk, algorithm="low_latency", enable_mask=self.enable_shrink)
         if self.enable_shrink and not all(self._ll_mask):
             group.mask_update(self._ll_mask)
         self._ll, self._ll_device = _LowLatencyState(group, key, max(1, Buffer.num_low_latency_handles)), device
@@ -757,7 +820,7 @@ class Buffer:
         channels = max(1, config.num_sms // 2)
         payload, channel_prefix, send_head = _handle_payload(is_token_in_rank, channels, max(1, self._caps[0]))
         received = torch.empty_like(payload)
-        dist.all_to_all_single(received, payload, group=self.group)
+        self._ranks.all_to_all(received, payload)
         rank_prefix, recv_channel_prefix, recv_src_idx = _handle_from_payloads(received, self.rank, channels, rows)
         return (rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head)
 
@@ -781,7 +844,7 @@ class Buffer:
         row_bytes = x.shape[1] * x.element_size()
         if self._caps is None:  # collective: every rank's first dispatch
             need = torch.tensor([x.shape[0], row_bytes, routing.shape[1]], dtype=torch.int64, device=x.device)
-            dist.all_reduce(need, op=dist.ReduceOp.MAX, group=self.group)
+            self._ranks.all_reduce(need, "max")
             t_max, b_max, k_max = (int(v) for v in need.tolist())
             self._caps = (max(Buffer.max_tokens_per_rank, t_max), max(Buffer.max_token_bytes, b_max, 16),
                           max(Buffer.max_topk, k_max), max(Buffer.num_sms, 2))
@@ -794,7 +857,7 @@ class Buffer:
         group = self._groups.get(num_experts)
         if group is None:  # collective: every rank dispatches with the same expert counts in the same order
             cap = int(Buffer.max_recv_rows_per_rank)
-            group = Group(self.group, num_experts=num_experts, max_tokens_per_rank=self._caps[0],
+            group = Group(self._ranks.group_arg(), num_experts=num_experts, max_tokens_per_rank=self._caps[0],
                           max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3],
                           rail_staging_bytes_max=int(self.num_rdma_bytes),
                           **(dict(max_recv_rows_per_rank=cap, recv_overflow="drop") if cap else {}))
