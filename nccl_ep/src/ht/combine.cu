@@ -24,6 +24,7 @@
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/src/ht/cap.h"
 #include "nccl_ep/src/ht/copy.cuh"
 #include "nccl_ep/src/ht/ht.h"
 
@@ -136,7 +137,7 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
     const int base = x.d[x.h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
-      if (g.recvCap && base + slot >= g.recvCap) break;  // this and later rows were past the receive cap: not here
+      if (capDrops(base, slot, g.recvCap)) break;  // this and later rows were past the receive cap: not here
       const int at = roundSlotOf(g.rail, s, slot, x.c.roundLo, x.c.roundSlots);
       if (at < 0) continue;  // another round's row
       const size_t rowIndex = g.recvCap ? (size_t)(x.d[x.h.dl.combAt + s] + slot) : (size_t)me * g.maxTokens + at;
@@ -177,7 +178,7 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
   // With a receive cap: the token's row at rank r was dropped (past the cap there; DerivedLayout::dispAt, whose
   // entry for me is recvOffset[me]), else where r's row for it is in my staging (combMine).
-  auto dropped = [&](int r, int slot) { return g.recvCap && x.d[h.dl.dispAt + r] + slot >= g.recvCap; };
+  auto dropped = [&](int r, int slot) { return g.recvCap && capDrops(x.d[h.dl.dispAt + r], slot, g.recvCap); };
   auto stagingRow = [&](int r, int slot) {
     return g.recvCap ? (size_t)(x.d[h.dl.combMine + r] + slot) : (size_t)r * g.maxTokens + slot;
   };

@@ -35,6 +35,7 @@
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/src/ht/cap.h"
 #include "nccl_ep/src/ht/copy.cuh"
 #include "nccl_ep/src/ht/ht.h"
 
@@ -127,7 +128,7 @@ __device__ __forceinline__ void deliverOwn(const Ctx& x, const ChunkStage* st, i
   const GroupView& g = x.g;
   const int slot = st->slot[j][g.rank];
   if (slot < 0) return;
-  if (g.recvCap && x.d[x.h.dl.recvOffset + g.rank] + slot >= g.recvCap) return;  // past the receive cap: dropped
+  if (capDrops(x.d[x.h.dl.recvOffset + g.rank], slot, g.recvCap)) return;  // past the receive cap: dropped
   const DispatchCall& c = x.c;
   const bool has = lane < x.h.topk;
   const int e = has ? st->expert[j][lane] : -1;
@@ -165,9 +166,9 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
       if (at < 0) continue;  // another round's row
       // With a receive cap (one domain, no rounds) the row's position at r is its FLAT row there; past the cap it
       // is dropped.
-      const int pos = g.recvCap ? x.d[h.dl.dispAt + r] + slot : -1;
-      if (g.recvCap && pos >= g.recvCap) continue;
-      const size_t rowIndex = g.recvCap ? (size_t)pos : (size_t)me * g.maxTokens + at;
+      const int dispAt = g.recvCap ? x.d[h.dl.dispAt + r] : 0;
+      if (capDrops(dispAt, slot, g.recvCap)) continue;
+      const size_t rowIndex = g.recvCap ? (size_t)(dispAt + slot) : (size_t)me * g.maxTokens + at;
       char* dst = static_cast<char*>(peerAt(g, g.wl.dispRows + rowIndex * g.rowStride, r));
       char* meta = static_cast<char*>(peerAt(g, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
@@ -203,7 +204,7 @@ __device__ bool receiveChunk(const Team& team, const Ctx& x, TeamShared* sh, int
     const int lo = prefix[chunk], hi = prefix[chunk + 1];
     const int base = x.d[h.dl.recvOffset + s];
     for (int slot = lo + warp; slot < hi; slot += nWarps) {
-      if (g.recvCap && base + slot >= g.recvCap) break;  // this and later slots are past the receive cap: dropped
+      if (capDrops(base, slot, g.recvCap)) break;  // this and later slots are past the receive cap: dropped
       const size_t rowIndex = g.recvCap ? (size_t)(base + slot) : (size_t)s * g.maxTokens + slot;
       const char* meta =
           static_cast<const char*>(g.peers.local(g.wl.dispMeta + rowIndex * g.meta.bytes));

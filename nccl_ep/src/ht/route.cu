@@ -27,6 +27,7 @@
 #include "common/device/sync.cuh"
 #include "common/launch.h"
 #include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/src/ht/cap.h"
 #include "nccl_ep/src/ht/copy.cuh"
 #include "nccl_ep/src/ht/ht.h"
 
@@ -195,19 +196,14 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   int retainedAt = R + me * L;  // where my experts' counts start in a row: all of them, or those that fit
   if (cap) {
     bool overflow = false;
+    const int stride = g.wl.exchangeInts;
+    auto count = [rows, stride](int s, int r) { return rows[(size_t)s * stride + r]; };
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      int at = 0, comb = 0, mine = 0, total = 0;
-      for (int s = 0; s < R; s++) {
-        const int n = rows[(size_t)s * g.wl.exchangeInts + r];
-        at += s < me ? n : 0;
-        total += n;
-        comb += s < me ? rows[(size_t)r * g.wl.exchangeInts + s] : 0;
-        mine += s < r ? rows[(size_t)me * g.wl.exchangeInts + s] : 0;
-      }
-      d[dl.dispAt + r] = at;
-      d[dl.combAt + r] = comb;
-      d[dl.combMine + r] = mine;
-      overflow = overflow || total > cap;
+      const CapOffsets o = capOffsets(count, R, me, r);
+      d[dl.dispAt + r] = o.dispAt;
+      d[dl.combAt + r] = o.combAt;
+      d[dl.combMine + r] = o.combMine;
+      overflow = overflow || o.total > cap;
     }
     if (__syncthreads_or(overflow)) {
       // Some rank drops rows: its EXPERT_MAJOR zones must count only the rows that fit. The rows past the cap are

@@ -1,0 +1,143 @@
+// The receive cap's position arithmetic (nccl_ep/src/ht/cap.h, the code the handle's exchange kernel runs) against
+// the host reference (tests/unit/ep_reference.h, dispatchLayout with a cap), on random routings: every rank derives
+// its offsets from the same count matrix, then each row is placed as the kernels place it. Dispatch: a source's row
+// for rank r lands at r's FLAT row dispAt + slot; below the cap that is exactly the reference's row of that (source,
+// token), no two rows meet, and the rows past it are the reference's dropped ones. The retained counts (a source's
+// rows for an expert below the cap's room at r, ht/route.cu) are the reference's per-(source, expert) zone rows.
+// Combine: an expert rank writes its row for owner s at combAt + slot of s's staging, where the owner looks for it
+// (combMine + slot), every position below M x min(R, K) and none shared; the owner skips exactly the rows r dropped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "nccl_ep/src/ht/cap.h"
+#include "tests/unit/ep_reference.h"
+
+namespace ncclep {
+namespace {
+
+using ref::Routing;
+
+struct Case {
+  Routing r;
+  int cap, maxTokens;
+  // sendSlot[s][t][d]: position of token t among s's tokens with an expert on d (slotKernel's), -1 if none.
+  std::vector<std::vector<std::vector<int>>> slot;
+  std::vector<std::vector<int>> counts;  // counts[s][d]: the count matrix of the handle exchange
+};
+
+Case makeCase(std::mt19937& rng) {
+  Case c;
+  Routing& r = c.r;
+  r.nRanks = 1 + rng() % 8;
+  r.numExperts = r.nRanks * (1 + rng() % 6);
+  r.topk = 1 + rng() % std::min(8, r.numExperts);
+  c.maxTokens = 1 + rng() % 48;
+  r.numTokens.resize(r.nRanks);
+  r.topkIdx.resize(r.nRanks);
+  for (int s = 0; s < r.nRanks; s++) {
+    r.numTokens[s] = rng() % (c.maxTokens + 1);
+    for (int t = 0; t < r.numTokens[s]; t++) {
+      std::vector<int> pool(r.numExperts);
+      for (int e = 0; e < r.numExperts; e++) pool[e] = e;
+      std::shuffle(pool.begin(), pool.end(), rng);
+      for (int k = 0; k < r.topk; k++) r.topkIdx[s].push_back(rng() % 6 == 0 ? -1 : pool[k]);
+    }
+  }
+  c.cap = 1 + rng() % std::max(1, r.nRanks * c.maxTokens);
+  const int R = r.nRanks;
+  c.slot.assign(R, {});
+  c.counts.assign(R, std::vector<int>(R, 0));
+  for (int s = 0; s < R; s++) {
+    c.slot[s].assign(r.numTokens[s], std::vector<int>(R, -1));
+    for (int t = 0; t < r.numTokens[s]; t++) {
+      std::vector<char> hit(R, 0);
+      for (int k = 0; k < r.topk; k++) {
+        const int e = r.topkIdx[s][(size_t)t * r.topk + k];
+        if (e >= 0) hit[r.owner(e)] = 1;
+      }
+      for (int d = 0; d < R; d++)
+        if (hit[d]) c.slot[s][t][d] = c.counts[s][d]++;
+    }
+  }
+  return c;
+}
+
+TEST(EpCapModel, DensePositionsAreTheReferencesFlatRowsAndNeverMeet) {
+  std::mt19937 rng(17);
+  for (int iter = 0; iter < 2000; iter++) {
+    const Case c = makeCase(rng);
+    const Routing& r = c.r;
+    const int R = r.nRanks, L = r.localExperts();
+    auto rows = [&](int s, int d) { return c.counts[s][d]; };
+    const std::vector<ref::RankRecv> want = ref::dispatchLayout(r, 1, c.cap);
+    std::vector<std::vector<CapOffsets>> off(R, std::vector<CapOffsets>(R));  // off[me][d], as rank me derives it
+    for (int me = 0; me < R; me++)
+      for (int d = 0; d < R; d++) off[me][d] = capOffsets(rows, R, me, d);
+    for (int d = 0; d < R; d++) {
+      // Dispatch: where every source's rows land at d.
+      std::map<int, std::pair<int, int>> landed;  // position -> (source, token)
+      int dropped = 0;
+      std::vector<std::vector<int>> keptOf(R, std::vector<int>(L, 0));  // sender-side retained counts
+      for (int s = 0; s < R; s++)
+        for (int t = 0; t < r.numTokens[s]; t++) {
+          const int sl = c.slot[s][t][d];
+          if (sl < 0) continue;
+          const int dispAt = off[s][d].dispAt;
+          if (capDrops(dispAt, sl, c.cap)) {
+            dropped++;
+            continue;
+          }
+          ASSERT_TRUE(landed.emplace(dispAt + sl, std::make_pair(s, t)).second) << "two rows at one position";
+          for (int k = 0; k < r.topk; k++) {
+            const int e = r.topkIdx[s][(size_t)t * r.topk + k];
+            if (e >= 0 && r.owner(e) == d) keptOf[s][e - d * L]++;
+          }
+        }
+      ASSERT_EQ(landed.size(), want[d].flat.size()) << "iter " << iter;
+      EXPECT_EQ(dropped, want[d].dropped);
+      int own = 0;  // d's FLAT offset for itself: what combine's test of its own row reads as dispAt[d]
+      for (int s = 0; s < d; s++) own += c.counts[s][d];
+      EXPECT_EQ(off[d][d].dispAt, own);
+      for (const auto& [pos, st] : landed) {
+        ASSERT_LT(pos, (int)want[d].flat.size());
+        EXPECT_EQ(want[d].flat[pos].src, st.first);
+        EXPECT_EQ(want[d].flat[pos].token, st.second);
+      }
+      // The retained counts: the reference's zone rows of each (source, expert).
+      for (int l = 0; l < L; l++) {
+        std::vector<int> ofSource(R, 0);
+        for (int i = want[d].zoneStart[l]; i < want[d].zoneStart[l] + want[d].expertCounts[l]; i++)
+          ofSource[want[d].em[i].src]++;
+        for (int s = 0; s < R; s++) EXPECT_EQ(keptOf[s][l], ofSource[s]) << "iter " << iter;
+      }
+    }
+    // Combine: expert rank d returns its kept rows of owner s into s's staging.
+    const int combSlots = c.maxTokens * std::min(R, r.topk);
+    for (int s = 0; s < R; s++) {
+      std::set<int> used;
+      for (int d = 0; d < R; d++)
+        for (int t = 0; t < r.numTokens[s]; t++) {
+          const int sl = c.slot[s][t][d];
+          if (sl < 0) continue;
+          const bool droppedAtD = capDrops(off[s][d].dispAt, sl, c.cap);  // the owner's view
+          const bool keptByD = std::any_of(want[d].flat.begin(), want[d].flat.end(),
+                                           [&](const ref::FlatRow& f) { return f.src == s && f.token == t; });
+          ASSERT_EQ(droppedAtD, !keptByD);
+          if (droppedAtD) continue;
+          const int written = off[d][s].combAt + sl, read = off[s][d].combMine + sl;  // d's view, then s's
+          ASSERT_EQ(written, read);
+          ASSERT_LT(written, combSlots);
+          ASSERT_TRUE(used.insert(written).second) << "two combine rows at one position";
+        }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ncclep
