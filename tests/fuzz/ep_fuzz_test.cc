@@ -598,7 +598,9 @@ TEST(EpFuzz, Handles) {
     ncclEpTensor_t win = NCCL_EP_TENSOR_INIT;
     win.ndim = 77;
     const int wCase = (int)rng.below(3);
-    const ncclDataType_t wType = rng.chance(1, 4) ? (ncclDataType_t)rng.pick(kBadEnums) : ncclBfloat16;
+    // Only ncclDataType_t's own values: another one, by value, is undefined behaviour in C++ (UBSan) before the call.
+    const ncclDataType_t types[] = {ncclBfloat16, ncclFloat16, ncclFloat32, ncclUint8, ncclInt64, ncclFloat8e5m2};
+    const ncclDataType_t wType = rng.pick(types);
     const int64_t wHidden = rng.chance(1, 4) ? (int64_t)rng.next() : (int64_t)rng.range(1, 8192);
     const ncclResult_t rw = c.call(Lib::kEp, "ncclEpGroupGetDispatchWindow", [&] {
       return ncclEpGroupGetDispatchWindow(wCase == 0 ? nullptr : &f.group, wType, wHidden,
