@@ -549,6 +549,12 @@ __device__ __forceinline__ int4 packBf16(const float* acc) {
   return v;
 }
 
+// Rows a combine warp reads at once: the loads of kLlBatch rows (each lane's vector of each) are all issued before
+// the first is used, so that a warp waits for one load latency per batch instead of one per row. The arithmetic
+// keeps its order (column k after column k - 1): only the loads move.
+constexpr int kLlBatch = 4;
+constexpr int kLlSliceVecsPerLane = kLlSliceCols / 8 / 32;  // a slice's bf16 vectors a lane: 2
+
 // One warp: slice `sl` of received slot (s, j) back to its owner s. A slice of bf16 columns is `vecs` 16-byte
 // vectors from vector `v0`.
 __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombineCall& c, int s, int j, int sl,
@@ -581,9 +587,26 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
       if (!remote) return stagingRow((size_t)token * MK + k);
       return static_cast<int4*>(peerAt(g, bank + g.wl.ownerRows + ownerAt(k) * g.rowStride, s)) + v0;
     };
-    for (int k = 0; k < K; k++) {
-      const int p = __shfl_sync(kAll, pos, k);
-      if (p >= 0) warpCopy<false>(lane, rowAt(k), in + (size_t)p * rowVecs + v0, vecs * 16);
+    // kLlBatch rows at a time, every lane's vectors of them loaded before any is stored (the copy of one row after
+    // another waited for a load per row).
+    for (int k0 = 0; k0 < K; k0 += kLlBatch) {
+      int4 v[kLlBatch][kLlSliceVecsPerLane];
+      int p[kLlBatch];
+#pragma unroll
+      for (int b = 0; b < kLlBatch; b++) {
+        p[b] = k0 + b < K ? __shfl_sync(kAll, pos, k0 + b) : -1;  // warp-uniform condition: the shuffle is whole
+#pragma unroll
+        for (int u = 0; u < kLlSliceVecsPerLane; u++)
+          if (p[b] >= 0 && lane + 32 * u < vecs) v[b][u] = __ldg(in + (size_t)p[b] * rowVecs + v0 + lane + 32 * u);
+      }
+#pragma unroll
+      for (int b = 0; b < kLlBatch; b++) {
+        if (p[b] < 0) continue;
+        int4* dst = rowAt(k0 + b);
+#pragma unroll
+        for (int u = 0; u < kLlSliceVecsPerLane; u++)
+          if (lane + 32 * u < vecs) dst[lane + 32 * u] = v[b][u];
+      }
     }
     // Every row's slice, then their flags at once: lane k releases row k's (cumulativity after __syncwarp, as
     // warpPublish's lane 0 does for one row).
@@ -602,10 +625,20 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
   for (int i0 = 0; i0 < vecs; i0 += 32) {  // warp-uniform trip count: the loop shuffles
     const int i = i0 + lane;
     float acc[8] = {};
-    for (int k = 0; k < K; k++) {
-      const int p = __shfl_sync(kAll, pos, k);
-      const float wk = __shfl_sync(kAll, wt, k);
-      if (p >= 0 && i < vecs) fmaBf16(acc, __ldg(in + (size_t)p * rowVecs + v0 + i), wk);
+    for (int k0 = 0; k0 < K; k0 += kLlBatch) {  // a batch's loads first, then its fmas in column order
+      int4 v[kLlBatch];
+      int p[kLlBatch];
+      float wk[kLlBatch];
+#pragma unroll
+      for (int b = 0; b < kLlBatch; b++) {
+        const bool has = k0 + b < K;  // warp-uniform
+        p[b] = has ? __shfl_sync(kAll, pos, k0 + b) : -1;
+        wk[b] = has ? __shfl_sync(kAll, wt, k0 + b) : 0.f;
+        if (p[b] >= 0 && i < vecs) v[b] = __ldg(in + (size_t)p[b] * rowVecs + v0 + i);
+      }
+#pragma unroll
+      for (int b = 0; b < kLlBatch; b++)
+        if (p[b] >= 0 && i < vecs) fmaBf16(acc, v[b], wk[b]);
     }
     if (i < vecs) dst[i] = packBf16(acc);
   }
@@ -664,12 +697,23 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     for (int i0 = 0; i0 < vecs; i0 += 32) {
       const int i = i0 + lane;
       float acc[8] = {};
-      for (int k = 0; k < K; k++) {
-        const float wk = __shfl_sync(kAll, wt, k);
-        const unsigned long long ak = __shfl_sync(kAll, (unsigned long long)at, k);
-        const int4* row = (remoteCols >> k & 1) ? reinterpret_cast<const int4*>(owned + ak * g.rowStride) + v0
-                                                : stagingRow(ak);
-        if ((colsOn >> k & 1) && i < vecs) fmaBf16(acc, __ldcg(row + i), wk);
+      for (int k0 = 0; k0 < K; k0 += kLlBatch) {  // a batch's loads first, then its fmas in column order
+        int4 v[kLlBatch];
+        float wk[kLlBatch];
+#pragma unroll
+        for (int b = 0; b < kLlBatch; b++) {
+          const int k = k0 + b;
+          const bool has = k < K;  // warp-uniform
+          wk[b] = has ? __shfl_sync(kAll, wt, k) : 0.f;
+          const unsigned long long ak = has ? __shfl_sync(kAll, (unsigned long long)at, k) : 0ull;
+          const int4* row = has && (remoteCols >> k & 1)  // k < K <= 32 before the shift
+                                ? reinterpret_cast<const int4*>(owned + ak * g.rowStride) + v0
+                                : stagingRow(ak);
+          if (has && (colsOn >> k & 1) && i < vecs) v[b] = __ldcg(row + i);
+        }
+#pragma unroll
+        for (int b = 0; b < kLlBatch; b++)
+          if (k0 + b < K && (colsOn >> (k0 + b) & 1) && i < vecs) fmaBf16(acc, v[b], wk[b]);
       }
       if (i < vecs) out[i] = packBf16(acc);
     }
