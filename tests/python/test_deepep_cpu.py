@@ -90,10 +90,9 @@ def test_tokens_per_rdma_rank_follows_deepeps_nodes_of_eight():
 
 
 class _FakeMpi:
-    """mpi4py's surface the Buffer uses (Get_rank, Get_size, bcast, Allreduce, Alltoall), one process standing for
-    rank 1 of R: each collective's result is what it would be if every rank passed the same values; calls recorded."""
-
-    SUM, MAX = "sum", "max"
+    """mpi4py's surface the Buffer uses (Get_rank, Get_size, bcast, allgather, alltoall), one process standing for
+    rank 1 of R: the other ranks pass values of their own (allgather: this rank's plus the rank number; alltoall:
+    each rank's block for me is its own block for me plus its rank number); calls recorded."""
 
     def __init__(self):
         self.calls = []
@@ -108,13 +107,13 @@ class _FakeMpi:
         self.calls.append(("bcast", root))
         return obj
 
-    def Allreduce(self, send, recv, op):
-        self.calls.append(("Allreduce", op, send.dtype.name, tuple(send.shape)))
-        recv[...] = send * (R if op == self.SUM else 1)
+    def allgather(self, obj):
+        self.calls.append(("allgather", len(obj)))
+        return [[v + r for v in obj] for r in range(R)]
 
-    def Alltoall(self, send, recv):
-        self.calls.append(("Alltoall", send.dtype.name, tuple(send.shape)))
-        recv[...] = send
+    def alltoall(self, blocks):
+        self.calls.append(("alltoall", len(blocks)))
+        return [[v + r for v in blocks[1]] for r in range(R)]
 
 
 def test_an_mpi4py_communicator_carries_the_buffers_collectives(monkeypatch):
@@ -151,13 +150,34 @@ def test_an_mpi4py_communicator_carries_the_buffers_collectives(monkeypatch):
     x, idx = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
     buf._group_for(x, idx, E)
     buf._group_for(x, idx, 2 * E)
-    assert ("Allreduce", "max", "int64", (3,)) in mpi.calls
+    assert ("allgather", 3) in mpi.calls
+    assert buf._caps[:3] == (max(deep_ep.Buffer.max_tokens_per_rank, 4 + R - 1), max(128 + R - 1, 16), 8)
     assert len(made) == 2 and made[0][0] is made[1][0] and isinstance(made[0][0], _Comm)
     assert [e[0] for e in events] == ["from_mpi"]
     buf.destroy()
     assert [e[0] for e in events] == ["from_mpi", "group close", "group close", "close"]
     with pytest.raises(NcclInvalidArgument, match="give a torch ProcessGroup, or group=None and comm="):
         deep_ep.Buffer(None)
+
+
+def test_the_mpi_collectives_reduce_and_exchange_as_torchs(monkeypatch):
+    import sys
+    import types
+
+    from nccl.ep.deepep import _MpiRanks
+
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=object()))
+    ranks = _MpiRanks(_FakeMpi())
+    t = torch.tensor([[3, -1], [0, 7]], dtype=torch.int64)
+    ranks.all_reduce(t, "max")
+    assert t.tolist() == [[3 + R - 1, -1 + R - 1], [R - 1, 7 + R - 1]]
+    s = torch.tensor([1, 2], dtype=torch.int32)
+    ranks.all_reduce(s)
+    assert s.dtype == torch.int32 and s.tolist() == [R + sum(range(R)), 2 * R + sum(range(R))]
+    inp = torch.arange(R * 3, dtype=torch.int32).reshape(R, 3)  # block i for rank i
+    out = torch.empty_like(inp)
+    ranks.all_to_all(out, inp)
+    assert out.tolist() == [[v + r for v in inp[1].tolist()] for r in range(R)]  # rank r's block for me (rank 1)
 
 
 def test_an_mpi_buffer_without_mpi4py_says_so(monkeypatch):

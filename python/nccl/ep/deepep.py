@@ -171,29 +171,30 @@ class _TorchRanks:
 
 
 class _MpiRanks:
-    """The same over an mpi4py communicator: each collective on the host (the tensor copied there and back), and one
-    NCCL communicator of the Buffer's (its id broadcast by MPI), shared by its nccl.ep groups."""
+    """The same over an mpi4py communicator: each collective on the host, as Python lists (mpi4py's object calls:
+    no numpy needed; the tensors are a few hundred integers), and one NCCL communicator of the Buffer's (its id
+    broadcast by MPI), shared by its nccl.ep groups."""
 
     def __init__(self, comm):
         try:
             from mpi4py import MPI
         except ImportError as e:
             raise NcclInvalidArgument("Buffer(comm=...): mpi4py is not importable here (%s)" % e) from e
-        self.comm, self.mpi = comm, MPI
+        self.comm = comm
+        del MPI  # importable is all that is asked: the calls below are the communicator's
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.group, self._nccl = None, None
 
     def all_reduce(self, t, op: str = "sum") -> None:
-        host = t.cpu().contiguous().numpy()
-        out = host.copy()
-        self.comm.Allreduce(host, out, op=self.mpi.MAX if op == "max" else self.mpi.SUM)
-        t.copy_(torch.from_numpy(out))
+        every = self.comm.allgather(t.reshape(-1).tolist())  # each rank's values
+        fold = max if op == "max" else sum
+        t.copy_(torch.tensor([fold(v) for v in zip(*every)], dtype=t.dtype).reshape(t.shape))
 
     def all_to_all(self, out, inp) -> None:
-        host = inp.cpu().contiguous().numpy()
-        got = host.copy()
-        self.comm.Alltoall(host, got)
-        out.copy_(torch.from_numpy(got))
+        """inp's rows split in size equal blocks, block i to rank i; out gets rank i's block for me at block i."""
+        blocks = inp.reshape(self.size, -1).tolist()
+        got = self.comm.alltoall(blocks)
+        out.copy_(torch.tensor(got, dtype=out.dtype).reshape(out.shape))
 
     def group_arg(self):
         if self._nccl is None:
