@@ -127,7 +127,7 @@ bool parseOptions(int argc, char** argv, Options* o) {
   cli.flag("quick", &o->quick);
   cli.option("json", &o->json);
   return cli.parse(argc, argv) && cli.require(o->recvCap >= 0, "--recv-cap must be >= 0") &&
-         cli.require(!o->zeroCopy || o->recvCap > 0, "--zero-copy needs --recv-cap (the window holds FLAT rows then)") &&
+         cli.require(!o->zeroCopy || o->recvCap > 0, "--zero-copy needs --recv-cap (its window's rows are FLAT)") &&
          cli.require(o->oneGpu != OneGpu::kVirtual,
                      "--one-gpu virtual: not for the High-Throughput benchmark (off, nodes or mixed)");
 }

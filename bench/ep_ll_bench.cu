@@ -5,9 +5,9 @@
 // For each shape (tokens per rank 1, 8, 32, 64, 128, 256, hidden 7168 (and 4096 at 128 tokens), top-8, 256 experts
 // over the ranks): random top-k routing without repeats, a handle bound once, then, each timed with its own pair of
 // CUDA events on the call's stream and reported as the median of 100 calls after 20 warm-up calls, back to back:
-//   dispatch (bf16 out, or fp8 e4m3 or NVFP4 quantised by the sender; NVFP4 under a global scale of 1), combine (RANK_MAJOR: rows as given; EXPERT_MAJOR:
-//   the owner-weighted path, DeepEP's), the pair dispatch + combine, and graphs (dispatch, combine, and the pair,
-//   each captured once and replayed);
+//   dispatch (bf16 out, or fp8 e4m3 or NVFP4 (global scale 1) quantised by the sender), combine (RANK_MAJOR: rows
+//   as given; EXPERT_MAJOR: the owner-weighted path, DeepEP's), the pair dispatch + combine, and graphs (dispatch,
+//   combine, and the pair, each captured once and replayed);
 // and, in the same run, the floor: an empty kernel with the same grid (launch + completion, the least any
 // kernel-based call costs), and the copy engine moving this rank's dispatch payload device to device.
 // Bytes: payload = rows this rank sends (one per (token, destination rank), its own included) x row bytes (fp8:

@@ -626,7 +626,8 @@ class Group(Closing):
                                           "NVFP4 (float4_e2m1fn_x2, uint8) with scales" % x.dtype)
             if out_dtype is not None and out_dtype != x.dtype and not (quantise or quantise4):
                 raise NcclInvalidArgument("out_dtype=%s for x of %s: Low-Latency dispatch converts bfloat16 to "
-                                          "float8_e4m3fn or NVFP4 (float4_e2m1fn_x2, uint8) only" % (out_dtype, x.dtype))
+                                          "float8_e4m3fn or NVFP4 (float4_e2m1fn_x2, uint8) only"
+                                          % (out_dtype, x.dtype))
             if round_scale and not quantise:
                 raise NcclInvalidArgument("round_scale=True: for bf16 x quantised to fp8 on the way "
                                           "(out_dtype=torch.float8_e4m3fn)")
@@ -849,7 +850,8 @@ class Group(Closing):
         esize = torch.empty((), dtype=dtype).element_size()
         row_bytes = self.max_token_bytes
         if row_bytes % esize:
-            raise NcclInvalidArgument("dispatch_window: rows of %d bytes are not whole %s elements" % (row_bytes, dtype))
+            raise NcclInvalidArgument("dispatch_window: rows of %d bytes are not whole %s elements"
+                                      % (row_bytes, dtype))
         d = CTensor()
         _call("ncclEpGroupGetDispatchWindow", self._handle(), ctypes.c_int(nccl_dtype(dtype)),
               ctypes.c_int64(row_bytes // esize), ctypes.byref(d))
