@@ -313,9 +313,24 @@ def test_group_refuses_what_it_cannot_serve():
         epjax.group(mesh, "ep", num_experts=4, max_tokens_per_rank=2048, hidden=64, algorithm="low_latency")
     with pytest.raises(ep.NcclInvalidArgument, match="algorithm='fast'"):
         epjax.group(mesh, "ep", num_experts=4, max_tokens_per_rank=8, hidden=64, algorithm="fast")
+    with pytest.raises(ep.NcclInvalidArgument, match="recv_overflow='keep'"):
+        epjax.group(mesh, "ep", num_experts=4, max_tokens_per_rank=8, hidden=64, max_recv_rows_per_rank=4,
+                    recv_overflow="keep")
     if jax.devices()[0].platform == "cpu":
         with pytest.raises(ep.NcclInvalidUsage, match="is not a CUDA GPU"):
             epjax.group(mesh, "ep", num_experts=4, max_tokens_per_rank=8, hidden=64)
+
+
+def test_the_receive_cap_reaches_the_group_config():
+    cfg = epjax._config(num_experts=4, max_tokens_per_rank=8, hidden=64, dtype=jnp.bfloat16, max_token_bytes=None,
+                        max_topk=2, num_sms=0, timeout_s=None, algorithm="high_throughput",
+                        max_recv_rows_per_rank=12, recv_overflow="drop")
+    assert (cfg.max_recv_rows_per_rank, cfg.recv_overflow) == (12, 1)
+    default = epjax._config(**{k: v for k, v in epjax._CONFIG_DEFAULTS.items()
+                               if k not in ("num_experts", "max_tokens_per_rank", "hidden")},
+                            num_experts=4, max_tokens_per_rank=8, hidden=64)
+    assert (default.max_recv_rows_per_rank, default.recv_overflow) == (0, 0)
+    assert epjax._config_key(cfg) != epjax._config_key(default)
 
 
 def test_ffi_library_loads_and_registers():

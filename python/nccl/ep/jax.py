@@ -59,7 +59,7 @@ from .._ext.closing import Closing
 from .._ext.comm import _nccl_call, _UniqueId, id_from_bytes, id_to_bytes
 from .._ext.cvalues import c_integer
 from .._ext.errors import NcclError, NcclInvalidArgument, NcclInvalidUsage
-from . import _ALGO, _FP8_BLOCK, _LAYOUT, _LL_MAX_TOKENS, _GroupConfig
+from . import _ALGO, _FP8_BLOCK, _LAYOUT, _LL_MAX_TOKENS, _RECV_OVERFLOW, _GroupConfig
 from . import _call as _ep_call
 
 __all__ = ["Group", "Handle", "HandleSpec", "Dispatched", "LlDispatched", "group", "close", "dispatch", "combine",
@@ -494,10 +494,11 @@ class Group(Closing):
     def __init__(self, mesh, axis: str, *, num_experts: int, max_tokens_per_rank: int, hidden: int | None = None,
                  dtype=jnp.bfloat16, max_token_bytes: int | None = None, max_topk: int = 8, num_sms: int = 0,
                  timeout_s: float | None = None, algorithm: str = "high_throughput", setup_timeout_s: float = 300.0,
-                 _key=None):
+                 max_recv_rows_per_rank: int = 0, recv_overflow: str = "error", _key=None):
         cfg = _config(num_experts=num_experts, max_tokens_per_rank=max_tokens_per_rank, hidden=hidden, dtype=dtype,
                       max_token_bytes=max_token_bytes, max_topk=max_topk, num_sms=num_sms, timeout_s=timeout_s,
-                      algorithm=algorithm)
+                      algorithm=algorithm, max_recv_rows_per_rank=max_recv_rows_per_rank,
+                      recv_overflow=recv_overflow)
         mine = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
         if len(mine) != 1:
             raise NcclInvalidUsage("nccl.ep.jax: one device of the mesh per process (one process per GPU); this "
@@ -633,14 +634,18 @@ def _host_wait_s(timeout_s) -> float:
 
 
 def _config(*, num_experts, max_tokens_per_rank, hidden, dtype, max_token_bytes, max_topk, num_sms, timeout_s,
-            algorithm) -> _GroupConfig:
+            algorithm, max_recv_rows_per_rank=0, recv_overflow="error") -> _GroupConfig:
     """The ncclEpGroupConfig_t of group()'s arguments (checked by name first)."""
     if algorithm not in _ALGO:
         raise NcclInvalidArgument("algorithm=%r: expected one of %s" % (algorithm, ", ".join(sorted(_ALGO))))
-    num_experts, max_tokens_per_rank, max_topk, num_sms = (
+    if recv_overflow not in _RECV_OVERFLOW:
+        raise NcclInvalidArgument("recv_overflow=%r: expected one of %s"
+                                  % (recv_overflow, ", ".join(sorted(_RECV_OVERFLOW))))
+    num_experts, max_tokens_per_rank, max_topk, num_sms, max_recv_rows_per_rank = (
         c_integer(v, ctypes.c_int, k) for k, v in (("num_experts", num_experts),
                                                     ("max_tokens_per_rank", max_tokens_per_rank),
-                                                    ("max_topk", max_topk), ("num_sms", num_sms)))
+                                                    ("max_topk", max_topk), ("num_sms", num_sms),
+                                                    ("max_recv_rows_per_rank", max_recv_rows_per_rank)))
     if algorithm == "low_latency" and not 1 <= max_tokens_per_rank <= _LL_MAX_TOKENS:
         raise NcclInvalidArgument("max_tokens_per_rank %d: a Low-Latency group takes 1..%d tokens per rank"
                                   % (max_tokens_per_rank, _LL_MAX_TOKENS))
@@ -654,12 +659,15 @@ def _config(*, num_experts, max_tokens_per_rank, hidden, dtype, max_token_bytes,
     return _GroupConfig.new(algorithm=_ALGO[algorithm], num_experts=num_experts,
                             max_tokens_per_rank=max_tokens_per_rank, max_token_bytes=max_token_bytes,
                             max_topk=max_topk, num_sms=num_sms,
-                            timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9))
+                            timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
+                            max_recv_rows_per_rank=max_recv_rows_per_rank,
+                            recv_overflow=_RECV_OVERFLOW[recv_overflow])
 
 
 def _config_key(cfg: _GroupConfig) -> tuple:
     return tuple(getattr(cfg, name) for name in ("algorithm", "num_experts", "max_tokens_per_rank", "max_token_bytes",
-                                                 "max_topk", "num_sms", "timeout_ns"))
+                                                 "max_topk", "num_sms", "timeout_ns", "max_recv_rows_per_rank",
+                                                 "recv_overflow"))
 
 
 def group(mesh, axis: str, **config) -> Group:
@@ -667,7 +675,9 @@ def group(mesh, axis: str, **config) -> Group:
     first use: every process of the axis calls it at the same point), cached per (mesh, axis, algorithm). config:
     num_experts, max_tokens_per_rank, hidden (with dtype, default bfloat16) or max_token_bytes, max_topk (8),
     num_sms (0: the library's), timeout_s (device waits; None: the library's), algorithm ("high_throughput" or
-    "low_latency"), setup_timeout_s (the wait for rank 0's unique id, 300). A cached group asked for with another
+    "low_latency"), setup_timeout_s (the wait for rank 0's unique id, 300), max_recv_rows_per_rank and
+    recv_overflow (High-Throughput inside one NVLink domain: the receive cap, as nccl.ep.Group's; the outputs then
+    have the cap's rows). A cached group asked for with another
     config: NcclInvalidUsage (close it first)."""
     ids = tuple(int(d.id) for d in mesh.devices.flat)
     key = (ids, tuple(mesh.devices.shape), tuple(mesh.axis_names), axis, config.get("algorithm", "high_throughput"))
@@ -687,7 +697,7 @@ def group(mesh, axis: str, **config) -> Group:
 
 _CONFIG_DEFAULTS = {"num_experts": None, "max_tokens_per_rank": None, "hidden": None, "dtype": jnp.bfloat16,
                     "max_token_bytes": None, "max_topk": 8, "num_sms": 0, "timeout_s": None,
-                    "algorithm": "high_throughput"}
+                    "algorithm": "high_throughput", "max_recv_rows_per_rank": 0, "recv_overflow": "error"}
 
 
 def close() -> None:
