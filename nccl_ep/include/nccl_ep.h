@@ -370,7 +370,8 @@ NCCL_EP_API ncclResult_t ncclEpHandleGetRecvRows(ncclEpHandle_t handle, int64_t*
 /* Rows of a worst-case dispatch output for this handle's layout. Local. */
 NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64_t* rows);
 /* LOCAL, zero-copy dispatch outputs (High-Throughput groups with max_recv_rows_per_rank, FLAT handles): `*tokens`
- * becomes a [max_recv_rows_per_rank, hidden] tensor of `datatype` in this rank's window, where dispatch's senders
+ * becomes a [rows, hidden] tensor of `datatype` in this rank's window (rows: max_recv_rows_per_rank, at most
+ * n_ranks x max_tokens_per_rank; ncclEpHandleGetMaxRecvRows of a FLAT handle), where dispatch's senders
  * write each row at its FLAT position; given as outputs.tokens of a dispatch, no received row is copied again (the
  * rest of the outputs are as usual). hidden x the dtype's size must be max_token_bytes (the window's row stride).
  * Its rows hold a dispatch's until the group's next dispatch on any rank begins: in the usual order (dispatch,
