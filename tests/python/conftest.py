@@ -113,11 +113,13 @@ def pytest_sessionfinish(session, exitstatus):
     import os
 
     path = session.config.getoption("--json")
-    if not path or os.environ.get("RANK", "0") != "0":  # one line per run: rank 0's
+    rank = next((os.environ[v] for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if v in os.environ), "0")
+    if not path or rank != "0":  # one line per run: rank 0's (torchrun's or mpirun's)
         return
     rep = session.config.pluginmanager.get_plugin("terminalreporter")
     counts = {k: len(rep.stats.get(k, [])) for k in ("passed", "failed", "error", "skipped")} if rep else {}
-    line = {"test": "python", "ranks": int(os.environ.get("WORLD_SIZE", "1")),
+    size = next((os.environ[v] for v in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE") if v in os.environ), "1")
+    line = {"test": "python", "ranks": int(size),
             "pass": exitstatus == 0 and counts.get("passed", 0) > 0, "gpu": _have_gpu()}
     line.update(counts)
     with open(path, "a") as f:
