@@ -75,6 +75,16 @@ def one_process_gloo():
     dist.destroy_process_group()
 
 
+def _launcher(what: str, default: str) -> str:
+    """This process's rank or size ("rank" / "size") as its launcher set it: torchrun's, or mpirun's (Open MPI,
+    MPICH)."""
+    import os
+
+    names = {"rank": ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
+             "size": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")}[what]
+    return next((os.environ[v] for v in names if v in os.environ), default)
+
+
 def pytest_addoption(parser):
     parser.addoption("--json", default=None, help="append a result line for make gpu-check")
     parser.addoption("--one-gpu", default=None, choices=["nodes"],
@@ -87,8 +97,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (make gpu-check runs these)")
     if config.getoption("--one-gpu") == "nodes":  # before any NCCL call reads the environment
         os.environ["NCCL_EXT_TEST_ONE_GPU"] = "nodes"
-        rank = next((os.environ[v] for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if v in os.environ), "0")
-        os.environ["NCCL_HOSTID"] = "ncclext-node-%s" % rank  # torchrun's rank, or mpirun's (Open MPI, MPICH)
+        os.environ["NCCL_HOSTID"] = "ncclext-node-%s" % _launcher("rank", "0")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
@@ -113,13 +122,11 @@ def pytest_sessionfinish(session, exitstatus):
     import os
 
     path = session.config.getoption("--json")
-    rank = next((os.environ[v] for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if v in os.environ), "0")
-    if not path or rank != "0":  # one line per run: rank 0's (torchrun's or mpirun's)
+    if not path or _launcher("rank", "0") != "0":  # one line per run: rank 0's
         return
     rep = session.config.pluginmanager.get_plugin("terminalreporter")
     counts = {k: len(rep.stats.get(k, [])) for k in ("passed", "failed", "error", "skipped")} if rep else {}
-    size = next((os.environ[v] for v in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE") if v in os.environ), "1")
-    line = {"test": "python", "ranks": int(size),
+    line = {"test": "python", "ranks": int(_launcher("size", "1")),
             "pass": exitstatus == 0 and counts.get("passed", 0) > 0, "gpu": _have_gpu()}
     line.update(counts)
     with open(path, "a") as f:
