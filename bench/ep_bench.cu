@@ -10,7 +10,8 @@
 //
 // Byte conventions (per rank, printed with every row):
 //   nvlink_bytes  = rows this rank writes to OTHER ranks x row payload bytes (tokens; fp8: + 4 bytes per 128
-//                   columns of scales). What crosses NVLink out of this GPU. Combine: the same count, returning.
+//                   columns of scales; nvfp4, packed two columns a byte as uint8: H / 2 + one e4m3 scale byte per 16
+//                   columns, forwarded as int32 words). What crosses NVLink out of this GPU. Combine: the same count, returning.
 //   logical_bytes = rows this rank receives (its own included) x row payload bytes: DeepEP's convention.
 //   GB/s = bytes / median time / 1e9.
 //
@@ -139,6 +140,7 @@ std::vector<Shape> shapesFor(const Options& o) {
   std::vector<Shape> shapes = {
       {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {16, 24, 32, 64, 132}},
       {4096, 7168, 8, 256, ncclFloat8e4m3, NCCL_EP_LAYOUT_FLAT, {24, 64, 132}},
+      {4096, 7168, 8, 256, ncclUint8, NCCL_EP_LAYOUT_FLAT, {24, 64, 132}},  // nvfp4: packed rows, block scales
       {4096, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, {64, 132}},
       {1024, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {32, 132}},
       {16384, 7168, 8, 256, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, {64, 132}},
@@ -547,8 +549,8 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
   const Shape& s = *w.s;
   const ncclEpGroupInfo_t& info = setup.info;
   const int T = s.tokens, H = s.hidden, K = s.topk, E = s.experts, R = ctx.nRanks, op = w.op;
-  const bool fp8 = s.dtype == ncclFloat8e4m3;
-  const char* dn = fp8 ? "fp8" : "bf16";
+  const bool fp8 = s.dtype == ncclFloat8e4m3, fp4 = s.dtype == ncclUint8;
+  const char* dn = fp8 ? "fp8" : fp4 ? "nvfp4" : "bf16";
   const char* ln = s.layout == NCCL_EP_LAYOUT_FLAT ? "flat" : "expert_major";
   // Byte conventions: see the file comment. Combine moves bf16 rows back.
   const double rowB = op == 0 ? (double)w.payload : (double)H * 2;
@@ -604,9 +606,15 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
 // baselines, then dispatch and combine at each SM count.
 int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const Shape& s, const Counts& n, FILE* out) {
   const int T = s.tokens, H = s.hidden, K = s.topk;
-  const bool fp8 = s.dtype == ncclFloat8e4m3, flat = s.layout == NCCL_EP_LAYOUT_FLAT;
-  const size_t esz = fp8 ? 1 : 2;
-  const size_t payload = H * esz + (fp8 ? H / 128 * 4 : 0);
+  // bf16 rows; fp8 rows with an fp32 scale per 128 columns; nvfp4 rows (uint8, two columns a byte) with their e4m3
+  // block scales as int32 words (four a word, one per 16 columns): opaque bytes to the library, forwarded.
+  const bool fp8 = s.dtype == ncclFloat8e4m3, fp4 = s.dtype == ncclUint8, flat = s.layout == NCCL_EP_LAYOUT_FLAT;
+  const bool quantised = fp8 || fp4;
+  const int64_t cols = fp4 ? H / 2 : H;  // the token tensor's columns
+  const size_t esz = quantised ? 1 : 2;
+  const size_t nScales = fp8 ? H / 128 : fp4 ? H / 64 : 0;
+  const ncclDataType_t scaleType = fp4 ? ncclInt32 : ncclFloat32;
+  const size_t payload = cols * esz + nScales * 4;
   const ncclEpGroup_t group = setup.group;
   const Routing rt = routeShape(ctx, s, setup);
   ShapeBuffers buf;
@@ -639,13 +647,12 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
   }
   const int64_t logicalRows = flatRows;
   const int kSets = ShapeBuffers::kSets;
-  const size_t nScales = fp8 ? H / 128 : 0;
   for (int i = 0; i < kSets; i++) {
-    cudaMalloc(&buf.xs[i], (size_t)T * H * esz);
+    cudaMalloc(&buf.xs[i], (size_t)T * cols * esz);
     cudaMalloc(&buf.ws[i], (size_t)T * K * 4);
     cudaMalloc(&buf.ss[i], (size_t)T * std::max<size_t>(nScales, 1) * 4);
     cudaMalloc(&buf.cins[i], (size_t)std::max<int64_t>(rows, 1) * H * 2);
-    cudaMemset(buf.xs[i], 0x11 * (i + 1), (size_t)T * H * esz);
+    cudaMemset(buf.xs[i], 0x11 * (i + 1), (size_t)T * cols * esz);
     cudaMemset(buf.ws[i], 0, (size_t)T * K * 4);
     cudaMemset(buf.ss[i], 0, (size_t)T * std::max<size_t>(nScales, 1) * 4);
     cudaMemset(buf.cins[i], 0x01 * (i + 1), (size_t)std::max<int64_t>(rows, 1) * H * 2);
@@ -653,23 +660,23 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
   cudaDeviceSynchronize();  // the fills (on the legacy stream) before the rank's stream reads them
   int64_t maxRows = 0;      // a worst-case output, for the handle-creation timing
   NCCLEXT_BENCH_EP(ncclEpHandleGetMaxRecvRows(h, &maxRows));
-  cudaMalloc(&buf.y, (size_t)std::max<int64_t>(maxRows, 1) * H * esz);
+  cudaMalloc(&buf.y, (size_t)std::max<int64_t>(maxRows, 1) * cols * esz);
   cudaMalloc(&buf.yw, (size_t)std::max<int64_t>(maxRows, 1) * K * 4);
   cudaMalloc(&buf.ys, (size_t)std::max<int64_t>(maxRows, 1) * std::max<size_t>(nScales, 1) * 4);
   cudaMalloc(&buf.cout, (size_t)T * H * 2);
   // --zero-copy: the window's rows as the FLAT output, where their rows are the window's.
   ncclEpTensor_t window = NCCL_EP_TENSOR_INIT;
-  const bool zeroCopy = o.zeroCopy && flat && (int64_t)(H * esz) == setup.cfg.max_token_bytes;
-  if (zeroCopy) NCCLEXT_BENCH_EP(ncclEpGroupGetDispatchWindow(group, s.dtype, H, &window));
+  const bool zeroCopy = o.zeroCopy && flat && (int64_t)(cols * esz) == setup.cfg.max_token_bytes;
+  if (zeroCopy) NCCLEXT_BENCH_EP(ncclEpGroupGetDispatchWindow(group, s.dtype, cols, &window));
   auto dispatchArgs = [&](int i, ncclEpDispatchInputs_t* in, ncclEpDispatchOutputs_t* od, int64_t outRows) {
     *in = NCCL_EP_DISPATCH_INPUTS_INIT;
-    in->tokens = epTensor(buf.xs[i], s.dtype, {T, H});
+    in->tokens = epTensor(buf.xs[i], s.dtype, {T, cols});
     in->topk_weights = epTensor(buf.ws[i], ncclFloat32, {T, K});
-    if (fp8) in->scales = epTensor(buf.ss[i], ncclFloat32, {T, (int64_t)nScales});
+    if (quantised) in->scales = epTensor(buf.ss[i], scaleType, {T, (int64_t)nScales});
     *od = NCCL_EP_DISPATCH_OUTPUTS_INIT;
-    od->tokens = zeroCopy ? window : epTensor(buf.y, s.dtype, {outRows, H});
+    od->tokens = zeroCopy ? window : epTensor(buf.y, s.dtype, {outRows, cols});
     od->topk_weights = flat ? epTensor(buf.yw, ncclFloat32, {outRows, K}) : epTensor(buf.yw, ncclFloat32, {outRows});
-    if (fp8) od->scales = epTensor(buf.ys, ncclFloat32, {outRows, (int64_t)nScales});
+    if (quantised) od->scales = epTensor(buf.ys, scaleType, {outRows, (int64_t)nScales});
   };
   Timer timer(ctx, o.mixed());
   // Routing not cached: ncclEpUpdateHandle (new routing bound to an existing handle, worst-case sizing, no host
@@ -717,11 +724,11 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
     };
     if (timer.time(dispatchCall, n.warm, n.iters, &td) || timer.time(dispatchCall, n.warmSynced, n.iters, &tds, true))
       return 1;
-    if (!fp8 &&
+    if (!quantised &&
         (timer.time(combineCall, n.warm, n.iters, &tc) || timer.time(combineCall, n.warmSynced, n.iters, &tcs, true)))
       return 1;
     Row w[2];
-    for (int op = 0; op < (fp8 ? 1 : 2); op++) {
+    for (int op = 0; op < (quantised ? 1 : 2); op++) {
       w[op] = Row{&s,
                   sms,
                   op,
@@ -747,7 +754,7 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
       w[op].pairedRailUs = median(theirs);
       w[op].pairedRatio = median(ratios);
     }
-    for (int op = 0; op < (fp8 ? 1 : 2); op++) reportRow(ctx, setup, n, rail, w[op], out);
+    for (int op = 0; op < (quantised ? 1 : 2); op++) reportRow(ctx, setup, n, rail, w[op], out);
   }
   return 0;
 }
