@@ -375,7 +375,7 @@ def query_group_info(nranks: int, lsa_size: int, **group_args) -> dict:
     process's environment as the group would resolve them: window_bytes, rail_staging_bytes and the rest, for memory
     planning before any group exists (ncclEpGroupInfoQuery: host arithmetic, no GPU, no communicator). group_args
     are Group's keyword arguments (num_experts, max_tokens_per_rank, hidden or max_token_bytes, max_topk, algorithm,
-    rail_round_tokens, rail_staging_bytes_max, ht_hierarchical, rail_overlap, ...)."""
+    rail_round_tokens, rail_staging_bytes_max, ht_hierarchical, rail_overlap, max_recv_rows_per_rank, ...)."""
     cfg = _group_config("query_group_info", **group_args)
     raw = _GroupInfo.new()
     _call("ncclEpGroupInfoQuery", ctypes.byref(cfg), c_integer(nranks, ctypes.c_int, "query_group_info: nranks"),
