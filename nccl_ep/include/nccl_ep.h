@@ -375,8 +375,8 @@ NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64
  * write each row at its FLAT position; given as outputs.tokens of a dispatch, no received row is copied again (the
  * rest of the outputs are as usual). hidden x the dtype's size must be max_token_bytes (the window's row stride).
  * Its rows hold a dispatch's until the group's next dispatch on any rank begins: in the usual order (dispatch,
- * expert compute, combine, next dispatch) until this rank's combine has read them. Rows past the receive count hold
- * earlier calls' data. */
+ * expert compute, combine, next dispatch) until this rank's combine has begun. So it is no combine input (refused):
+ * combine the experts' outputs. Rows past the receive count hold earlier calls' data. */
 NCCL_EP_API ncclResult_t ncclEpGroupGetDispatchWindow(ncclEpGroup_t group, ncclDataType_t datatype, int64_t hidden,
                                                       ncclEpTensor_t* tokens);
 

@@ -900,6 +900,13 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     const ncclEpTensor_t& x = inputs->tokens;
     NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16, ncclFloat16, ncclFloat32}, {-1, -1}));
     NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
+    // The dispatch window (ncclEpGroupGetDispatchWindow) is no combine input: a peer done with its own combine may
+    // begin its next dispatch, and write there, while this combine still reads.
+    const char* window = g->view.peers.mine;
+    const char* xp = static_cast<const char*>(x.data);
+    NCCLEXT_USAGE(!(window && xp >= window && xp < window + g->view.wl.total),
+                  "inputs.tokens lies in the group's window (the dispatch window): a peer's next dispatch may "
+                  "overwrite it while combine reads it; combine the experts' outputs, or a copy");
     const int64_t H = x.sizes[1];
     NCCLEXT_ARG(H <= g->config.max_token_bytes, "inputs.tokens: hidden %lld exceeds max_token_bytes %d", (long long)H,
                 g->config.max_token_bytes);  // before the product below, which could wrap

@@ -1086,6 +1086,14 @@ TEST(EpCap, DispatchWindowAndItsChecks) {
   f.totals[1] = 150;  // EXACT: the EXPERT_MAJOR rows it needs
   EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr), ncclInvalidUsage);
   EXPECT_TRUE(says("FLAT handles only")) << ncclEpGetLastError();
+  // The window as combine's input: refused (a peer's next dispatch may write it while combine reads).
+  f.handle.layout = NCCL_EP_LAYOUT_FLAT;
+  ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+  ci.tokens = w;
+  ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  co.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidUsage);
+  EXPECT_TRUE(says("inputs.tokens lies in the group's window")) << ncclEpGetLastError();
 }
 
 // A dispatch config of the first layout (no global_expert_ids) is read as such: what lies past it is not read (the

@@ -842,8 +842,8 @@ class Group(Closing):
         = the group's max_token_bytes) in this rank's window, where dispatch's senders write each FLAT row in place.
         Pass it as dispatch's `tokens_out` (FLAT handles): no received row is copied again. It holds a dispatch's rows
         until the group's next dispatch on any rank begins (in the dispatch, compute, combine order: until this rank's
-        combine has read them); rows past the receive count hold earlier calls' data. It does not keep the window
-        alive: do not use it after close()."""
+        combine begins), so it is no combine input (refused: combine the experts' outputs); rows past the receive
+        count hold earlier calls' data. It does not keep the window alive: do not use it after close()."""
         import torch
 
         dtype = torch.bfloat16 if dtype is None else dtype
