@@ -183,6 +183,13 @@ void setDispatchTensors(Call* c, const ncclEpDispatchInputs_t* in, const ncclEpD
   c->outScales = static_cast<float*>(out->scales.data);
 }
 
+// Whether `p` points into this rank's window of the group (ncclEpGroupGetDispatchWindow's tensors do).
+bool inWindow(const ncclEpGroup* g, const void* p) {
+  const char* window = g->view.peers.mine;
+  const char* at = static_cast<const char*>(p);
+  return window && at >= window && at < window + g->view.wl.total;
+}
+
 int callSms(const ncclEpGroup* g, int requested) { return requested > 0 ? std::min(requested, g->smCount) : g->numSms; }
 
 // At most `maxCtas` CTAs for `chunks` chunks, as few as keep the busiest at the same number of chunks: static
@@ -846,11 +853,9 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
       NCCLEXT_ARG(!present(outputs->scales), "outputs.scales come with inputs.scales (fp8 or uint8 tokens)");
     }
     // Zero-copy: outputs.tokens in my window is ncclEpGroupGetDispatchWindow's tensor, where the rows land already.
-    const char* window = g->view.peers.mine;
-    const char* yp = static_cast<const char*>(y.data);
-    const bool inPlace = window && yp >= window && yp < window + g->view.wl.total;
+    const bool inPlace = inWindow(g, y.data);
     if (inPlace) {
-      NCCLEXT_USAGE(yp == window + g->view.wl.dispRows && g->view.recvCap > 0,
+      NCCLEXT_USAGE(y.data == g->view.peers.mine + g->view.wl.dispRows && g->view.recvCap > 0,
                     "outputs.tokens lies in the group's window: only ncclEpGroupGetDispatchWindow's tensor may");
       NCCLEXT_USAGE(flat, "outputs.tokens from ncclEpGroupGetDispatchWindow: FLAT handles only (EXPERT_MAJOR rows "
                           "are ordered by expert, not as they land)");
@@ -902,9 +907,7 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
     // The dispatch window (ncclEpGroupGetDispatchWindow) is no combine input: a peer done with its own combine may
     // begin its next dispatch, and write there, while this combine still reads.
-    const char* window = g->view.peers.mine;
-    const char* xp = static_cast<const char*>(x.data);
-    NCCLEXT_USAGE(!(window && xp >= window && xp < window + g->view.wl.total),
+    NCCLEXT_USAGE(!inWindow(g, x.data),
                   "inputs.tokens lies in the group's window (the dispatch window): a peer's next dispatch may "
                   "overwrite it while combine reads it; combine the experts' outputs, or a copy");
     const int64_t H = x.sizes[1];

@@ -217,21 +217,29 @@ __device__ __forceinline__ uint64_t* ownerFlag(const GroupView& g, size_t bank, 
   return static_cast<uint64_t*>(peerAt(g, bank + g.wl.ownerFlags + (at * g.wl.slices + sl) * 8, rank));
 }
 
+// Lane `lane`'s 4 columns (4 lane .. 4 lane + 3) of 128-column block b of a bf16 row, as floats into v; returns their
+// largest magnitude, a NaN never winning (as numeric.h's fp8QuantizeRow and nvfp4QuantizeRow).
+__device__ __forceinline__ float laneBf16(const char* row, int b, int lane, float (&v)[4]) {
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + (size_t)b * 256) + lane);
+  const uint16_t bits[4] = {(uint16_t)(raw.x & 0xffff), (uint16_t)(raw.x >> 16), (uint16_t)(raw.y & 0xffff),
+                            (uint16_t)(raw.y >> 16)};
+  float amax = 0.0f;
+  for (int i = 0; i < 4; i++) {
+    v[i] = ncclext::bf16ToFloat(bits[i]);
+    const float a = v[i] < 0 ? -v[i] : v[i];
+    amax = a > amax ? a : amax;
+  }
+  return amax;
+}
+
 // One warp: columns `cols` of token t's row quantised to e4m3 into every destination's staging row, the blocks'
 // scales into their metadata. Lane i holds columns 4 i .. 4 i + 3 of each block of 128.
 __device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const Slots& slots, uint64_t active,
                               size_t bank, const char* row, Cols cols, int lane) {
   const int me = g.rank, R = g.nRanks;
   for (int b = cols.lo / 128; b < cols.hi / 128; b++) {
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + (size_t)b * 256) + lane);
-    const uint16_t bits[4] = {(uint16_t)(raw.x & 0xffff), (uint16_t)(raw.x >> 16), (uint16_t)(raw.y & 0xffff),
-                              (uint16_t)(raw.y >> 16)};
-    float v[4], amax = 0.0f;
-    for (int i = 0; i < 4; i++) {
-      v[i] = ncclext::bf16ToFloat(bits[i]);
-      const float a = v[i] < 0 ? -v[i] : v[i];
-      amax = a > amax ? a : amax;  // as numeric.h's fp8QuantizeRow: a NaN never wins
-    }
+    float v[4];
+    float amax = laneBf16(row, b, lane, v);
     for (int o = 16; o > 0; o >>= 1) {
       const float a = __shfl_xor_sync(kAll, amax, o);
       amax = a > amax ? a : amax;
@@ -262,15 +270,8 @@ __device__ void quantizeSliceFp4(const GroupView& g, const LlDispatchCall& c, co
   const int me = g.rank, R = g.nRanks;
   const float gs = __ldg(c.globalScale);
   for (int b = cols.lo / 128; b < cols.hi / 128; b++) {
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + (size_t)b * 256) + lane);
-    const uint16_t bits[4] = {(uint16_t)(raw.x & 0xffff), (uint16_t)(raw.x >> 16), (uint16_t)(raw.y & 0xffff),
-                              (uint16_t)(raw.y >> 16)};
-    float v[4], amax = 0.0f;
-    for (int i = 0; i < 4; i++) {
-      v[i] = ncclext::bf16ToFloat(bits[i]);
-      const float a = v[i] < 0 ? -v[i] : v[i];
-      amax = a > amax ? a : amax;  // as numeric.h's nvfp4QuantizeRow: a NaN never wins
-    }
+    float v[4];
+    float amax = laneBf16(row, b, lane, v);
     for (int o = 1; o < 4; o <<= 1) {  // the four lanes of the block of 16
       const float a = __shfl_xor_sync(kAll, amax, o);
       amax = a > amax ? a : amax;

@@ -177,11 +177,10 @@ class _MpiRanks:
 
     def __init__(self, comm):
         try:
-            from mpi4py import MPI
+            import mpi4py  # noqa: F401  (the calls below are the communicator's own)
         except ImportError as e:
             raise NcclInvalidArgument("Buffer(comm=...): mpi4py is not importable here (%s)" % e) from e
         self.comm = comm
-        del MPI  # importable is all that is asked: the calls below are the communicator's
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.group, self._nccl = None, None
 
