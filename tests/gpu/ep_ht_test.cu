@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -779,6 +780,35 @@ int main(int argc, char** argv) {
       if (run.errors != before) failedCases++;
       if (rc) break;
     }
+    // A run on a group of its own (`gc`; the reference keeps its receive cap): made, `body` on a Runner of it, the
+    // Runner's errors added to the test's, destroyed; a group that cannot be made or destroyed fails the run.
+    auto onOwnGroup = [&](const char* what, const ncclEpGroupConfig_t& gc, const std::function<int(Runner&)>& body) {
+      ncclEpGroup_t own = nullptr;
+      if (ncclext::harness::createEpGroup(&own, ctx.comm, &gc) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpCreateGroup (%s): %s\n", ctx.rank, what, ncclEpGetLastError());
+        return 1;
+      }
+      Runner r{ctx, own, seed, 0, {}, gc.max_recv_rows_per_rank};
+      int res = body(r);
+      run.errors += r.errors;
+      if (ncclEpGroupDestroy(own) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpGroupDestroy (%s): %s\n", ctx.rank, what, ncclEpGetLastError());
+        res = 1;
+      }
+      return res;
+    };
+    // `list` on runner `r` (case i with seed seedBase + i, stopping at a failed run), a case that added errors
+    // counted as failed; the cases join the run's report.
+    auto runCases = [&](Runner& r, const std::vector<Case>& list, uint64_t seedBase) {
+      int res = 0;
+      for (size_t i = 0; i < list.size() && !res; i++) {
+        const int before = r.errors;
+        res |= r.runCase(list[i], seedBase + i);
+        if (r.errors != before) failedCases++;
+      }
+      cases.insert(cases.end(), list.begin(), list.end());
+      return res;
+    };
     // The limits, on a second group: 16384 tokens per rank, top-32, 1024 experts in all (the group's limit; all on
     // one rank when there is one), and rows of 16384 bf16 columns.
     if (!rc && !quick && !acrossDomains) {
@@ -789,54 +819,37 @@ int main(int argc, char** argv) {
       big.max_token_bytes = 16384 * 2;
       big.max_topk = 32;
       big.num_sms = NCCL_EP_AUTO;
-      ncclEpGroup_t bigGroup = nullptr;
-      if (ncclext::harness::createEpGroup(&bigGroup, ctx.comm, &big) != ncclSuccess) {
-        fprintf(stderr, "rank %d: ncclEpCreateGroup (limits): %s\n", ctx.rank, ncclEpGetLastError());
-        rc = 1;
-      } else {
-        std::vector<Case> limits;
-        Case full{"limits: 16384 tokens, top-32, flat", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
-                  NCCL_EP_SIZING_EXACT, true, 32, 256, true};
-        full.expertsPerRank = bigExpertsPerRank;
-        full.maxTokens = 16384;
-        full.allFull = true;
-        limits.push_back(full);
-        Case em = full;
-        em.name = "limits: 16384 tokens, top-32, expert-major, align 16";
-        em.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
-        em.align = 16;
-        em.sizing = NCCL_EP_SIZING_WORST_CASE;
-        em.allFull = false;
-        limits.push_back(em);
-        Case wide{"limits: hidden 16384 bf16", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
-                  false, 32, 16384, true};
-        wide.expertsPerRank = bigExpertsPerRank;
-        wide.maxTokens = 48;
-        limits.push_back(wide);
-        // The reported hang: every token on the last rank's experts (all 1024 of them with one rank), top-32, 257
-        // tokens, 16-byte rows.
-        for (ncclEpLayout_t layout : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_FLAT}) {
-          Case tiny{layout == NCCL_EP_LAYOUT_FLAT ? "all on the last rank, top-32, 257 x 16 B rows, flat"
-                                                   : "all on the last rank, top-32, 257 x 16 B rows, em",
-                    kAllToLastRank, ncclBfloat16, layout, 1, NCCL_EP_SIZING_EXACT, false, 32, 8, true};
-          tiny.expertsPerRank = bigExpertsPerRank;
-          tiny.maxTokens = 257;
-          tiny.allFull = true;
-          limits.push_back(tiny);
-        }
-        Runner big2{ctx, bigGroup, seed, 0, {}};
-        for (size_t i = 0; i < limits.size() && !rc; i++) {
-          const int before = big2.errors;
-          rc |= big2.runCase(limits[i], seed * 100 + 50 + i);
-          if (big2.errors != before) failedCases++;
-        }
-        run.errors += big2.errors;
-        cases.insert(cases.end(), limits.begin(), limits.end());
-        if (ncclEpGroupDestroy(bigGroup) != ncclSuccess) {
-          fprintf(stderr, "rank %d: ncclEpGroupDestroy (limits): %s\n", ctx.rank, ncclEpGetLastError());
-          rc = 1;
-        }
+      std::vector<Case> limits;
+      Case full{"limits: 16384 tokens, top-32, flat", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                NCCL_EP_SIZING_EXACT, true, 32, 256, true};
+      full.expertsPerRank = bigExpertsPerRank;
+      full.maxTokens = 16384;
+      full.allFull = true;
+      limits.push_back(full);
+      Case em = full;
+      em.name = "limits: 16384 tokens, top-32, expert-major, align 16";
+      em.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
+      em.align = 16;
+      em.sizing = NCCL_EP_SIZING_WORST_CASE;
+      em.allFull = false;
+      limits.push_back(em);
+      Case wide{"limits: hidden 16384 bf16", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
+                false, 32, 16384, true};
+      wide.expertsPerRank = bigExpertsPerRank;
+      wide.maxTokens = 48;
+      limits.push_back(wide);
+      // The reported hang: every token on the last rank's experts (all 1024 of them with one rank), top-32, 257
+      // tokens, 16-byte rows.
+      for (ncclEpLayout_t layout : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_FLAT}) {
+        Case tiny{layout == NCCL_EP_LAYOUT_FLAT ? "all on the last rank, top-32, 257 x 16 B rows, flat"
+                                                 : "all on the last rank, top-32, 257 x 16 B rows, em",
+                  kAllToLastRank, ncclBfloat16, layout, 1, NCCL_EP_SIZING_EXACT, false, 32, 8, true};
+        tiny.expertsPerRank = bigExpertsPerRank;
+        tiny.maxTokens = 257;
+        tiny.allFull = true;
+        limits.push_back(tiny);
       }
+      rc = onOwnGroup("limits", big, [&](Runner& r) { return runCases(r, limits, seed * 100 + 50); });
     }
     // The receive cap (inside one domain): a group whose ranks keep max_recv_rows_per_rank = M x R / 2 rows, DROP:
     // random routings overflow some ranks now and then, the skewed ones (every token to the last rank) always;
@@ -846,68 +859,42 @@ int main(int argc, char** argv) {
       ncclEpGroupConfig_t capCfg = cfg;
       capCfg.max_recv_rows_per_rank = std::max(1, kMaxTokens * ctx.nRanks / 2);
       capCfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_DROP;
-      ncclEpGroup_t capGroup = nullptr;
-      if (ncclext::harness::createEpGroup(&capGroup, ctx.comm, &capCfg) != ncclSuccess) {
-        fprintf(stderr, "rank %d: ncclEpCreateGroup (receive cap): %s\n", ctx.rank, ncclEpGetLastError());
-        rc = 1;
-      } else {
-        std::vector<Case> capped;
-        capped.push_back({"cap: bf16/flat/exact", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
-                          false, 8, 384, true});
-        capped.push_back({"cap: fp8/em/worst", kRandom, ncclFloat8e4m3, NCCL_EP_LAYOUT_EXPERT_MAJOR, 8,
-                          NCCL_EP_SIZING_WORST_CASE, true, 8, 1024, true});
-        Case skew{"cap: skew, flat/worst", kAllToLastRank, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
-                  NCCL_EP_SIZING_WORST_CASE, false, 8, 512, true};
-        skew.allFull = true;
-        capped.push_back(skew);
-        skew.name = "cap: skew, em/exact, fp32";
-        skew.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
-        skew.align = 4;
-        skew.sizing = NCCL_EP_SIZING_EXACT;
-        skew.dtype = ncclFloat32;
-        capped.push_back(skew);
-        // Zero-copy: FLAT rows of the window's row size (7168 bf16) straight into the window, random and skewed.
-        Case zc{"cap: zero-copy flat, bf16 7168", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
-                NCCL_EP_SIZING_WORST_CASE, false, 8, kMaxRowBytes / 2, true};
-        zc.windowOut = true;
-        capped.push_back(zc);
-        zc.name = "cap: zero-copy flat, skew, exact";
-        zc.routing = kAllToLastRank;
-        zc.allFull = true;
-        zc.sizing = NCCL_EP_SIZING_EXACT;
-        capped.push_back(zc);
-        if (quick) {  // the sanitizer runs: one FLAT and one EXPERT_MAJOR case, both past the cap now and then
-          std::vector<Case> few;
-          for (const Case& c : capped)
-            if (c.name == "cap: bf16/flat/exact" || c.name == "cap: skew, em/exact, fp32") few.push_back(c);
-          capped.swap(few);
-        }
-        Runner capRun{ctx, capGroup, seed, 0, {}, capCfg.max_recv_rows_per_rank};
-        for (size_t i = 0; i < capped.size() && !rc; i++) {
-          const int before = capRun.errors;
-          rc |= capRun.runCase(capped[i], seed * 100 + 70 + i);
-          if (capRun.errors != before) failedCases++;
-        }
-        run.errors += capRun.errors;
-        cases.insert(cases.end(), capped.begin(), capped.end());
-        if (ncclEpGroupDestroy(capGroup) != ncclSuccess) {
-          fprintf(stderr, "rank %d: ncclEpGroupDestroy (receive cap): %s\n", ctx.rank, ncclEpGetLastError());
-          rc = 1;
-        }
+      std::vector<Case> capped;
+      capped.push_back({"cap: bf16/flat/exact", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT,
+                        false, 8, 384, true});
+      capped.push_back({"cap: fp8/em/worst", kRandom, ncclFloat8e4m3, NCCL_EP_LAYOUT_EXPERT_MAJOR, 8,
+                        NCCL_EP_SIZING_WORST_CASE, true, 8, 1024, true});
+      Case skew{"cap: skew, flat/worst", kAllToLastRank, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                NCCL_EP_SIZING_WORST_CASE, false, 8, 512, true};
+      skew.allFull = true;
+      capped.push_back(skew);
+      skew.name = "cap: skew, em/exact, fp32";
+      skew.layout = NCCL_EP_LAYOUT_EXPERT_MAJOR;
+      skew.align = 4;
+      skew.sizing = NCCL_EP_SIZING_EXACT;
+      skew.dtype = ncclFloat32;
+      capped.push_back(skew);
+      // Zero-copy: FLAT rows of the window's row size (7168 bf16) straight into the window, random and skewed.
+      Case zc{"cap: zero-copy flat, bf16 7168", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+              NCCL_EP_SIZING_WORST_CASE, false, 8, kMaxRowBytes / 2, true};
+      zc.windowOut = true;
+      capped.push_back(zc);
+      zc.name = "cap: zero-copy flat, skew, exact";
+      zc.routing = kAllToLastRank;
+      zc.allFull = true;
+      zc.sizing = NCCL_EP_SIZING_EXACT;
+      capped.push_back(zc);
+      if (quick) {  // the sanitizer runs: one FLAT and one EXPERT_MAJOR case, both past the cap now and then
+        std::vector<Case> few;
+        for (const Case& c : capped)
+          if (c.name == "cap: bf16/flat/exact" || c.name == "cap: skew, em/exact, fp32") few.push_back(c);
+        capped.swap(few);
       }
+      rc = onOwnGroup("receive cap", capCfg, [&](Runner& r) { return runCases(r, capped, seed * 100 + 70); });
       capCfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_ERROR;
-      if (!rc && ncclext::harness::createEpGroup(&capGroup, ctx.comm, &capCfg) != ncclSuccess) {
-        fprintf(stderr, "rank %d: ncclEpCreateGroup (receive cap, ERROR): %s\n", ctx.rank, ncclEpGetLastError());
-        rc = 1;
-      } else if (!rc) {
-        Runner capRun{ctx, capGroup, seed, 0, {}, capCfg.max_recv_rows_per_rank};
-        rc |= capRun.runCapError(capCfg.max_recv_rows_per_rank);
-        run.errors += capRun.errors;
-        if (ncclEpGroupDestroy(capGroup) != ncclSuccess) {
-          fprintf(stderr, "rank %d: ncclEpGroupDestroy (receive cap, ERROR): %s\n", ctx.rank, ncclEpGetLastError());
-          rc = 1;
-        }
-      }
+      if (!rc)
+        rc = onOwnGroup("receive cap, ERROR", capCfg,
+                        [&](Runner& r) { return r.runCapError(capCfg.max_recv_rows_per_rank); });
     }
     const Case graphCase{"graph replay", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE,
                          false, 8, 512, true};

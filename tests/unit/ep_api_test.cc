@@ -18,6 +18,19 @@ namespace {
 
 bool says(const char* part) { return std::string(ncclEpGetLastError()).find(part) != std::string::npos; }
 
+// A struct as a program built against an older header passes it: `now`'s first `size` bytes, that size in its header,
+// and garbage (0x5a) in what lies past it, which this library must not read as its newer fields.
+template <typename T>
+struct OlderLayout {
+  T s;
+  char pad[64];
+  OlderLayout(const T& now, size_t size) {
+    std::memset(static_cast<void*>(this), 0x5a, sizeof(*this));
+    std::memcpy(static_cast<void*>(&s), static_cast<const void*>(&now), size);
+    s.size = (unsigned)size;
+  }
+};
+
 using ncclext::harness::epTensor;
 
 ncclEpGroupConfig_t goodConfig() {
@@ -412,17 +425,11 @@ TEST(EpApi, LowLatencyNvfp4Checks) {
   EXPECT_EQ(ncclEpDispatch(&ht.handle, &in, &hout, nullptr, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("inputs.global_scale is for Low-Latency NVFP4 quantisation")) << ncclEpGetLastError();
   // The first layout of the inputs: read up to its size (what lies past it is not a global scale).
-  struct {
-    ncclEpDispatchInputs_t in;
-    char pad[64];
-  } old;
-  std::memset(&old, 0x5a, sizeof(old));
   ncclEpDispatchInputs_t now = NCCL_EP_DISPATCH_INPUTS_INIT;
   now.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
-  std::memcpy(&old.in, &now, NCCL_EP_DISPATCH_INPUTS_V1_SIZE);
-  old.in.size = NCCL_EP_DISPATCH_INPUTS_V1_SIZE;
+  OlderLayout<ncclEpDispatchInputs_t> old(now, NCCL_EP_DISPATCH_INPUTS_V1_SIZE);
   out.tokens = epTensor(f.p, ncclBfloat16, {511, 7168});
-  EXPECT_EQ(ncclEpDispatch(&f.handle, &old.in, &out, nullptr, &cfg, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &old.s, &out, nullptr, &cfg, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("a Low-Latency RANK_MAJOR output has 512")) << ncclEpGetLastError();
 }
 
@@ -901,22 +908,16 @@ TEST(EpRail, InfoQueryReportsWhatTheGroupWould) {
 // ht_hierarchical and rail_overlap) runs on this library: its struct is read up to its size, the rest is
 // NCCL_EP_AUTO, whatever lies past it in the caller's memory; a size of no layout is refused with a message.
 TEST(EpApi, OlderConfigLayoutsAreAccepted) {
-  struct {
-    ncclEpGroupConfig_t cfg;
-    char pad[64];
-  } old;
-  std::memset(&old, 0x5a, sizeof(old));  // what lies past the old struct: garbage for this library's fields
   const ncclEpGroupConfig_t now = smallGroup(16, 4);
-  std::memcpy(&old.cfg, &now, NCCL_EP_GROUP_CONFIG_V1_SIZE);
-  old.cfg.size = NCCL_EP_GROUP_CONFIG_V1_SIZE;
+  OlderLayout<ncclEpGroupConfig_t> old(now, NCCL_EP_GROUP_CONFIG_V1_SIZE);
   ncclEpGroupInfo_t a = NCCL_EP_GROUP_INFO_INIT, b = NCCL_EP_GROUP_INFO_INIT;
-  ASSERT_EQ(ncclEpGroupInfoQuery(&old.cfg, 8, 4, &a), ncclSuccess) << ncclEpGetLastError();
+  ASSERT_EQ(ncclEpGroupInfoQuery(&old.s, 8, 4, &a), ncclSuccess) << ncclEpGetLastError();
   ASSERT_EQ(ncclEpGroupInfoQuery(&now, 8, 4, &b), ncclSuccess);
   EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);  // the appended fields read as NCCL_EP_AUTO, as `now` has them
   ncclComm_t fake = reinterpret_cast<ncclComm_t>(0x1);
   ncclEpGroup_t g = nullptr;
-  old.cfg.num_experts = 0;  // group creation reads the old layout too: its own checks run (before the comm is used)
-  EXPECT_EQ(ncclEpCreateGroup(&g, fake, &old.cfg), ncclInvalidArgument);
+  old.s.num_experts = 0;  // group creation reads the old layout too: its own checks run (before the comm is used)
+  EXPECT_EQ(ncclEpCreateGroup(&g, fake, &old.s), ncclInvalidArgument);
   EXPECT_TRUE(says("num_experts 0")) << ncclEpGetLastError();
   for (unsigned size : {(unsigned)NCCL_EP_GROUP_CONFIG_V1_SIZE + 4, (unsigned)sizeof(ncclEpGroupConfig_t) + 8, 8u}) {
     ncclEpGroupConfig_t c = now;
@@ -996,32 +997,19 @@ TEST(EpCap, ReceiveCapSizesTheStaging) {
 // refused where they mean nothing (recv_dropped_counter on Low-Latency groups, missing_experts on a High-Throughput
 // group without a cap) and checked where they do.
 TEST(EpCap, OlderLayoutsAndTheCapsOutputs) {
-  struct {
-    ncclEpGroupConfig_t cfg;
-    char pad[64];
-  } old;
-  std::memset(&old, 0x5a, sizeof(old));
   const ncclEpGroupConfig_t now = goodConfig();
-  std::memcpy(&old.cfg, &now, NCCL_EP_GROUP_CONFIG_V2_SIZE);
-  old.cfg.size = NCCL_EP_GROUP_CONFIG_V2_SIZE;
+  OlderLayout<ncclEpGroupConfig_t> old(now, NCCL_EP_GROUP_CONFIG_V2_SIZE);
   ncclEpGroupInfo_t a = NCCL_EP_GROUP_INFO_INIT, b = NCCL_EP_GROUP_INFO_INIT;
-  ASSERT_EQ(ncclEpGroupInfoQuery(&old.cfg, 8, 8, &a), ncclSuccess) << ncclEpGetLastError();
+  ASSERT_EQ(ncclEpGroupInfoQuery(&old.s, 8, 8, &a), ncclSuccess) << ncclEpGetLastError();
   ASSERT_EQ(ncclEpGroupInfoQuery(&now, 8, 8, &b), ncclSuccess);
   EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);
   // layout_info of the first layout: its header passes, the next check (a tensor of the wrong length) speaks.
   Fake f;
-  struct {
-    ncclEpLayoutInfo_t info;
-    char pad[64];
-  } oldInfo;
-  std::memset(&oldInfo, 0x5a, sizeof(oldInfo));
-  const ncclEpLayoutInfo_t init = NCCL_EP_LAYOUT_INFO_INIT;
-  std::memcpy(&oldInfo.info, &init, NCCL_EP_LAYOUT_INFO_V1_SIZE);
-  oldInfo.info.size = NCCL_EP_LAYOUT_INFO_V1_SIZE;
-  oldInfo.info.recv_total_counter = epTensor(f.p, ncclInt32, {2});
+  OlderLayout<ncclEpLayoutInfo_t> oldInfo(NCCL_EP_LAYOUT_INFO_INIT, NCCL_EP_LAYOUT_INFO_V1_SIZE);
+  oldInfo.s.recv_total_counter = epTensor(f.p, ncclInt32, {2});
   ncclEpHandle_t h = nullptr;
   ncclEpTensor_t idx = epTensor(f.p, ncclInt32, {100, 8});
-  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, &oldInfo.info, nullptr, nullptr),
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, &oldInfo.s, nullptr, nullptr),
             ncclInvalidArgument);
   EXPECT_TRUE(says("layout_info.recv_total_counter: sizes[0] = 2")) << ncclEpGetLastError();
   ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
@@ -1104,15 +1092,9 @@ TEST(EpApi, OlderDispatchConfigLayoutsAreAccepted) {
   in.tokens = epTensor(f.p, ncclBfloat16, {99, 7168});  // not the handle's 100 tokens: the check after the config's
   ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
   out.tokens = epTensor(f.p, ncclBfloat16, {150, 7168});
-  struct {
-    ncclEpDispatchConfig_t cfg;
-    char pad[64];
-  } old;
-  std::memset(&old, 0x5a, sizeof(old));
   const ncclEpDispatchConfig_t now = NCCL_EP_DISPATCH_CONFIG_INIT;
-  std::memcpy(&old.cfg, &now, NCCL_EP_DISPATCH_CONFIG_V1_SIZE);
-  old.cfg.size = NCCL_EP_DISPATCH_CONFIG_V1_SIZE;
-  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, &old.cfg, nullptr), ncclInvalidArgument);
+  OlderLayout<ncclEpDispatchConfig_t> old(now, NCCL_EP_DISPATCH_CONFIG_V1_SIZE);
+  EXPECT_EQ(ncclEpDispatch(&f.handle, &in, &out, nullptr, &old.s, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("inputs.tokens: sizes[0] = 99")) << ncclEpGetLastError();
   ncclEpDispatchConfig_t c = now;
   c.global_expert_ids = 2;

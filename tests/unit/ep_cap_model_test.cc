@@ -33,22 +33,9 @@ struct Case {
 
 Case makeCase(std::mt19937& rng) {
   Case c;
-  Routing& r = c.r;
-  r.nRanks = 1 + rng() % 8;
-  r.numExperts = r.nRanks * (1 + rng() % 6);
-  r.topk = 1 + rng() % std::min(8, r.numExperts);
   c.maxTokens = 1 + rng() % 48;
-  r.numTokens.resize(r.nRanks);
-  r.topkIdx.resize(r.nRanks);
-  for (int s = 0; s < r.nRanks; s++) {
-    r.numTokens[s] = rng() % (c.maxTokens + 1);
-    for (int t = 0; t < r.numTokens[s]; t++) {
-      std::vector<int> pool(r.numExperts);
-      for (int e = 0; e < r.numExperts; e++) pool[e] = e;
-      std::shuffle(pool.begin(), pool.end(), rng);
-      for (int k = 0; k < r.topk; k++) r.topkIdx[s].push_back(rng() % 6 == 0 ? -1 : pool[k]);
-    }
-  }
+  c.r = ref::randomRouting(rng, 6, c.maxTokens, 6);
+  const Routing& r = c.r;
   c.cap = 1 + rng() % std::max(1, r.nRanks * c.maxTokens);
   const int R = r.nRanks;
   c.slot.assign(R, {});

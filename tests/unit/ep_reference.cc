@@ -1,7 +1,28 @@
 #include "tests/unit/ep_reference.h"
 
+#include <algorithm>
+
 namespace ncclep {
 namespace ref {
+
+Routing randomRouting(std::mt19937& rng, int maxLocal, int maxTokens, int noneOneIn) {
+  Routing r;
+  r.nRanks = 1 + rng() % 8;
+  r.numExperts = r.nRanks * (1 + rng() % maxLocal);
+  r.topk = 1 + rng() % std::min(8, r.numExperts);
+  r.numTokens.resize(r.nRanks);
+  r.topkIdx.resize(r.nRanks);
+  for (int s = 0; s < r.nRanks; s++) {
+    r.numTokens[s] = rng() % (maxTokens + 1);
+    for (int t = 0; t < r.numTokens[s]; t++) {
+      std::vector<int> pool(r.numExperts);
+      for (int e = 0; e < r.numExperts; e++) pool[e] = e;
+      std::shuffle(pool.begin(), pool.end(), rng);
+      for (int k = 0; k < r.topk; k++) r.topkIdx[s].push_back(rng() % noneOneIn == 0 ? -1 : pool[k]);
+    }
+  }
+  return r;
+}
 
 std::vector<RankRecv> dispatchLayout(const Routing& r, int align, int cap) {
   const int L = r.localExperts();

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace ncclep {
@@ -41,6 +42,10 @@ struct RankRecv {
   std::vector<EmRow> em;          // EXPERT_MAJOR rows, pads included
   int dropped = 0;                // rows past the receive cap
 };
+
+// A random routing: 1 to 8 ranks of 1 to maxLocal experts each, top-1 to min(8, E) distinct experts a token, each
+// column -1 with chance 1 / noneOneIn, 0 to maxTokens tokens a rank.
+Routing randomRouting(std::mt19937& rng, int maxLocal, int maxTokens, int noneOneIn);
 
 // Receive layouts of every rank. `align` >= 1; `cap` > 0: the receive cap.
 std::vector<RankRecv> dispatchLayout(const Routing& r, int align, int cap = 0);

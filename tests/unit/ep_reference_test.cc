@@ -91,21 +91,7 @@ TEST(EpReference, CapKeepsTheFirstFlatRows) {
 TEST(EpReference, CapKeepsAPrefixOfEverySourcesRowsPerExpert) {
   std::mt19937 rng(11);
   for (int c = 0; c < 200; c++) {
-    Routing r;
-    r.nRanks = 1 + rng() % 8;
-    r.numExperts = r.nRanks * (1 + rng() % 8);
-    r.topk = 1 + rng() % std::min(8, r.numExperts);
-    r.numTokens.resize(r.nRanks);
-    r.topkIdx.resize(r.nRanks);
-    for (int s = 0; s < r.nRanks; s++) {
-      r.numTokens[s] = rng() % 40;
-      for (int t = 0; t < r.numTokens[s]; t++) {
-        std::vector<int> pool(r.numExperts);
-        for (int e = 0; e < r.numExperts; e++) pool[e] = e;
-        std::shuffle(pool.begin(), pool.end(), rng);
-        for (int k = 0; k < r.topk; k++) r.topkIdx[s].push_back(rng() % 5 == 0 ? -1 : pool[k]);
-      }
-    }
+    const Routing r = randomRouting(rng, 8, 39, 5);
     const int cap = 1 + rng() % 60;
     const auto open = dispatchLayout(r, 1), capped = dispatchLayout(r, 1, cap);
     const int L = r.localExperts();
