@@ -23,21 +23,25 @@
 // ranks and bytes: 1 rank, the copy engine (cudaMemcpyAsync device to device) moving the tensor's bytes; one-GPU
 // nodes and real ranks, one NCCL group of ncclSend/ncclRecv on the same communicator moving exactly the bytes the
 // plan sends to and receives from each peer (ncclM2nHostPlanGetTransfers), between plain buffers; virtual ranks, the
-// copy engine moving the bytes this rank receives from its peers. Bytes: each destination element once (GB/s per
+// copy engine moving this rank's destination bytes (received and local), every rank at once: the floor of the
+// one GPU's memory that the ranks share. Bytes: each destination element once (GB/s per
 // destination rank: the bytes it receives, its local copies included, over its median). Every rank times; rank 0
 // prints and writes one JSON line per case with its own median and the mean of every rank's median.
 //
 // Usage: m2n_bench [--nranks N] [--one-gpu off|nodes|virtual] [--lsa] [--zero-copy pull|push] [--iters I]
-//                  [--max-mib M] [--min-mib M] [--case NAME] [--large] [--json FILE]
+//                  [--max-mib M] [--min-mib M] [--case NAME] [--large] [--stages] [--json FILE]
 // (--lsa: the plans' config lsa = 1 on real ranks; virtual ranks always use LSA. --zero-copy: the config's zeroCopy,
 // with lsa; on real ranks the published side, sources for pull and destinations for push, lies in an ncclMemAlloc
 // buffer of the same size on every rank, registered with ncclM2nRegister. --case / --min-mib: one case, the sizes
-// from M MiB on: a profiler's run, bench/experiments/m2n_profile.sh.) Exit: 0 pass, 1 a failure or a wrong
-// element, 77 no GPU.
+// from M MiB on: a profiler's run, bench/experiments/m2n_profile.sh. --stages: after the timed executes, as many
+// again with ncclM2nPlanSetStageHookTesting recording an event after each stage; rank 0 prints the median GPU time
+// of each stage, from the end of the one before, and the JSON line gets them as stages_us_rank0.) Exit: 0 pass, 1 a
+// failure or a wrong element, 77 no GPU.
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,7 +56,7 @@ namespace {
 
 struct Options {
   int nRanks = 0, iters = 0, zeroCopy = NCCL_M2N_ZERO_COPY_OFF;
-  bool lsa = false, large = false;
+  bool lsa = false, large = false, stages = false;
   int64_t maxMiB = 1024, minMiB = 0;
   std::string json, only;  // --case: that case alone (a profiler's run)
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
@@ -336,6 +340,56 @@ bool fp8Case(ncclext::harness::RankContext& ctx, int64_t rows, int64_t cols, int
   return ok && !failed;
 }
 
+// --stages: the GPU time of each stage of an execute (ncclM2nPlanSetStageHookTesting), from an event recorded before
+// the execute and one after each stage, median over `iters` executes. Stages that repeat (the rounds) are numbered.
+struct StageLog {
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  static void hook(void* user, const char* stage, cudaStream_t stream) {
+    cudaEvent_t e = nullptr;
+    cudaEventCreate(&e);
+    cudaEventRecord(e, stream);
+    static_cast<StageLog*>(user)->marks.emplace_back(stage, e);
+  }
+};
+
+std::vector<std::pair<std::string, double>> timeStages(cudaStream_t stream, ncclM2nPlan_t plan, int iters,
+                                                       const std::function<bool()>& exec, bool* failed) {
+  std::vector<StageLog> logs(iters);
+  std::vector<cudaEvent_t> starts(iters);
+  for (int i = 0; i < iters; i++) {
+    cudaEventCreate(&starts[i]);
+    cudaEventRecord(starts[i], stream);
+    *failed |= ncclM2nPlanSetStageHookTesting(plan, StageLog::hook, &logs[i]) != ncclSuccess;
+    *failed |= !exec();
+  }
+  *failed |= ncclM2nPlanSetStageHookTesting(plan, nullptr, nullptr) != ncclSuccess;
+  *failed |= cudaStreamSynchronize(stream) != cudaSuccess;
+  std::vector<std::pair<std::string, double>> out;
+  const auto& first = logs[0].marks;
+  for (size_t j = 0; j < first.size(); j++) {
+    std::vector<float> ms;
+    for (int i = 0; i < iters; i++) {
+      const auto& m = logs[i].marks;
+      if (m.size() != first.size() || m[j].first != first[j].first) continue;  // another sequence: not comparable
+      float t = 0;
+      cudaEventElapsedTime(&t, j == 0 ? starts[i] : m[j - 1].second, m[j].second);
+      ms.push_back(t);
+    }
+    int seen = 0, total = 0;
+    for (size_t k = 0; k < first.size(); k++) {
+      total += first[k].first == first[j].first;
+      seen += k < j && first[k].first == first[j].first;
+    }
+    out.emplace_back(total > 1 ? first[j].first + "#" + std::to_string(seen) : first[j].first,
+                     ncclext::bench::median(ms) * 1e3);
+  }
+  for (int i = 0; i < iters; i++) {
+    cudaEventDestroy(starts[i]);
+    for (auto& m : logs[i].marks) cudaEventDestroy(m.second);
+  }
+  return out;
+}
+
 int body(ncclext::harness::RankContext& ctx, const Options& o) {
   const int n = ctx.nRanks;
   const bool virt = ctx.mode == ncclext::harness::OneGpu::kVirtual;
@@ -440,13 +494,15 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       wrongAll += badAll;
       BENCH_CHECK(ncclext::harness::barrier(ctx, 120) == ncclSuccess, "barrier");
       const double us = timeCalls(ctx.stream, 2, iters, exec, &failed);
+      std::vector<std::pair<std::string, double>> stages;
+      if (o.stages) stages = timeStages(ctx.stream, plan, iters, exec, &failed);
       // The baseline: the same bytes over the same transport (see the header).
       std::vector<int64_t> send, recv;
       int64_t local = 0;
       BENCH_CHECK(peerBytes(spec, ctx.rank, n, &send, &recv, &local), "peer bytes: %s", ncclM2nGetLastError());
       int64_t sent = 0, received = 0;
       for (int r = 0; r < n; r++) sent += send[r], received += recv[r];
-      const int64_t baseBytes = n == 1 ? bytes : virt ? received : std::max(sent, received);
+      const int64_t baseBytes = n == 1 ? bytes : virt ? received + local : std::max(sent, received);
       void *bs = nullptr, *br = nullptr;
       BENCH_CHECK(cudaMallocAsync(&bs, std::max<int64_t>(1, std::max(sent, baseBytes)), ctx.stream) == cudaSuccess &&
                       cudaMallocAsync(&br, std::max<int64_t>(1, std::max(received, baseBytes)), ctx.stream) ==
@@ -475,13 +531,25 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       const double meanUs = usSum / 1000.0 / n;
       const int64_t dstBytes = received + local;
       const double gbps = us > 0 ? dstBytes / us * 1e-3 : 0, baseGbps = baseUs > 0 ? baseBytes / baseUs * 1e-3 : 0;
-      const char* baseName = n == 1 ? "copy_engine" : virt ? "copy_engine_received_bytes" : "nccl_send_recv";
+      const char* baseName = n == 1 ? "copy_engine" : virt ? "copy_engine_dst_bytes" : "nccl_send_recv";
       if (ctx.rank == 0) {
         char shape[32];
         snprintf(shape, sizeof(shape), "%lldx%lld", (long long)rows, (long long)cols);
         printf("%-6d %-8s %-10s %12s %12.1f %12.1f %10.1f %12.1f %10.1f %8.3f%s\n", n, mode, k.name, shape,
                bytes / 1048576.0, us, gbps, baseUs, baseGbps, baseUs > 0 ? us / baseUs : 0,
                badAll ? "  WRONG" : "");
+        std::string stagesJson;
+        if (!stages.empty()) {
+          printf("       stages (rank 0, us):");
+          for (const auto& [name, t] : stages) {
+            printf(" %s %.1f", name.c_str(), t);
+            char item[96];
+            snprintf(item, sizeof(item), "%s\"%s\": %.2f", stagesJson.empty() ? "" : ", ", name.c_str(), t);
+            stagesJson += item;
+          }
+          printf("\n");
+          stagesJson = ", \"stages_us_rank0\": {" + stagesJson + "}";
+        }
         if (js)
           fprintf(js,
                   "{\"bench\": \"m2n\", \"gpu\": \"%s\", \"nranks\": %d, \"mode\": \"%s\", \"lsa\": %s, "
@@ -490,13 +558,13 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
                   "\"dst_bytes_rank0\": %lld, \"sent_bytes_rank0\": %lld, \"received_bytes_rank0\": %lld, "
                   "\"iters\": %d, \"execute_us\": %.2f, \"execute_us_mean_over_ranks\": %.2f, \"gbps_per_dst\": %.2f, "
                   "\"baseline\": \"%s\", \"baseline_bytes\": %lld, \"baseline_us\": %.2f, \"baseline_gbps\": %.2f, "
-                  "\"ratio\": %.4f, \"wrong_elements\": %llu, \"pass\": %s}\n",
+                  "\"ratio\": %.4f, \"wrong_elements\": %llu, \"pass\": %s%s}\n",
                   prop.name, n, mode, (o.lsa || virt) ? "true" : "false",
                   o.zeroCopy == NCCL_M2N_ZERO_COPY_PULL ? "pull" : o.zeroCopy == NCCL_M2N_ZERO_COPY_PUSH ? "push" : "off",
                   k.name, (long long)rows, (long long)cols,
                   (long long)bytes, (long long)dstBytes, (long long)sent, (long long)received, iters, us, meanUs,
                   gbps, baseName, (long long)baseBytes, baseUs, baseGbps, baseUs > 0 ? us / baseUs : 0,
-                  (unsigned long long)badAll, badAll == 0 && !failed ? "true" : "false");
+                  (unsigned long long)badAll, badAll == 0 && !failed ? "true" : "false", stagesJson.c_str());
       }
       BENCH_CHECK(cudaStreamSynchronize(ctx.stream) == cudaSuccess, "sync");
       BENCH_CHECK(ncclM2nPlanDestroy(plan) == ncclSuccess, "ncclM2nPlanDestroy: %s", ncclM2nGetLastError());
@@ -539,6 +607,7 @@ int main(int argc, char** argv) {
   cli.option("min-mib", &o.minMiB);
   cli.option("case", &o.only, "NAME");
   cli.flag("large", &o.large);
+  cli.flag("stages", &o.stages);
   cli.option("json", &o.json);
   if (!cli.parse(argc, argv)) return 2;
   const bool virt = o.oneGpu == ncclext::harness::OneGpu::kVirtual;

@@ -36,6 +36,15 @@ NCCL_M2N_API ncclResult_t ncclM2nPlanCreateTesting(ncclM2nPlan_t* plan, ncclComm
                                                    const ncclM2nExecConfig_t* config,
                                                    const ncclM2nTestingConfig_t* testing);
 
+/* Where an execute's time goes, for benchmarks: `hook` (NULL: none) is called by every later ncclM2nExecute of
+ * `plan`, on the calling thread, right after the execute enqueued each of its stages on `stream`, with the stage's
+ * name: "pointers", "quantize", "copies", "direct", "publish", "barrier", "remote", then per round "pack",
+ * "exchange", "barrier", "unpack", and last "final barrier" (only the stages the plan has, in that order). A hook
+ * that records a CUDA event on `stream` timestamps the stage's end on the GPU. Local; not thread-safe against a
+ * concurrent execute of the same plan. */
+typedef void (*ncclM2nStageHook_t)(void* user, const char* stage, cudaStream_t stream);
+NCCL_M2N_API ncclResult_t ncclM2nPlanSetStageHookTesting(ncclM2nPlan_t plan, ncclM2nStageHook_t hook, void* user);
+
 #ifdef __cplusplus
 }
 #endif

@@ -378,6 +378,15 @@ ncclResult_t ncclM2nExecute(ncclM2nPlan_t plan, const void* const* src, void* co
   });
 }
 
+ncclResult_t ncclM2nPlanSetStageHookTesting(ncclM2nPlan_t plan, ncclM2nStageHook_t hook, void* user) {
+  ncclext::clearLastError();
+  return ncclext::guardAbi("ncclM2nPlanSetStageHookTesting", [&]() -> ncclResult_t {
+    NCCLEXT_ARG(plan != nullptr, "ncclM2nPlanSetStageHookTesting: plan is NULL");
+    ncclm2n::setStageHook(plan, hook, user);
+    return ncclSuccess;
+  });
+}
+
 ncclResult_t ncclM2nPlanDestroy(ncclM2nPlan_t plan) {
   ncclext::clearLastError();
   return ncclext::guardAbi("ncclM2nPlanDestroy", [&]() -> ncclResult_t { return ncclm2n::destroyPlan(plan); });

@@ -87,6 +87,9 @@ struct ncclM2nPlan {
   uint64_t fenceKey = 0;
   bool fenceLost = false;
   bool created = false;  // createPlan returned it (a failed creation is freed without the virtual ranks' barriers)
+  // ncclM2nPlanSetStageHookTesting's: called after each stage an execute enqueues (benchmarks record events there).
+  ncclM2nStageHook_t stageHook = nullptr;
+  void* stageUser = nullptr;
 };
 
 namespace ncclm2n {
@@ -277,6 +280,11 @@ ncclResult_t publishedTensors(const ncclM2nPlan* plan, const void* const* src, v
 // A barrier of the domain. Virtual ranks then meet at a launch fence (common/virtual_domain.h) before this rank
 // enqueues anything that waits for it. A fence that runs out of time is not an error of its own: the barrier kernel,
 // launched first, times out on the same budget and reports the absent rank as every barrier does.
+// The stage hook, if any, after `stage` was enqueued on `stream`.
+void stageDone(const ncclM2nPlan* plan, const char* stage, cudaStream_t stream) {
+  if (plan->stageHook) plan->stageHook(plan->stageUser, stage, stream);
+}
+
 ncclResult_t domainBarrier(ncclM2nPlan* plan, cudaStream_t stream) {
   NCCLEXT_CHECK(launchDomainBarrier(plan->barrier, stream));
   if (plan->virt && !plan->fenceLost)
@@ -647,13 +655,21 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   if (plan->everCaptured || pointers != plan->uploaded) {
     NCCLEXT_CHECK(launchSetPointers(plan->src, pointers.data(), (int64_t)pointers.size(), stream));
     plan->uploaded = pointers;
+    stageDone(plan, "pointers", stream);
   }
-  NCCLEXT_CHECK(launchQuantize(plan->quantDev, (int)plan->quant.size(), plan->quantRowBlocks, plan->quantTileBlocks,
-                               reinterpret_cast<const char* const*>(plan->src), plan->scratch, stream));
+  if (!plan->quant.empty()) {
+    NCCLEXT_CHECK(launchQuantize(plan->quantDev, (int)plan->quant.size(), plan->quantRowBlocks,
+                                 plan->quantTileBlocks, reinterpret_cast<const char* const*>(plan->src), plan->scratch,
+                                 stream));
+    stageDone(plan, "quantize", stream);
+  }
   const char* const* s = reinterpret_cast<const char* const*>(plan->src);
   char* const* d = reinterpret_cast<char* const*>(plan->dst);
-  NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, plan->copyPlain,
-                             (int64_t)plan->copySegs.size() - plan->copyPlain, s, d, stream));
+  if (!plan->copySegs.empty()) {
+    NCCLEXT_CHECK(launchCopies(plan->copies, plan->copySegsDev, plan->copyPlain,
+                               (int64_t)plan->copySegs.size() - plan->copyPlain, s, d, stream));
+    stageDone(plan, "copies", stream);
+  }
   if (x.direct.empty() && x.rounds.empty() && !x.finalBarrier) return ncclSuccess;  // local copies only
   // Whatever happens below, what was enqueued by ncclSend / ncclRecv is watched (a capture is not: its replays run
   // later, unwatched). The LSA barriers bound their own waits.
@@ -686,12 +702,15 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     if (res != ncclSuccess || ended != ncclSuccess)
       return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
                            "ncclM2nExecute: NCCL point-to-point (direct): %s", ncclGetLastError(xc.comm));
+    stageDone(plan, "direct", stream);
   }
   if (x.remoteBarrier) {
     const ncclext::dev::Peers peers = plan->window->peers();
     Published* table = reinterpret_cast<Published*>(static_cast<char*>(plan->window->localPtr()) + plan->windowTable);
     NCCLEXT_CHECK(launchPublish(table, published.data(), (int64_t)published.size(), stream));
+    stageDone(plan, "publish", stream);
     NCCLEXT_CHECK(domainBarrier(plan, stream));
+    stageDone(plan, "barrier", stream);
     RemoteMoves rm;
     rm.peers = peers;
     rm.tableOffset = plan->windowTable;
@@ -700,6 +719,7 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
     rm.pull = x.zeroCopy == kZeroCopyPull;
     NCCLEXT_CHECK(launchRemote(rm.pull ? plan->recvs : plan->sends, plan->remote, (int64_t)x.remote.size(), rm, s, d,
                                stream));
+    stageDone(plan, "remote", stream);
   }
   StageAreas stage;
   stage.local = plan->staging;
@@ -707,6 +727,7 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   stage.windowOffset = plan->windowSlots;
   for (const ExecRound& r : x.rounds) {
     NCCLEXT_CHECK(launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, stage, stream));
+    stageDone(plan, "pack", stream);
     if (r.opEnd > r.opBegin) {
       std::lock_guard<std::timed_mutex> group(xc.mu);
       if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
@@ -722,13 +743,26 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
       if (res != ncclSuccess || ended != ncclSuccess)
         return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
                              "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(xc.comm));
+      stageDone(plan, "exchange", stream);
     }
-    if (r.barrier) NCCLEXT_CHECK(domainBarrier(plan, stream));
+    if (r.barrier) {
+      NCCLEXT_CHECK(domainBarrier(plan, stream));
+      stageDone(plan, "barrier", stream);
+    }
     NCCLEXT_CHECK(
         launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, stage, d, stream));
+    stageDone(plan, "unpack", stream);
   }
-  if (x.finalBarrier) NCCLEXT_CHECK(domainBarrier(plan, stream));
+  if (x.finalBarrier) {
+    NCCLEXT_CHECK(domainBarrier(plan, stream));
+    stageDone(plan, "final barrier", stream);
+  }
   return ncclSuccess;
+}
+
+void setStageHook(ncclM2nPlan* plan, ncclM2nStageHook_t hook, void* user) {
+  plan->stageHook = hook;
+  plan->stageUser = user;
 }
 
 ncclResult_t asyncError(ncclM2nPlan* plan) {

@@ -12,6 +12,7 @@
 
 #include "common/virtual_domain.h"
 #include "nccl_m2n/include/nccl_m2n.h"
+#include "nccl_m2n/include/nccl_m2n_testing.h"
 #include "nccl_m2n/src/exec_tables.h"
 #include "nccl_m2n/src/plan.h"
 #include "nccl_m2n/src/quantize.h"
@@ -45,6 +46,8 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
 // Local, except with virtual ranks (a barrier of the domain before and after freeing: a free waits for every
 // kernel on the GPU, and a peer's barrier kernel waits for this rank). ncclRemoteError when that barrier fails.
 ncclResult_t destroyPlan(ncclM2nPlan* plan);
+// ncclM2nPlanSetStageHookTesting.
+void setStageHook(ncclM2nPlan* plan, ncclM2nStageHook_t hook, void* user);
 // ncclSuccess, or ncclRemoteError (with the text) once the watchdog aborted the plan's exchanges.
 ncclResult_t asyncError(ncclM2nPlan* plan);
 // ncclM2nCommRetain (COLLECTIVE over comm) / ncclM2nCommRelease (local).

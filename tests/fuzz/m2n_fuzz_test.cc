@@ -20,6 +20,7 @@
 
 #include "nccl_m2n/include/nccl_m2n.h"
 #include "nccl_m2n/include/nccl_m2n_testing.h"
+#include "nccl_m2n/include/nccl_m2n_testing.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace {
@@ -906,6 +907,9 @@ TEST(M2nFuzz, ExecutionPlanArguments) {
       c.fail("ncclM2nPlanDestroy(NULL) failed");
     c.expectRejected(c.call(Lib::kM2n, "ncclM2nPlanGetAsyncError", [&] { return ncclM2nPlanGetAsyncError(nullptr); }),
                      "ncclM2nPlanGetAsyncError", "plan NULL");
+    c.expectRejected(c.call(Lib::kM2n, "ncclM2nPlanSetStageHookTesting",
+                            [&] { return ncclM2nPlanSetStageHookTesting(nullptr, nullptr, nullptr); }),
+                     "ncclM2nPlanSetStageHookTesting", "plan NULL");
     // The one-shot reshard: a NULL spec, or (with a spec) the NULL communicator or the bad config, refused.
     ncclM2nTensorSpec_t spec = {"t", nullptr, nullptr};
     const bool nullSpec = rng.chance(1, 2);

@@ -150,6 +150,30 @@ int positionOf(const Mesh& m, int rank) {
   return -1;
 }
 
+// ncclM2nPlanSetStageHookTesting's record of one execute: the names, in the order given.
+void recordStage(void* user, const char* stage, cudaStream_t) {
+  static_cast<std::vector<std::string>*>(user)->push_back(stage);
+}
+
+// The stages in the header's order: pointers? quantize? copies? direct? (publish barrier remote)?
+// (pack exchange? barrier? unpack)* (final barrier)?, and at least one.
+bool stagesInOrder(const std::vector<std::string>& v) {
+  size_t i = 0;
+  auto take = [&](const char* s) { return i < v.size() && v[i] == s ? (i++, true) : false; };
+  take("pointers");
+  take("quantize");
+  take("copies");
+  take("direct");
+  if (take("publish") && !(take("barrier") && take("remote"))) return false;
+  while (take("pack")) {
+    take("exchange");
+    take("barrier");
+    if (!take("unpack")) return false;
+  }
+  take("final barrier");
+  return !v.empty() && i == v.size();
+}
+
 bool fillSources(const Problem& p, int rank, uint64_t round, Locals* L) {
   for (size_t t = 0; t < p.tensors.size(); t++) {
     const TensorPair& tp = p.tensors[t];
@@ -554,10 +578,22 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
     creates[c >= retainAt]++;
     Locals L(ctx.stream, b.p.tensors.size());
     if (!fillSources(b.p, ctx.rank, 1, &L) || !poisonDestinations(b.p, ctx.rank, &L)) return 1;
+    // Every fourth batch names its stages (the benchmarks' hook); the first execute uploads its pointers.
+    std::vector<std::string> stages;
+    if (c % 4 == 1 && ncclM2nPlanSetStageHookTesting(plan, recordStage, &stages) != ncclSuccess) return 1;
     if (ncclM2nExecute(plan, const_cast<const void* const*>(L.srcDev.data()), L.dstDev.data(), ctx.stream) !=
         ncclSuccess) {
       fprintf(stderr, "rank %d case %d: ncclM2nExecute: %s\n", ctx.rank, c, ncclM2nGetLastError());
       return 1;
+    }
+    if (c % 4 == 1) {
+      std::string seen;
+      for (const std::string& st : stages) seen += (seen.empty() ? "" : ", ") + st;
+      if (!stagesInOrder(stages) || stages[0] != "pointers" ||
+          ncclM2nPlanSetStageHookTesting(plan, nullptr, nullptr) != ncclSuccess) {
+        fprintf(stderr, "rank %d case %d: stage hook: out of order or missing: %s\n", ctx.rank, c, seen.c_str());
+        errors++;
+      }
     }
     if (ncclext::waitStream(ctx.stream, 60, "m2n execute") != ncclSuccess) {
       fprintf(stderr, "rank %d case %d: %s\n", ctx.rank, c, ncclext::lastError());

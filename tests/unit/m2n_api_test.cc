@@ -198,6 +198,8 @@ TEST(M2nApi, ExecConfigLsaAndTestingConfigAreChecked) {
   EXPECT_NE(vd, nullptr);
   EXPECT_EQ(ncclM2nVirtualDomainDestroy(vd), ncclSuccess);
   EXPECT_EQ(ncclM2nPlanDestroy(nullptr), ncclSuccess);
+  EXPECT_EQ(ncclM2nPlanSetStageHookTesting(nullptr, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("ncclM2nPlanSetStageHookTesting: plan is NULL")) << ncclM2nGetLastError();
 }
 
 TEST(M2nApi, ZeroCopyFieldsAndRegistrationArgumentsAreChecked) {
