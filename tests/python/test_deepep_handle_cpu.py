@@ -213,17 +213,141 @@ def test_dispatch_handle_entries_can_be_switched_off(exchange, monkeypatch):
     assert exchange.calls == 0 and len(handle) == 6
     with pytest.raises(NotImplementedError, match="dispatch_handle_entries = False"):
         handle[0]
-    with pytest.raises(NotImplementedError, match="above 8 ranks"):
+    with pytest.raises(NotImplementedError, match="dispatch_handle_entries = False"):
         tuple(handle)
     buf.combine(recv_x, handle)  # still good for combine
     assert _HighThroughputGroup.made[-1].calls[-1][0] == "combine"
 
 
-def test_dispatch_handle_has_no_entries_above_eight_ranks(fake_world):
-    # DeepEP's internode handle (above 8 ranks) has other entries: none are computed, none exchanged.
+def test_dispatch_handle_has_no_entries_above_eight_ranks_off_nodes_of_eight(fake_world):
+    # DeepEP's internode handle needs nodes of 8 ranks: 12 ranks get none, and nothing is exchanged.
     buf = deep_ep.Buffer(dist.group.WORLD, int(1e9), 0)
-    buf.group_size = 16
-    assert buf._handle_entries(torch.zeros(3, 16, dtype=torch.bool), deep_ep.Config(), 0) is None
+    buf.group_size = 12
+    assert buf._handle_entries(torch.zeros(3, 12, dtype=torch.bool), deep_ep.Config(), 0, 0) is None
+
+
+# -- above 8 ranks: DeepEP's internode handle -------------------------------------------------------------------------
+def _sparse_in_rank(seed, ranks, p=0.08):
+    """Like _in_rank, fewer ranks a token (so that some tokens miss whole nodes), and a token to no rank at all."""
+    gen = torch.Generator().manual_seed(seed * 17 + ranks)
+    sizes = [int(torch.randint(0, CAP, (1,), generator=gen)) for _ in range(ranks)]
+    if seed % 2 == 0:
+        sizes[ranks // 2] = 0
+    return [torch.rand(t, ranks, generator=gen) < p for t in sizes]
+
+
+def _internode_sent(in_rank, channels):
+    return [deep_ep._internode_payload(t, channels, CAP) for t in in_rank]
+
+
+def _check_internode(entries, in_rank, me, channels, rows, worst):
+    """The ten entries (is_token_in_rank first) against the reference, with DeepEP's shapes and dtypes."""
+    r, nodes = len(in_rank), len(in_rank) // 8
+    want = ref.internode_handle([t.tolist() for t in in_rank], me, channels, rows)
+    (rdma_prefix, gbl_prefix, recv_rdma_channel, recv_rdma_rank, recv_gbl_channel, recv_gbl_rank, meta, send_rdma_head,
+     send_nvl_head) = entries[1:]
+    forwarded = want[3][-1]
+    shapes = ((nodes, channels), (r, channels), (nodes, channels), (nodes,), (r, channels), (r,), (rows, 8),
+              (in_rank[me].shape[0], nodes), (nodes * CAP if worst else forwarded, 8))
+    for t, shape in zip(entries[1:], shapes):
+        assert tuple(t.shape) == shape and t.is_contiguous(), (me, t.shape, shape)
+        assert t.dtype == (torch.uint8 if t is meta else torch.int32)
+    assert rdma_prefix.tolist() == want[0] and gbl_prefix.tolist() == want[1], me
+    assert recv_rdma_channel.tolist() == want[2] and recv_rdma_rank.tolist() == want[3], me
+    assert recv_gbl_channel.tolist() == want[4] and recv_gbl_rank.tolist() == want[5], me
+    assert [tuple(v) for v in meta.view(torch.int32).tolist()] == want[6], me
+    assert send_rdma_head.tolist() == want[7], me
+    assert send_nvl_head[:forwarded].tolist() == want[8], me
+    assert bool((send_nvl_head[forwarded:] == -1).all())
+
+
+@pytest.mark.parametrize("ranks", [16, 24])
+@pytest.mark.parametrize("channels", [1, 5, 64])
+def test_internode_entries_match_deepeps_definitions(ranks, channels):
+    for seed in range(3):
+        in_rank = _sparse_in_rank(seed, ranks)
+        sent = _internode_sent(in_rank, channels)
+        for me in (0, 9, ranks - 1):  # a rank of the first node, of the second, the last
+            payload, rdma_prefix, gbl_prefix, send_rdma_head = sent[me]
+            assert payload.shape == (ranks, 2 + 2 * channels + CAP) and payload.dtype == torch.int32
+            total = sum(int(t[:, me].sum()) for t in in_rank)
+            for rows, worst in ((total, False), (total + 5, True)):
+                got = deep_ep._internode_from_payloads(_exchange([p[0] for p in sent], me), me, channels, rows, CAP)
+                if not worst:
+                    got = got[:5] + (got[5][:int(got[1][-1])],)
+                entries = (in_rank[me], rdma_prefix, gbl_prefix, got[0], got[1], got[2], got[3], got[4],
+                           send_rdma_head, got[5])
+                _check_internode(entries, in_rank, me, channels, rows, worst)
+
+
+def test_internode_reference_reads_deepeps_layout_back():
+    """The reference against what DeepEP's receivers do with it: rows [P[g - 1], P[g]) of recv_x came from rank g
+    (test_internode.py's check_data), channel c of rank g starts at recv_gbl_channel_prefix_matrix[g][c], and each
+    forwarded token's row at recv_rdma_rank_prefix_sum[m - 1] + its rank among rank (m, l)'s tokens to node n."""
+    in_rank = [t.tolist() for t in _sparse_in_rank(1, 16, p=0.2)]
+    for me in (3, 12):
+        n, lane = divmod(me, 8)
+        _, _, _, recv_rdma_rank, recv_gbl_channel, recv_gbl_rank, meta, _, send_nvl_head = \
+            ref.internode_handle(in_rank, me, 3)
+        start = 0
+        for g in range(16):
+            mine = [t for t, row in enumerate(in_rank[g]) if row[me]]
+            assert recv_gbl_rank[g] - start == len(mine)
+            assert all(m[0] == g // 8 and m[1] >> lane & 1 for m in meta[start:recv_gbl_rank[g]])
+            for c in range(3):
+                begin, stop = ref.channel_range(len(in_rank[g]), 3, c)
+                assert recv_gbl_channel[g][c] == start + sum(1 for t in mine if t < begin)
+            start = recv_gbl_rank[g]
+        forwarded = 0
+        for m in range(2):
+            src = in_rank[m * 8 + lane]
+            node_tokens = [t for t, row in enumerate(src) if any(row[n * 8:n * 8 + 8])]
+            assert recv_rdma_rank[m] - forwarded == len(node_tokens)
+            forwarded = recv_rdma_rank[m]
+        assert len(send_nvl_head) == forwarded
+
+
+@pytest.fixture
+def fake_world_16(monkeypatch):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=9, world_size=16)
+    monkeypatch.setattr(deep_ep, "Group", _HighThroughputGroup)
+    monkeypatch.setattr(deep_ep.Buffer, "max_tokens_per_rank", CAP)
+    _HighThroughputGroup.made = []
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("worst", [0, 16 * CAP])
+def test_dispatch_handle_is_deepeps_internode_tuple(fake_world_16, monkeypatch, worst):
+    """Buffer.dispatch at rank 9 of 16: DeepEP's ten internode entries, one all-to-all of _internode_payload rows."""
+    in_rank, me, channels = _sparse_in_rank(4, 16), 9, 10
+    calls = []
+
+    def all_to_all_single(output, input, group=None):
+        sent = [p[0] for p in _internode_sent(in_rank, channels)]
+        assert torch.equal(input, sent[me])
+        output.copy_(_exchange(sent, me))
+        calls.append(1)
+
+    monkeypatch.setattr(dist, "all_to_all_single", all_to_all_single)
+    total = sum(int(t[:, me].sum()) for t in in_rank)
+    monkeypatch.setattr(deep_ep, "Group", _sized(total))
+    buf = deep_ep.Buffer(dist.group.WORLD, int(1e9), 0)
+    kwargs = {"config": deep_ep.Config(2 * channels, 8, 256)}
+    if worst:
+        kwargs["num_worst_tokens"] = worst
+    recv_x, _, _, _, handle, _ = _dispatch(buf, in_rank[me], **kwargs)
+    rows = worst or total
+    assert calls == [1] and recv_x.shape[0] == rows and len(handle) == 10
+    assert handle[0] is not None and torch.equal(handle[0], in_rank[me])
+    assert handle[-4].tolist()[-1] == total  # DeepEP's test_internode.py reads handle[-4]
+    _check_internode(tuple(handle), in_rank, me, channels, rows, bool(worst))
+    buf.combine(recv_x, handle)  # combine uses the nccl.ep handle
+    assert _HighThroughputGroup.made[-1].calls[-1][0] == "combine"
 
 
 @pytest.mark.parametrize("bad", [torch.zeros(5, 4, dtype=torch.bool), torch.zeros(4, 3, dtype=torch.bool),

@@ -9,12 +9,12 @@ Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` 
 V2's `ElasticBuffer`, `EPHandle` and `EventHandle` come from nccl.ep.deepep_elastic (`from nccl.ep.deepep import
 ElasticBuffer`). `low_latency_combine(use_logfmt=True)` moves bf16 rows (exact, no smaller messages; warned once).
 What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics,
-`get_local_buffer_tensor`, `get_comm_stream` and, above 8 ranks, the entries of the High-Throughput handle (DeepEP's
-internode handle). `Buffer(None, ..., comm=<mpi4py communicator>)` (TensorRT-LLM's way) works: the NCCL communicator's
-id goes over MPI, and the Buffer's few collectives of its own run there on the host (a host synchronisation each:
-the first dispatch's sizes, a Low-Latency group's, and the High-Throughput handle entries' all-to-all, which
-`Buffer.dispatch_handle_entries = False` skips). docs/COMPATIBILITY.md lists every method and how
-it differs.
+`get_local_buffer_tensor` and `get_comm_stream`. The High-Throughput handle is DeepEP's intranode tuple up to 8
+ranks, its internode one above (see _DispatchHandle). `Buffer(None, ..., comm=<mpi4py communicator>)`
+(TensorRT-LLM's way) works: the NCCL communicator's id goes over MPI, and the Buffer's few collectives of its own run
+there on the host (a host synchronisation each: the first dispatch's sizes, a Low-Latency group's, and the
+High-Throughput handle entries' all-to-all, which `Buffer.dispatch_handle_entries = False` skips).
+docs/COMPATIBILITY.md lists every method and how it differs.
 
 How it differs inside (none of it changes results):
 - Calls run on the current stream (there is no communication stream): `previous_event` is waited on first, and
@@ -221,19 +221,42 @@ class _DispatchHandle(tuple):
       is_token_in_rank           [T, R] bool, as given;
       send_head                  [T, R] int32: [t][d] = how many tokens of t's channel before t went to rank d, -1
                                  where t did not (DeepEP's combine rewrites the -1 entries in place; ours reads none).
-    Token counts come from is_token_in_rank. Pass the handle back to combine or to a cached dispatch: those use the
-    nccl.ep handle it carries, not the entries. Above 8 ranks (DeepEP's internode handle has other entries) or with
-    Buffer.dispatch_handle_entries = False the entries are not computed and indexing the handle raises."""
+    Above 8 ranks (R = 8 N: DeepEP's nodes of 8, its RDMA ranks; this rank me = 8 n + l), DeepEP's internode tuple
+    (is_token_in_rank, rdma_channel_prefix_matrix, gbl_channel_prefix_matrix, recv_rdma_channel_prefix_matrix,
+    recv_rdma_rank_prefix_sum, recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum, recv_src_meta,
+    send_rdma_head, send_nvl_head), "to node m" meaning to any of its ranks:
+      rdma_channel_prefix_matrix      [N, C] int32: [m][c] = this rank's tokens of channels 0..c that go to node m;
+      gbl_channel_prefix_matrix       [R, C] int32: the same per rank (the intranode channel_prefix_matrix);
+      recv_rdma_channel_prefix_matrix [N, C] int32: [m][c] = rank (m, l)'s tokens of channels 0..c that go to node n
+                                      (the tokens DeepEP forwards through this rank);
+      recv_rdma_rank_prefix_sum       [N] int32: inclusive over m of rank (m, l)'s tokens to node n;
+      recv_gbl_channel_prefix_matrix  [R, C] int32: [g][c] = the row of recv_x where rank g's channel c begins;
+      recv_gbl_rank_prefix_sum        [R] int32: inclusive over g of rank g's tokens here (DeepEP's test reads it:
+                                      rows [g - 1] .. [g] came from rank g);
+      recv_src_meta                   [rows, 8] uint8: per row, DeepEP's SourceMeta (int32 source node, int32 bits
+                                      j = the token also goes to rank (n, j)); -1, 0 past the received rows;
+      send_rdma_head                  [T, N] int32: a token's position among the tokens of its channel that go to node
+                                      m, -1 where it does not;
+      send_nvl_head                   [F, 8] int32, F = recv_rdma_rank_prefix_sum[-1] (N * max tokens with
+                                      num_worst_tokens, -1 past F): per token forwarded for node n (by source node,
+                                      then token order), its position among its channel's earlier tokens at the
+                                      source that go to rank (n, j), -1 where it does not go there.
+    The intranode entries cost dispatch no host sync; the internode ones one (send_nvl_head's rows), which DeepEP's
+    internode dispatch has too, except with num_worst_tokens. Token counts come from is_token_in_rank. Pass the
+    handle back to combine or to a cached dispatch: those use the nccl.ep handle it carries, not the entries. Above 8
+    ranks that are not a multiple of 8, or with Buffer.dispatch_handle_entries = False, the entries are not computed
+    and indexing the handle raises."""
 
-    def __new__(cls, ep_handle, rows_returned, entries=None):
+    def __new__(cls, ep_handle, rows_returned, entries=None, size=6):
         h = super().__new__(cls, entries if entries is not None else ())
-        h.ep_handle, h.rows_returned, h.has_entries = ep_handle, rows_returned, entries is not None
+        h.ep_handle, h.rows_returned, h.has_entries, h.size = ep_handle, rows_returned, entries is not None, size
         return h
 
     def _need_entries(self):
         if not self.has_entries:
-            raise _unsupported("reading the dispatch handle's entries above %d ranks (DeepEP's internode handle) or "
-                               "with Buffer.dispatch_handle_entries = False" % _NVL_PEERS)
+            raise _unsupported("reading the dispatch handle's entries above %d ranks that are not a multiple of %d "
+                               "(DeepEP's nodes) or with Buffer.dispatch_handle_entries = False"
+                               % (_NVL_PEERS, _NVL_PEERS))
 
     def __getitem__(self, i):
         self._need_entries()
@@ -244,7 +267,7 @@ class _DispatchHandle(tuple):
         return tuple.__iter__(self)
 
     def __len__(self):
-        return 6  # DeepEP's intranode handle has six entries
+        return self.size  # DeepEP's intranode handle has six entries, its internode one ten
 
     def __repr__(self):
         return "_DispatchHandle(rows=%d, entries=%s)" % (self.rows_returned, self.has_entries)
@@ -496,7 +519,8 @@ class Buffer:
         recv = group.dispatch(x, routing, topk_weights, scales=scales,
                                  sizing="worst_case" if num_worst_tokens else "exact", num_sms=self._sms(num_sms))
         rows = num_worst_tokens if num_worst_tokens else recv.tokens.shape[0]
-        h = _DispatchHandle(recv.handle, rows, self._handle_entries(is_token_in_rank, config, rows))
+        h = _DispatchHandle(recv.handle, rows, self._handle_entries(is_token_in_rank, config, rows, num_worst_tokens),
+                            6 if self.group_size <= _NVL_PEERS else 10)
 
         def aligned(counts):  # the per-expert list (a host sync), each rounded up to expert_alignment
             return [-(-c // expert_alignment) * expert_alignment for c in counts.tolist()]
@@ -811,18 +835,34 @@ class Buffer:
         ranks = torch.arange(self.group_size, device=is_token_in_rank.device, dtype=torch.int64) * per_rank
         return torch.where(is_token_in_rank, ranks, torch.full_like(ranks, -1))
 
-    def _handle_entries(self, is_token_in_rank, config, rows):
-        """COLLECTIVE (up to 8 ranks, with dispatch_handle_entries), on the current stream, no host sync: the six
-        entries of DeepEP's intranode handle. What only other ranks know (their counts to every rank, their channel
-        counts to this rank, the tokens they sent here) comes in one all-to-all of _handle_payload rows."""
-        if not Buffer.dispatch_handle_entries or self.group_size > _NVL_PEERS:
+    def _handle_entries(self, is_token_in_rank, config, rows, worst):
+        """COLLECTIVE (with dispatch_handle_entries; above 8 ranks, a multiple of 8), on the current stream: DeepEP's
+        intranode handle (no host sync) or its internode one (one host sync unless `worst`). What only other ranks
+        know (their counts, their channel counts to this rank or its node, the tokens they sent) comes in one
+        all-to-all of _handle_payload or _internode_payload rows."""
+        r = self.group_size
+        if not Buffer.dispatch_handle_entries or (r > _NVL_PEERS and r % _NVL_PEERS):
             return None
         channels = max(1, config.num_sms // 2)
+        if r > _NVL_PEERS:
+            return self._internode_entries(is_token_in_rank, channels, rows, worst)
         payload, channel_prefix, send_head = _handle_payload(is_token_in_rank, channels, max(1, self._caps[0]))
         received = torch.empty_like(payload)
         self._ranks.all_to_all(received, payload)
         rank_prefix, recv_channel_prefix, recv_src_idx = _handle_from_payloads(received, self.rank, channels, rows)
         return (rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head)
+
+    def _internode_entries(self, is_token_in_rank, channels, rows, worst):
+        max_tokens = max(1, self._caps[0])
+        payload, rdma_prefix, gbl_prefix, send_rdma_head = _internode_payload(is_token_in_rank, channels, max_tokens)
+        received = torch.empty_like(payload)
+        self._ranks.all_to_all(received, payload)
+        recv_rdma_channel, recv_rdma_rank, recv_gbl_channel, recv_gbl_rank, recv_src_meta, send_nvl_head = \
+            _internode_from_payloads(received, self.rank, channels, rows, max_tokens)
+        if not worst:  # DeepEP's size: the tokens forwarded through this rank (a host sync, as DeepEP's)
+            send_nvl_head = send_nvl_head[:int(recv_rdma_rank[-1])]
+        return (is_token_in_rank, rdma_prefix, gbl_prefix, recv_rdma_channel, recv_rdma_rank, recv_gbl_channel,
+                recv_gbl_rank, recv_src_meta, send_rdma_head, send_nvl_head)
 
     def _x_out(self, recv, rows, scales):
         return (recv.tokens[:rows], recv.scales[:rows]) if scales is not None else recv.tokens[:rows]
@@ -926,6 +966,89 @@ def _handle_from_payloads(received, rank: int, channels: int, rows: int):
     at = (row - begin[src]).clamp(0, sources.shape[1] - 1)
     recv_src_idx = torch.where(valid, sources[src, at], -1).to(torch.int32)
     return rank_prefix, recv_channel_prefix, recv_src_idx
+
+
+def _internode_payload(is_token_in_rank, channels: int, max_tokens: int):
+    """The internode handle's local part, for R = 8 N ranks (DeepEP's nodes of 8 GPUs, RDMA ranks), T tokens here
+    (T <= max_tokens, at most 2^23) and C channels: (payload, rdma_channel_prefix_matrix, gbl_channel_prefix_matrix,
+    send_rdma_head). payload [R, 2 + 2 C + max_tokens] int32, what this rank sends rank d = 8 n + j in row d: its token
+    count to d, its gbl_channel_prefix_matrix row d [C], its rdma_channel_prefix_matrix row n [C], T, then each of its
+    tokens that goes to node n (to any of its ranks) in token order as t * 256 + the token's 8 bits over node n's
+    ranks (then filler -1). rdma_channel_prefix_matrix [N, C]: [m][c] = tokens of channels 0..c that go to node m;
+    gbl_channel_prefix_matrix [R, C]: the same per rank; send_rdma_head [T, N]: a token's position among the tokens
+    of its channel that go to node m, -1 where it does not. Static shapes: nothing waits on the host."""
+    t, r = is_token_in_rank.shape
+    nodes = r // _NVL_PEERS
+    dev = is_token_in_rank.device
+    bits = is_token_in_rank.view(t, nodes, _NVL_PEERS).to(torch.int32)
+    mask = (bits << torch.arange(_NVL_PEERS, device=dev, dtype=torch.int32)).sum(dim=2, dtype=torch.int32)  # [T, N]
+    to_node = mask != 0
+    _, gbl_prefix, _ = _handle_payload(is_token_in_rank, channels, max_tokens)
+    node_payload, rdma_prefix, send_rdma_head = _handle_payload(to_node, channels, max_tokens)
+    payload = torch.full((r, 2 + 2 * channels + max_tokens), -1, dtype=torch.int32, device=dev)
+    node_of = torch.arange(r, device=dev) // _NVL_PEERS
+    payload[:, 0] = is_token_in_rank.sum(dim=0, dtype=torch.int32)
+    payload[:, 1:1 + channels] = gbl_prefix
+    payload[:, 1 + channels:1 + 2 * channels] = rdma_prefix[node_of]
+    payload[:, 1 + 2 * channels] = t
+    order = node_payload[:, nodes + channels:nodes + channels + t].long()  # [N, T]: tokens to node m first
+    entries = torch.where(to_node.t().gather(1, order), order * 256 + mask.t().gather(1, order).long(), -1)
+    payload[:, 2 + 2 * channels:2 + 2 * channels + t] = entries[node_of].to(torch.int32)
+    return payload, rdma_prefix, gbl_prefix, send_rdma_head
+
+
+def _internode_from_payloads(received, rank: int, channels: int, rows: int, max_tokens: int):
+    """The internode handle's entries that need other ranks' data, from received [R, 2 + 2 C + max_tokens] (row g:
+    what rank g sent this rank, _internode_payload's row for it), this rank r = 8 n + l: recv_rdma_channel_prefix_matrix
+    [N, C] (rank (m, l)'s tokens of channels 0..c to node n), recv_rdma_rank_prefix_sum [N] (inclusive over m of rank
+    (m, l)'s tokens to node n), recv_gbl_channel_prefix_matrix [R, C] (the first row of rank g's channel c in recv_x),
+    recv_gbl_rank_prefix_sum [R] (inclusive over g of rank g's tokens here), recv_src_meta [rows, 8] uint8 (per row,
+    int32 source node and int32 bits over node n's ranks; -1 and 0 past the received rows) and send_nvl_head
+    [N * max_tokens, 8] (per token this rank forwards for node n, by source node then token order: its position
+    among the earlier tokens of its channel at the source that go to rank (n, j), -1 where it does not go there; the
+    rows past the forwarded ones -1; the caller cuts it to recv_rdma_rank_prefix_sum[-1] rows)."""
+    r = received.shape[0]
+    nodes, dev = r // _NVL_PEERS, received.device
+    n, lane = divmod(rank, _NVL_PEERS)
+    counts = received[:, 0]
+    gbl_prefix = counts.cumsum(0, dtype=torch.int32)
+    begin = gbl_prefix - counts
+    recv_gbl_channel = begin.unsqueeze(1).repeat(1, channels)
+    recv_gbl_channel[:, 1:] += received[:, 1:channels]
+    peers = torch.arange(nodes, device=dev) * _NVL_PEERS + lane  # the ranks with my local index, one a node
+    recv_rdma_channel = received[peers, 1 + channels:1 + 2 * channels].contiguous()
+    recv_rdma_rank = recv_rdma_channel[:, -1].cumsum(0, dtype=torch.int32)
+    entries = received[:, 2 + 2 * channels:].long()  # [R, max_tokens], filler -1
+    valid = entries >= 0
+    bits = torch.where(valid, entries & 255, 0)
+    # recv_src_meta: rank g's entries with my bit, in order, at rows begin[g] + their rank among them.
+    mine = valid & ((bits >> lane) & 1).bool()
+    at = torch.where(mine, begin.long().unsqueeze(1) + mine.long().cumsum(1) - 1, rows)
+    meta = torch.zeros(rows + 1, 2, dtype=torch.int32, device=dev)
+    meta[:, 0] = -1
+    source_node = (torch.arange(r, device=dev) // _NVL_PEERS).to(torch.int32).unsqueeze(1).expand_as(at)
+    meta[:, 0].scatter_(0, at.clamp(max=rows).reshape(-1), source_node.reshape(-1))
+    meta[:, 1].scatter_(0, at.clamp(max=rows).reshape(-1), bits.to(torch.int32).reshape(-1))
+    meta = meta[:rows]
+    recv_src_meta = meta.contiguous().view(torch.uint8).view(rows, 8)
+    # send_nvl_head: the tokens ranks (m, l) send node n, m ascending, each in token order.
+    fwd = entries[peers]  # [N, max_tokens]
+    fwd_valid = fwd >= 0
+    token = torch.where(fwd_valid, fwd >> 8, 0)
+    source_tokens = received[peers, 1 + 2 * channels].long().unsqueeze(1)  # T of each source
+    per = (source_tokens + channels - 1).div(channels, rounding_mode="floor").clamp(min=1)
+    channel = torch.where(fwd_valid, token // per, channels)  # filler after every channel: rows stay sorted
+    first = torch.searchsorted(channel.contiguous(), channel.contiguous())  # each entry's channel's first entry
+    hit = (((fwd & 255).unsqueeze(2) >> torch.arange(_NVL_PEERS, device=dev)) & 1) * fwd_valid.unsqueeze(2)
+    before = hit.cumsum(1) - hit  # [N, max_tokens, 8]: entries before this one with bit j
+    value = before - before.gather(1, first.unsqueeze(2).expand_as(before))
+    value = torch.where(hit.bool(), value, -1).to(torch.int32)
+    start = (recv_rdma_rank - recv_rdma_channel[:, -1]).long().unsqueeze(1)
+    row = torch.where(fwd_valid, start + torch.arange(fwd.shape[1], device=dev), nodes * fwd.shape[1])
+    send_nvl_head = torch.full((nodes * fwd.shape[1] + 1, _NVL_PEERS), -1, dtype=torch.int32, device=dev)
+    send_nvl_head.index_copy_(0, row.reshape(-1), value.reshape(-1, _NVL_PEERS))
+    return (recv_rdma_channel, recv_rdma_rank, recv_gbl_channel.to(torch.int32), gbl_prefix, recv_src_meta,
+            send_nvl_head[:-1])
 
 
 def _pack_ue8m0(scales, out) -> None:
