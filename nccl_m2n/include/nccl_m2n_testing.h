@@ -39,7 +39,8 @@ NCCL_M2N_API ncclResult_t ncclM2nPlanCreateTesting(ncclM2nPlan_t* plan, ncclComm
 /* Where an execute's time goes, for benchmarks: `hook` (NULL: none) is called by every later ncclM2nExecute of
  * `plan`, on the calling thread, right after the execute enqueued each of its stages on `stream`, with the stage's
  * name: "pointers", "quantize", "copies", "direct", "publish", "barrier", "remote", then per round "pack",
- * "exchange", "barrier", "unpack", and last "final barrier" (only the stages the plan has, in that order). A hook
+ * "exchange", "barrier", "unpack", and last "final barrier" (only the stages the plan has, in that order; pipelined
+ * rounds, docs/ARCHITECTURE.md, pack one round ahead on the plan's side stream, which `stream` then names). A hook
  * that records a CUDA event on `stream` timestamps the stage's end on the GPU. Local; not thread-safe against a
  * concurrent execute of the same plan. */
 typedef void (*ncclM2nStageHook_t)(void* user, const char* stage, cudaStream_t stream);

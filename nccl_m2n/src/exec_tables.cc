@@ -127,21 +127,15 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
       if (!w.lsa) x.ops.push_back({w.peer, send ? 1 : 0, slot, std::min(s.chunkBytes, w.bytes - k * s.chunkBytes)});
     }
   };
-  // Without LSA (every stream by ncclSend/ncclRecv: the same on every rank) chunks k and k + 1 share a round. They
-  // sit in a stream's two slots, so both are packed, exchanged in one NCCL group (a pair's operations in chunk
-  // order on both sides, as NCCL matches them) and unpacked together; the next pair packs into the same slots only
-  // after this round's unpacks, and lands in them only after, by stream order. Half the NCCL groups, no more memory.
-  // LSA rounds stay one chunk each: their barriers protect the window slots round by round.
-  const int64_t perRound = s.lsaSize == 0 ? 2 : 1;
-  for (int64_t k0 = 0; k0 < rounds; k0 += perRound) {
-    const int64_t k1 = std::min(rounds, k0 + perRound);
+  // Round k: chunk k of every stream, in slot k % 2 (pipelinedRounds says when an execute overlaps the rounds).
+  for (int64_t k = 0; k < rounds; k++) {
     ExecRound r;
     r.opBegin = (uint32_t)x.ops.size();
     r.packBegin = (uint32_t)x.pack.size();
-    for (int64_t k = k0; k < k1; k++) addChunks(s.sends, plan.sends, true, k, &x.pack, &r.packElements);
+    addChunks(s.sends, plan.sends, true, k, &x.pack, &r.packElements);
     r.packEnd = (uint32_t)x.pack.size();
     r.unpackBegin = (uint32_t)x.unpack.size();
-    for (int64_t k = k0; k < k1; k++) addChunks(s.recvs, plan.recvs, false, k, &x.unpack, &r.unpackElements);
+    addChunks(s.recvs, plan.recvs, false, k, &x.unpack, &r.unpackElements);
     r.unpackEnd = (uint32_t)x.unpack.size();
     r.opEnd = (uint32_t)x.ops.size();
     x.rounds.push_back(r);
@@ -164,6 +158,16 @@ bool buildExecTables(const Problem& p, const RankPlan& plan, const RankSchedule&
     return false;
   }
   *out = std::move(x);
+  return true;
+}
+
+bool pipelinedRounds(const ExecTables& x) {
+  if (x.rounds.size() < 2 || x.finalBarrier || x.remoteBarrier) return false;
+  for (const ExecRound& r : x.rounds)
+    if (r.barrier) return false;
+  for (const auto* segs : {&x.pack, &x.unpack})
+    for (const MoveSegment& g : *segs)
+      if (g.where != kStageLocal) return false;
   return true;
 }
 

@@ -3,10 +3,15 @@
 //
 // An execute runs the local copies, then rounds k = 0, 1, ...: in round k every stream with a chunk k takes part -
 // the sender packs chunk k into its send slot k % 2, the pair moves it (ncclSend from the sender's slot into the
-// receiver's slot k % 2; or, with LSA, the receiver reads the sender's slot), and the receiver unpacks it. Without
-// LSA a round holds two chunks, 2k and 2k + 1 (both slots, one NCCL group; buildExecTables says why that is safe). A rank's
+// receiver's slot k % 2; or, with LSA, the receiver reads the sender's slot), and the receiver unpacks it. A rank's
 // rounds end with its longest stream; its peers' streams with it end at the same chunk count on both sides. Direct
 // transfers (schedule.h) are issued before the rounds, in one NCCL group.
+//
+// Pipelined rounds (pipelinedRounds). Where every round goes by ncclSend / ncclRecv alone, an execute overlaps them:
+// its stream runs the exchanges back to back while a side stream packs round k + 1 and unpacks round k. Two slots
+// make that safe: round k + 2 is packed into slot k % 2 only after round k's exchange sent it and round k's unpack
+// read the receive slot, and its exchange waits for that pack (executor.cc, runPipelined; the emulator runs the
+// packs that early).
 //
 // LSA rounds. Round k's LSA unpacks read what the domain's senders packed in round k, so a barrier of the domain
 // sits between its packs and its unpacks. Every rank of the domain must meet the same barriers: the domain agrees
@@ -93,6 +98,8 @@ std::vector<MoveSegment> executorCopySegments(const std::vector<MoveDesc>& copie
 // set by setLsaRounds; with zero-copy, in-place segments instead (setRemoteBarriers).
 bool buildExecTables(const Problem& problem, const RankPlan& plan, const RankSchedule& schedule, ExecTables* out,
                      std::string* error, int zeroCopy = kZeroCopyOff);
+// Whether an execute pipelines the rounds (above): at least two, none with a barrier or an LSA segment, no zero-copy.
+bool pipelinedRounds(const ExecTables& tables);
 // The domain's agreed LSA round count (the max of its ranks' lsaChunks): at least that many rounds, each with a
 // barrier, and the final barrier when it is not 0.
 void setLsaRounds(ExecTables* tables, int64_t rounds);

@@ -87,6 +87,10 @@ struct ncclM2nPlan {
   uint64_t fenceKey = 0;
   bool fenceLost = false;
   bool created = false;  // createPlan returned it (a failed creation is freed without the virtual ranks' barriers)
+  // Pipelined rounds (exec_tables.h, pipelinedRounds; else all null): the stream that packs and unpacks beside the
+  // caller's, which exchanges, and their events (runPipelined).
+  cudaStream_t side = nullptr;
+  cudaEvent_t packed[2] = {nullptr, nullptr}, exchanged[2] = {nullptr, nullptr}, fork = nullptr, join = nullptr;
   // ncclM2nPlanSetStageHookTesting's: called after each stage an execute enqueues (benchmarks record events there).
   ncclM2nStageHook_t stageHook = nullptr;
   void* stageUser = nullptr;
@@ -578,6 +582,12 @@ ncclResult_t uploadPlan(ncclM2nPlan* plan, const LsaAgreement& agreed, int64_t s
   }
   NCCLEXT_CHECK(upload(plan->tables.remote, &plan->remote, stream));
   if (plan->domain) NCCLEXT_CHECK(setUpLsa(plan, agreed.rounds, agreed.domainStreams, stream));
+  if (pipelinedRounds(plan->tables)) {
+    NCCLEXT_CUDA(cudaStreamCreateWithFlags(&plan->side, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&plan->packed[0], &plan->packed[1], &plan->exchanged[0], &plan->exchanged[1], &plan->fork,
+                           &plan->join})
+      NCCLEXT_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
   return connectPeers(plan, stream);
 }
 
@@ -614,6 +624,74 @@ ncclResult_t createPlan(ncclComm_t comm, Problem&& p, std::vector<Fp8Tensor>&& f
   *out = plan.release();
   return ncclSuccess;
 }
+
+namespace {
+
+// Round r's ncclSend / ncclRecv (if any) in one NCCL group on `stream`, enqueued under the communicator's lock, which
+// the watchdog takes to abort it: no group of ours starts on a freed communicator. Plan creation connected every
+// peer, so an enqueue does not wait for one.
+ncclResult_t exchangeRound(ncclM2nPlan* plan, ExchangeComm& xc, const ExecRound& r, cudaStream_t stream) {
+  if (r.opEnd == r.opBegin) return ncclSuccess;
+  std::lock_guard<std::timed_mutex> group(xc.mu);
+  if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
+  NCCLEXT_NCCL(ncclGroupStart());
+  ncclResult_t res = ncclSuccess;
+  for (uint32_t i = r.opBegin; i < r.opEnd && res == ncclSuccess; i++) {
+    const P2pOp& op = plan->tables.ops[i];
+    char* at = plan->staging + op.stageOffset;
+    res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, xc.comm, stream)
+                  : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, xc.comm, stream);
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (res != ncclSuccess || ended != ncclSuccess)
+    return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
+                         "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(xc.comm));
+  stageDone(plan, "exchange", stream);
+  return ncclSuccess;
+}
+
+// Pipelined rounds (exec_tables.h, pipelinedRounds): `stream` runs the exchanges back to back while the plan's side
+// stream packs round k + 1 and unpacks round k. Round k uses slot k % 2 of each stream, so the side stream packs
+// round k + 2 only after the exchange of round k sent that slot (event exchanged[k % 2]), and after its own unpack
+// of round k, so that the exchange of round k + 2, which waits for that pack (event packed[k % 2]), lands in the
+// receive slot only once round k's unpack read it. The side stream forks from `stream` here and joins it before
+// this returns, whatever happens (a capture sees both: CUDA graph fork and join).
+ncclResult_t runPipelined(ncclM2nPlan* plan, ExchangeComm& xc, const char* const* s, char* const* d,
+                          const StageAreas& stage, cudaStream_t stream) {
+  const ExecTables& x = plan->tables;
+  cudaStream_t side = plan->side;
+  NCCLEXT_CUDA(cudaEventRecord(plan->fork, stream));
+  NCCLEXT_CUDA(cudaStreamWaitEvent(side, plan->fork, 0));
+  struct Join {
+    cudaStream_t side, stream;
+    cudaEvent_t join;
+    ~Join() {
+      if (cudaEventRecord(join, side) == cudaSuccess) cudaStreamWaitEvent(stream, join, 0);
+    }
+  } joined{side, stream, plan->join};
+  auto pack = [&](size_t k) -> ncclResult_t {
+    const ExecRound& r = x.rounds[k];
+    NCCLEXT_CHECK(launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, stage, side));
+    stageDone(plan, "pack", side);
+    NCCLEXT_CUDA(cudaEventRecord(plan->packed[k % 2], side));
+    return ncclSuccess;
+  };
+  NCCLEXT_CHECK(pack(0));
+  NCCLEXT_CHECK(pack(1));  // pipelined plans have two rounds at least
+  for (size_t k = 0; k < x.rounds.size(); k++) {
+    const ExecRound& r = x.rounds[k];
+    NCCLEXT_CUDA(cudaStreamWaitEvent(stream, plan->packed[k % 2], 0));
+    NCCLEXT_CHECK(exchangeRound(plan, xc, r, stream));
+    NCCLEXT_CUDA(cudaEventRecord(plan->exchanged[k % 2], stream));
+    NCCLEXT_CUDA(cudaStreamWaitEvent(side, plan->exchanged[k % 2], 0));
+    NCCLEXT_CHECK(launchUnpack(plan->recvs, plan->unpack + r.unpackBegin, r.unpackEnd - r.unpackBegin, stage, d, side));
+    stageDone(plan, "unpack", side);
+    if (k + 2 < x.rounds.size()) NCCLEXT_CHECK(pack(k + 2));
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
 
 ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst, cudaStream_t stream) {
   for (int t = 0; t < plan->nTensors; t++) {
@@ -725,26 +803,11 @@ ncclResult_t execute(ncclM2nPlan* plan, const void* const* src, void* const* dst
   stage.local = plan->staging;
   if (plan->window) stage.peers = plan->window->peers();
   stage.windowOffset = plan->windowSlots;
+  if (plan->side) return runPipelined(plan, xc, s, d, stage, stream);
   for (const ExecRound& r : x.rounds) {
     NCCLEXT_CHECK(launchPack(plan->sends, plan->pack + r.packBegin, r.packEnd - r.packBegin, s, stage, stream));
     stageDone(plan, "pack", stream);
-    if (r.opEnd > r.opBegin) {
-      std::lock_guard<std::timed_mutex> group(xc.mu);
-      if (xc.aborted) return ncclext::fail(ncclRemoteError, __FILE__, __LINE__, "%s", xc.why.c_str());
-      NCCLEXT_NCCL(ncclGroupStart());
-      ncclResult_t res = ncclSuccess;
-      for (uint32_t i = r.opBegin; i < r.opEnd && res == ncclSuccess; i++) {
-        const P2pOp& op = x.ops[i];
-        char* at = plan->staging + op.stageOffset;
-        res = op.send ? ncclSend(at, (size_t)op.bytes, ncclUint8, op.peer, xc.comm, stream)
-                      : ncclRecv(at, (size_t)op.bytes, ncclUint8, op.peer, xc.comm, stream);
-      }
-      const ncclResult_t ended = ncclGroupEnd();
-      if (res != ncclSuccess || ended != ncclSuccess)
-        return ncclext::fail(res != ncclSuccess ? res : ended, __FILE__, __LINE__,
-                             "ncclM2nExecute: NCCL point-to-point: %s", ncclGetLastError(xc.comm));
-      stageDone(plan, "exchange", stream);
-    }
+    NCCLEXT_CHECK(exchangeRound(plan, xc, r, stream));
     if (r.barrier) {
       NCCLEXT_CHECK(domainBarrier(plan, stream));
       stageDone(plan, "barrier", stream);
@@ -817,6 +880,10 @@ ncclResult_t destroyPlan(ncclM2nPlan* plan) {
                   (void*)plan->src, (void*)plan->quantDev, (void*)plan->scratch,
                   (void*)plan->epochs})
     if (p) cudaFree(p);
+  for (cudaEvent_t e :
+       {plan->packed[0], plan->packed[1], plan->exchanged[0], plan->exchanged[1], plan->fork, plan->join})
+    if (e) cudaEventDestroy(e);
+  if (plan->side) cudaStreamDestroy(plan->side);  // its work runs on (executes joined it to their streams)
   delete plan;  // the window before the domain
   if (virt && res == ncclSuccess) res = virt->barrier(rank, timeout);
   return res;

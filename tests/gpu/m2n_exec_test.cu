@@ -155,8 +155,9 @@ void recordStage(void* user, const char* stage, cudaStream_t) {
   static_cast<std::vector<std::string>*>(user)->push_back(stage);
 }
 
-// The stages in the header's order: pointers? quantize? copies? direct? (publish barrier remote)?
-// (pack exchange? barrier? unpack)* (final barrier)?, and at least one.
+// The stages in the header's order: pointers? quantize? copies? direct? (publish barrier remote)?, then the rounds'
+// pack, exchange, barrier and unpack (a round's in that order; pipelined rounds pack one round ahead: never more
+// unpacks than packs so far, as many in the end), then final barrier?; at least one stage.
 bool stagesInOrder(const std::vector<std::string>& v) {
   size_t i = 0;
   auto take = [&](const char* s) { return i < v.size() && v[i] == s ? (i++, true) : false; };
@@ -165,13 +166,18 @@ bool stagesInOrder(const std::vector<std::string>& v) {
   take("copies");
   take("direct");
   if (take("publish") && !(take("barrier") && take("remote"))) return false;
-  while (take("pack")) {
-    take("exchange");
-    take("barrier");
-    if (!take("unpack")) return false;
+  int packs = 0, unpacks = 0;
+  for (;;) {
+    if (take("pack")) {
+      packs++;
+    } else if (take("unpack")) {
+      if (++unpacks > packs) return false;
+    } else if (!take("exchange") && !take("barrier")) {
+      break;
+    }
   }
   take("final barrier");
-  return !v.empty() && i == v.size();
+  return !v.empty() && i == v.size() && packs == unpacks;
 }
 
 bool fillSources(const Problem& p, int rank, uint64_t round, Locals* L) {

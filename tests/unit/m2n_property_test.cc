@@ -417,23 +417,60 @@ TEST(ExecTablesProperty, RandomLayoutPairsExecutedFromTheTablesAreDeliveredExact
   // The executor's tables driven as the kernels and NCCL calls will drive them, on real element sizes.
   Gen g(20261202);
   const int64_t chunks[] = {16, 64, 1024};
-  int64_t checked = 0, rounds = 0, cases = 0, direct = 0;
+  int64_t checked = 0, rounds = 0, cases = 0, direct = 0, piped = 0;
   for (int c = 0; c < 1500; c++) {
     Problem p;
     std::vector<RankPlan> plans;
     if (!drawPlanned(g, true, &p, &plans)) continue;
     std::vector<ExecTables> t = execTablesFor(p, plans, chunks[g.uniform(0, 2)], c % 4 != 3);
-    for (const ExecTables& x : t) rounds += (int64_t)x.rounds.size(), direct += (int64_t)x.direct.size();
+    for (const ExecTables& x : t) {
+      rounds += (int64_t)x.rounds.size(), direct += (int64_t)x.direct.size();
+      piped += pipelinedRounds(x);  // the emulator packs them a round ahead (m2n_simulator.h)
+    }
     SimulationResult r = emulateExecute(p, t);
     ASSERT_TRUE(r.ok) << "case " << c << ": " << r.firstError;
     checked += r.elementsChecked;
     cases++;
   }
-  printf("executed %lld cases, %lld rounds, %lld direct sends and receives, %lld destination elements checked\n",
-         (long long)cases, (long long)rounds, (long long)direct, (long long)checked);
+  printf("executed %lld cases, %lld rounds (%lld ranks' pipelined), %lld direct sends and receives, %lld destination "
+         "elements checked\n",
+         (long long)cases, (long long)rounds, (long long)piped, (long long)direct, (long long)checked);
   EXPECT_GT(direct, 1000);
   EXPECT_GT(rounds, 2000);
+  EXPECT_GT(piped, 300);
   EXPECT_GT(checked, 100000);
+}
+
+TEST(ExecTablesProperty, PipelinedRoundsNeedTheirTwoSlots) {
+  // The emulator runs a pipelined rank's packs a round ahead (m2n_simulator.h): tables whose every chunk went to
+  // slot 0 (a send slot refilled before its exchange, a receive slot before its unpack) must fail it.
+  Gen g(20261205);
+  int piped = 0, caught = 0;
+  for (int c = 0; c < 400 && piped < 60; c++) {
+    Problem p;
+    std::vector<RankPlan> plans;
+    if (!drawPlanned(g, true, &p, &plans)) continue;
+    std::vector<ExecTables> t = execTablesFor(p, plans, 16, false);
+    bool any = false;
+    for (ExecTables& x : t) {
+      if (!pipelinedRounds(x)) continue;
+      any = true;
+      // Round k holds chunk k of its streams, in slot k % 2; a stream with a round 1 has two slots, slot 1 one
+      // chunk after slot 0. Fold the odd rounds back onto slot 0.
+      for (size_t k = 1; k < x.rounds.size(); k += 2) {
+        const ExecRound& r = x.rounds[k];
+        for (uint32_t i = r.opBegin; i < r.opEnd; i++) x.ops[i].stageOffset -= x.chunkBytes;
+        for (uint32_t i = r.packBegin; i < r.packEnd; i++) x.pack[i].stageOffset -= x.chunkBytes;
+        for (uint32_t i = r.unpackBegin; i < r.unpackEnd; i++) x.unpack[i].stageOffset -= x.chunkBytes;
+      }
+    }
+    if (!any) continue;
+    piped++;
+    caught += !emulateExecute(p, t).ok;
+  }
+  printf("pipelined plans with their slots folded: %d, caught %d\n", piped, caught);
+  EXPECT_GT(piped, 30);
+  EXPECT_GT(caught, piped / 2);
 }
 
 TEST(ExecTablesProperty, ConversionsInFlightAreDeliveredExactlyOnce) {

@@ -418,30 +418,30 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
       for (int64_t e = g.firstElement; e < g.firstElement + g.elements; e++) countWrite(dr, d, e);
     }
   }
-  size_t rounds = 0;
-  for (const ExecTables& x : tables) rounds = std::max(rounds, x.rounds.size());
-  for (size_t k = 0; k < rounds; k++) {
-    for (size_t r = 0; r < nr; r++) {
-      if (k >= tables[r].rounds.size()) continue;
-      const ExecRound& R = tables[r].rounds[k];
-      for (uint32_t i = R.packBegin; i < R.packEnd; i++) {
-        const MoveSegment& g = tables[r].pack[i];
-        const MoveDesc& d = tables[r].sends[g.desc];
-        if (g.where != kStageLocal && g.where != (uint32_t)tables[r].lsaRank)
-          return error("rank " + std::to_string(r) + ": a pack into another rank's window"), res;
-        std::vector<char>& to = g.where == kStageLocal ? stage[r] : win[r];
-        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)to.size())
-          return error("rank " + std::to_string(r) + ": a pack outside the staging"), res;
-        for (int64_t e = 0; e < g.elements; e++)
-          if (!inside(r, d, g.firstElement + e, true, false)) return error("a pack reads outside its source"), res;
-        MoveEnds m;
-        m.src = srcPtr[r].data();
-        m.stageOut = to.data();
-        team(Pack(), d, g, m);
-      }
+  // Rank r's packs of round k (false: the emulation failed, with its error).
+  auto packRound = [&](size_t r, size_t k) {
+    if (k >= tables[r].rounds.size()) return true;
+    const ExecRound& R = tables[r].rounds[k];
+    for (uint32_t i = R.packBegin; i < R.packEnd; i++) {
+      const MoveSegment& g = tables[r].pack[i];
+      const MoveDesc& d = tables[r].sends[g.desc];
+      if (g.where != kStageLocal && g.where != (uint32_t)tables[r].lsaRank)
+        return error("rank " + std::to_string(r) + ": a pack into another rank's window"), false;
+      std::vector<char>& to = g.where == kStageLocal ? stage[r] : win[r];
+      if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)to.size())
+        return error("rank " + std::to_string(r) + ": a pack outside the staging"), false;
+      for (int64_t e = 0; e < g.elements; e++)
+        if (!inside(r, d, g.firstElement + e, true, false)) return error("a pack reads outside its source"), false;
+      MoveEnds m;
+      m.src = srcPtr[r].data();
+      m.stageOut = to.data();
+      team(Pack(), d, g, m);
     }
-    // The round's sends and receives, matched per (sender, receiver) as NCCL matches them: the i-th send of r to d
-    // in the round with the i-th receive of d from r.
+    return true;
+  };
+  // Round k's sends and receives of every rank, matched per (sender, receiver) as NCCL matches them: the i-th send
+  // of r to d in the round with the i-th receive of d from r.
+  auto exchangeRound = [&](size_t k) {
     for (size_t r = 0; r < nr; r++) {
       if (k >= tables[r].rounds.size()) continue;
       const ExecRound& R = tables[r].rounds[k];
@@ -451,7 +451,7 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
         if (!op.send) continue;
         const std::string pair = std::to_string(r) + "->" + std::to_string(op.peer) + " round " + std::to_string(k);
         if (op.peer < 0 || (size_t)op.peer >= nr || k >= tables[op.peer].rounds.size())
-          return error("send " + pair + ": the receiver has no such round"), res;
+          return error("send " + pair + ": the receiver has no such round"), false;
         const ExecRound& Q = tables[op.peer].rounds[k];
         const P2pOp* match = nullptr;
         for (uint32_t j = Q.opBegin, seen = 0; j < Q.opEnd && !match; j++) {
@@ -459,37 +459,64 @@ SimulationResult emulateExecute(const Problem& p, const std::vector<ExecTables>&
           if (!o.send && o.peer == (int)r && (int)seen++ == sent[op.peer]) match = &o;
         }
         sent[op.peer]++;
-        if (!match || match->bytes != op.bytes) return error("send " + pair + ": no receive of the same size"), res;
+        if (!match || match->bytes != op.bytes) return error("send " + pair + ": no receive of the same size"), false;
         if (op.stageOffset + op.bytes > (int64_t)stage[r].size() ||
             match->stageOffset + match->bytes > (int64_t)stage[op.peer].size())
-          return error("send " + pair + ": outside a staging buffer"), res;
+          return error("send " + pair + ": outside a staging buffer"), false;
         memcpy(&stage[op.peer][match->stageOffset], &stage[r][op.stageOffset], op.bytes);
       }
     }
+    return true;
+  };
+  auto unpackRound = [&](size_t r, size_t k) {
+    if (k >= tables[r].rounds.size()) return true;
+    const ExecRound& R = tables[r].rounds[k];
+    for (uint32_t i = R.unpackBegin; i < R.unpackEnd; i++) {
+      const MoveSegment& g = tables[r].unpack[i];
+      const MoveDesc& d = tables[r].recvs[g.desc];
+      const int sender = g.where == kStageLocal ? (int)r : domainRank(r, g.where);
+      if (sender < 0 || (size_t)sender >= nr)
+        return error("rank " + std::to_string(r) + ": an unpack from no rank of its domain"), false;
+      if (g.where != kStageLocal && (!R.barrier || k >= tables[sender].rounds.size()))
+        return error("rank " + std::to_string(r) + ": an LSA unpack without the round's barrier"), false;
+      const std::vector<char>& from = g.where == kStageLocal ? stage[r] : win[sender];
+      if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)from.size())
+        return error("rank " + std::to_string(r) + ": an unpack outside the staging"), false;
+      for (int64_t e = 0; e < g.elements; e++)
+        if (!inside(r, d, g.firstElement + e, false, true)) return error("an unpack writes outside its tensor"), false;
+      MoveEnds m;
+      m.dst = dstPtr[r].data();
+      m.stageIn = from.data();
+      team(Unpack(), d, g, m);
+      for (int64_t e = 0; e < g.elements; e++) countWrite(r, d, g.firstElement + e);
+    }
+    return true;
+  };
+  // The rounds in lockstep over the ranks. A rank whose execute pipelines them (exec_tables.h, pipelinedRounds) in
+  // the latest order its streams allow: its side stream packs rounds 0 and 1 before the first exchange, and after
+  // each exchange k it unpacks round k - 1 and packs round k + 1 (so round k's unpack comes after exchange k + 1,
+  // and round k + 1's pack before exchange k's receive was unpacked): a slot reused too early fails it.
+  std::vector<char> piped(nr);
+  size_t rounds = 0;
+  for (size_t r = 0; r < nr; r++) {
+    piped[r] = pipelinedRounds(tables[r]);
+    rounds = std::max(rounds, tables[r].rounds.size());
+    if (piped[r] && !(packRound(r, 0) && packRound(r, 1))) return res;
+  }
+  for (size_t k = 0; k < rounds; k++) {
+    for (size_t r = 0; r < nr; r++)
+      if (!piped[r] && !packRound(r, k)) return res;
+    if (!exchangeRound(k)) return res;
     for (size_t r = 0; r < nr; r++) {
-      if (k >= tables[r].rounds.size()) continue;
-      const ExecRound& R = tables[r].rounds[k];
-      for (uint32_t i = R.unpackBegin; i < R.unpackEnd; i++) {
-        const MoveSegment& g = tables[r].unpack[i];
-        const MoveDesc& d = tables[r].recvs[g.desc];
-        const int sender = g.where == kStageLocal ? (int)r : domainRank(r, g.where);
-        if (sender < 0 || (size_t)sender >= nr)
-          return error("rank " + std::to_string(r) + ": an unpack from no rank of its domain"), res;
-        if (g.where != kStageLocal && (!R.barrier || k >= tables[sender].rounds.size()))
-          return error("rank " + std::to_string(r) + ": an LSA unpack without the round's barrier"), res;
-        const std::vector<char>& from = g.where == kStageLocal ? stage[r] : win[sender];
-        if (g.stageOffset < 0 || g.stageOffset + g.elements * d.elemBytes > (int64_t)from.size())
-          return error("rank " + std::to_string(r) + ": an unpack outside the staging"), res;
-        for (int64_t e = 0; e < g.elements; e++)
-          if (!inside(r, d, g.firstElement + e, false, true)) return error("an unpack writes outside its tensor"), res;
-        MoveEnds m;
-        m.dst = dstPtr[r].data();
-        m.stageIn = from.data();
-        team(Unpack(), d, g, m);
-        for (int64_t e = 0; e < g.elements; e++) countWrite(r, d, g.firstElement + e);
+      if (!piped[r]) {
+        if (!unpackRound(r, k)) return res;
+      } else if (k >= 1 && !(unpackRound(r, k - 1) && packRound(r, k + 1))) {
+        return res;
       }
     }
   }
+  for (size_t r = 0; r < nr; r++)  // a pipelined rank's last unpack, unless a later round's step made it
+    if (piped[r] && tables[r].rounds.size() == rounds && !unpackRound(r, rounds - 1)) return res;
   for (size_t t = 0; t < nt; t++) {
     const TensorPair& tp = p.tensors[t];
     const int64_t eb = (int64_t)elementSize(tp.dst.dtype);
