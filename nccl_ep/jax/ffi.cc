@@ -289,13 +289,14 @@ ffi::Error guarded(const char* target, F&& body) {
 // ---- High-Throughput (FLAT layout) -------------------------------------------------------------------------------
 
 // x [T, H], topk_idx [T, K] int32, topk_weights [T, K] fp32 -> tokens [rows, H], local_ids [rows, K] int32,
-// weights [rows, K] fp32, expert_counts [L] int32, rank_counts [R] int32. Rows past sum(rank_counts) are not
-// written. The binding writes the rank counts into the entry (redispatch reports them again), copied out here.
+// weights [rows, K] fp32, expert_counts [L] int32, rank_counts [R] int32, recv_dropped [1] int32 (rows for this
+// rank past the group's receive cap, not delivered; 0 without a cap). Rows past sum(rank_counts) are not written.
+// The binding writes the rank counts into the entry (redispatch reports them again), copied out here.
 ffi::Error htDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer topkIdx,
                       ffi::AnyBuffer topkWeights, ffi::Result<ffi::AnyBuffer> tokens,
                       ffi::Result<ffi::AnyBuffer> localIds, ffi::Result<ffi::AnyBuffer> weights,
                       ffi::Result<ffi::AnyBuffer> expertCounts, ffi::Result<ffi::AnyBuffer> rankCounts,
-                      int64_t handleId) {
+                      ffi::Result<ffi::AnyBuffer> recvDropped, int64_t handleId) {
   static const char* kTarget = "nccl_ep_ht_dispatch";
   return guarded(kTarget, [&]() -> ffi::Error {
     std::lock_guard<std::mutex> lock(registryMutex());
@@ -306,12 +307,14 @@ ffi::Error htDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
         !checkRows(*localIds, e.maxRows, kTarget, "local_ids", &err) ||
         !checkRows(*weights, e.maxRows, kTarget, "weights", &err) ||
         !checkRows(*expertCounts, e.localExperts, kTarget, "expert_counts", &err) ||
-        !checkRows(*rankCounts, e.nRanks, kTarget, "rank_counts", &err))
+        !checkRows(*rankCounts, e.nRanks, kTarget, "rank_counts", &err) ||
+        !checkRows(*recvDropped, 1, kTarget, "recv_dropped", &err))
       return err;
     ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
     info.expert_counters = counter(*expertCounts);
     info.src_rank_counters = counter(*rankCounts);
     info.src_rank_counters.data = e.rankCounts;
+    info.recv_dropped_counter = counter(*recvDropped);
     err = bindRouting(e, topkIdx, &info, stream, kTarget);
     if (!err.success()) return err;
     err = copyRankCounts(e, *rankCounts, stream, kTarget);
@@ -472,6 +475,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ncclEpJaxHtDispatch, htDispatch,
                                   .Ret<ffi::AnyBuffer>()  // weights
                                   .Ret<ffi::AnyBuffer>()  // expert_counts
                                   .Ret<ffi::AnyBuffer>()  // rank_counts
+                                  .Ret<ffi::AnyBuffer>()  // recv_dropped
                                   .Attr<int64_t>("handle_id"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ncclEpJaxHtRedispatch, htRedispatch,

@@ -77,6 +77,7 @@ def test_high_throughput_shapes(dtype):
     assert (recv.local_ids.shape, recv.local_ids.dtype) == ((R * T, K), jnp.int32)
     assert (recv.weights.shape, recv.weights.dtype) == ((R * T, K), jnp.float32)
     assert (recv.expert_counts.shape, recv.rank_counts.shape) == ((L,), (R,))
+    assert (recv.recv_dropped.shape, recv.recv_dropped.dtype) == ((1,), jnp.int32)
     out = jax.eval_shape(lambda y: epjax.combine(spec, y), jax.ShapeDtypeStruct((R * T, H), dtype))
     assert (out.shape, out.dtype) == ((T, H), jnp.dtype(dtype))
 

@@ -537,6 +537,38 @@ def test_low_latency_expert_major_without_weights(ll):
 
 
 # -- 1 rank: errors ----------------------------------------------------------------------------------------------------
+def test_receive_cap_drops_and_counts(one_rank):
+    """A group whose receive cap (recv_overflow="drop") is below a routing's rows: recv_dropped counts the rows past
+    it, rank_counts the delivered ones, and combine brings back exactly the delivered tokens (the others: zero)."""
+    cap = 8
+    g = epjax.group(one_rank[2], "ep", num_experts=L, max_tokens_per_rank=M, hidden=H, dtype=jnp.float32, max_topk=K,
+                    num_sms=8, timeout_s=60, max_recv_rows_per_rank=cap, recv_overflow="drop")
+    try:
+        h = g.handle(num_tokens=T, topk=K)
+        idx, x, w, _ = _tokens(0, 1, 1100)
+        sent = (idx >= 0).any(axis=1)
+        n = int(sent.sum())
+        assert n > cap and np.all(np.any(x != 0, axis=1))
+
+        @jax.jit
+        def step(x, i, w):
+            recv = epjax.dispatch(h, x, i, w)
+            return recv, epjax.combine(h, recv.tokens)
+
+        _dirty()
+        recv, out = jax.tree.map(np.asarray, step(jnp.asarray(x, jnp.float32), jnp.asarray(idx),
+                                                  jnp.asarray(w, jnp.float32)))
+        assert recv.tokens.shape == (h.spec.rows, H) and h.spec.rows >= cap
+        np.testing.assert_array_equal(recv.rank_counts, [cap])
+        np.testing.assert_array_equal(recv.recv_dropped, [n - cap])
+        assert not _f64(recv.tokens[cap:]).any() and (recv.local_ids[cap:] == -1).all()
+        kept = np.all(_f64(out) == x, axis=1) & sent
+        assert kept.sum() == cap and not _f64(out[~kept]).any()
+        h.close()
+    finally:
+        g.close()
+
+
 def _fails_at_run(text, fn, *args):
     """fn(*args) traces and compiles, then fails when it runs: XLA's runtime error carrying the handler's text."""
     with pytest.raises(getattr(jax.errors, "JaxRuntimeError", RuntimeError), match=re.escape(text)):

@@ -221,13 +221,16 @@ class Dispatched(NamedTuple):
     """High-Throughput dispatch's outputs (FLAT: one row per (token, this rank), grouped by source rank). tokens
     [rows, H]; local_ids [rows, K] int32 (this rank's expert ids, -1 elsewhere); weights [rows, K] fp32 (0 where
     the expert is elsewhere); expert_counts [L] and rank_counts [R] int32: rows per local expert and per source
-    rank. Rows past sum(rank_counts) are zero (local ids -1)."""
+    rank; recv_dropped [1] int32: with a receive cap and recv_overflow="drop", the rows for this rank past it (not
+    delivered, not counted above; combine leaves them out of their tokens' sums), else 0. Rows past
+    sum(rank_counts) are zero (local ids -1)."""
 
     tokens: jax.Array
     local_ids: jax.Array
     weights: jax.Array
     expert_counts: jax.Array
     rank_counts: jax.Array
+    recv_dropped: jax.Array
 
 
 def _valid(rows: int, rank_counts):
@@ -236,14 +239,14 @@ def _valid(rows: int, rank_counts):
 
 def _ht_dispatch_call(spec: HandleSpec, x, idx, w) -> Dispatched:
     rows, k, h = spec.rows, spec.topk, x.shape[1]
-    tokens, ids, weights, ec, rc = _call(
+    tokens, ids, weights, ec, rc, dropped = _call(
         "nccl_ep_ht_dispatch",
         (_sds((rows, h), x.dtype, x), _sds((rows, k), jnp.int32, x), _sds((rows, k), jnp.float32, x),
-         _sds((spec.local_experts,), jnp.int32, x), _sds((spec.ranks,), jnp.int32, x)),
+         _sds((spec.local_experts,), jnp.int32, x), _sds((spec.ranks,), jnp.int32, x), _sds((1,), jnp.int32, x)),
         x, idx, w, handle_id=spec.id)
     valid = _valid(rows, rc)[:, None]
     return Dispatched(jnp.where(valid, tokens, jnp.zeros_like(tokens)), jnp.where(valid, ids, -1),
-                      jnp.where(valid, weights, 0.0), ec, rc)
+                      jnp.where(valid, weights, 0.0), ec, rc, dropped)
 
 
 def _ht_combine_call(spec: HandleSpec, y):
@@ -267,7 +270,7 @@ def _ht_dispatch_fwd(spec, x, idx, w):
 
 
 def _ht_dispatch_bwd(spec, local_ids, cts):
-    ct_tokens, _, ct_weights, _, _ = cts
+    ct_tokens, _, ct_weights = cts[:3]
     # Both combines below depend on local_ids, an output of the forward dispatch: they run after it.
     local = local_ids >= 0  # rows past the count are -1 everywhere: their cotangents are dropped with them
     row_valid = jnp.any(local, axis=1, keepdims=True)  # a received row has at least one expert here
