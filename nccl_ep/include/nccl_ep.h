@@ -87,9 +87,9 @@ typedef NCCL_EP_ENUM { NCCL_EP_ZERO_COPY_AUTO = 0, NCCL_EP_ZERO_COPY_OFF = 1, NC
 typedef NCCL_EP_ENUM { NCCL_EP_SIZING_WORST_CASE = 0, NCCL_EP_SIZING_EXACT = 1 } ncclEpSizing_t;
 
 /* What becomes of the rows past a High-Throughput group's receive cap (ncclEpGroupConfig_t::max_recv_rows_per_rank).
- * Either way they are not delivered and nothing is written past the cap; ERROR also makes the receiving rank's next
- * call after its handle's kernels ran (under EXACT sizing, handle creation itself) fail with ncclInvalidArgument
- * naming the rows; DROP counts them (ncclEpLayoutInfo_t::recv_dropped_counter) and combine leaves them out of the
+ * Either way they are not delivered and nothing is written past the cap; ERROR also makes every rank's next call
+ * after its handle's kernels ran (under EXACT sizing, handle creation itself, on every rank) fail with
+ * ncclInvalidArgument naming the rank and the rows; DROP counts them (ncclEpLayoutInfo_t::recv_dropped_counter) and combine leaves them out of the
  * sum (ncclEpCombineOutputs_t::missing_experts). */
 typedef NCCL_EP_ENUM { NCCL_EP_RECV_OVERFLOW_ERROR = 0, NCCL_EP_RECV_OVERFLOW_DROP = 1 } ncclEpRecvOverflow_t;
 
@@ -374,9 +374,9 @@ NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64
  * n_ranks x max_tokens_per_rank; ncclEpHandleGetMaxRecvRows of a FLAT handle), where dispatch's senders
  * write each row at its FLAT position; given as outputs.tokens of a dispatch, no received row is copied again (the
  * rest of the outputs are as usual). hidden x the dtype's size must be max_token_bytes (the window's row stride).
- * Its rows hold a dispatch's until the group's next dispatch on any rank begins: in the usual order (dispatch,
- * expert compute, combine, next dispatch) until this rank's combine has begun. So it is no combine input (refused):
- * combine the experts' outputs. Rows past the receive count hold earlier calls' data. */
+ * Its rows hold a dispatch's until this rank's next High-Throughput call on the group begins (its combine, or its
+ * next dispatch): no peer writes the window before (their next dispatch waits for it). So it is no combine input
+ * (refused): combine the experts' outputs. Rows past the receive count hold earlier calls' data. */
 NCCL_EP_API ncclResult_t ncclEpGroupGetDispatchWindow(ncclEpGroup_t group, ncclDataType_t datatype, int64_t hidden,
                                                       ncclEpTensor_t* tokens);
 

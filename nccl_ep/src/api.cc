@@ -138,8 +138,9 @@ ncclResult_t checkTensor(const ncclEpTensor_t& t, const char* what, unsigned ndi
 }
 
 // Token rows are moved in 16-byte vectors.
-ncclResult_t checkAligned(const ncclEpTensor_t& t, const char* what) {
-  NCCLEXT_ARG(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, "%s: data %p is not 16-byte aligned", what, t.data);
+ncclResult_t checkAligned(const ncclEpTensor_t& t, const char* what, int bytes = 16) {
+  NCCLEXT_ARG(reinterpret_cast<uintptr_t>(t.data) % bytes == 0, "%s: data %p is not %d-byte aligned", what, t.data,
+              bytes);
   return ncclSuccess;
 }
 
@@ -278,6 +279,15 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   const int scaleCols = fp4Out ? 64 : 128;
   const int nScales = fp8Out || fp4Out ? (int)(H / scaleCols) : 0;
   const char* fmt = fp4Out ? "NVFP4" : "fp8";
+  // The window's room a row (layout.cc): a flag per kLlSliceCols columns and a scale word per 128 bytes, both
+  // counted from max_token_bytes. bf16 and fp8 rows fit whenever their bytes do; NVFP4 rows (H / 2 bytes) need room
+  // for H columns and H / 64 scale words: max_token_bytes >= 2 H, as for the bf16 rows they come from.
+  NCCLEXT_ARG((H + ncclep::kLlSliceCols - 1) / ncclep::kLlSliceCols <= g->view.wl.slices &&
+                  nScales <= g->view.meta.maxScales,
+              "%s rows of hidden %lld need max_token_bytes >= %lld (the group's window keeps a flag per %d columns "
+              "and a scale word per 128 bytes of max_token_bytes); the group has %d",
+              fp4Out ? "NVFP4" : "Low-Latency", (long long)H, (long long)(fp4Out ? 2 * H : H), ncclep::kLlSliceCols,
+              g->config.max_token_bytes);
   if (fp8Out || fp4Out) {
     NCCLEXT_ARG(H % 128 == 0, "%s tokens: hidden %lld is not a multiple of 128", fmt, (long long)H);
     NCCLEXT_ARG(present(outputs->scales), "%s outputs need outputs.scales %s", fmt,
@@ -287,6 +297,7 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
     else
       NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {-1, nScales}));
     NCCLEXT_CHECK(checkRows(outputs->scales, "outputs.scales", N));
+    NCCLEXT_CHECK(checkAligned(outputs->scales, "outputs.scales", 4));  // the kernels move 32-bit words
   } else {
     NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 and NVFP4 outputs only");
   }
@@ -297,6 +308,7 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
       NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclUint8, ncclFloat8e4m3}, {T, H / 16}));
     else
       NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
+    NCCLEXT_CHECK(checkAligned(inputs->scales, "inputs.scales", 4));
   } else {
     NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 and NVFP4 tokens only");
   }

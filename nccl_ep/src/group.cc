@@ -110,7 +110,8 @@ ncclResult_t ncclEpGroup::createWindow(cudaStream_t stream) {
   view.arrivals = reinterpret_cast<unsigned long long*>(st + 2);
   view.sent = st + 4;
   view.sendArrivals = reinterpret_cast<unsigned long long*>(st + 6);
-  view.barrierEpoch = st + 8;
+  view.barrierEpoch = st + 8;  // index 0 only
+  view.heldDispatch = st + 9;
   if (config.enable_mask) {
     NCCLEXT_CHECK(ncclep::llSetMask(this, std::vector<int>(view.nRanks, 1).data(), stream));
     view.mask = reinterpret_cast<int*>(static_cast<char*>(window.state) + ncclep::DeviceState::kMaskOffset);

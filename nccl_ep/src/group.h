@@ -41,7 +41,7 @@ struct TestingModes {
 // The group's device state: u64 calls[2], arrivals[2], sent[2], sendArrivals[2] (the call numbers
 // ncclEpMaskClean resets: the first kCountersBytes), barrierEpoch; then the mask, int32 [kMaxRanks].
 struct DeviceState {
-  static constexpr size_t kCountersBytes = 8 * sizeof(uint64_t);
+  static constexpr size_t kCountersBytes = 8 * sizeof(uint64_t);  // then the barrier's epoch and heldDispatch
   static constexpr size_t kMaskOffset = 16 * sizeof(uint64_t);
   static constexpr size_t kBytes = kMaskOffset + kMaxRanks * sizeof(int);
 };

@@ -28,8 +28,8 @@ constexpr int kThreads = 512;
 // Error-word sites of nccl_ep (common/device_error.h numbers the shared ones).
 // Bad-input reports: `index` the token, `peer` the column, `seen` the id; `expected` the limit (kSiteTopkIdx) or the
 // earlier column holding the same id (kSiteTopkRepeat).
-// The receive cap's (kSiteRecvCap, ERROR overflow): `seen` the rows for the rank, `expected` the cap, `index` the rows
-// past it.
+// The receive cap's (kSiteRecvCap, ERROR overflow, recorded on every rank): `rank` the lowest rank past the cap,
+// `seen` its rows, `expected` the cap, `index` the rows past it.
 enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1, kSiteTopkRepeat, kSiteRecvCap };
 
 enum CallKind { kDispatch = 0, kCombine = 1 };
@@ -119,6 +119,9 @@ struct GroupView {
   unsigned long long* sendArrivals;  // LL [2]: CTAs of the running send-only half that finished
   int* mask;                     // LL with enable_mask: [R], 1 = active (kernels clear a peer that timed out); else NULL
   uint64_t* barrierEpoch;
+  // HT: the dispatch call whose rows this rank reads in place in its window (DispatchCall::rowsInPlace; 0: none).
+  // Its done flags are released by this rank's next HT dispatch or combine kernel (releaseHeld), not at its end.
+  uint64_t* heldDispatch;
   ncclext::DeviceErrorSink err;
   uint64_t timeoutNs;
 };

@@ -288,6 +288,8 @@ struct FakeLl : Fake {
     handle.layout = NCCL_EP_LAYOUT_RANK_MAJOR;
     handle.config.sizing = NCCL_EP_SIZING_WORST_CASE;
     handle.maxRecvRows = 512;
+    group.view.wl.slices = (group.config.max_token_bytes + 511) / 512;  // as layout.cc sizes them
+    group.view.meta.maxScales = group.config.max_token_bytes / 128;
   }
 };
 
@@ -431,6 +433,28 @@ TEST(EpApi, LowLatencyNvfp4Checks) {
   out.tokens = epTensor(f.p, ncclBfloat16, {511, 7168});
   EXPECT_EQ(ncclEpDispatch(&f.handle, &old.s, &out, nullptr, &cfg, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("a Low-Latency RANK_MAJOR output has 512")) << ncclEpGetLastError();
+  // Forwarded NVFP4 rows are H / 2 bytes, but the window keeps a flag per 512 columns and a scale word per 128 bytes
+  // of max_token_bytes (14336 here): hidden 8192 (4096 bytes a row) would write past its row's flags and scales.
+  in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclUint8, {100, 4096});
+  in.scales = epTensor(f.p, ncclUint8, {100, 512});
+  out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(f.p, ncclUint8, {512, 4096});
+  out.scales = epTensor(f.p, ncclUint8, {512, 512});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("NVFP4 rows of hidden 8192 need max_token_bytes >= 16384")) << ncclEpGetLastError();
+  // Scales move as 32-bit words: a view that starts off a 4-byte boundary is refused.
+  in.tokens = epTensor(f.p, ncclUint8, {100, 3584});
+  in.scales = epTensor(static_cast<char*>(f.p) + 2, ncclUint8, {100, 448});
+  out.tokens = epTensor(f.p, ncclUint8, {512, 3584});
+  out.scales = epTensor(f.p, ncclUint8, {512, 448});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.scales: data")) << ncclEpGetLastError();
+  EXPECT_TRUE(says("is not 4-byte aligned")) << ncclEpGetLastError();
+  in.scales = epTensor(f.p, ncclUint8, {100, 448});
+  out.scales = epTensor(static_cast<char*>(f.p) + 1, ncclUint8, {512, 448});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.scales: data")) << ncclEpGetLastError();
 }
 
 // A call on a group or handle that is not alive (destroyed, or never created) is an error, not a use-after-free; a

@@ -243,6 +243,7 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
 // receivers walk my own tokens' chunks.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleView h, CombineCall c) {
+  releaseHeld(g);
   Ctx x{g, h, c, h.derived};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
   const bool sender = (int)blockIdx.x < c.nSenders;
@@ -274,6 +275,7 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
 // before this call ends here: their next combine's send half waits for my done flag of this one.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, HandleView h, CombineCall c) {
+  releaseHeld(g);  // (none across domains today: the window's rows are capped groups', one domain)
   const RailView& rv = g.rail;
   const int G = rv.domainSize, myDomain = g.rank / G, myIndex = g.rank - rv.domainBase, nDomains = g.nRanks / G;
   const int M = g.maxTokens, vecs = c.rowBytes >> 4, span = min(c.roundSlots, M - c.roundLo);

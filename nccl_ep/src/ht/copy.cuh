@@ -105,8 +105,10 @@ __device__ inline bool waitPeersConsumed(const Team& team, const GroupView& g, s
 // the peers may overwrite them. A CTA in which a wait failed does not arrive: the group then reports the error and
 // its counters stop.
 // `sentToo` (LL, a call run whole): also this kind's sent count (LL numbers the send halves apart).
+// `hold` (HT dispatch whose rows stay in my window, DispatchCall::rowsInPlace): the rows are still to be read, so
+// the done flags wait for this rank's next HT kernel (releaseHeld); the call's number goes to heldDispatch instead.
 __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t doneOff, uint64_t seq, bool failed,
-                                  uint64_t* sentToo = nullptr) {
+                                  uint64_t* sentToo = nullptr, bool hold = false) {
   if (__syncthreads_or(failed)) return;
   bool last = false;
   if (threadIdx.x == 0) {
@@ -117,14 +119,32 @@ __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t done
       g.arrivals[kind] = 0;
       g.calls[kind] = seq;
       if (sentToo) *sentToo = seq;
+      if (hold) *g.heldDispatch = seq;
     }
   }
   // The barrier hands thread 0's answer to the CTA (no shared variable: racecheck reported one written here and read
   // after __syncthreads in kernels whose halves had synchronised on named barriers a different number of times).
-  if (!__syncthreads_or(last)) return;
+  if (!__syncthreads_or(last) || hold) return;
   for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
     if (r != g.rank && g.rail.local(r))  // another domain's ranks need no done flag (see waitBankFree, LL)
       ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, doneOff + (size_t)g.rank * 8, r)), seq);
+}
+
+// Every thread of CTA 0 of an HT dispatch or combine kernel, first thing (the others return at once): releases the
+// done flags of a dispatch whose rows this rank read in place in its window (finishCall's `hold`), so that the peers
+// may write it again. The kernels that read those rows ran before this one on the stream (or were ordered before it
+// by the caller): they happen before the system fence and the releases below. Clearing heldDispatch comes before
+// CTA 0's arrival in this kernel's finishCall, which the CTA that stores a new held call observes first.
+__device__ inline void releaseHeld(const GroupView& g) {
+  if (blockIdx.x != 0) return;
+  const uint64_t held = *g.heldDispatch;
+  __syncthreads();  // every thread read it before thread 0 clears it
+  if (held == 0) return;
+  __threadfence_system();
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
+    if (r != g.rank && g.rail.local(r))
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, g.wl.dispDone + (size_t)g.rank * 8, r)), held);
+  if (threadIdx.x == 0) *g.heldDispatch = 0;
 }
 
 // One warp (all lanes, warp-uniform control flow), after it wrote a row (and its metadata) into a peer's staging:

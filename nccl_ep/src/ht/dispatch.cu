@@ -260,6 +260,7 @@ __device__ bool runTeam(const Team& team, const Ctx& x, TeamShared* sh, bool sen
 __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, HandleView h, DispatchCall c) {
   Ctx x{g, h, c, h.derived};
   __shared__ TeamShared shared[2];
+  releaseHeld(g);
   const uint64_t seq = callNumber(g, kDispatch);
   const int half = threadIdx.x >= kThreads;
   const Team team = Team::halfCta(half);
@@ -270,7 +271,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) dispatchKernel(GroupView g, H
   bool ok = true;
   if (runs && j < (sender ? c.nSenders : c.nReceivers)) ok = runTeam(team, x, sh, sender, j, seq);
   if (c.phase == kHtSendHalf) return;  // a failed wait is in the error word; the receive half ends the call
-  finishCall(g, kDispatch, g.wl.dispDone, seq, !ok);
+  finishCall(g, kDispatch, g.wl.dispDone, seq, !ok, nullptr, c.rowsInPlace);
 }
 
 // The hierarchical dispatch's rail positions (RailView::hier), before the first round's pack: one CTA per other

@@ -187,9 +187,6 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
     d[dl.totals + 0] = off - dropped;
     d[dl.dropped] = dropped;
     if (info.recvDropped) info.recvDropped[0] = dropped;
-    if (dropped > 0 && g.recvCapError)
-      ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, me, me, (uint64_t)cap, (uint64_t)off, kSiteRecvCap,
-                                (uint32_t)dropped, 0);
   }
   // Every rank holds every rank's counts towards every rank now (row s: s's totals): the receive cap's dense
   // positions, and whether any rank gets more rows than the cap (the same answer on every rank).
@@ -198,14 +195,28 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
     bool overflow = false;
     const int stride = g.wl.exchangeInts;
     auto count = [rows, stride](int s, int r) { return rows[(size_t)s * stride + r]; };
+    __shared__ int firstOver;  // the lowest rank past the cap (R: none)
+    if (threadIdx.x == 0) firstOver = R;
+    __syncthreads();
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       const CapOffsets o = capOffsets(count, R, me, r);
       d[dl.dispAt + r] = o.dispAt;
       d[dl.combAt + r] = o.combAt;
       d[dl.combMine + r] = o.combMine;
-      overflow = overflow || o.total > cap;
+      if (o.total > cap) {
+        overflow = true;
+        atomicMin(&firstOver, r);
+      }
     }
     if (__syncthreads_or(overflow)) {
+      // ERROR: every rank records the same overflow (the lowest rank past the cap, from the counts every rank
+      // holds), so that every rank's call fails alike: one that failed alone (an EXACT handle's creation) would
+      // leave its peers waiting for its rows until the timeout.
+      if (threadIdx.x == 0 && g.recvCapError) {
+        const int total = capOffsets(count, R, me, firstOver).total;
+        ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, firstOver, me, (uint64_t)cap, (uint64_t)total,
+                                  kSiteRecvCap, (uint32_t)(total - cap), 0);
+      }
       // Some rank drops rows: its EXPERT_MAJOR zones must count only the rows that fit. The rows past the cap are
       // each source's last (positions grow with the source, then the slot), so a source's rows that fit for an
       // expert are the first of its (source, expert) indices: I count mine (slot below the cap's room at r), write

@@ -414,8 +414,8 @@ class Group(Closing):
     delivers to a rank, one per (token, rank): the window's dispatch staging and a handle's "flat" output hold that
     many rows instead of size * max_tokens_per_rank, and the combine staging max_tokens_per_rank * min(size,
     max_topk) (info()'s window_bytes; query_group_info before). The rows past it (the last source ranks' last
-    tokens) are never delivered; `recv_overflow="error"` (default) makes the receiving rank's next call raise
-    NcclInvalidArgument naming them, "drop" counts them (the handle's recv_dropped) and combine leaves them out of
+    tokens) are never delivered; `recv_overflow="error"` (default) makes every rank's next call raise
+    NcclInvalidArgument naming them (and the rank), "drop" counts them (the handle's recv_dropped) and combine leaves them out of
     the sum (its missing_experts says how many of each token's experts)."""
 
     max_recv_rows_per_rank = 0  # the receive cap (set by __init__)
@@ -841,8 +841,8 @@ class Group(Closing):
         with max_recv_rows_per_rank): a [max_recv_rows_per_rank, H] tensor of `dtype` (default bfloat16; H x its size
         = the group's max_token_bytes) in this rank's window, where dispatch's senders write each FLAT row in place.
         Pass it as dispatch's `tokens_out` (FLAT handles): no received row is copied again. It holds a dispatch's rows
-        until the group's next dispatch on any rank begins (in the dispatch, compute, combine order: until this rank's
-        combine begins), so it is no combine input (refused: combine the experts' outputs); rows past the receive
+        until this rank's next High-Throughput call on the group begins (its combine or its next dispatch; no peer
+        writes it before), so it is no combine input (refused: combine the experts' outputs); rows past the receive
         count hold earlier calls' data. It does not keep the window alive: do not use it after close()."""
         import torch
 
