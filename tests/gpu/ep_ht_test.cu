@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -641,6 +642,89 @@ struct Runner {
     return 0;
   }
 
+  // Zero-copy rows hold until this rank's next call: rank 0 dispatches handle H1 into its window (every rank's tokens
+  // to its own experts, so no other rank has a row there); the others combine H1 (nothing from rank 0 needed) and
+  // at once dispatch H2, whose routing sends their tokens to rank 0's experts (rank 0's go nowhere, so their rows
+  // would land at rank 0's window positions 0.. of H1's rows). Rank 0 waits on the host, then reads its window:
+  // H1's rows must still be its own tokens (the peers' H2 dispatch waits for rank 0's next call, its combine of
+  // H1). Then everyone finishes H2. Needs a capped group (the window) of 2 ranks or more, in one domain.
+  int runWindowHeld(uint64_t cs) {
+    const int rank = ctx.rank, R = ctx.nRanks, K = 2, T = 64, hidden = kMaxRowBytes / 2;
+    const Case c{"cap: zero-copy rows held until the next call", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
+                 NCCL_EP_SIZING_EXACT, false, K, hidden, true};
+    const size_t rowBytes = (size_t)hidden * 2;
+    std::vector<int> own(T * K), toZero(T * K, -1);
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) {
+        own[t * K + k] = rank * kExpertsPerRank + (t + k) % kExpertsPerRank;
+        if (rank != 0) toZero[t * K + k] = (t + k) % kExpertsPerRank;  // rank 0's experts
+      }
+    DeviceBuf i1(own.size() * 4), i2(toZero.size() * 4), x((size_t)T * rowBytes);
+    i1.put(own.data(), own.size() * 4);
+    i2.put(toZero.data(), toZero.size() * 4);
+    std::vector<uint8_t> hx((size_t)T * rowBytes);
+    for (int t = 0; t < T; t++)
+      for (size_t j = 0; j < rowBytes; j++) hx[t * rowBytes + j] = tokenByte(cs, rank, t, (int)j);
+    x.put(hx.data(), hx.size());
+    ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
+    hc.sizing = NCCL_EP_SIZING_EXACT;
+    ncclEpHandle_t h1 = nullptr, h2 = nullptr;
+    ncclEpTensor_t t1 = epTensor(i1.p, ncclInt32, {T, K}), t2 = epTensor(i2.p, ncclInt32, {T, K});
+    EXPECT_OK(ncclEpCreateHandle(&h1, group, NCCL_EP_LAYOUT_FLAT, &t1, nullptr, &hc, ctx.stream));
+    EXPECT_OK(ncclEpCreateHandle(&h2, group, NCCL_EP_LAYOUT_FLAT, &t2, nullptr, &hc, ctx.stream));
+    if (!h1 || !h2 || wait("window-held handles")) return 1;
+    int64_t rows1 = 0, rows2 = 0;
+    EXPECT_OK(ncclEpHandleGetRecvRows(h1, &rows1));
+    EXPECT_OK(ncclEpHandleGetRecvRows(h2, &rows2));
+    DeviceBuf y((size_t)std::max<int64_t>(std::max(rows1, rows2), 1) * rowBytes), cout((size_t)T * rowBytes);
+    ncclEpTensor_t window = NCCL_EP_TENSOR_INIT;
+    EXPECT_OK(ncclEpGroupGetDispatchWindow(group, ncclBfloat16, hidden, &window));
+    auto dispatch = [&](ncclEpHandle_t h, int64_t rows, bool intoWindow) {
+      ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+      in.tokens = epTensor(x.p, ncclBfloat16, {T, hidden});
+      ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+      out.tokens = intoWindow ? window : epTensor(y.p, ncclBfloat16, {rows, hidden});
+      EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+    };
+    auto combine = [&](ncclEpHandle_t h, int64_t rows) {
+      ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+      ci.tokens = epTensor(y.p, ncclBfloat16, {rows, hidden});
+      ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+      co.tokens = epTensor(cout.p, ncclBfloat16, {T, hidden});
+      EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
+    };
+    auto windowRows = [&]() {  // rank 0's first T rows of the window, as bytes
+      std::vector<uint8_t> got((size_t)T * rowBytes);
+      if (cudaMemcpyAsync(got.data(), window.data, got.size(), cudaMemcpyDeviceToHost, ctx.stream) != cudaSuccess ||
+          cudaStreamSynchronize(ctx.stream) != cudaSuccess)
+        bad(c, "reading the window failed");
+      return got;
+    };
+    dispatch(h1, rows1, rank == 0);
+    if (wait("dispatch H1")) return 1;
+    if (rank == 0 && rows1 != T) bad(c, "H1 rows at rank 0", rows1, T);
+    if (rank == 0 && windowRows() != hx) bad(c, "H1's rows are not rank 0's tokens after dispatch");
+    if (rank != 0) {
+      combine(h1, rows1);
+      dispatch(h2, rows2, false);  // enqueued, not waited for: it writes into rank 0's window once allowed
+    }
+    if (ncclext::harness::barrier(ctx, gTimeoutSeconds) != ncclSuccess) return 1;
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // room for a peer's H2 rows to land too early
+      if (windowRows() != hx) bad(c, "H1's rows in the window were overwritten before rank 0's next call");
+      std::vector<uint8_t> zeros(std::max<int64_t>(rows1, 1) * rowBytes, 0);
+      y.put(zeros.data(), zeros.size());
+      combine(h1, rows1);
+      dispatch(h2, rows2, false);
+    }
+    if (wait("dispatch H2")) return 1;
+    combine(h2, rows2);
+    if (wait("combine H2")) return 1;
+    EXPECT_OK(ncclEpHandleDestroy(h1));
+    EXPECT_OK(ncclEpHandleDestroy(h2));
+    return 0;
+  }
+
   // EXACT handles whose routing holds, on rank 0, an id >= num_experts (token 1, column 0) and then an id that
   // an earlier column of the token already names (token 2, column 3 repeats column 1): that rank gets
   // ncclInvalidArgument with token and column named; the collective still completes everywhere and the group stays
@@ -889,6 +973,9 @@ int main(int argc, char** argv) {
         capped.swap(few);
       }
       rc = onOwnGroup("receive cap", capCfg, [&](Runner& r) { return runCases(r, capped, seed * 100 + 70); });
+      if (!rc && ctx.nRanks > 1)
+        rc = onOwnGroup("receive cap, zero-copy rows held", capCfg,
+                        [&](Runner& r) { return r.runWindowHeld(seed * 100 + 90); });
       capCfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_ERROR;
       if (!rc)
         rc = onOwnGroup("receive cap, ERROR", capCfg,
