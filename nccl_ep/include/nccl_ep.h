@@ -373,7 +373,7 @@ NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64
  * becomes a [rows, hidden] tensor of `datatype` in this rank's window (rows: max_recv_rows_per_rank, at most
  * n_ranks x max_tokens_per_rank; ncclEpHandleGetMaxRecvRows of a FLAT handle), where dispatch's senders
  * write each row at its FLAT position; given as outputs.tokens of a dispatch, no received row is copied again (the
- * rest of the outputs are as usual). hidden x the dtype's size must be max_token_bytes (the window's row stride).
+ * other outputs have the handle's rows, ncclEpHandleGetRecvRows or GetMaxRecvRows, as usual). hidden x the dtype's size must be max_token_bytes (the window's row stride).
  * Its rows hold a dispatch's until this rank's next High-Throughput call on the group begins (its combine, or its
  * next dispatch): no peer writes the window before (their next dispatch waits for it). So it is no combine input
  * (refused): combine the experts' outputs. Rows past the receive count hold earlier calls' data. */

@@ -335,9 +335,10 @@ ffi::Error htDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
 }
 
 // x [T, H] through the routing as bound (no new routing, no weights) -> tokens [rows, H] and that routing's
-// rank_counts [R] int32 (which rows hold data): combine's gradient.
-ffi::Error htRedispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> tokens,
-                        ffi::Result<ffi::AnyBuffer> rankCounts, int64_t handleId) {
+// rank_counts [R] int32 (which rows hold data): combine's gradient. `after`, unread, is an array computed from the
+// forward dispatch's outputs: as an operand it makes XLA run this call after that dispatch bound the routing.
+ffi::Error htRedispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
+                        ffi::Result<ffi::AnyBuffer> tokens, ffi::Result<ffi::AnyBuffer> rankCounts, int64_t handleId) {
   static const char* kTarget = "nccl_ep_ht_redispatch";
   return guarded(kTarget, [&]() -> ffi::Error {
     std::lock_guard<std::mutex> lock(registryMutex());
@@ -483,6 +484,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ncclEpJaxHtRedispatch, htRedispatch,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // after (unread: orders the call after the forward's)
                                   .Ret<ffi::AnyBuffer>()  // tokens
                                   .Ret<ffi::AnyBuffer>()  // rank_counts
                                   .Attr<int64_t>("handle_id"));

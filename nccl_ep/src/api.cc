@@ -845,7 +845,10 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_ARG(y.sizes[0] >= need, "outputs.tokens has %lld rows; this handle needs %lld (%s sizing)",
                 (long long)y.sizes[0], (long long)need,
                 handle->config.sizing == NCCL_EP_SIZING_EXACT ? "exact" : "worst-case");
-    const int64_t N = y.sizes[0];
+    // Zero-copy: outputs.tokens is the window (max_recv_rows_per_rank rows); the other outputs have the handle's
+    // rows (ncclEpHandleGetRecvRows or GetMaxRecvRows), which the window's rows cover.
+    const bool inPlace = inWindow(g, y.data);
+    const int64_t N = inPlace ? need : y.sizes[0];
     const bool flat = handle->layout == NCCL_EP_LAYOUT_FLAT;
     if (present(outputs->topk_weights)) {
       if (flat)
@@ -865,7 +868,6 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
       NCCLEXT_ARG(!present(outputs->scales), "outputs.scales come with inputs.scales (fp8 or uint8 tokens)");
     }
     // Zero-copy: outputs.tokens in my window is ncclEpGroupGetDispatchWindow's tensor, where the rows land already.
-    const bool inPlace = inWindow(g, y.data);
     if (inPlace) {
       NCCLEXT_USAGE(y.data == g->view.peers.mine + g->view.wl.dispRows && g->view.recvCap > 0,
                     "outputs.tokens lies in the group's window: only ncclEpGroupGetDispatchWindow's tensor may");

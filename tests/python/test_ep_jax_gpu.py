@@ -541,7 +541,8 @@ def test_receive_cap_drops_and_counts(one_rank):
     """A group whose receive cap (recv_overflow="drop") is below a routing's rows: recv_dropped counts the rows past
     it, rank_counts the delivered ones, and combine brings back exactly the delivered tokens (the others: zero)."""
     cap = 8
-    g = epjax.group(one_rank[2], "ep", num_experts=L, max_tokens_per_rank=M, hidden=H, dtype=jnp.float32, max_topk=K,
+    mesh = Mesh(one_rank[2].devices, ("cap",))  # a group of its own: the module's `ht` group holds (mesh, "ep")
+    g = epjax.group(mesh, "cap", num_experts=L, max_tokens_per_rank=M, hidden=H, dtype=jnp.float32, max_topk=K,
                     num_sms=8, timeout_s=60, max_recv_rows_per_rank=cap, recv_overflow="drop")
     try:
         h = g.handle(num_tokens=T, topk=K)

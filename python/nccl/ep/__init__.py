@@ -667,10 +667,11 @@ class Group(Closing):
             names = ["tokens"]
         else:  # the caller's tensor (dispatch_window()'s: rows in place)
             self._same_device(("tokens_out", tokens_out))
-            outputs = _DispatchOutputs.new(tokens=describe(tokens_out, "tokens_out", dtypes=(out_dt,), ndim=2))
-            if tokens_out.shape[1] != out_cols or tokens_out.shape[0] < rows:
+            if tokens_out.ndim != 2 or tokens_out.shape[1] != out_cols or tokens_out.shape[0] < rows:
                 raise NcclInvalidArgument("tokens_out has shape %s; the output is [%d (or more), %d]"
                                           % (tuple(tokens_out.shape), rows, out_cols))
+            # Its first `rows` rows, as the other outputs have (the same start: the window stays the window).
+            outputs = _DispatchOutputs.new(tokens=describe(tokens_out[:rows], "tokens_out", dtypes=(out_dt,), ndim=2))
             made, names = [], []
         if topk_weights is not None:
             inputs.topk_weights = describe(topk_weights, "topk_weights", dtypes=(torch.float32,), ndim=2)

@@ -253,9 +253,11 @@ def _ht_combine_call(spec: HandleSpec, y):
     return _call("nccl_ep_ht_combine", _sds((spec.num_tokens, y.shape[1]), y.dtype, y), y, handle_id=spec.id)
 
 
-def _ht_redispatch_call(spec: HandleSpec, g):
+def _ht_redispatch_call(spec: HandleSpec, g, after):
+    """`after`: an array computed from the forward dispatch's outputs, an operand the call does not read, so that XLA
+    runs it after that dispatch bound the routing (the cotangent g may not depend on the forward at all)."""
     tokens, rc = _call("nccl_ep_ht_redispatch", (_sds((spec.rows, g.shape[1]), g.dtype, g),
-                                                 _sds((spec.ranks,), jnp.int32, g)), g, handle_id=spec.id)
+                                                 _sds((spec.ranks,), jnp.int32, g)), g, after, handle_id=spec.id)
     return jnp.where(_valid(spec.rows, rc)[:, None], tokens, jnp.zeros_like(tokens))
 
 
@@ -302,9 +304,9 @@ def _ht_combine_fwd(spec, y):
 def _ht_combine_bwd(spec, after, ct):
     # The redispatch sends through the routing the forward dispatch bound, so it must run after that dispatch. A
     # cotangent that does not depend on the forward (a linear loss, a given cotangent) gives XLA no such order: the
-    # barrier makes it depend on y, and y on the dispatch.
-    ct, _ = jax.lax.optimization_barrier((ct, after))
-    return (_ht_redispatch_call(spec, ct),)
+    # call takes y's corner as an operand, and y comes from the dispatch. (With an optimization barrier joining ct
+    # and that corner instead, a linear loss's gradient came back zero on an H100: no rows redispatched.)
+    return (_ht_redispatch_call(spec, ct, after),)
 
 
 _ht_combine.defvjp(_ht_combine_fwd, _ht_combine_bwd)
