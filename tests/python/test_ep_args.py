@@ -266,8 +266,8 @@ def test_low_latency_nvfp4_dispatch_structs(on_cpu, mode):
 
 
 def test_tokens_out_is_the_output_and_is_checked(on_cpu):
-    # The caller's tensor (e.g. Group.dispatch_window()'s) becomes outputs.tokens and the result's tokens; its dtype,
-    # width and rows are checked here.
+    # The caller's tensor (e.g. Group.dispatch_window()'s) becomes outputs.tokens (its first rows, as many as the
+    # other outputs have: the same start) and the result's tokens; its dtype, width and rows are checked here.
     g = _shell(low_latency=False)
     h = _FakeHandle(g, "flat")
     h.expert_counts, h.rank_counts = torch.zeros(L, dtype=torch.int32), torch.zeros(R, dtype=torch.int32)
@@ -276,7 +276,7 @@ def test_tokens_out_is_the_output_and_is_checked(on_cpu):
     recv = g.dispatch(x, handle=h, tokens_out=y, stream=_Stream())
     (prep, args), = on_cpu
     inputs, outputs, cfg, info = prep.structs
-    assert recv.tokens is y and outputs.tokens.data == y.data_ptr() and _dims(outputs.tokens) == ([9, H],
+    assert recv.tokens is y and outputs.tokens.data == y.data_ptr() and _dims(outputs.tokens) == ([7, H],
                                                                                                  T.NCCL_BFLOAT16)
     assert recv.topk_idx.shape == (7, K)  # the other outputs as usual
     for bad, text in ((torch.empty(6, H, dtype=torch.bfloat16), r"the output is \[7 \(or more\), %d\]" % H),
