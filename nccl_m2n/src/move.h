@@ -252,8 +252,10 @@ NCCLM2N_HD void moveEnds(const MoveDesc& d, const MoveSegment& g, int64_t e, con
 
 // Thread `tid`'s share (of a team of `nThreads`, a multiple of 32: a CTA) of segment g of box d. When the box's
 // innermost dim is contiguous on its strided side(s) (after coalesce(), a dense box is one such dim) and nothing is
-// converted, the segment is a list of byte runs, one per row: runs of at least 4 KB take the whole team each,
-// shorter ones a warp each. Otherwise the threads take single elements (converting them). The threads write
+// converted, the segment is a list of byte runs, one per row: runs of at least 32 KB take the whole team each,
+// shorter ones a warp each (a lane then has four 16-byte loads in flight from 2 KB on: groupCopy's unrolled loop;
+// a team of 512 threads on an 8 KB row had one. bench/experiments/m2n_rows_variants.sh measured the two:
+// docs/PERFORMANCE.md). Otherwise the threads take single elements (converting them). The threads write
 // disjoint bytes, so the host emulator may run the shares one after another.
 //
 // A local copy's tile segment (kTileSegment): the threads take the tiles' elements one by one. This is the host
@@ -289,7 +291,7 @@ NCCLM2N_HD void moveSegmentShare(const MoveDesc& d, const MoveSegment& g, const 
   }
   const int lane = tid & 31, warp = tid >> 5, warps = nThreads >> 5;
   const int64_t ext = d.extent[last], firstRow = g.firstElement / ext, nRuns = (end - 1) / ext - firstRow + 1;
-  const bool wide = ext * d.elemBytes >= 4096;
+  const bool wide = ext * d.elemBytes >= 32768;
   for (int64_t j = wide ? 0 : warp; j < nRuns; j += wide ? 1 : warps) {
     const int64_t start = j == 0 ? g.firstElement : (firstRow + j) * ext;
     const int64_t rowEnd = (firstRow + j + 1) * ext, stop = rowEnd < end ? rowEnd : end;
