@@ -544,7 +544,8 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxGetVersion(int* version) {
   return ncclSuccess;
 }
 
-// COLLECTIVE for High-Throughput groups (as ncclEpCreateHandle), blocking: on GPU `device`, makes a handle of
+// COLLECTIVE for High-Throughput groups (as ncclEpCreateHandle), blocking: on GPU `device`, after the device's queued
+// work (at most wait_seconds), makes a handle of
 // `group` with worst-case sizing for routings [num_tokens, topk] int32 (layout: FLAT for High-Throughput groups,
 // RANK_MAJOR or EXPERT_MAJOR for Low-Latency ones), bound once to "no expert" on a stream of its own and waited for
 // (at most wait_seconds: past it ncclSystemError, and the handle is left allocated), and registers it as `id`
@@ -593,6 +594,11 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
       if (routing) cudaFree(routing);
       return rc;
     };
+    // The group's calls already queued (an XLA step still running) finish first: the binding is collective, and every
+    // rank must make it after the same calls (the Python side has waited for JAX's live arrays before this).
+    if ((ce = synchronizeDeviceWithin(device, waitSeconds)) != cudaSuccess)
+      return fail(ce == cudaErrorTimeout ? ncclSystemError : ncclUnhandledCudaError,
+                  std::string("ncclEpJaxHandleCreate: waiting for the device's queued work: ") + cudaGetErrorString(ce));
     // The fills on the binding's stream, before the binding.
     if ((ce = cudaMalloc(&routing, total)) != cudaSuccess ||
         (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||

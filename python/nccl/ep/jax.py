@@ -28,7 +28,11 @@ with algorithm="low_latency"): `ll_dispatch` / `ll_combine` (RANK_MAJOR or EXPER
 forward only (differentiating them raises JAX's error for FFI calls).
 
 A handle holds the routing of its last dispatch: combine, and the backward pass, use that one. Use one handle per
-dispatch site (a MoE layer); a layer's calls are ordered by the data flowing from dispatch to combine.
+dispatch site (a MoE layer); a layer's calls are ordered by the data flowing from dispatch to combine. The routing
+is state of the handle, not data XLA sees: a handle must not dispatch twice in one step (micro-batches, shared
+layers), and a `lax.scan` over layers shares one call site, so one handle, among all its layers, whose backward
+passes would all use the last layer's routing (unless `jax.checkpoint` recomputes each layer's dispatch). Handles
+are made outside jit, once the group's earlier steps finished (Handle waits for JAX's live arrays first).
 
 Errors: arguments of the wrong shape or dtype raise NcclInvalidArgument at trace time, naming the argument; a
 failed library call raises XLA's runtime error with the library's text at that call; a device wait that timed out
@@ -346,7 +350,8 @@ class LlDispatched(NamedTuple):
     rows past the counts zero; or float8_e4m3fn with fp8, rows past the counts as left); scales [N, H/128] fp32
     (fp8; else [0]); weights (RANK_MAJOR [N, K], EXPERT_MAJOR [N]; [0] without topk_weights); local_ids (RANK_MAJOR
     [N, K] int32, -1 elsewhere; else [0]); src_info [N] int32 (RANK_MAJOR: the token's index at its source;
-    EXPERT_MAJOR: source rank * M + token); expert_counts [L] and rank_counts [R] int32 of this dispatch."""
+    EXPERT_MAJOR: source rank * M + token); expert_counts [L] and rank_counts [R] int32 of this dispatch. src_info
+    and the fp8 scales of rows past the counts are as left (not masked): read them through the counts."""
 
     tokens: jax.Array
     scales: jax.Array
@@ -606,6 +611,9 @@ class Handle(Closing):
                   group.max_token_bytes, group.max_tokens_per_rank)
         hid = _new_id(fields)
         rows = ctypes.c_int64(0)
+        # The binding is collective on the group: every rank makes it after the same calls, so the computations
+        # already dispatched (a step of this group in flight) finish first.
+        jax.block_until_ready(jax.live_arrays())
         _lib_call("ncclEpJaxHandleCreate", hid, group._group(), group.hardware_id, int(group.low_latency),
                   _LAYOUT[layout], num_tokens, topk, group.local_experts, group.size, group.host_wait_s,
                   ctypes.byref(rows))
