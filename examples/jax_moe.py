@@ -14,7 +14,9 @@ local expert ids and weights), each rank runs its experts on the rows that name 
 sums each token's rows at its owner; jax.grad runs back through the same handle. The reference computes the whole
 layer (all experts, every rank's tokens) on this process's GPU with plain JAX; after each step the loss, and at the
 end every parameter, must match. Decode (Low-Latency, bf16, EXPERT_MAJOR): a residual MoE step repeated in a
-jax.lax.fori_loop, each expert's zone through its MLP, the owner-weighted combine. Exits 0 when everything matches
+jax.lax.fori_loop, each expert's zone through its MLP, the owner-weighted combine; each step's routing comes from
+its own random logits, not from x, so that a rounding difference between the two paths cannot flip an expert choice
+and grow over the steps (a router on x did, at 4 ranks: 5% off after 4 steps). Exits 0 when everything matches
 (or when there is no GPU: it says so; 77 with --json, as the GPU tests do), 1 otherwise. --json FILE appends one
 result line (make gpu-check's format).
 """
@@ -155,10 +157,18 @@ def decode(a, mesh, rank, ranks, epjax):
     group = epjax.group(mesh, "ep", num_experts=E, max_tokens_per_rank=T, hidden=H, max_topk=K,
                         algorithm="low_latency")
     handle = group.handle(num_tokens=T, topk=K, layout="expert_major")
+    key = jax.random.key(3)
+
+    def step_routing(i):
+        """Every rank's tokens' routing [R * T, K] at step i, the same in both paths."""
+        top, idx = jax.lax.top_k(jax.random.normal(jax.random.fold_in(key, i), (ranks * T, E), jnp.float32), K)
+        return idx.astype(jnp.int32), jax.nn.softmax(top, axis=-1)
 
     def local_decode(p, x):
-        def body(_, x):
-            idx, w = route(p["router"], x, K)
+        def body(i, x):
+            idx_all, w_all = step_routing(i)
+            me = jax.lax.axis_index("ep") * T
+            idx, w = jax.lax.dynamic_slice_in_dim(idx_all, me, T), jax.lax.dynamic_slice_in_dim(w_all, me, T)
             recv = epjax.ll_dispatch(handle, x, idx)  # zone e: rows [e * R * M, (e + 1) * R * M)
             zones = recv.tokens.reshape(L, ranks * T, H).astype(jnp.float32)
             y = jnp.einsum("lrf,lfh->lrh", jax.nn.relu(jnp.einsum("lrh,lhf->lrf", zones, p["w1"])), p["w2"])
@@ -175,8 +185,9 @@ def decode(a, mesh, rank, ranks, epjax):
 
     @jax.jit
     def ref_decode(p, x):
-        def body(_, x):
-            y = reference_layer(p, x.astype(jnp.float32), K, round_rows=True)
+        def body(i, x):
+            idx, w = step_routing(i)
+            y = experts(x.astype(jnp.float32), idx, w, p["w1"], p["w2"], round_rows=True)
             return (x.astype(jnp.float32) + y.astype(jnp.bfloat16).astype(jnp.float32)).astype(jnp.bfloat16)
 
         return jax.lax.fori_loop(0, a.decode_steps, body, x)
