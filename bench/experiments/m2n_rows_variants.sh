@@ -10,15 +10,17 @@
 set -u
 export NCCL_NVLS_ENABLE=0
 source "$(dirname "$0")/variant.sh"
-mk_variant m2n_bench /tmp/m2nr-cta4k "grep -q 'const bool wide = ext \* d.elemBytes >= 32768;' nccl_m2n/src/move.h &&
-  sed -i 's/const bool wide = ext \* d.elemBytes >= 32768;/const bool wide = ext * d.elemBytes >= 4096;/' nccl_m2n/src/move.h"
+old='const bool wide = ext \* d.elemBytes >= 32768;' new='const bool wide = ext * d.elemBytes >= 4096;'
+mk_variant m2n_bench /tmp/m2nr-cta4k "grep -q '$old' nccl_m2n/src/move.h && sed -i 's/$old/$new/' nccl_m2n/src/move.h"
 for v in v0 cta4k; do
   b=build; [ $v = cta4k ] && b=/tmp/m2nr-cta4k/b
   [ -x $b/bin/m2n_bench ] || { echo "=== $v: not built"; continue; }
   echo "=== $v"
-  for a in "--nranks 2 --one-gpu virtual" "--nranks 4 --one-gpu virtual" "--nranks 2 --one-gpu virtual --zero-copy pull"; do
+  for a in "--nranks 2 --one-gpu virtual" "--nranks 4 --one-gpu virtual" \
+           "--nranks 2 --one-gpu virtual --zero-copy pull"; do
     timeout 90 $b/bin/m2n_bench $a --stages --case s0_s1 --min-mib 16 --max-mib 256 ${JSON:+--json $JSON.$v} 2>&1 |
       grep -E "s0_s1|stages"
   done
-  timeout 90 $b/bin/m2n_bench --nranks 1 --min-mib 256 --max-mib 256 ${JSON:+--json $JSON.$v} 2>&1 | grep -E "copy|transpose"
+  timeout 90 $b/bin/m2n_bench --nranks 1 --min-mib 256 --max-mib 256 ${JSON:+--json $JSON.$v} 2>&1 |
+    grep -E "copy|transpose"
 done

@@ -89,8 +89,8 @@ typedef NCCL_EP_ENUM { NCCL_EP_SIZING_WORST_CASE = 0, NCCL_EP_SIZING_EXACT = 1 }
 /* What becomes of the rows past a High-Throughput group's receive cap (ncclEpGroupConfig_t::max_recv_rows_per_rank).
  * Either way they are not delivered and nothing is written past the cap; ERROR also makes every rank's next call
  * after its handle's kernels ran (under EXACT sizing, handle creation itself, on every rank) fail with
- * ncclInvalidArgument naming the rank and the rows; DROP counts them (ncclEpLayoutInfo_t::recv_dropped_counter) and combine leaves them out of the
- * sum (ncclEpCombineOutputs_t::missing_experts). */
+ * ncclInvalidArgument naming the rank and the rows; DROP counts them (ncclEpLayoutInfo_t::recv_dropped_counter) and
+ * combine leaves them out of the sum (ncclEpCombineOutputs_t::missing_experts). */
 typedef NCCL_EP_ENUM { NCCL_EP_RECV_OVERFLOW_ERROR = 0, NCCL_EP_RECV_OVERFLOW_DROP = 1 } ncclEpRecvOverflow_t;
 
 /* A tensor: dense row-major, up to 4 dims. `data` is required (a device pointer) unless some size is 0 (an empty
@@ -373,7 +373,8 @@ NCCL_EP_API ncclResult_t ncclEpHandleGetMaxRecvRows(ncclEpHandle_t handle, int64
  * becomes a [rows, hidden] tensor of `datatype` in this rank's window (rows: max_recv_rows_per_rank, at most
  * n_ranks x max_tokens_per_rank; ncclEpHandleGetMaxRecvRows of a FLAT handle), where dispatch's senders
  * write each row at its FLAT position; given as outputs.tokens of a dispatch, no received row is copied again (the
- * other outputs have the handle's rows, ncclEpHandleGetRecvRows or GetMaxRecvRows, as usual). hidden x the dtype's size must be max_token_bytes (the window's row stride).
+ * other outputs have the handle's rows, ncclEpHandleGetRecvRows or GetMaxRecvRows, as usual). hidden x the dtype's
+ * size must be max_token_bytes (the window's row stride).
  * Its rows hold a dispatch's until this rank's next High-Throughput call on the group begins (its combine, or its
  * next dispatch): no peer writes the window before (their next dispatch waits for it). So it is no combine input
  * (refused): combine the experts' outputs. Rows past the receive count hold earlier calls' data. */

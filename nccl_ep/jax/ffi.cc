@@ -598,7 +598,8 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
     // rank must make it after the same calls (the Python side has waited for JAX's live arrays before this).
     if ((ce = synchronizeDeviceWithin(device, waitSeconds)) != cudaSuccess)
       return fail(ce == cudaErrorTimeout ? ncclSystemError : ncclUnhandledCudaError,
-                  std::string("ncclEpJaxHandleCreate: waiting for the device's queued work: ") + cudaGetErrorString(ce));
+                  std::string("ncclEpJaxHandleCreate: waiting for the device's queued work: ") +
+                      cudaGetErrorString(ce));
     // The fills on the binding's stream, before the binding.
     if ((ce = cudaMalloc(&routing, total)) != cudaSuccess ||
         (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
