@@ -136,7 +136,8 @@ def main():
         row["overhead_python_enqueue_us"] = row["python"]["enqueue_us"] - row["c"]["enqueue_us"]
         # Back to back: 100 pairs enqueued with one synchronisation at the end, per pair; the layer's cost shows only
         # where its host time per pair exceeds the GPU's.
-        b2b = back_to_back({"c": c_pair, "python": python_pair, "python_out": python_out_pair}, 100, 10)
+        b2b = back_to_back({"c": c_pair, "python": python_pair, "python_out": python_out_pair, "ops": ops_pair,
+                            "ops_work": ops_work}, 100, 10)
         row["back_to_back_us"] = b2b
         row["overhead_back_to_back_us"] = b2b["python"] - b2b["c"]
         del graphs
