@@ -137,11 +137,11 @@ def _sized(rows):
     return Sized
 
 
-@pytest.fixture
-def fake_world(monkeypatch):
+def _fake_world(monkeypatch, rank, size):
+    """torch's fake process group as rank `rank` of `size`, the stand-in nccl.ep group, Buffer sized for CAP."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
     monkeypatch.setattr(deep_ep, "Group", _HighThroughputGroup)
     monkeypatch.setattr(deep_ep.Buffer, "max_tokens_per_rank", CAP)
     _HighThroughputGroup.made = []
@@ -149,6 +149,11 @@ def fake_world(monkeypatch):
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def fake_world(monkeypatch):
+    yield from _fake_world(monkeypatch, 1, 4)
 
 
 @pytest.fixture
@@ -309,16 +314,7 @@ def test_internode_reference_reads_deepeps_layout_back():
 
 @pytest.fixture
 def fake_world_16(monkeypatch):
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=9, world_size=16)
-    monkeypatch.setattr(deep_ep, "Group", _HighThroughputGroup)
-    monkeypatch.setattr(deep_ep.Buffer, "max_tokens_per_rank", CAP)
-    _HighThroughputGroup.made = []
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    yield from _fake_world(monkeypatch, 9, 16)
 
 
 @pytest.mark.parametrize("worst", [0, 16 * CAP])
