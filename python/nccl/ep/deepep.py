@@ -920,6 +920,23 @@ def _tokens_per_rdma_rank(is_token_in_rank):
     return is_token_in_rank.view(t, r // _NVL_PEERS, _NVL_PEERS).any(dim=2).sum(dim=0, dtype=torch.int32)
 
 
+def _channel_counts(is_token_in_rank, channels: int):
+    """(before, channel_prefix_matrix, send_head) of is_token_in_rank [T, D] (D destinations: ranks, or nodes) and C
+    channels: before [T + 1, D] int32, [i][d] = tokens among 0..i-1 that go to d; channel_prefix_matrix [D, C],
+    [d][c] = tokens of channels 0..c that go to d; send_head [T, D], a token's position among the tokens of its
+    channel that go to d, -1 where it does not."""
+    t, r = is_token_in_rank.shape
+    dev = is_token_in_rank.device
+    before = torch.zeros(t + 1, r, dtype=torch.int32, device=dev)
+    torch.cumsum(is_token_in_rank.to(torch.int32), 0, dtype=torch.int32, out=before[1:])
+    per = max(1, -(-t // channels))  # tokens per channel (DeepEP's get_channel_task_range)
+    channel_end = (torch.arange(1, channels + 1, device=dev) * per).clamp(max=t)
+    channel_prefix = before[channel_end].t().contiguous()
+    channel_begin = torch.arange(t, device=dev) // per * per
+    send_head = torch.where(is_token_in_rank, before[:t] - before[channel_begin], -1).to(torch.int32)
+    return before, channel_prefix, send_head
+
+
 def _handle_payload(is_token_in_rank, channels: int, max_tokens: int):
     """(payload, channel_prefix_matrix, send_head) of this rank's is_token_in_rank [T, R] (T <= max_tokens) and C
     channels. payload [R, R + C + max_tokens] int32, what this rank sends rank d in row d: its token counts to every
@@ -928,16 +945,8 @@ def _handle_payload(is_token_in_rank, channels: int, max_tokens: int):
     int32: a token's position among the tokens of its channel that go to d, -1 where it does not go to d. Static
     shapes: nothing waits on the host."""
     t, r = is_token_in_rank.shape
-    dev = is_token_in_rank.device
-    hit = is_token_in_rank.to(torch.int32)
-    before = torch.zeros(t + 1, r, dtype=torch.int32, device=dev)  # [i][d]: tokens among 0..i-1 that go to d
-    torch.cumsum(hit, 0, dtype=torch.int32, out=before[1:])
-    per = max(1, -(-t // channels))  # tokens per channel (DeepEP's get_channel_task_range)
-    channel_end = (torch.arange(1, channels + 1, device=dev) * per).clamp(max=t)
-    channel_prefix = before[channel_end].t().contiguous()
-    channel_begin = torch.arange(t, device=dev) // per * per
-    send_head = torch.where(is_token_in_rank, before[:t] - before[channel_begin], -1).to(torch.int32)
-    payload = torch.full((r, r + channels + max_tokens), -1, dtype=torch.int32, device=dev)
+    before, channel_prefix, send_head = _channel_counts(is_token_in_rank, channels)
+    payload = torch.full((r, r + channels + max_tokens), -1, dtype=torch.int32, device=is_token_in_rank.device)
     payload[:, :r] = before[t]
     payload[:, r:r + channels] = channel_prefix
     # A stable sort of "goes to d" first: the tokens to d in token order, then the others.
@@ -983,7 +992,7 @@ def _internode_payload(is_token_in_rank, channels: int, max_tokens: int):
     bits = is_token_in_rank.view(t, nodes, _NVL_PEERS).to(torch.int32)
     mask = (bits << torch.arange(_NVL_PEERS, device=dev, dtype=torch.int32)).sum(dim=2, dtype=torch.int32)  # [T, N]
     to_node = mask != 0
-    _, gbl_prefix, _ = _handle_payload(is_token_in_rank, channels, max_tokens)
+    _, gbl_prefix, _ = _channel_counts(is_token_in_rank, channels)
     node_payload, rdma_prefix, send_rdma_head = _handle_payload(to_node, channels, max_tokens)
     payload = torch.full((r, 2 + 2 * channels + max_tokens), -1, dtype=torch.int32, device=dev)
     node_of = torch.arange(r, device=dev) // _NVL_PEERS
