@@ -276,8 +276,8 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
               in == kFp8 ? "fp8" : "NVFP4 (uint8)", in == kFp8 ? "fp8" : "NVFP4");
   const bool fp8Out = out == kFp8, fp4Out = out == kFp4;
   // Scale words a row: one fp32 per 128 columns (fp8), four e4m3 per 64 (NVFP4, one per 16).
-  const int scaleCols = fp4Out ? 64 : 128;
-  const int nScales = fp8Out || fp4Out ? (int)(H / scaleCols) : 0;
+  const int scaleColsLog2 = fp4Out ? 6 : 7;
+  const int nScales = fp8Out || fp4Out ? (int)(H >> scaleColsLog2) : 0;
   const char* fmt = fp4Out ? "NVFP4" : "fp8";
   // The window's room a row (layout.cc): a flag per kLlSliceCols columns and a scale word per 128 bytes, both
   // counted from max_token_bytes. bf16 and fp8 rows fit whenever their bytes do; NVFP4 rows (H / 2 bytes) need room
@@ -344,8 +344,10 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   c.hidden = (int)H;
   c.inRowBytes = (int)rowBytesOf(in, H);
   c.outRowBytes = (int)rowBytesOf(out, H);
+  c.inColNibbles = (int)(2 * rowBytesOf(in, H) / H);
+  c.outColNibbles = (int)(2 * rowBytesOf(out, H) / H);
   c.nScales = nScales;
-  c.scaleCols = scaleCols;
+  c.scaleColsLog2 = scaleColsLog2;
   c.quantize = in == kBf16 && fp8Out;
   c.quantizeFp4 = quantizeFp4;
   c.globalScale = quantizeFp4 ? static_cast<const float*>(inputs->global_scale.data) : nullptr;

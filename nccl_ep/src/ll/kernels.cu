@@ -294,10 +294,9 @@ __device__ void quantizeSliceFp4(const GroupView& g, const LlDispatchCall& c, co
   }
 }
 
-// Bytes of a row of `rowBytes` holding `hidden` columns before column `col` (rows of 2, 1 or 1/2 byte a column).
-__device__ __forceinline__ size_t colBytes(int col, int rowBytes, int hidden) {
-  return (size_t)col * (size_t)rowBytes / (size_t)hidden;
-}
+// Bytes of a row before column `col`, its columns `nibbles` 4-bit units each (4, 2 or 1: even products only, as every
+// slice starts at a multiple of 128 columns). A shift, not a division: it runs for every slice of every row.
+__device__ __forceinline__ size_t colBytes(int col, int nibbles) { return (size_t)col * (size_t)nibbles >> 1; }
 
 // One warp per (token of mine, slice): the slice (and, slice 0, the metadata) into every active destination's
 // staging, then the slice's flags.
@@ -323,10 +322,10 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
       char* meta = static_cast<char*>(peerAt(g, bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       if (forward) {
         char* dst = static_cast<char*>(peerAt(g, bank + g.wl.dispRows + rowIndex * g.rowStride, r));
-        const size_t lo = colBytes(cols.lo, c.inRowBytes, c.hidden), hi = colBytes(cols.hi, c.inRowBytes, c.hidden);
+        const size_t lo = colBytes(cols.lo, c.inColNibbles), hi = colBytes(cols.hi, c.inColNibbles);
         warpCopy<false>(lane, dst + lo, row + lo, (int)(hi - lo));
-        if (c.scales)  // whole words: a slice's columns are a multiple of scaleCols (H is a multiple of 128)
-          for (int b = cols.lo / c.scaleCols + lane; b < cols.hi / c.scaleCols; b += 32)
+        if (c.scales)  // whole words: a slice starts at a multiple of 128 columns (H is a multiple of 128)
+          for (int b = (cols.lo >> c.scaleColsLog2) + lane; b < cols.hi >> c.scaleColsLog2; b += 32)
             reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = __ldg(c.scales + (size_t)t * c.nScales + b);
       }
       if (has) {
@@ -409,10 +408,10 @@ __device__ __forceinline__ int sourceOf(const int* rowStart, int R, int i) {
 // One warp: the slice's columns of a staged row (and its blocks' scales) to output row `row`.
 __device__ __forceinline__ void copySlice(const LlDispatchCall& c, int lane, size_t row, const char* src,
                                           const float* scales, Cols cols) {
-  const size_t lo = colBytes(cols.lo, c.outRowBytes, c.hidden), hi = colBytes(cols.hi, c.outRowBytes, c.hidden);
+  const size_t lo = colBytes(cols.lo, c.outColNibbles), hi = colBytes(cols.hi, c.outColNibbles);
   warpCopy<true>(lane, c.outTokens + row * c.outRowBytes + lo, src + lo, (int)(hi - lo));
   if (c.outScales)  // 32-bit words, bit for bit (NVFP4: four e4m3 scales each)
-    for (int b = cols.lo / c.scaleCols + lane; b < cols.hi / c.scaleCols; b += 32)
+    for (int b = (cols.lo >> c.scaleColsLog2) + lane; b < cols.hi >> c.scaleColsLog2; b += 32)
       c.outScales[row * c.nScales + b] = __ldcg(scales + b);
 }
 
