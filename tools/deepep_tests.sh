@@ -24,6 +24,7 @@
 #                        process NCCL_HOSTID=deepep-node-<rank> (an NCCL node of its own) and device_id cuda:0.
 # The tests' files are run as they are; extra arguments for every run of a file: DEEPEP_INTRANODE_ARGS,
 # DEEPEP_LOW_LATENCY_ARGS, DEEPEP_EP_ARGS. DEEPEP_TESTS_TIMEOUT: seconds a run may take (default 1800).
+# DEEPEP_TESTS_ONLY: a bash regex; only the runs whose file and arguments (as listed above) match it.
 # --dry-run (no GPU needed): the same runs, but torch.multiprocessing.spawn returns at once, so that each file
 # parses its arguments and imports everything it imports through the drop-in, then stops.
 # The log (the commits, the GPU, every run's output and a summary) goes to $OUT/deepep-tests-<UTC>.log when OUT is
@@ -38,7 +39,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   shift
 fi
 if [ $# -lt 1 ] || [ ! -d "$1" ]; then
-  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 src=$(cd "$1" && pwd)
@@ -173,6 +174,7 @@ failed=0
 port=$((29600 + $$ % 200))
 for run in "${runs[@]}"; do
   run=${run% }
+  [[ -z ${DEEPEP_TESTS_ONLY:-} || $run =~ $DEEPEP_TESTS_ONLY ]] || continue
   read -r -a argv <<<"$run"
   port=$((port + 1))
   echo "=== $run" | tee -a "$log"

@@ -249,9 +249,12 @@ typedef struct {
                                   (token, expert) row returns as it is and the owner weights and sums them (DeepEP's
                                   API); absent: each rank weights its experts' rows with the weights dispatch carried
                                   (1 where it had none) and returns one row per (token, rank). HT: unused */
+  /* Appended after the first layout (NCCL_EP_COMBINE_INPUTS_V1_SIZE ends before it). */
+  ncclEpTensor_t bias;         /* HT, optional: [T, H] of the tokens' dtype or fp32, the owner's sum's first term */
 } ncclEpCombineInputs_t;
+#define NCCL_EP_COMBINE_INPUTS_V1_SIZE offsetof(ncclEpCombineInputs_t, bias)
 #define NCCL_EP_COMBINE_INPUTS_INIT \
-  {sizeof(ncclEpCombineInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
+  {sizeof(ncclEpCombineInputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;
@@ -392,8 +395,10 @@ NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispa
                                         const ncclEpDispatchConfig_t* config, cudaStream_t stream);
 /* COLLECTIVE, stream-ordered, asynchronous: returns expert outputs to token owners and reduces them in fp32. FLAT:
  * one row per (token, rank), summed as given. EXPERT_MAJOR: each rank weights its local experts' rows with the
- * top-k weights of the last dispatch and sums them before sending one row per (token, rank); the owner sums the
- * ranks' rows. Backward pass: the gradient of dispatch is a combine of the received-token gradients (FLAT).
+ * top-k weights of the last dispatch and sums them in top-k column order into one row per (token, rank), rounded
+ * to the tokens' dtype (the owner's own too). High-Throughput owners sum in fp32, from inputs->bias (or 0), the
+ * ranks' rows in the order of the last top-k column each rank hosts (DeepEP's order: the same bits as its combine),
+ * and round once. Backward pass: the gradient of dispatch is a combine of the received-token gradients (FLAT).
  * Low-Latency, after a dispatch on the same handle: RANK_MAJOR takes one row per slot (the caller's sum over the
  * row's local experts) and the owner sums the ranks' rows in rank order; EXPERT_MAJOR as HT, or, with
  * inputs->topk_weights, one row per (token, expert) weighted and summed by the owner in top-k column order. */

@@ -364,6 +364,7 @@ ncclResult_t combineLowLatency(ncclEpHandle* handle, const ncclEpCombineInputs_t
   NCCLEXT_CHECK(checkCallAllowed(handle, ncclep::kCombine, config && config->send_only, "ncclEpCombine"));
   const int T = handle->view.numTokens, K = handle->topk;
   const bool rankMajor = handle->layout == NCCL_EP_LAYOUT_RANK_MAJOR;
+  NCCLEXT_ARG(!present(inputs->bias), "inputs.bias at combine is for the High-Throughput mode");
   const ncclEpTensor_t& x = inputs->tokens;
   NCCLEXT_CHECK(checkTensor(x, "inputs.tokens", 2, {ncclBfloat16}, {-1, -1}));
   NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
@@ -909,7 +910,10 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     NCCLEXT_CHECK(checkHandle(handle, "ncclEpCombine"));
     ncclEpGroup* g = handle->group;
     NCCLEXT_CHECK(g->asyncError("ncclEpCombine"));
-    CHECK_HEADER(inputs, ncclEpCombineInputs_t, NCCL_EP_COMBINE_INPUTS_INIT);
+    ncclEpCombineInputs_t givenInputs;  // the caller's layout, any known one, with what it lacks absent
+    NCCLEXT_CHECK(readVersioned(inputs, {NCCL_EP_COMBINE_INPUTS_V1_SIZE, sizeof(ncclEpCombineInputs_t)}, "inputs",
+                                "NCCL_EP_COMBINE_INPUTS_INIT", &givenInputs));
+    inputs = &givenInputs;
     CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
     if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
     if (g->view.lowLatency) return combineLowLatency(handle, inputs, outputs, config, stream);
@@ -937,9 +941,15 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     NCCLEXT_CHECK(rowsNeeded(handle, &need));
     NCCLEXT_ARG(x.sizes[0] >= need, "inputs.tokens has %lld rows; this handle's dispatch output has %lld",
                 (long long)x.sizes[0], (long long)need);
+    if (present(inputs->bias)) {
+      NCCLEXT_CHECK(checkTensor(inputs->bias, "inputs.bias", 2, {x.datatype, ncclFloat32}, {handle->view.numTokens, H}));
+      NCCLEXT_CHECK(checkAligned(inputs->bias, "inputs.bias"));
+    }
     NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));
     NCCLEXT_CHECK(checkAligned(outputs->tokens, "outputs.tokens"));
     ncclep::CombineCall c{};
+    c.bias = static_cast<const char*>(inputs->bias.data);  // NULL when absent
+    c.biasF32 = present(inputs->bias) && inputs->bias.datatype == ncclFloat32;
     c.in = static_cast<const char*>(x.data);
     c.out = static_cast<char*>(outputs->tokens.data);
     c.rowBytes = (int)rowBytes;

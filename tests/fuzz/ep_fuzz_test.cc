@@ -292,6 +292,7 @@ bool knownSize(size_t size) {
   if constexpr (std::is_same_v<T, ncclEpLayoutInfo_t>) return size == NCCL_EP_LAYOUT_INFO_V1_SIZE;
   if constexpr (std::is_same_v<T, ncclEpDispatchInputs_t>) return size == NCCL_EP_DISPATCH_INPUTS_V1_SIZE;
   if constexpr (std::is_same_v<T, ncclEpDispatchConfig_t>) return size == NCCL_EP_DISPATCH_CONFIG_V1_SIZE;
+  if constexpr (std::is_same_v<T, ncclEpCombineInputs_t>) return size == NCCL_EP_COMBINE_INPUTS_V1_SIZE;
   return false;
 }
 

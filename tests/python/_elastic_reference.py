@@ -17,8 +17,7 @@ def align(n, a):
 
 
 def value(g, j):
-    """The test's expert output for token global index g and top-k column (or rank) j: k / 512, |k| <= 248 (with a
-    column's shift of up to 6 / 512 still exact in bf16)."""
+    """A number for token global index g and top-k column (or rank) j: k / 512, |k| <= 248 (row()'s base)."""
     return float(((g * 37 + j * 101) % 497) - 248) / 512
 
 
@@ -96,45 +95,64 @@ class Received:
         return [sum(1 for s, _ in self.tokens if s == r) for r in range(ranks)]
 
 
+def row(g, j, hidden):
+    """The test's expert output row for token global index g and top-k column (or rank) j: bf16 values of several
+    magnitudes, so that the order of an fp32 sum of them shows in its bits."""
+    col = torch.arange(hidden, dtype=torch.float64)
+    return (value(g, j) * 3.3 + torch.sin(col * 0.37 + g) * (1 + (g + j) % 5)).to(torch.bfloat16)
+
+
 def combine_inputs(rec, hidden, expanded):
-    """The rows a rank gives combine: not expanded, row i = value(g_i, me) in every column (shifted by column);
-    expanded, row (token i, column j) = value(g_i, j) + column shift. [rows, hidden] bf16 (pads: NaN, never read)."""
-    col = torch.arange(hidden, dtype=torch.float64) % 7 / 512
+    """The rows a rank gives combine: not expanded, row i = row(g_i, me); expanded, row (token i, column j) =
+    row(g_i, j). [rows, hidden] bf16 (pads: NaN, never read)."""
     if not expanded:
-        out = torch.full((rec.n, hidden), float("nan"), dtype=torch.float64)
+        out = torch.full((rec.n, hidden), float("nan"), dtype=torch.bfloat16)
         for i in range(rec.n):
-            out[i] = value(rec.gidx[i], rec.me) + col
-        return out.to(torch.bfloat16)
-    out = torch.full((rec.expanded_rows, hidden), float("nan"), dtype=torch.float64)
+            out[i] = row(rec.gidx[i], rec.me, hidden)
+        return out
+    out = torch.full((rec.expanded_rows, hidden), float("nan"), dtype=torch.bfloat16)
     for i in range(rec.n):
         for j in range(rec.k):
             if rec.slots[i][j] >= 0:
-                out[rec.slots[i][j]] = value(rec.gidx[i], j) + col
-    return out.to(torch.bfloat16)
+                out[rec.slots[i][j]] = row(rec.gidx[i], j, hidden)
+    return out
+
+
+def rank_order(ids, local):
+    """DeepEP's order of a token's ranks in combine: each rank at the last top-k column it hosts, columns in order."""
+    ranks = [e // local if e >= 0 else -1 for e in ids]
+    return [d for j, d in enumerate(ranks) if d >= 0 and d not in ranks[j + 1:]]
 
 
 def combined(idx, me, local, m, hidden, expanded, multiple_reduction=True, biases=()):
-    """What combine returns to rank `me` (its routing idx [T, K]) when every rank gave combine_inputs: per token,
-    each rank's part (not expanded: value(g, rank); expanded: the sum of value(g, j) over its columns there, rounded
-    to bf16 with multiple_reduction), summed in exact arithmetic with the biases, then rounded to bf16."""
+    """What combine returns to rank `me` (its routing idx [T, K]) when every rank gave combine_inputs, in DeepEP's
+    order and roundings: per token, from the biases' fp32 sum (or 0), each rank's part (not expanded: row(g, rank);
+    expanded: the fp32 sum of row(g, j) over its columns there in column order, rounded to bf16 with
+    multiple_reduction) in rank_order, in fp32, rounded to bf16 once. Expanded without multiple reduction (fp32 rows,
+    nccl.ep's own path) the biases come after the parts, one by one."""
     t_count, k = idx.shape
-    col = torch.arange(hidden, dtype=torch.float64) % 7 / 512
-    out = torch.zeros((t_count, hidden), dtype=torch.float64)
+    bias_first = multiple_reduction or not expanded
+    out = torch.empty((t_count, hidden), dtype=torch.bfloat16)
     for t in range(t_count):
         g = me * m + t
-        ranks = sorted({int(e) // local for e in idx[t] if int(e) >= 0})
-        for d in ranks:
+        ids = [int(e) for e in idx[t]]
+        acc = torch.zeros(hidden, dtype=torch.float32)
+        if biases and bias_first:
+            acc += biases[0][t].float() if len(biases) == 1 else biases[0][t].float() + biases[1][t].float()
+        for d in rank_order(ids, local):
             if not expanded:
-                part = value(g, d) + col
-            else:
-                cols = [j for j in range(k) if int(idx[t, j]) >= 0 and int(idx[t, j]) // local == d]
-                part = sum(value(g, j) + col for j in cols)
-                if multiple_reduction:
-                    part = part.to(torch.bfloat16).double()
-            out[t] += part
-    for b in biases:
-        out += b.double()
-    return out.to(torch.bfloat16)
+                acc += row(g, d, hidden).float()
+                continue
+            part = torch.zeros(hidden, dtype=torch.float32)
+            for j in range(k):
+                if ids[j] >= 0 and ids[j] // local == d:
+                    part += row(g, j, hidden).float()
+            acc += part.to(torch.bfloat16).float() if multiple_reduction else part
+        if not bias_first:
+            for b in biases:
+                acc += b[t].float()
+        out[t] = acc.to(torch.bfloat16)
+    return out
 
 
 def dst_slots(idx, local, ranks):

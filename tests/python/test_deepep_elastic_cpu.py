@@ -181,8 +181,8 @@ class _ModelGroup:
         return SimpleNamespace(tokens=tokens, topk_idx=topk_idx, scales=out_scales, handle=handle,
                                expert_counts=handle.expert_counts, rank_counts=handle.rank_counts)
 
-    def combine(self, y, handle, num_sms=0):
-        self.calls.append(("combine", tuple(y.shape), y.dtype, num_sms))
+    def combine(self, y, handle, num_sms=0, bias=None):
+        self.calls.append(("combine", tuple(y.shape), y.dtype, num_sms, None if bias is None else bias.dtype))
         self._check_row(y)
         rec = handle.rec
         assert y.shape[0] >= handle.rows
@@ -190,16 +190,24 @@ class _ModelGroup:
         for i, (s, t) in enumerate(rec.tokens):
             if handle.layout == "flat":
                 parts[(s, t)] = y[i]
-            else:  # this rank's rows of the token summed in fp32 (dispatched weights: 1), in the rows' dtype
-                rows = [r for r in rec.slots[i] if r >= 0]
-                parts[(s, t)] = y[rows].float().sum(0).to(y.dtype)
+            else:  # this rank's rows of the token summed in fp32 in column order (weights 1), in the rows' dtype
+                part = torch.zeros(y.shape[1], dtype=torch.float32)
+                for r in rec.slots[i]:
+                    if r >= 0:
+                        part += y[r].float()
+                parts[(s, t)] = part.to(y.dtype)
         everyone = self.world.exchange(self.rank, parts)
-        out = torch.zeros((handle.num_tokens, y.shape[1]), dtype=torch.float64)
-        for theirs in everyone:
-            for (s, t), part in theirs.items():
-                if s == self.rank:
-                    out[t] += part.double()
-        return out.to(y.dtype)
+        out = torch.empty((handle.num_tokens, y.shape[1]), dtype=y.dtype)
+        for t in range(handle.num_tokens):  # fp32 from the bias, the ranks by their last top-k column
+            acc = bias[t].float().clone() if bias is not None else torch.zeros(y.shape[1], dtype=torch.float32)
+            for d in ref.rank_order(self.topk_idx_of(handle, t), self.local_experts):
+                acc += everyone[d][(self.rank, t)].float()
+            out[t] = acc.to(y.dtype)
+        return out
+
+    @staticmethod
+    def topk_idx_of(handle, t):
+        return [int(e) for e in handle.topk_idx[t]]
 
 
 # -- inputs ---------------------------------------------------------------------------------------------------------
@@ -374,17 +382,19 @@ def test_combine_rounds_as_deepep(model, expand, multiple, num_bias):
                                      do_expand=expand)
         group = buf._core._groups[E]
         gen = torch.Generator().manual_seed(me)
-        biases = tuple((torch.randint(-200, 201, (idx.shape[0], H), generator=gen) / 512).to(torch.bfloat16)
-                       for _ in range(num_bias))
+        biases = tuple(torch.randn((idx.shape[0], H), generator=gen).to(torch.bfloat16) for _ in range(num_bias))
         bias = None if not biases else biases[0] if num_bias == 1 else biases
         before = len(group.calls)
         out, out_w, _ = buf.combine(ref.combine_inputs(rec, H, expand), h, bias=bias)
         assert out_w is None and out.dtype == torch.bfloat16
         assert torch.equal(out, ref.combined(idx, me, LOCAL, M, H, expand, multiple, biases))
-        fp32 = num_bias > 0 or (expand and not multiple)
-        # fp32 rows: H * 4 bytes in slices of the group's H * 2 bytes, two combines; else one of bf16 rows
-        assert [c[1:3] for c in group.calls[before:]] == (
-            [((h._ep.rows, H // 2), torch.float32)] * 2 if fp32 else [((h._ep.rows, H), torch.bfloat16)])
+        fp32 = expand and not multiple
+        # fp32 rows: H * 4 bytes in slices of the group's H * 2 bytes, two combines; else one of bf16 rows, the bias
+        # (the sum of two in fp32) given to it
+        bias_dtype = None if not biases or fp32 else torch.bfloat16 if num_bias == 1 else torch.float32
+        assert [c[1:] for c in group.calls[before:]] == (
+            [((h._ep.rows, H // 2), torch.float32, 2, None)] * 2 if fp32
+            else [((h._ep.rows, H), torch.bfloat16, 2, bias_dtype)])
 
     _on_ranks(R, rank)
 

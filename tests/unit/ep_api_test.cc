@@ -269,6 +269,24 @@ TEST(EpApi, DispatchAndCombineRejections) {
   ci.topk_weights = epTensor(f.p, ncclFloat32, {100, 8});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("topk_weights at combine are for the Low-Latency mode"));
+  ci.topk_weights = NCCL_EP_TENSOR_INIT;
+  // bias: [T, H] of the tokens' dtype or fp32.
+  ci.bias = epTensor(f.p, ncclFloat16, {100, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.bias: dtype")) << ncclEpGetLastError();
+  ci.bias = epTensor(f.p, ncclFloat32, {99, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.bias: sizes[0] = 99, expected 100")) << ncclEpGetLastError();
+  ci.bias = epTensor(static_cast<char*>(f.p) + 8, ncclBfloat16, {100, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("not 16-byte aligned")) << ncclEpGetLastError();
+  ci.bias = NCCL_EP_TENSOR_INIT;
+  // The first layout of the combine inputs (no bias) is read up to its size.
+  OlderLayout<ncclEpCombineInputs_t> oldCi(ci, NCCL_EP_COMBINE_INPUTS_V1_SIZE);
+  co.tokens = epTensor(f.p, ncclBfloat16, {101, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &oldCi.s, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.tokens: sizes[0] = 101, expected 100")) << ncclEpGetLastError();
+  co.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
   out.src_info = epTensor(f.p, ncclInt32, {150});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("outputs.src_info is a Low-Latency output"));
@@ -369,6 +387,10 @@ TEST(EpApi, LowLatencyRejections) {
   co.missing_experts = epTensor(f.p, ncclInt32, {100});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidUsage);
   EXPECT_TRUE(says("created without enable_mask"));
+  co.missing_experts = NCCL_EP_TENSOR_INIT;
+  ci.bias = epTensor(f.p, ncclBfloat16, {100, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.bias at combine is for the High-Throughput mode"));
 }
 
 // Low-Latency NVFP4: bf16 in, uint8 [N, H/2] out with [N, H/16] e4m3 scales and inputs.global_scale quantises;

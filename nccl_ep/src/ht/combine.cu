@@ -162,9 +162,29 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
   }
 }
 
-// One warp: token t of the owner. Acquires the flag of every peer row it needs, then sums in fp32 (kU vectors per
-// lane per step; the own FLAT row's loads are issued with the first peer's; EXPERT_MAJOR adds the local experts'
-// rows weighted) and writes the output dtype. False after a failed wait.
+// Adds bias row t's vector i (the call's dtype or fp32) to acc: the owner's sum starts from it.
+template <typename T>
+__device__ __forceinline__ void addBias(const CombineCall& c, int t, int vecs, int i, float* acc) {
+  if (c.biasF32) {
+    const float4* b = reinterpret_cast<const float4*>(c.bias) + ((size_t)t * vecs + i) * (Vec<T>::kN / 4);
+#pragma unroll
+    for (int j = 0; j < Vec<T>::kN / 4; j++) {
+      const float4 f = __ldg(b + j);
+      acc[4 * j] += f.x;
+      acc[4 * j + 1] += f.y;
+      acc[4 * j + 2] += f.z;
+      acc[4 * j + 3] += f.w;
+    }
+  } else {
+    Vec<T>::add(acc, __ldg(reinterpret_cast<const int4*>(c.bias) + (size_t)t * vecs + i), 1.f);
+  }
+}
+
+// One warp: token t of the owner. Acquires the flag of every peer row it needs, then sums in fp32 from the bias (or
+// 0) each rank's row (kU vectors per lane per step) and writes the output dtype. The ranks come in DeepEP's order:
+// rank r at the last top-k column of t that r hosts, columns in order; every rank's row holds its part rounded to
+// the output dtype (EXPERT_MAJOR: my own experts' weighted sum is rounded through the output row first, as the
+// peers round theirs into my staging). False after a failed wait.
 template <typename T>
 __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const GroupView& g = x.g;
@@ -187,13 +207,15 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
     if (r != me && slot >= 0 && !dropped(r, slot) && !warpAcquire(g, flags + stagingRow(r, slot), seq, r, slot))
       return false;
   }
+  // Lane k < K: the rank hosting column k's expert (-1: none); lastCols: the columns no later column shares a rank
+  // with, whose ranks are summed in column order.
+  const int colRank = lane < h.topk && h.emIdx[(size_t)t * g.meta.maxTopk + lane] >= 0
+                          ? loadExpert(h, t, lane) / g.localExperts
+                          : -1;
+  const unsigned sameRank = __match_any_sync(0xffffffffu, colRank);
+  const unsigned lastCols = __ballot_sync(0xffffffffu, colRank >= 0 && (sameRank >> lane) == 1u);
   if (x.c.missing) {  // lane k: whether column k's expert sits on a rank that dropped the token's row
-    const int K = h.topk;
-    bool miss = false;
-    if (lane < K && h.emIdx[(size_t)t * g.meta.maxTopk + lane] >= 0) {
-      const int r = loadExpert(h, t, lane) / g.localExperts;
-      miss = dropped(r, h.sendSlot[(size_t)t * R + r]);
-    }
+    const bool miss = colRank >= 0 && dropped(colRank, h.sendSlot[(size_t)t * R + colRank]);
     const int n = __popc(__ballot_sync(0xffffffffu, miss));
     if (lane == 0) x.c.missing[t] = n;
   }
@@ -201,35 +223,46 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const int myRow = mySlot >= 0 && !dropped(me, mySlot) ? x.d[h.dl.recvOffset + me] + mySlot : -1;
   const bool flat = h.layout == NCCL_EP_LAYOUT_FLAT;
   const int vecs = x.c.rowBytes >> 4;
-  const int4* mine = reinterpret_cast<const int4*>(x.c.in) + (size_t)myRow * vecs;
-  const ExpertRows er = !flat && myRow >= 0 ? expertRows(x, myRow, lane) : ExpertRows{-1, 0.f};
   int4* out = reinterpret_cast<int4*>(x.c.out + (size_t)t * x.c.rowBytes);
-  for (int i0 = lane; i0 - lane < vecs; i0 += 32 * kU) {  // warp-uniform: slotOf and addExperts shuffle
-    float acc[kU][Vec<T>::kN] = {};
-    int4 own[kU];
-    if (flat && myRow >= 0) {
+  // My own part: FLAT, my received row as given; EXPERT_MAJOR, my experts' rows weighted and summed in column order
+  // into the output row (each lane's own vectors, read back by the same lane below).
+  const int4* mine = flat ? reinterpret_cast<const int4*>(x.c.in) + (size_t)myRow * vecs : out;
+  if (!flat && myRow >= 0) {
+    const ExpertRows er = expertRows(x, myRow, lane);
+    for (int i0 = lane; i0 - lane < vecs; i0 += 32 * kU) {  // warp-uniform: addExperts shuffles
+      float acc[kU][Vec<T>::kN] = {};
+      addExperts<T>(x, er, i0, acc);
 #pragma unroll
       for (int u = 0; u < kU; u++)
-        if (i0 + 32 * u < vecs) own[u] = __ldg(mine + i0 + 32 * u);
+        if (i0 + 32 * u < vecs) out[i0 + 32 * u] = Vec<T>::pack(acc[u]);
     }
-    for (int r = 0; r < R; r++) {
-      const int slot = slotOf(r);
-      if (slot < 0 || r == me || dropped(r, slot)) continue;
-      const int4* row = reinterpret_cast<const int4*>(staging + stagingRow(r, slot) * g.rowStride);
-      int4 v[kU];
+  }
+  for (int i0 = lane; i0 - lane < vecs; i0 += 32 * kU) {  // warp-uniform: slotOf shuffles
+    float acc[kU][Vec<T>::kN] = {};
+    if (x.c.bias) {
 #pragma unroll
       for (int u = 0; u < kU; u++)
-        if (i0 + 32 * u < vecs) v[u] = __ldcg(row + i0 + 32 * u);
+        if (i0 + 32 * u < vecs) addBias<T>(x.c, t, vecs, i0 + 32 * u, acc[u]);
+    }
+    for (unsigned m = lastCols; m != 0; m &= m - 1) {  // warp-uniform (a ballot)
+      const int r = __shfl_sync(0xffffffffu, colRank, __ffs(m) - 1);
+      const int slot = slotOf(r);
+      int4 v[kU];
+      if (r == me) {
+        if (myRow < 0) continue;
+#pragma unroll
+        for (int u = 0; u < kU; u++)
+          if (i0 + 32 * u < vecs) v[u] = mine[i0 + 32 * u];  // plain loads: EXPERT_MAJOR wrote them just now
+      } else {
+        if (slot < 0 || dropped(r, slot)) continue;
+        const int4* row = reinterpret_cast<const int4*>(staging + stagingRow(r, slot) * g.rowStride);
+#pragma unroll
+        for (int u = 0; u < kU; u++)
+          if (i0 + 32 * u < vecs) v[u] = __ldcg(row + i0 + 32 * u);
+      }
 #pragma unroll
       for (int u = 0; u < kU; u++)
         if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], v[u], 1.f);
-    }
-    if (flat && myRow >= 0) {
-#pragma unroll
-      for (int u = 0; u < kU; u++)
-        if (i0 + 32 * u < vecs) Vec<T>::add(acc[u], own[u], 1.f);
-    } else if (myRow >= 0) {
-      addExperts<T>(x, er, i0, acc);
     }
 #pragma unroll
     for (int u = 0; u < kU; u++)

@@ -57,6 +57,8 @@ struct CombineCall {
   int phase;  // HtPhase
   int roundLo, roundSlots, remoteOnly, localOnly;  // as DispatchCall's (the combine's rows towards their owners)
   int* missing;  // [T] or NULL: per token, its top-k experts on ranks where its row was past the receive cap
+  const char* bias;  // [T][H] or NULL: the owner's sum starts from it
+  int biasF32;       // bias is fp32 (else the call's dtype)
 };
 
 // Each family's kernels loaded now (group creation; see ncclext::loadKernels).

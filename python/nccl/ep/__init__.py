@@ -106,7 +106,8 @@ class _DispatchConfig(_Header):
 
 
 class _CombineInputs(_Header):
-    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor)]
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor),
+                ("bias", CTensor)]
 
 
 class _CombineOutputs(_Header):
@@ -724,10 +725,13 @@ class Group(Closing):
         return prep
 
     def combine(self, y, handle: "Handle", *, topk_weights=None, out=None, missing_experts=None,
-                send_only: bool = False, num_sms: int = 0, stream=None):
+                send_only: bool = False, num_sms: int = 0, stream=None, bias=None):
         """COLLECTIVE, stream-ordered: returns the rows y (the dispatch output's shape and layout; bf16, fp16 or
         fp32) to their tokens' owners, summed in fp32 (EXPERT_MAJOR: weighted by the dispatched top-k weights).
-        Returns [T, H] (`out` if given).
+        Returns [T, H] (`out` if given). High-Throughput: each rank's part of a token is rounded to y's dtype
+        (EXPERT_MAJOR: its experts' rows summed in top-k column order first) and the owner sums, from `bias`
+        ([T, H] of y's dtype or fp32, optional) or 0, the ranks' parts in the order of the last top-k column each
+        rank hosts: DeepEP's order, so the same bits as its combine.
 
         Low-Latency (after a dispatch on the handle; y bf16): RANK_MAJOR takes one row per slot (the caller's sum
         over the row's local experts) and the owner sums the ranks' rows; EXPERT_MAJOR weights each expert's rows
@@ -740,29 +744,32 @@ class Group(Closing):
         outputs are written by `complete(handle)`."""
         try:
             key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out),
-                   _meta(missing_experts), bool(send_only), num_sms)
+                   _meta(missing_experts), bool(send_only), num_sms, _meta(bias))
         except (AttributeError, TypeError):
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (y.is_contiguous() and (out is None or out.is_contiguous())
                                 and (topk_weights is None or topk_weights.is_contiguous())
-                                and (missing_experts is None or missing_experts.is_contiguous())):
-            prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only, missing_experts)
-        made = prep.fill((y, topk_weights, out, missing_experts), None, stream)
+                                and (missing_experts is None or missing_experts.is_contiguous())
+                                and (bias is None or bias.is_contiguous())):
+            prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only, missing_experts,
+                                         bias)
+        made = prep.fill((y, topk_weights, out, missing_experts, bias), None, stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2],
                     handle._on(_raw_stream(stream, prep.device_index)))
         if stream is not None:
-            _record_on(stream, y, topk_weights)
+            _record_on(stream, y, topk_weights, bias)
         result = made[0] if out is None else out
         handle._open_outputs = ((result, missing_experts), stream) if send_only else None
         return result
 
     def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None, send_only=False,
-                         missing_experts=None) -> _Prepared:
+                         missing_experts=None, bias=None) -> _Prepared:
         """Every check of a combine, and its structs (cached on the handle by `key`)."""
         import torch
 
-        self._same_device(("y", y), ("topk_weights", topk_weights), ("out", out), ("missing_experts", missing_experts))
+        self._same_device(("y", y), ("topk_weights", topk_weights), ("out", out), ("missing_experts", missing_experts),
+                          ("bias", bias))
         yin = describe(y, "y", ndim=2)
         ll = handle.group.low_latency
         if ll and y.dtype != torch.bfloat16:
@@ -801,6 +808,15 @@ class Group(Closing):
                 raise NcclInvalidArgument("missing_experts has shape %s; the routing has %d tokens"
                                           % (tuple(missing_experts.shape), handle.num_tokens))
             given.append((outputs.missing_experts, missing_experts.numel() > 0))
+        else:
+            given.append((None, False))
+        if bias is not None:
+            if ll:
+                raise NcclInvalidUsage("combine: bias is for High-Throughput handles; this one is Low-Latency")
+            inputs.bias = describe(bias, "bias", dtypes=(y.dtype, torch.float32), ndim=2)
+            if tuple(bias.shape) != shape:
+                raise NcclInvalidArgument("bias has shape %s; the combine output is %s" % (tuple(bias.shape), shape))
+            given.append((inputs.bias, bias.numel() > 0))
         else:
             given.append((None, False))
         prep = _Prepared("ncclEpCombine", inputs, outputs,

@@ -474,11 +474,12 @@ class ElasticBuffer:
             if not isinstance(b, torch.Tensor) or tuple(b.shape) != (ep.num_tokens, x.shape[1]):
                 raise NcclInvalidArgument("combine: bias must be [%d, %d]; got %s"
                                           % (ep.num_tokens, x.shape[1], _shape_dtype(b)))
-        if not biases and (self.allow_multiple_reduction or not handle.do_expand):
-            out = group.combine(y, ep, num_sms=num_sms)
-        else:  # fp32 rows: the sum is rounded once, after the bias
-            if handle.do_expand and self.allow_multiple_reduction:
-                y = _reduced_per_token(y, handle._slots)
+        if self.allow_multiple_reduction or not handle.do_expand:
+            # DeepEP's own order and roundings (nccl.ep's High-Throughput combine): each rank's part rounded to bf16,
+            # then, from the bias, the parts in the order of the last top-k column of each rank.
+            first = None if not biases else biases[0] if len(biases) == 1 else biases[0].float() + biases[1].float()
+            out = group.combine(y, ep, num_sms=num_sms, bias=first)
+        else:  # fp32 rows, one rounding at the end (the bias added last)
             out = self._combine_fp32(group, ep, y.float(), num_sms)
             for b in biases:
                 out = out + b.float()
@@ -632,19 +633,3 @@ def _add_stats(stats, counts) -> None:
         raise NcclInvalidArgument("dispatch: cumulative_local_expert_recv_stats must be [%d] int32; got %s"
                                   % (counts.shape[0], _shape_dtype(stats)))
     stats.add_(counts)
-
-
-def _reduced_per_token(y, slots):
-    """Expanded rows y [rows, H] with each received token's rows (slots [N, K], -1: none) summed in fp32 in top-k
-    column order and rounded to bf16, put in one of its rows (the others zero): the parts an EXPERT_MAJOR combine of
-    fp32 rows sums unchanged."""
-    n, k = slots.shape
-    total = torch.zeros((n, y.shape[1]), dtype=torch.float32, device=y.device)
-    for j in range(k):
-        s = slots[:, j]
-        total += torch.where((s >= 0).unsqueeze(1), y[s.clamp(min=0).long()].float(), 0.0)
-    one = slots.max(dim=1).values
-    out = torch.zeros((y.shape[0], y.shape[1]), dtype=torch.float32, device=y.device)
-    keep = one >= 0
-    out[one[keep].long()] = total[keep].to(torch.bfloat16).float()
-    return out
