@@ -649,7 +649,7 @@ struct Runner {
   // H1's rows must still be its own tokens (the peers' H2 dispatch waits for rank 0's next call, its combine of
   // H1). Then everyone finishes H2. Needs a capped group (the window) of 2 ranks or more, in one domain.
   int runWindowHeld(uint64_t cs) {
-    const int rank = ctx.rank, R = ctx.nRanks, K = 2, T = 64, hidden = kMaxRowBytes / 2;
+    const int rank = ctx.rank, K = 2, T = 64, hidden = kMaxRowBytes / 2;
     const Case c{"cap: zero-copy rows held until the next call", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1,
                  NCCL_EP_SIZING_EXACT, false, K, hidden, true};
     const size_t rowBytes = (size_t)hidden * 2;
@@ -685,6 +685,7 @@ struct Runner {
       ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
       out.tokens = intoWindow ? window : epTensor(y.p, ncclBfloat16, {rows, hidden});
       EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+      return 0;
     };
     auto combine = [&](ncclEpHandle_t h, int64_t rows) {
       ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
@@ -692,6 +693,7 @@ struct Runner {
       ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
       co.tokens = epTensor(cout.p, ncclBfloat16, {T, hidden});
       EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
+      return 0;
     };
     auto windowRows = [&]() {  // rank 0's first T rows of the window, as bytes
       std::vector<uint8_t> got((size_t)T * rowBytes);
@@ -700,26 +702,21 @@ struct Runner {
         bad(c, "reading the window failed");
       return got;
     };
-    dispatch(h1, rows1, rank == 0);
-    if (wait("dispatch H1")) return 1;
+    if (dispatch(h1, rows1, rank == 0) || wait("dispatch H1")) return 1;
     if (rank == 0 && rows1 != T) bad(c, "H1 rows at rank 0", rows1, T);
     if (rank == 0 && windowRows() != hx) bad(c, "H1's rows are not rank 0's tokens after dispatch");
-    if (rank != 0) {
-      combine(h1, rows1);
-      dispatch(h2, rows2, false);  // enqueued, not waited for: it writes into rank 0's window once allowed
-    }
+    // (a failed call returns before the barrier: the peers' barrier then times out, and they fail too)
+    if (rank != 0 && (combine(h1, rows1) || dispatch(h2, rows2, false)))  // H2 enqueued, not waited for: it writes
+      return 1;                                                             // into rank 0's window once allowed
     if (ncclext::harness::barrier(ctx, gTimeoutSeconds) != ncclSuccess) return 1;
     if (rank == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // room for a peer's H2 rows to land too early
       if (windowRows() != hx) bad(c, "H1's rows in the window were overwritten before rank 0's next call");
       std::vector<uint8_t> zeros(std::max<int64_t>(rows1, 1) * rowBytes, 0);
       y.put(zeros.data(), zeros.size());
-      combine(h1, rows1);
-      dispatch(h2, rows2, false);
+      if (combine(h1, rows1) || dispatch(h2, rows2, false)) return 1;
     }
-    if (wait("dispatch H2")) return 1;
-    combine(h2, rows2);
-    if (wait("combine H2")) return 1;
+    if (wait("dispatch H2") || combine(h2, rows2) || wait("combine H2")) return 1;
     EXPECT_OK(ncclEpHandleDestroy(h1));
     EXPECT_OK(ncclEpHandleDestroy(h2));
     return 0;
