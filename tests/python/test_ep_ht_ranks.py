@@ -240,9 +240,9 @@ def test_expert_major_zones_and_weighted_combine(ht):
         assert int(recv.expert_counts[l]) == c, l
         assert torch.equal(recv.tokens[o:o + c].cpu(), rows), l
         assert torch.equal(recv.topk_weights[o:o + c].cpu(), torch.cat(want_w).float()), l
-    # Expert e multiplies by (e % 3 + 1); combine weighs each expert's row by its dispatched weight: every other rank
-    # sums its experts' rows (exact in fp32) and sends that row rounded to bf16; the owner adds its own experts' rows
-    # unrounded, sums (exact in fp32) and rounds once.
+    # Expert e multiplies by (e % 3 + 1); combine weighs each expert's row by its dispatched weight: every rank, the
+    # owner too, sums its experts' rows (exact in fp32) into its part rounded to bf16; the owner sums the parts
+    # (exact in fp32) and rounds once.
     factor = torch.zeros(recv.tokens.shape[0])
     for l in range(LOCAL):
         o, c = int(offsets[l]), int(recv.expert_counts[l])
@@ -252,7 +252,7 @@ def test_expert_major_zones_and_weighted_combine(ht):
     torch.cuda.synchronize()
     c_of = torch.where(idx >= 0, (idx.clamp(min=0) % 3 + 1).float(), 0.0)
     parts = [(x.double() * (w * c_of * _mine(idx, d)).double().sum(dim=1, keepdim=True)).float() for d in range(R)]
-    ref = torch.stack([p if d == me else p.to(torch.bfloat16).float() for d, p in enumerate(parts)]).sum(dim=0)
+    ref = torch.stack([p.to(torch.bfloat16).float() for p in parts]).sum(dim=0)
     ref = ref.to(torch.bfloat16)
     assert torch.equal(out.cpu(), ref)
     recv.handle.close()
