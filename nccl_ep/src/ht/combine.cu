@@ -194,6 +194,9 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const int* slotRow = h.sendSlot + (size_t)t * R;
   const int slotLo = lane < R ? slotRow[lane] : -1, slotHi = lane + 32 < R ? slotRow[lane + 32] : -1;
   auto slotOf = [&](int r) { return __shfl_sync(0xffffffffu, r < 32 ? slotLo : slotHi, r & 31); };
+  // Lane k < K: column k's expert (loaded with the slots, before the waits below; ids out of range, which the
+  // handle reported, count as none).
+  const int expert = lane < h.topk ? loadExpert(h, t, lane) : -1;
   const char* staging = static_cast<const char*>(g.peers.local(g.wl.combRows));
   const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
   // With a receive cap: the token's row at rank r was dropped (past the cap there; DerivedLayout::dispAt, whose
@@ -209,9 +212,7 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   }
   // Lane k < K: the rank hosting column k's expert (-1: none); lastCols: the columns no later column shares a rank
   // with, whose ranks are summed in column order.
-  const int colRank = lane < h.topk && h.emIdx[(size_t)t * g.meta.maxTopk + lane] >= 0
-                          ? loadExpert(h, t, lane) / g.localExperts
-                          : -1;
+  const int colRank = expert >= 0 && expert < g.numExperts ? expert / g.localExperts : -1;
   const unsigned sameRank = __match_any_sync(0xffffffffu, colRank);
   const unsigned lastCols = __ballot_sync(0xffffffffu, colRank >= 0 && (sameRank >> lane) == 1u);
   if (x.c.missing) {  // lane k: whether column k's expert sits on a rank that dropped the token's row
