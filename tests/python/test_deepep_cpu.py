@@ -649,6 +649,35 @@ def test_mask_update_and_query_use_deepeps_convention(shrink):
     assert [c[0] for c in g.calls].count("mask_clean") == 0
 
 
+def test_a_shrink_buffer_after_a_size_hint_makes_its_group_in_the_constructor(fake_world, monkeypatch):
+    """DeepEP's shrink test fails a rank at its first low_latency_dispatch: making the group there (collective) would
+    hang the others. After get_low_latency_rdma_size_hint, a shrink Buffer for that rank count makes it at once; a
+    dispatch of those sizes (top-k up to Buffer.max_topk) then makes no collective call."""
+    monkeypatch.setattr(deep_ep, "Group", _LowLatencyGroup)
+    monkeypatch.setattr(deep_ep.Buffer, "_low_latency_hint", None)
+    _LowLatencyGroup.made = []
+    assert deep_ep.Buffer.get_low_latency_rdma_size_hint(LM, LH, 2 * R, E) == 0  # another rank count
+    deep_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True, enable_shrink=True)
+    assert _LowLatencyGroup.made == []
+    deep_ep.Buffer.get_low_latency_rdma_size_hint(LM, LH, R, E)
+    deep_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)  # no shrink: at the first dispatch, as before
+    assert _LowLatencyGroup.made == []
+    buf = deep_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True, explicitly_destroy=True, enable_shrink=True)
+    (g,) = _LowLatencyGroup.made
+    assert {k: g.kwargs[k] for k in ("max_tokens_per_rank", "hidden", "num_experts", "max_topk", "enable_mask")} == {
+        "max_tokens_per_rank": LM, "hidden": LH, "num_experts": E, "max_topk": deep_ep.Buffer.max_topk,
+        "enable_mask": True}
+
+    def collective(*args, **kwargs):
+        raise AssertionError("a collective call at low_latency_dispatch")
+
+    monkeypatch.setattr(deep_ep.dist, "all_reduce", collective)
+    _call(buf, k=deep_ep.Buffer.max_topk)
+    _call(buf)
+    assert len(_LowLatencyGroup.made) == 1 and [c[0] for c in g.calls].count("dispatch") == 2
+    buf.destroy()
+
+
 def test_mask_before_the_group_is_kept_and_handed_to_it(shrink):
     shrink.low_latency_update_mask_buffer(1, True)
     assert _LowLatencyGroup.made == [] and _masked(shrink) == [0, 1, 0, 0]

@@ -362,6 +362,8 @@ class Buffer:
     max_recv_rows_per_rank: int = 0
     # Low-Latency dispatches whose handles stay valid for combine at once (DeepEP: two buffers).
     num_low_latency_handles: int = 2
+    # (M, hidden, ranks, experts) of the last get_low_latency_rdma_size_hint in this process (see __init__).
+    _low_latency_hint = None
     # Whether dispatch computes its handle's DeepEP entries (see _DispatchHandle): one all-to-all over the Buffer's
     # process group of R x (R + num_sms / 2 + max_tokens_per_rank) int32 per dispatch. False skips it (nothing of
     # nccl.ep reads the entries) and indexing the handle raises.
@@ -387,6 +389,15 @@ class Buffer:
         self._ll = None  # _LowLatencyState, made at the first low_latency_dispatch
         self._ll_seq = 0  # low_latency_dispatch calls so far
         self._ll_device = None
+        # Shrink mode exists to survive a rank that stops calling, and making the Low-Latency group at the first
+        # low_latency_dispatch is collective: a rank that never makes that call would hang the others there. So a
+        # shrink Buffer makes its group here, collectively as DeepEP's constructor allocates, with the sizes of the
+        # last get_low_latency_rdma_size_hint of this process for its rank count (top-k: Buffer.max_topk, or more
+        # later as a call needs).
+        hint = Buffer._low_latency_hint
+        if low_latency_mode and enable_shrink and hint is not None and hint[2] == self.group_size:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+            self._low_latency_group(hint[0], hint[1], hint[3], Buffer.max_topk, device)
 
     # -- static helpers ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -423,9 +434,12 @@ class Buffer:
         """The num_rdma_bytes a Low-Latency Buffer needs from its caller: 0. nccl.ep ignores num_rdma_bytes - the
         group sizes and registers its own buffers from (M, hidden, num_experts, top-k) at the first
         low_latency_dispatch - so any value, 0 included, satisfies DeepEP's "minimum size". It is not a measure of
-        the memory nccl.ep uses (nccl.ep.query_group_info says that). The arguments are checked as dispatch would."""
+        the memory nccl.ep uses (nccl.ep.query_group_info says that). The arguments are checked as dispatch would.
+        The process remembers the last hint's sizes: a Buffer made next with enable_shrink=True for that many ranks
+        makes its Low-Latency group in its constructor (see Buffer.__init__)."""
         _check_low_latency_sizes("get_low_latency_rdma_size_hint", num_max_dispatch_tokens_per_rank, hidden,
                                  num_experts, num_ranks)
+        Buffer._low_latency_hint = (num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
         return 0
 
     def get_next_low_latency_combine_buffer(self, handle):
@@ -774,10 +788,10 @@ class Buffer:
             self._ll.group.mask_update(active)
 
     def _low_latency_group(self, m, hidden, num_experts, topk, device) -> _LowLatencyState:
-        """The Low-Latency group for (M, hidden, num_experts, top-k): the current one, or (collectively) a new one
-        once every rank is seen to ask for the same, the previous one destroyed first."""
+        """The Low-Latency group for (M, hidden, num_experts) and at least top-k: the current one, or (collectively)
+        a new one once every rank is seen to ask for the same, the previous one destroyed first."""
         key = (m, hidden, num_experts, topk)
-        if self._ll is not None and self._ll.key == key:
+        if self._ll is not None and self._ll.key[:3] == key[:3] and topk <= self._ll.key[3]:
             return self._ll
         both = torch.tensor(list(key) + [-v for v in key], dtype=torch.int64, device=device)
         self._ranks.all_reduce(both, "max")
