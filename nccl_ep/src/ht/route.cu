@@ -129,6 +129,65 @@ __global__ void slotKernel(GroupView g, HandleView h) {
   }
 }
 
+// The receive cap's part of the exchange kernel (every thread of its CTA; `rows` holds every rank's counts towards
+// every rank, row s being s's totals): my dense positions (DerivedLayout dispAt, combAt, combMine) and whether any
+// rank gets more rows than the cap, the same answer on every rank. Returns where my experts' counts start in a row
+// (g.wl.retained when some rank overflows: the counts of the rows that fit), or -1 after a failed barrier.
+__device__ int capLayout(const GroupView& g, const HandleView& h, const int* rows, ncclext::dev::CoopCta& cta,
+                         ncclext::dev::LsaBarrier& bar) {
+  const int R = g.nRanks, E = g.numExperts, L = g.localExperts, me = g.rank, cap = g.recvCap;
+  const DerivedLayout& dl = h.dl;
+  int* d = h.derived;
+  bool overflow = false;
+  const int stride = g.wl.exchangeInts;
+  auto count = [rows, stride](int s, int r) { return rows[(size_t)s * stride + r]; };
+  __shared__ int firstOver;  // the lowest rank past the cap (R: none)
+  if (threadIdx.x == 0) firstOver = R;
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    const CapOffsets o = capOffsets(count, R, me, r);
+    d[dl.dispAt + r] = o.dispAt;
+    d[dl.combAt + r] = o.combAt;
+    d[dl.combMine + r] = o.combMine;
+    if (o.total > cap) {
+      overflow = true;
+      atomicMin(&firstOver, r);
+    }
+  }
+  if (!__syncthreads_or(overflow)) return R + me * L;
+  // ERROR: every rank records the same overflow (the lowest rank past the cap, from the counts every rank holds),
+  // so that every rank's call fails alike: one that failed alone (an EXACT handle's creation) would leave its peers
+  // waiting for its rows until the timeout.
+  if (threadIdx.x == 0 && g.recvCapError) {
+    const int total = capOffsets(count, R, me, firstOver).total;
+    ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, firstOver, me, (uint64_t)cap, (uint64_t)total,
+                              kSiteRecvCap, (uint32_t)(total - cap), 0);
+  }
+  // Some rank drops rows: its EXPERT_MAJOR zones must count only the rows that fit. The rows past the cap are each
+  // source's last (positions grow with the source, then the slot), so a source's rows that fit for an expert are
+  // the first of its (source, expert) indices: I count mine (slot below the cap's room at r), write them into r's
+  // row, and meet every rank again before reading the counts written for me.
+  __shared__ int room[kMaxRanks];
+  __shared__ int kept[kMaxExperts];
+  for (int r = threadIdx.x; r < R; r += blockDim.x) room[r] = cap - d[dl.dispAt + r];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) kept[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < h.numTokens * h.topk; i += blockDim.x) {
+    const int t = i / h.topk, k = i % h.topk;
+    if (h.emIdx[(size_t)t * g.meta.maxTopk + k] < 0) continue;  // ignored by routing (slotKernel)
+    const int e = loadExpert(h, t, k), r = e / L;
+    if (h.sendSlot[(size_t)t * R + r] < room[r]) atomicAdd(&kept[e], 1);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < R * L; i += blockDim.x) {
+    const int r = i / L, l = i % L;
+    int* row = static_cast<int*>(peerAt(g, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
+    row[g.wl.retained + l] = kept[i];
+  }
+  if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return -1;
+  return g.wl.retained;
+}
+
 __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, int phase) {
   ncclext::dev::CoopCta cta;
   const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, me = g.rank;
@@ -188,59 +247,11 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
     d[dl.dropped] = dropped;
     if (info.recvDropped) info.recvDropped[0] = dropped;
   }
-  // Every rank holds every rank's counts towards every rank now (row s: s's totals): the receive cap's dense
-  // positions, and whether any rank gets more rows than the cap (the same answer on every rank).
-  int retainedAt = R + me * L;  // where my experts' counts start in a row: all of them, or those that fit
+  // Where my experts' counts start in a row: all of them, or (a receive cap some rank overflows) those that fit.
+  int retainedAt = R + me * L;
   if (cap) {
-    bool overflow = false;
-    const int stride = g.wl.exchangeInts;
-    auto count = [rows, stride](int s, int r) { return rows[(size_t)s * stride + r]; };
-    __shared__ int firstOver;  // the lowest rank past the cap (R: none)
-    if (threadIdx.x == 0) firstOver = R;
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      const CapOffsets o = capOffsets(count, R, me, r);
-      d[dl.dispAt + r] = o.dispAt;
-      d[dl.combAt + r] = o.combAt;
-      d[dl.combMine + r] = o.combMine;
-      if (o.total > cap) {
-        overflow = true;
-        atomicMin(&firstOver, r);
-      }
-    }
-    if (__syncthreads_or(overflow)) {
-      // ERROR: every rank records the same overflow (the lowest rank past the cap, from the counts every rank
-      // holds), so that every rank's call fails alike: one that failed alone (an EXACT handle's creation) would
-      // leave its peers waiting for its rows until the timeout.
-      if (threadIdx.x == 0 && g.recvCapError) {
-        const int total = capOffsets(count, R, me, firstOver).total;
-        ncclext::dev::recordError(g.err, ncclext::kDeviceBadInput, firstOver, me, (uint64_t)cap, (uint64_t)total,
-                                  kSiteRecvCap, (uint32_t)(total - cap), 0);
-      }
-      // Some rank drops rows: its EXPERT_MAJOR zones must count only the rows that fit. The rows past the cap are
-      // each source's last (positions grow with the source, then the slot), so a source's rows that fit for an
-      // expert are the first of its (source, expert) indices: I count mine (slot below the cap's room at r), write
-      // them into r's row, and meet every rank again before reading the counts written for me.
-      __shared__ int room[kMaxRanks];
-      __shared__ int kept[kMaxExperts];
-      for (int r = threadIdx.x; r < R; r += blockDim.x) room[r] = cap - d[dl.dispAt + r];
-      for (int e = threadIdx.x; e < E; e += blockDim.x) kept[e] = 0;
-      __syncthreads();
-      for (int i = threadIdx.x; i < h.numTokens * h.topk; i += blockDim.x) {
-        const int t = i / h.topk, k = i % h.topk;
-        if (h.emIdx[(size_t)t * g.meta.maxTopk + k] < 0) continue;  // ignored by routing (slotKernel)
-        const int e = loadExpert(h, t, k), r = e / L;
-        if (h.sendSlot[(size_t)t * R + r] < room[r]) atomicAdd(&kept[e], 1);
-      }
-      __syncthreads();
-      for (int i = threadIdx.x; i < R * L; i += blockDim.x) {
-        const int r = i / L, l = i % L;
-        int* row = static_cast<int*>(peerAt(g, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
-        row[g.wl.retained + l] = kept[i];
-      }
-      if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
-      retainedAt = g.wl.retained;
-    }
+    retainedAt = capLayout(g, h, rows, cta, bar);
+    if (retainedAt < 0) return;
   }
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     int run = 0;
