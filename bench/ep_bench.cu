@@ -36,7 +36,11 @@
 // (ncclEpGroupInfo_t::rail_relayed: NCCL_EXT_HT_HIERARCHICAL=1 on domains of several ranks), on a communicator of the
 // ranks of my index split here.
 //
-// Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|mixed] [--json FILE] [--quick] [--max-tokens M]
+// --one-gpu virtual: N virtual ranks of one NVLink domain on the GPU (LSA between them, the shapes above); the
+// copy-engine row then copies the same bytes on the GPU, every rank at once.
+//
+// Usage: ep_bench [--mode ht|ll] [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--json FILE] [--quick]
+//                 [--max-tokens M]
 //                 [--recv-cap C [--zero-copy]]
 // --quick: the first shape only (across domains: both of theirs).
 // --recv-cap C: the group's max_recv_rows_per_rank (one NVLink domain; rows past it dropped): the dense staging's
@@ -90,6 +94,8 @@ struct Options {
   std::string json;
   OneGpu oneGpu = OneGpu::kOff;
   bool mixed() const { return oneGpu == OneGpu::kMixed; }
+  // Ranks that share a process (virtual ranks, alone or in mixed nodes): they meet on the host.
+  bool virtualRanks() const { return oneGpu == OneGpu::kVirtual || mixed(); }
   // Across domains on one GPU (one-GPU nodes, or mixed): loopback sockets between the domains.
   bool acrossOnOneGpu() const { return oneGpu == OneGpu::kNodes || mixed(); }
 };
@@ -128,9 +134,7 @@ bool parseOptions(int argc, char** argv, Options* o) {
   cli.flag("quick", &o->quick);
   cli.option("json", &o->json);
   return cli.parse(argc, argv) && cli.require(o->recvCap >= 0, "--recv-cap must be >= 0") &&
-         cli.require(!o->zeroCopy || o->recvCap > 0, "--zero-copy needs --recv-cap (its window's rows are FLAT)") &&
-         cli.require(o->oneGpu != OneGpu::kVirtual,
-                     "--one-gpu virtual: not for the High-Throughput benchmark (off, nodes or mixed)");
+         cli.require(!o->zeroCopy || o->recvCap > 0, "--zero-copy needs --recv-cap (its window's rows are FLAT)");
 }
 
 std::vector<Shape> shapesFor(const Options& o) {
@@ -289,7 +293,8 @@ class Timer {
  public:
   static constexpr int kMaxIters = 80;
 
-  Timer(RankContext& ctx, bool mixed) : ctx_(ctx), mixed_(mixed), e0_(kMaxIters), e1_(kMaxIters), e2_(kMaxIters) {
+  Timer(RankContext& ctx, bool hostBarrier)
+      : ctx_(ctx), hostBarrier_(hostBarrier), e0_(kMaxIters), e1_(kMaxIters), e2_(kMaxIters) {
     for (int i = 0; i < kMaxIters; i++) {
       cudaEventCreate(&e0_[i]);
       cudaEventCreate(&e1_[i]);
@@ -316,9 +321,10 @@ class Timer {
   int time(F&& call, int warm, int iters, std::vector<float>* ts, bool synced = false) {
     if (warm + iters > kMaxIters) return 1;
     for (int i = 0; i < warm + iters; i++) {
-      // Mixed: ctx.comm is the rank's own (virtual ranks): the ranks meet on the host, the stream idle.
-      if (synced && mixed_ && ncclext::harness::barrier(ctx_, 60) != ncclSuccess) return 1;
-      if (synced && !mixed_ &&
+      // Virtual ranks (alone or in mixed nodes): ctx.comm is the rank's own: the ranks meet on the host, the stream
+      // idle.
+      if (synced && hostBarrier_ && ncclext::harness::barrier(ctx_, 60) != ncclSuccess) return 1;
+      if (synced && !hostBarrier_ &&
           ncclAllReduce(barrierWord_, barrierWord_, 1, ncclFloat32, ncclSum, ctx_.comm, ctx_.stream) != ncclSuccess)
         return 1;
       cudaEventRecord(e0_[i], ctx_.stream);
@@ -359,7 +365,7 @@ class Timer {
 
  private:
   RankContext& ctx_;
-  bool mixed_;
+  bool hostBarrier_;
   std::vector<cudaEvent_t> e0_, e1_, e2_;
   float* barrierWord_ = nullptr;
 };
@@ -501,17 +507,19 @@ int railBaselines(RankContext& ctx, const RankSetup& setup, const Routing& rt, T
 }
 
 // The practical limit at this size: the copy engine moving the same NVLink bytes (dispatch payload) from every rank
-// to the next at once, ranks synced before each copy. 0 with one rank, and on one GPU (no peer to copy to).
+// to the next at once, ranks synced before each copy (virtual ranks: on the one GPU, every rank's copy at once). 0
+// with one rank, and across domains on one GPU.
 int copyEngineUs(RankContext& ctx, const Options& o, size_t bytes, Timer& timer, double* us) {
   *us = 0;
   if (ctx.nRanks <= 1 || bytes == 0 || o.acrossOnOneGpu()) return 0;
-  const int peer = (ctx.device + 1) % ctx.nRanks;
+  const int peer = o.oneGpu == OneGpu::kVirtual ? ctx.device : (ctx.device + 1) % ctx.nRanks;
   void *src = nullptr, *dst = nullptr;
   cudaMalloc(&src, bytes);
   cudaSetDevice(peer);
   cudaMalloc(&dst, bytes);
   cudaSetDevice(ctx.device);
-  if (cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess) cudaGetLastError();  // already enabled is fine
+  if (peer != ctx.device && cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess)
+    cudaGetLastError();  // already enabled is fine
   std::vector<float> t;
   const int failed = timer.time(
       [&](int) {
@@ -678,7 +686,7 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
     od->topk_weights = flat ? epTensor(buf.yw, ncclFloat32, {outRows, K}) : epTensor(buf.yw, ncclFloat32, {outRows});
     if (quantised) od->scales = epTensor(buf.ys, scaleType, {outRows, (int64_t)nScales});
   };
-  Timer timer(ctx, o.mixed());
+  Timer timer(ctx, o.virtualRanks());
   // Routing not cached: ncclEpUpdateHandle (new routing bound to an existing handle, worst-case sizing, no host
   // synchronisation) + dispatch, as a training step that re-routes every iteration does.
   std::vector<float> tHandle;
@@ -799,9 +807,11 @@ int main(int argc, char** argv) {
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;
-  // Mixed: the library's in-process domain, made before the launcher forks (each node's process gets its copy).
+  // Virtual ranks: the library's in-process domain (mixed: made before the launcher forks, each node's process
+  // gets its copy; virtual: all ranks).
   ncclEpVirtualDomain_t virt = nullptr;
-  if (o.mixed() && ncclEpVirtualDomainCreate(&virt, lo.domainSize) != ncclSuccess) {
+  if (o.virtualRanks() &&
+      ncclEpVirtualDomainCreate(&virt, o.mixed() ? lo.domainSize : o.nRanks > 0 ? o.nRanks : 2) != ncclSuccess) {
     fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
     return 1;
   }
