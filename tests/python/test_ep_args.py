@@ -358,6 +358,19 @@ def test_dispatch_refusals(on_cpu, ll, kwargs, exc, text):
     assert on_cpu == []
 
 
+def test_combine_bias_structs(on_cpu):
+    g = _shell(low_latency=False)
+    h = _FakeHandle(g, "flat")
+    y = torch.zeros(h.output_rows(), H, dtype=torch.bfloat16)
+    for bias in (torch.rand(5, H).to(torch.bfloat16), torch.rand(5, H)):  # the tokens' dtype, or fp32
+        g.combine(y, h, bias=bias, stream=_Stream())
+        inputs = on_cpu[-1][0].structs[0]
+        assert _dims(inputs.bias) == ([5, H], T.NCCL_BFLOAT16 if bias.dtype == torch.bfloat16 else T.NCCL_FLOAT32)
+        assert inputs.bias.data == bias.data_ptr()
+    g.combine(y, h, stream=_Stream())
+    assert on_cpu[-1][0].structs[0].bias.ndim == 0
+
+
 def test_low_latency_combine_structs(on_cpu):
     g = _shell()
     h = _FakeHandle(g, "expert_major")
@@ -385,6 +398,12 @@ def test_low_latency_combine_structs(on_cpu):
      r"topk_weights has shape \(4, 3\); the routing is \[5, 3\]"),
     (True, "expert_major", {"topk_weights": torch.rand(5, K, dtype=torch.float64)}, ep.NcclInvalidArgument,
      "topk_weights has dtype torch.float64"),
+    (True, "expert_major", {"bias": torch.zeros(5, H, dtype=torch.bfloat16)}, ep.NcclInvalidUsage,
+     "bias is for High-Throughput handles"),
+    (False, "flat", {"bias": torch.zeros(4, H, dtype=torch.bfloat16)}, ep.NcclInvalidArgument,
+     r"bias has shape \(4, %d\); the combine output is \(5, %d\)" % (H, H)),
+    (False, "flat", {"bias": torch.zeros(5, H, dtype=torch.float16)}, ep.NcclInvalidArgument,
+     "bias has dtype torch.float16"),
 ])
 def test_combine_refusals(on_cpu, ll, layout, kwargs, exc, text):
     g = _shell(low_latency=ll)
