@@ -36,6 +36,7 @@
 #include <unordered_map>
 
 #include "nccl_ep/include/nccl_ep.h"
+#include "nccl_ep/jax/tail.h"
 
 namespace ffi = xla::ffi;
 
@@ -265,6 +266,18 @@ ffi::Error copyRankCounts(const Entry& e, const ffi::AnyBuffer& out, cudaStream_
   return ffi::Error::Success();
 }
 
+// A High-Throughput dispatch output's rows past the received ones (the bound routing's rank counts), zeroed.
+ffi::Error zeroTail(const Entry& e, ffi::AnyBuffer& tokens, cudaStream_t stream, const char* target) {
+  if (e.maxRows == 0 || tokens.size_bytes() == 0) return ffi::Error::Success();
+  cudaError_t ce = ncclEpJaxZeroPastCounts(tokens.untyped_data(), tokens.size_bytes() / (size_t)e.maxRows,
+                                           e.maxRows, e.rankCounts, e.nRanks, stream);
+  if (ce != cudaSuccess) {
+    return ffi::Error::Internal(std::string("[nccl_ep.jax] ") + target +
+                                ": zeroing the rows past the received ones: " + cudaGetErrorString(ce));
+  }
+  return ffi::Error::Success();
+}
+
 ncclEpTensor_t counter(const ffi::AnyBuffer& b) {
   ncclEpTensor_t t = NCCL_EP_TENSOR_INIT;
   t.ndim = 1;
@@ -290,7 +303,8 @@ ffi::Error guarded(const char* target, F&& body) {
 
 // x [T, H], topk_idx [T, K] int32, topk_weights [T, K] fp32 -> tokens [rows, H], local_ids [rows, K] int32,
 // weights [rows, K] fp32, expert_counts [L] int32, rank_counts [R] int32, recv_dropped [1] int32 (rows for this
-// rank past the group's receive cap, not delivered; 0 without a cap). Rows past sum(rank_counts) are not written.
+// rank past the group's receive cap, not delivered; 0 without a cap). tokens' rows past sum(rank_counts) are zeroed
+// (zeroTail); local_ids' and weights' are not written.
 // The binding writes the rank counts into the entry (redispatch reports them again), copied out here.
 ffi::Error htDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer topkIdx,
                       ffi::AnyBuffer topkWeights, ffi::Result<ffi::AnyBuffer> tokens,
@@ -330,12 +344,12 @@ ffi::Error htDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
     ncclEpDispatchConfig_t cfg = NCCL_EP_DISPATCH_CONFIG_INIT;
     ncclResult_t rc = ncclEpDispatch(e.handle, &in, &out, nullptr, &cfg, stream);
     if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpDispatch");
-    return ffi::Error::Success();
+    return zeroTail(e, *tokens, stream, kTarget);
   });
 }
 
-// x [T, H] through the routing as bound (no new routing, no weights) -> tokens [rows, H] and that routing's
-// rank_counts [R] int32 (which rows hold data): combine's gradient. `after`, unread, is an array computed from the
+// x [T, H] through the routing as bound (no new routing, no weights) -> tokens [rows, H] (rows past the received
+// ones zeroed) and that routing's rank_counts [R] int32 (which rows hold data): combine's gradient. `after`, unread, is an array computed from the
 // forward dispatch's outputs: as an operand it makes XLA run this call after that dispatch bound the routing.
 ffi::Error htRedispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
                         ffi::Result<ffi::AnyBuffer> tokens, ffi::Result<ffi::AnyBuffer> rankCounts, int64_t handleId) {
@@ -357,7 +371,7 @@ ffi::Error htRedispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
     ncclEpDispatchConfig_t cfg = NCCL_EP_DISPATCH_CONFIG_INIT;
     ncclResult_t rc = ncclEpDispatch(e.handle, &in, &out, nullptr, &cfg, stream);
     if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpDispatch");
-    return ffi::Error::Success();
+    return zeroTail(e, *tokens, stream, kTarget);
   });
 }
 

@@ -248,9 +248,8 @@ def _ht_dispatch_call(spec: HandleSpec, x, idx, w) -> Dispatched:
         (_sds((rows, h), x.dtype, x), _sds((rows, k), jnp.int32, x), _sds((rows, k), jnp.float32, x),
          _sds((spec.local_experts,), jnp.int32, x), _sds((spec.ranks,), jnp.int32, x), _sds((1,), jnp.int32, x)),
         x, idx, w, handle_id=spec.id)
-    valid = _valid(rows, rc)[:, None]
-    return Dispatched(jnp.where(valid, tokens, jnp.zeros_like(tokens)), jnp.where(valid, ids, -1),
-                      jnp.where(valid, weights, 0.0), ec, rc, dropped)
+    valid = _valid(rows, rc)[:, None]  # (the handler zeroes tokens past the received rows itself, those rows only)
+    return Dispatched(tokens, jnp.where(valid, ids, -1), jnp.where(valid, weights, 0.0), ec, rc, dropped)
 
 
 def _ht_combine_call(spec: HandleSpec, y):
@@ -260,9 +259,9 @@ def _ht_combine_call(spec: HandleSpec, y):
 def _ht_redispatch_call(spec: HandleSpec, g, after):
     """`after`: an array computed from the forward dispatch's outputs, an operand the call does not read, so that XLA
     runs it after that dispatch bound the routing (the cotangent g may not depend on the forward at all)."""
-    tokens, rc = _call("nccl_ep_ht_redispatch", (_sds((spec.rows, g.shape[1]), g.dtype, g),
-                                                 _sds((spec.ranks,), jnp.int32, g)), g, after, handle_id=spec.id)
-    return jnp.where(_valid(spec.rows, rc)[:, None], tokens, jnp.zeros_like(tokens))
+    tokens, _ = _call("nccl_ep_ht_redispatch", (_sds((spec.rows, g.shape[1]), g.dtype, g),
+                                                _sds((spec.ranks,), jnp.int32, g)), g, after, handle_id=spec.id)
+    return tokens  # rows past the received ones zeroed by the handler
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -1,0 +1,13 @@
+// nccl.ep.jax (tail.cu): the rows of a worst-case output past the received ones, zeroed on the stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+// Zeroes rows [n, rows) of `base` ([rows][rowBytes], rowBytes a multiple of 16), n = the sum of the device ints
+// counts[0..nCounts) (clamped to [0, rows]), read on the GPU when the work runs: no host wait. Local to the library
+// (not exported).
+cudaError_t ncclEpJaxZeroPastCounts(void* base, size_t rowBytes, int64_t rows, const int* counts, int nCounts,
+                                    cudaStream_t stream);
