@@ -4,10 +4,10 @@
   tools/ep_bench_ab.py --new new.jsonl --old old.jsonl
 
 Each file holds one or more runs of `ep_bench` (--mode ht and --mode ll, any rank count and one-GPU mode) of one
-build; a row is identified by everything but its timings, and its value is the mean of that row's medians over the
-runs. Prints, per metric, the number of rows and min / median / max of new / old, then every row; exits 1 when a row
-of the old build is missing from the new one, or a row failed (rows only the new build has, e.g. a format it added,
-are listed and compared with nothing).
+build; a row is identified by everything but its timings, and its value is the median of that row's medians over
+the runs (with three runs or more, one run's spike does not move it). Prints, per metric, the number of rows and
+min / median / max of new / old, then every row; exits 1 when a row of the old build is missing from the new one, or
+a row failed (rows only the new build has, e.g. a format it added, are listed and compared with nothing).
 """
 import argparse
 import json
@@ -56,7 +56,7 @@ def main():
     ratios = defaultdict(list)
     lines = []
     for k in sorted(set(new) & set(old), key=str):
-        a, b = statistics.mean(new[k]), statistics.mean(old[k])
+        a, b = statistics.median(new[k]), statistics.median(old[k])
         r = a / b if b > 0 else float("nan")
         ratios[k[:2]].append(r)
         lines.append(f"{k[0]} {k[1]} {k[2]} new {a:.2f} old {b:.2f} new/old {r:.3f}")
