@@ -400,8 +400,9 @@ NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispa
  * ranks' rows in the order of the last top-k column each rank hosts (DeepEP's order: the same bits as its combine),
  * and round once. Backward pass: the gradient of dispatch is a combine of the received-token gradients (FLAT).
  * Low-Latency, after a dispatch on the same handle: RANK_MAJOR takes one row per slot (the caller's sum over the
- * row's local experts) and the owner sums the ranks' rows in rank order; EXPERT_MAJOR as HT, or, with
- * inputs->topk_weights, one row per (token, expert) weighted and summed by the owner in top-k column order. */
+ * row's local experts) and the owner sums the ranks' rows in rank order; EXPERT_MAJOR a row per (token, rank) as
+ * HT's, summed likewise in rank order, or, with inputs->topk_weights, one row per (token, expert) weighted and
+ * summed by the owner in top-k column order. */
 NCCL_EP_API ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
                                        const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
                                        cudaStream_t stream);
