@@ -575,6 +575,7 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
   }
   const int pos = lane < K ? h.emPos[slotIndex * MK + lane] : -1;
   if (c.mode == kLlOwnerWeighted) {
+    if (s == me && c.phases == (kLlSend | kLlReceive)) return;  // a whole call reads my own rows in place (reduceToken)
     // Inside my domain into the owner's [token][k]; towards another domain into my slice of its ownerRows, at
     // [me][j][c], c: column k's place among the token's columns whose expert is mine (the owner finds it from its
     // token's slot towards me and the same count).
@@ -670,30 +671,39 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   if (c.mode == kLlOwnerWeighted) {
     // Column k is delivered where routing kept it (emIdx >= 0) and its rank is active; its row sits at [t][k], or,
     // from another domain's rank r, at ownerRows [r][j][c] (j: my token's slot towards r; c: the kept columns
-    // before k whose expert also lives on r, as the sender counts them).
+    // before k whose expert also lives on r, as the sender counts them). In a whole call (send and receive in one
+    // launch) a column of my own experts is read where it lies, in the call's input at the row dispatch gave it
+    // (emPos of my slot towards me): its sender, this launch, skips it (sendSlot), so nothing is staged or waited for.
+    // A split call stages it as any other (its input need not outlive the send half).
     const bool kept = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
     const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
     const int owner = kept ? loadExpert(h, t, lane) / g.localExperts : -1;
     const bool on = kept && isOn(active, owner);
     const bool remote = on && !g.rail.local(owner);
+    const bool own = on && owner == g.rank && c.phases == (kLlSend | kLlReceive);
     int before = 0;
     if (__any_sync(kAll, remote))  // only across domains: not on the single-domain path
       for (int k2 = 0; k2 < K; k2++) {  // warp-uniform: the loop shuffles
         const int o2 = __shfl_sync(kAll, owner, k2);
         before += k2 < lane && owner >= 0 && o2 == owner;
       }
-    const size_t at = remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * g.wl.ownerCols + before
-                             : (size_t)t * MK + lane;  // lane k's row in its region
+    const size_t at =
+        own      ? (size_t)h.emPos[((size_t)g.rank * M + h.sendSlot[(size_t)t * R + g.rank]) * MK + lane]  // input row
+        : remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * g.wl.ownerCols + before
+                 : (size_t)t * MK + lane;  // lane k's row in its region
     unsigned colsOn = __ballot_sync(kAll, on);
-    const unsigned remoteCols = __ballot_sync(kAll, remote);
+    const unsigned remoteCols = __ballot_sync(kAll, remote), ownCols = __ballot_sync(kAll, own);
     // Lane k waits for row k's flag; the rows that did not come are left out (with masks) or fail the call.
     const unsigned late = __ballot_sync(
-        kAll, on && !waitOrMask(g, remote ? ownerFlag(g, bank, at, sl, g.rank) : combFlag(g, bank, at, sl, g.rank),
-                                seq, owner, ncclext::kSiteRow, (uint32_t)t));
+        kAll, on && !own &&
+                  !waitOrMask(g, remote ? ownerFlag(g, bank, at, sl, g.rank) : combFlag(g, bank, at, sl, g.rank), seq,
+                              owner, ncclext::kSiteRow, (uint32_t)t));
     if (late && !g.mask) return false;
     colsOn &= ~late;
     __syncwarp();  // lane k's acquire before every lane's reads of row k (bar.warp.sync orders memory in the warp)
     const char* owned = static_cast<const char*>(g.peers.local(bank + g.wl.ownerRows));
+    const int4* in = reinterpret_cast<const int4*>(c.in);
+    const int rowVecs = c.rowBytes >> 4;
     for (int i0 = 0; i0 < vecs; i0 += 32) {
       const int i = i0 + lane;
       float acc[8] = {};
@@ -706,9 +716,10 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
           const bool has = k < K;  // warp-uniform
           wk[b] = has ? __shfl_sync(kAll, wt, k) : 0.f;
           const unsigned long long ak = has ? __shfl_sync(kAll, (unsigned long long)at, k) : 0ull;
-          const int4* row = has && (remoteCols >> k & 1)  // k < K <= 32 before the shift
-                                ? reinterpret_cast<const int4*>(owned + ak * g.rowStride) + v0
-                                : stagingRow(ak);
+          // (k < K <= 32 before the shifts)
+          const int4* row = has && (ownCols >> k & 1)      ? in + ak * rowVecs + v0
+                            : has && (remoteCols >> k & 1) ? reinterpret_cast<const int4*>(owned + ak * g.rowStride) + v0
+                                                           : stagingRow(ak);
           if (has && (colsOn >> k & 1) && i < vecs) v[b] = __ldcg(row + i);
         }
 #pragma unroll
