@@ -947,6 +947,12 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     }
     NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));
     NCCLEXT_CHECK(checkAligned(outputs->tokens, "outputs.tokens"));
+    if (present(inputs->bias)) {  // the owner's own EXPERT_MAJOR part passes through the output row before the sum
+      const uintptr_t b = (uintptr_t)inputs->bias.data, o = (uintptr_t)outputs->tokens.data;
+      const uintptr_t bEnd = b + (uintptr_t)handle->view.numTokens * (uintptr_t)H * dtypeBytes(inputs->bias.datatype);
+      const uintptr_t oEnd = o + (uintptr_t)handle->view.numTokens * (uintptr_t)rowBytes;
+      NCCLEXT_ARG(bEnd <= o || oEnd <= b, "inputs.bias overlaps outputs.tokens: give the bias in a tensor of its own");
+    }
     ncclep::CombineCall c{};
     c.bias = static_cast<const char*>(inputs->bias.data);  // NULL when absent
     c.biasF32 = present(inputs->bias) && inputs->bias.datatype == ncclFloat32;

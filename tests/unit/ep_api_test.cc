@@ -280,7 +280,12 @@ TEST(EpApi, DispatchAndCombineRejections) {
   ci.bias = epTensor(static_cast<char*>(f.p) + 8, ncclBfloat16, {100, 7168});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("not 16-byte aligned")) << ncclEpGetLastError();
+  co.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  ci.bias = epTensor(static_cast<char*>(f.p) + 7168 * 2 * 99, ncclBfloat16, {100, 7168});  // from the output's last row
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.bias overlaps outputs.tokens")) << ncclEpGetLastError();
   ci.bias = NCCL_EP_TENSOR_INIT;
+  co.tokens = epTensor(f.p, ncclBfloat16, {101, 7168});
   // The first layout of the combine inputs (no bias) is read up to its size.
   OlderLayout<ncclEpCombineInputs_t> oldCi(ci, NCCL_EP_COMBINE_INPUTS_V1_SIZE);
   co.tokens = epTensor(f.p, ncclBfloat16, {101, 7168});

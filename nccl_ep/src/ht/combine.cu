@@ -9,10 +9,12 @@
 //   chunkPrefix[s][c+1]); FLAT sends each row as is, EXPERT_MAJOR first sums the row's local experts' rows weighted by
 //   the dispatched top-k weights (fp32); the result goes to s's combine staging [me][slot] over LSA, then (after
 //   __syncwarp) lane 0 release-stores the call's sequence number into that row's flag in s's window.
-//   Receiver (owner), chunk c: one warp per token acquires the flag of each peer row it needs, then sums in fp32
-//   the rows of every rank that received the token (its own contribution read in place, the peers' from staging)
-//   and writes the output dtype; tokens routed nowhere get zeros. Then every CTA meets in finishCall, whose last
-//   arrival release-stores the call's number into my done flag in every peer's window.
+//   Receiver (owner), chunk c: one warp per token acquires the flag of each peer row it needs, then sums in fp32,
+//   from the bias row (c.bias, if any) or 0, the part of every rank that received the token, in DeepEP's order (see
+//   reduceToken): the peers' from staging, its own FLAT row in place, its own EXPERT_MAJOR experts' weighted sum
+//   rounded to the dtype through the output row first; it writes the output dtype (tokens routed nowhere get the
+//   bias, or zeros). Then every CTA meets in finishCall, whose last arrival release-stores the call's number into my
+//   done flag in every peer's window.
 //   Dtypes: bf16, fp16, fp32 (template). Sequence numbers and timeouts as in dispatch.
 //   Across NVLink domains (c.phase) as dispatch: the send half's senders write another domain's owner's rows and
 //   flags into my outbox for it (the flat exchange: the round's slots only, c.roundLo / roundSlots, and a later
@@ -215,8 +217,9 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const int colRank = expert >= 0 && expert < g.numExperts ? expert / g.localExperts : -1;
   const unsigned sameRank = __match_any_sync(0xffffffffu, colRank);
   const unsigned lastCols = __ballot_sync(0xffffffffu, colRank >= 0 && (sameRank >> lane) == 1u);
-  if (x.c.missing) {  // lane k: whether column k's expert sits on a rank that dropped the token's row
-    const bool miss = colRank >= 0 && dropped(colRank, h.sendSlot[(size_t)t * R + colRank]);
+  if (x.c.missing) {  // lane k: whether column k's expert (kept by routing: no repeat) sits where the row was dropped
+    const bool miss = colRank >= 0 && h.emIdx[(size_t)t * g.meta.maxTopk + lane] >= 0 &&
+                      dropped(colRank, h.sendSlot[(size_t)t * R + colRank]);
     const int n = __popc(__ballot_sync(0xffffffffu, miss));
     if (lane == 0) x.c.missing[t] = n;
   }

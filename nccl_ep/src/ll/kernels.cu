@@ -25,7 +25,8 @@
 //   sends back:
 //   kLlRankRows the input row s * M + j as is, kLlExpertWeighted sum_k w_k * row(e_k) in fp32 fma in column order
 //   rounded to bf16, both into owner s's staging [me][j]; kLlOwnerWeighted each local expert's row as is into
-//   [token][k] (all K rows, then lane k releases row k's flag); each published by its slice's flag. Then one warp
+//   [token][k] (all K rows, then lane k releases row k's flag; a plain call skips the slots I receive from myself,
+//   whose rows the owner reads in the input); each published by its slice's flag. Then one warp
 //   per (own token, slice) acquires the flags it needs, lane r (or lane k) polling row r's (k's) and a __syncwarp
 //   ordering that acquire before every lane's reads, and sums in fp32: the ranks' rows in rank order (+), or
 //   w[t][k] * row in column order (fma); rounds to bf16. finishCall.
@@ -680,22 +681,25 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     const int owner = kept ? loadExpert(h, t, lane) / g.localExperts : -1;
     const bool on = kept && isOn(active, owner);
     const bool remote = on && !g.rail.local(owner);
-    const bool own = on && owner == g.rank && c.phases == (kLlSend | kLlReceive);
+    // (A column of mine without an input row, which only a misused handle could give, is left out, not read.)
+    const int ownPos = on && owner == g.rank && c.phases == (kLlSend | kLlReceive)
+                           ? max(-1, h.emPos[((size_t)g.rank * M + h.sendSlot[(size_t)t * R + g.rank]) * MK + lane])
+                           : -2;  // -2: not read in place (staged, waited for)
+    const bool own = ownPos >= 0;
     int before = 0;
     if (__any_sync(kAll, remote))  // only across domains: not on the single-domain path
       for (int k2 = 0; k2 < K; k2++) {  // warp-uniform: the loop shuffles
         const int o2 = __shfl_sync(kAll, owner, k2);
         before += k2 < lane && owner >= 0 && o2 == owner;
       }
-    const size_t at =
-        own      ? (size_t)h.emPos[((size_t)g.rank * M + h.sendSlot[(size_t)t * R + g.rank]) * MK + lane]  // input row
-        : remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * g.wl.ownerCols + before
-                 : (size_t)t * MK + lane;  // lane k's row in its region
-    unsigned colsOn = __ballot_sync(kAll, on);
+    const size_t at = own      ? (size_t)ownPos  // the input row
+                      : remote ? ((size_t)owner * M + h.sendSlot[(size_t)t * R + owner]) * g.wl.ownerCols + before
+                               : (size_t)t * MK + lane;  // lane k's row in its region
+    unsigned colsOn = __ballot_sync(kAll, on && ownPos != -1);
     const unsigned remoteCols = __ballot_sync(kAll, remote), ownCols = __ballot_sync(kAll, own);
     // Lane k waits for row k's flag; the rows that did not come are left out (with masks) or fail the call.
     const unsigned late = __ballot_sync(
-        kAll, on && !own &&
+        kAll, on && ownPos == -2 &&
                   !waitOrMask(g, remote ? ownerFlag(g, bank, at, sl, g.rank) : combFlag(g, bank, at, sl, g.rank), seq,
                               owner, ncclext::kSiteRow, (uint32_t)t));
     if (late && !g.mask) return false;
