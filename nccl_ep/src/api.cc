@@ -942,7 +942,8 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     NCCLEXT_ARG(x.sizes[0] >= need, "inputs.tokens has %lld rows; this handle's dispatch output has %lld",
                 (long long)x.sizes[0], (long long)need);
     if (present(inputs->bias)) {
-      NCCLEXT_CHECK(checkTensor(inputs->bias, "inputs.bias", 2, {x.datatype, ncclFloat32}, {handle->view.numTokens, H}));
+      NCCLEXT_CHECK(
+          checkTensor(inputs->bias, "inputs.bias", 2, {x.datatype, ncclFloat32}, {handle->view.numTokens, H}));
       NCCLEXT_CHECK(checkAligned(inputs->bias, "inputs.bias"));
     }
     NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));

@@ -721,8 +721,9 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
           wk[b] = has ? __shfl_sync(kAll, wt, k) : 0.f;
           const unsigned long long ak = has ? __shfl_sync(kAll, (unsigned long long)at, k) : 0ull;
           // (k < K <= 32 before the shifts)
+          const int4* remoteRow = reinterpret_cast<const int4*>(owned + ak * g.rowStride) + v0;
           const int4* row = has && (ownCols >> k & 1)      ? in + ak * rowVecs + v0
-                            : has && (remoteCols >> k & 1) ? reinterpret_cast<const int4*>(owned + ak * g.rowStride) + v0
+                            : has && (remoteCols >> k & 1) ? remoteRow
                                                            : stagingRow(ak);
           if (has && (colsOn >> k & 1) && i < vecs) v[b] = __ldcg(row + i);
         }
