@@ -21,12 +21,13 @@ Code written for DeepEP V2's expert-parallel calls runs unchanged: `ElasticBuffe
   come `recv_topk_weights` (every top-k column, as DeepEP's), the handle's `recv_src_metadata` and each expanded
   row's top-k column. nccl.ep never carries the weights itself, so that its EXPERT_MAJOR combine sums rows
   unweighted, as DeepEP's combine does. A cached dispatch (`handle=`) moves x, and the weights if given, only.
-- combine returns every row to its token's owner and sums in fp32, one rounding to bf16 at the end: without
-  `do_expand` each row is a (token, rank) part as given; with it, each rank first sums its rows of a token (fp32,
-  rounded to bf16: DeepEP's `allow_multiple_reduction=True`; False: kept in fp32, one rounding in all). `bias` (one
-  tensor or two) is added in fp32 before the rounding, as DeepEP adds it: those calls (and expanded ones without
-  multiple reduction) move fp32 rows, in column slices of the group's row size. `topk_weights` come back to their
-  top-k columns, each from the rank that holds that column's expert (0 for columns without one).
+- combine returns every row to its token's owner, DeepEP's way to the bit: without `do_expand` each row is a (token,
+  rank) part as given; with it, each rank first sums its rows of a token in top-k column order (fp32, rounded to
+  bf16: `allow_multiple_reduction=True`); the owner sums the parts in fp32 from the bias (one tensor, or two added
+  in fp32) or 0, in the order of the last top-k column of each rank, and rounds once (nccl.ep's High-Throughput
+  combine with `bias`). Expanded without multiple reduction, the rows move as fp32 (column slices of the group's row
+  size), each rank's part unrounded, the biases added after. `topk_weights` come back to their top-k columns, each
+  from the rank that holds that column's expert (0 for columns without one).
 - Calls run on the current stream (there is no communication stream): `previous_event` and
   `previous_event_before_epilogue` are waited on first; with `async_with_compute_stream` the returned EventOverlap
   holds an event recorded after the call. `allocate_on_comm_stream`, `num_qps`, `do_zero_padding` (nccl.ep zeroes
@@ -404,7 +405,7 @@ class ElasticBuffer:
         ranks = self.num_ranks
         per_source = torch.zeros(ranks + 1, dtype=torch.int32, device=dev)
         per_source.scatter_add_(0, torch.where(first, src // m, ranks), first.int())
-        fields.update(num_recv_tokens=n, recv_src_metadata=metadata, _slots=metadata[:, 2:], _col=col,
+        fields.update(num_recv_tokens=n, recv_src_metadata=metadata, _col=col,
                       psum_num_recv_tokens_per_expert=(offsets + counts).int(),
                       psum_num_recv_tokens_per_scaleup_rank=self._scaleup_psum(per_source[:ranks]))
         if not weights:
