@@ -184,9 +184,10 @@ __device__ __forceinline__ void addBias(const CombineCall& c, int t, int vecs, i
 
 // One warp: token t of the owner. Acquires the flag of every peer row it needs, then sums in fp32 from the bias (or
 // 0) each rank's row (kU vectors per lane per step) and writes the output dtype. The ranks come in DeepEP's order:
-// rank r at the last top-k column of t that r hosts, columns in order; every rank's row holds its part rounded to
-// the output dtype (EXPERT_MAJOR: my own experts' weighted sum is rounded through the output row first, as the
-// peers round theirs into my staging). False after a failed wait.
+// rank r at the last top-k column of t that r hosts, columns in order (with no bias and two ranks or fewer, any
+// order gives the same bits: rank order); every rank's row holds its part rounded to the output dtype
+// (EXPERT_MAJOR: my own experts' weighted sum is rounded through the output row first, as the peers round theirs
+// into my staging). False after a failed wait.
 template <typename T>
 __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const GroupView& g = x.g;
@@ -196,9 +197,14 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
   const int* slotRow = h.sendSlot + (size_t)t * R;
   const int slotLo = lane < R ? slotRow[lane] : -1, slotHi = lane + 32 < R ? slotRow[lane + 32] : -1;
   auto slotOf = [&](int r) { return __shfl_sync(0xffffffffu, r < 32 ? slotLo : slotHi, r & 31); };
-  // Lane k < K: column k's expert (loaded with the slots, before the waits below; ids out of range, which the
-  // handle reported, count as none).
-  const int expert = lane < h.topk ? loadExpert(h, t, lane) : -1;
+  // The ranks that hold a row for t (bit r). From 0 and with at most two of them, their order changes no bit (an
+  // fp32 sum of two from 0 commutes): they go in rank order, and the token's top-k ids are not read. Else, lane
+  // k < K: column k's expert (loaded with the slots, before the waits below; ids out of range, which the handle
+  // reported, count as none).
+  const uint64_t holders = (uint64_t)__ballot_sync(0xffffffffu, slotLo >= 0) |
+                           (uint64_t)__ballot_sync(0xffffffffu, slotHi >= 0) << 32;
+  const bool byColumn = x.c.bias != nullptr || __popcll(holders) > 2;
+  const int expert = (byColumn || x.c.missing) && lane < h.topk ? loadExpert(h, t, lane) : -1;
   const char* staging = static_cast<const char*>(g.peers.local(g.wl.combRows));
   const uint64_t* flags = static_cast<const uint64_t*>(g.peers.local(g.wl.combFlags));
   // With a receive cap: the token's row at rank r was dropped (past the cap there; DerivedLayout::dispAt, whose
@@ -213,10 +219,11 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
       return false;
   }
   // Lane k < K: the rank hosting column k's expert (-1: none); lastCols: the columns no later column shares a rank
-  // with, whose ranks are summed in column order.
+  // with, whose ranks are summed in column order (byColumn), else the holders in rank order.
   const int colRank = expert >= 0 && expert < g.numExperts ? expert / g.localExperts : -1;
   const unsigned sameRank = __match_any_sync(0xffffffffu, colRank);
   const unsigned lastCols = __ballot_sync(0xffffffffu, colRank >= 0 && (sameRank >> lane) == 1u);
+  const uint64_t order = byColumn ? (uint64_t)lastCols : holders;
   if (x.c.missing) {  // lane k: whether column k's expert (kept by routing: no repeat) sits where the row was dropped
     const bool miss = colRank >= 0 && h.emIdx[(size_t)t * g.meta.maxTopk + lane] >= 0 &&
                       dropped(colRank, h.sendSlot[(size_t)t * R + colRank]);
@@ -248,8 +255,9 @@ __device__ bool reduceToken(const Ctx& x, int t, uint64_t seq, int lane) {
       for (int u = 0; u < kU; u++)
         if (i0 + 32 * u < vecs) addBias<T>(x.c, t, vecs, i0 + 32 * u, acc[u]);
     }
-    for (unsigned m = lastCols; m != 0; m &= m - 1) {  // warp-uniform (a ballot)
-      const int r = __shfl_sync(0xffffffffu, colRank, __ffs(m) - 1);
+    for (uint64_t m = order; m != 0; m &= m - 1) {  // warp-uniform (ballots)
+      const int bit = __ffsll((long long)m) - 1;
+      const int r = byColumn ? __shfl_sync(0xffffffffu, colRank, bit) : bit;
       const int slot = slotOf(r);
       int4 v[kU];
       if (r == me) {
