@@ -397,7 +397,7 @@ NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispa
  * one row per (token, rank), summed as given. EXPERT_MAJOR: each rank weights its local experts' rows with the
  * top-k weights of the last dispatch and sums them in top-k column order into one row per (token, rank), rounded
  * to the tokens' dtype (the owner's own too). High-Throughput owners sum in fp32, from inputs->bias (or 0), the
- * ranks' rows in the order of the last top-k column each rank hosts (DeepEP's order: the same bits as its combine;
+ * ranks' rows in the order of the last top-k column each rank hosts (DeepEP V2's order: the same bits as its combine;
  * the hierarchical HT rounds each domain's partial once more), and round once. inputs->bias must not overlap
  * outputs->tokens. Backward pass: the gradient of dispatch is a combine of the received-token gradients (FLAT).
  * Low-Latency, after a dispatch on the same handle: RANK_MAJOR takes one row per slot (the caller's sum over the

@@ -119,7 +119,8 @@ def combine_inputs(rec, hidden, expanded):
 
 
 def rank_order(ids, local):
-    """DeepEP's order of a token's ranks in combine: each rank at the last top-k column it hosts, columns in order."""
+    """DeepEP V2's order of a token's ranks in combine: each rank at the last top-k column it hosts, columns in
+    order."""
     ranks = [e // local if e >= 0 else -1 for e in ids]
     return [d for j, d in enumerate(ranks) if d >= 0 and d not in ranks[j + 1:]]
 

@@ -4,7 +4,7 @@ other ranks over nccl.ep's rail exchange). Every rank derives every rank's input
 _seeded.py) and checks its own outputs against tests/python/_elastic_reference.py: dispatch of bf16 and fp8 rows,
 not expanded and expanded (aligned zones), with and without a CPU sync, the EPHandle's fields, a cached dispatch,
 combine (weights back to their columns; expanded rows summed per rank with and without multiple reduction; one and
-two biases; bit for bit in DeepEP's order and roundings), previous events and async events on the current stream,
+two biases; bit for bit in DeepEP V2's order and roundings), previous events and async events on the current stream,
 and the size hint against the group."""
 
 import pytest

@@ -10,7 +10,7 @@
 //   the dispatched top-k weights (fp32); the result goes to s's combine staging [me][slot] over LSA, then (after
 //   __syncwarp) lane 0 release-stores the call's sequence number into that row's flag in s's window.
 //   Receiver (owner), chunk c: one warp per token acquires the flag of each peer row it needs, then sums in fp32,
-//   from the bias row (c.bias, if any) or 0, the part of every rank that received the token, in DeepEP's order (see
+//   from the bias row (c.bias, if any) or 0, the part of every rank that received the token, in DeepEP V2's order (see
 //   reduceToken): the peers' from staging, its own FLAT row in place, its own EXPERT_MAJOR experts' weighted sum
 //   rounded to the dtype through the output row first; it writes the output dtype (tokens routed nowhere get the
 //   bias, or zeros). Then every CTA meets in finishCall, whose last arrival release-stores the call's number into my
@@ -183,7 +183,7 @@ __device__ __forceinline__ void addBias(const CombineCall& c, int t, int vecs, i
 }
 
 // One warp: token t of the owner. Acquires the flag of every peer row it needs, then sums in fp32 from the bias (or
-// 0) each rank's row (kU vectors per lane per step) and writes the output dtype. The ranks come in DeepEP's order:
+// 0) each rank's row (kU vectors per lane per step) and writes the output dtype. The ranks come in DeepEP V2's order:
 // rank r at the last top-k column of t that r hosts, columns in order (with no bias and two ranks or fewer, any
 // order gives the same bits: rank order); every rank's row holds its part rounded to the output dtype
 // (EXPERT_MAJOR: my own experts' weighted sum is rounded through the output row first, as the peers round theirs

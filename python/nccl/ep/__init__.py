@@ -731,7 +731,7 @@ class Group(Closing):
         Returns [T, H] (`out` if given). High-Throughput: each rank's part of a token is rounded to y's dtype
         (EXPERT_MAJOR: its experts' rows summed in top-k column order first) and the owner sums, from `bias`
         ([T, H] of y's dtype or fp32, optional) or 0, the ranks' parts in the order of the last top-k column each
-        rank hosts: DeepEP's order, so the same bits as its combine.
+        rank hosts: DeepEP V2's order, so the same bits as its combine.
 
         Low-Latency (after a dispatch on the handle; y bf16): RANK_MAJOR takes one row per slot (the caller's sum
         over the row's local experts) and the owner sums the ranks' rows; EXPERT_MAJOR weights each expert's rows

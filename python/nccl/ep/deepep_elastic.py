@@ -21,7 +21,7 @@ Code written for DeepEP V2's expert-parallel calls runs unchanged: `ElasticBuffe
   come `recv_topk_weights` (every top-k column, as DeepEP's), the handle's `recv_src_metadata` and each expanded
   row's top-k column. nccl.ep never carries the weights itself, so that its EXPERT_MAJOR combine sums rows
   unweighted, as DeepEP's combine does. A cached dispatch (`handle=`) moves x, and the weights if given, only.
-- combine returns every row to its token's owner, DeepEP's way to the bit: without `do_expand` each row is a (token,
+- combine returns every row to its token's owner, DeepEP V2's way to the bit: without `do_expand` each row is a (token,
   rank) part as given; with it, each rank first sums its rows of a token in top-k column order (fp32, rounded to
   bf16: `allow_multiple_reduction=True`); the owner sums the parts in fp32 from the bias (one tensor, or two added
   in fp32) or 0, in the order of the last top-k column of each rank, and rounds once (nccl.ep's High-Throughput
