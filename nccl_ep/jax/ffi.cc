@@ -349,8 +349,9 @@ ffi::Error htDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
 }
 
 // x [T, H] through the routing as bound (no new routing, no weights) -> tokens [rows, H] (rows past the received
-// ones zeroed) and that routing's rank_counts [R] int32 (which rows hold data): combine's gradient. `after`, unread, is an array computed from the
-// forward dispatch's outputs: as an operand it makes XLA run this call after that dispatch bound the routing.
+// ones zeroed) and that routing's rank_counts [R] int32 (which rows hold data): combine's gradient. `after`, unread,
+// is an array computed from the forward dispatch's outputs: as an operand it makes XLA run this call after that
+// dispatch bound the routing.
 ffi::Error htRedispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
                         ffi::Result<ffi::AnyBuffer> tokens, ffi::Result<ffi::AnyBuffer> rankCounts, int64_t handleId) {
   static const char* kTarget = "nccl_ep_ht_redispatch";
@@ -582,6 +583,11 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
     }
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess) return fail(ncclUnhandledCudaError, std::string("cudaSetDevice: ") + cudaGetErrorString(ce));
+    // The tail kernel loaded now, as the library loads its own at group creation: never at a launch behind a kernel
+    // that waits for peers.
+    ce = ncclEpJaxLoadTailKernel();
+    if (ce != cudaSuccess) return fail(ncclUnhandledCudaError, std::string("loading nccl_ep.jax's kernel: ") +
+                                                                    cudaGetErrorString(ce));
     Entry e;
     e.device = device;
     e.numTokens = numTokens;

@@ -25,6 +25,11 @@ __global__ void zeroPastKernel(char* base, size_t rowBytes, int64_t rows, const 
 
 }  // namespace
 
+cudaError_t ncclEpJaxLoadTailKernel() {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, zeroPastKernel);
+}
+
 cudaError_t ncclEpJaxZeroPastCounts(void* base, size_t rowBytes, int64_t rows, const int* counts, int nCounts,
                                     cudaStream_t stream) {
   if (rows <= 0 || rowBytes == 0) return cudaSuccess;

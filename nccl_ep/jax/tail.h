@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 
+// Loads the kernel (cudaFuncGetAttributes): at handle creation, so that no launch of it loads a module.
+cudaError_t ncclEpJaxLoadTailKernel();
+
 // Zeroes rows [n, rows) of `base` ([rows][rowBytes], rowBytes a multiple of 16), n = the sum of the device ints
 // counts[0..nCounts) (clamped to [0, rows]), read on the GPU when the work runs: no host wait. Local to the library
 // (not exported).

@@ -276,6 +276,7 @@ class _EpHandle:
         self.topk_idx, (self.num_tokens, self.topk) = topk_idx, topk_idx.shape
 
     def update(self, topk_idx):
+        assert not self.closed and topk_idx.shape[1] == self.topk, "ncclEpUpdateHandle: top-k differs"  # as the library
         self._bind(topk_idx)
         self.updates += 1
 
@@ -673,8 +674,12 @@ def test_a_shrink_buffer_after_a_size_hint_makes_its_group_in_the_constructor(fa
 
     monkeypatch.setattr(deep_ep.dist, "all_reduce", collective)
     _call(buf, k=deep_ep.Buffer.max_topk)
+    _call(buf, k=deep_ep.Buffer.max_topk)
+    first = [c for c in g.calls if c[0] == "dispatch"][0][1]
+    _call(buf)  # a smaller top-k: the same group, its handle ring made anew (handles keep their top-k)
     _call(buf)
-    assert len(_LowLatencyGroup.made) == 1 and [c[0] for c in g.calls].count("dispatch") == 2
+    assert len(_LowLatencyGroup.made) == 1 and [c[0] for c in g.calls].count("dispatch") == 4
+    assert first.closed and [c[0] for c in g.calls].count("create_handle") == 4
     buf.destroy()
 
 

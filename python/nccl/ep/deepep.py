@@ -336,17 +336,24 @@ class _LowLatencyState:
     def __init__(self, group, key, num_handles: int):
         self.group, self.key = group, key
         self.handles = [None] * num_handles
+        self.topk = None  # the top-k the ring's handles were made for (a handle keeps its top-k)
         self.seqs = [-1] * num_handles
         self.combine_buffers = [None] * num_handles  # get_next_low_latency_combine_buffer's, one per slot
 
-    def close(self, device) -> None:
-        """COLLECTIVE: the handles (after the device's queued work: they must not be in use) and the group."""
+    def drop_handles(self, device) -> None:
+        """LOCAL: the ring's handles, after the device's queued work (they must not be in use); made again by the
+        next dispatch (a Low-Latency handle's binding is local)."""
         if any(h is not None for h in self.handles) and device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)
         for h in self.handles:
             if h is not None:
                 h.close()
         self.handles = [None] * len(self.handles)
+        self.seqs = [-1] * len(self.seqs)
+
+    def close(self, device) -> None:
+        """COLLECTIVE: the handles and the group."""
+        self.drop_handles(device)
         self.group.close()
 
 
@@ -667,6 +674,9 @@ class Buffer:
                 raise NcclInvalidArgument("low_latency_dispatch: cumulative_local_expert_recv_stats must be [%d] "
                                           "int32; got %s" % (local, _shape_dtype(stats)))
         st = self._low_latency_group(m, x.shape[1], num_experts, topk_idx.shape[1], x.device)
+        if st.topk != topk_idx.shape[1]:  # another top-k on the same group: a ring of handles for it (earlier
+            st.drop_handles(x.device)      # dispatches' handles are then no longer bound)
+            st.topk = topk_idx.shape[1]
         fresh = all(h is None for h in st.handles)
         for i, h in enumerate(st.handles):  # the whole ring at once, bound to this routing: none made in a capture
             if h is None:
