@@ -99,6 +99,14 @@ __device__ inline bool waitPeersConsumed(const Team& team, const GroupView& g, s
   return !team.syncOr(!ok);
 }
 
+// Every thread of a CTA: call `seq`'s done flag (at doneOff, my row) into every peer of my domain's window (another
+// domain's ranks need none: see waitBankFree, LL).
+__device__ inline void releaseDoneFlags(const GroupView& g, size_t doneOff, uint64_t seq) {
+  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
+    if (r != g.rank && g.rail.local(r))
+      ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, doneOff + (size_t)g.rank * 8, r)), seq);
+}
+
 // All threads of the CTA, at the end of a dispatch or combine kernel (call `seq`; `doneOff`: that kind's done
 // flags). The last CTA to arrive bumps the call counter and release-stores `seq` into my done flag in every peer's
 // window: every CTA's reads of the peers' staging rows come before it (barrier, system fence, arrival atomic), so
@@ -125,9 +133,7 @@ __device__ inline void finishCall(const GroupView& g, CallKind kind, size_t done
   // The barrier hands thread 0's answer to the CTA (no shared variable: racecheck reported one written here and read
   // after __syncthreads in kernels whose halves had synchronised on named barriers a different number of times).
   if (!__syncthreads_or(last) || hold) return;
-  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
-    if (r != g.rank && g.rail.local(r))  // another domain's ranks need no done flag (see waitBankFree, LL)
-      ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, doneOff + (size_t)g.rank * 8, r)), seq);
+  releaseDoneFlags(g, doneOff, seq);
 }
 
 // Every thread of CTA 0 of an HT dispatch or combine kernel, first thing (the others return at once): releases the
@@ -141,9 +147,7 @@ __device__ inline void releaseHeld(const GroupView& g) {
   __syncthreads();  // every thread read it before thread 0 clears it
   if (held == 0) return;
   __threadfence_system();
-  for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
-    if (r != g.rank && g.rail.local(r))
-      ncclext::dev::storeRelease(static_cast<uint64_t*>(peerAt(g, g.wl.dispDone + (size_t)g.rank * 8, r)), held);
+  releaseDoneFlags(g, g.wl.dispDone, held);
   if (threadIdx.x == 0) *g.heldDispatch = 0;
 }
 

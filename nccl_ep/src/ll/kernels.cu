@@ -556,6 +556,11 @@ __device__ __forceinline__ int4 packBf16(const float* acc) {
 constexpr int kLlBatch = 4;
 constexpr int kLlSliceVecsPerLane = kLlSliceCols / 8 / 32;  // a slice's bf16 vectors a lane: 2
 
+// Owner-weighted combine: whether the owner reads its own columns where they lie, in the call's input, so that its
+// send warps skip the slots it receives from itself. Only a whole call (send and receive in one launch): a split
+// call's input need not outlive its send half. sendSlot and reduceToken must agree on it.
+__device__ __forceinline__ bool ownRowsInPlace(const LlCombineCall& c) { return c.phases == (kLlSend | kLlReceive); }
+
 // One warp: slice `sl` of received slot (s, j) back to its owner s. A slice of bf16 columns is `vecs` 16-byte
 // vectors from vector `v0`.
 __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombineCall& c, int s, int j, int sl,
@@ -576,7 +581,7 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
   }
   const int pos = lane < K ? h.emPos[slotIndex * MK + lane] : -1;
   if (c.mode == kLlOwnerWeighted) {
-    if (s == me && c.phases == (kLlSend | kLlReceive)) return;  // a whole call reads my own rows in place (reduceToken)
+    if (s == me && ownRowsInPlace(c)) return;  // reduceToken reads them in the input
     // Inside my domain into the owner's [token][k]; towards another domain into my slice of its ownerRows, at
     // [me][j][c], c: column k's place among the token's columns whose expert is mine (the owner finds it from its
     // token's slot towards me and the same count).
@@ -672,17 +677,16 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   if (c.mode == kLlOwnerWeighted) {
     // Column k is delivered where routing kept it (emIdx >= 0) and its rank is active; its row sits at [t][k], or,
     // from another domain's rank r, at ownerRows [r][j][c] (j: my token's slot towards r; c: the kept columns
-    // before k whose expert also lives on r, as the sender counts them). In a whole call (send and receive in one
-    // launch) a column of my own experts is read where it lies, in the call's input at the row dispatch gave it
-    // (emPos of my slot towards me): its sender, this launch, skips it (sendSlot), so nothing is staged or waited for.
-    // A split call stages it as any other (its input need not outlive the send half).
+    // before k whose expert also lives on r, as the sender counts them). With ownRowsInPlace, a column of my own
+    // experts is read where it lies, in the call's input at the row dispatch gave it (emPos of my slot towards me):
+    // nothing is staged or waited for.
     const bool kept = lane < K && h.emIdx[(size_t)t * MK + lane] >= 0;
     const float wt = lane < K ? c.weights[(size_t)t * K + lane] : 0.f;
     const int owner = kept ? loadExpert(h, t, lane) / g.localExperts : -1;
     const bool on = kept && isOn(active, owner);
     const bool remote = on && !g.rail.local(owner);
     // (A column of mine without an input row, which only a misused handle could give, is left out, not read.)
-    const int ownPos = on && owner == g.rank && c.phases == (kLlSend | kLlReceive)
+    const int ownPos = on && owner == g.rank && ownRowsInPlace(c)
                            ? max(-1, h.emPos[((size_t)g.rank * M + h.sendSlot[(size_t)t * R + g.rank]) * MK + lane])
                            : -2;  // -2: not read in place (staged, waited for)
     const bool own = ownPos >= 0;
