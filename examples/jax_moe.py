@@ -16,9 +16,8 @@ layer (all experts, every rank's tokens) on this process's GPU with plain JAX; a
 end every parameter, must match. Decode (Low-Latency, bf16, EXPERT_MAJOR): a residual MoE step repeated in a
 jax.lax.fori_loop, each expert's zone through its MLP, the owner-weighted combine; each step's routing comes from
 its own random logits, not from x, so that a rounding difference between the two paths cannot flip an expert choice
-and grow over the steps (with a router on x, 4 ranks ended 5% off after 4 steps while the training matched). Exits 0 when everything matches
-(or when there is no GPU: it says so; 77 with --json, as the GPU tests do), 1 otherwise. --json FILE appends one
-result line (make gpu-check's format).
+and grow over the steps. Exits 0 when everything matches (or when there is no GPU: it says so; 77 with --json, as
+the GPU tests do), 1 otherwise. --json FILE appends one result line (make gpu-check's format).
 """
 
 import argparse

@@ -285,7 +285,6 @@ TEST(EpApi, DispatchAndCombineRejections) {
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("inputs.bias overlaps outputs.tokens")) << ncclEpGetLastError();
   ci.bias = NCCL_EP_TENSOR_INIT;
-  co.tokens = epTensor(f.p, ncclBfloat16, {101, 7168});
   // The first layout of the combine inputs (no bias) is read up to its size.
   OlderLayout<ncclEpCombineInputs_t> oldCi(ci, NCCL_EP_COMBINE_INPUTS_V1_SIZE);
   co.tokens = epTensor(f.p, ncclBfloat16, {101, 7168});
