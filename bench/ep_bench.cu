@@ -610,6 +610,15 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
           setup.exchange);
 }
 
+// Virtual ranks (alone or in mixed nodes) share one device: a rank's cudaFree or cudaDeviceSynchronize waits for
+// every stream of it, a peer's kernel waiting for this rank's next call of the group included. So they meet on the
+// host, streams drained, after such steps and before their next call of the group. 0, or 1 after a timeout.
+int meetVirtual(RankContext& ctx, const Options& o) {
+  if (!o.virtualRanks()) return 0;
+  if (ncclext::waitStream(ctx.stream, 120, "bench") != ncclSuccess) return 1;
+  return ncclext::harness::barrier(ctx, 60) == ncclSuccess ? 0 : 1;
+}
+
 // One shape: its routing bound once to an EXACT handle (cached routing), the update-handle + dispatch timing, the
 // baselines, then dispatch and combine at each SM count.
 int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const Shape& s, const Counts& n, FILE* out) {
@@ -692,6 +701,7 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
   std::vector<float> tHandle;
   ncclEpHandleConfig_t worst = NCCL_EP_HANDLE_CONFIG_INIT;
   ncclEpHandle_t hw = nullptr;
+  if (meetVirtual(ctx, o)) return 1;  // after the cudaDeviceSynchronize above
   NCCLEXT_BENCH_EP(ncclEpCreateHandle(&hw, group, s.layout, &ti, nullptr, &worst, ctx.stream));
   if (timer.time(
           [&](int i) {
@@ -709,7 +719,7 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
   ncclEpHandleDestroy(hw);
   const size_t ceBytes = (size_t)rt.sentRows * payload;
   double ceUs = 0;
-  if (copyEngineUs(ctx, o, ceBytes, timer, &ceUs)) return 1;
+  if (copyEngineUs(ctx, o, ceBytes, timer, &ceUs) || meetVirtual(ctx, o)) return 1;  // (it frees its buffers)
   for (int sms : s.sms) {
     if (sms > setup.smCount) sms = setup.smCount;
     ncclEpDispatchConfig_t dc = NCCL_EP_DISPATCH_CONFIG_INIT;
@@ -777,10 +787,10 @@ int runRank(RankContext& ctx, const Options& o, const std::vector<Shape>& shapes
     printf("%-6s %-5s %-12s %6s %5s %4s %9s %9s %9s %10s %10s %12s\n", "op", "dtype", "layout", "tokens", "hidden",
            "SMs", "median_us", "synced_us", "update+d", "NVLink", "logical", "NVLink_MB");
   const Counts n(o);
-  for (const Shape& s : shapes)
-    if (benchShape(ctx, o, setup, s, n, out)) return 1;
+  for (const Shape& s : shapes)  // (a shape frees its buffers and handles on return)
+    if (meetVirtual(ctx, o) || benchShape(ctx, o, setup, s, n, out)) return 1;
   if (out) fclose(out);
-  return tearDownRank(ctx, &setup);
+  return meetVirtual(ctx, o) || tearDownRank(ctx, &setup);
 }
 
 }  // namespace
