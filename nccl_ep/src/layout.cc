@@ -54,7 +54,8 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   // The hierarchical HT's exchange rows also carry the writer's token count per destination domain (an EXACT
   // handle's eager calls size their rail messages by them: Rail::exchange).
   w.domainCounts = nRanks + config.num_experts + v.nChunks + 1;
-  w.exchangeInts = w.domainCounts + (relay && hier ? topo.nDomains : 0);
+  w.nDomainCounts = relay && hier ? topo.nDomains : 0;
+  w.exchangeInts = w.domainCounts + w.nDomainCounts;
   w.retained = capped ? w.exchangeInts : 0;
   w.exchangeInts += capped ? v.localExperts : 0;
   w.exchange = off;

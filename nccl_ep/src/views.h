@@ -64,6 +64,7 @@ struct WindowLayout {
   int exchangeInts;  // R + E + NC + 1: counts per rank, counts per expert, chunk prefix towards the reader; then,
                      // the hierarchical HT (RailView::hier), the writer's tokens per destination domain
   int domainCounts;  // where those domain counts start in a row (R + E + NC + 1; the row ends there without them)
+  int nDomainCounts; // how many: the hierarchical HT's domains, else 0 (a capped row's retained counts follow)
   int retained;      // HT with a receive cap: where the row's L counts start, the writer's rows for each of the
                      // reader's experts that fit the cap (written only when some rank's rows overflow it); 0: none
   int headerBytes;   // LL: u64 flag, int32 rows for me, int32 rows for each of my local experts (16-byte aligned)

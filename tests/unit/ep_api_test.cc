@@ -1464,8 +1464,9 @@ TEST(EpRail, HierarchicalRelaysOnDomainsOfSeveralRanks) {
     ncclep::GroupView v;
     ncclep::layoutGroup(cfg, topo, &v, hierarchical);
     EXPECT_EQ(v.wl.domainCounts, nRanks + cfg.num_experts + v.nChunks + 1);
+    EXPECT_EQ(v.wl.exchangeInts, v.wl.domainCounts + v.wl.nDomainCounts);  // (no receive cap here)
     return Got{v.rail.relay, v.rail.hier, v.rail.hier ? v.rail.hierRow.bytes() : 0, v.wl.outboxes,
-               v.wl.exchangeInts - v.wl.domainCounts, v.rail.slice[ncclep::kRailHeader]};
+               v.wl.nDomainCounts, v.rail.slice[ncclep::kRailHeader]};
   };
   const Got on = layout(NCCL_EP_ALGO_HIGH_THROUGHPUT, 4, 2, true);
   EXPECT_EQ(on.relay, 1);
@@ -1481,6 +1482,30 @@ TEST(EpRail, HierarchicalRelaysOnDomainsOfSeveralRanks) {
     EXPECT_EQ(g.hier, 0);
     EXPECT_EQ(g.outboxes, 0u);
     EXPECT_EQ(g.domainCounts, 0);
+  }
+}
+
+// A receive cap's exchange rows end with the L retained counts, not with domain counts: exchangeKernel took every
+// int past domainCounts for one (a count per "domain" for each of them: at 1 rank and 256 experts, 256 passes over
+// the tokens, the shared domainHits[kMaxRanks] and an EXACT handle's host totals written past their ends; the capped
+// handle update took 583 us against 31 in ncu, one H100).
+TEST(EpLayout, ReceiveCapRowsHaveNoDomainCounts) {
+  for (int nRanks : {1, 2, 8}) {
+    ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
+    cfg.algorithm = NCCL_EP_ALGO_HIGH_THROUGHPUT;
+    cfg.num_experts = 256;
+    cfg.max_tokens_per_rank = 4096;
+    cfg.max_token_bytes = 7168 * 2;
+    cfg.max_topk = 8;
+    cfg.max_recv_rows_per_rank = 4096;
+    ncclext::Topology topo;
+    ASSERT_EQ(ncclext::makeTopology(0, nRanks, 0, nRanks, 0, &topo), ncclSuccess);  // one NVLink domain
+    ncclep::GroupView v;
+    ncclep::layoutGroup(cfg, topo, &v, false);
+    ASSERT_GT(v.recvCap, 0);
+    EXPECT_EQ(v.wl.nDomainCounts, 0) << nRanks << " ranks";
+    EXPECT_EQ(v.wl.retained, v.wl.domainCounts);
+    EXPECT_EQ(v.wl.exchangeInts, v.wl.domainCounts + cfg.num_experts / nRanks);
   }
 }
 

@@ -194,7 +194,7 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   const int cols = R + E;
   const int* totals = h.tileCount + (size_t)NC * cols;
   const RailView& rv = g.rail;
-  const int nDomainCounts = g.wl.exchangeInts - g.wl.domainCounts;  // the hierarchical HT's: one per domain
+  const int nDomainCounts = g.wl.nDomainCounts;  // the hierarchical HT's: one per domain
   // (1) My row into every rank's exchange area (another domain's rank's: into my outbox for it).
   if (phase != kHtReceiveHalf) {
     // The hierarchical HT: how many of my tokens hit each domain (a slot towards any of its ranks: hierScanKernel's
