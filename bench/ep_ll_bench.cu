@@ -2,7 +2,7 @@
 // N virtual ranks on one GPU (--one-gpu virtual: the protocol's cost with every rank sharing one GPU's SMs and
 // memory; no NVLink, so not a link measurement).
 //
-// For each shape (tokens per rank 1, 8, 32, 64, 128, 256, hidden 7168 (and 4096 at 128 tokens), top-8, 256 experts
+// For each shape (tokens per rank 1, 8, 32, 64, 128, 256, hidden 7168 (and 4096 at 128 and 256 tokens), top-8, 256 experts
 // over the ranks): random top-k routing without repeats, a handle bound once, then, each timed with its own pair of
 // CUDA events on the call's stream and reported as the median of 100 calls after 20 warm-up calls, back to back:
 //   dispatch (bf16 out, or fp8 e4m3 or NVFP4 (global scale 1) quantised by the sender), combine (RANK_MAJOR: rows
@@ -20,7 +20,7 @@
 // shapes (bf16, 1 and 128 tokens) and iterations (5 warm-up, 20 timed) there: every call crosses the sockets.
 //
 // Usage: ep_ll_bench [--nranks N] [--one-gpu off|nodes|virtual] [--sms N] [--json FILE] [--quick]
-// (also: ep_bench --mode ll). --sms: the calls' num_sms (default: the group's, 64 capped by the GPU).
+// (also: ep_bench --mode ll). --sms: the calls' num_sms (default: the group's, every SM for Low-Latency).
 
 #include <algorithm>
 #include <cstdio>
@@ -93,8 +93,9 @@ int main(int argc, char** argv) {
   for (int t : {1, 8, 32, 64, 128, 256})
     for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
       for (int fmt : {kBf16, kFp8, kNvfp4}) shapes.push_back({t, kHidden, l, fmt});
-  for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
-    for (int fmt : {kBf16, kFp8, kNvfp4}) shapes.push_back({128, 4096, l, fmt});
+  for (int t : {128, 256})
+    for (ncclEpLayout_t l : {NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR})
+      for (int fmt : {kBf16, kFp8, kNvfp4}) shapes.push_back({t, 4096, l, fmt});
   if (quick) shapes.resize(2);
   // Across domains (known once the group exists, below): bf16 at 1 and 128 tokens only.
   auto acrossDomainsShape = [](const Shape& s) {
