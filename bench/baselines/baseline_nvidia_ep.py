@@ -1,7 +1,7 @@
 """NVIDIA's nccl-extensions 0.1.0 (`nccl.ep`, PyPI) timed on the shapes of our ep_bench, one rank.
 
 Rows (bf16, top-8 of 256 experts, uniform random routing from --seed):
-  LL  EXPERT_MAJOR and RANK_MAJOR dispatch, combine and the pair, 128 x 7168 and 256 x 4096
+  LL  EXPERT_MAJOR and RANK_MAJOR dispatch, combine and the pair, 128 and 256 tokens x 7168 and 4096
   HT  FLAT dispatch, combine and the pair, 4096 x 7168, at 16 and 132 SMs (GroupConfig.max_num_sms),
       and the handle update (Handle.update with the same routing)
 Each figure is the median of --iters back-to-back (dispatch, combine) pairs on one stream, each call between its
@@ -21,7 +21,9 @@ Where their API stops the process on inputs we refuse with an error (read from t
   - OverflowPolicy AUTO resolves to TRAP: HT recv overflow past max_recv_tokens_per_rank is a device trap that
     ends the process (enums.py); we report the overflow as an error.
   - A remote rank that times out in a wait is a GPU trap unless the group has enable_mask (group.py).
-  - An int64 recv_topk_idx (dispatch output) asserts (issue 39); the driver passes int32.
+  - A High-Throughput dispatch whose recv_topk_idx (an output) is not int64 asserts and aborts the process (seen on
+    one H100: bench/results/nvidia-ep-ht-int32-abort-20261205T1915Z.txt); the driver passes int64 there, int32 to
+    the Low-Latency RANK_MAJOR dispatch (which takes it).
 """
 import argparse
 import json
@@ -189,7 +191,7 @@ class Bench:
         handle = group.create_handle(ep.Layout.FLAT, self.T(idx), stream=self.sp)
         recv = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="cuda")
         r_w = torch.empty(tokens, K, dtype=torch.float32, device="cuda")
-        r_idx = torch.empty(tokens, K, dtype=torch.int32, device="cuda")  # int64 here asserts in 0.1.0
+        r_idx = torch.empty(tokens, K, dtype=torch.int64, device="cuda")  # int32 here asserts in 0.1.0 (HT)
         d_in = ep.DispatchInputs(tokens=self.T(x), topk_weights=self.T(w))
         d_out = ep.DispatchOutputs(tokens=self.T(recv), topk_weights=self.T(r_w), topk_idx=self.T(r_idx))
         c_in, c_out = ep.CombineInputs(tokens=self.T(recv)), ep.CombineOutputs(tokens=self.T(y))
@@ -217,7 +219,7 @@ def main():
     torch, nc, ep, ver = load()
     b = Bench(torch, nc, ep, ver, args)
     print("%s on %s, NCCL %s (NCCL_HOME %s)" % (IMPL, b.base["gpu"], ver, os.environ.get("NCCL_HOME", "unset")))
-    ll_shapes = [(128, 7168)] if args.quick else [(128, 7168), (256, 4096)]
+    ll_shapes = [(128, 7168)] if args.quick else [(128, 7168), (256, 7168), (128, 4096), (256, 4096)]
     if args.mode in ("all", "ll"):
         for tokens, hidden in ll_shapes:
             for layout in (ep.Layout.EXPERT_MAJOR, ep.Layout.RANK_MAJOR):
