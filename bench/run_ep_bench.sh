@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # EP benchmark with its baselines measured in the same run, at 2, 4 and 8 ranks (those the local GPUs allow; 1 on a
-# single GPU; EP_BENCH_RANKS overrides): for each rank count ep_bench, then (2+ ranks, PyTorch present)
-# bench/baselines/baseline_torch.py --world N: copy-engine peer copy, NCCL all_to_all, and the PyTorch
-# all_to_all_single MoE dispatcher. Writes $OUTDIR/ep_bench-<UTC>.json (machine, rows, baselines; every row and
-# baseline names its rank count) and prints the comparison at the default shape.
+# single GPU; EP_BENCH_RANKS overrides): for each rank count ep_bench (High-Throughput) and ep_bench --mode ll
+# (Low-Latency), then (2+ ranks, PyTorch present) bench/baselines/baseline_torch.py --world N: copy-engine peer copy,
+# NCCL all_to_all, and the PyTorch all_to_all_single MoE dispatcher; then, with NVIDIA_EP_VENV, NVIDIA's
+# nccl-extensions at 1 rank and bench/ep_vs_nvidia.py's pairing of its rows with ours. Writes
+# $OUTDIR/ep_bench-<UTC>.json (machine, rows, ll_rows, baselines, vs_nvidia; every row and baseline names its rank
+# count) and prints the comparison at the default shape.
 # Usage: BUILDDIR=build bench/run_ep_bench.sh [--quick]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,9 @@ RANKS=${EP_BENCH_RANKS:-$(for n in 2 4 8; do [ "$n" -le "$NGPU" ] && echo $n; do
 for n in $RANKS; do
   echo "== ep_bench on $n ranks"
   "$BUILDDIR/bin/ep_bench" --nranks "$n" --json "$tmp/ep.jsonl" "$@" || { echo "ep_bench failed"; exit 1; }
+  echo "== ep_bench --mode ll on $n ranks"
+  "$BUILDDIR/bin/ep_bench" --mode ll --nranks "$n" --json "$tmp/ll.jsonl" "$@" ||
+    { echo "ep_bench --mode ll failed"; exit 1; }
   if [ "$n" -ge 2 ] && python3 -c 'import torch' 2>/dev/null; then
     timeout 600 python3 bench/baselines/baseline_torch.py --world "$n" >> "$tmp/baseline.jsonl" 2> "$tmp/baseline.err" ||
       { echo "baseline_torch.py --world $n failed:"; tail -5 "$tmp/baseline.err"; }
@@ -34,8 +39,13 @@ if [ -n "${NVIDIA_EP_VENV:-}" ]; then
   [ -z "${NVIDIA_EP_NCCL_HOME:-}" ] ||
     nv_env+=(NCCL_HOME="$NVIDIA_EP_NCCL_HOME" LD_PRELOAD="$NVIDIA_EP_NCCL_HOME/lib/libnccl.so.2")
   env "${nv_env[@]}" timeout 600 "$NVIDIA_EP_VENV/bin/python" bench/baselines/baseline_nvidia_ep.py \
-    --json "$tmp/baseline.jsonl" "$@"
+    --json "$tmp/nvidia.jsonl" "$@"
   rc=$?; [ $rc -eq 0 ] || [ $rc -eq 77 ] || echo "baseline_nvidia_ep.py failed (exit $rc)"
+  if [ -s "$tmp/nvidia.jsonl" ]; then
+    cat "$tmp/nvidia.jsonl" >> "$tmp/baseline.jsonl"
+    python3 bench/ep_vs_nvidia.py --ours "$tmp"/ep.jsonl "$tmp"/ll.jsonl --nvidia "$tmp/nvidia.jsonl" \
+      --json "$tmp/vs_nvidia.json" || echo "ep_vs_nvidia.py failed"
+  fi
 else
   echo "NVIDIA nccl-extensions baseline skipped: NVIDIA_EP_VENV is not set"
 fi
@@ -44,11 +54,15 @@ import json, os, subprocess, sys, datetime
 def lines(p):
     return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
 ep, base = lines(sys.argv[1]), lines(sys.argv[2])
+tmp = os.path.dirname(sys.argv[1])
+ll = lines(os.path.join(tmp, "ll.jsonl"))
+vs = os.path.join(tmp, "vs_nvidia.json")
+vs = json.load(open(vs))["rows"] if os.path.exists(vs) else []
 sh = lambda c: subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
 doc = {"kind": "ep_bench", "command": "bench/run_ep_bench.sh", "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
        "git_commit": os.environ.get("NCCL_EXT_GIT_COMMIT") or sh("git rev-parse HEAD 2>/dev/null") or "unknown",
        "gpus": sh("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader").splitlines(),
-       "rows": ep, "baselines": base}
+       "rows": ep, "ll_rows": ll, "baselines": base, "vs_nvidia": vs}
 json.dump(doc, open(sys.argv[3], "w"), indent=1)
 def pick(what, **kw):
     for r in ep:
