@@ -25,8 +25,9 @@
 //   sends back:
 //   kLlRankRows the input row s * M + j as is, kLlExpertWeighted sum_k w_k * row(e_k) in fp32 fma in column order
 //   rounded to bf16, both into owner s's staging [me][j]; kLlOwnerWeighted each local expert's row as is into
-//   [token][k] (all K rows, then lane k releases row k's flag; a plain call skips the slots I receive from myself,
-//   whose rows the owner reads in the input); each published by its slice's flag. Then one warp
+//   [token][k] (all K rows, then lane k releases row k's flag); each published by its slice's flag. A plain call
+//   (send and receive in one launch) of kLlRankRows or kLlOwnerWeighted skips the slots I receive from myself,
+//   whose rows the owner reads in the input: nothing staged or waited for. Then one warp
 //   per (own token, slice) acquires the flags it needs, lane r (or lane k) polling row r's (k's) and a __syncwarp
 //   ordering that acquire before every lane's reads, and sums in fp32: the ranks' rows in rank order (+), or
 //   w[t][k] * row in column order (fma); rounds to bf16. finishCall.
@@ -556,9 +557,9 @@ __device__ __forceinline__ int4 packBf16(const float* acc) {
 constexpr int kLlBatch = 4;
 constexpr int kLlSliceVecsPerLane = kLlSliceCols / 8 / 32;  // a slice's bf16 vectors a lane: 2
 
-// Owner-weighted combine: whether the owner reads its own columns where they lie, in the call's input, so that its
-// send warps skip the slots it receives from itself. Only a whole call (send and receive in one launch): a split
-// call's input need not outlive its send half. sendSlot and reduceToken must agree on it.
+// Owner-weighted and rank-row combine: whether the owner reads its own rows where they lie, in the call's input, so
+// that its send warps skip the slots it receives from itself. Only a whole call (send and receive in one launch): a
+// split call's input need not outlive its send half. sendSlot and reduceToken must agree on it.
 __device__ __forceinline__ bool ownRowsInPlace(const LlCombineCall& c) { return c.phases == (kLlSend | kLlReceive); }
 
 // One warp: slice `sl` of received slot (s, j) back to its owner s. A slice of bf16 columns is `vecs` 16-byte
@@ -574,6 +575,7 @@ __device__ void sendSlot(const GroupView& g, const HandleView& h, const LlCombin
     return static_cast<int4*>(peerAt(g, bank + g.wl.combRows + at * g.rowStride, s)) + v0;
   };
   if (c.mode == kLlRankRows) {
+    if (s == me && ownRowsInPlace(c)) return;  // reduceToken reads it in the input
     const size_t at = (size_t)me * M + j;
     warpCopy<false>(lane, stagingRow(at), in + slotIndex * rowVecs + v0, vecs * 16);
     warpPublish(lane, combFlag(g, bank, at, sl, s), seq);
@@ -740,11 +742,15 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     return true;
   }
   const Slots slots = Slots::load(h, R, t, lane);
+  // With ownRowsInPlace my own row for t is read where it lies, the input's row (me, slot): not staged, not waited
+  // for (a bitwise copy before, so the same sum).
+  const bool ownInPlace = ownRowsInPlace(c);
   // Lane r waits for rank r's row (and r + 32's), all at once; the ranks whose row for t came, as bits.
   auto came = [&](int r, int slot) {
     return slot >= 0 && isOn(active, r) &&
-           waitOrMask(g, combFlag(g, bank, (size_t)r * M + slot, sl, g.rank), seq, r, ncclext::kSiteRow,
-                      (uint32_t)slot);
+           ((r == g.rank && ownInPlace) ||
+            waitOrMask(g, combFlag(g, bank, (size_t)r * M + slot, sl, g.rank), seq, r, ncclext::kSiteRow,
+                       (uint32_t)slot));
   };
   auto expected = [&](int r, int slot) { return slot >= 0 && isOn(active, r); };
   const bool loCame = came(lane, slots.lo), hiCame = came(lane + 32, slots.hi);
@@ -752,12 +758,16 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   const bool late = (expected(lane, slots.lo) && !loCame) || (expected(lane + 32, slots.hi) && !hiCame);
   if (__any_sync(kAll, late) && !g.mask) return false;
   __syncwarp();  // lane r's acquire before every lane's reads of rank r's row (bar.warp.sync orders memory in the warp)
+  const int4* in = reinterpret_cast<const int4*>(c.in);
+  const int rowVecs = c.rowBytes >> 4;
   for (int i0 = 0; i0 < vecs; i0 += 32) {
     const int i = i0 + lane;
     float acc[8] = {};
     for (int r = 0; r < R; r++) {  // rank order
       const int slot = slots.of(r);
-      if (isOn(ranksOn, r) && i < vecs) addBf16(acc, __ldcg(stagingRow((size_t)r * M + slot) + i));
+      if (!isOn(ranksOn, r) || i >= vecs) continue;
+      const size_t at = (size_t)r * M + slot;
+      addBf16(acc, __ldcg((r == g.rank && ownInPlace ? in + at * rowVecs + v0 : stagingRow(at)) + i));
     }
     if (i < vecs) out[i] = packBf16(acc);
   }
