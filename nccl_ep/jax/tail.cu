@@ -23,11 +23,29 @@ __global__ void zeroPastKernel(char* base, size_t rowBytes, int64_t rows, const 
     tail[i] = make_int4(0, 0, 0, 0);
 }
 
+// Rows of `blocks` blocks of `width` rows each ([blocks * width][rowBytes]) past their block's count: rows
+// [b * width + counts[b], (b + 1) * width), counts clamped to [0, width]. A warp a row (a row is whole or untouched:
+// one division a row, not a 16-byte store), its lanes storing the row's 16-byte vectors.
+__global__ void zeroPastBlocksKernel(char* base, size_t rowBytes, int64_t width, int64_t rows, const int* counts) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  const size_t vecs = rowBytes / 16;
+  for (int64_t row = warp; row < rows; row += warps) {
+    const int64_t b = row / width;
+    const int64_t count = min((int64_t)max(counts[b], 0), width);
+    if (row - b * width < count) continue;  // a received row
+    int4* dst = reinterpret_cast<int4*>(base + (size_t)row * rowBytes);
+    for (size_t i = lane; i < vecs; i += 32) dst[i] = make_int4(0, 0, 0, 0);
+  }
+}
+
 }  // namespace
 
 cudaError_t ncclEpJaxLoadTailKernel() {
   cudaFuncAttributes attr;
-  return cudaFuncGetAttributes(&attr, zeroPastKernel);
+  cudaError_t e = cudaFuncGetAttributes(&attr, zeroPastKernel);
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, zeroPastBlocksKernel);
 }
 
 cudaError_t ncclEpJaxZeroPastCounts(void* base, size_t rowBytes, int64_t rows, const int* counts, int nCounts,
@@ -35,5 +53,13 @@ cudaError_t ncclEpJaxZeroPastCounts(void* base, size_t rowBytes, int64_t rows, c
   if (rows <= 0 || rowBytes == 0) return cudaSuccess;
   if (rowBytes % 16 != 0) return cudaErrorInvalidValue;
   zeroPastKernel<<<132, 512, 0, stream>>>(static_cast<char*>(base), rowBytes, rows, counts, nCounts);
+  return cudaGetLastError();
+}
+
+cudaError_t ncclEpJaxZeroPastBlockCounts(void* base, size_t rowBytes, int64_t rows, const int* counts, int blocks,
+                                         cudaStream_t stream) {
+  if (rows <= 0 || rowBytes == 0) return cudaSuccess;
+  if (rowBytes % 16 != 0 || blocks <= 0 || rows % blocks != 0) return cudaErrorInvalidValue;
+  zeroPastBlocksKernel<<<132, 512, 0, stream>>>(static_cast<char*>(base), rowBytes, rows / blocks, rows, counts);
   return cudaGetLastError();
 }

@@ -14,3 +14,10 @@ cudaError_t ncclEpJaxLoadTailKernel();
 // (not exported).
 cudaError_t ncclEpJaxZeroPastCounts(void* base, size_t rowBytes, int64_t rows, const int* counts, int nCounts,
                                     cudaStream_t stream);
+
+// Zeroes, in each of `blocks` blocks of rows / blocks rows, the rows past the block's count (counts[b], device ints,
+// clamped to [0, rows / blocks]): a Low-Latency output's rows that no token filled (RANK_MAJOR: a block per source
+// rank, counts = the rank counts; EXPERT_MAJOR: a block per local expert, counts = the expert counts). rows must be a
+// multiple of blocks. Local to the library.
+cudaError_t ncclEpJaxZeroPastBlockCounts(void* base, size_t rowBytes, int64_t rows, const int* counts, int blocks,
+                                         cudaStream_t stream);

@@ -404,9 +404,7 @@ def ll_dispatch(handle, x, topk_idx, topk_weights=None, *, fp8: bool = False, ro
     tokens, scales, weights, ids, src, ec, rc = _call("nccl_ep_ll_dispatch", results, x, idx, w, handle_id=spec.id,
                                                       with_weights=with_weights, fp8=bool(fp8),
                                                       round_scale=bool(round_scale))
-    valid = _ll_valid(spec, ec, rc)
-    if not fp8:
-        tokens = jnp.where(valid[:, None], tokens, jnp.zeros_like(tokens))
+    valid = _ll_valid(spec, ec, rc)  # (the handler zeroes bf16 tokens past the counts itself, those rows only)
     if with_weights:
         weights = jnp.where(valid.reshape((-1,) + (1,) * (weights.ndim - 1)), weights, 0.0)
     if rm:
