@@ -18,8 +18,10 @@ reuse a handle bound once; the jitted step binds the routing at every dispatch, 
 ep_python_overhead's `ops_work` (handle.update, dispatch with weights, combine; and torch's custom-op pair `ops`),
 reported beside them (same_work_us, its back to back, and the loop against it). The goal (issue 43): no more
 than the torch layer's overhead, and none per step once compiled (loop ~ c). Each token count's result is checked
-first: at 1 rank every routed token's row comes back as it went. Exit 77 without a JAX CUDA backend or without
-libnccl_ep_jax.so.
+first: at 1 rank every routed token's row comes back as it went. Then the Low-Latency pair (EXPERT_MAJOR,
+owner-weighted combine) at the smallest token count in a jitted loop, as it runs and with a select over its whole
+dispatch output added (the JSON's low_latency: loop_us, loop_with_select_us). Exit 77 without a JAX CUDA backend or
+without libnccl_ep_jax.so.
 """
 
 import json
@@ -98,6 +100,59 @@ def _jax_rows(counts, H, K, E, iters):
     return rows, ok, jax.devices()[0].device_kind
 
 
+def _jax_ll_row(T, H, K, E, iters):
+    """The Low-Latency pair (EXPERT_MAJOR dispatch, owner-weighted combine) in a jitted fori_loop, per pair, twice:
+    as nccl.ep.jax runs it (the handler zeroes the rows past the counts, those rows only) and with a select over the
+    whole dispatch output added in the step (what ll_dispatch did before 00c2b2c), alternately; their results must
+    be equal (combine reads no row past the counts)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import nccl.ep.jax as epjax
+
+    mesh = jax.make_mesh((1,), ("ep",))
+    group = epjax.group(mesh, "ep", num_experts=E, max_tokens_per_rank=T, hidden=H, max_topk=K,
+                        algorithm="low_latency")
+    h = group.handle(num_tokens=T, topk=K, layout="expert_major")
+    rng = np.random.default_rng(T + 1)
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("ep")))  # noqa: E731
+    xs = put(jnp.asarray(rng.standard_normal((T, H)).astype(np.float32), jnp.bfloat16))
+    idxs = put(np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int32))
+    ws = put((rng.random((T, K)) / K).astype(np.float32))
+    reps = 100
+
+    def make(select):
+        def pair(x, idx, w):
+            recv = epjax.ll_dispatch(h, x, idx)
+            tokens = recv.tokens
+            if select:  # every row of [E x T, H] read and written (a zone of R x M rows per local expert)
+                width = tokens.shape[0] // recv.expert_counts.shape[0]
+                valid = (jnp.arange(width, dtype=jnp.int32)[None, :] < recv.expert_counts[:, None]).reshape(-1)
+                tokens = jnp.where(valid[:, None], tokens, jnp.zeros_like(tokens))
+            return epjax.ll_combine(h, tokens, w)
+
+        layer = jax.shard_map(pair, mesh=mesh, in_specs=P("ep"), out_specs=P("ep"))
+        return jax.jit(lambda x, idx, w: jax.lax.fori_loop(0, reps, lambda i, y: layer(y, idx, w), x))
+
+    plain, selected = make(False), make(True)
+    ok = bool(np.array_equal(np.asarray(plain(xs, idxs, ws), np.float32),
+                             np.asarray(selected(xs, idxs, ws), np.float32)))
+    times = {"loop_us": [], "loop_with_select_us": []}
+    for _ in range(max(3, iters // 20)):
+        for name, f in (("loop_us", plain), ("loop_with_select_us", selected)):
+            t0 = time.perf_counter()
+            f(xs, idxs, ws).block_until_ready()
+            times[name].append((time.perf_counter() - t0) / reps)
+    h.close()
+    group.close()
+    row = {"tokens": T, "layout": "expert_major"}
+    row.update({k: _median_us(v) for k, v in times.items()})
+    return row, ok
+
+
 def _torch_rows(counts, a):
     """bench/ep_python_overhead.py on the same shapes, in a process of its own: its rows by token count."""
     with tempfile.TemporaryDirectory() as d:
@@ -128,6 +183,10 @@ def main():
         print("ep_jax_overhead: nothing to run here (%s: %s)" % (type(e).__name__, e))
         return 77
     jrows, jax_ok, gpu = _jax_rows(counts, a.hidden, a.topk, a.experts, a.iters)
+    ll_row, ll_ok = _jax_ll_row(min(counts), a.hidden, a.topk, a.experts, a.iters)
+    print("ep_jax_overhead: Low-Latency EXPERT_MAJOR pair, T %d, in a jitted loop: %.1f us a pair; with a select over "
+          "the whole dispatch output %.1f us (results %s)" % (
+              ll_row["tokens"], ll_row["loop_us"], ll_row["loop_with_select_us"], "equal" if ll_ok else "DIFFER"))
     trows, torch_rc = _torch_rows(counts, a)
     if trows is None:
         print("ep_jax_overhead: bench/ep_python_overhead.py failed (exit %d)" % torch_rc)
@@ -156,10 +215,11 @@ def main():
               "per pair: c %.1f, jax %.1f (+%.1f); jax in a jitted loop %.1f us a pair" % (
                   j["tokens"], c_us, py_us, row["overhead_torch_us"], j["step_us"], row["overhead_jax_us"],
                   row["c_back_to_back_us"], j["back_to_back_us"], row["overhead_jax_back_to_back_us"], j["loop_us"]))
-    ok = jax_ok and torch_rc == 0
+    ok = jax_ok and ll_ok and torch_rc == 0
     print("ep_jax_overhead: results %s" % ("equal" if ok else "DIFFER"))
     append_json(a.json, {"test": "ep_jax_overhead", "pass": ok, "gpu": gpu, "ranks": 1, "hidden": a.hidden,
-                         "topk": a.topk, "experts": a.experts, "iters": a.iters, "rows": rows})
+                         "topk": a.topk, "experts": a.experts, "iters": a.iters, "rows": rows,
+                         "low_latency": ll_row})
     return 0 if ok else 1
 
 
