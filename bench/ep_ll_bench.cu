@@ -2,9 +2,10 @@
 // N virtual ranks on one GPU (--one-gpu virtual: the protocol's cost with every rank sharing one GPU's SMs and
 // memory; no NVLink, so not a link measurement).
 //
-// For each shape (tokens per rank 1, 8, 32, 64, 128, 256, hidden 7168 (and 4096 at 128 and 256 tokens), top-8, 256 experts
-// over the ranks): random top-k routing without repeats, a handle bound once, then, each timed with its own pair of
-// CUDA events on the call's stream and reported as the median of 100 calls after 20 warm-up calls, back to back:
+// For each shape (tokens per rank 1, 8, 32, 64, 128, 256, hidden 7168 (and 4096 at 128 and 256 tokens), top-8, 256
+// experts over the ranks): random top-k routing without repeats, a handle bound once, then, each timed with its own
+// pair of CUDA events on the call's stream and reported as the median of 100 calls after 20 warm-up calls, back to
+// back:
 //   dispatch (bf16 out, or fp8 e4m3 or NVFP4 (global scale 1) quantised by the sender), combine (RANK_MAJOR: rows
 //   as given; EXPERT_MAJOR: the owner-weighted path, DeepEP's), the pair dispatch + combine, and graphs (dispatch,
 //   combine, and the pair, each captured once and replayed);
@@ -20,7 +21,7 @@
 // shapes (bf16, 1 and 128 tokens) and iterations (5 warm-up, 20 timed) there: every call crosses the sockets.
 //
 // Usage: ep_ll_bench [--nranks N] [--one-gpu off|nodes|virtual] [--sms N] [--json FILE] [--quick]
-// (also: ep_bench --mode ll). --sms: the calls' num_sms (default: the group's, every SM for Low-Latency).
+// (also: ep_bench --mode ll). --sms: the calls' num_sms (default: the group's, 64 capped by the GPU).
 
 #include <algorithm>
 #include <cstdio>
