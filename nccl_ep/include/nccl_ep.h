@@ -404,7 +404,7 @@ NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispa
  * Low-Latency, after a dispatch on the same handle: RANK_MAJOR takes one row per slot (the caller's sum over the
  * row's local experts) and the owner sums the ranks' rows in rank order; EXPERT_MAJOR a row per (token, rank) as
  * HT's, summed likewise in rank order, or, with inputs->topk_weights, one row per (token, expert) weighted and
- * summed by the owner in top-k column order. */
+ * summed by the owner in top-k column order; outputs->tokens must not overlap inputs->tokens. */
 NCCL_EP_API ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* inputs,
                                        const ncclEpCombineOutputs_t* outputs, const ncclEpCombineConfig_t* config,
                                        cudaStream_t stream);

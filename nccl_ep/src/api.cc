@@ -392,6 +392,11 @@ ncclResult_t combineLowLatency(ncclEpHandle* handle, const ncclEpCombineInputs_t
     NCCLEXT_CHECK(checkTensor(outputs->missing_experts, "outputs.missing_experts", 1, {ncclInt32}, {T}));
     c.missing = static_cast<int*>(outputs->missing_experts.data);
   }
+  {  // one launch reads the input (the owner's own rows in place among them) while it writes the output
+    const uintptr_t i0 = (uintptr_t)x.data, o0 = (uintptr_t)outputs->tokens.data;
+    const uintptr_t i1 = i0 + (uintptr_t)x.sizes[0] * (uintptr_t)H * 2, o1 = o0 + (uintptr_t)T * (uintptr_t)H * 2;
+    NCCLEXT_ARG(i1 <= o0 || o1 <= i0, "outputs.tokens overlaps inputs.tokens: give the output a tensor of its own");
+  }
   c.in = static_cast<const char*>(x.data);
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)(H * 2);

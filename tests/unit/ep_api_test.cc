@@ -395,6 +395,14 @@ TEST(EpApi, LowLatencyRejections) {
   ci.bias = epTensor(f.p, ncclBfloat16, {100, 7168});
   EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
   EXPECT_TRUE(says("inputs.bias at combine is for the High-Throughput mode"));
+  ci.bias = NCCL_EP_TENSOR_INIT;
+  // The output inside the input (here both at f.p; then its last row on the input's first): refused.
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.tokens overlaps inputs.tokens"));
+  co.tokens = epTensor(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(f.p) - 99 * 7168 * 2), ncclBfloat16,
+                       {100, 7168});
+  EXPECT_EQ(ncclEpCombine(&f.handle, &ci, &co, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.tokens overlaps inputs.tokens"));
 }
 
 // Low-Latency NVFP4: bf16 in, uint8 [N, H/2] out with [N, H/16] e4m3 scales and inputs.global_scale quantises;
