@@ -43,6 +43,7 @@ def test_rows_pair_with_their_ratio_and_notes(tmp_path):
     ours = [ll("EXPERT_MAJOR", 128, 20.0, 30.0, 50.0), ll("EXPERT_MAJOR", 128, 22.0, 34.0, 56.0),  # two runs
             ll("EXPERT_MAJOR", 128, 9.0, 9.0, 18.0, dtype="fp8_e4m3"),  # not bf16: left out
             ht("ep_dispatch", 16, 100.0, upd=130.0), ht("ep_combine", 16, 140.0),
+            ht("ep_dispatch", 64, 60.0, upd=130.0), ht("ep_combine", 64, 50.0),
             ht("ep_dispatch", 16, 1.0, recv_cap=4096)]  # a capped row: left out
     theirs = [nv("ep_combine", "ll", "expert_major", 128, 25.0),
               nv("ep_dispatch_combine", "ht", "flat", 4096, 480.0, 16),
@@ -55,8 +56,8 @@ def test_rows_pair_with_their_ratio_and_notes(tmp_path):
     assert got[("ll", "ep_combine")]["ours_over_nvidia"] == round(32.0 / 25.0, 3)
     assert got[("ht", "ep_dispatch_combine")]["ours_us"] == 240.0
     assert got[("ht", "ep_dispatch_combine")]["note"].startswith("ours: dispatch median + combine median")
-    assert got[("ht", "ep_update_handle")]["ours_us"] == 30.0
-    assert got[("ht", "ep_update_handle")]["note"] == "ours: (update + dispatch) median - dispatch median"
+    assert got[("ht", "ep_update_handle")]["ours_us"] == 70.0  # 130 - the dispatch at 64 SMs, not at 16
+    assert got[("ht", "ep_update_handle")]["note"].endswith("both at 64 SMs")
     assert "| LL | EXPERT_MAJOR | combine | 128 x 7168 | - | 25.0 | 32.0 | 1.28 |" in p.stdout
 
 
