@@ -168,7 +168,9 @@ def decode(a, mesh, rank, ranks, epjax):
             idx_all, w_all = step_routing(i)
             me = jax.lax.axis_index("ep") * T
             idx, w = jax.lax.dynamic_slice_in_dim(idx_all, me, T), jax.lax.dynamic_slice_in_dim(w_all, me, T)
-            recv = epjax.ll_dispatch(handle, x, idx)  # zone e: rows [e * R * M, (e + 1) * R * M)
+            # zone e: rows [e * R * M, (e + 1) * R * M), those past its count left as they are (nothing below mixes
+            # rows, and combine reads none of them)
+            recv = epjax.ll_dispatch(handle, x, idx, zero_past_counts=False)
             zones = recv.tokens.reshape(L, ranks * T, H).astype(jnp.float32)
             y = jnp.einsum("lrf,lfh->lrh", jax.nn.relu(jnp.einsum("lrh,lhf->lrf", zones, p["w1"])), p["w2"])
             out = epjax.ll_combine(handle, y.reshape(L * ranks * T, H), w)  # owner-weighted, bf16

@@ -403,14 +403,15 @@ ffi::Error htCombine(cudaStream_t stream, int32_t device, ffi::AnyBuffer y, ffi:
 // x [T, H] bf16, topk_idx [T, K] int32, topk_weights [T, K] fp32 (with_weights; else [0]) -> tokens [N, H] (bf16,
 // or fp8 e4m3 quantised by the sender), scales [N, H/128] fp32 (fp8; else [0]), weights (RANK_MAJOR [N, K],
 // EXPERT_MAJOR [N]; [0] without weights), local_ids (RANK_MAJOR [N, K] int32; else [0]), src_info [N] int32,
-// expert_counts [L] int32, rank_counts [R] int32. The binding is local (Low-Latency). bf16 tokens' rows past their
-// block's count (RANK_MAJOR: a source rank's M rows; EXPERT_MAJOR: a local expert's R * M) are zeroed here.
+// expert_counts [L] int32, rank_counts [R] int32. The binding is local (Low-Latency). With zero_past_counts, bf16
+// tokens' rows past their block's count (RANK_MAJOR: a source rank's M rows; EXPERT_MAJOR: a local expert's R * M)
+// are zeroed here; without, they are left as they are.
 ffi::Error llDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer topkIdx,
                       ffi::AnyBuffer topkWeights, ffi::Result<ffi::AnyBuffer> tokens,
                       ffi::Result<ffi::AnyBuffer> scales, ffi::Result<ffi::AnyBuffer> weights,
                       ffi::Result<ffi::AnyBuffer> localIds, ffi::Result<ffi::AnyBuffer> srcInfo,
                       ffi::Result<ffi::AnyBuffer> expertCounts, ffi::Result<ffi::AnyBuffer> rankCounts,
-                      int64_t handleId, bool withWeights, bool fp8, bool roundScale) {
+                      int64_t handleId, bool withWeights, bool fp8, bool roundScale, bool zeroPastCounts) {
   static const char* kTarget = "nccl_ep_ll_dispatch";
   return guarded(kTarget, [&]() -> ffi::Error {
     std::lock_guard<std::mutex> lock(registryMutex());
@@ -442,7 +443,7 @@ ffi::Error llDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
     cfg.round_scale = roundScale ? 1 : 0;
     ncclResult_t rc = ncclEpDispatch(e.handle, &in, &out, &info, &cfg, stream);
     if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpDispatch");
-    if (fp8 || e.maxRows == 0 || tokens->size_bytes() == 0) return ffi::Error::Success();
+    if (fp8 || !zeroPastCounts || e.maxRows == 0 || tokens->size_bytes() == 0) return ffi::Error::Success();
     // bf16 rows that no token filled, zeroed (those rows only: the counts this dispatch wrote, read on the GPU).
     const int blocks = rankMajor ? e.nRanks : e.localExperts;
     const auto& counts = rankMajor ? *rankCounts : *expertCounts;
@@ -541,7 +542,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ncclEpJaxLlDispatch, llDispatch,
                                   .Attr<int64_t>("handle_id")
                                   .Attr<bool>("with_weights")
                                   .Attr<bool>("fp8")
-                                  .Attr<bool>("round_scale"));
+                                  .Attr<bool>("round_scale")
+                                  .Attr<bool>("zero_past_counts"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ncclEpJaxLlCombine, llCombine,
                               ffi::Ffi::Bind()

@@ -62,6 +62,15 @@ def test_lowering_names_the_low_latency_targets(layout):
     assert "with_weights = true" in text
 
 
+@pytest.mark.parametrize("zero", [None, True, False])
+def test_low_latency_zero_past_counts_reaches_the_handler(zero):
+    """The dispatch's attribute: true unless the caller says False (the handler then leaves those rows)."""
+    spec = _spec(low_latency=True, layout="expert_major")
+    kw = {} if zero is None else {"zero_past_counts": zero}
+    text = jax.jit(lambda x, idx: epjax.ll_dispatch(spec, x, idx, **kw).tokens).lower(*_args()[:2]).as_text()
+    assert "zero_past_counts = %s" % ("false" if zero is False else "true") in text
+
+
 def test_lowering_for_cuda_on_a_cpu_machine():
     spec = _spec()
     traced = jax.jit(lambda x, idx, w: epjax.combine(spec, epjax.dispatch(spec, x, idx, w).tokens)).trace(*_args())
@@ -148,6 +157,8 @@ def test_low_latency_argument_errors():
     _raises(ep.NcclInvalidArgument, "hidden 64 is not a multiple of 128",
             lambda x: epjax.ll_dispatch(rm, x, idx, fp8=True), x)
     _raises(ep.NcclInvalidArgument, "round_scale=True", lambda x: epjax.ll_dispatch(rm, x, idx, round_scale=True), x)
+    _raises(ep.NcclInvalidArgument, "zero_past_counts must be a bool",
+            lambda x: epjax.ll_dispatch(rm, x, idx, zero_past_counts=1), x)
     _raises(ep.NcclInvalidUsage, "EXPERT_MAJOR handles", lambda y: epjax.ll_combine(rm, y, w),
             jax.ShapeDtypeStruct((rm.rows, H), jnp.bfloat16))
 

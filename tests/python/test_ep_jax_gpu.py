@@ -536,6 +536,33 @@ def test_low_latency_expert_major_without_weights(ll):
     np.testing.assert_array_equal(_f64(out), _round(x * c_of.sum(axis=1, keepdims=True), jnp.bfloat16))
 
 
+@pytest.mark.parametrize("layout", ["rank_major", "expert_major"])
+def test_low_latency_rows_past_the_counts_left(ll, layout):
+    """zero_past_counts=False: the received rows and the combine are as with zeros (combine reads no row past the
+    counts); the rows past them are whatever the allocator left (dirtied first: 0x7f bytes, not zero)."""
+    h = ll.handle(num_tokens=LL_T, topk=K, layout=layout)
+    idx, x, w, _, xj, idxj, wj = _ll_data(950 + (layout == "expert_major"))
+
+    @jax.jit
+    def step(x, idx):
+        recv = epjax.ll_dispatch(h, x, idx, zero_past_counts=False)
+        return recv, epjax.ll_combine(h, recv.tokens.astype(jnp.float32) * 2)
+
+    _dirty()
+    recv, out = jax.tree.map(np.asarray, step(xj, idxj))
+    h.close()
+    if layout == "rank_major":
+        sent = (idx >= 0).any(axis=1)
+        np.testing.assert_array_equal(_f64(recv.tokens[:int(sent.sum())]), x[sent])
+        np.testing.assert_array_equal(_f64(out), np.where(sent[:, None], _round(x * 2, jnp.bfloat16), 0.0))
+    else:
+        for l in range(LL_L):
+            t, _ = np.nonzero(idx == l)
+            np.testing.assert_array_equal(_f64(recv.tokens[l * LL_M:l * LL_M + len(t)]), x[t], err_msg="zone %d" % l)
+        n_of = (idx >= 0).sum(axis=1, keepdims=True)
+        np.testing.assert_array_equal(_f64(out), _round(x * 2 * n_of, jnp.bfloat16))
+
+
 # -- 1 rank: errors ----------------------------------------------------------------------------------------------------
 def test_receive_cap_drops_and_counts(one_rank):
     """A group whose receive cap (recv_overflow="drop") is below a routing's rows: recv_dropped counts the rows past

@@ -346,7 +346,8 @@ def combine(handle, y):
 # -- Low-Latency ---------------------------------------------------------------------------------------------------
 class LlDispatched(NamedTuple):
     """Low-Latency dispatch's outputs (N = R * M rows in RANK_MAJOR, L * R * M in EXPERT_MAJOR). tokens [N, H] (bf16,
-    rows past the counts zero; or float8_e4m3fn with fp8, rows past the counts as left); scales [N, H/128] fp32
+    rows past the counts zero, or as left with zero_past_counts=False; or float8_e4m3fn with fp8, rows past the
+    counts as left); scales [N, H/128] fp32
     (fp8; else [0]); weights (RANK_MAJOR [N, K], EXPERT_MAJOR [N]; [0] without topk_weights); local_ids (RANK_MAJOR
     [N, K] int32, -1 elsewhere; else [0]); src_info [N] int32 (RANK_MAJOR: the token's index at its source;
     EXPERT_MAJOR: source rank * M + token); expert_counts [L] and rank_counts [R] int32 of this dispatch. src_info
@@ -377,12 +378,15 @@ def _ll_valid(spec: HandleSpec, expert_counts, rank_counts):
     return (jnp.arange(width, dtype=jnp.int32)[None, :] < counts[:, None]).reshape(-1)
 
 
-def ll_dispatch(handle, x, topk_idx, topk_weights=None, *, fp8: bool = False, round_scale: bool = False
-                ) -> LlDispatched:
+def ll_dispatch(handle, x, topk_idx, topk_weights=None, *, fp8: bool = False, round_scale: bool = False,
+                zero_past_counts: bool = True) -> LlDispatched:
     """Low-Latency dispatch (COLLECTIVE; decode): x [T, H] bf16 to the ranks of its experts, in the handle's layout
     (RANK_MAJOR or EXPERT_MAJOR); `fp8`: quantised by the sender to float8_e4m3fn with one fp32 scale per 128
     columns (amax / 448; `round_scale`: powers of 2). topk_weights [T, K] (optional) travel with the rows. The
-    binding is local. Not differentiable. See LlDispatched."""
+    binding is local. Not differentiable. See LlDispatched. `zero_past_counts=False` leaves the bf16 tokens' rows
+    past the counts as they are (as DeepEP's packed_recv_x) instead of zeroing them every call: in EXPERT_MAJOR
+    they are most of the [L x R x M, H] output; combine reads none of them, so a step that only computes row by row
+    and combines (a decode loop) needs no zeros there."""
     spec = _spec(handle)
     _low_latency(spec, "ll_dispatch")
     _check_rows(spec, x, "x", spec.num_tokens, (jnp.bfloat16,), "Low-Latency dispatch")
@@ -392,6 +396,8 @@ def ll_dispatch(handle, x, topk_idx, topk_weights=None, *, fp8: bool = False, ro
                                   % (h, _FP8_BLOCK, _FP8_BLOCK))
     if round_scale and not fp8:
         raise NcclInvalidArgument("round_scale=True: for the fp8 quantisation (fp8=True)")
+    if not isinstance(zero_past_counts, bool):
+        raise NcclInvalidArgument("zero_past_counts must be a bool; got %r" % (zero_past_counts,))
     idx = _routing(spec, topk_idx)
     with_weights = topk_weights is not None
     w = _weights(spec, topk_weights) if with_weights else jnp.zeros((0,), jnp.float32)
@@ -403,7 +409,8 @@ def ll_dispatch(handle, x, topk_idx, topk_weights=None, *, fp8: bool = False, ro
                _sds((spec.local_experts,), jnp.int32, x), _sds((spec.ranks,), jnp.int32, x))
     tokens, scales, weights, ids, src, ec, rc = _call("nccl_ep_ll_dispatch", results, x, idx, w, handle_id=spec.id,
                                                       with_weights=with_weights, fp8=bool(fp8),
-                                                      round_scale=bool(round_scale))
+                                                      round_scale=bool(round_scale),
+                                                      zero_past_counts=bool(zero_past_counts))
     valid = _ll_valid(spec, ec, rc)  # (the handler zeroes bf16 tokens past the counts itself, those rows only)
     if with_weights:
         weights = jnp.where(valid.reshape((-1,) + (1,) * (weights.ndim - 1)), weights, 0.0)
