@@ -93,39 +93,39 @@ __global__ void scanKernel(GroupView g, HandleView h, int usedTiles) {
   for (int c = threadIdx.x; c < n; c += blockDim.x) h.tileCount[(size_t)c * cols + col] = buf[cur][c];
 }
 
+// One warp a tile (kChunkTokens == 32: lane i is the tile's token i). A token's slot towards r counts the tile's
+// earlier tokens going to r (a ballot), its (token, expert) index the tile's earlier tokens naming the expert (a bit
+// per token in expertTokens[e]: routedExpert leaves an expert at most once in a token's row).
 __global__ void slotKernel(GroupView g, HandleView h) {
+  static_assert(kChunkTokens == 32, "slotKernel: a tile is one warp");
   __shared__ int tileExperts[kChunkTokens * kMaxTopk];
-  __shared__ uint64_t tileMask[kChunkTokens];
+  __shared__ unsigned expertTokens[kMaxExperts];  // bit j: the tile's token j names the expert
   const int cols = g.nRanks + g.numExperts;
   const int t0 = blockIdx.x * kChunkTokens, i = threadIdx.x, t = t0 + i;
   const bool valid = t < h.numTokens;
+  const unsigned before = (1u << i) - 1;  // the tile's tokens ahead of mine
+  for (int e = i; e < g.numExperts; e += kChunkTokens) expertTokens[e] = 0;
+  __syncwarp();
   uint64_t mask = 0;
   for (int k = 0; k < h.topk; k++) {
     const int e = valid ? routedExpert(g, h, t, k, false) : -1;
     tileExperts[i * h.topk + k] = e;
-    if (e >= 0) mask |= 1ull << (e / g.localExperts);
-  }
-  tileMask[i] = mask;
-  __syncthreads();
-  if (!valid) return;
-  const int* base = h.tileCount + (size_t)blockIdx.x * cols;
-  for (int r = 0; r < g.nRanks; r++) {
-    int slot = -1;
-    if (mask >> r & 1) {
-      slot = base[r];
-      for (int j = 0; j < i; j++) slot += (int)(tileMask[j] >> r & 1);
+    if (e >= 0) {
+      mask |= 1ull << (e / g.localExperts);
+      atomicOr(&expertTokens[e], 1u << i);
     }
-    h.sendSlot[(size_t)t * g.nRanks + r] = slot;
   }
+  __syncwarp();
+  const int* base = h.tileCount + (size_t)blockIdx.x * cols;
+  for (int r = 0; r < g.nRanks; r++) {  // every lane ballots, a token past the tile's end with no rank
+    const bool to = mask >> r & 1;
+    const unsigned going = __ballot_sync(0xffffffffu, to);
+    if (valid) h.sendSlot[(size_t)t * g.nRanks + r] = to ? base[r] + __popc(going & before) : -1;
+  }
+  if (!valid) return;
   for (int k = 0; k < h.topk; k++) {
     const int e = tileExperts[i * h.topk + k];
-    int idx = -1;
-    if (e >= 0) {
-      idx = base[g.nRanks + e];
-      for (int j = 0; j < i; j++)
-        for (int kk = 0; kk < h.topk; kk++) idx += tileExperts[j * h.topk + kk] == e;
-    }
-    h.emIdx[(size_t)t * g.meta.maxTopk + k] = idx;
+    h.emIdx[(size_t)t * g.meta.maxTopk + k] = e >= 0 ? base[g.nRanks + e] + __popc(expertTokens[e] & before) : -1;
   }
 }
 
