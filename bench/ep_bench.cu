@@ -6,7 +6,8 @@
 // back to back (every call enqueued right after the previous one, no host synchronisation until the last) and
 // "synced" (all ranks meet in an NCCL all-reduce before each timed call, outside the events, and the host waits
 // for each call). Also timed, back to back: ncclEpUpdateHandle + dispatch (routing not cached, an existing handle
-// re-bound), median of 20.
+// re-bound) and ncclEpUpdateHandle alone, medians of 20, at the group's default SMs (JSON
+// update_handle_plus_dispatch_us_median, update_handle_us_median: on the dispatch rows).
 //
 // Byte conventions (per rank, printed with every row):
 //   nvlink_bytes  = rows this rank writes to OTHER ranks x row payload bytes (tokens; fp8: + 4 bytes per 128
@@ -542,7 +543,7 @@ int copyEngineUs(RankContext& ctx, const Options& o, size_t bytes, Timer& timer,
 struct Row {
   const Shape* s;
   int sms, op;  // op 0: dispatch, 1: combine
-  double us, usSynced, updateUs;
+  double us, usSynced, updateUs, updateAloneUs;  // update + dispatch, and the update alone (dispatch rows)
   int64_t sentRows, logicalRows;
   size_t payload, ceBytes;
   double ceUs;
@@ -586,7 +587,8 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
           "\"hidden\": %d, "
           "\"topk\": %d, \"experts\": %d, \"nranks\": %d, \"sms\": %d, \"us_median\": %.2f, "
           "\"us_median_synced\": %.2f, "
-          "\"update_handle_plus_dispatch_us_median\": %.2f, \"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
+          "\"update_handle_plus_dispatch_us_median\": %.2f, \"update_handle_us_median\": %.2f, "
+          "\"nvlink_bytes\": %.0f, \"nvlink_GBps\": %.2f, "
           "\"logical_bytes\": %.0f, \"logical_GBps\": %.2f, \"ce_same_bytes\": %zu, "
           "\"ce_same_bytes_us_median\": %.2f, \"iters\": %d, \"gpu\": \"%s\", \"mode\": \"%s\", "
           "\"domains\": %d, \"max_tokens_per_rank\": %d, \"rail_peers\": %zu, \"rail_bytes_sent\": %zu, "
@@ -600,7 +602,8 @@ void reportRow(const RankContext& ctx, const RankSetup& setup, const Counts& n, 
           "incl. local x payload; rail_bytes_sent = rows to other domains' ranks x (row stride + "
           "metadata); relayed: the exchange's messages to every other domain (flat: fixed; "
           "hierarchical: its rail rows, the EXACT handle's)\"}\n",
-          op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, w.sms, w.us, w.usSynced, op == 0 ? w.updateUs : 0.0, nvB,
+          op ? "combine" : "dispatch", dn, ln, T, H, K, E, R, w.sms, w.us, w.usSynced, op == 0 ? w.updateUs : 0.0,
+          op == 0 ? w.updateAloneUs : 0.0, nvB,
           nvB / w.us / 1e3, logB, logB / w.us / 1e3, w.ceBytes, w.ceUs, n.iters, setup.prop.name,
           ncclext::harness::oneGpuName(ctx.mode), info.n_domains, setup.cfg.max_tokens_per_rank, setup.remote.size(),
           rail.sent[op], op == 0 ? info.rail_dispatch_bytes : info.rail_combine_bytes,
@@ -714,6 +717,9 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
           },
           3, 20, &tHandle))
     return 1;
+  // The update alone, back to back (the same routing bound anew each time; collective, as every update).
+  std::vector<float> tUpdate;
+  if (timer.time([&](int) { return ncclEpUpdateHandle(hw, &ti, nullptr, ctx.stream); }, 3, 20, &tUpdate)) return 1;
   RailBaseline rail;
   if (railBaselines(ctx, setup, rt, timer, n, &rail)) return 1;
   ncclEpHandleDestroy(hw);
@@ -753,6 +759,7 @@ int benchShape(RankContext& ctx, const Options& o, const RankSetup& setup, const
                   median(op == 0 ? td : tc),
                   median(op == 0 ? tds : tcs),
                   median(tHandle),
+                  median(tUpdate),
                   rt.sentRows,
                   logicalRows,
                   payload,

@@ -8,8 +8,9 @@ on (mode, layout, operation, tokens, hidden, SMs for HT); a run's repeated row c
 Prints a markdown table (us, median of each side's calls; ours / nvidia below 1: ours faster) and, with --json, writes
 the rows with their ratio. What is derived rather than timed is said in the row's "note":
   - HT dispatch + combine: ours is the sum of the two medians (ep_bench times them apart); NVIDIA's is timed as a pair;
-  - HT handle update: ours is update + dispatch minus dispatch, both at 64 SMs (ep_bench times the update with a
-    dispatch at the group's default SMs); one figure, paired with NVIDIA's update at each of its SM counts.
+  - HT handle update: ours is ep_bench's update alone (update_handle_us_median), or, from JSON without it, update +
+    dispatch minus dispatch, both at 64 SMs (the group's default); one figure, paired with NVIDIA's update at each of
+    its SM counts.
 Exit status 1 when no row pairs up.
 """
 import argparse
@@ -59,13 +60,16 @@ def ours_rows(rows):
         for d, c in zip(ops.get("dispatch", []), ops.get("combine", [])):
             put(("ht", "flat", "dispatch_combine") + shape, d["us_median"] + c["us_median"],
                 "ours: dispatch median + combine median")
-    # ep_bench times update + dispatch with the group's default SMs (UPDATE_SMS): the update is that minus the
-    # dispatch at those SMs, run by run; NVIDIA's update rows, at any SM count of the shape, pair with it.
+    # ep_bench times the update alone (update_handle_us_median), or, in its older JSON, only update + dispatch with
+    # the group's default SMs (UPDATE_SMS): the update is then that minus the dispatch at those SMs, run by run.
+    # NVIDIA's update rows, at any SM count of the shape, pair with it.
     for (t, h, sms), ops in ht.items():
         at = ht.get((t, h, UPDATE_SMS), {}).get("dispatch", [])
         for d, d64 in zip(ops.get("dispatch", []), at):
-            upd = d.get("update_handle_plus_dispatch_us_median", 0)
-            if upd:
+            alone, upd = d.get("update_handle_us_median", 0), d.get("update_handle_plus_dispatch_us_median", 0)
+            if alone:
+                put(("ht", "flat", "update_handle", t, h, sms), alone, "ours: the update alone, timed")
+            elif upd:
                 put(("ht", "flat", "update_handle", t, h, sms), upd - d64["us_median"],
                     "ours: (update + dispatch) median - dispatch median, both at %d SMs" % UPDATE_SMS)
     return out, notes

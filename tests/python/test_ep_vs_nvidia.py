@@ -61,6 +61,13 @@ def test_rows_pair_with_their_ratio_and_notes(tmp_path):
     assert "| LL | EXPERT_MAJOR | combine | 128 x 7168 | - | 25.0 | 32.0 | 1.28 |" in p.stdout
 
 
+def test_the_update_alone_when_timed(tmp_path):
+    ours = [ht("ep_dispatch", 64, 60.0, upd=130.0, update_handle_us_median=66.0), ht("ep_combine", 64, 50.0)]
+    p, rows = run(tmp_path, ours, [nv("ep_update_handle", "ht", "flat", 4096, 180.0, 64)])
+    assert p.returncode == 0, p.stderr
+    assert rows[0]["ours_us"] == 66.0 and rows[0]["note"] == "ours: the update alone, timed"
+
+
 def test_nothing_pairs_is_an_error(tmp_path):
     p, rows = run(tmp_path, [ll("RANK_MAJOR", 1, 1.0, 1.0, 2.0)], [nv("ep_combine", "ll", "expert_major", 128, 25.0)])
     assert p.returncode == 1 and rows is None
