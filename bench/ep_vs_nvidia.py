@@ -65,12 +65,12 @@ def ours_rows(rows):
     # NVIDIA's update rows, at any SM count of the shape, pair with it.
     for (t, h, sms), ops in ht.items():
         at = ht.get((t, h, UPDATE_SMS), {}).get("dispatch", [])
-        for d, d64 in zip(ops.get("dispatch", []), at):
+        for i, d in enumerate(ops.get("dispatch", [])):
             alone, upd = d.get("update_handle_us_median", 0), d.get("update_handle_plus_dispatch_us_median", 0)
             if alone:
                 put(("ht", "flat", "update_handle", t, h, sms), alone, "ours: the update alone, timed")
-            elif upd:
-                put(("ht", "flat", "update_handle", t, h, sms), upd - d64["us_median"],
+            elif upd and i < len(at):
+                put(("ht", "flat", "update_handle", t, h, sms), upd - at[i]["us_median"],
                     "ours: (update + dispatch) median - dispatch median, both at %d SMs" % UPDATE_SMS)
     return out, notes
 

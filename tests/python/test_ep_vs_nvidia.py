@@ -62,8 +62,8 @@ def test_rows_pair_with_their_ratio_and_notes(tmp_path):
 
 
 def test_the_update_alone_when_timed(tmp_path):
-    ours = [ht("ep_dispatch", 64, 60.0, upd=130.0, update_handle_us_median=66.0), ht("ep_combine", 64, 50.0)]
-    p, rows = run(tmp_path, ours, [nv("ep_update_handle", "ht", "flat", 4096, 180.0, 64)])
+    ours = [ht("ep_dispatch", 32, 60.0, upd=130.0, update_handle_us_median=66.0), ht("ep_combine", 32, 50.0)]
+    p, rows = run(tmp_path, ours, [nv("ep_update_handle", "ht", "flat", 4096, 180.0, 32)])  # (no 64-SM row)
     assert p.returncode == 0, p.stderr
     assert rows[0]["ours_us"] == 66.0 and rows[0]["note"] == "ours: the update alone, timed"
 

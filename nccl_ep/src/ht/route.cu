@@ -350,6 +350,7 @@ ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutIn
   NCCLEXT_CHECK(ncclext::launchKernel("ht scanKernel", scanKernel, dim3(g.nRanks + g.numExperts), dim3(1024), 0, stream,
                                       g, h, tiles));
   if (tiles > 0)
+    // (one warp a CTA: slotKernel's ballots and lane bits take lane i as the tile's token i)
     NCCLEXT_CHECK(ncclext::launchKernel("ht slotKernel", slotKernel, dim3(tiles), dim3(kChunkTokens), 0, stream, g, h));
   if (!exchange) return ncclSuccess;  // LL: the counts travel with dispatch
   return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info,

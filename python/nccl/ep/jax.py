@@ -396,7 +396,7 @@ def ll_dispatch(handle, x, topk_idx, topk_weights=None, *, fp8: bool = False, ro
                                   % (h, _FP8_BLOCK, _FP8_BLOCK))
     if round_scale and not fp8:
         raise NcclInvalidArgument("round_scale=True: for the fp8 quantisation (fp8=True)")
-    if not isinstance(zero_past_counts, bool):
+    if not isinstance(zero_past_counts, (bool, np.bool_)):
         raise NcclInvalidArgument("zero_past_counts must be a bool; got %r" % (zero_past_counts,))
     idx = _routing(spec, topk_idx)
     with_weights = topk_weights is not None
