@@ -253,6 +253,8 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
     retainedAt = capLayout(g, h, rows, cta, bar);
     if (retainedAt < 0) return;
   }
+  // zoneScan[0][l]: expert l's EXPERT_MAJOR zone, its rows rounded up to the alignment; scanned below.
+  __shared__ int zoneScan[2][kMaxExperts];
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     int run = 0;
     for (int s = 0; s < R; s++) {
@@ -260,6 +262,7 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
       run += rows[(size_t)s * g.wl.exchangeInts + retainedAt + l];
     }
     d[dl.expCount + l] = run;
+    zoneScan[0][l] = (run + h.align - 1) / h.align * h.align;
   }
   for (int i = threadIdx.x; i < R * (NC + 1); i += blockDim.x) {
     const int s = i / (NC + 1), c = i % (NC + 1);
@@ -276,13 +279,18 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   }
   __syncthreads();
   if (threadIdx.x == 0) d[dl.peerChunks] = peerChunks;
+  // The zones' starts: an inclusive scan over the CTA (Hillis-Steele, log2 L steps; thread 0 alone walked the L
+  // experts through global memory, most of the kernel's time at 1 rank and 256 experts), then shifted by one.
+  int cur = 0;
+  for (int step = 1; step < L; step <<= 1) {
+    for (int l = threadIdx.x; l < L; l += blockDim.x)
+      zoneScan[cur ^ 1][l] = zoneScan[cur][l] + (l >= step ? zoneScan[cur][l - step] : 0);
+    __syncthreads();
+    cur ^= 1;
+  }
+  for (int l = threadIdx.x; l < L; l += blockDim.x) d[dl.zoneStart + l] = l > 0 ? zoneScan[cur][l - 1] : 0;
   if (threadIdx.x == 0) {
-    int pos = 0;
-    const int a = h.align;
-    for (int l = 0; l < L; l++) {
-      d[dl.zoneStart + l] = pos;
-      pos += (d[dl.expCount + l] + a - 1) / a * a;
-    }
+    const int pos = zoneScan[cur][L - 1];
     d[dl.zoneStart + L] = pos;
     d[dl.totals + 1] = pos;
     const bool em = h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR;
