@@ -79,18 +79,27 @@ __global__ void countKernel(GroupView g, HandleView h) {
   for (int i = threadIdx.x; i < cols; i += blockDim.x) h.tileCount[(size_t)blockIdx.x * cols + i] = counts[i];
 }
 
+// Every thread of the CTA: the inclusive scan of a[0, n) in shared memory (Hillis-Steele, a barrier a step), b the
+// second buffer; returns the buffer that holds it. A barrier after the writes of a must come first.
+__device__ const int* scanCta(int* a, int* b, int n) {
+  for (int step = 1; step < n; step <<= 1) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) b[i] = a[i] + (i >= step ? a[i - step] : 0);
+    __syncthreads();
+    int* done = b;
+    b = a;
+    a = done;
+  }
+  return a;
+}
+
 __global__ void scanKernel(GroupView g, HandleView h, int usedTiles) {
   __shared__ int buf[2][kMaxTokens / kChunkTokens + 1];
   const int cols = g.nRanks + g.numExperts, col = blockIdx.x, n = g.nChunks + 1;
-  for (int c = threadIdx.x; c < n; c += blockDim.x) buf[0][c] = c > 0 && c - 1 < usedTiles ? h.tileCount[(size_t)(c - 1) * cols + col] : 0;
+  for (int c = threadIdx.x; c < n; c += blockDim.x)
+    buf[0][c] = c > 0 && c - 1 < usedTiles ? h.tileCount[(size_t)(c - 1) * cols + col] : 0;
   __syncthreads();
-  int cur = 0;
-  for (int step = 1; step < n; step <<= 1) {
-    for (int c = threadIdx.x; c < n; c += blockDim.x) buf[cur ^ 1][c] = buf[cur][c] + (c >= step ? buf[cur][c - step] : 0);
-    __syncthreads();
-    cur ^= 1;
-  }
-  for (int c = threadIdx.x; c < n; c += blockDim.x) h.tileCount[(size_t)c * cols + col] = buf[cur][c];
+  const int* sums = scanCta(buf[0], buf[1], n);
+  for (int c = threadIdx.x; c < n; c += blockDim.x) h.tileCount[(size_t)c * cols + col] = sums[c];
 }
 
 // One warp a tile (kChunkTokens == 32: lane i is the tile's token i). A token's slot towards r counts the tile's
@@ -279,18 +288,12 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   }
   __syncthreads();
   if (threadIdx.x == 0) d[dl.peerChunks] = peerChunks;
-  // The zones' starts: an inclusive scan over the CTA (Hillis-Steele, log2 L steps; thread 0 alone walked the L
-  // experts through global memory, most of the kernel's time at 1 rank and 256 experts), then shifted by one.
-  int cur = 0;
-  for (int step = 1; step < L; step <<= 1) {
-    for (int l = threadIdx.x; l < L; l += blockDim.x)
-      zoneScan[cur ^ 1][l] = zoneScan[cur][l] + (l >= step ? zoneScan[cur][l - step] : 0);
-    __syncthreads();
-    cur ^= 1;
-  }
-  for (int l = threadIdx.x; l < L; l += blockDim.x) d[dl.zoneStart + l] = l > 0 ? zoneScan[cur][l - 1] : 0;
+  // The zones' starts: the scan over the CTA, shifted by one (one thread walking the L experts through global
+  // memory was slow at 1 rank and 256 experts).
+  const int* zoneEnds = scanCta(zoneScan[0], zoneScan[1], L);
+  for (int l = threadIdx.x; l < L; l += blockDim.x) d[dl.zoneStart + l] = l > 0 ? zoneEnds[l - 1] : 0;
   if (threadIdx.x == 0) {
-    const int pos = zoneScan[cur][L - 1];
+    const int pos = zoneEnds[L - 1];
     d[dl.zoneStart + L] = pos;
     d[dl.totals + 1] = pos;
     const bool em = h.layout == NCCL_EP_LAYOUT_EXPERT_MAJOR;
