@@ -108,6 +108,13 @@ ncclResult_t readVersioned(const T* p, std::initializer_list<size_t> sizes, cons
 
 bool present(const ncclEpTensor_t& t) { return t.ndim != 0 || t.data != nullptr; }
 
+// Whether the bytes [a, a + aBytes) and [b, b + bBytes) share one: one launch reading the one while it writes the
+// other would see its own writes.
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  const uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+  return a0 < b0 + bBytes && b0 < a0 + aBytes;
+}
+
 // Checks a tensor's rank, dtype and sizes (-1: any) and that data is there unless the tensor is empty.
 ncclResult_t checkTensor(const ncclEpTensor_t& t, const char* what, unsigned ndim,
                          std::initializer_list<ncclDataType_t> types, std::initializer_list<int64_t> sizes) {
@@ -392,11 +399,9 @@ ncclResult_t combineLowLatency(ncclEpHandle* handle, const ncclEpCombineInputs_t
     NCCLEXT_CHECK(checkTensor(outputs->missing_experts, "outputs.missing_experts", 1, {ncclInt32}, {T}));
     c.missing = static_cast<int*>(outputs->missing_experts.data);
   }
-  {  // one launch reads the input (the owner's own rows in place among them) while it writes the output
-    const uintptr_t i0 = (uintptr_t)x.data, o0 = (uintptr_t)outputs->tokens.data;
-    const uintptr_t i1 = i0 + (uintptr_t)x.sizes[0] * (uintptr_t)H * 2, o1 = o0 + (uintptr_t)T * (uintptr_t)H * 2;
-    NCCLEXT_ARG(i1 <= o0 || o1 <= i0, "outputs.tokens overlaps inputs.tokens: give the output a tensor of its own");
-  }
+  // (the owner's own rows are read in place, from the input, while the output is written)
+  NCCLEXT_ARG(!overlaps(x.data, (size_t)x.sizes[0] * H * 2, outputs->tokens.data, (size_t)T * H * 2),
+              "outputs.tokens overlaps inputs.tokens: give the output a tensor of its own");
   c.in = static_cast<const char*>(x.data);
   c.out = static_cast<char*>(outputs->tokens.data);
   c.rowBytes = (int)(H * 2);
@@ -953,12 +958,11 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     }
     NCCLEXT_CHECK(checkTensor(outputs->tokens, "outputs.tokens", 2, {x.datatype}, {handle->view.numTokens, H}));
     NCCLEXT_CHECK(checkAligned(outputs->tokens, "outputs.tokens"));
-    if (present(inputs->bias)) {  // the owner's own EXPERT_MAJOR part passes through the output row before the sum
-      const uintptr_t b = (uintptr_t)inputs->bias.data, o = (uintptr_t)outputs->tokens.data;
-      const uintptr_t bEnd = b + (uintptr_t)handle->view.numTokens * (uintptr_t)H * dtypeBytes(inputs->bias.datatype);
-      const uintptr_t oEnd = o + (uintptr_t)handle->view.numTokens * (uintptr_t)rowBytes;
-      NCCLEXT_ARG(bEnd <= o || oEnd <= b, "inputs.bias overlaps outputs.tokens: give the bias in a tensor of its own");
-    }
+    // (the owner's own EXPERT_MAJOR part passes through the output row before the sum reads the bias)
+    const size_t T = (size_t)handle->view.numTokens;
+    NCCLEXT_ARG(!present(inputs->bias) || !overlaps(inputs->bias.data, T * H * dtypeBytes(inputs->bias.datatype),
+                                                    outputs->tokens.data, T * rowBytes),
+                "inputs.bias overlaps outputs.tokens: give the bias in a tensor of its own");
     ncclep::CombineCall c{};
     c.bias = static_cast<const char*>(inputs->bias.data);  // NULL when absent
     c.biasF32 = present(inputs->bias) && inputs->bias.datatype == ncclFloat32;
