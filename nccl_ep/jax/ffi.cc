@@ -266,11 +266,16 @@ ffi::Error copyRankCounts(const Entry& e, const ffi::AnyBuffer& out, cudaStream_
   return ffi::Error::Success();
 }
 
-// A High-Throughput dispatch output's rows past the received ones (the bound routing's rank counts), zeroed.
-ffi::Error zeroTail(const Entry& e, ffi::AnyBuffer& tokens, cudaStream_t stream, const char* target) {
+// A dispatch output's rows past the received ones, zeroed: High-Throughput, those past the sum of the device ints
+// counts[0, n) (the bound routing's rank counts); with `perBlock` (Low-Latency), in each of n blocks of rows those
+// past the block's count (tail.h).
+ffi::Error zeroTail(const Entry& e, ffi::AnyBuffer& tokens, const int* counts, int n, bool perBlock,
+                    cudaStream_t stream, const char* target) {
   if (e.maxRows == 0 || tokens.size_bytes() == 0) return ffi::Error::Success();
-  cudaError_t ce = ncclEpJaxZeroPastCounts(tokens.untyped_data(), tokens.size_bytes() / (size_t)e.maxRows,
-                                           e.maxRows, e.rankCounts, e.nRanks, stream);
+  const size_t rowBytes = tokens.size_bytes() / (size_t)e.maxRows;
+  void* base = tokens.untyped_data();
+  cudaError_t ce = perBlock ? ncclEpJaxZeroPastBlockCounts(base, rowBytes, e.maxRows, counts, n, stream)
+                            : ncclEpJaxZeroPastCounts(base, rowBytes, e.maxRows, counts, n, stream);
   if (ce != cudaSuccess) {
     return ffi::Error::Internal(std::string("[nccl_ep.jax] ") + target +
                                 ": zeroing the rows past the received ones: " + cudaGetErrorString(ce));
@@ -344,7 +349,7 @@ ffi::Error htDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
     ncclEpDispatchConfig_t cfg = NCCL_EP_DISPATCH_CONFIG_INIT;
     ncclResult_t rc = ncclEpDispatch(e.handle, &in, &out, nullptr, &cfg, stream);
     if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpDispatch");
-    return zeroTail(e, *tokens, stream, kTarget);
+    return zeroTail(e, *tokens, e.rankCounts, e.nRanks, false, stream, kTarget);
   });
 }
 
@@ -372,7 +377,7 @@ ffi::Error htRedispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
     ncclEpDispatchConfig_t cfg = NCCL_EP_DISPATCH_CONFIG_INIT;
     ncclResult_t rc = ncclEpDispatch(e.handle, &in, &out, nullptr, &cfg, stream);
     if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpDispatch");
-    return zeroTail(e, *tokens, stream, kTarget);
+    return zeroTail(e, *tokens, e.rankCounts, e.nRanks, false, stream, kTarget);
   });
 }
 
@@ -443,18 +448,11 @@ ffi::Error llDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
     cfg.round_scale = roundScale ? 1 : 0;
     ncclResult_t rc = ncclEpDispatch(e.handle, &in, &out, &info, &cfg, stream);
     if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpDispatch");
-    if (fp8 || !zeroPastCounts || e.maxRows == 0 || tokens->size_bytes() == 0) return ffi::Error::Success();
-    // bf16 rows that no token filled, zeroed (those rows only: the counts this dispatch wrote, read on the GPU).
-    const int blocks = rankMajor ? e.nRanks : e.localExperts;
+    if (fp8 || !zeroPastCounts) return ffi::Error::Success();
+    // bf16 rows that no token filled: a block of rows per source rank or local expert, its count this dispatch's.
     const auto& counts = rankMajor ? *rankCounts : *expertCounts;
-    cudaError_t ce = ncclEpJaxZeroPastBlockCounts(tokens->untyped_data(), tokens->size_bytes() / (size_t)e.maxRows,
-                                                  e.maxRows, static_cast<const int*>(counts.untyped_data()), blocks,
-                                                  stream);
-    if (ce != cudaSuccess) {
-      return ffi::Error::Internal(std::string("[nccl_ep.jax] ") + kTarget +
-                                  ": zeroing the rows past the counts: " + cudaGetErrorString(ce));
-    }
-    return ffi::Error::Success();
+    return zeroTail(e, *tokens, static_cast<const int*>(counts.untyped_data()), rankMajor ? e.nRanks : e.localExperts,
+                    true, stream, kTarget);
   });
 }
 
