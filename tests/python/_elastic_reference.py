@@ -16,6 +16,21 @@ def align(n, a):
     return -(-n // a) * a
 
 
+def fp8_tokens(x, packed=False):
+    """x [T, H] as (e4m3 [T, H], fp32 scales [T, H / 128]), or with packed=True power-of-two scales as DeepEP's UE8M0
+    packs them (int32 [T, ceil(H / 512)]: their exponent bytes, four a word, the first in the low byte). Dispatch
+    forwards these bytes as they are."""
+    s = x.float().abs().view(x.shape[0], -1, 128).amax(-1).clamp(min=1e-4) / 448
+    if packed:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    q = (x.float().view(x.shape[0], -1, 128) / s.unsqueeze(-1)).view(x.shape).to(torch.float8_e4m3fn)
+    if not packed:
+        return q, s
+    exponents = torch.nn.functional.pad((s.view(torch.int32) >> 23) & 0xFF, (0, -s.shape[1] % 4))
+    words = exponents.view(x.shape[0], -1, 4) << torch.tensor([0, 8, 16, 24], dtype=torch.int32)
+    return q, words.sum(-1, dtype=torch.int32)
+
+
 def value(g, j):
     """A number for token global index g and top-k column (or rank) j: k / 512, |k| <= 248 (row()'s base)."""
     return float(((g * 37 + j * 101) % 497) - 248) / 512

@@ -223,13 +223,6 @@ def _inputs(s, R, seed=0):
     return idx, x, w.float()
 
 
-def _fp8(x):
-    """x as (e4m3, fp32 scales [T, H / 128]): any bytes do, dispatch forwards them."""
-    s = (x.float().abs().view(x.shape[0], -1, 128).amax(-1).clamp(min=1e-4) / 448)
-    q = (x.float().view(x.shape[0], -1, 128) / s.unsqueeze(-1)).view(x.shape).to(torch.float8_e4m3fn)
-    return q, s
-
-
 def _buffer(pg, **kwargs):
     args = dict(num_max_tokens_per_rank=M, hidden=H, num_topk=K, explicitly_destroy=True)
     args.update(kwargs)
@@ -240,7 +233,7 @@ def _buffer(pg, **kwargs):
 @pytest.mark.parametrize("R", [1, 4])
 @pytest.mark.parametrize("expand", [False, True])
 @pytest.mark.parametrize("sync", [True, False])
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("fp8", [False, "fp32", "ue8m0"])
 def test_dispatch_cached_dispatch_and_combine(model, R, expand, sync, fp8):
     alignment = 4 if expand else 3  # not expanded, any alignment: only the counts are aligned
     E = R * LOCAL
@@ -252,14 +245,14 @@ def test_dispatch_cached_dispatch_and_combine(model, R, expand, sync, fp8):
         rec = ref.Received([i[0] for i in inputs], me, LOCAL, M, alignment if expand else 1)
         buf = _buffer(pg)
         stats = torch.full((LOCAL,), 3, dtype=torch.int32)
-        x_in = _fp8(x) if fp8 else x
+        x_in = ref.fp8_tokens(x, fp8 == "ue8m0") if fp8 else x
         recv_x, recv_idx, recv_w, h, event = buf.dispatch(
             x_in, topk_idx=idx, topk_weights=w, cumulative_local_expert_recv_stats=stats, num_experts=E,
             expert_alignment=alignment, num_sms=6, do_cpu_sync=sync, do_expand=expand)
         assert event.event is None
         assert stats.tolist() == [3 + c for c in rec.counts]
         # What the rows must hold, in order; worst-case outputs have more rows (garbage past the received ones).
-        want_x = [_fp8(i[1]) if fp8 else i[1] for i in inputs]
+        want_x = [ref.fp8_tokens(i[1], fp8 == "ue8m0") if fp8 else i[1] for i in inputs]
         layout = rec.expanded if expand else rec.rows
         n = rec.expanded_rows if expand else rec.n
         got = recv_x if not fp8 else recv_x[0]
@@ -272,6 +265,7 @@ def test_dispatch_cached_dispatch_and_combine(model, R, expand, sync, fp8):
             assert rows == (worst * min(K, LOCAL) + LOCAL * (alignment - 1) if expand else worst)
         if fp8:
             assert torch.equal(recv_x[0][:n].view(torch.uint8), layout([q.view(torch.uint8) for q, _ in want_x]))
+            assert recv_x[1].dtype == (torch.int32 if fp8 == "ue8m0" else torch.float32)
             assert torch.equal(recv_x[1][:n], layout([s for _, s in want_x]))
         else:
             assert torch.equal(recv_x[:n], layout(want_x))
@@ -289,7 +283,7 @@ def test_dispatch_cached_dispatch_and_combine(model, R, expand, sync, fp8):
         layout_name = "expert_major" if expand else "flat"
         assert group.calls[:3] == [
             ("create_handle", layout_name, "exact" if sync else "worst_case", alignment if expand else 1),
-            ("dispatch", tuple(x.shape), torch.float8_e4m3fn if fp8 else torch.bfloat16, fp8, 6),
+            ("dispatch", tuple(x.shape), torch.float8_e4m3fn if fp8 else torch.bfloat16, bool(fp8), 6),
             ("dispatch", (x.shape[0], 12), torch.float32, False, 6)]  # 1 + K + K words
         # A cached dispatch: the same rows along the handle's routing (and its weights, when given).
         cached = buf.dispatch(x_in, handle=h, topk_weights=w, do_expand=expand)
@@ -441,7 +435,7 @@ def test_defaults_sms_and_handle_copy(model, monkeypatch):
 def test_tma_aligned_scales_are_deepeps_column_major_layout(model):
     def rank(pg):
         idx, x, w = _inputs(1, 1)
-        q, s = _fp8(x)
+        q, s = ref.fp8_tokens(x)
         buf = _buffer(pg)
         (rq, rs), *_ = buf.dispatch((q, s), topk_idx=idx, num_experts=LOCAL, num_sms=2, do_expand=True,
                                     expert_alignment=4, use_tma_aligned_col_major_sf=True, do_zero_padding=True)
@@ -488,9 +482,9 @@ def test_cpu_memory_not_implemented(model):
 
 def test_dispatch_options_not_implemented(one_buffer):
     idx, x, _ = _inputs(0, 1)
-    packed = torch.zeros(x.shape[0], 1, dtype=torch.int32)  # UE8M0, four exponents an int32
-    with pytest.raises(NotImplementedError, match="UE8M0-packed int32 scales"):
-        one_buffer.dispatch((x.to(torch.float8_e4m3fn), packed), topk_idx=idx, num_experts=LOCAL)
+    for scales in (torch.zeros(x.shape[0], 1, dtype=torch.int64), torch.zeros(x.shape[0], dtype=torch.int32)):
+        with pytest.raises(NcclInvalidArgument, match="scales must be \\[num_tokens, packs\\] fp32 or int32"):
+            one_buffer.dispatch((x.to(torch.float8_e4m3fn), scales), topk_idx=idx, num_experts=LOCAL)
     with pytest.raises(NotImplementedError, match="expert_alignment=3"):
         one_buffer.dispatch(x, topk_idx=idx, num_experts=LOCAL, do_expand=True, expert_alignment=3)
 

@@ -27,13 +27,6 @@ def _inputs(s, R, seed=9000):
     return idx, x, w.float()
 
 
-def _fp8(x):
-    """(e4m3 [T, H], fp32 scales [T, H / 128]) of x, computed on the CPU (every rank gets the same bytes)."""
-    s = x.float().abs().view(x.shape[0], -1, 128).amax(-1).clamp(min=1e-4) / 448
-    q = (x.float().view(x.shape[0], -1, 128) / s.unsqueeze(-1)).view(x.shape).to(torch.float8_e4m3fn)
-    return q, s
-
-
 @pytest.fixture(scope="module")
 def buffer(world):
     rank, R = world
@@ -50,13 +43,13 @@ def _received(R, me, expand, seed=9000):
 
 @pytest.mark.parametrize("expand", [False, True])
 @pytest.mark.parametrize("sync", [True, False])
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("fp8", [False, "fp32", "ue8m0"])
 def test_dispatch_cached_dispatch_and_combine(buffer, expand, sync, fp8):
     buf, me, R = buffer
     E = LOCAL * R
     inputs, rec = _received(R, me, expand)
     idx, x, w = inputs[me]
-    x_in = tuple(t.cuda() for t in _fp8(x)) if fp8 else x.cuda()
+    x_in = tuple(t.cuda() for t in ref.fp8_tokens(x, fp8 == "ue8m0")) if fp8 else x.cuda()
     stats = torch.zeros(LOCAL, dtype=torch.int32, device="cuda")
     recv_x, recv_idx, recv_w, h, _ = buf.dispatch(
         x_in, topk_idx=idx.cuda(), topk_weights=w.cuda(), cumulative_local_expert_recv_stats=stats, num_experts=E,
@@ -66,7 +59,8 @@ def test_dispatch_cached_dispatch_and_combine(buffer, expand, sync, fp8):
     rows = (recv_x[0] if fp8 else recv_x).shape[0]
     assert rows == n if sync else rows >= n
     if fp8:
-        want = [_fp8(i[1]) for i in inputs]
+        want = [ref.fp8_tokens(i[1], fp8 == "ue8m0") for i in inputs]
+        assert recv_x[1].dtype == want[0][1].dtype
         assert torch.equal(recv_x[0][:n].view(torch.uint8).cpu(), layout([q.view(torch.uint8) for q, _ in want]))
         assert torch.equal(recv_x[1][:n].cpu(), layout([s for _, s in want]))
     else:

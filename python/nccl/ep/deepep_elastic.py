@@ -45,8 +45,8 @@ DeepEP's column-major layout (rows padded to 4). `allow_hybrid_mode` decides wha
 (NVLink domains, ranks a domain), or (1, ranks) without it; across several domains of several ranks DeepEP's hybrid
 combine rounds each domain's sum to bf16 once more, which nccl.ep does not (the last bit may differ from DeepEP's
 hybrid mode, not from its direct mode). Raise NotImplementedError naming themselves: `num_cpu_bytes` > 0, the
-Engram, PP and AGRS methods and their size hints, `get_comm_stream`, UE8M0-packed int32 scales, and with
-`do_expand` an `expert_alignment` that is not a power of two.
+Engram, PP and AGRS methods and their size hints, `get_comm_stream`, and with `do_expand` an `expert_alignment`
+that is not a power of two. fp8 scales are fp32 or UE8M0-packed int32, forwarded bit for bit.
 """
 
 from __future__ import annotations
@@ -278,8 +278,8 @@ class ElasticBuffer:
                  do_cpu_sync: bool | None = None, do_expand: bool = False, do_zero_padding: bool = False,
                  use_tma_aligned_col_major_sf: bool = False):
         """COLLECTIVE, on the current stream: (recv_x, recv_topk_idx, recv_topk_weights, handle, event), as DeepEP
-        V2's. x [T, H] bf16, or (x e4m3 [T, H], scales [T, H / 128] fp32); topk_idx [T, K] int64 (-1: none),
-        topk_weights [T, K] fp32. recv_x: [N, H] (each received token once, by global index) or, with do_expand,
+        V2's. x [T, H] bf16, or (x e4m3 [T, H], scales [T, S] fp32, or int32: UE8M0, four a word); topk_idx [T, K]
+        int64 (-1: none), topk_weights [T, K] fp32. recv_x: [N, H] (each received token once, by global index) or, with do_expand,
         [rows, H] (zone e holds expert e's tokens by global index, aligned to expert_alignment, pad rows zero), fp8
         with its scales; recv_topk_idx [N, K] int64 local expert ids (-1 elsewhere; None with do_expand);
         recv_topk_weights [N, K] fp32 (every column) or, expanded, [rows] (each row's column's weight, 0 on pads),
@@ -580,12 +580,13 @@ def _check_routing(x, topk_idx, topk_weights) -> None:
 
 
 def _forwardable_scales(sf):
-    """fp8 scales as nccl.ep forwards them: fp32, row-major (a copy if they have other strides)."""
+    """fp8 scales as nccl.ep forwards them, bit for bit: fp32, or int32 (UE8M0, four exponents a word), as DeepEP V2
+    takes any 4-byte scale pack; row-major (a copy if they have other strides)."""
     if sf is None:
         return None
-    if sf.dtype != torch.float32:
-        raise _unsupported("dispatch(x=(fp8 tokens, %s scales)) (UE8M0-packed int32 scales; give fp32 scales)"
-                           % sf.dtype)
+    if not isinstance(sf, torch.Tensor) or sf.dim() != 2 or sf.dtype not in (torch.float32, torch.int32):
+        raise NcclInvalidArgument("dispatch: x's scales must be [num_tokens, packs] fp32 or int32 (UE8M0 packed); "
+                                  "got %s" % _shape_dtype(sf))
     return sf.contiguous()
 
 
