@@ -88,12 +88,13 @@ ncclResult_t ncclEpGroup::createDomain() {
   // Virtual ranks share the GPU: each gets its share of the SMs, so that every rank's kernels are resident at once
   // (a rank's CTAs spin on flags that the others' CTAs write).
   if (window.domain->isVirtual()) smCount = std::max(1, smCount / nRanks);
-  // Auto: 64, not every SM, in both modes. The kernels' CTAs wait on CTAs of their own launch (a header, a rank's
-  // rows to itself) and the launch is not cooperative, so the whole grid must be resident at once: with every SM
-  // taken, one CTA of a kernel on another stream (an NCCL collective that waits on this rank's peers) could keep
-  // part of the grid out until the timeout. Low-Latency calls at 7168 columns are 20-33% faster with every SM
-  // (docs/PERFORMANCE.md), for a caller that runs nothing beside them: num_sms says so.
-  numSms = config.num_sms > 0 ? std::min(config.num_sms, smCount) : std::min(64, smCount);
+  // Auto: kSharedSms (64), not every SM, in both modes. The Low-Latency kernels' CTAs wait on CTAs of their own
+  // launch (a header, a rank's rows to itself), so the whole grid must be resident at once: with every SM taken, one
+  // CTA of a kernel on another stream (an NCCL collective that waits on this rank's peers) could keep part of a plain
+  // launch out until the timeout. Low-Latency calls at 7168 columns are 20-33% faster with every SM
+  // (docs/PERFORMANCE.md), for a caller that runs nothing beside them: num_sms says so, and a Low-Latency grid above
+  // kSharedSms is launched cooperatively (it starts whole, or the launch fails).
+  numSms = config.num_sms > 0 ? std::min(config.num_sms, smCount) : std::min(ncclep::kSharedSms, smCount);
   return ncclSuccess;
 }
 

@@ -71,6 +71,13 @@ inline ncclep::LayoutInfoOut layoutInfoOut(const ncclEpLayoutInfo_t* info) {
   return out;
 }
 
+namespace ncclep {
+// The default SM budget (num_sms 0): a kernel's CTAs wait on CTAs of its own launch, so its whole grid must be
+// resident at once; 64 SMs leave room for a kernel on another stream. Larger Low-Latency grids are launched
+// cooperatively (ll/calls.cc).
+constexpr int kSharedSms = 64;
+}  // namespace ncclep
+
 struct ncclEpGroup {
   ncclComm_t comm = nullptr;
   ncclEpGroupConfig_t config{};

@@ -29,7 +29,8 @@
 // come: the reference with it masked, no error), then after ncclEpMaskClean it skips only a combine (the others
 // get ncclRemoteError once, naming it), then after another clean everyone gives the full reference; and (2+
 // ranks) the timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no
-// call hangs.
+// call hangs; (1 rank, real GPU) a call on every SM beside a kernel that holds one SM longer than the budget
+// succeeds (the cooperative launch: runBesideHeldSm).
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) the same suite runs over the rail exchange,
 // masks with the masked rank skipping a call instead of an active one skipping (see runMasked; the mixed mode: none,
@@ -38,7 +39,7 @@
 //
 // --one-gpu mixed: one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail (relayed exchanges).
 // Usage: ep_ll_test [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S]
-//                   [--quick] [--graph-only] [--back-to-back] [--json FILE]
+//                   [--sms N] [--quick] [--graph-only] [--back-to-back] [--json FILE]
 // --quick (the sanitizer runs): a few cases, 5 graph replays, all checked. --silent-peer-s: the timeout test's
 // budget (default 1.5 s). --graph-only / --back-to-back: the mixed mode's replay experiment (gGraphOnly below).
 //                                                                              Exit: 0 pass, 1 fail, 77 no GPU.
@@ -1113,6 +1114,99 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
   return 0;
 }
 
+// Holds one SM for `ns`: its dynamic shared memory (the most a CTA may have) leaves room for no other CTA there.
+// Raises *started (host-mapped) once it runs.
+__global__ void __launch_bounds__(1024) holdSmKernel(volatile int* started, unsigned long long ns) {
+  extern __shared__ int4 held[];
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  if (threadIdx.x == 0) {
+    held[0] = make_int4(0, 0, 0, 0);
+    *started = 1;
+    __threadfence_system();
+  }
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+// (1 rank, real GPU) Every SM beside a kernel on another stream that holds one SM for three times the group's
+// budget: the Low-Latency grids (above kSharedSms: cooperative, nccl_ep/src/ll/calls.cc) start whole once that SM
+// is free, and dispatch and combine succeed. A plain launch would start without the held SM's CTA, whose rows the
+// others wait for until the budget ends (ncclRemoteError). A call that returns sooner than the hold proves nothing
+// (the held SM kept no CTA out) and fails the test.
+int runBesideHeldSm(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base, double* waited, bool* ok) {
+  const std::string label = "held SM";
+  const int M = 16, K = 2, H = 2048, L = 8;
+  const double budget = 1.0, hold = 3.0;
+  ncclEpGroupConfig_t cfg = base;
+  cfg.num_experts = L;
+  cfg.max_tokens_per_rank = M;
+  cfg.max_token_bytes = H * 2;
+  cfg.num_sms = 1 << 20;  // every SM
+  cfg.timeout_ns = (uint64_t)(budget * 1e9);
+  *ok = false;
+  int dev = 0, smem = 0;
+  volatile int* started = nullptr;
+  int* startedDev = nullptr;
+  cudaStream_t side = nullptr;
+  if (!cudaOk(cudaGetDevice(&dev), "cudaGetDevice") ||
+      !cudaOk(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem attribute") ||
+      !cudaOk(cudaFuncSetAttribute(holdSmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem") ||
+      !cudaOk(cudaHostAlloc((void**)&started, sizeof(int), cudaHostAllocMapped), "cudaHostAlloc") ||
+      !cudaOk(cudaHostGetDevicePointer((void**)&startedDev, (void*)started, 0), "device pointer") ||
+      !cudaOk(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "side stream"))
+    return 1;
+  *started = 0;
+  ncclEpGroup_t g = nullptr;
+  EXPECT_OK(ncclext::harness::createEpGroup(&g, ctx.comm, &cfg));
+  std::vector<int> idx(M * K);
+  for (int t = 0; t < M; t++)
+    for (int k = 0; k < K; k++) idx[t * K + k] = (t * K + k) % L;
+  DeviceBuf topk(idx.size() * 4), x((size_t)M * H * 2), y((size_t)M * H * 2), out((size_t)M * H * 2);
+  topk.put(idx.data(), idx.size() * 4);
+  x.poison();
+  const ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {M, K});
+  ncclEpHandle_t h = nullptr;
+  EXPECT_OK(ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
+  if (!drained("before the held SM")) return 1;
+  holdSmKernel<<<1, 1024, smem, side>>>(startedDev, (unsigned long long)(hold * 1e9));
+  cudaOk(cudaGetLastError(), "holdSmKernel launch");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!*started && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+  }
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(x.p, ncclBfloat16, {M, H});
+  ncclEpDispatchOutputs_t dout = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  dout.tokens = epTensor(y.p, ncclBfloat16, {M, H});
+  ncclEpCombineInputs_t cin = NCCL_EP_COMBINE_INPUTS_INIT;
+  cin.tokens = dout.tokens;
+  ncclEpCombineOutputs_t cout = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  cout.tokens = epTensor(out.p, ncclBfloat16, {M, H});
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_OK(ncclEpDispatch(h, &in, &dout, nullptr, nullptr, ctx.stream));
+  EXPECT_OK(ncclEpCombine(h, &cin, &cout, nullptr, ctx.stream));
+  const ncclResult_t drainedRes = ncclext::waitStream(ctx.stream, hold + budget + 30, "beside a held SM");
+  *waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const ncclResult_t res = ncclEpGroupGetAsyncError(g);
+  *ok = *started && drainedRes == ncclSuccess && res == ncclSuccess && *waited > 0.9 * hold;
+  printf("rank %d: LL dispatch + combine on every SM beside a kernel holding one SM for %.1f s (budget %.1f s): "
+         "%s after %.2f s%s\n",
+         ctx.rank, hold, budget, ncclGetErrorString(res), *waited,
+         res != ncclSuccess ? ncclEpGetLastError() : *waited > 0.9 * hold ? "" : " (sooner than the hold: vacuous)");
+  cudaOk(ncclext::waitStream(side, hold + 30, "the held SM") == ncclSuccess ? cudaSuccess : cudaErrorUnknown,
+         "the held SM's stream");
+  ncclEpHandleDestroy(h);
+  if (ncclEpGroupDestroy(g) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclEpGroupDestroy (held SM): %s\n", ctx.rank, ncclEpGetLastError());
+    *ok = false;
+  }
+  cudaOk(cudaStreamDestroy(side), "side stream destroy");
+  cudaOk(cudaFreeHost((void*)started), "cudaFreeHost");
+  return 0;
+}
+
 // The cases, the same for every rank count (E scales with R).
 std::vector<Case> buildCases() {
   std::vector<Case> cases;
@@ -1361,22 +1455,29 @@ int main(int argc, char** argv) {
     bool timeoutOk = true;
     double waited = 0;
     if (ctx.nRanks > 1 && !gGraphOnly && runSilentPeer(ctx, base, &waited, &timeoutOk)) timeoutOk = false;
-    const bool pass = total == 0 && timeoutOk && tCudaErrors == 0;
+    // A real GPU alone (not the sanitizers' --quick runs: the held SM's spin would outlast their slow kernels' budget).
+    const bool heldSmTested = ctx.nRanks == 1 && ctx.mode == ncclext::harness::OneGpu::kOff && !quick && !gGraphOnly;
+    bool heldSmOk = true;
+    double heldSmWaited = 0;
+    if (heldSmTested && runBesideHeldSm(ctx, base, &heldSmWaited, &heldSmOk)) heldSmOk = false;
+    const bool pass = total == 0 && timeoutOk && heldSmOk && tCudaErrors == 0;
     printf(
-        "rank %d: %zu cases (%d failed), %d graph replays, %d argument checks, timeout %s, %s, CUDA errors in the "
-        "test %d -> %s (seed %llu)\n",
+        "rank %d: %zu cases (%d failed), %d graph replays, %d argument checks, timeout %s, held SM %s, %s, CUDA "
+        "errors in the test %d -> %s (seed %llu)\n",
         ctx.rank, cases.size(), failedCases, replays, run.validationChecks,
-        ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)", ncclext::harness::oneGpuName(ctx.mode),
-        tCudaErrors, pass ? "PASS" : "FAIL", (unsigned long long)seed);
+        ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)",
+        heldSmTested ? (heldSmOk ? "ok" : "FAILED") : "n/a", ncclext::harness::oneGpuName(ctx.mode), tCudaErrors,
+        pass ? "PASS" : "FAIL", (unsigned long long)seed);
     if (ctx.rank == 0) {
       char line[512];
       snprintf(line, sizeof(line),
                "{\"test\": \"ep_ll\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %zu, "
                "\"graph_replays\": %d, \"argument_checks\": %d, \"timeout_tested\": %s, \"timeout_waited_s\": %.3f, "
-               "\"across_domains\": %s, \"seed\": %llu}",
+               "\"held_sm_tested\": %s, \"held_sm_waited_s\": %.3f, \"num_sms\": %d, \"across_domains\": %s, "
+               "\"seed\": %llu}",
                ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", cases.size(), replays,
-               run.validationChecks, ctx.nRanks > 1 ? "true" : "false", waited,
-               acrossDomains ? "true" : "false", (unsigned long long)seed);
+               run.validationChecks, ctx.nRanks > 1 ? "true" : "false", waited, heldSmTested ? "true" : "false",
+               heldSmWaited, gSms, acrossDomains ? "true" : "false", (unsigned long long)seed);
       ncclext::harness::writeJsonLine(json, line);
     }
     return pass ? 0 : 1;

@@ -11,23 +11,31 @@ namespace ncclep {
 
 namespace {
 
+// A grid above the default budget (kSharedSms) is launched cooperatively: its CTAs wait on one another (a rank's own
+// header and rows), so it must be resident whole, and with most SMs taken a kernel on another stream could keep part
+// of a plain launch out until the timeout; a cooperative one starts whole or fails to launch. Virtual ranks never: their
+// kernels must run at once, each within its share of the GPU (at most kSharedSms of them at 2 ranks on 132 SMs).
+bool llCooperative(const ncclEpGroup* g, int ctas) { return !g->window.domain->isVirtual() && ctas > kSharedSms; }
+
 // Whether a call's combine rows go to the owner by (token, expert): its exchange moves their own regions.
 bool ownerWeighted(const LlDispatchCall&) { return false; }
 bool ownerWeighted(const LlCombineCall& c) { return c.mode == kLlOwnerWeighted; }
 
 template <typename Call>
 ncclResult_t launchCall(ncclEpHandle* h, CallKind kind, Call c, int ctas, bool sendOnly, Call* keep,
-                        ncclResult_t (*launch)(const GroupView&, const HandleView&, const Call&, int, cudaStream_t),
+                        ncclResult_t (*launch)(const GroupView&, const HandleView&, const Call&, int, bool,
+                                               cudaStream_t),
                         cudaStream_t stream) {
   ncclEpGroup* g = h->group;
   Rail* rail = g->rail.get();
+  const bool cooperative = llCooperative(g, ctas);
   c.phases = sendOnly || rail ? kLlSend : kLlSend | kLlReceive;
-  NCCLEXT_CHECK(launch(g->view, h->view, c, ctas, stream));
+  NCCLEXT_CHECK(launch(g->view, h->view, c, ctas, cooperative, stream));
   if (rail) {
     NCCLEXT_CHECK(rail->exchange(kind, ownerWeighted(c), stream));
     if (!sendOnly) {
       c.phases = kLlReceive;
-      return launch(g->view, h->view, c, ctas, stream);
+      return launch(g->view, h->view, c, ctas, cooperative, stream);
     }
   }
   if (!sendOnly) return ncclSuccess;
@@ -54,8 +62,10 @@ ncclResult_t llComplete(ncclEpHandle* h, cudaStream_t stream) {
   const int kind = h->pendingKind;
   h->pendingKind = -1;
   g->ll.pending[kind].pop_front();
-  if (kind == kDispatch) return launchLlDispatch(g->view, h->view, h->pendingDispatch, h->pendingCtas, stream);
-  return launchLlCombine(g->view, h->view, h->pendingCombine, h->pendingCtas, stream);
+  const bool cooperative = llCooperative(g, h->pendingCtas);
+  if (kind == kDispatch)
+    return launchLlDispatch(g->view, h->view, h->pendingDispatch, h->pendingCtas, cooperative, stream);
+  return launchLlCombine(g->view, h->view, h->pendingCombine, h->pendingCtas, cooperative, stream);
 }
 
 ncclResult_t llSetMask(ncclEpGroup* g, const int* hostMask, cudaStream_t stream) {

@@ -833,15 +833,15 @@ ncclResult_t loadLlKernels() {
 }
 
 ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,
-                              cudaStream_t stream) {
+                              bool cooperative, cudaStream_t stream) {
   return ncclext::launchKernel("dispatchLowLatencyKernel", dispatchLowLatencyKernel, dim3(ctas), dim3(kLlThreads), 0,
-                               stream, g, h, c);
+                               cooperative ? ncclext::Launch::kCooperative : ncclext::Launch::kPlain, stream, g, h, c);
 }
 
 ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCombineCall& c, int ctas,
-                             cudaStream_t stream) {
+                             bool cooperative, cudaStream_t stream) {
   return ncclext::launchKernel("combineLowLatencyKernel", combineLowLatencyKernel, dim3(ctas), dim3(kLlThreads), 0,
-                               stream, g, h, c);
+                               cooperative ? ncclext::Launch::kCooperative : ncclext::Launch::kPlain, stream, g, h, c);
 }
 
 ncclResult_t launchLlCleanBarrier(const GroupView& g, uint64_t epoch, cudaStream_t stream) {

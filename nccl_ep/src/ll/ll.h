@@ -66,10 +66,11 @@ struct LlCombineCall {
 
 // Loads both kernels (group creation; see ncclext::loadKernels).
 ncclResult_t loadLlKernels();
+// `cooperative`: a cooperative launch (llCooperative), else a plain one.
 ncclResult_t launchLlDispatch(const GroupView& g, const HandleView& h, const LlDispatchCall& c, int ctas,
-                              cudaStream_t stream);
+                              bool cooperative, cudaStream_t stream);
 ncclResult_t launchLlCombine(const GroupView& g, const HandleView& h, const LlCombineCall& c, int ctas,
-                             cudaStream_t stream);
+                             bool cooperative, cudaStream_t stream);
 // ncclEpMaskClean's barrier (one CTA): meets every rank active in the mask at `epoch` on the window's cleanFlags;
 // a rank that does not arrive within the timeout is masked.
 ncclResult_t launchLlCleanBarrier(const GroupView& g, uint64_t epoch, cudaStream_t stream);
