@@ -3,6 +3,7 @@ message, on torch's fake process group (4 ranks in one process, no communication
 translation into nccl.ep calls, the shrink-mode masks included (DeepEP's 1 = masked against nccl.ep's 1 = active),
 runs against a stand-in Group that records them. Needs torch."""
 
+import os
 import warnings
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import nccl.ep.deepep as deep_ep  # noqa: E402
+import nccl.ep as ep  # noqa: E402
 from nccl.ep import NcclInvalidArgument, NcclInvalidUsage  # noqa: E402
 
 R, E = 4, 32
@@ -188,7 +190,7 @@ def test_an_mpi_buffer_without_mpi4py_says_so(monkeypatch):
         deep_ep.Buffer(None, comm=_FakeMpi())
 
 
-@pytest.mark.parametrize("method", ["get_local_buffer_tensor", "get_comm_stream"])
+@pytest.mark.parametrize("method", ["get_comm_stream"])
 def test_methods_not_implemented_name_themselves(buffer, method):
     with pytest.raises(NotImplementedError, match="Buffer." + method):
         getattr(buffer, method)()
@@ -199,13 +201,66 @@ def test_combine_buffer_needs_low_latency_mode(buffer):
         buffer.get_next_low_latency_combine_buffer((None,) * 5)
 
 
-def test_low_latency_size_hint_is_what_nccl_ep_needs_from_the_caller():
-    # nccl.ep ignores num_rdma_bytes (the group sizes itself): 0 bytes are needed; the arguments are still checked.
-    assert deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256) == 0
+@pytest.mark.parametrize("env,domain", [({"NCCL_EXT_LSA_DOMAIN_SIZE": "4", "LOCAL_WORLD_SIZE": "8"}, 4),
+                                        ({"LOCAL_WORLD_SIZE": "8"}, 8), ({"LOCAL_WORLD_SIZE": "6"}, 4),
+                                        ({"LOCAL_WORLD_SIZE": "32"}, 16), ({"LOCAL_WORLD_SIZE": "x"}, 16)])
+def test_domain_size_guess(monkeypatch, env, domain):
+    # NCCL_EXT_LSA_DOMAIN_SIZE, else the launcher's local ranks, else the GPUs (none here: the rank count); then the
+    # largest divisor of the rank count not above it.
+    for name in ("NCCL_EXT_LSA_DOMAIN_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(deep_ep.torch.cuda, "is_available", lambda: False)
+    assert deep_ep._domain_size_guess(16) == domain
+
+
+@pytest.mark.skipif("NCCL_EXT_LSA_DOMAIN_SIZE" in os.environ, reason="the library reads it once, at its first use")
+@pytest.mark.parametrize("local,domain", [("8", 8), ("16", 16)])
+def test_low_latency_size_hint_is_the_memory_the_group_holds(monkeypatch, local, domain):
+    # The Low-Latency group's window and rail staging for those sizes (top-k Buffer.max_topk) in NVLink domains of
+    # the launcher's local ranks; the arguments are checked.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    info = ep.query_group_info(16, domain, num_experts=256, max_tokens_per_rank=128, hidden=7168,
+                               max_topk=deep_ep.Buffer.max_topk, algorithm="low_latency")
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 16, 256)
+    assert hint == info["window_bytes"] + info["rail_staging_bytes"] > 0
+    assert (info["rail_staging_bytes"] > 0) == (domain < 16)
     with pytest.raises(NcclInvalidArgument, match="num_max_dispatch_tokens_per_rank 2048 not in \\[1, 1024\\]"):
         deep_ep.Buffer.get_low_latency_rdma_size_hint(2048, 7168, 8, 256)
     with pytest.raises(NcclInvalidArgument, match="250 experts do not divide among 8 ranks"):
         deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 250)
+
+
+def test_local_buffer_tensor_is_memory_of_the_buffers_own(fake_world):
+    buf = deep_ep.Buffer(dist.group.WORLD, 4096, 1 << 16, explicitly_destroy=True)
+    rdma = buf.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)
+    assert rdma.dtype == torch.uint8 and rdma.numel() == 1 << 16
+    # The same memory every time, any dtype, from an offset, shaped; the NVLink size is another buffer.
+    rdma.fill_(7)
+    words = buf.get_local_buffer_tensor(torch.int32, offset=8, use_rdma_buffer=True)
+    assert words.numel() == ((1 << 16) - 8) // 4 and bool((words == 0x07070707).all())
+    shaped = buf.get_local_buffer_tensor(torch.bfloat16, torch.Size([4, 8]), offset=64, use_rdma_buffer=True)
+    shaped.fill_(0)
+    assert shaped.shape == (4, 8) and bool((rdma[64:128] == 0).all()) and rdma[128] == 7 and rdma[63] == 7
+    nvl = buf.get_local_buffer_tensor(torch.float32)
+    assert nvl.numel() == 1024 and nvl.data_ptr() != rdma.data_ptr()
+    with pytest.raises(NcclInvalidArgument, match="offset 6 not within the Buffer's num_nvl_bytes \\(4096\\) or not "
+                       "a multiple of torch.float32's 4 bytes"):
+        buf.get_local_buffer_tensor(torch.float32, offset=6)
+    with pytest.raises(NcclInvalidArgument, match="offset 8192 not within"):
+        buf.get_local_buffer_tensor(torch.uint8, offset=8192)
+    with pytest.raises(NcclInvalidArgument, match="offset 1.0 not within"):
+        buf.get_local_buffer_tensor(torch.uint8, offset=1.0)
+    with pytest.raises(NcclInvalidArgument, match="dtype must be a torch.dtype; got 'uint8'"):
+        buf.get_local_buffer_tensor("uint8")
+    with pytest.raises(NcclInvalidArgument, match="size \\(2, 1024\\) needs 2048 elements; num_nvl_bytes from offset 0 "
+                       "holds 1024"):
+        buf.get_local_buffer_tensor(torch.float32, (2, 1024))
+    empty = deep_ep.Buffer(dist.group.WORLD, 0, 0)
+    assert empty.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True).numel() == 0
+    buf.destroy()
+    assert buf._scratch == {}
 
 
 def test_config_checks_and_hints():
@@ -657,7 +712,7 @@ def test_a_shrink_buffer_after_a_size_hint_makes_its_group_in_the_constructor(fa
     monkeypatch.setattr(deep_ep, "Group", _LowLatencyGroup)
     monkeypatch.setattr(deep_ep.Buffer, "_low_latency_hint", None)
     _LowLatencyGroup.made = []
-    assert deep_ep.Buffer.get_low_latency_rdma_size_hint(LM, LH, 2 * R, E) == 0  # another rank count
+    deep_ep.Buffer.get_low_latency_rdma_size_hint(LM, LH, 2 * R, E)  # another rank count
     deep_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True, enable_shrink=True)
     assert _LowLatencyGroup.made == []
     deep_ep.Buffer.get_low_latency_rdma_size_hint(LM, LH, R, E)

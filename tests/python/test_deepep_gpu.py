@@ -251,6 +251,22 @@ def test_low_latency_zero_copy_combine(ll_buffer):
     assert torch.equal(zero_copy, plain)
 
 
+def test_low_latency_size_hint_is_what_the_group_holds(ll_buffer):
+    # The hint is the made group's window and rail staging, where its domain guess is right: one GPU per process (the
+    # one-GPU nodes) or every visible GPU in one NVLink domain, and no launcher's LOCAL_WORLD_SIZE saying otherwise.
+    buf, E = ll_buffer
+    R = dist.get_world_size()
+    _, x, topk_idx, _ = _ll_inputs(64, E, 22, buf.rank)
+    _ll_or_skip(lambda: buf.low_latency_dispatch(x, topk_idx, LL_M, E, use_fp8=False))
+    info = buf._ll.group.info()
+    if info["domain_size"] != deep_ep._domain_size_guess(R):
+        pytest.skip("the NVLink domain (%d ranks) is not the hint's guess" % info["domain_size"])
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(LL_M, LL_H, R, E)
+    assert hint == info["window_bytes"] + info["rail_staging_bytes"]
+    scratch = buf.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)
+    assert scratch.is_cuda and scratch.numel() == buf.num_rdma_bytes == hint
+
+
 def test_low_latency_two_dispatches_in_flight(ll_buffer):
     # DeepEP holds two Low-Latency results at once (two micro-batches): dispatch A, dispatch B, combine A, combine B.
     buf, E = ll_buffer

@@ -8,8 +8,8 @@ Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` 
 `enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`; DeepEP
 V2's `ElasticBuffer`, `EPHandle` and `EventHandle` come from nccl.ep.deepep_elastic (`from nccl.ep.deepep import
 ElasticBuffer`). `low_latency_combine(use_logfmt=True)` moves bf16 rows (exact, no smaller messages; warned once).
-What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics,
-`get_local_buffer_tensor` and `get_comm_stream`. The High-Throughput handle is DeepEP's intranode tuple up to 8
+What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics and
+`get_comm_stream`. The High-Throughput handle is DeepEP's intranode tuple up to 8
 ranks, its internode one above (see _DispatchHandle). `Buffer(None, ..., comm=<mpi4py communicator>)`
 (TensorRT-LLM's way) works: the NCCL communicator's id goes over MPI, and the Buffer's few collectives of its own run
 there on the host (a host synchronisation each: the first dispatch's sizes, a Low-Latency group's, and the
@@ -30,6 +30,8 @@ How it differs inside (none of it changes results):
   UE8M0-packed ones have DeepEP's strides.
 - The High-Throughput handle's DeepEP entries cost each dispatch one all-to-all over the Buffer's process group
   (`Buffer.dispatch_handle_entries = False` skips it); combine and cached dispatch do not read them.
+- `get_local_buffer_tensor` gives memory of the Buffer's own (num_rdma_bytes or num_nvl_bytes), not the
+  communication buffers; `get_low_latency_rdma_size_hint` returns the bytes the Low-Latency group will hold.
 - The mask calls keep DeepEP's convention (1 = masked). A peer that stopped in the middle of a call is masked, and
   the next call raises NcclRemoteError once, naming it (DeepEP reports nothing).
 """
@@ -43,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from .._ext.comm import Communicator
-from . import _LL_MAX_TOKENS, Group, NcclInvalidArgument, NcclInvalidUsage, _combine_weights
+from . import _LL_MAX_TOKENS, Group, NcclInvalidArgument, NcclInvalidUsage, _combine_weights, query_group_info
 
 __all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
 __version__ = "1.2.1"  # the DeepEP release whose API this mirrors
@@ -395,6 +397,7 @@ class Buffer:
         self._caps = None  # (tokens, row bytes, top-k, SMs) of every group, fixed at the first dispatch
         self._ll = None  # _LowLatencyState, made at the first low_latency_dispatch
         self._ll_seq = 0  # low_latency_dispatch calls so far
+        self._scratch = {}  # get_local_buffer_tensor's memory, by the size it is named after
         self._ll_device = None
         # Shrink mode exists to survive a rank that stops calling, and making the Low-Latency group at the first
         # low_latency_dispatch is collective: a rank that never makes that call would hang the others there. So a
@@ -438,16 +441,21 @@ class Buffer:
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
-        """The num_rdma_bytes a Low-Latency Buffer needs from its caller: 0. nccl.ep ignores num_rdma_bytes - the
-        group sizes and registers its own buffers from (M, hidden, num_experts, top-k) at the first
-        low_latency_dispatch - so any value, 0 included, satisfies DeepEP's "minimum size". It is not a measure of
-        the memory nccl.ep uses (nccl.ep.query_group_info says that). The arguments are checked as dispatch would.
-        The process remembers the last hint's sizes: a Buffer made next with enable_shrink=True for that many ranks
-        makes its Low-Latency group in its constructor (see Buffer.__init__)."""
+        """The device memory a rank's Low-Latency group holds for these sizes (top-k Buffer.max_topk): its window and
+        rail staging, as nccl.ep.query_group_info reports them for NVLink domains of _domain_size_guess(num_ranks)
+        ranks (no communicator exists yet to say). The group allocates that memory itself at the first
+        low_latency_dispatch, whatever num_rdma_bytes the Buffer is given; callers that size other memory by the
+        hint (DeepEP's users pass it as num_rdma_bytes, get_local_buffer_tensor's size) get a true figure. The
+        arguments are checked as dispatch would. The process remembers the last hint's sizes: a Buffer made next
+        with enable_shrink=True for that many ranks makes its Low-Latency group in its constructor (see
+        Buffer.__init__)."""
         _check_low_latency_sizes("get_low_latency_rdma_size_hint", num_max_dispatch_tokens_per_rank, hidden,
                                  num_experts, num_ranks)
         Buffer._low_latency_hint = (num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
-        return 0
+        info = query_group_info(num_ranks, _domain_size_guess(num_ranks), num_experts=num_experts,
+                                max_tokens_per_rank=num_max_dispatch_tokens_per_rank, hidden=hidden,
+                                max_topk=Buffer.max_topk, algorithm="low_latency")
+        return int(info["window_bytes"] + info["rail_staging_bytes"])
 
     def get_next_low_latency_combine_buffer(self, handle):
         """The [L, R * M, H] bf16 buffer of the handle's slot to write the experts' outputs into: then
@@ -467,10 +475,35 @@ class Buffer:
             st.combine_buffers[handle.slot] = buf
         return buf
 
-    # -- not provided -----------------------------------------------------------------------------------------------
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: torch.Size | None = None, offset: int = 0,
+                                use_rdma_buffer: bool = False) -> torch.Tensor:
+        """num_rdma_bytes (use_rdma_buffer) or num_nvl_bytes of device memory, from byte `offset`, as `dtype` (shaped
+        `size` if given), as DeepEP's. Not nccl.ep's buffers, which it does not expose: memory of this Buffer's own,
+        made at the first request and kept until destroy(); no call of nccl.ep reads or writes it, so code that uses
+        DeepEP's idle buffer as scratch (LightLLM's prefill) keeps working and needs no clean_low_latency_buffer
+        after, but the memory is not shared with the communication buffers."""
+        nbytes = int(self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes)
+        what = "num_rdma_bytes" if use_rdma_buffer else "num_nvl_bytes"
+        if not isinstance(dtype, torch.dtype):
+            raise NcclInvalidArgument("get_local_buffer_tensor: dtype must be a torch.dtype; got %r" % (dtype,))
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if not isinstance(offset, int) or not 0 <= offset <= nbytes or offset % itemsize:
+            raise NcclInvalidArgument("get_local_buffer_tensor: offset %d not within the Buffer's %s (%d) or not a "
+                                      "multiple of %s's %d bytes" % (offset, what, nbytes, dtype, itemsize))
+        raw = self._scratch.get(what)
+        if raw is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+            raw = self._scratch[what] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        tensor = raw[offset:offset + (nbytes - offset) // itemsize * itemsize].view(dtype)
+        if size is None:
+            return tensor
+        size = torch.Size(size)
+        if size.numel() > tensor.numel():
+            raise NcclInvalidArgument("get_local_buffer_tensor: size %s needs %d elements; %s from offset %d holds %d"
+                                      % (tuple(size), size.numel(), what, offset, tensor.numel()))
+        return tensor[:size.numel()].view(size)
 
-    def get_local_buffer_tensor(self, *args, **kwargs):
-        raise _unsupported("Buffer.get_local_buffer_tensor (nccl.ep's buffers are not exposed)")
+    # -- not provided -----------------------------------------------------------------------------------------------
 
     def get_comm_stream(self):
         raise _unsupported("Buffer.get_comm_stream (nccl.ep runs on the caller's stream)")
@@ -761,9 +794,11 @@ class Buffer:
         return combined, self._event(False), _Hook(lambda group=st.group, h=handle.ep_handle: group.complete(h))
 
     def destroy(self) -> None:
-        """COLLECTIVE (explicitly_destroy=True buffers): frees the nccl.ep groups."""
+        """COLLECTIVE (explicitly_destroy=True buffers): frees the nccl.ep groups (and get_local_buffer_tensor's
+        memory, once its tensors are gone)."""
         if not self.explicitly_destroy:
             raise ValueError("Buffer.destroy: only for explicitly_destroy=True buffers")
+        self._scratch = {}
         groups, self._groups = self._groups, {}
         for g in groups.values():
             g.close()
@@ -930,6 +965,24 @@ class Buffer:
 
 
 _NVL_PEERS = 8  # DeepEP's NUM_MAX_NVL_PEERS: the GPUs of one of its nodes (an RDMA rank)
+
+
+def _domain_size_guess(num_ranks: int) -> int:
+    """The NVLink domain size a group of num_ranks ranks will likely have, for the size hints (static: no
+    communicator to ask): NCCL_EXT_LSA_DOMAIN_SIZE, else the launcher's LOCAL_WORLD_SIZE (torchrun), else this
+    machine's GPUs, else num_ranks; then the largest divisor of num_ranks not above it (domains tile the ranks)."""
+    guess = 0
+    for name in ("NCCL_EXT_LSA_DOMAIN_SIZE", "LOCAL_WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            guess = int(value)
+            break
+    if not guess and torch.cuda.is_available():
+        guess = torch.cuda.device_count()
+    guess = max(1, min(guess or num_ranks, num_ranks))
+    while num_ranks % guess:
+        guess -= 1
+    return guess
 
 
 def _tokens_per_rdma_rank(is_token_in_rank):
