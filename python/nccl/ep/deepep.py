@@ -488,7 +488,7 @@ class Buffer:
             raise NcclInvalidArgument("get_local_buffer_tensor: dtype must be a torch.dtype; got %r" % (dtype,))
         itemsize = torch.empty((), dtype=dtype).element_size()
         if not isinstance(offset, int) or not 0 <= offset <= nbytes or offset % itemsize:
-            raise NcclInvalidArgument("get_local_buffer_tensor: offset %d not within the Buffer's %s (%d) or not a "
+            raise NcclInvalidArgument("get_local_buffer_tensor: offset %r not within the Buffer's %s (%d) or not a "
                                       "multiple of %s's %d bytes" % (offset, what, nbytes, dtype, itemsize))
         raw = self._scratch.get(what)
         if raw is None:
