@@ -171,7 +171,8 @@ typedef struct {
 typedef struct {
   unsigned int size;
   unsigned int magic;
-  int dispatch_output_per_expert_alignment; /* EXPERT_MAJOR zone alignment in rows (power of 2; 0 or 1: none) */
+  int dispatch_output_per_expert_alignment; /* EXPERT_MAJOR zone alignment in rows, any of 1..1024 (e.g. a
+                                               grouped GEMM's M tile: 128, or 224 on sm_100); 0 or 1: none */
   ncclEpSizing_t sizing;
 } ncclEpHandleConfig_t;
 #define NCCL_EP_HANDLE_CONFIG_INIT {sizeof(ncclEpHandleConfig_t), NCCL_EP_MAGIC, 1, NCCL_EP_SIZING_WORST_CASE}

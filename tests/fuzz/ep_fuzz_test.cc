@@ -467,12 +467,13 @@ TEST(EpFuzz, Handles) {
     ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
     if (withConfig) {
       makeHeader(rng, &hc, true, &b);
-      hc.dispatch_output_per_expert_alignment = rng.chance(1, 2) ? 1 : 1 << rng.below(11);
+      hc.dispatch_output_per_expert_alignment = rng.chance(1, 2) ? 1 : rng.chance(1, 2) ? 1 << rng.below(11)
+                                                                                        : (int)rng.below(1025);
       hc.sizing = rng.chance(1, 2) ? NCCL_EP_SIZING_EXACT : NCCL_EP_SIZING_WORST_CASE;
       if (rng.chance(1, 10)) {
-        const int bad[] = {-1, 3, 6, 1000, 2048, INT_MIN, INT_MAX};
+        const int bad[] = {-1, 1025, 2048, INT_MIN, INT_MAX};
         hc.dispatch_output_per_expert_alignment = rng.pick(bad);
-        b.sure("alignment not a power of 2 <= 1024");
+        b.sure("alignment not in [0, 1024]");
       }
       if (rng.chance(1, 10)) {
         hc.sizing = (ncclEpSizing_t)rng.pick(kBadEnums);

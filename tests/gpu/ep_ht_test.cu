@@ -831,6 +831,9 @@ int main(int argc, char** argv) {
                      NCCL_EP_SIZING_EXACT, true, 8, 512, true});
     cases.push_back({"one expert", kOneExpert, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, 16, NCCL_EP_SIZING_EXACT,
                      false, 4, 256, true});
+    // An alignment that is no power of two (DeepGEMM's M tile on sm_100 is 224; 24 keeps the zones small).
+    cases.push_back({"align 24, em", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, 24, NCCL_EP_SIZING_WORST_CASE,
+                     true, 8, 256, true});
     cases.push_back({"first rank empty", kFirstRankEmpty, ncclFloat16, NCCL_EP_LAYOUT_FLAT, 1,
                      NCCL_EP_SIZING_WORST_CASE, false, 6, 256, true});
     cases.push_back({"top-1", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_EXACT, false, 1, 2048, true});

@@ -235,7 +235,7 @@ def _buffer(pg, **kwargs):
 @pytest.mark.parametrize("sync", [True, False])
 @pytest.mark.parametrize("fp8", [False, "fp32", "ue8m0"])
 def test_dispatch_cached_dispatch_and_combine(model, R, expand, sync, fp8):
-    alignment = 4 if expand else 3  # not expanded, any alignment: only the counts are aligned
+    alignment = 3  # no power of two (DeepGEMM's 224 on sm_100 is not either); not expanded, only the counts
     E = R * LOCAL
 
     def rank(pg):
@@ -480,13 +480,14 @@ def test_cpu_memory_not_implemented(model):
         _on_ranks(1, lambda pg: elastic.ElasticBuffer(pg, num_bytes=8 << 20, num_cpu_bytes=4 << 20))
 
 
-def test_dispatch_options_not_implemented(one_buffer):
+def test_dispatch_refuses_scales_and_alignments_it_cannot_take(one_buffer):
     idx, x, _ = _inputs(0, 1)
     for scales in (torch.zeros(x.shape[0], 1, dtype=torch.int64), torch.zeros(x.shape[0], dtype=torch.int32)):
         with pytest.raises(NcclInvalidArgument, match="scales must be \\[num_tokens, packs\\] fp32 or int32"):
             one_buffer.dispatch((x.to(torch.float8_e4m3fn), scales), topk_idx=idx, num_experts=LOCAL)
-    with pytest.raises(NotImplementedError, match="expert_alignment=3"):
-        one_buffer.dispatch(x, topk_idx=idx, num_experts=LOCAL, do_expand=True, expert_alignment=3)
+    with pytest.raises(NcclInvalidArgument, match="expert_alignment 2048 with do_expand: nccl.ep aligns expert zones "
+                       "to 1..1024 rows"):
+        one_buffer.dispatch(x, topk_idx=idx, num_experts=LOCAL, do_expand=True, expert_alignment=2048)
 
 
 @pytest.mark.parametrize("kwargs,text", [

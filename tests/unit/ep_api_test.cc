@@ -155,10 +155,14 @@ TEST(EpApi, HandleRejections) {
             ncclInvalidArgument);
   EXPECT_TRUE(says("data is NULL"));
   ncclEpHandleConfig_t hc = NCCL_EP_HANDLE_CONFIG_INIT;
-  hc.dispatch_output_per_expert_alignment = 3;
+  hc.dispatch_output_per_expert_alignment = 1025;
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_EXPERT_MAJOR, &idx, nullptr, &hc, nullptr),
             ncclInvalidArgument);
-  EXPECT_TRUE(says("power of 2"));
+  EXPECT_TRUE(says("dispatch_output_per_expert_alignment 1025: not in [0, 1024]"));
+  hc.dispatch_output_per_expert_alignment = -1;
+  EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_EXPERT_MAJOR, &idx, nullptr, &hc, nullptr),
+            ncclInvalidArgument);
+  EXPECT_TRUE(says("dispatch_output_per_expert_alignment -1: not in [0, 1024]"));
   ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
   info.expert_counters = epTensor(f.p, ncclInt32, {64});
   EXPECT_EQ(ncclEpCreateHandle(&h, &f.group, NCCL_EP_LAYOUT_FLAT, &idx, &info, nullptr, nullptr), ncclInvalidArgument);

@@ -45,8 +45,9 @@ DeepEP's column-major layout (rows padded to 4). `allow_hybrid_mode` decides wha
 (NVLink domains, ranks a domain), or (1, ranks) without it; across several domains of several ranks DeepEP's hybrid
 combine rounds each domain's sum to bf16 once more, which nccl.ep does not (the last bit may differ from DeepEP's
 hybrid mode, not from its direct mode). Raise NotImplementedError naming themselves: `num_cpu_bytes` > 0, the
-Engram, PP and AGRS methods and their size hints, `get_comm_stream`, and with `do_expand` an `expert_alignment`
-that is not a power of two. fp8 scales are fp32 or UE8M0-packed int32, forwarded bit for bit.
+Engram, PP and AGRS methods and their size hints, and `get_comm_stream`. `do_expand` takes any `expert_alignment` of
+1..1024 (DeepGEMM's M tile: 128, or 224 on sm_100). fp8 scales are fp32 or UE8M0-packed int32, forwarded bit for
+bit.
 """
 
 from __future__ import annotations
@@ -316,9 +317,9 @@ class ElasticBuffer:
         if num_experts % self.num_ranks:
             raise NcclInvalidArgument("dispatch: %d experts do not divide among %d ranks"
                                       % (num_experts, self.num_ranks))
-        if do_expand and alignment & (alignment - 1):
-            raise _unsupported("dispatch(do_expand=True, expert_alignment=%d) (nccl.ep aligns expert zones to "
-                               "powers of two)" % alignment)
+        if do_expand and not 1 <= alignment <= 1024:
+            raise NcclInvalidArgument("dispatch: expert_alignment %d with do_expand: nccl.ep aligns expert zones to "
+                                      "1..1024 rows" % alignment)
         m = m or self.num_max_tokens_per_rank
         if m and x.shape[0] > m:
             raise NcclInvalidArgument("dispatch: %d tokens exceed num_max_tokens_per_rank %d" % (x.shape[0], m))
