@@ -123,8 +123,9 @@ typedef struct {
   int max_token_bytes;          /* largest row of any dispatch/combine, bytes, a multiple of 16 */
   int max_topk;                 /* largest top-k of any handle, 1..32 */
   int num_sms;                  /* SMs the dispatch/combine kernels occupy (one CTA per SM, filling it);
-                                   NCCL_EP_AUTO: 64 (capped by the GPU). Low-Latency grids above 64 are
-                                   launched cooperatively: they start whole, once that many SMs are free */
+                                   NCCL_EP_AUTO: 64 (capped by the GPU); more only where nothing that
+                                   waits on the peers runs beside the calls. A whole Low-Latency call on
+                                   more than 64 is launched cooperatively (it starts once all are free) */
   uint64_t timeout_ns;          /* budget of every device wait; NCCL_EP_AUTO: NCCL_EXT_TIMEOUT_S (100 s) */
   ncclEpZeroCopyMode_t zero_copy;
   ncclEpAllocConfig_t alloc;    /* for the library's non-window device buffers */

@@ -88,12 +88,12 @@ ncclResult_t ncclEpGroup::createDomain() {
   // Virtual ranks share the GPU: each gets its share of the SMs, so that every rank's kernels are resident at once
   // (a rank's CTAs spin on flags that the others' CTAs write).
   if (window.domain->isVirtual()) smCount = std::max(1, smCount / nRanks);
-  // Auto: kSharedSms (64), not every SM, in both modes. The Low-Latency kernels' CTAs wait on CTAs of their own
-  // launch (a header, a rank's rows to itself), so the whole grid must be resident at once: with every SM taken, one
-  // CTA of a kernel on another stream (an NCCL collective that waits on this rank's peers) could keep part of a plain
-  // launch out until the timeout. Low-Latency calls at 7168 columns are 20-33% faster with every SM
-  // (docs/PERFORMANCE.md), for a caller that runs nothing beside them: num_sms says so, and a Low-Latency grid above
-  // kSharedSms is launched cooperatively (it starts whole, or the launch fails).
+  // Auto: kSharedSms (64), not every SM, in both modes. A kernel's CTAs wait on the peers' CTAs, so a call on every
+  // SM beside a kernel on another stream that itself waits on the peers (an NCCL collective) can wait in a circle
+  // until the timeout: the LL grid, started in part (or, cooperative, not at all), waits on a peer whose SMs the
+  // other kernel holds, or the other way round. 64 leaves room. Low-Latency calls at 7168 columns are 20-33% faster
+  // with every SM (docs/PERFORMANCE.md), for a caller that runs nothing of that kind beside them: num_sms says so
+  // (a whole LL call on more than kSharedSms is launched cooperatively: ll/calls.cc).
   numSms = config.num_sms > 0 ? std::min(config.num_sms, smCount) : std::min(ncclep::kSharedSms, smCount);
   return ncclSuccess;
 }

@@ -72,9 +72,8 @@ inline ncclep::LayoutInfoOut layoutInfoOut(const ncclEpLayoutInfo_t* info) {
 }
 
 namespace ncclep {
-// The default SM budget (num_sms 0): a kernel's CTAs wait on CTAs of its own launch, so its whole grid must be
-// resident at once; 64 SMs leave room for a kernel on another stream. Larger Low-Latency grids are launched
-// cooperatively (ll/calls.cc).
+// The default SM budget (num_sms 0): 64 SMs leave room for a kernel on another stream (group.cc); a whole
+// Low-Latency call on more is launched cooperatively (ll/calls.cc, llCooperative).
 constexpr int kSharedSms = 64;
 }  // namespace ncclep
 

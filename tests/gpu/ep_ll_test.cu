@@ -29,8 +29,8 @@
 // come: the reference with it masked, no error), then after ncclEpMaskClean it skips only a combine (the others
 // get ncclRemoteError once, naming it), then after another clean everyone gives the full reference; and (2+
 // ranks) the timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no
-// call hangs; (1 rank, real GPU) a call on every SM beside a kernel that holds one SM longer than the budget
-// succeeds (the cooperative launch: runBesideHeldSm).
+// call hangs; (1 rank, real GPU) a call on every SM beside a kernel that holds one SM longer than the budget waits
+// for it and succeeds (the cooperative launch: runBesideHeldSm).
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) the same suite runs over the rail exchange,
 // masks with the masked rank skipping a call instead of an active one skipping (see runMasked; the mixed mode: none,
@@ -1132,10 +1132,9 @@ __global__ void __launch_bounds__(1024) holdSmKernel(volatile int* started, unsi
 }
 
 // (1 rank, real GPU) Every SM beside a kernel on another stream that holds one SM for three times the group's
-// budget: the Low-Latency grids (above kSharedSms: cooperative, nccl_ep/src/ll/calls.cc) start whole once that SM
-// is free, and dispatch and combine succeed. A plain launch would start without the held SM's CTA, whose rows the
-// others wait for until the budget ends (ncclRemoteError). A call that returns sooner than the hold proves nothing
-// (the held SM kept no CTA out) and fails the test.
+// budget: the Low-Latency calls (above kSharedSms: cooperative, nccl_ep/src/ll/calls.cc) start whole, once that SM
+// is free, and succeed. A plain launch starts without the held SM's CTA and, at one rank, finishes anyway (a CTA waits
+// only on lower ones there): a call that returns sooner than the hold fails the test, as the grid did not wait.
 int runBesideHeldSm(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base, double* waited, bool* ok) {
   const std::string label = "held SM";
   const int M = 16, K = 2, H = 2048, L = 8;
@@ -1194,7 +1193,7 @@ int runBesideHeldSm(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_
   printf("rank %d: LL dispatch + combine on every SM beside a kernel holding one SM for %.1f s (budget %.1f s): "
          "%s after %.2f s%s\n",
          ctx.rank, hold, budget, ncclGetErrorString(res), *waited,
-         res != ncclSuccess ? ncclEpGetLastError() : *waited > 0.9 * hold ? "" : " (sooner than the hold: vacuous)");
+         res != ncclSuccess ? ncclEpGetLastError() : *waited > 0.9 * hold ? "" : " (sooner than the hold: it did not wait)");
   cudaOk(ncclext::waitStream(side, hold + 30, "the held SM") == ncclSuccess ? cudaSuccess : cudaErrorUnknown,
          "the held SM's stream");
   ncclEpHandleDestroy(h);

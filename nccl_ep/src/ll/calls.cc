@@ -11,11 +11,14 @@ namespace ncclep {
 
 namespace {
 
-// A grid above the default budget (kSharedSms) is launched cooperatively: its CTAs wait on one another (a rank's own
-// header and rows), so it must be resident whole, and with most SMs taken a kernel on another stream could keep part
-// of a plain launch out until the timeout; a cooperative one starts whole or fails to launch. Virtual ranks never: their
-// kernels must run at once, each within its share of the GPU (at most kSharedSms of them at 2 ranks on 132 SMs).
-bool llCooperative(const ncclEpGroup* g, int ctas) { return !g->window.domain->isVirtual() && ctas > kSharedSms; }
+// A whole call (both halves in one kernel) on a grid above the default budget (kSharedSms) is launched
+// cooperatively, as DeepEP's low-latency kernels are: it starts whole once that many SMs are free, rather than in
+// part beside another stream's kernel with its resident CTAs spinning on rows that CTAs not yet started would send.
+// A half alone has no waits among its own CTAs (a receive half waits only on earlier launches): plain. Virtual ranks
+// never: their kernels must all run at once, each within its share of the GPU.
+bool llCooperative(const ncclEpGroup* g, int ctas, int phases) {
+  return !g->window.domain->isVirtual() && ctas > kSharedSms && phases == (kLlSend | kLlReceive);
+}
 
 // Whether a call's combine rows go to the owner by (token, expert): its exchange moves their own regions.
 bool ownerWeighted(const LlDispatchCall&) { return false; }
@@ -28,14 +31,13 @@ ncclResult_t launchCall(ncclEpHandle* h, CallKind kind, Call c, int ctas, bool s
                         cudaStream_t stream) {
   ncclEpGroup* g = h->group;
   Rail* rail = g->rail.get();
-  const bool cooperative = llCooperative(g, ctas);
   c.phases = sendOnly || rail ? kLlSend : kLlSend | kLlReceive;
-  NCCLEXT_CHECK(launch(g->view, h->view, c, ctas, cooperative, stream));
+  NCCLEXT_CHECK(launch(g->view, h->view, c, ctas, llCooperative(g, ctas, c.phases), stream));
   if (rail) {
     NCCLEXT_CHECK(rail->exchange(kind, ownerWeighted(c), stream));
     if (!sendOnly) {
       c.phases = kLlReceive;
-      return launch(g->view, h->view, c, ctas, cooperative, stream);
+      return launch(g->view, h->view, c, ctas, false, stream);
     }
   }
   if (!sendOnly) return ncclSuccess;
@@ -62,10 +64,9 @@ ncclResult_t llComplete(ncclEpHandle* h, cudaStream_t stream) {
   const int kind = h->pendingKind;
   h->pendingKind = -1;
   g->ll.pending[kind].pop_front();
-  const bool cooperative = llCooperative(g, h->pendingCtas);
-  if (kind == kDispatch)
-    return launchLlDispatch(g->view, h->view, h->pendingDispatch, h->pendingCtas, cooperative, stream);
-  return launchLlCombine(g->view, h->view, h->pendingCombine, h->pendingCtas, cooperative, stream);
+  // A receive half: plain (llCooperative).
+  if (kind == kDispatch) return launchLlDispatch(g->view, h->view, h->pendingDispatch, h->pendingCtas, false, stream);
+  return launchLlCombine(g->view, h->view, h->pendingCombine, h->pendingCtas, false, stream);
 }
 
 ncclResult_t llSetMask(ncclEpGroup* g, const int* hostMask, cudaStream_t stream) {
