@@ -147,14 +147,19 @@ class _ModelGroup:
     def close(self):
         self.closed = True
 
+    # What the library refuses (a typed error, as nccl.ep's checks raise), not asserts: the fuzz tests
+    # (test_fuzz_arguments.py) run the drop-in on this model and accept typed refusals only.
     def create_handle(self, topk_idx, layout, sizing, alignment):
         self.calls.append(("create_handle", layout, sizing, alignment))
-        assert topk_idx.shape[0] <= self.max_tokens_per_rank and topk_idx.shape[1] <= self.max_topk
+        if topk_idx.shape[0] > self.max_tokens_per_rank or topk_idx.shape[1] > self.max_topk:
+            raise NcclInvalidArgument("model: topk_idx %s past the group's tokens or top-k" % (tuple(topk_idx.shape),))
         return _ModelHandle(self, self.world.exchange(self.rank, topk_idx), layout, sizing, alignment)
 
     def _check_row(self, t):
-        assert t.is_contiguous() and t.shape[1] * t.element_size() <= self.max_token_bytes, (t.shape, t.dtype)
-        assert t.shape[1] * t.element_size() % 16 == 0
+        row = t.shape[1] * t.element_size()
+        if not t.is_contiguous() or row > self.max_token_bytes or row % 16:
+            raise NcclInvalidArgument("model: rows %s %s not contiguous, past max_token_bytes or not of 16-byte "
+                                      "multiples" % (tuple(t.shape), t.dtype))
 
     def dispatch(self, x, handle, scales=None, num_sms=0):
         self.calls.append(("dispatch", tuple(x.shape), x.dtype, scales is not None, num_sms))
@@ -185,7 +190,8 @@ class _ModelGroup:
         self.calls.append(("combine", tuple(y.shape), y.dtype, num_sms, None if bias is None else bias.dtype))
         self._check_row(y)
         rec = handle.rec
-        assert y.shape[0] >= handle.rows
+        if y.shape[0] < handle.rows:
+            raise NcclInvalidArgument("model: combine input of %d rows; the handle has %d" % (y.shape[0], handle.rows))
         parts = {}
         for i, (s, t) in enumerate(rec.tokens):
             if handle.layout == "flat":

@@ -2,7 +2,9 @@
 works or raises one of nccl's typed exceptions (NcclError and its subclasses) with a message, never a crash, a
 ctypes or torch error, or an integer silently cut to fit a C field. Covers what runs without a GPU: nccl.m2n's
 layouts, local boxes and the host planner; nccl.ep's group configuration (query_group_info), and Group.dispatch /
-combine on a group shell with the C call stubbed (test_ep_args.py's). Seeded by hypothesis's database-free profile
+combine on a group shell with the C call stubbed (test_ep_args.py's); the DeepEP drop-ins' dispatch and combine on
+their CPU models of nccl.ep's groups (test_deepep_cpu.py's, test_deepep_elastic_cpu.py's), where what the drop-in
+does not implement may raise NotImplementedError naming it. Seeded by hypothesis's database-free profile
 below, so that a CI run is reproducible; NCCL_EXT_FUZZ_EXAMPLES scales the examples per test (default 300)."""
 
 import os
@@ -256,3 +258,72 @@ def test_ep_combine_arguments(on_cpu, ll, layout, y, kwargs):
 
 
 on_cpu = shell.on_cpu  # the fixture, for the two tests above
+
+
+# -- the DeepEP drop-ins on their CPU models (test_deepep_cpu.py's Low-Latency group, test_deepep_elastic_cpu.py's
+# High-Throughput group): a refusal is a typed nccl error or, for what the drop-in does not implement, a
+# NotImplementedError naming it ------------------------------------------------------------------------------------
+from unittest import mock  # noqa: E402
+
+import nccl.ep.deepep as deep_ep  # noqa: E402
+import nccl.ep.deepep_elastic as elastic  # noqa: E402
+import test_deepep_cpu as v1  # noqa: E402
+import test_deepep_elastic_cpu as v2  # noqa: E402
+
+fake_world, ll, model, one_buffer = v1.fake_world, v1.ll, v2.model, v2.one_buffer  # their fixtures
+
+
+def _refused_or_done(call):
+    try:
+        return call()
+    except (NcclError, NotImplementedError) as e:
+        assert str(e).strip(), "a refusal without a message: %r" % (e,)
+        return None
+
+
+index_tensors = st.one_of(tensors(rows=v2.M, cols=v2.K),
+                          st.integers(-2, 2 * v2.LOCAL).map(lambda e: torch.full((v2.M, v2.K), e, dtype=torch.int64)))
+elastic_x = st.one_of(tensors(rows=v2.M, cols=v2.H), st.tuples(tensors(rows=v2.M, cols=v2.H), tensors(rows=v2.M)))
+
+
+@given(elastic_x, st.fixed_dictionaries({}, optional={
+    "topk_idx": index_tensors, "topk_weights": tensors(rows=v2.M, cols=v2.K),
+    "num_experts": st.one_of(st.just(v2.LOCAL), hostile), "num_max_tokens_per_rank": st.one_of(small, hostile),
+    "expert_alignment": st.one_of(small, hostile), "num_sms": st.one_of(small, hostile), "do_expand": st.booleans(),
+    "do_cpu_sync": st.sampled_from([None, True, False]), "do_zero_padding": st.booleans(),
+    "use_tma_aligned_col_major_sf": st.booleans(), "handle": st.sampled_from([None, object(), (1, 2)]),
+}))
+def test_deepep_elastic_dispatch_arguments(one_buffer, x, kwargs):
+    with mock.patch.object(elastic, "_device_sms", lambda: 132):  # the SMs a GPU would report
+        _refused_or_done(lambda: one_buffer.dispatch(x, **kwargs))
+
+
+@given(tensors(cols=v2.H), st.fixed_dictionaries({}, optional={
+    "topk_weights": tensors(cols=v2.K), "bias": st.one_of(tensors(rows=v2.M, cols=v2.H), st.tuples(tensors(), tensors())),
+    "num_sms": st.one_of(small, hostile), "handle": st.sampled_from([None, object()]),
+}))
+def test_deepep_elastic_combine_arguments(one_buffer, y, kwargs):
+    idx, x, w = v2._inputs(0, 1)
+    with mock.patch.object(elastic, "_device_sms", lambda: 132):
+        handle = one_buffer.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=v2.LOCAL)[3]
+        kwargs.setdefault("handle", handle)
+        _refused_or_done(lambda: one_buffer.combine(y, **kwargs))
+
+
+@given(tensors(rows=v1.LM, cols=v1.LH), st.one_of(tensors(rows=v1.LM, cols=v1.LK), index_tensors),
+       st.one_of(st.just(v1.LM), hostile), st.one_of(st.just(v1.E), hostile), st.fixed_dictionaries({}, optional={
+           "use_fp8": st.booleans(), "round_scale": st.booleans(), "use_ue8m0": st.booleans(),
+           "return_recv_hook": st.booleans(),  # not async_finish: its CUDA event needs a GPU
+           "cumulative_local_expert_recv_stats": st.one_of(st.none(), tensors(rows=v1.E // v1.R)),
+       }))
+def test_deepep_low_latency_dispatch_arguments(ll, x, topk_idx, m, num_experts, kwargs):
+    _refused_or_done(lambda: ll.low_latency_dispatch(x, topk_idx, m, num_experts, **kwargs))
+
+
+@given(st.one_of(dtypes, st.sampled_from([None, "uint8", 1])),
+       st.one_of(st.none(), st.lists(st.one_of(small, ints), max_size=3)), st.one_of(small, hostile), st.booleans())
+def test_deepep_local_buffer_tensor_arguments(fake_world, dtype, size, offset, rdma):
+    buf = deep_ep.Buffer(v1.dist.group.WORLD, 4096, 1 << 12)
+    t = _refused_or_done(lambda: buf.get_local_buffer_tensor(dtype, size, offset, rdma))
+    if t is not None:  # accepted: a view inside the Buffer's memory, from the offset
+        assert t.numel() * t.element_size() <= 4096 - offset

@@ -38,6 +38,7 @@ How it differs inside (none of it changes results):
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
@@ -497,11 +498,14 @@ class Buffer:
         tensor = raw[offset:offset + (nbytes - offset) // itemsize * itemsize].view(dtype)
         if size is None:
             return tensor
-        size = torch.Size(size)
-        if size.numel() > tensor.numel():
+        if not isinstance(size, (tuple, list)) or not all(isinstance(d, int) and 0 <= d < 2**63 for d in size):
+            raise NcclInvalidArgument("get_local_buffer_tensor: size must be a torch.Size of dimensions >= 0; got %r"
+                                      % (size,))
+        numel = math.prod(size)
+        if numel > tensor.numel():
             raise NcclInvalidArgument("get_local_buffer_tensor: size %s needs %d elements; %s from offset %d holds %d"
-                                      % (tuple(size), size.numel(), what, offset, tensor.numel()))
-        return tensor[:size.numel()].view(size)
+                                      % (tuple(size), numel, what, offset, tensor.numel()))
+        return tensor[:numel].view(torch.Size(size))
 
     # -- not provided -----------------------------------------------------------------------------------------------
 
@@ -1160,6 +1164,12 @@ def _check_finish_flags(method: str, async_finish, return_recv_hook) -> None:
 
 
 def _check_low_latency_sizes(method: str, m, hidden, num_experts, num_ranks) -> None:
+    for name, value in (("num_max_dispatch_tokens_per_rank", m), ("hidden", hidden), ("num_experts", num_experts),
+                        ("num_ranks", num_ranks)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise NcclInvalidArgument("%s: %s must be an int; got %r" % (method, name, value))
+    if num_ranks < 1:
+        raise NcclInvalidArgument("%s: num_ranks %d < 1" % (method, num_ranks))
     if not 1 <= m <= _LL_MAX_TOKENS:
         raise NcclInvalidArgument("%s: num_max_dispatch_tokens_per_rank %d not in [1, %d] (nccl.ep's Low-Latency "
                                   "mode)" % (method, m, _LL_MAX_TOKENS))

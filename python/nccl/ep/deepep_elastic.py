@@ -469,6 +469,13 @@ class ElasticBuffer:
             raise NcclInvalidArgument("combine: x must be a [rows, hidden] bfloat16 tensor (DeepEP's); got %s"
                                       % _shape_dtype(x))
         ep = handle._ep
+        k = handle.topk_idx.shape[1]
+        want_w = tuple(handle._col.shape) if handle.do_expand else (x.shape[0], k)
+        if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
+                                         or tuple(topk_weights.shape) != want_w or not topk_weights.is_floating_point()):
+            raise NcclInvalidArgument("combine: topk_weights must be %s floats (%s); got %s"
+                                      % (list(want_w), "one a row of the expanded dispatch" if handle.do_expand
+                                         else "x's rows by the top-k columns", _shape_dtype(topk_weights)))
         group, num_sms = ep.group, num_sms or handle.num_sms
         y = self._core._combine_input(x, ep)
         biases = [] if bias is None else list(bias) if isinstance(bias, tuple) else [bias]
@@ -488,12 +495,8 @@ class ElasticBuffer:
             out = out.to(torch.bfloat16)
         combined_w = None
         if topk_weights is not None:
-            k = handle.topk_idx.shape[1]
             if handle.do_expand:
                 col = handle._col
-                if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != tuple(col.shape):
-                    raise NcclInvalidArgument("combine: topk_weights of an expanded dispatch must be [%d] (one a "
-                                              "row); got %s" % (col.shape[0], _shape_dtype(topk_weights)))
                 w = torch.zeros(col.shape[0], _align(k, 4), dtype=torch.float32, device=y.device)
                 w.scatter_(1, col.clamp(min=0).unsqueeze(1), torch.where(col >= 0, topk_weights.float(), 0.0)
                            .unsqueeze(1))
