@@ -743,8 +743,9 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   }
   const Slots slots = Slots::load(h, R, t, lane);
   // With ownRowsInPlace my own row for t is read where it lies, the input's row (me, slot): not staged, not waited
-  // for (a bitwise copy before, so the same sum).
-  const bool ownInPlace = ownRowsInPlace(c);
+  // for (a bitwise copy before, so the same sum). kLlRankRows only: kLlExpertWeighted's row is a sum of the input's
+  // expert rows, which sendSlot stages as for any owner.
+  const bool ownInPlace = ownRowsInPlace(c) && c.mode == kLlRankRows;
   // Lane r waits for rank r's row (and r + 32's), all at once; the ranks whose row for t came, as bits.
   auto came = [&](int r, int slot) {
     return slot >= 0 && isOn(active, r) &&
