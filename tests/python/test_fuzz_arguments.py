@@ -4,7 +4,8 @@ ctypes or torch error, or an integer silently cut to fit a C field. Covers what 
 layouts, local boxes and the host planner; nccl.ep's group configuration (query_group_info), and Group.dispatch /
 combine on a group shell with the C call stubbed (test_ep_args.py's); the DeepEP drop-ins' dispatch and combine on
 their CPU models of nccl.ep's groups (test_deepep_cpu.py's, test_deepep_elastic_cpu.py's), where what the drop-in
-does not implement may raise NotImplementedError naming it. Seeded by hypothesis's database-free profile
+does not implement may raise NotImplementedError naming it; nccl.ep.jax's calls at trace time (jax.eval_shape).
+Seeded by hypothesis's database-free profile
 below, so that a CI run is reproducible; NCCL_EXT_FUZZ_EXAMPLES scales the examples per test (default 300)."""
 
 import os
@@ -327,3 +328,53 @@ def test_deepep_local_buffer_tensor_arguments(fake_world, dtype, size, offset, r
     t = _refused_or_done(lambda: buf.get_local_buffer_tensor(dtype, size, offset, rdma))
     if t is not None:  # accepted: a view inside the Buffer's memory, from the offset
         assert t.numel() * t.element_size() <= 4096 - offset
+
+
+# -- nccl.ep.jax at trace time (jax.eval_shape: no device, no FFI library): arguments of any shape and dtype, and
+# things that are not arrays ---------------------------------------------------------------------------------------
+jax_dtypes = ["bfloat16", "float16", "float32", "float8_e4m3fn", "int32", "int64", "uint8", "bool"]
+
+
+@st.composite
+def jax_args(draw, rows, cols):
+    """A ShapeDtypeStruct of 0-3 dims near [rows, cols], or something that is not an array."""
+    jnp = pytest.importorskip("jax.numpy")
+    jax = pytest.importorskip("jax")
+    if draw(st.integers(0, 19)) == 0:
+        return draw(st.sampled_from([None, [1, 2], 3.0, "x"]))
+    nd = draw(st.sampled_from([2, 2, 2, 1, 0, 3]))
+    shape = tuple(draw(st.one_of(st.sampled_from([rows, cols, 0, 1, 128]), st.integers(0, 300))) for _ in range(nd))
+    return jax.ShapeDtypeStruct(shape, getattr(jnp, draw(st.sampled_from(jax_dtypes))))
+
+
+@given(st.booleans(), st.sampled_from(["flat", "rank_major", "expert_major"]), jax_args(8, 64), jax_args(8, 2),
+       jax_args(8, 2), st.fixed_dictionaries({}, optional={
+           "fp8": st.sampled_from([True, False, 1, "yes"]), "round_scale": st.booleans(),
+           "zero_past_counts": st.sampled_from([True, False, None, 0])}))
+def test_jax_dispatch_and_combine_arguments(ll, layout, x, idx, w, kwargs):
+    jax = pytest.importorskip("jax")
+    import nccl.ep.jax as epjax
+
+    R, L, T, K = 3, 4, 8, 2
+    rows = L * R * T if layout == "expert_major" else R * T
+    spec = epjax.HandleSpec(id=(123 << 24) | 9, low_latency=ll, layout=layout, num_tokens=T, topk=K, rows=rows,
+                            ranks=R, local_experts=L, max_token_bytes=256, max_tokens_per_rank=T)
+    def traced(fn, *args):
+        """fn(*args) traced by jax.eval_shape: the arrays as its arguments, anything else closed over (eval_shape
+        itself refuses non-arrays, before nccl.ep.jax sees them)."""
+        arrays = [i for i, a in enumerate(args) if isinstance(a, jax.ShapeDtypeStruct)]
+
+        def call(*traced_arrays):
+            full = list(args)
+            for i, a in zip(arrays, traced_arrays):
+                full[i] = a
+            return fn(*full)
+
+        return _refused_or_done(lambda: jax.eval_shape(call, *[args[i] for i in arrays]))
+
+    if ll:
+        traced(lambda *a: epjax.ll_dispatch(spec, *a, **kwargs), x, idx, w)
+        traced(lambda y, w_: epjax.ll_combine(spec, y, w_), x, w)
+    else:
+        traced(lambda *a: epjax.dispatch(spec, *a), x, idx, w)
+        traced(lambda y: epjax.combine(spec, y), x)
