@@ -1193,7 +1193,9 @@ int runBesideHeldSm(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_
   printf("rank %d: LL dispatch + combine on every SM beside a kernel holding one SM for %.1f s (budget %.1f s): "
          "%s after %.2f s%s\n",
          ctx.rank, hold, budget, ncclGetErrorString(res), *waited,
-         res != ncclSuccess ? ncclEpGetLastError() : *waited > 0.9 * hold ? "" : " (sooner than the hold: it did not wait)");
+         res != ncclSuccess           ? ncclEpGetLastError()
+         : *waited > 0.9 * hold       ? ""
+                                      : " (sooner than the hold: it did not wait)");
   cudaOk(ncclext::waitStream(side, hold + 30, "the held SM") == ncclSuccess ? cudaSuccess : cudaErrorUnknown,
          "the held SM's stream");
   ncclEpHandleDestroy(h);

@@ -300,7 +300,8 @@ def test_deepep_elastic_dispatch_arguments(one_buffer, x, kwargs):
 
 
 @given(tensors(cols=v2.H), st.fixed_dictionaries({}, optional={
-    "topk_weights": tensors(cols=v2.K), "bias": st.one_of(tensors(rows=v2.M, cols=v2.H), st.tuples(tensors(), tensors())),
+    "topk_weights": tensors(cols=v2.K),
+    "bias": st.one_of(tensors(rows=v2.M, cols=v2.H), st.tuples(tensors(), tensors())),
     "num_sms": st.one_of(small, hostile), "handle": st.sampled_from([None, object()]),
 }))
 def test_deepep_elastic_combine_arguments(one_buffer, y, kwargs):

@@ -280,11 +280,11 @@ class ElasticBuffer:
                  use_tma_aligned_col_major_sf: bool = False):
         """COLLECTIVE, on the current stream: (recv_x, recv_topk_idx, recv_topk_weights, handle, event), as DeepEP
         V2's. x [T, H] bf16, or (x e4m3 [T, H], scales [T, S] fp32, or int32: UE8M0, four a word); topk_idx [T, K]
-        int64 (-1: none), topk_weights [T, K] fp32. recv_x: [N, H] (each received token once, by global index) or, with do_expand,
-        [rows, H] (zone e holds expert e's tokens by global index, aligned to expert_alignment, pad rows zero), fp8
-        with its scales; recv_topk_idx [N, K] int64 local expert ids (-1 elsewhere; None with do_expand);
-        recv_topk_weights [N, K] fp32 (every column) or, expanded, [rows] (each row's column's weight, 0 on pads),
-        None without topk_weights. Rows past the received ones (do_cpu_sync=False): recv_topk_idx -1, weights 0,
+        int64 (-1: none), topk_weights [T, K] fp32. recv_x: [N, H] (each received token once, by global index) or,
+        with do_expand, [rows, H] (zone e holds expert e's tokens by global index, aligned to expert_alignment, pad
+        rows zero), fp8 with its scales; recv_topk_idx [N, K] int64 local expert ids (-1 elsewhere; None with
+        do_expand); recv_topk_weights [N, K] fp32 (every column) or, expanded, [rows] (each row's column's weight, 0
+        on pads), None without topk_weights. Rows past the received ones (do_cpu_sync=False): recv_topk_idx -1, weights 0,
         recv_x unspecified. A cached dispatch (handle=, topk_idx None, no CPU sync) moves x (and topk_weights if
         given) along the handle's routing and returns that handle."""
         _wait(previous_event)
@@ -471,8 +471,8 @@ class ElasticBuffer:
         ep = handle._ep
         k = handle.topk_idx.shape[1]
         want_w = tuple(handle._col.shape) if handle.do_expand else (x.shape[0], k)
-        if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
-                                         or tuple(topk_weights.shape) != want_w or not topk_weights.is_floating_point()):
+        bad_w = not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != want_w
+        if topk_weights is not None and (bad_w or not topk_weights.is_floating_point()):
             raise NcclInvalidArgument("combine: topk_weights must be %s floats (%s); got %s"
                                       % (list(want_w), "one a row of the expanded dispatch" if handle.do_expand
                                          else "x's rows by the top-k columns", _shape_dtype(topk_weights)))
