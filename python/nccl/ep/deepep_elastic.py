@@ -284,9 +284,9 @@ class ElasticBuffer:
         with do_expand, [rows, H] (zone e holds expert e's tokens by global index, aligned to expert_alignment, pad
         rows zero), fp8 with its scales; recv_topk_idx [N, K] int64 local expert ids (-1 elsewhere; None with
         do_expand); recv_topk_weights [N, K] fp32 (every column) or, expanded, [rows] (each row's column's weight, 0
-        on pads), None without topk_weights. Rows past the received ones (do_cpu_sync=False): recv_topk_idx -1, weights 0,
-        recv_x unspecified. A cached dispatch (handle=, topk_idx None, no CPU sync) moves x (and topk_weights if
-        given) along the handle's routing and returns that handle."""
+        on pads), None without topk_weights. Rows past the received ones (do_cpu_sync=False): recv_topk_idx -1,
+        weights 0, recv_x unspecified. A cached dispatch (handle=, topk_idx None, no CPU sync) moves x (and
+        topk_weights if given) along the handle's routing and returns that handle."""
         _wait(previous_event)
         _wait(previous_event_before_epilogue)
         x, sf = x if isinstance(x, tuple) else (x, None)
