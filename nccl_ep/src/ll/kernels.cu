@@ -557,10 +557,13 @@ __device__ __forceinline__ int4 packBf16(const float* acc) {
 constexpr int kLlBatch = 4;
 constexpr int kLlSliceVecsPerLane = kLlSliceCols / 8 / 32;  // a slice's bf16 vectors a lane: 2
 
-// Owner-weighted and rank-row combine: whether the owner reads its own rows where they lie, in the call's input, so
-// that its send warps skip the slots it receives from itself. Only a whole call (send and receive in one launch): a
-// split call's input need not outlive its send half. sendSlot and reduceToken must agree on it.
-__device__ __forceinline__ bool ownRowsInPlace(const LlCombineCall& c) { return c.phases == (kLlSend | kLlReceive); }
+// Whether the owner reads its own rows where they lie, in the call's input, so that its send warps skip the slots it
+// receives from itself: kLlRankRows and kLlOwnerWeighted, whose rows are input rows (kLlExpertWeighted's is the
+// sender's weighted sum: staged as any), and only in a whole call (send and receive in one launch: a split call's
+// input need not outlive its send half). sendSlot and reduceToken both ask it, so they agree.
+__device__ __forceinline__ bool ownRowsInPlace(const LlCombineCall& c) {
+  return c.phases == (kLlSend | kLlReceive) && c.mode != kLlExpertWeighted;
+}
 
 // One warp: slice `sl` of received slot (s, j) back to its owner s. A slice of bf16 columns is `vecs` 16-byte
 // vectors from vector `v0`.
@@ -742,10 +745,9 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     return true;
   }
   const Slots slots = Slots::load(h, R, t, lane);
-  // With ownRowsInPlace my own row for t is read where it lies, the input's row (me, slot): not staged, not waited
-  // for (a bitwise copy before, so the same sum). kLlRankRows only: kLlExpertWeighted's row is a sum of the input's
-  // expert rows, which sendSlot stages as for any owner.
-  const bool ownInPlace = ownRowsInPlace(c) && c.mode == kLlRankRows;
+  // With ownRowsInPlace (kLlRankRows here) my own row for t is read where it lies, the input's row (me, slot): not
+  // staged, not waited for (a bitwise copy before, so the same sum).
+  const bool ownInPlace = ownRowsInPlace(c);
   // Lane r waits for rank r's row (and r + 32's), all at once; the ranks whose row for t came, as bits.
   auto came = [&](int r, int slot) {
     return slot >= 0 && isOn(active, r) &&
