@@ -1150,6 +1150,15 @@ int runBesideHeldSm(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_
   volatile int* started = nullptr;
   int* startedDev = nullptr;
   cudaStream_t side = nullptr;
+  // Frees the side stream and the flag on every return, the early ones of EXPECT_OK included.
+  struct SideGuard {
+    cudaStream_t* side;
+    volatile int** started;
+    ~SideGuard() {
+      if (*side) cudaOk(cudaStreamDestroy(*side), "side stream destroy");
+      if (*started) cudaOk(cudaFreeHost((void*)*started), "cudaFreeHost");
+    }
+  } guard{&side, &started};
   if (!cudaOk(cudaGetDevice(&dev), "cudaGetDevice") ||
       !cudaOk(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem attribute") ||
       !cudaOk(cudaFuncSetAttribute(holdSmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem") ||
@@ -1203,8 +1212,6 @@ int runBesideHeldSm(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_
     fprintf(stderr, "rank %d: ncclEpGroupDestroy (held SM): %s\n", ctx.rank, ncclEpGetLastError());
     *ok = false;
   }
-  cudaOk(cudaStreamDestroy(side), "side stream destroy");
-  cudaOk(cudaFreeHost((void*)started), "cudaFreeHost");
   return 0;
 }
 

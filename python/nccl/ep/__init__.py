@@ -355,7 +355,7 @@ def _group_config(what: str, *, num_experts: int, max_tokens_per_rank: int, hidd
         if hidden is None:
             raise NcclInvalidArgument("%s: give hidden (with dtype, default bfloat16) or max_token_bytes" % what)
         # Rows of `dtype`; a combine of wider rows (fp32 expert outputs) needs max_token_bytes instead.
-        max_token_bytes = torch.empty((), dtype=dtype or torch.bfloat16).element_size() * hidden
+        max_token_bytes = (dtype or torch.bfloat16).itemsize * hidden
     return _GroupConfig.new(algorithm=algo, num_experts=num_experts, max_tokens_per_rank=max_tokens_per_rank,
                             max_token_bytes=max_token_bytes, max_topk=max_topk, num_sms=num_sms,
                             timeout_ns=0 if timeout_s is None else int(timeout_s * 1e9),
@@ -864,7 +864,9 @@ class Group(Closing):
         import torch
 
         dtype = torch.bfloat16 if dtype is None else dtype
-        esize = torch.empty((), dtype=dtype).element_size()
+        if not isinstance(dtype, torch.dtype):
+            raise NcclInvalidArgument("dispatch_window: dtype=%r: a torch.dtype is expected" % (dtype,))
+        esize = dtype.itemsize
         row_bytes = self.max_token_bytes
         if row_bytes % esize:
             raise NcclInvalidArgument("dispatch_window: rows of %d bytes are not whole %s elements"

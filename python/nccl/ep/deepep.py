@@ -487,7 +487,7 @@ class Buffer:
         what = "num_rdma_bytes" if use_rdma_buffer else "num_nvl_bytes"
         if not isinstance(dtype, torch.dtype):
             raise NcclInvalidArgument("get_local_buffer_tensor: dtype must be a torch.dtype; got %r" % (dtype,))
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if not isinstance(offset, int) or not 0 <= offset <= nbytes or offset % itemsize:
             raise NcclInvalidArgument("get_local_buffer_tensor: offset %r not within the Buffer's %s (%d) or not a "
                                       "multiple of %s's %d bytes" % (offset, what, nbytes, dtype, itemsize))
