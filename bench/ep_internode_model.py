@@ -260,19 +260,22 @@ def ht_fixed_slice_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens:
 
 
 def ht_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, max_tokens: int,
-                     round_tokens: int = 0) -> dict:
+                     round_tokens: int = 0, recv_cap: int = 0) -> dict:
     """Device memory a rank holds for nccl_ep's flat High-Throughput exchange across domains (ncclEpGroupInfo_t::
     rail_staging_bytes): one outbox per rank of another domain, its regions 16-aligned one after another: the
     handle's count row (R + E + chunks + 1 int32, chunks of 32 tokens), then the dispatch rows and metadata and the
     combine flags and rows of one round's C slots, C = round_tokens (0: the library's default, 1024), at most
-    max_tokens (one round). For a group of max_token_bytes = 2 hidden and max_topk = k."""
+    max_tokens (one round). A receive cap (max_recv_rows_per_rank) adds a count per local expert to the count row
+    and an inbox of the outbox's layout per rank of another domain (a round lands there, then is placed). For a
+    group of max_token_bytes = 2 hidden and max_topk = k."""
     row = 2 * hidden
     meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
     ranks, remote = nodes * gpus, (nodes - 1) * gpus
     c = min(max_tokens, round_tokens or DEFAULT_RAIL_ROUND_TOKENS)
-    count_row = 4 * (ranks + experts + -(-max_tokens // 32) + 1)
+    count_row = 4 * (ranks + experts + -(-max_tokens // 32) + 1 + (experts // ranks if recv_cap else 0))
     outbox = sum(_align(b, 16) for b in (count_row, c * row, c * meta, 8 * c, c * row))
-    return {"rail_staging_bytes": remote * outbox, "outbox_bytes": outbox, "round_tokens": c,
+    boxes = 2 if recv_cap else 1
+    return {"rail_staging_bytes": boxes * remote * outbox, "outbox_bytes": outbox, "round_tokens": c,
             "rounds_fixed": -(-max_tokens // c), "remote_ranks": remote}
 
 
@@ -308,12 +311,14 @@ def ht_window_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, ma
     combine rows, max_tokens rows each (R x max_tokens x (2 rowStride + metaBytes + 8) in all), each region aligned;
     with the hierarchical HT also its outboxes (one per rank: the count row, max_tokens combine flags and rows). For
     a group of max_token_bytes = 2 hidden and max_topk = k. The staging regions grow with R x max_tokens whatever the
-    round: the rail's rounds bound only what crosses the rail. A receive cap (max_recv_rows_per_rank, one domain)
-    gives the dispatch staging min(cap, R x max_tokens) rows, the combine staging max_tokens x min(R, k), and the
-    exchange row a count per local expert more."""
+    round: the rail's rounds bound only what crosses the rail. A receive cap (max_recv_rows_per_rank; across
+    domains the flat exchange's, not the hierarchical one's) gives the dispatch staging min(cap, R x max_tokens)
+    rows, the combine staging max_tokens x min(R, k), and the exchange row a count per local expert more."""
     row = 2 * hidden
     ranks = nodes * gpus
-    capped = recv_cap > 0 and nodes == 1
+    if recv_cap > 0 and hierarchical and nodes > 1 and gpus > 1:
+        raise ValueError("recv_cap: the hierarchical exchange takes none")
+    capped = recv_cap > 0
     meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
     chunks = -(-max_tokens // 32)
     ints = ranks + experts + chunks + 1 + (nodes if hierarchical and nodes > 1 and gpus > 1 else 0)

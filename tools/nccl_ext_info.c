@@ -30,19 +30,20 @@ static int printEpMemory(void) {
   return 0;
 }
 
-/* The same group inside one NVLink domain of 8 to 64 GPUs (one multi-node NVLink system), without and with a
- * receive cap (max_recv_rows_per_rank) of twice a rank's mean load under uniform top-8 routing: each of the R x 4096
- * tokens reaches a given rank with probability 1 - C(256 - L, 8) / C(256, 8), L = 256 / R experts a rank. */
+/* The same group inside one NVLink domain of 8 to 64 GPUs (one multi-node NVLink system), and as 8 nodes of 8 (rail
+ * rounds of the default 1024 rows a peer, and of 256),
+ * without and with a receive cap (max_recv_rows_per_rank) of twice a rank's mean load under uniform top-8 routing:
+ * each of the R x 4096 tokens reaches a given rank with probability 1 - C(256 - L, 8) / C(256, 8), L = 256 / R
+ * experts a rank. Across domains the rail staging (an inbox beside each outbox under the cap) is printed too. */
 static int printEpCapMemory(void) {
-  const int ranks[] = {8, 16, 32, 64};
+  const int ranks[] = {8, 16, 32, 64, 64, 64}, domains[] = {8, 16, 32, 64, 8, 8}, rounds[] = {0, 0, 0, 0, 0, 256};
   int i, j;
   printf(
-      "With a receive cap, one NVLink domain (ncclEpGroupInfoQuery; the same group, cap = 2 x the mean rows a "
-      "rank receives):\n");
+      "With a receive cap (ncclEpGroupInfoQuery; the same group, cap = 2 x the mean rows a rank receives):\n");
   for (i = 0; i < (int)(sizeof(ranks) / sizeof(ranks[0])); i++) {
     ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
     ncclEpGroupInfo_t open = NCCL_EP_GROUP_INFO_INIT, capped = NCCL_EP_GROUP_INFO_INIT;
-    const int R = ranks[i], L = 256 / R;
+    const int R = ranks[i], G = domains[i], L = 256 / R;
     double miss = 1, mean;
     for (j = 0; j < 8; j++) miss *= (double)(256 - L - j) / (double)(256 - j);
     mean = (double)R * 4096 * (1 - miss);
@@ -50,18 +51,26 @@ static int printEpCapMemory(void) {
     cfg.max_tokens_per_rank = 4096;
     cfg.max_token_bytes = 7168 * 2;
     cfg.max_topk = 8;
-    if (ncclEpGroupInfoQuery(&cfg, R, R, &open) != ncclSuccess) {
+    if (rounds[i]) cfg.rail_round_tokens = rounds[i];
+    if (ncclEpGroupInfoQuery(&cfg, R, G, &open) != ncclSuccess) {
       printf("  %2d GPUs: %s\n", R, ncclEpGetLastError());
       return 1;
     }
     cfg.max_recv_rows_per_rank = (int)(2 * mean);
-    if (ncclEpGroupInfoQuery(&cfg, R, R, &capped) != ncclSuccess) {
+    if (ncclEpGroupInfoQuery(&cfg, R, G, &capped) != ncclSuccess) {
       printf("  %2d GPUs: %s\n", R, ncclEpGetLastError());
       return 1;
     }
-    printf("  %2d GPUs: mean %6.0f rows, cap %6d of %6d: window %.2f GB -> %.2f GB (%.1fx)\n", R, mean,
-           cfg.max_recv_rows_per_rank, R * 4096, (double)open.window_bytes / 1e9, (double)capped.window_bytes / 1e9,
-           (double)open.window_bytes / (double)capped.window_bytes);
+    printf("  %2d GPUs, %d domain(s): mean %6.0f rows, cap %6d of %6d: window %.2f GB -> %.2f GB (%.1fx)", R, R / G,
+           mean, cfg.max_recv_rows_per_rank, R * 4096, (double)open.window_bytes / 1e9,
+           (double)capped.window_bytes / 1e9, (double)open.window_bytes / (double)capped.window_bytes);
+    if (G < R)
+      printf("; with the rail staging (rounds of %d) %.2f GB -> %.2f GB (%.1fx)", capped.rail_round_tokens,
+             (double)(open.window_bytes + open.rail_staging_bytes) / 1e9,
+             (double)(capped.window_bytes + capped.rail_staging_bytes) / 1e9,
+             (double)(open.window_bytes + open.rail_staging_bytes) /
+                 (double)(capped.window_bytes + capped.rail_staging_bytes));
+    printf("\n");
   }
   return 0;
 }

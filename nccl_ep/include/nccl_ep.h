@@ -154,12 +154,13 @@ typedef struct {
                                    of the group's beside the rail rounds, NCCL_EP_OFF = one stream. NCCL_EP_AUTO:
                                    NCCL_EXT_RAIL_OVERLAP, else one stream */
   /* Appended after the second layout (NCCL_EP_GROUP_CONFIG_V2_SIZE ends before them). */
-  int max_recv_rows_per_rank;   /* High-Throughput inside one NVLink domain: the most rows (one per (token, this
-                                   rank)) a dispatch delivers to a rank, so that the window's dispatch staging and a
-                                   handle's FLAT output hold this many rows instead of n_ranks x max_tokens_per_rank,
-                                   and its combine staging max_tokens_per_rank x min(n_ranks, max_topk). Rows past it
-                                   (the last sources' last tokens, in the FLAT order) go by recv_overflow.
-                                   NCCL_EP_AUTO: no cap */
+  int max_recv_rows_per_rank;   /* High-Throughput: the most rows (one per (token, this rank)) a dispatch delivers
+                                   to a rank, so that the window's dispatch staging and a handle's FLAT output hold
+                                   this many rows instead of n_ranks x max_tokens_per_rank, and its combine staging
+                                   max_tokens_per_rank x min(n_ranks, max_topk). Rows past it (the last sources'
+                                   last tokens, in the FLAT order) go by recv_overflow. Across NVLink domains the
+                                   flat exchange only (not ht_hierarchical); the rail staging then holds an inbox
+                                   beside each outbox (rail_staging_bytes doubles). NCCL_EP_AUTO: no cap */
   ncclEpRecvOverflow_t recv_overflow; /* rows past max_recv_rows_per_rank (see ncclEpRecvOverflow_t) */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_V1_SIZE offsetof(ncclEpGroupConfig_t, ht_hierarchical)

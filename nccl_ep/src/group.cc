@@ -41,6 +41,7 @@ ncclResult_t ncclEpGroup::create(ncclComm_t comm, const ncclEpGroupConfig_t& con
   } else {
     NCCLEXT_CHECK(ncclep::loadDispatchKernels());
     NCCLEXT_CHECK(ncclep::loadCombineKernels());
+    NCCLEXT_CHECK(ncclep::loadCapKernels());
   }
 
   NCCLEXT_CHECK(ncclep::layoutWithinBudget(resolved.config, topo, &g->view, resolved.htHierarchical,

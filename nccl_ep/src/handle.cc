@@ -52,6 +52,8 @@ ncclResult_t ncclEpHandle::create(ncclEpGroup* group, ncclEpLayout_t layout, int
   n += R;
   dl.dropped = n;
   n += 1;
+  dl.overflow = n;
+  n += 1;
   dl.ints = n;
   // One device block: sendSlot, emIdx, tileCount, derived, emPos, flatW, llRecvCount, llToken, and for the
   // hierarchical HT hierPos, hierFwd and hierTok.
@@ -128,6 +130,10 @@ ncclResult_t ncclEpHandle::bind(const ncclEpTensor_t& topkIdx, const ncclEpLayou
     NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, true, ncclep::kHtSendHalf, stream));
     NCCLEXT_CHECK(group->rail->exchange(ncclep::kRailHandle, false, stream));
     NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, true, ncclep::kHtReceiveHalf, stream));
+    if (group->view.rail.capped) {  // the counts of the rows that fit, where some rank overflows (ht/route.cu)
+      NCCLEXT_CHECK(group->rail->exchange(ncclep::kRailHandle, false, stream));
+      NCCLEXT_CHECK(ncclep::launchRoute(group->view, view, out, true, ncclep::kHtRetainedHalf, stream));
+    }
   }
   if (config.sizing == NCCL_EP_SIZING_EXACT) {
     // The caller reads the error word through group->asyncError (input errors get their own message there).

@@ -25,10 +25,15 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   v.meta.bytes = alignUp(v.meta.tokenOff() + 4, 16);
   WindowLayout& w = v.wl;
   const size_t regionRows = (size_t)nRanks * v.maxTokens;
-  // HT's receive cap (one domain; layoutWithinBudget refuses it across domains): dense staging positions, the
-  // dispatch staging's rows capped, the combine staging's the most rows one rank's tokens send (a token goes to at
-  // most min(R, K) ranks).
-  const bool capped = !v.lowLatency && config.max_recv_rows_per_rank > 0 && topo.nDomains == 1;
+  // Relayed exchanges over a rail of one index: the mixed test mode's (relayRail), and, for the hierarchical HT
+  // (experimental), real ranks' too when their domains have several ranks (the Domain's rail; with one rank a domain
+  // the hierarchical exchange is the flat one, which stays).
+  const bool hier = htHierarchical && !v.lowLatency && topo.nDomains > 1;
+  const bool relay = relayRail || (hier && topo.domainSize > 1);
+  // HT's receive cap (one domain, or across domains the direct exchange; layoutWithinBudget refuses relayed ones):
+  // dense staging positions, the dispatch staging's rows capped, the combine staging's the most rows one rank's
+  // tokens send (a token goes to at most min(R, K) ranks).
+  const bool capped = !v.lowLatency && config.max_recv_rows_per_rank > 0 && !relay;
   v.recvCap = capped ? (int)std::min(regionRows, (size_t)config.max_recv_rows_per_rank) : 0;
   v.recvCapError = capped && config.recv_overflow != NCCL_EP_RECV_OVERFLOW_DROP;
   const size_t dispRowsCount = capped ? (size_t)v.recvCap : regionRows;
@@ -46,11 +51,6 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   off = alignUp(off + (size_t)nRanks * 8, 256);
   w.cleanFlags = off;
   off = alignUp(off + (size_t)nRanks * 8, 256);
-  // Relayed exchanges over a rail of one index: the mixed test mode's (relayRail), and, for the hierarchical HT
-  // (experimental), real ranks' too when their domains have several ranks (the Domain's rail; with one rank a domain
-  // the hierarchical exchange is the flat one, which stays).
-  const bool hier = htHierarchical && !v.lowLatency && topo.nDomains > 1;
-  const bool relay = relayRail || (hier && topo.domainSize > 1);
   // The hierarchical HT's exchange rows also carry the writer's token count per destination domain (an EXACT
   // handle's eager calls size their rail messages by them: Rail::exchange).
   w.domainCounts = nRanks + config.num_experts + v.nChunks + 1;
@@ -110,6 +110,7 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
   rv.direct = topo.nDomains > 1 && !v.lowLatency && !relay;
   rv.relay = relay;
   rv.hier = relay && hier;
+  rv.capped = rv.direct && capped;
   rv.roundSlots = rv.direct || rv.hier ? std::min(v.maxTokens, config.rail_round_tokens > 0 ? config.rail_round_tokens
                                                                                             : kDefaultRailRoundTokens)
                                        : v.maxTokens;
@@ -125,7 +126,7 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
     outbox = alignUp(outbox + rv.outSlice[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
-  rv.inboxBytes = rv.hier ? alignUp(rv.outSlice[kRailHeader], 16) : rv.outboxBytes;
+  rv.inboxBytes = rv.hier ? alignUp(rv.outSlice[kRailHeader], 16) : rv.outboxBytes;  // (capped: the same layout)
   // The hierarchical HT's relays read their domain's outboxes: those then live in the window.
   rv.boxes = topo.nDomains == 1 ? 0 : relay ? nRanks : nRanks - topo.domainSize;
   w.outboxes = 0;
@@ -153,10 +154,11 @@ ResolvedConfig resolveConfig(const ncclEpGroupConfig_t& config) {
 
 ncclResult_t layoutWithinBudget(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* v,
                                 bool htHierarchical, bool relayRail) {
-  NCCLEXT_USAGE(config.max_recv_rows_per_rank == 0 || (topo.nDomains == 1 && !relayRail),
-                "max_recv_rows_per_rank %d: the receive cap works inside one NVLink domain (this group spans %d)",
-                config.max_recv_rows_per_rank, topo.nDomains);
   layoutGroup(config, topo, v, htHierarchical, relayRail);
+  NCCLEXT_USAGE(config.max_recv_rows_per_rank == 0 || v->lowLatency || v->recvCap > 0,
+                "max_recv_rows_per_rank %d: across NVLink domains the receive cap takes the flat exchange (this "
+                "group's is relayed%s)",
+                config.max_recv_rows_per_rank, v->rail.hier ? ": the hierarchical High-Throughput exchange" : "");
   const size_t budget = config.rail_staging_bytes_max;
   if (budget == 0 || topo.nDomains == 1 || railStagingBytes(*v) <= budget) return ncclSuccess;
   const bool rounds = v->rail.direct || v->rail.hier;

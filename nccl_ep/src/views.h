@@ -97,8 +97,10 @@ struct DerivedLayout {
   // HT with a receive cap (GroupView::recvCap), [R] each: dispAt[r], where my rows start in r's dispatch staging
   // (the rows of the sources before me to r); combAt[s], where my rows for owner s start in s's combine staging (s's
   // rows to the ranks before me); combMine[r], where r's rows start in mine (my rows to the ranks before r). Then
-  // dropped [1], my rows past the cap. srcCount, expCount and totals count the rows delivered.
-  int dispAt, combAt, combMine, dropped;
+  // dropped [1], my rows past the cap; overflow [1], whether some rank gets more rows than the cap (the exchange
+  // kernel's receive half's answer, which its third part reads: by then the count rows may be a later handle's).
+  // srcCount, expCount and totals count the rows delivered.
+  int dispAt, combAt, combMine, dropped, overflow;
   int ints;
 };
 
@@ -192,6 +194,12 @@ __device__ __forceinline__ void* peerAt(const GroupView& g, size_t offset, int r
   if (rv.local(r)) return g.peers.at(offset, r - rv.domainBase);
   size_t at = 0;
   return railOutboxOffset(g, offset, &at) ? rv.outbox + (size_t)rv.box(r) * rv.outboxBytes + at : nullptr;
+}
+// The direct exchange with a receive cap (RailView::capped), whose window positions are no source's slice: my entry
+// `at` of row region i (its place in the call's round, roundSlotOf) in my outbox for remote rank r.
+__device__ __forceinline__ char* capOutboxAt(const GroupView& g, int i, int r, int at) {
+  const RailView& rv = g.rail;
+  return rv.outbox + (size_t)rv.box(r) * rv.outboxBytes + rv.outOff[i] + (size_t)at * rv.slotBytes(i);
 }
 #endif
 

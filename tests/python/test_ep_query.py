@@ -50,9 +50,24 @@ def test_a_receive_cap_sizes_the_window_as_the_model(gpus):
     assert whole["window_bytes"] / capped["window_bytes"] >= {8: 1.0, 16: 1.5, 32: 2.8, 64: 5.4}[gpus]
 
 
+def test_a_receive_cap_across_domains_is_the_models():
+    # 8 nodes of 8 GPUs, the cap of the 64-GPU row above (twice a rank's mean load): the window is the model's and
+    # 5.4x smaller; the rail staging (an inbox beside each outbox) is the model's, twice the uncapped one.
+    miss = 1.0
+    for i in range(8):
+        miss *= (252 - i) / (256 - i)
+    cap = int(2 * 64 * 4096 * (1 - miss))
+    whole, capped = _query(8, 8, 4096), _query(8, 8, 4096, max_recv_rows_per_rank=cap)
+    assert capped["window_bytes"] == m.ht_window_bytes(8, 8, 7168, 8, 256, 4096, recv_cap=cap)["window_bytes"]
+    assert whole["window_bytes"] / capped["window_bytes"] > 5.4
+    staging = m.ht_staging_bytes(8, 8, 7168, 8, 256, 4096, recv_cap=cap)["rail_staging_bytes"]
+    assert capped["rail_staging_bytes"] == staging
+    assert capped["rail_staging_bytes"] == pytest.approx(2 * whole["rail_staging_bytes"], rel=0.01)
+
+
 def test_a_receive_cap_is_refused_where_it_cannot_hold():
-    with pytest.raises(ep.NcclInvalidUsage, match="inside one NVLink domain"):
-        _query(2, 8, 4096, max_recv_rows_per_rank=1000)
+    with pytest.raises(ep.NcclInvalidUsage, match="across NVLink domains the receive cap takes the flat exchange"):
+        _query(2, 8, 4096, max_recv_rows_per_rank=1000, ht_hierarchical=True)
     with pytest.raises(ep.NcclInvalidUsage, match="belongs to the High-Throughput mode"):
         _query(1, 8, 128, algorithm="low_latency", max_recv_rows_per_rank=1000)
     with pytest.raises(ep.NcclInvalidArgument, match="recv_overflow='ignore': expected one of drop, error"):

@@ -853,6 +853,31 @@ TEST(EpRail, HierarchicalStagingBytesMatchTheModel) {
   }
 }
 
+// A receive cap across domains (the flat exchange, RailView::capped; ht_window_bytes and ht_staging_bytes with
+// recv_cap): 2 one-GPU domains, 4 experts, top-2, rows of 512 bytes, 64 tokens, a cap of 16 rows. The window's
+// staging holds the cap's rows (86016 bytes against 147456), the rail an inbox beside each outbox (2 x 70192: the
+// count row grows by the 2 local experts' counts that fit, 16 bytes with its alignment), the exchange rows take the
+// counts that fit; the hierarchical exchange and the mixed mode's relayed one are refused.
+TEST(EpRail, ACapAcrossDomainsMatchesTheModel) {
+  ncclEpGroupConfig_t cfg = smallGroup(4, 64);
+  EXPECT_EQ(layoutOnRank0(cfg, 2, 1).wl.total, 147456u);
+  cfg.max_recv_rows_per_rank = 16;
+  const ncclep::GroupView v = layoutOnRank0(cfg, 2, 1);
+  EXPECT_EQ(v.recvCap, 16);
+  EXPECT_EQ(v.rail.capped, 1);
+  EXPECT_EQ(v.wl.total, 86016u);
+  EXPECT_EQ(ncclep::railStagingBytes(v), 140384u);
+  EXPECT_EQ(v.rail.inboxBytes, v.rail.outboxBytes);
+  EXPECT_EQ(v.wl.retained, v.wl.domainCounts);
+  ncclext::Topology topo;
+  ASSERT_EQ(ncclext::makeTopology(0, 4, 0, 2, 0, &topo), ncclSuccess);
+  ncclep::GroupView w;
+  EXPECT_EQ(ncclep::layoutWithinBudget(cfg, topo, &w, true), ncclInvalidUsage);  // hierarchical: relayed
+  EXPECT_EQ(ncclep::layoutWithinBudget(cfg, topo, &w, false, true), ncclInvalidUsage);  // the mixed mode's rail
+  ASSERT_EQ(ncclep::layoutWithinBudget(cfg, topo, &w, false), ncclSuccess);
+  EXPECT_EQ(w.rail.capped, 1);
+}
+
 // ncclEpGroupConfig_t::rail_staging_bytes_max (layoutWithinBudget): High-Throughput's round becomes the largest
 // one, at most the configured round, whose rail staging fits the budget (flat: 2 one-GPU domains; hierarchical: 2
 // domains of 2); a budget below one row a peer, or below Low-Latency's fixed staging, is refused; 0 is no limit.
@@ -1038,8 +1063,11 @@ TEST(EpCap, ReceiveCapSizesTheStaging) {
   // The checks.
   ncclEpGroupConfig_t c = goodConfig();
   c.max_recv_rows_per_rank = 1000;
-  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclInvalidUsage);  // two domains of four
-  EXPECT_TRUE(says("inside one NVLink domain")) << ncclEpGetLastError();
+  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclSuccess) << ncclEpGetLastError();  // two domains of four: flat
+  c.ht_hierarchical = 1;  // the hierarchical exchange relays: no cap
+  EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 4, &a), ncclInvalidUsage);
+  EXPECT_TRUE(says("across NVLink domains the receive cap takes the flat exchange")) << ncclEpGetLastError();
+  c.ht_hierarchical = NCCL_EP_AUTO;
   c.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
   c.max_tokens_per_rank = 128;
   EXPECT_EQ(ncclEpGroupInfoQuery(&c, 8, 8, &a), ncclInvalidUsage);

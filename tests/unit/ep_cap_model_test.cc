@@ -126,5 +126,54 @@ TEST(EpCapModel, DensePositionsAreTheReferencesFlatRowsAndNeverMeet) {
   }
 }
 
+// Across NVLink domains (RailView::capped), every pair in another domain, in rounds of a random size: the sender
+// writes its kept rows of a round (capDrops false) at slot - roundLo of its outbox, and sizes its message by the rows
+// it keeps (capDelivered from its dispAt); the receiver sizes its receive by its srcCount (capDelivered from its
+// recvOffset, the kernel's formula) and scatters entries [0, capRoundRows) of the inbox to recvOffset + roundLo +
+// entry. Both ends agree on every message's rows, every entry written is one scattered, and it lands at the dense
+// position the sender meant (dispAt + slot). Combine the same way back, to combMine + slot.
+TEST(EpCapModel, RoundsAcrossDomainsPlaceEveryKeptRowOnce) {
+  std::mt19937 rng(29);
+  for (int iter = 0; iter < 2000; iter++) {
+    const Case c = makeCase(rng);
+    const Routing& r = c.r;
+    const int R = r.nRanks, rounds = 1 + rng() % c.maxTokens;
+    const int slots = (c.maxTokens + rounds - 1) / rounds;  // roundSlots
+    auto rows = [&](int s, int d) { return c.counts[s][d]; };
+    for (int s = 0; s < R; s++)
+      for (int d = 0; d < R; d++) {
+        if (s == d) continue;
+        const CapOffsets fromS = capOffsets(rows, R, s, d), atD = capOffsets(rows, R, d, s);
+        int recvOffset = 0;  // d's, for source s (the exchange kernel's running sum)
+        for (int q = 0; q < s; q++) recvOffset += c.counts[q][d];
+        const int sent = capDelivered(c.counts[s][d], fromS.dispAt, c.cap);
+        const int srcCount = capDelivered(c.counts[s][d], recvOffset, c.cap);
+        ASSERT_EQ(sent, srcCount) << "iter " << iter << ": the pair's messages disagree";
+        for (int lo = 0; lo < c.maxTokens; lo += slots) {
+          // Dispatch: the entries s writes in this round, then those d scatters.
+          std::map<int, int> written;  // entry -> the dense position s meant
+          for (int t = 0; t < r.numTokens[s]; t++) {
+            const int sl = c.slot[s][t][d];
+            if (sl < lo || sl >= lo + slots || capDrops(fromS.dispAt, sl, c.cap)) continue;
+            ASSERT_TRUE(written.emplace(sl - lo, fromS.dispAt + sl).second);
+          }
+          const int n = capRoundRows(srcCount, lo, slots);
+          ASSERT_EQ((int)written.size(), n) << "iter " << iter << " round " << lo;
+          for (int e = 0; e < n; e++) {
+            ASSERT_EQ(written.count(e), 1u) << "entry " << e << " scattered but never written";
+            EXPECT_EQ(recvOffset + lo + e, written[e]);
+            EXPECT_LT(written[e], c.cap);
+          }
+          // Combine: d returns its kept rows of owner s (s's slots below srcCount) at slot - lo of its outbox; s
+          // counts them from its own rows to d and its dispAt there, and places them at combMine[d] + slot.
+          const int back = capDelivered(c.counts[s][d], fromS.dispAt, c.cap);
+          const int m = capRoundRows(back, lo, slots);
+          for (int e = 0; e < m; e++) EXPECT_EQ(fromS.combMine + lo + e, atD.combAt + lo + e);
+          EXPECT_EQ(m, capRoundRows(srcCount, lo, slots));
+        }
+      }
+  }
+}
+
 }  // namespace
 }  // namespace ncclep

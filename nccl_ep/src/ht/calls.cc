@@ -85,6 +85,7 @@ ncclResult_t launchCall(ncclEpHandle* h, CallKind kind, Call c,
     if (hier) NCCLEXT_CHECK(beforeExchange(g, h, c, stream));
     NCCLEXT_CHECK(rail->exchange(kind, false, stream, counts, h->view.hierFwd, k));
     if (hier) NCCLEXT_CHECK(afterExchange(g, h, c, stream));
+    if (rv.capped) NCCLEXT_CHECK(launchCapScatter(g->view, h->view, kind, c.roundLo, c.rowBytes, stream));
   }
   c.roundLo = c.roundSlots = c.remoteOnly = 0;
   if (join.forked) {

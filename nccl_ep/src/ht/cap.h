@@ -36,4 +36,18 @@ NCCLEP_HD CapOffsets capOffsets(const Rows& rows, int R, int me, int r) {
 // not combined.
 NCCLEP_HD bool capDrops(int dispAt, int slot, int cap) { return cap > 0 && dispAt + slot >= cap; }
 
+// Of a source's `rows` for rank r starting at r's position `dispAt`, those r keeps under its cap: slots
+// [0, capDelivered) (the source's count towards r in its retained half, r's count from the source: srcCount).
+NCCLEP_HD int capDelivered(int rows, int dispAt, int cap) {
+  const int room = cap - dispAt;
+  return rows < room ? rows : room > 0 ? room : 0;
+}
+
+// Across domains (RailView::capped): of a pair's `delivered` rows, those the round of slots [roundLo, roundLo +
+// roundSlots) carries, from entry 0 of the inbox's row regions (launchCapScatter's count).
+NCCLEP_HD int capRoundRows(int delivered, int roundLo, int roundSlots) {
+  const int n = delivered - roundLo;
+  return n < 0 ? 0 : n < roundSlots ? n : roundSlots;
+}
+
 }  // namespace ncclep

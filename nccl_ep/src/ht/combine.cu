@@ -143,7 +143,10 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
       const int at = roundSlotOf(g.rail, s, slot, x.c.roundLo, x.c.roundSlots);
       if (at < 0) continue;  // another round's row
       const size_t rowIndex = g.recvCap ? (size_t)(x.d[x.h.dl.combAt + s] + slot) : (size_t)me * g.maxTokens + at;
-      char* dst = static_cast<char*>(peerAt(g, g.wl.combRows + rowIndex * g.rowStride, s));
+      // (a receive cap and s in another domain: my outbox's entry of the round, which s's scatter places)
+      const bool boxed = g.rail.capped && !g.rail.local(s);
+      char* dst = boxed ? capOutboxAt(g, kRailCombRows, s, at)
+                        : static_cast<char*>(peerAt(g, g.wl.combRows + rowIndex * g.rowStride, s));
       if (x.h.layout == NCCL_EP_LAYOUT_FLAT) {
         warpCopy<false>(lane, dst, x.c.in + (size_t)(base + slot) * x.c.rowBytes, x.c.rowBytes);
       } else {
@@ -159,7 +162,10 @@ __device__ void sendChunk(const Ctx& x, int chunk, uint64_t seq, int warp, int n
             if (i0 + 32 * u < vecs) reinterpret_cast<int4*>(dst)[i0 + 32 * u] = Vec<T>::pack(acc[u]);
         }
       }
-      warpPublish(lane, static_cast<uint64_t*>(peerAt(g, g.wl.combFlags + rowIndex * 8, s)), seq);
+      warpPublish(lane,
+                  boxed ? reinterpret_cast<uint64_t*>(capOutboxAt(g, kRailCombFlags, s, at))
+                        : static_cast<uint64_t*>(peerAt(g, g.wl.combFlags + rowIndex * 8, s)),
+                  seq);
     }
   }
 }

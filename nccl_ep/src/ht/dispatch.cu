@@ -164,13 +164,16 @@ __device__ void sendChunk(const Team& team, const Ctx& x, TeamShared* sh, int ch
       }
       const int at = roundSlotOf(g.rail, r, slot, c.roundLo, c.roundSlots);
       if (at < 0) continue;  // another round's row
-      // With a receive cap (one domain, no rounds) the row's position at r is its FLAT row there; past the cap it
-      // is dropped.
+      // With a receive cap the row's position at r is its FLAT row there (another domain's rank: my outbox's entry
+      // of the round, which r's scatter places); past the cap it is dropped.
       const int dispAt = g.recvCap ? x.d[h.dl.dispAt + r] : 0;
       if (capDrops(dispAt, slot, g.recvCap)) continue;
       const size_t rowIndex = g.recvCap ? (size_t)(dispAt + slot) : (size_t)me * g.maxTokens + at;
-      char* dst = static_cast<char*>(peerAt(g, g.wl.dispRows + rowIndex * g.rowStride, r));
-      char* meta = static_cast<char*>(peerAt(g, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
+      const bool boxed = g.rail.capped && !g.rail.local(r);
+      char* dst = boxed ? capOutboxAt(g, kRailDispRows, r, at)
+                        : static_cast<char*>(peerAt(g, g.wl.dispRows + rowIndex * g.rowStride, r));
+      char* meta = boxed ? capOutboxAt(g, kRailDispMeta, r, at)
+                         : static_cast<char*>(peerAt(g, g.wl.dispMeta + rowIndex * g.meta.bytes, r));
       warpCopy<false>(lane, dst, row, c.rowBytes);
       if (lane < K) {  // the metadata from the stage: expert ids local to r, weights, indices
         reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = localExpert(g, st->expert[j][lane], r);

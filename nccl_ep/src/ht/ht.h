@@ -20,7 +20,8 @@ namespace ncclep {
 
 // Which part of a High-Throughput kernel runs. Inside one domain a call (and a handle's exchange) runs whole; across
 // domains its send half, the rail exchange, then its receive half (htDispatch, htCombine).
-enum HtPhase { kHtWhole = 0, kHtSendHalf = 1, kHtReceiveHalf = 2 };
+// A handle's exchange with a receive cap across domains has a third part when some rank overflows (ht/route.cu).
+enum HtPhase { kHtWhole = 0, kHtSendHalf = 1, kHtReceiveHalf = 2, kHtRetainedHalf = 3 };
 
 struct DispatchCall {
   const char* tokens;
@@ -65,6 +66,7 @@ struct CombineCall {
 ncclResult_t loadRouteKernels();
 ncclResult_t loadDispatchKernels();
 ncclResult_t loadCombineKernels();
+ncclResult_t loadCapKernels();
 
 // Host entry points (one per kernel family); each enqueues on `stream` and returns an error code.
 // `exchange` false (Low-Latency handles): the local kernels only, no exchange between ranks. `phase` (HtPhase): the
@@ -81,6 +83,11 @@ ncclResult_t launchHierPack(const GroupView& g, const HandleView& h, const Dispa
 // the receive half sums as it does. Each for the positions of the call's round (c.roundLo, c.roundSlots).
 ncclResult_t launchHierReduce(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 ncclResult_t launchHierScatter(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
+// The receive cap across domains (RailView::capped), after round `roundLo / roundSlots`'s exchange of `kind`
+// (CallKind): every remote rank's rows of the round (`rowBytes` each) from my inboxes to their positions in my
+// staging (ht/cap.cu).
+ncclResult_t launchCapScatter(const GroupView& g, const HandleView& h, int kind, int roundLo, int rowBytes,
+                              cudaStream_t stream);
 ncclResult_t launchDispatch(const GroupView& g, const HandleView& h, const DispatchCall& c, cudaStream_t stream);
 ncclResult_t launchCombine(const GroupView& g, const HandleView& h, const CombineCall& c, cudaStream_t stream);
 

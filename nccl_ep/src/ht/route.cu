@@ -141,7 +141,9 @@ __global__ void slotKernel(GroupView g, HandleView h) {
 // The receive cap's part of the exchange kernel (every thread of its CTA; `rows` holds every rank's counts towards
 // every rank, row s being s's totals): my dense positions (DerivedLayout dispAt, combAt, combMine) and whether any
 // rank gets more rows than the cap, the same answer on every rank. Returns where my experts' counts start in a row
-// (g.wl.retained when some rank overflows: the counts of the rows that fit), or -1 after a failed barrier.
+// (g.wl.retained when some rank overflows: the counts of the rows that fit), or -1 after a failed barrier. Across
+// domains (RailView::capped) the counts that fit reach another domain's ranks only by a second rail exchange: there
+// it returns -2 once it wrote them, and the exchange kernel's third part (kHtRetainedHalf) meets and goes on.
 __device__ int capLayout(const GroupView& g, const HandleView& h, const int* rows, ncclext::dev::CoopCta& cta,
                          ncclext::dev::LsaBarrier& bar) {
   const int R = g.nRanks, E = g.numExperts, L = g.localExperts, me = g.rank, cap = g.recvCap;
@@ -163,7 +165,9 @@ __device__ int capLayout(const GroupView& g, const HandleView& h, const int* row
       atomicMin(&firstOver, r);
     }
   }
-  if (!__syncthreads_or(overflow)) return R + me * L;
+  const bool anyOver = __syncthreads_or(overflow);
+  if (threadIdx.x == 0) d[dl.overflow] = anyOver;
+  if (!anyOver) return R + me * L;
   // ERROR: every rank records the same overflow (the lowest rank past the cap, from the counts every rank holds),
   // so that every rank's call fails alike: one that failed alone (an EXACT handle's creation) would leave its peers
   // waiting for its rows until the timeout.
@@ -193,9 +197,16 @@ __device__ int capLayout(const GroupView& g, const HandleView& h, const int* row
     int* row = static_cast<int*>(peerAt(g, g.wl.exchange + (size_t)me * g.wl.exchangeInts * sizeof(int), r));
     row[g.wl.retained + l] = kept[i];
   }
+  if (g.rail.capped) {
+    __threadfence_system();  // as the send half's rows: released by the third part's barrier, a later kernel
+    return -2;
+  }
   if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return -1;
   return g.wl.retained;
 }
+
+__device__ void finishLayout(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, const int* rows,
+                             int retainedAt, ncclext::dev::CoopCta& cta, ncclext::dev::LsaBarrier& bar);
 
 __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, int phase) {
   ncclext::dev::CoopCta cta;
@@ -205,7 +216,7 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   const RailView& rv = g.rail;
   const int nDomainCounts = g.wl.nDomainCounts;  // the hierarchical HT's: one per domain
   // (1) My row into every rank's exchange area (another domain's rank's: into my outbox for it).
-  if (phase != kHtReceiveHalf) {
+  if (phase == kHtWhole || phase == kHtSendHalf) {
     // The hierarchical HT: how many of my tokens hit each domain (a slot towards any of its ranks: hierScanKernel's
     // test), the rail rows my dispatch sends there.
     __shared__ int domainHits[kMaxRanks];
@@ -237,17 +248,25 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
   // (2) Meet every rank of my domain (its stores released, theirs acquired).
   ncclext::dev::LsaBarrier bar{g.peers,          g.wl.barrierFlags, g.barrierEpoch,         me - rv.domainBase,
                                rv.domainSize,    rv.domainBase,     {g.err, g.timeoutNs, me}};
-  if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
-  // (3) Derive my receive layout.
   const int* rows = static_cast<const int*>(g.peers.local(g.wl.exchange));
   const DerivedLayout& dl = h.dl;
   int* d = h.derived;
+  if (phase == kHtRetainedHalf) {
+    // The receive cap across domains, where some rank overflowed (the receive half said so; every rank did): meet
+    // my domain's ranks once more (the counts that fit, which they wrote and, through the second rail exchange,
+    // the other domains' ranks), then the rest of the receive half.
+    if (!d[dl.overflow] || !ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
+    finishLayout(g, h, info, rows, g.wl.retained, cta, bar);
+    return;
+  }
+  if (!ncclext::dev::lsaBarrierSync(cta, bar, 0)) return;
+  // (3) Derive my receive layout.
   const int cap = g.recvCap;  // 0: no cap
   if (threadIdx.x == 0) {
     int off = 0;
     for (int s = 0; s < R; s++) {
       const int n = rows[(size_t)s * g.wl.exchangeInts + me];
-      d[dl.srcCount + s] = cap ? max(0, min(n, cap - off)) : n;  // the rows delivered
+      d[dl.srcCount + s] = cap ? capDelivered(n, off, cap) : n;  // the rows delivered
       d[dl.recvOffset + s] = off;
       off += n;
     }
@@ -262,6 +281,19 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
     retainedAt = capLayout(g, h, rows, cta, bar);
     if (retainedAt < 0) return;
   }
+  finishLayout(g, h, info, rows, retainedAt, cta, bar);
+}
+
+// The rest of the exchange kernel's receive half, from where my experts' counts start in a row (`retainedAt`).
+__device__ void finishLayout(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, const int* rows,
+                             int retainedAt, ncclext::dev::CoopCta& cta, ncclext::dev::LsaBarrier& bar) {
+  const int R = g.nRanks, E = g.numExperts, L = g.localExperts, NC = g.nChunks, me = g.rank;
+  const int cols = R + E;
+  const int* totals = h.tileCount + (size_t)NC * cols;
+  const RailView& rv = g.rail;
+  const int nDomainCounts = g.wl.nDomainCounts;
+  const DerivedLayout& dl = h.dl;
+  int* d = h.derived;
   // zoneScan[0][l]: expert l's EXPERT_MAJOR zone, its rows rounded up to the alignment; scanned below.
   __shared__ int zoneScan[2][kMaxExperts];
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
@@ -304,8 +336,9 @@ __global__ void exchangeKernel(GroupView g, HandleView h, LayoutInfoOut info, in
     }
   }
   if (h.hostTotals) {
+    // (with a receive cap, the rows delivered both ways: the rail's messages carry those)
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      h.hostTotals[2 + r] = totals[r];
+      h.hostTotals[2 + r] = g.recvCap ? capDelivered(totals[r], d[dl.dispAt + r], g.recvCap) : totals[r];
       h.hostTotals[2 + R + r] = d[dl.srcCount + r];
     }
     // The hierarchical HT: my rail rows to each other domain, and the rows its rank of my index sends me (whose row
@@ -351,7 +384,7 @@ ncclResult_t loadRouteKernels() {
 
 ncclResult_t launchRoute(const GroupView& g, const HandleView& h, const LayoutInfoOut& info, bool exchange, int phase,
                          cudaStream_t stream) {
-  if (phase == kHtReceiveHalf)
+  if (phase == kHtReceiveHalf || phase == kHtRetainedHalf)
     return ncclext::launchKernel("ht exchangeKernel", exchangeKernel, dim3(1), dim3(kThreads), 0, stream, g, h, info,
                                  phase);
   const int tiles = (h.numTokens + kChunkTokens - 1) / kChunkTokens;

@@ -58,19 +58,21 @@ ncclResult_t Rail::create(const Options& options, GroupView* view, char* window,
 }
 
 // The outboxes, then the inboxes, one allocation; the hierarchical HT: the inboxes only (its outboxes are in the
-// window); the direct exchange: the outboxes only (it receives into the window). Then the hierarchical HT's rail
+// window); the direct exchange: the outboxes only (it receives into the window), and with a receive cap the inboxes
+// too (RailView::capped). Then the hierarchical HT's rail
 // rows of a round (dispatch: a row and its tail; combine: a partial row), out and in, and the mask barrier's bytes.
 // All zeroed: slots that no call wrote yet travel too (whole slices), and their flags must read as no call's (relay
 // mode copies them into a peer's window while it may be waiting on the slot's flag of a later call).
 ncclResult_t Rail::allocate(GroupView* view, cudaStream_t stream) {
   RailView& rv = view->rail;
-  const size_t boxes = rv.outboxBytes * rv.boxes, inboxes = rv.direct ? 0 : rv.inboxBytes * rv.boxes;
+  const bool inboxes = !rv.direct || rv.capped;
+  const size_t boxes = rv.outboxBytes * rv.boxes, inboxBytes = inboxes ? rv.inboxBytes * rv.boxes : 0;
   bytes_ = boxBytes_ = railBoxBytes(rv);
   NCCLEXT_CHECK(o_.memory->alloc(&boxes_, boxBytes_));
   rv.outbox = rv.hier ? window_ + view->wl.outboxes : static_cast<char*>(boxes_);
-  rv.inbox = rv.hier ? static_cast<char*>(boxes_) : rv.direct ? nullptr : rv.outbox + boxes;
+  rv.inbox = rv.hier ? static_cast<char*>(boxes_) : inboxes ? rv.outbox + boxes : nullptr;
   NCCLEXT_CHECK(zero(rv.outbox, boxes, stream, "the outboxes"));
-  if (rv.inbox) NCCLEXT_CHECK(zero(rv.inbox, inboxes, stream, "the inboxes"));
+  if (rv.inbox) NCCLEXT_CHECK(zero(rv.inbox, inboxBytes, stream, "the inboxes"));
   if (rv.hier) {
     const size_t slots = (size_t)o_.topo->nDomains * rv.roundSlots, dispBytes = slots * rv.hierRow.bytes(),
                  combBytes = slots * (size_t)view->rowStride, rows = hierRailRowBytes(*view);
@@ -236,7 +238,9 @@ ncclResult_t Rail::messages(int kind, bool ownerWeighted, cudaStream_t stream, c
     // k moves the slots [k x roundSlots, + roundSlots), which its send half wrote from the outbox's start: an EXACT
     // handle's eager call the rows its routing fills (slots are dense from 0; what my peer sends me is what I
     // count from it), no message where there are none; otherwise whole slices (stale slots of earlier calls travel
-    // too and are never read: a receiver reads only this call's rows). The handle's count row goes whole.
+    // too and are never read: a receiver reads only this call's rows). The handle's count row goes whole. With a
+    // receive cap (RailView::capped) a round lands in my inbox for r instead, in the outbox's layout, and
+    // launchCapScatter places its rows (ht/calls.cc); the counts are then the rows delivered (under the cap).
     const bool sized = counts != nullptr, dispatch = kind == kDispatch;
     const int64_t lo = (int64_t)round * rv.roundSlots;
     for (int r = 0; r < R; r++) {
@@ -248,7 +252,9 @@ ncclResult_t Rail::messages(int kind, bool ownerWeighted, cudaStream_t stream, c
         const size_t sendBytes = whole ? rv.slice[i] : (size_t)out * rv.slotBytes(i);
         const size_t recvBytes = whole ? rv.slice[i] : (size_t)in * rv.slotBytes(i);
         char* from = rv.outbox + (size_t)rv.box(r) * rv.outboxBytes + rv.outOff[i];
-        char* into = window_ + (whole ? rv.base[i] + (size_t)r * rv.slice[i] : rv.roundInto(i, r, lo));
+        char* into = whole      ? window_ + rv.base[i] + (size_t)r * rv.slice[i]
+                     : rv.capped ? rv.inbox + (size_t)rv.box(r) * rv.inboxBytes + rv.outOff[i]
+                                 : window_ + rv.roundInto(i, r, lo);
         if (sendBytes > 0) NCCLEXT_CHECK(ncclSend(from, sendBytes, ncclUint8, r, comm_, stream));
         if (recvBytes > 0) NCCLEXT_CHECK(ncclRecv(into, recvBytes, ncclUint8, r, comm_, stream));
       }

@@ -97,11 +97,16 @@ struct RailView {
   // receives them at their own slots of the window. The hierarchical HT moves its rail rows in rounds of roundSlots
   // positions (above). Otherwise (LL, the relay) roundSlots is maxTokens: one round.
   int direct = 0;
+  // The direct exchange with a receive cap (ncclEpGroupConfig_t::max_recv_rows_per_rank): the window's staging is
+  // laid out by position, which a fixed slice cannot take, so a call's rows of each round land in my inbox for
+  // their source (the outbox's layout) and launchCapScatter (ht/cap.cu) places each delivered row at its position.
+  // The handle's count rows still go straight into the window.
+  int capped = 0;
   int roundSlots = 0;
   int boxes = 0;                       // the outboxes (and inboxes) a rank has: box(r) for r of another domain
   char* outbox = nullptr;              // [boxes][outboxBytes]: rank r's at box(r) * outboxBytes
   char* inbox = nullptr;               // [boxes][inboxBytes]: what remote rank r sent me, in its outbox's layout;
-                                       // NULL when direct
+                                       // NULL when direct without a cap
   size_t outboxBytes = 0;
   // An inbox's bytes: outboxBytes, but the hierarchical HT's only take the handle's count rows (the first region,
   // its dispatch and combine going through the rail rows above).

@@ -411,10 +411,11 @@ class Group(Closing):
     token and destination domain, relayed there; experimental) and `rail_overlap` (its NVLink part beside the rail
     rounds): True or False, or None for NCCL_EXT_HT_HIERARCHICAL / NCCL_EXT_RAIL_OVERLAP (else off).
 
-    `max_recv_rows_per_rank` (High-Throughput inside one NVLink domain; 0: no cap) bounds the rows a dispatch
-    delivers to a rank, one per (token, rank): the window's dispatch staging and a handle's "flat" output hold that
-    many rows instead of size * max_tokens_per_rank, and the combine staging max_tokens_per_rank * min(size,
-    max_topk) (info()'s window_bytes; query_group_info before). The rows past it (the last source ranks' last
+    `max_recv_rows_per_rank` (High-Throughput; across NVLink domains not with ht_hierarchical; 0: no cap) bounds the
+    rows a dispatch delivers to a rank, one per (token, rank): the window's dispatch staging and a handle's "flat"
+    output hold that many rows instead of size * max_tokens_per_rank, and the combine staging max_tokens_per_rank *
+    min(size, max_topk) (info()'s window_bytes; query_group_info before; across domains the rail staging doubles:
+    an inbox beside each outbox). The rows past it (the last source ranks' last
     tokens) are never delivered; `recv_overflow="error"` (default) makes every rank's next call raise
     NcclInvalidArgument naming them (and the rank), "drop" counts them (the handle's recv_dropped) and combine leaves
     them out of the sum (its missing_experts says how many of each token's experts)."""

@@ -368,7 +368,7 @@ class Buffer:
     max_topk: int = 8
     # The intranode groups' receive cap (Group's max_recv_rows_per_rank; 0: none): a rank's window holds this many
     # received rows instead of group size x max_tokens_per_rank, rows past it are dropped (recv_overflow "drop") and
-    # counted in the handle's recv_dropped; one NVLink domain only. Set it to the num_worst_tokens the dispatches pass.
+    # counted in the handle's recv_dropped. Set it to the num_worst_tokens the dispatches pass.
     max_recv_rows_per_rank: int = 0
     # Low-Latency dispatches whose handles stay valid for combine at once (DeepEP: two buffers).
     num_low_latency_handles: int = 2

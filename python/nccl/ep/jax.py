@@ -693,7 +693,7 @@ def group(mesh, axis: str, **config) -> Group:
     num_experts, max_tokens_per_rank, hidden (with dtype, default bfloat16) or max_token_bytes, max_topk (8),
     num_sms (0: the library's), timeout_s (device waits; None: the library's), algorithm ("high_throughput" or
     "low_latency"), setup_timeout_s (the wait for rank 0's unique id, 300), max_recv_rows_per_rank and
-    recv_overflow (High-Throughput inside one NVLink domain: the receive cap, as nccl.ep.Group's; the outputs then
+    recv_overflow (High-Throughput: the receive cap, as nccl.ep.Group's; the outputs then
     have the cap's rows). A cached group asked for with another
     config: NcclInvalidUsage (close it first)."""
     ids = tuple(int(d.id) for d in mesh.devices.flat)
