@@ -266,17 +266,20 @@ def ht_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, m
     handle's count row (R + E + chunks + 1 int32, chunks of 32 tokens), then the dispatch rows and metadata and the
     combine flags and rows of one round's C slots, C = round_tokens (0: the library's default, 1024), at most
     max_tokens (one round). A receive cap (max_recv_rows_per_rank) adds a count per local expert to the count row
-    and an inbox of the outbox's layout per rank of another domain (a round lands there, then is placed). For a
-    group of max_token_bytes = 2 hidden and max_topk = k."""
+    and an inbox per rank of another domain (a round lands there, then is placed), which holds one kind's regions at
+    a time: a round of dispatch rows and metadata, or of combine flags and rows, the larger. For a group of
+    max_token_bytes = 2 hidden and max_topk = k."""
     row = 2 * hidden
     meta = _align(8 + 12 * k + 4 * max(1, row // 128) + 4, 16)
     ranks, remote = nodes * gpus, (nodes - 1) * gpus
     c = min(max_tokens, round_tokens or DEFAULT_RAIL_ROUND_TOKENS)
     count_row = 4 * (ranks + experts + -(-max_tokens // 32) + 1 + (experts // ranks if recv_cap else 0))
     outbox = sum(_align(b, 16) for b in (count_row, c * row, c * meta, 8 * c, c * row))
-    boxes = 2 if recv_cap else 1
-    return {"rail_staging_bytes": boxes * remote * outbox, "outbox_bytes": outbox, "round_tokens": c,
-            "rounds_fixed": -(-max_tokens // c), "remote_ranks": remote}
+    inbox = 0
+    if recv_cap:
+        inbox = max(sum(_align(b, 16) for b in (c * row, c * meta)), sum(_align(b, 16) for b in (8 * c, c * row)))
+    return {"rail_staging_bytes": remote * (outbox + inbox), "outbox_bytes": outbox, "inbox_bytes": inbox,
+            "round_tokens": c, "rounds_fixed": -(-max_tokens // c), "remote_ranks": remote}
 
 
 def _hier_row(row: int, gpus: int, k: int) -> int:

@@ -160,7 +160,7 @@ typedef struct {
                                    max_tokens_per_rank x min(n_ranks, max_topk). Rows past it (the last sources'
                                    last tokens, in the FLAT order) go by recv_overflow. Across NVLink domains the
                                    flat exchange only (not ht_hierarchical); the rail staging then holds an inbox
-                                   beside each outbox (rail_staging_bytes doubles). NCCL_EP_AUTO: no cap */
+                                   beside each outbox (rail_staging_bytes 1.5x). NCCL_EP_AUTO: no cap */
   ncclEpRecvOverflow_t recv_overflow; /* rows past max_recv_rows_per_rank (see ncclEpRecvOverflow_t) */
 } ncclEpGroupConfig_t;
 #define NCCL_EP_GROUP_CONFIG_V1_SIZE offsetof(ncclEpGroupConfig_t, ht_hierarchical)

@@ -122,11 +122,24 @@ void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& top
     rv.outSlice[i] = i == kRailHeader ? slices[i]
                      : rv.hier        ? (dispatchRegion ? 0 : slices[i])
                                       : slices[i] / (size_t)v.maxTokens * (size_t)rv.roundSlots;
-    rv.outOff[i] = outbox;
+    rv.outOff[i] = rv.inOff[i] = outbox;  // (an inbox of the outbox's layout, but with a receive cap: below)
     outbox = alignUp(outbox + rv.outSlice[i], 16);
   }
   rv.outboxBytes = topo.nDomains > 1 ? outbox : 0;
-  rv.inboxBytes = rv.hier ? alignUp(rv.outSlice[kRailHeader], 16) : rv.outboxBytes;  // (capped: the same layout)
+  rv.inboxBytes = rv.hier ? alignUp(rv.outSlice[kRailHeader], 16) : rv.outboxBytes;
+  if (rv.capped) {  // each kind's regions from the inbox's start (RailView::inOff)
+    size_t inbox = 0;
+    for (const int kind : {0, 1}) {
+      const RailRegions regions = rv.regionsOf(kind, false);
+      size_t at = 0;
+      for (int i = regions.first; i <= regions.last; i++) {
+        rv.inOff[i] = at;
+        at = alignUp(at + rv.outSlice[i], 16);
+      }
+      inbox = std::max(inbox, at);
+    }
+    rv.inboxBytes = inbox;
+  }
   // The hierarchical HT's relays read their domain's outboxes: those then live in the window.
   rv.boxes = topo.nDomains == 1 ? 0 : relay ? nRanks : nRanks - topo.domainSize;
   w.outboxes = 0;

@@ -52,7 +52,7 @@ def test_a_receive_cap_sizes_the_window_as_the_model(gpus):
 
 def test_a_receive_cap_across_domains_is_the_models():
     # 8 nodes of 8 GPUs, the cap of the 64-GPU row above (twice a rank's mean load): the window is the model's and
-    # 5.4x smaller; the rail staging (an inbox beside each outbox) is the model's, twice the uncapped one.
+    # 5.4x smaller; the rail staging (an inbox beside each outbox, half its size) is the model's, 1.5x the uncapped.
     miss = 1.0
     for i in range(8):
         miss *= (252 - i) / (256 - i)
@@ -62,7 +62,7 @@ def test_a_receive_cap_across_domains_is_the_models():
     assert whole["window_bytes"] / capped["window_bytes"] > 5.4
     staging = m.ht_staging_bytes(8, 8, 7168, 8, 256, 4096, recv_cap=cap)["rail_staging_bytes"]
     assert capped["rail_staging_bytes"] == staging
-    assert capped["rail_staging_bytes"] == pytest.approx(2 * whole["rail_staging_bytes"], rel=0.01)
+    assert capped["rail_staging_bytes"] == pytest.approx(1.5 * whole["rail_staging_bytes"], rel=0.01)
 
 
 def test_a_receive_cap_is_refused_where_it_cannot_hold():

@@ -855,9 +855,10 @@ TEST(EpRail, HierarchicalStagingBytesMatchTheModel) {
 
 // A receive cap across domains (the flat exchange, RailView::capped; ht_window_bytes and ht_staging_bytes with
 // recv_cap): 2 one-GPU domains, 4 experts, top-2, rows of 512 bytes, 64 tokens, a cap of 16 rows. The window's
-// staging holds the cap's rows (86016 bytes against 147456), the rail an inbox beside each outbox (2 x 70192: the
-// count row grows by the 2 local experts' counts that fit, 16 bytes with its alignment), the exchange rows take the
-// counts that fit; the hierarchical exchange and the mixed mode's relayed one are refused.
+// staging holds the cap's rows (86016 bytes against 147456), the rail an inbox beside each outbox (70192 bytes: the
+// count row grows by the 2 local experts' counts that fit, 16 bytes with its alignment; the inbox 36864, a round of
+// dispatch rows and metadata, as large as one of combine flags and rows, which share its bytes), the exchange rows
+// take the counts that fit; the hierarchical exchange and the mixed mode's relayed one are refused.
 TEST(EpRail, ACapAcrossDomainsMatchesTheModel) {
   ncclEpGroupConfig_t cfg = smallGroup(4, 64);
   EXPECT_EQ(layoutOnRank0(cfg, 2, 1).wl.total, 147456u);
@@ -866,8 +867,16 @@ TEST(EpRail, ACapAcrossDomainsMatchesTheModel) {
   EXPECT_EQ(v.recvCap, 16);
   EXPECT_EQ(v.rail.capped, 1);
   EXPECT_EQ(v.wl.total, 86016u);
-  EXPECT_EQ(ncclep::railStagingBytes(v), 140384u);
-  EXPECT_EQ(v.rail.inboxBytes, v.rail.outboxBytes);
+  EXPECT_EQ(ncclep::railStagingBytes(v), 107056u);
+  EXPECT_EQ(v.rail.outboxBytes, 70192u);
+  EXPECT_EQ(v.rail.inboxBytes, 36864u);
+  // Each kind's regions from the inbox's start, one after another (16-aligned), none past the inbox.
+  for (const int kind : {ncclep::kDispatch, ncclep::kCombine}) {
+    const ncclep::RailRegions regions = v.rail.regionsOf(kind, false);
+    EXPECT_EQ(v.rail.inOff[regions.first], 0u);
+    EXPECT_EQ(v.rail.inOff[regions.last], (v.rail.outSlice[regions.first] + 15) / 16 * 16);
+    EXPECT_LE(v.rail.inOff[regions.last] + v.rail.outSlice[regions.last], v.rail.inboxBytes);
+  }
   EXPECT_EQ(v.wl.retained, v.wl.domainCounts);
   ncclext::Topology topo;
   ASSERT_EQ(ncclext::makeTopology(0, 4, 0, 2, 0, &topo), ncclSuccess);

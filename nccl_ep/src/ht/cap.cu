@@ -45,13 +45,13 @@ __global__ void __launch_bounds__(kThreads) capScatterKernel(GroupView g, Handle
     const size_t pos = (size_t)(at + roundLo + i);
     if (kind == kDispatch) {
       warpCopy<false>(lane, static_cast<char*>(g.peers.local(g.wl.dispRows + pos * g.rowStride)),
-                    box + rv.outOff[kRailDispRows] + (size_t)i * rv.slotBytes(kRailDispRows), rowBytes);
+                    box + rv.inOff[kRailDispRows] + (size_t)i * rv.slotBytes(kRailDispRows), rowBytes);
       warpCopy<false>(lane, static_cast<char*>(g.peers.local(g.wl.dispMeta + pos * g.meta.bytes)),
-                    box + rv.outOff[kRailDispMeta] + (size_t)i * rv.slotBytes(kRailDispMeta), g.meta.bytes);
+                    box + rv.inOff[kRailDispMeta] + (size_t)i * rv.slotBytes(kRailDispMeta), g.meta.bytes);
     } else {
       warpCopy<false>(lane, static_cast<char*>(g.peers.local(g.wl.combRows + pos * g.rowStride)),
-                    box + rv.outOff[kRailCombRows] + (size_t)i * rv.slotBytes(kRailCombRows), rowBytes);
-      const char* flag = box + rv.outOff[kRailCombFlags] + (size_t)i * rv.slotBytes(kRailCombFlags);
+                    box + rv.inOff[kRailCombRows] + (size_t)i * rv.slotBytes(kRailCombRows), rowBytes);
+      const char* flag = box + rv.inOff[kRailCombFlags] + (size_t)i * rv.slotBytes(kRailCombFlags);
       if (lane == 0)
         *static_cast<uint64_t*>(g.peers.local(g.wl.combFlags + pos * 8)) = *reinterpret_cast<const uint64_t*>(flag);
     }

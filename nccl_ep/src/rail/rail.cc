@@ -239,7 +239,7 @@ ncclResult_t Rail::messages(int kind, bool ownerWeighted, cudaStream_t stream, c
     // handle's eager call the rows its routing fills (slots are dense from 0; what my peer sends me is what I
     // count from it), no message where there are none; otherwise whole slices (stale slots of earlier calls travel
     // too and are never read: a receiver reads only this call's rows). The handle's count row goes whole. With a
-    // receive cap (RailView::capped) a round lands in my inbox for r instead, in the outbox's layout, and
+    // receive cap (RailView::capped) a round lands in my inbox for r instead (RailView::inOff), and
     // launchCapScatter places its rows (ht/calls.cc); the counts are then the rows delivered (under the cap).
     const bool sized = counts != nullptr, dispatch = kind == kDispatch;
     const int64_t lo = (int64_t)round * rv.roundSlots;
@@ -253,7 +253,7 @@ ncclResult_t Rail::messages(int kind, bool ownerWeighted, cudaStream_t stream, c
         const size_t recvBytes = whole ? rv.slice[i] : (size_t)in * rv.slotBytes(i);
         char* from = rv.outbox + (size_t)rv.box(r) * rv.outboxBytes + rv.outOff[i];
         char* into = whole      ? window_ + rv.base[i] + (size_t)r * rv.slice[i]
-                     : rv.capped ? rv.inbox + (size_t)rv.box(r) * rv.inboxBytes + rv.outOff[i]
+                     : rv.capped ? rv.inbox + (size_t)rv.box(r) * rv.inboxBytes + rv.inOff[i]
                                  : window_ + rv.roundInto(i, r, lo);
         if (sendBytes > 0) NCCLEXT_CHECK(ncclSend(from, sendBytes, ncclUint8, r, comm_, stream));
         if (recvBytes > 0) NCCLEXT_CHECK(ncclRecv(into, recvBytes, ncclUint8, r, comm_, stream));

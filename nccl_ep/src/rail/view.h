@@ -99,7 +99,7 @@ struct RailView {
   int direct = 0;
   // The direct exchange with a receive cap (ncclEpGroupConfig_t::max_recv_rows_per_rank): the window's staging is
   // laid out by position, which a fixed slice cannot take, so a call's rows of each round land in my inbox for
-  // their source (the outbox's layout) and launchCapScatter (ht/cap.cu) places each delivered row at its position.
+  // their source (inOff) and launchCapScatter (ht/cap.cu) places each delivered row at its position.
   // The handle's count rows still go straight into the window.
   int capped = 0;
   int roundSlots = 0;
@@ -115,6 +115,10 @@ struct RailView {
   size_t base[kRailRegions];           // region i of a bank (offsets in bank 0)
   size_t slice[kRailRegions];          // one source's slice of region i: source s's at base[i] + s * slice[i]
   size_t outOff[kRailRegions];         // where my slice of region i sits in an outbox
+  // With a receive cap (capped): where region i's round lands in an inbox. A call moves one kind's regions, and its
+  // scatter empties the inbox before the next call's exchange (the stream's order), so a dispatch's regions and a
+  // combine's share the inbox's bytes, each kind's from its start: inboxBytes is the larger kind's.
+  size_t inOff[kRailRegions];
   size_t outSlice[kRailRegions];       // its size there: slice[i], or roundSlots rows of it (direct's row regions),
                                        // or none (the hierarchical HT's dispatch regions: its rail rows carry them)
 
