@@ -38,8 +38,7 @@ static int printEpMemory(void) {
 static int printEpCapMemory(void) {
   const int ranks[] = {8, 16, 32, 64, 64, 64}, domains[] = {8, 16, 32, 64, 8, 8}, rounds[] = {0, 0, 0, 0, 0, 256};
   int i, j;
-  printf(
-      "With a receive cap (ncclEpGroupInfoQuery; the same group, cap = 2 x the mean rows a rank receives):\n");
+  printf("With a receive cap (ncclEpGroupInfoQuery; the same group, cap = 2 x the mean rows a rank receives):\n");
   for (i = 0; i < (int)(sizeof(ranks) / sizeof(ranks[0])); i++) {
     ncclEpGroupConfig_t cfg = NCCL_EP_GROUP_CONFIG_INIT;
     ncclEpGroupInfo_t open = NCCL_EP_GROUP_INFO_INIT, capped = NCCL_EP_GROUP_INFO_INIT;

@@ -27,8 +27,8 @@ ResolvedConfig resolveConfig(const ncclEpGroupConfig_t& config);
 void layoutGroup(const ncclEpGroupConfig_t& config, const ncclext::Topology& topo, GroupView* view,
                  bool htHierarchical = false, bool relayRail = false);
 // The rail's device memory outside the window (ncclEpGroupInfo_t::rail_staging_bytes is their sum; 0 with one
-// domain): the outboxes and inboxes, one allocation (the direct exchange: outboxes only, with a receive cap inboxes too;
-// the hierarchical HT: inboxes only, its outboxes being in the window), and the hierarchical HT's rail rows of a
+// domain): the outboxes and inboxes, one allocation (the direct exchange: outboxes only, with a receive cap inboxes
+// too; the hierarchical HT: inboxes only, its outboxes being in the window), and the hierarchical HT's rail rows of a
 // round (dispatch rows with their tails and combine partials, out and in, a round's positions for every domain).
 inline size_t railBoxBytes(const RailView& rv) {
   return (rv.hier ? 0 : rv.outboxBytes * rv.boxes) + (rv.direct && !rv.capped ? 0 : rv.inboxBytes * rv.boxes);

@@ -22,8 +22,8 @@ namespace {
 
 constexpr int kCapScatterCtas = 16;
 
-__global__ void __launch_bounds__(kThreads) capScatterKernel(GroupView g, HandleView h, int kind, int roundLo,
-                                                             int rowBytes) {
+__global__ void __launch_bounds__(kThreads)
+    capScatterKernel(GroupView g, HandleView h, int kind, int roundLo, int rowBytes) {
   const RailView& rv = g.rail;
   const int b = blockIdx.x, r = b < rv.domainBase ? b : b + rv.domainSize;  // RailView::box's inverse
   const int* d = h.derived;
@@ -45,12 +45,12 @@ __global__ void __launch_bounds__(kThreads) capScatterKernel(GroupView g, Handle
     const size_t pos = (size_t)(at + roundLo + i);
     if (kind == kDispatch) {
       warpCopy<false>(lane, static_cast<char*>(g.peers.local(g.wl.dispRows + pos * g.rowStride)),
-                    box + rv.inOff[kRailDispRows] + (size_t)i * rv.slotBytes(kRailDispRows), rowBytes);
+                      box + rv.inOff[kRailDispRows] + (size_t)i * rv.slotBytes(kRailDispRows), rowBytes);
       warpCopy<false>(lane, static_cast<char*>(g.peers.local(g.wl.dispMeta + pos * g.meta.bytes)),
-                    box + rv.inOff[kRailDispMeta] + (size_t)i * rv.slotBytes(kRailDispMeta), g.meta.bytes);
+                      box + rv.inOff[kRailDispMeta] + (size_t)i * rv.slotBytes(kRailDispMeta), g.meta.bytes);
     } else {
       warpCopy<false>(lane, static_cast<char*>(g.peers.local(g.wl.combRows + pos * g.rowStride)),
-                    box + rv.inOff[kRailCombRows] + (size_t)i * rv.slotBytes(kRailCombRows), rowBytes);
+                      box + rv.inOff[kRailCombRows] + (size_t)i * rv.slotBytes(kRailCombRows), rowBytes);
       const char* flag = box + rv.inOff[kRailCombFlags] + (size_t)i * rv.slotBytes(kRailCombFlags);
       if (lane == 0)
         *static_cast<uint64_t*>(g.peers.local(g.wl.combFlags + pos * 8)) = *reinterpret_cast<const uint64_t*>(flag);

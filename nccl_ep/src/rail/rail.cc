@@ -59,8 +59,8 @@ ncclResult_t Rail::create(const Options& options, GroupView* view, char* window,
 
 // The outboxes, then the inboxes, one allocation; the hierarchical HT: the inboxes only (its outboxes are in the
 // window); the direct exchange: the outboxes only (it receives into the window), and with a receive cap the inboxes
-// too (RailView::capped). Then the hierarchical HT's rail
-// rows of a round (dispatch: a row and its tail; combine: a partial row), out and in, and the mask barrier's bytes.
+// too (RailView::capped). Then the hierarchical HT's rail rows of a round (dispatch: a row and its tail; combine: a
+// partial row), out and in, and the mask barrier's bytes.
 // All zeroed: slots that no call wrote yet travel too (whole slices), and their flags must read as no call's (relay
 // mode copies them into a peer's window while it may be waiting on the slot's flag of a later call).
 ncclResult_t Rail::allocate(GroupView* view, cudaStream_t stream) {
@@ -252,7 +252,7 @@ ncclResult_t Rail::messages(int kind, bool ownerWeighted, cudaStream_t stream, c
         const size_t sendBytes = whole ? rv.slice[i] : (size_t)out * rv.slotBytes(i);
         const size_t recvBytes = whole ? rv.slice[i] : (size_t)in * rv.slotBytes(i);
         char* from = rv.outbox + (size_t)rv.box(r) * rv.outboxBytes + rv.outOff[i];
-        char* into = whole      ? window_ + rv.base[i] + (size_t)r * rv.slice[i]
+        char* into = whole       ? window_ + rv.base[i] + (size_t)r * rv.slice[i]
                      : rv.capped ? rv.inbox + (size_t)rv.box(r) * rv.inboxBytes + rv.inOff[i]
                                  : window_ + rv.roundInto(i, r, lo);
         if (sendBytes > 0) NCCLEXT_CHECK(ncclSend(from, sendBytes, ncclUint8, r, comm_, stream));
