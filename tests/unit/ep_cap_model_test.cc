@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "nccl_ep/src/ht/cap.h"
+#include "nccl_ep/src/rail/view.h"
 #include "tests/unit/ep_reference.h"
 
 namespace ncclep {
@@ -129,7 +130,7 @@ TEST(EpCapModel, DensePositionsAreTheReferencesFlatRowsAndNeverMeet) {
 // Across NVLink domains (RailView::capped), every pair in another domain, in rounds of a random size: the sender
 // writes its kept rows of a round (capDrops false) at slot - roundLo of its outbox, and sizes its message by the rows
 // it keeps (capDelivered from its dispAt); the receiver sizes its receive by its srcCount (capDelivered from its
-// recvOffset, the kernel's formula) and scatters entries [0, capRoundRows) of the inbox to recvOffset + roundLo +
+// recvOffset, the kernel's formula) and scatters entries [0, railRoundRows) of the inbox to recvOffset + roundLo +
 // entry. Both ends agree on every message's rows, every entry written is one scattered, and it lands at the dense
 // position the sender meant (dispAt + slot). Combine the same way back, to combMine + slot.
 TEST(EpCapModel, RoundsAcrossDomainsPlaceEveryKeptRowOnce) {
@@ -138,7 +139,9 @@ TEST(EpCapModel, RoundsAcrossDomainsPlaceEveryKeptRowOnce) {
     const Case c = makeCase(rng);
     const Routing& r = c.r;
     const int R = r.nRanks, rounds = 1 + rng() % c.maxTokens;
-    const int slots = (c.maxTokens + rounds - 1) / rounds;  // roundSlots
+    RailView rv;
+    rv.roundSlots = (c.maxTokens + rounds - 1) / rounds;
+    const int slots = rv.roundSlots;
     auto rows = [&](int s, int d) { return c.counts[s][d]; };
     for (int s = 0; s < R; s++)
       for (int d = 0; d < R; d++) {
@@ -157,7 +160,7 @@ TEST(EpCapModel, RoundsAcrossDomainsPlaceEveryKeptRowOnce) {
             if (sl < lo || sl >= lo + slots || capDrops(fromS.dispAt, sl, c.cap)) continue;
             ASSERT_TRUE(written.emplace(sl - lo, fromS.dispAt + sl).second);
           }
-          const int n = capRoundRows(srcCount, lo, slots);
+          const int n = (int)railRoundRows(rv, lo / slots, srcCount);
           ASSERT_EQ((int)written.size(), n) << "iter " << iter << " round " << lo;
           for (int e = 0; e < n; e++) {
             ASSERT_EQ(written.count(e), 1u) << "entry " << e << " scattered but never written";
@@ -167,9 +170,9 @@ TEST(EpCapModel, RoundsAcrossDomainsPlaceEveryKeptRowOnce) {
           // Combine: d returns its kept rows of owner s (s's slots below srcCount) at slot - lo of its outbox; s
           // counts them from its own rows to d and its dispAt there, and places them at combMine[d] + slot.
           const int back = capDelivered(c.counts[s][d], fromS.dispAt, c.cap);
-          const int m = capRoundRows(back, lo, slots);
+          const int m = (int)railRoundRows(rv, lo / slots, back);
           for (int e = 0; e < m; e++) EXPECT_EQ(fromS.combMine + lo + e, atD.combAt + lo + e);
-          EXPECT_EQ(m, capRoundRows(srcCount, lo, slots));
+          EXPECT_EQ(m, railRoundRows(rv, lo / slots, srcCount));
         }
       }
   }

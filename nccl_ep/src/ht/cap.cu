@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
     rows = capDelivered(mine, d[dl.dispAt + r], g.recvCap);
     at = d[dl.combMine + r];
   }
-  const int n = capRoundRows(rows, roundLo, rv.roundSlots);
+  const int n = (int)railRoundRows(rv, roundLo / rv.roundSlots, rows);  // as the round's message counts them
   for (int i = first; i < n; i += stride) {
     const size_t pos = (size_t)(at + roundLo + i);
     if (kind == kDispatch) {

@@ -43,11 +43,4 @@ NCCLEP_HD int capDelivered(int rows, int dispAt, int cap) {
   return rows < room ? rows : room > 0 ? room : 0;
 }
 
-// Across domains (RailView::capped): of a pair's `delivered` rows, those the round of slots [roundLo, roundLo +
-// roundSlots) carries, from entry 0 of the inbox's row regions (launchCapScatter's count).
-NCCLEP_HD int capRoundRows(int delivered, int roundLo, int roundSlots) {
-  const int n = delivered - roundLo;
-  return n < 0 ? 0 : n < roundSlots ? n : roundSlots;
-}
-
 }  // namespace ncclep

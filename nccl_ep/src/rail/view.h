@@ -176,9 +176,11 @@ inline int railRoundsOf(const RailView& rv, int nRanks, int maxTokens, const int
 // The rows round `round` moves of a pair's `filled` rows (slots towards a peer; the hierarchical HT: rail positions
 // towards a domain): those past the round's first, at most roundSlots. Both ranks of a pair compute it from the
 // same count, so a message exists on both sides or on neither whatever each rank's own number of rounds
-// (railRoundsOf covers every round with rows).
-inline int64_t railRoundRows(const RailView& rv, int round, int64_t filled) {
-  return std::max<int64_t>(0, std::min<int64_t>(filled - (int64_t)round * rv.roundSlots, rv.roundSlots));
+// (railRoundsOf covers every round with rows). The receive cap's scatter (ht/cap.cu) counts a round's entries with
+// it too, from the same counts.
+__host__ __device__ inline int64_t railRoundRows(const RailView& rv, int round, int64_t filled) {
+  const int64_t n = filled - (int64_t)round * rv.roundSlots;
+  return n < 0 ? 0 : n < rv.roundSlots ? n : rv.roundSlots;
 }
 
 // The place of my row for rank r at `slot` in a call's round (DispatchCall, CombineCall: roundLo, roundSlots): the

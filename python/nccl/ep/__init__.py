@@ -415,10 +415,10 @@ class Group(Closing):
     rows a dispatch delivers to a rank, one per (token, rank): the window's dispatch staging and a handle's "flat"
     output hold that many rows instead of size * max_tokens_per_rank, and the combine staging max_tokens_per_rank *
     min(size, max_topk) (info()'s window_bytes; query_group_info before; across domains the rail staging grows 1.5x:
-    an inbox beside each outbox). The rows past it (the last source ranks' last
-    tokens) are never delivered; `recv_overflow="error"` (default) makes every rank's next call raise
-    NcclInvalidArgument naming them (and the rank), "drop" counts them (the handle's recv_dropped) and combine leaves
-    them out of the sum (its missing_experts says how many of each token's experts)."""
+    an inbox beside each outbox). The rows past it (the last source ranks' last tokens) are never delivered;
+    `recv_overflow="error"` (default) makes every rank's next call raise NcclInvalidArgument naming them (and the
+    rank), "drop" counts them (the handle's recv_dropped) and combine leaves them out of the sum (its missing_experts
+    says how many of each token's experts)."""
 
     max_recv_rows_per_rank = 0  # the receive cap (set by __init__)
 
