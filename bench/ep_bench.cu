@@ -44,9 +44,10 @@
 //                 [--max-tokens M]
 //                 [--recv-cap C [--zero-copy]]
 // --quick: the first shape only (across domains: both of theirs).
-// --recv-cap C: the group's max_recv_rows_per_rank (one NVLink domain; rows past it dropped): the dense staging's
-// speed beside the default's (the JSON's recv_cap and window_bytes). --zero-copy: FLAT shapes whose rows are the
-// window's (max_token_bytes) dispatch into ncclEpGroupGetDispatchWindow's tensor (the JSON's zero_copy).
+// --recv-cap C: the group's max_recv_rows_per_rank (rows past it dropped; across domains, the flat exchange's per-peer
+// inboxes and their scatter): the dense staging's speed beside the default's (the JSON's recv_cap and window_bytes).
+// --zero-copy: FLAT shapes whose rows are the window's (max_token_bytes) dispatch into ncclEpGroupGetDispatchWindow's
+// tensor (the JSON's zero_copy).
 // --max-tokens M: the group's max_tokens_per_rank (default: the shapes' most tokens), for calls below the group's
 // size: across domains the fixed rail messages (worst-case handles, the update+d column) grow with M, those of the
 // EXACT handles timed in the other columns with the routing.

@@ -61,10 +61,11 @@ RUNS=(
   # mixed: over relayed exchanges, beside NCCL send/recv of the exchange's own messages on the rail; _hier: the
   # hierarchical HT (one rail row per (token, destination domain)).
   "ep_ht_bench|$BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|nodes virtual mixed+4"
-  # Issue 41 inside one domain (2 virtual ranks): the group with a receive cap of every row (8192 = 2 x 4096, nothing
-  # dropped: dense staging), then its dispatch into the window (zero-copy: no receiver copy of a peer's rows).
-  "ep_ht_bench_cap|$BUILDDIR/bin/ep_bench --mode ht --quick --recv-cap 8192 --nranks NRANKS --json JSON|2|virtual:2"
-  "ep_ht_bench_zero_copy|$BUILDDIR/bin/ep_bench --mode ht --quick --recv-cap 8192 --zero-copy --nranks NRANKS --json JSON|2|virtual:2"
+  # Issue 41 at 2 ranks, inside one domain (virtual) and across two (nodes: the per-peer inboxes and their scatter):
+  # the group with a receive cap of every row (8192 = 2 x 4096, nothing dropped: dense staging), then its dispatch
+  # into the window (zero-copy: no receiver copy of a peer's rows).
+  "ep_ht_bench_cap|$BUILDDIR/bin/ep_bench --mode ht --quick --recv-cap 8192 --nranks NRANKS --json JSON|2|virtual:2 nodes:2"
+  "ep_ht_bench_zero_copy|$BUILDDIR/bin/ep_bench --mode ht --quick --recv-cap 8192 --zero-copy --nranks NRANKS --json JSON|2|virtual:2 nodes:2"
   "ep_ht_bench_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_bench --mode ht --quick --nranks NRANKS --json JSON|2|mixed+4"
   # The flat exchange in rounds of 128 slots (512-token calls: four rounds), beside ep_ht_bench's one round; with
   # its NVLink rows beside the rail (NCCL_EXT_RAIL_OVERLAP=1, A/B against ep_ht_bench); the hierarchical one in

@@ -127,7 +127,9 @@ typedef struct {
                                    waits on the peers runs beside the calls. A whole Low-Latency call on
                                    more than 64 is launched cooperatively (it starts once all are free) */
   uint64_t timeout_ns;          /* budget of every device wait; NCCL_EP_AUTO: NCCL_EXT_TIMEOUT_S (100 s) */
-  ncclEpZeroCopyMode_t zero_copy;
+  ncclEpZeroCopyMode_t zero_copy; /* AUTO: a dispatch whose outputs.tokens is ncclEpGroupGetDispatchWindow's
+                                   tensor lands in place, others copy; ON: every dispatch must (High-Throughput,
+                                   max_recv_rows_per_rank, FLAT handles); OFF: every dispatch copies (no window) */
   ncclEpAllocConfig_t alloc;    /* for the library's non-window device buffers */
   int lsa_domain_size;          /* NCCL_EP_AUTO: NCCL's LSA team; k splits it (several domains: Low-Latency only) */
   int enable_mask;              /* LL: 1 = a mask of active ranks (ncclEpMaskQuery/Update/Clean): a peer that does

@@ -453,9 +453,12 @@ static ncclResult_t checkGroupConfig(const ncclEpGroupConfig_t& c, const char* w
   NCCLEXT_ARG(c.max_topk >= 1 && c.max_topk <= ncclep::kMaxTopk, "max_topk %d not in [1, %d]", c.max_topk,
               ncclep::kMaxTopk);
   NCCLEXT_ARG(c.num_sms >= 0, "num_sms %d < 0", c.num_sms);
-  NCCLEXT_USAGE(c.zero_copy != NCCL_EP_ZERO_COPY_ON, "zero_copy ON is not implemented yet (AUTO and OFF stage)");
   NCCLEXT_ARG(c.zero_copy >= NCCL_EP_ZERO_COPY_AUTO && c.zero_copy <= NCCL_EP_ZERO_COPY_ON, "zero_copy %d unknown",
               (int)c.zero_copy);
+  NCCLEXT_USAGE(c.zero_copy != NCCL_EP_ZERO_COPY_ON ||
+                    (c.algorithm == NCCL_EP_ALGO_HIGH_THROUGHPUT && c.max_recv_rows_per_rank > 0),
+                "zero_copy ON: dispatch outputs in the window, which only High-Throughput groups with "
+                "max_recv_rows_per_rank have");
   NCCLEXT_USAGE((c.alloc.alloc_fn == nullptr) == (c.alloc.free_fn == nullptr),
                 "alloc: give both alloc_fn and free_fn, or neither");
   NCCLEXT_ARG(c.lsa_domain_size >= 0, "lsa_domain_size %d < 0", c.lsa_domain_size);
@@ -674,6 +677,9 @@ ncclResult_t ncclEpCreateHandle(ncclEpHandle_t* handle, ncclEpGroup_t group, ncc
                   "layout RANK_MAJOR belongs to the Low-Latency mode (High-Throughput takes FLAT or EXPERT_MAJOR)");
     NCCLEXT_USAGE(!ll || layout != NCCL_EP_LAYOUT_FLAT,
                   "layout FLAT belongs to the High-Throughput mode (Low-Latency takes RANK_MAJOR or EXPERT_MAJOR)");
+    NCCLEXT_USAGE(layout == NCCL_EP_LAYOUT_FLAT || group->config.zero_copy != NCCL_EP_ZERO_COPY_ON,
+                  "zero_copy ON: FLAT handles only (EXPERT_MAJOR rows are ordered by expert, not as they land in the "
+                  "window)");
     NCCLEXT_CHECK(checkTopk(group, topk_idx));
     ncclEpHandleConfig_t cfg = NCCL_EP_HANDLE_CONFIG_INIT;
     if (config) {
@@ -757,6 +763,8 @@ ncclResult_t ncclEpGroupGetDispatchWindow(ncclEpGroup_t group, ncclDataType_t da
     NCCLEXT_CHECK(checkGroup(group, "ncclEpGroupGetDispatchWindow"));
     NCCLEXT_ARG(tokens != nullptr, "ncclEpGroupGetDispatchWindow: tokens is NULL");
     const ncclep::GroupView& v = group->view;
+    NCCLEXT_USAGE(group->config.zero_copy != NCCL_EP_ZERO_COPY_OFF,
+                  "ncclEpGroupGetDispatchWindow: this group's zero_copy is OFF (its dispatches copy)");
     NCCLEXT_USAGE(v.recvCap > 0,
                   "ncclEpGroupGetDispatchWindow: zero-copy outputs need a High-Throughput group with "
                   "max_recv_rows_per_rank (its staging holds each row at its FLAT position)");
@@ -860,6 +868,8 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     // Zero-copy: outputs.tokens is the window (max_recv_rows_per_rank rows); the other outputs have the handle's
     // rows (ncclEpHandleGetRecvRows or GetMaxRecvRows), which the window's rows cover.
     const bool inPlace = inWindow(g, y.data);
+    NCCLEXT_USAGE(inPlace || g->config.zero_copy != NCCL_EP_ZERO_COPY_ON,
+                  "zero_copy ON: outputs.tokens must be ncclEpGroupGetDispatchWindow's tensor");
     const int64_t N = inPlace ? need : y.sizes[0];
     const bool flat = handle->layout == NCCL_EP_LAYOUT_FLAT;
     if (present(outputs->topk_weights)) {

@@ -376,8 +376,18 @@ TEST(EpFuzz, CreateGroup) {
         case 7:
           cfg.num_sms = (int)rng.range(INT_MIN, -1);
           break;
-        case 8:
-          cfg.zero_copy = rng.chance(1, 2) ? NCCL_EP_ZERO_COPY_ON : (ncclEpZeroCopyMode_t)rng.pick(kBadEnums);
+        case 8:  // an unknown mode, or ON on a group without a receive cap or of the Low-Latency mode
+          if (rng.chance(1, 2)) {
+            cfg.zero_copy = (ncclEpZeroCopyMode_t)rng.pick(kBadEnums);
+          } else {
+            cfg.zero_copy = NCCL_EP_ZERO_COPY_ON;
+            if (rng.chance(1, 2)) {
+              cfg.max_recv_rows_per_rank = 0;
+            } else {
+              cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
+              cfg.max_tokens_per_rank = (int)rng.range(1, 1024);
+            }
+          }
           break;
         case 9:
           if (rng.chance(1, 2))

@@ -643,6 +643,47 @@ struct Runner {
     return 0;
   }
 
+  // The group's zero_copy mode (a capped group): ON refuses an EXPERT_MAJOR handle and a FLAT dispatch into
+  // anything but the window; OFF refuses the window. Every refusal is the host's, before any launch, on every rank.
+  int runZeroCopyMode(ncclEpZeroCopyMode_t mode) {
+    const int rank = ctx.rank, K = 2, T = 16, hidden = kMaxRowBytes / 2;
+    const Case c{mode == NCCL_EP_ZERO_COPY_ON ? "zero_copy ON refusals" : "zero_copy OFF refusals", kRandom,
+                 ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE, false, K, hidden, true};
+    auto refused = [&](ncclResult_t res, const char* want) {
+      const std::string msg = ncclEpGetLastError();
+      if (res != ncclInvalidUsage || msg.find(want) == std::string::npos)
+        bad(c, ("not refused with \"" + std::string(want) + "\": " + msg).c_str(), res);
+    };
+    ncclEpTensor_t window = NCCL_EP_TENSOR_INIT;
+    if (mode == NCCL_EP_ZERO_COPY_OFF) {
+      refused(ncclEpGroupGetDispatchWindow(group, ncclBfloat16, hidden, &window), "zero_copy is OFF");
+      return 0;
+    }
+    std::vector<int> idx(T * K);
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) idx[t * K + k] = (t * K + k) % (kExpertsPerRank * ctx.nRanks);
+    DeviceBuf topk(idx.size() * 4), x((size_t)T * hidden * 2);
+    topk.put(idx.data(), idx.size() * 4);
+    ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
+    ncclEpHandle_t h = nullptr;
+    refused(ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_EXPERT_MAJOR, &ti, nullptr, nullptr, ctx.stream),
+            "zero_copy ON: FLAT handles only");
+    if (h) ncclEpHandleDestroy(h);
+    h = nullptr;
+    EXPECT_OK(ncclEpCreateHandle(&h, group, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream));
+    int64_t rows = 0;
+    EXPECT_OK(ncclEpHandleGetMaxRecvRows(h, &rows));
+    DeviceBuf y((size_t)rows * hidden * 2);
+    ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+    in.tokens = epTensor(x.p, ncclBfloat16, {T, hidden});
+    ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+    out.tokens = epTensor(y.p, ncclBfloat16, {rows, hidden});
+    refused(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream), "outputs.tokens must be");
+    const int res = wait("zero_copy ON handle");
+    EXPECT_OK(ncclEpHandleDestroy(h));
+    return res;
+  }
+
   // Zero-copy rows hold until this rank's next call: rank 0 dispatches handle H1 into its window (every rank's tokens
   // to its own experts, so no other rank has a row there); the others combine H1 (nothing from rank 0 needed) and
   // at once dispatch H2, whose routing sends their tokens to rank 0's experts (rank 0's go nowhere, so their rows
@@ -982,6 +1023,20 @@ int main(int argc, char** argv) {
       if (!rc && ctx.nRanks > 1 && !acrossDomains)
         rc = onOwnGroup("receive cap, zero-copy rows held", capCfg,
                         [&](Runner& r) { return r.runWindowHeld(seed * 100 + 90); });
+      // zero_copy ON: the window cases again, and its refusals; OFF: its refusal.
+      if (!rc && !quick) {
+        ncclEpGroupConfig_t on = capCfg;
+        on.zero_copy = NCCL_EP_ZERO_COPY_ON;
+        std::vector<Case> inWindow;
+        for (const Case& c : capped)
+          if (c.windowOut) inWindow.push_back(c), inWindow.back().name = "zero_copy ON, " + c.name;
+        rc = onOwnGroup("zero_copy ON", on, [&](Runner& r) {
+          return runCases(r, inWindow, seed * 100 + 80) || r.runZeroCopyMode(NCCL_EP_ZERO_COPY_ON);
+        });
+        on.zero_copy = NCCL_EP_ZERO_COPY_OFF;
+        if (!rc)
+          rc = onOwnGroup("zero_copy OFF", on, [&](Runner& r) { return r.runZeroCopyMode(NCCL_EP_ZERO_COPY_OFF); });
+      }
       capCfg.recv_overflow = NCCL_EP_RECV_OVERFLOW_ERROR;
       if (!rc)
         rc = onOwnGroup("receive cap, ERROR", capCfg,

@@ -65,7 +65,9 @@ TEST(EpApi, GroupConfigRejections) {
       {[](ncclEpGroupConfig_t* x) { x->max_token_bytes = 100; }, ncclInvalidArgument, "multiple of 16"},
       {[](ncclEpGroupConfig_t* x) { x->max_topk = 33; }, ncclInvalidArgument, "max_topk 33"},
       {[](ncclEpGroupConfig_t* x) { x->num_sms = -1; }, ncclInvalidArgument, "num_sms"},
-      {[](ncclEpGroupConfig_t* x) { x->zero_copy = NCCL_EP_ZERO_COPY_ON; }, ncclInvalidUsage, "zero_copy ON"},
+      {[](ncclEpGroupConfig_t* x) { x->zero_copy = NCCL_EP_ZERO_COPY_ON; }, ncclInvalidUsage,
+       "zero_copy ON: dispatch outputs in the window"},  // goodConfig has no receive cap
+      {[](ncclEpGroupConfig_t* x) { x->zero_copy = (ncclEpZeroCopyMode_t)3; }, ncclInvalidArgument, "zero_copy 3"},
       {[](ncclEpGroupConfig_t* x) { x->alloc.alloc_fn = [](void**, size_t, void*) { return 0; }; }, ncclInvalidUsage,
        "both alloc_fn and free_fn"},
       {[](ncclEpGroupConfig_t* x) { x->enable_mask = 2; }, ncclInvalidArgument, "enable_mask 2"},
