@@ -23,10 +23,12 @@
 // ranks and bytes: 1 rank, the copy engine (cudaMemcpyAsync device to device) moving the tensor's bytes; one-GPU
 // nodes and real ranks, one NCCL group of ncclSend/ncclRecv on the same communicator moving exactly the bytes the
 // plan sends to and receives from each peer (ncclM2nHostPlanGetTransfers), between plain buffers; virtual ranks, the
-// copy engine moving this rank's destination bytes (received and local), every rank at once: the floor of the
-// one GPU's memory that the ranks share. Bytes: each destination element once (GB/s per
-// destination rank: the bytes it receives, its local copies included, over its median). Every rank times; rank 0
-// prints and writes one JSON line per case with its own median and the mean of every rank's median.
+// copy engine moving every rank's destination bytes (received and local) in one copy on rank 0, the others idle: the
+// floor of the one GPU's memory that the ranks share (each rank timing a copy of its own bytes would depend on how
+// the ranks' timing loops overlap: at 4 ranks rank 0 saw about two of the four at once). Bytes: each destination
+// element once (GB/s per destination rank: the bytes it receives, its local copies included, over its median). Every
+// rank times; rank 0 prints and writes one JSON line per case with its own median and the mean of every rank's
+// median.
 //
 // Usage: m2n_bench [--nranks N] [--one-gpu off|nodes|virtual] [--lsa] [--zero-copy pull|push] [--iters I]
 //                  [--max-mib M] [--min-mib M] [--case NAME] [--large] [--stages] [--json FILE]
@@ -502,7 +504,12 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       BENCH_CHECK(peerBytes(spec, ctx.rank, n, &send, &recv, &local), "peer bytes: %s", ncclM2nGetLastError());
       int64_t sent = 0, received = 0;
       for (int r = 0; r < n; r++) sent += send[r], received += recv[r];
-      const int64_t baseBytes = n == 1 ? bytes : virt ? received + local : std::max(sent, received);
+      uint64_t allDst = 0;  // virtual ranks: every rank's destination bytes, which rank 0's one copy moves
+      if (virt)
+        BENCH_CHECK(ncclext::harness::sumOverRanks(ctx, (uint64_t)(received + local), &allDst, 120) == ncclSuccess,
+                    "sum");
+      const int64_t baseBytes =
+          n == 1 ? bytes : virt ? (ctx.rank == 0 ? (int64_t)allDst : 0) : std::max(sent, received);
       void *bs = nullptr, *br = nullptr;
       BENCH_CHECK(cudaMallocAsync(&bs, std::max<int64_t>(1, std::max(sent, baseBytes)), ctx.stream) == cudaSuccess &&
                       cudaMallocAsync(&br, std::max<int64_t>(1, std::max(received, baseBytes)), ctx.stream) ==
@@ -531,7 +538,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o) {
       const double meanUs = usSum / 1000.0 / n;
       const int64_t dstBytes = received + local;
       const double gbps = us > 0 ? dstBytes / us * 1e-3 : 0, baseGbps = baseUs > 0 ? baseBytes / baseUs * 1e-3 : 0;
-      const char* baseName = n == 1 ? "copy_engine" : virt ? "copy_engine_dst_bytes" : "nccl_send_recv";
+      const char* baseName = n == 1 ? "copy_engine" : virt ? "copy_engine_all_dst_bytes" : "nccl_send_recv";
       if (ctx.rank == 0) {
         char shape[32];
         snprintf(shape, sizeof(shape), "%lldx%lld", (long long)rows, (long long)cols);
