@@ -282,8 +282,10 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   NCCLEXT_ARG(in == kBf16 || in == out, "inputs.tokens are %s: outputs.tokens must be %s too (forwarded)",
               in == kFp8 ? "fp8" : "NVFP4 (uint8)", in == kFp8 ? "fp8" : "NVFP4");
   const bool fp8Out = out == kFp8, fp4Out = out == kFp4;
-  // Scale words a row: one fp32 per 128 columns (fp8), four e4m3 per 64 (NVFP4, one per 16).
-  const int scaleColsLog2 = fp4Out ? 6 : 7;
+  // fp8 scales as UE8M0 bytes packed four an int32 (DeepEP's use_ue8m0): asked for by int32 outputs.scales.
+  const bool ue8m0 = fp8Out && present(outputs->scales) && outputs->scales.datatype == ncclInt32;
+  // Scale words a row: one fp32 per 128 columns (fp8), four UE8M0 per 512 (packed fp8), four e4m3 per 64 (NVFP4).
+  const int scaleColsLog2 = fp4Out ? 6 : ue8m0 ? 9 : 7;
   const int nScales = fp8Out || fp4Out ? (int)(H >> scaleColsLog2) : 0;
   const char* fmt = fp4Out ? "NVFP4" : "fp8";
   // The window's room a row (layout.cc): a flag per kLlSliceCols columns and a scale word per 128 bytes, both
@@ -298,11 +300,15 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   if (fp8Out || fp4Out) {
     NCCLEXT_ARG(H % 128 == 0, "%s tokens: hidden %lld is not a multiple of 128", fmt, (long long)H);
     NCCLEXT_ARG(present(outputs->scales), "%s outputs need outputs.scales %s", fmt,
-                fp4Out ? "[N, hidden/16] uint8 or e4m3" : "[N, hidden/128] fp32");
+                fp4Out ? "[N, hidden/16] uint8 or e4m3" : "[N, hidden/128] fp32 or [N, hidden/512] int32 (UE8M0)");
+    NCCLEXT_ARG(!ue8m0 || H % 512 == 0,
+                "UE8M0 scales (int32 outputs.scales): hidden %lld is not a multiple of 512 "
+                "(four scales of 128 columns a word)",
+                (long long)H);
     if (fp4Out)
       NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclUint8, ncclFloat8e4m3}, {-1, H / 16}));
     else
-      NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32}, {-1, nScales}));
+      NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {ncclFloat32, ncclInt32}, {-1, nScales}));
     NCCLEXT_CHECK(checkRows(outputs->scales, "outputs.scales", N));
     NCCLEXT_CHECK(checkAligned(outputs->scales, "outputs.scales", 4));  // the kernels move 32-bit words
   } else {
@@ -310,11 +316,11 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   }
   if (in != kBf16) {
     NCCLEXT_ARG(present(inputs->scales), "%s tokens need inputs.scales %s", fmt,
-                fp4Out ? "[T, hidden/16] uint8 or e4m3" : "[T, hidden/128] fp32");
+                fp4Out ? "[T, hidden/16] uint8 or e4m3" : "[T, hidden/128] fp32 or [T, hidden/512] int32 (UE8M0)");
     if (in == kFp4)
       NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclUint8, ncclFloat8e4m3}, {T, H / 16}));
-    else
-      NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32}, {T, nScales}));
+    else  // forwarded as they are: the outputs' scales of the same form
+      NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ue8m0 ? ncclInt32 : ncclFloat32}, {T, nScales}));
     NCCLEXT_CHECK(checkAligned(inputs->scales, "inputs.scales", 4));
   } else {
     NCCLEXT_ARG(!present(inputs->scales), "inputs.scales are for fp8 and NVFP4 tokens only");
@@ -358,7 +364,8 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   c.quantize = in == kBf16 && fp8Out;
   c.quantizeFp4 = quantizeFp4;
   c.globalScale = quantizeFp4 ? static_cast<const float*>(inputs->global_scale.data) : nullptr;
-  c.roundScale = config && config->round_scale;
+  c.roundScale = (config && config->round_scale) || ue8m0;  // UE8M0 holds powers of two only
+  c.ue8m0 = ue8m0;
   c.idBase = config && config->global_expert_ids ? g->view.rank * g->view.localExperts : 0;
   return ncclep::llDispatch(handle, c, callSms(g, config ? config->num_sms : 0), config && config->send_only,
                             stream);

@@ -91,8 +91,20 @@ enum RoutingKind {
 };
 // What dispatch takes and returns: bf16; e4m3 quantised by the sender (scales per 128 columns, or powers of two) or
 // forwarded; NVFP4 (uint8, two columns a byte, e4m3 scales per 16) quantised under a global scale or forwarded.
-enum Tokens { kBf16, kFp8Quantised, kFp8Pow2Scales, kFp8Forwarded, kFp4Quantised, kFp4Forwarded };
+// kFp8Ue8m0 / kFp8ForwardedUe8m0: fp8 with int32 scales, four UE8M0 exponent bytes a word (one per 128 columns).
+enum Tokens {
+  kBf16,
+  kFp8Quantised,
+  kFp8Pow2Scales,
+  kFp8Forwarded,
+  kFp4Quantised,
+  kFp4Forwarded,
+  kFp8Ue8m0,
+  kFp8ForwardedUe8m0
+};
 bool isFp4(Tokens t) { return t == kFp4Quantised || t == kFp4Forwarded; }
+bool isUe8m0(Tokens t) { return t == kFp8Ue8m0 || t == kFp8ForwardedUe8m0; }
+bool fp8In(Tokens t) { return t == kFp8Forwarded || t == kFp8ForwardedUe8m0; }
 // The NVFP4 global scale: 448 x 6 over the largest token magnitude tokenBits draws (127 x 2^4).
 constexpr float kFp4GlobalScale = 448.0f * 6.0f / 2032.0f;
 enum Combine { kByRank, kWeightsAtDispatch, kWeightsAtCombine, kBothPaths };
@@ -259,10 +271,13 @@ Shape shapeOf(const Case& c, int nRanks) {
   sh.L = c.expertsPerRank;
   sh.K = topkOf(c, nRanks);
   sh.H = c.hidden;
-  // Scale words a row: one fp32 per 128 columns (fp8), four e4m3 bytes per 64 (NVFP4).
-  sh.nScales = c.tokens == kBf16 ? 0 : c.hidden / (isFp4(c.tokens) ? 64 : ncclext::kFp8BlockElems);
+  // Scale words a row: one fp32 per 128 columns (fp8), four UE8M0 bytes per 512 (packed fp8), four e4m3 bytes per
+  // 64 (NVFP4).
+  sh.nScales = c.tokens == kBf16        ? 0
+               : isUe8m0(c.tokens)      ? c.hidden / 512
+                                        : c.hidden / (isFp4(c.tokens) ? 64 : ncclext::kFp8BlockElems);
   sh.N = (int64_t)(sh.rankMajor() ? 1 : sh.L) * sh.R * sh.M;
-  sh.inRow = c.tokens == kFp4Forwarded ? (size_t)c.hidden / 2 : (size_t)c.hidden * (c.tokens == kFp8Forwarded ? 1 : 2);
+  sh.inRow = c.tokens == kFp4Forwarded ? (size_t)c.hidden / 2 : (size_t)c.hidden * (fp8In(c.tokens) ? 1 : 2);
   sh.outRow = isFp4(c.tokens) ? (size_t)c.hidden / 2 : (size_t)c.hidden * (c.tokens == kBf16 ? 2 : 1);
   return sh;
 }
@@ -424,17 +439,18 @@ struct Call {
 Call describe(const Case& c, const Shape& sh, Buffers& b, int T, Combine path) {
   Call k;
   const bool fp4 = isFp4(sh.tokens);
-  const ncclDataType_t inType = sh.tokens == kFp8Forwarded   ? ncclFloat8e4m3
+  const ncclDataType_t inType = fp8In(sh.tokens)             ? ncclFloat8e4m3
                                 : sh.tokens == kFp4Forwarded ? ncclUint8
                                                              : ncclBfloat16;
   const ncclDataType_t outType = sh.tokens == kBf16 ? ncclBfloat16 : fp4 ? ncclUint8 : ncclFloat8e4m3;
   k.in.tokens = epTensor(b.x.p, inType, {T, sh.tokens == kFp4Forwarded ? sh.H / 2 : sh.H});
   if (c.dispatchWeights) k.in.topk_weights = epTensor(b.weights.p, ncclFloat32, {T, sh.K});
-  if (sh.tokens == kFp8Forwarded) k.in.scales = epTensor(b.scales.p, ncclFloat32, {T, sh.nScales});
+  const ncclDataType_t scaleType = isUe8m0(sh.tokens) ? ncclInt32 : ncclFloat32;
+  if (fp8In(sh.tokens)) k.in.scales = epTensor(b.scales.p, scaleType, {T, sh.nScales});
   if (sh.tokens == kFp4Forwarded) k.in.scales = epTensor(b.scales.p, ncclFloat8e4m3, {T, sh.H / 16});
   if (sh.tokens == kFp4Quantised) k.in.global_scale = epTensor(b.globalScale.p, ncclFloat32, {1});
   k.out.tokens = epTensor(b.y.p, outType, {sh.N, fp4 ? sh.H / 2 : sh.H});
-  if (sh.nScales && !fp4) k.out.scales = epTensor(b.yScales.p, ncclFloat32, {sh.N, sh.nScales});
+  if (sh.nScales && !fp4) k.out.scales = epTensor(b.yScales.p, scaleType, {sh.N, sh.nScales});
   if (fp4) k.out.scales = epTensor(b.yScales.p, ncclUint8, {sh.N, sh.H / 16});
   if (!c.bare) {
     k.out.topk_weights = sh.rankMajor() ? epTensor(b.yWeights.p, ncclFloat32, {sh.N, sh.K})
@@ -459,7 +475,7 @@ Call describe(const Case& c, const Shape& sh, Buffers& b, int T, Combine path) {
 void expectedRow(const Shape& sh, uint64_t ds, int s, int t, std::vector<uint8_t>* row, std::vector<float>* scales) {
   row->resize(sh.outRow);
   scales->resize(sh.nScales);
-  if (sh.tokens == kFp8Forwarded) {
+  if (fp8In(sh.tokens)) {  // any scale words, forwarded bit for bit
     for (int h = 0; h < sh.H; h++) (*row)[h] = fp8Byte(ds, s, t, h);
     for (int i = 0; i < sh.nScales; i++) (*scales)[i] = scaleOf(ds, s, t, i);
     return;
@@ -480,6 +496,13 @@ void expectedRow(const Shape& sh, uint64_t ds, int s, int t, std::vector<uint8_t
   for (int h = 0; h < sh.H; h++) x[h] = ncclext::bf16ToFloat(bits[h]);
   if (sh.tokens == kFp4Quantised) {
     ncclext::nvfp4QuantizeRow(x.data(), sh.H, kFp4GlobalScale, row->data(), reinterpret_cast<uint8_t*>(scales->data()));
+    return;
+  }
+  if (sh.tokens == kFp8Ue8m0) {  // powers of two without round_scale (UE8M0 implies it), each its exponent byte
+    std::vector<float> full(sh.H / ncclext::kFp8BlockElems);
+    ncclext::fp8QuantizeRow(x.data(), sh.H, true, row->data(), full.data());
+    uint8_t* sb = reinterpret_cast<uint8_t*>(scales->data());
+    for (size_t b = 0; b < full.size(); b++) sb[b] = (uint8_t)(ncclext::floatBits(full[b]) >> 23);
     return;
   }
   ncclext::fp8QuantizeRow(x.data(), sh.H, sh.tokens == kFp8Pow2Scales, row->data(), scales->data());
@@ -582,9 +605,9 @@ struct Runner {
       fill(Fill::kTokensFp8, b.x, T, sh.H / 2, ds, me);
       fill(Fill::kTokensFp8, b.scales, T, sh.H / 16, ~ds, me);
     } else {
-      fill(sh.tokens == kFp8Forwarded ? Fill::kTokensFp8 : Fill::kTokensBf16, b.x, T, sh.H, ds, me);
+      fill(fp8In(sh.tokens) ? Fill::kTokensFp8 : Fill::kTokensBf16, b.x, T, sh.H, ds, me);
     }
-    if (sh.tokens == kFp8Forwarded) fill(Fill::kScales, b.scales, T, sh.nScales, ds, me);
+    if (fp8In(sh.tokens)) fill(Fill::kScales, b.scales, T, sh.nScales, ds, me);
     if (sh.tokens == kFp4Quantised) b.globalScale.put(&kFp4GlobalScale, 4);
     if (c.dispatchWeights) fill(Fill::kWeights, b.weights, T, sh.K, ds, me);
     fill(Fill::kWeights, b.combineWeights, T, sh.K, combineWeightSeed(ds), me);
@@ -867,6 +890,12 @@ struct Runner {
     out.tokens = epTensor(y.p, ncclFloat8e4m3, {N, H});
     out.scales = NCCL_EP_TENSOR_INIT;
     refused(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream), "fp8 output without outputs.scales");
+    in.tokens = epTensor(x.p, ncclBfloat16, {T, 128});
+    out.tokens = epTensor(y.p, ncclFloat8e4m3, {N, 128});
+    out.scales = epTensor(ys.p, ncclInt32, {N, 1});
+    refused(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream), "hidden 128 is not a multiple of 512");
+    in.tokens = epTensor(x.p, ncclBfloat16, {T, H});
+    out.scales = NCCL_EP_TENSOR_INIT;
     out.tokens = epTensor(y.p, ncclBfloat16, {N, H});
     EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
     ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
@@ -1279,6 +1308,14 @@ std::vector<Case> buildCases() {
       c = make("fp8 forwarded", layout, z.M, z.L, 8, z.H);
       c.tokens = kFp8Forwarded;
       c.quick = !em;
+      cases.push_back(c);
+      c = make("fp8 quantised, UE8M0 scales", layout, z.M, z.L, 8, z.H);
+      c.tokens = kFp8Ue8m0;
+      c.quick = !em;
+      cases.push_back(c);
+      c = make("fp8 forwarded, UE8M0 scales", layout, z.M, z.L, 8, z.H);
+      c.tokens = kFp8ForwardedUe8m0;
+      c.quick = em;
       cases.push_back(c);
       c = make("NVFP4 quantised", layout, z.M, z.L, 8, z.H);
       c.tokens = kFp4Quantised;

@@ -235,6 +235,26 @@ def test_low_latency_dispatch_structs(on_cpu, layout, mode):
     assert on_cpu[1][0] is prep and again.expert_counts.data_ptr() != base  # same structs, new counts
 
 
+@pytest.mark.parametrize("forwarded", [False, True])
+def test_low_latency_ue8m0_dispatch_structs(on_cpu, forwarded):
+    # bf16 x quantised with ue8m0=True, or fp8 x with int32 scales: scales [N, H/512] int32 (four exponent bytes a
+    # word); round_scale stays the caller's (the library rounds to powers of two for int32 scales).
+    g = _shell()
+    h = _FakeHandle(g, "expert_major")
+    n, hd = h.output_rows(), 512
+    if forwarded:
+        recv = g.dispatch(torch.zeros(5, hd, dtype=torch.float8_e4m3fn), handle=h,
+                          scales=torch.zeros(5, hd // 512, dtype=torch.int32), stream=_Stream())
+    else:
+        recv = g.dispatch(torch.zeros(5, hd, dtype=torch.bfloat16), handle=h, out_dtype=torch.float8_e4m3fn,
+                          ue8m0=True, stream=_Stream())
+    (prep, args), = on_cpu
+    inputs, outputs, cfg, info = prep.structs
+    assert _dims(outputs.scales) == ([n, hd // 512], T.NCCL_INT32)
+    assert recv.scales.shape == (n, hd // 512) and recv.scales.dtype == torch.int32
+    assert (inputs.scales.ndim != 0) == forwarded and cfg.round_scale == 0
+
+
 @pytest.mark.parametrize("mode", ["nvfp4_quantised", "nvfp4_quantised_uint8", "nvfp4_forwarded"])
 def test_low_latency_nvfp4_dispatch_structs(on_cpu, mode):
     # bf16 x with out_dtype float4_e2m1fn_x2 (or uint8) and a global scale: tokens [N, H/2] of that dtype, scales
@@ -347,6 +367,10 @@ def test_high_throughput_forwards_scales_as_the_caller_lays_them_out(on_cpu, x_d
      "scales: for float8_e4m3fn or NVFP4 x only"),
     (False, {"out_dtype": torch.float8_e4m3fn}, ep.NcclInvalidUsage, "quantising on the way is the Low-Latency"),
     (False, {"round_scale": True}, ep.NcclInvalidUsage, "round_scale=True: for the Low-Latency mode"),
+    (False, {"ue8m0": True}, ep.NcclInvalidUsage, "ue8m0=True: for the Low-Latency mode"),
+    (True, {"ue8m0": True}, ep.NcclInvalidArgument, "ue8m0=True: for bf16 x quantised to fp8 on the way"),
+    (True, {"ue8m0": True, "out_dtype": torch.float8_e4m3fn}, ep.NcclInvalidArgument,
+     "ue8m0=True needs hidden % 512 == 0"),
 ])
 def test_dispatch_refusals(on_cpu, ll, kwargs, exc, text):
     g = _shell(low_latency=ll)

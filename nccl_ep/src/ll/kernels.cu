@@ -258,7 +258,10 @@ __device__ void quantizeSlice(const GroupView& g, const LlDispatchCall& c, const
       reinterpret_cast<uint32_t*>(dst + (size_t)b * 128)[lane] = q;
       if (lane == 0) {
         char* meta = static_cast<char*>(peerAt(g, bank + g.wl.dispMeta + rowIndex * g.meta.bytes, r));
-        reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = scale;
+        if (c.ue8m0)  // a power of two (roundScale): its biased exponent is all of it
+          reinterpret_cast<uint8_t*>(meta + g.meta.scaleOff())[b] = (uint8_t)(__float_as_uint(scale) >> 23);
+        else
+          reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = scale;
       }
     }
   }

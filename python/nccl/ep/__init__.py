@@ -521,7 +521,7 @@ class Group(Closing):
     def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle: "Handle | None" = None, scales=None,
                  layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
                  send_only: bool = False, num_sms: int = 0, out: "DispatchResult | None" = None,
-                 global_expert_ids: bool = False, global_scale=None, tokens_out=None,
+                 global_expert_ids: bool = False, global_scale=None, tokens_out=None, ue8m0: bool = False,
                  stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. High-Throughput groups forward any scales as the
@@ -534,7 +534,9 @@ class Group(Closing):
 
         Low-Latency groups: x is bf16, or fp8 e4m3 with `scales` (forwarded as they are). `out_dtype=
         torch.float8_e4m3fn` with bf16 x quantises on the sender: tokens arrive as e4m3 with `scales` [N, H/128]
-        fp32 (amax / 448 per 128 columns; `round_scale=True`: rounded up to powers of 2). `out_dtype=
+        fp32 (amax / 448 per 128 columns; `round_scale=True`: rounded up to powers of 2; `ue8m0=True`: powers of 2
+        as their exponent bytes, four an int32, [N, H/512], H a multiple of 512: DeepEP's packed UE8M0, row-major);
+        fp8 x with such int32 scales [T, H/512] is forwarded the same way. `out_dtype=
         torch.float4_e2m1fn_x2` (or torch.uint8) with bf16 x and `global_scale` (a [1] fp32 CUDA tensor g, as vLLM's
         and TensorRT-LLM's NVFP4 quantisers take it) quantises to NVFP4: tokens [N, H/2] of out_dtype (two e2m1 a
         byte, the first in the low nibble) with `scales` [N, H/16] float8_e4m3fn, one per 16 columns (e4m3(amax / 6
@@ -568,7 +570,7 @@ class Group(Closing):
             key = (x.dtype, x.shape, x.get_device(), None if topk_weights is None else _meta(topk_weights),
                    None if scales is None else _meta(scales), out_dtype, bool(round_scale), bool(send_only), num_sms,
                    bool(global_expert_ids), None if global_scale is None else _meta(global_scale),
-                   None if tokens_out is None else (_meta(tokens_out), tokens_out.data_ptr()))
+                   None if tokens_out is None else (_meta(tokens_out), tokens_out.data_ptr()), bool(ue8m0))
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
@@ -576,7 +578,7 @@ class Group(Closing):
                                 and (scales is None or scales.is_contiguous())
                                 and (tokens_out is None or tokens_out.is_contiguous())):
             prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale,
-                                          send_only, global_expert_ids, global_scale, tokens_out)
+                                          send_only, global_expert_ids, global_scale, tokens_out, ue8m0)
         if out is not None and (key is None or out.handle is not handle or getattr(out, "_key", None) != key):
             raise NcclInvalidArgument("dispatch: out must be the result of an earlier dispatch of this signature "
                                       "(shapes, dtypes, options) on this handle")
@@ -605,7 +607,7 @@ class Group(Closing):
 
     def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms, out_dtype=None,
                           round_scale=False, send_only=False, global_expert_ids=False, global_scale=None,
-                          tokens_out=None) -> _Prepared:
+                          tokens_out=None, ue8m0=False) -> _Prepared:
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
@@ -633,6 +635,12 @@ class Group(Closing):
             if round_scale and not quantise:
                 raise NcclInvalidArgument("round_scale=True: for bf16 x quantised to fp8 on the way "
                                           "(out_dtype=torch.float8_e4m3fn)")
+            if ue8m0 and not quantise:
+                raise NcclInvalidArgument("ue8m0=True: for bf16 x quantised to fp8 on the way "
+                                          "(out_dtype=torch.float8_e4m3fn); forwarded fp8 keeps its scales' dtype")
+            if ue8m0 and hdim % 512:
+                raise NcclInvalidArgument("ue8m0=True needs hidden %% 512 == 0 (four scales of 128 columns an int32); "
+                                          "it is %d" % hdim)
             if (quantise or quantise4) and scales is not None:
                 raise NcclInvalidArgument("scales: the sender computes them when it quantises bf16 x; pass none")
             if scales is not None and x.dtype == torch.bfloat16:
@@ -650,8 +658,9 @@ class Group(Closing):
             if out_dtype is not None and out_dtype != x.dtype:
                 raise NcclInvalidUsage("out_dtype=%s for x of %s: High-Throughput dispatch moves tokens as they are; "
                                        "quantising on the way is the Low-Latency mode's" % (out_dtype, x.dtype))
-            if round_scale:
-                raise NcclInvalidUsage("round_scale=True: for the Low-Latency mode's fp8 quantisation")
+            if round_scale or ue8m0:
+                raise NcclInvalidUsage("%s=True: for the Low-Latency mode's fp8 quantisation (High-Throughput forwards "
+                                       "the scales of fp8 x as given)" % ("ue8m0" if ue8m0 else "round_scale"))
             if global_scale is not None:
                 raise NcclInvalidUsage("global_scale: for the Low-Latency mode's NVFP4 quantisation (High-Throughput "
                                        "forwards NVFP4 rows as uint8 with their scales)")
@@ -691,14 +700,18 @@ class Group(Closing):
         if scales is not None or quantise or quantise4:
             if scales is not None:
                 # High-Throughput forwards them bit for bit, as the caller lays them out: fp32 or int32, S a row.
-                scale_types = ((fp8, torch.uint8) if forward4 else (torch.float32,)) if ll else (torch.float32,
-                                                                                                 torch.int32)
+                # Low-Latency fp8: fp32 [T, H/128] or UE8M0 int32 [T, H/512].
+                scale_types = (fp8, torch.uint8) if forward4 else (torch.float32, torch.int32)
                 inputs.scales = describe(scales, "scales", dtypes=scale_types, ndim=2)
                 given.append((inputs.scales, scales.numel() > 0))
             else:
                 given.append((None, False))
-            shape = (rows, scales.shape[1] if scales is not None else hdim // (16 if quantise4 else _FP8_BLOCK))
-            scale_dt = fp8 if quantise4 else torch.float32 if scales is None else scales.dtype
+            per = 16 if quantise4 else 4 * _FP8_BLOCK if ue8m0 else _FP8_BLOCK
+            shape = (rows, scales.shape[1] if scales is not None else hdim // per)
+            if quantise4:
+                scale_dt = fp8
+            else:
+                scale_dt = (torch.int32 if ue8m0 else torch.float32) if scales is None else scales.dtype
             outputs.scales = descriptor(shape, scale_dt)
             made.append((outputs.scales, shape, scale_dt))
             names.append("scales")
