@@ -1301,30 +1301,23 @@ std::vector<Case> buildCases() {
       c = make("fp8 quantised", layout, z.M, z.L, 8, z.H);
       c.tokens = kFp8Quantised;
       cases.push_back(c);
-      c = make("fp8 quantised, round_scale", layout, z.M, z.L, 8, z.H);
-      c.tokens = kFp8Pow2Scales;
-      c.quick = em;
-      cases.push_back(c);
-      c = make("fp8 forwarded", layout, z.M, z.L, 8, z.H);
-      c.tokens = kFp8Forwarded;
-      c.quick = !em;
-      cases.push_back(c);
-      c = make("fp8 quantised, UE8M0 scales", layout, z.M, z.L, 8, z.H);
-      c.tokens = kFp8Ue8m0;
-      c.quick = !em;
-      cases.push_back(c);
-      c = make("fp8 forwarded, UE8M0 scales", layout, z.M, z.L, 8, z.H);
-      c.tokens = kFp8ForwardedUe8m0;
-      c.quick = em;
-      cases.push_back(c);
-      c = make("NVFP4 quantised", layout, z.M, z.L, 8, z.H);
-      c.tokens = kFp4Quantised;
-      c.quick = em;
-      cases.push_back(c);
-      c = make("NVFP4 forwarded", layout, z.M, z.L, 8, z.H);
-      c.tokens = kFp4Forwarded;
-      c.quick = !em;
-      cases.push_back(c);
+      // The other token formats, each in the quick runs of one layout.
+      const struct {
+        const char* name;
+        Tokens tokens;
+        bool quickInEm;  // in the quick runs of EXPERT_MAJOR (else of RANK_MAJOR)
+      } formats[] = {{"fp8 quantised, round_scale", kFp8Pow2Scales, true},
+                     {"fp8 forwarded", kFp8Forwarded, false},
+                     {"fp8 quantised, UE8M0 scales", kFp8Ue8m0, false},
+                     {"fp8 forwarded, UE8M0 scales", kFp8ForwardedUe8m0, true},
+                     {"NVFP4 quantised", kFp4Quantised, true},
+                     {"NVFP4 forwarded", kFp4Forwarded, false}};
+      for (const auto& f : formats) {
+        c = make(f.name, layout, z.M, z.L, 8, z.H);
+        c.tokens = f.tokens;
+        c.quick = f.quickInEm == em;
+        cases.push_back(c);
+      }
       c = make("ncclEpUpdateHandle", layout, z.M, z.L, 8, z.H);
       c.update = true;
       c.quick = true;
