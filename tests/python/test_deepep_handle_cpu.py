@@ -4,8 +4,6 @@ hand as all_to_all_single would (1, 2 and 4 ranks, channels fewer and more than 
 and worst-case rows); then Buffer.dispatch on torch's fake process group (rank 1 of 4) with a stand-in nccl.ep group
 and the exchange played by the test, and on 2 real gloo processes. Needs torch."""
 
-import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -356,15 +354,9 @@ def test_dispatch_checks_is_token_in_rank(fake_world, bad):
 
 
 # -- two real processes ----------------------------------------------------------------------------------------------
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank, world, port, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank_main(rank, world, store, results):
+    # A file store: no port to pick (a free port found first can be taken before the store binds it).
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     try:
         in_rank = _in_rank(5, world)
         deep_ep.Group = _sized(sum(int(t[:, rank].sum()) for t in in_rank))
@@ -376,13 +368,14 @@ def _rank_main(rank, world, port, results):
         dist.destroy_process_group()
 
 
-def test_dispatch_handle_over_gloo_processes():
+def test_dispatch_handle_over_gloo_processes(tmp_path):
     """The exchange through torch's real all_to_all_single (gloo, 2 processes): each rank's entries as the reference
     computes them from every rank's routing."""
     world = 2
     ctx = mp.get_context("spawn")
     results = ctx.Manager().dict()
-    mp.start_processes(_rank_main, args=(world, _free_port(), results), nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(_rank_main, args=(world, str(tmp_path / "store"), results), nprocs=world, join=True,
+                       start_method="spawn")
     lists = [t.tolist() for t in _in_rank(5, world)]
     for me in range(world):
         assert results[me] == list(ref.handle(lists, me, 4)), me
