@@ -3,10 +3,11 @@
 # (docs/ARCHITECTURE.md, "Back-to-back replays in the mixed mode"). RelayProtocol.* shows the relayed exchange cannot
 # hang by itself and that two ranks' kernels in one hardware queue can; this runs
 #   ep_ll_test --one-gpu mixed --nranks 4 --graph-only --back-to-back
-# with CUDA_DEVICE_MAX_CONNECTIONS at 1, the default (8) and 32, each under a timeout, and writes one JSON line a
-# setting (exit code, seconds, timed out or not) to OUT_DIR/replay-hang.jsonl (default: bench/results). Reading: a
-# pass at 32 with a hang at 8 proves the shared hardware queue; a hang at 32 too points at NCCL's proxy host callbacks
-# (one callback thread a process) instead. Every run has its own timeout (REPLAY_TIMEOUT_S, default 120 s); the
+# with CUDA_DEVICE_MAX_CONNECTIONS at 1, the default (8) and 32, and at the default with NCCL_GRAPH_MIXING_SUPPORT=0,
+# each under a timeout, and writes one JSON line a setting (exit code, seconds, timed out or not) to
+# OUT_DIR/replay-hang.jsonl (default: bench/results). Reading: a pass at 32 with a hang at 8 proves the shared hardware
+# queue; a failure at 32 too (as on one H100, bench/results/replay-hang-20261206T0339Z.jsonl) points at NCCL's host
+# side instead, and a pass without NCCL's graph-mixing mechanism names it. Every run has its own timeout (REPLAY_TIMEOUT_S, default 120 s); the
 # test's device-wait budget stays its own. Needs a build (make all) and a GPU; exit 77 without them.
 set -uo pipefail
 out=${1:-bench/results}
@@ -22,30 +23,36 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 mkdir -p "$out"
 json=$out/replay-hang.jsonl
-for connections in 1 default 32; do
+# Each setting: CUDA_DEVICE_MAX_CONNECTIONS (or the default), then, after a colon, one more VAR=VALUE: the last one
+# turns off NCCL's mechanism for mixing captured and uncaptured operations, which NCCL's docs say has deadlocked CUDA
+# when several communicators' graphs are launched in one process (the mixed mode's virtual ranks are such).
+for setting in 1 default 32 default:NCCL_GRAPH_MIXING_SUPPORT=0; do
+  connections=${setting%%:*}
+  extra=()
+  [ "$setting" != "$connections" ] && extra=("${setting#*:}")
   log=$(mktemp)
   start=$(date +%s.%N)
   if [ "$connections" = default ]; then
-    timeout "$limit" env -u CUDA_DEVICE_MAX_CONNECTIONS "$bin" --one-gpu mixed --nranks 4 --graph-only \
+    timeout "$limit" env -u CUDA_DEVICE_MAX_CONNECTIONS "${extra[@]}" "$bin" --one-gpu mixed --nranks 4 --graph-only \
       --back-to-back >"$log" 2>&1
   else
-    timeout "$limit" env CUDA_DEVICE_MAX_CONNECTIONS="$connections" "$bin" --one-gpu mixed --nranks 4 --graph-only \
-      --back-to-back >"$log" 2>&1
+    timeout "$limit" env CUDA_DEVICE_MAX_CONNECTIONS="$connections" "${extra[@]}" "$bin" --one-gpu mixed --nranks 4 \
+      --graph-only --back-to-back >"$log" 2>&1
   fi
   rc=$?
   seconds=$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$start" "$(date +%s.%N)")
   timed_out=false
   [ "$rc" -eq 124 ] && timed_out=true
-  python3 - "$json" "$connections" "$rc" "$seconds" "$timed_out" "$log" <<'EOF'
+  python3 - "$json" "$connections" "${extra[*]}" "$rc" "$seconds" "$timed_out" "$log" <<'EOF'
 import json, sys
-path, connections, rc, seconds, timed_out, log = sys.argv[1:]
+path, connections, extra, rc, seconds, timed_out, log = sys.argv[1:]
 tail = open(log, errors="replace").read()[-2000:]
-line = {"test": "replay_hang_experiment", "cuda_device_max_connections": connections, "rc": int(rc),
+line = {"test": "replay_hang_experiment", "cuda_device_max_connections": connections, "env": extra, "rc": int(rc),
         "pass": rc == "0", "timed_out": timed_out == "true", "seconds": float(seconds), "log_tail": tail}
 with open(path, "a") as f:
     f.write(json.dumps(line) + "\n")
-print("replay_hang_experiment: CUDA_DEVICE_MAX_CONNECTIONS=%s -> rc %s in %s s%s" % (
-    connections, rc, seconds, " (timed out)" if timed_out == "true" else ""))
+print("replay_hang_experiment: CUDA_DEVICE_MAX_CONNECTIONS=%s%s -> rc %s in %s s%s" % (
+    connections, " " + extra if extra else "", rc, seconds, " (timed out)" if timed_out == "true" else ""))
 EOF
   rm -f "$log"
 done
