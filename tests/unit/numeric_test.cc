@@ -109,6 +109,14 @@ TEST(Numeric, Fp8BlockScales) {
   EXPECT_EQ(fp8BlockScale(448.0f * 3, true), 4.0f);
   EXPECT_EQ(fp8BlockScale(448.0f * 4, true), 4.0f);
   EXPECT_EQ(fp8BlockScale(448.0f / 3, true), 0.5f);
+  // Powers of two are whole in their exponent byte (UE8M0, the Low-Latency dispatch's int32 scales): a normal float
+  // with no mantissa bits, for every amax from 0 (the floor) across the float range.
+  for (float amax : {0.0f, 1e-30f, 3e-7f, 0.7f, 448.0f, 449.0f, 1e6f, 3e30f}) {
+    const uint32_t bits = floatBits(fp8BlockScale(amax, true));
+    EXPECT_EQ(bits & 0x807fffffu, 0u) << amax;  // positive, no mantissa
+    EXPECT_NE(bits >> 23, 0u) << amax;          // normal: the byte is not 0 (UE8M0's 2^-127)
+    EXPECT_EQ(bitsFloat(bits & 0x7f800000u), fp8BlockScale(amax, true)) << amax;
+  }
   // A quantised block never saturates and dequantises within half an e4m3 step of each value.
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 3.0f);
