@@ -22,22 +22,25 @@ def start(one_gpu_nodes: bool, backend: str = "cpu:gloo,cuda:nccl"):
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def median_us(fn, iters: int, warmup: int = 3) -> float:
-    """Median of `iters` CUDA-event timings of fn() on the current stream, in microseconds, after `warmup` calls."""
+def median_us(*fns, iters: int, warmup: int = 3) -> list:
+    """Medians of `iters` CUDA-event timings of each of fns on the current stream, in microseconds, after `warmup`
+    calls of each. The calls alternate (fns[0], fns[1], ..., fns[0], ...), so that every function sees the same
+    conditions (loopback sockets' speed drifts within a run)."""
     import torch
 
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
     for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+        for fn, t in zip(fns, times):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            t.append(a.elapsed_time(b) * 1e3)
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def append_json(path, line: dict) -> None:

@@ -5,9 +5,9 @@ every rank (TP Shard(0)) becomes sharded by columns (Shard(1)) on the same ranks
     torchrun --nproc_per_node 2 examples/m2n_colocated.py --one-gpu nodes     # both ranks on one GPU
 
 Both paths start from the same DTensor and must give bit-identical local shards (checked on every rank); then each is
-timed (CUDA-event medians; nccl.m2n: Plan.execute of a plan made once, DTensor: redistribute). With --one-gpu nodes
-the ranks talk over loopback sockets: the times measure that transport, not NVLink. Exits 0 when every result
-matches, 1 otherwise.
+timed, the two calls alternating (CUDA-event medians; nccl.m2n: Plan.execute of a plan made once, DTensor:
+redistribute). With --one-gpu nodes the ranks talk over loopback sockets: the times measure that transport, not
+NVLink. Exits 0 when every result matches, 1 otherwise.
 """
 
 import argparse
@@ -51,8 +51,8 @@ def main():
                 flag = torch.tensor([0 if same else 1], device=device)
                 dist.all_reduce(flag)
                 ok = ok and int(flag) == 0
-                ours = median_us(lambda: plan.execute([src], [y]), a.iters)
-            theirs = median_us(lambda: src.redistribute(mesh, target), a.iters)
+                ours, theirs = median_us(lambda: plan.execute([src], [y]), lambda: src.redistribute(mesh, target),
+                                         iters=a.iters)
             rows.append({"case": name, "nccl_m2n_us": ours, "dtensor_redistribute_us": theirs,
                          "equal_on_every_rank": int(flag) == 0})
             del ref

@@ -129,5 +129,13 @@ def pytest_sessionfinish(session, exitstatus):
     line = {"test": "python", "ranks": int(_launcher("size", "1")),
             "pass": exitstatus == 0 and counts.get("passed", 0) > 0, "gpu": _have_gpu()}
     line.update(counts)
+    # Why tests skipped, so that a run's JSON says what it did not cover: {reason: count}.
+    reasons = {}
+    for r in (rep.stats.get("skipped", []) if rep else []):
+        why = r.longrepr[2] if isinstance(r.longrepr, tuple) and len(r.longrepr) == 3 else str(r.longrepr)
+        why = why[len("Skipped: "):] if why.startswith("Skipped: ") else why
+        reasons[why] = reasons.get(why, 0) + 1
+    if reasons:
+        line["skipped_reasons"] = reasons
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
