@@ -26,7 +26,8 @@ json=$out/replay-hang.jsonl
 # Each setting: CUDA_DEVICE_MAX_CONNECTIONS (or the default), then, after a colon, one more VAR=VALUE: the last one
 # turns off NCCL's mechanism for mixing captured and uncaptured operations, which NCCL's docs say has deadlocked CUDA
 # when several communicators' graphs are launched in one process (the mixed mode's virtual ranks are such).
-for setting in 1 default 32 default:NCCL_GRAPH_MIXING_SUPPORT=0; do
+# REPLAY_SETTINGS: other settings in the same form (e.g. "default:NCCL_LAUNCH_ORDER_IMPLICIT=1").
+for setting in ${REPLAY_SETTINGS:-1 default 32 default:NCCL_GRAPH_MIXING_SUPPORT=0}; do
   connections=${setting%%:*}
   extra=()
   [ "$setting" != "$connections" ] && extra=("${setting#*:}")
