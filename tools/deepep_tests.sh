@@ -31,7 +31,8 @@
 # parses its arguments and imports everything it imports through the drop-in, then stops.
 # The log (the commits, the GPU, every run's output and a summary) goes to $OUT/deepep-tests-<UTC>.log when OUT is
 # set, else bench/results/deepep-tests-<UTC>.log. Exit status: 0 when every run passed (dry run: imported).
-# Environment: NCCL_EXT_LIB_DIR (default build/lib), PYTHON (default python3).
+# Environment: NCCL_EXT_LIB_DIR (default build/lib), PYTHON (default python3), NCCL_SOCKET_NTHREADS and
+# NCCL_NSOCKS_PERTHREAD (default 4 and 4: more loopback connections than NCCL's own default).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -41,7 +42,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   shift
 fi
 if [ $# -lt 1 ] || [ ! -d "$1" ]; then
-  sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 src=$(cd "$1" && pwd)
@@ -141,6 +142,10 @@ export NCCL_EXT_LIB_DIR=${NCCL_EXT_LIB_DIR:-$root/build/lib}
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}  # the one-GPU nodes meet over loopback
 export NCCL_NVLS_ENABLE=0                            # NVLink multicast is forbidden on our machines
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# Every byte between the processes crosses loopback sockets, and more connections move it faster (256 MiB Shard(0) ->
+# Shard(1) at 4 one-GPU nodes, nccl_m2n and NCCL send/recv alike: 1.4 to 1.7 times, docs/PERFORMANCE.md section 6);
+# DeepEP's timing loops at 4 processes need it to fit a GPU call. Either variable set beforehand wins.
+export NCCL_SOCKET_NTHREADS=${NCCL_SOCKET_NTHREADS:-4} NCCL_NSOCKS_PERTHREAD=${NCCL_NSOCKS_PERTHREAD:-4}
 
 # -- the runs -------------------------------------------------------------------------------------------------------
 {
@@ -152,6 +157,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
   versions='import torch; print(torch.__version__, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
   echo "torch: $("$py" -c "$versions" 2>&1 | tail -1)"
   echo "processes: ${nprocs[*]} (each on GPU 0, its own NCCL node)"
+  echo "sockets: NCCL_SOCKET_NTHREADS=$NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD=$NCCL_NSOCKS_PERTHREAD"
 } | tee "$log"
 
 read -r -a intranode_args <<<"${DEEPEP_INTRANODE_ARGS:-}"
