@@ -7,8 +7,11 @@
 # each under a timeout, and writes one JSON line a setting (exit code, seconds, timed out or not) to
 # OUT_DIR/replay-hang.jsonl (default: bench/results). Reading: a pass at 32 with a hang at 8 proves the shared hardware
 # queue; a failure at 32 too (as on one H100, bench/results/replay-hang-20261206T0339Z.jsonl) points at NCCL's host
-# side instead, and a pass without NCCL's graph-mixing mechanism names it. Every run has its own timeout (REPLAY_TIMEOUT_S, default 120 s); the
-# test's device-wait budget stays its own. Needs a build (make all) and a GPU; exit 77 without them.
+# side instead, and a pass without NCCL's graph-mixing mechanism names it. Every run has its own timeout
+# (REPLAY_TIMEOUT_S, default 120 s); the test's device-wait budget stays its own unless REPLAY_TEST_ARGS (more
+# ep_ll_test arguments, e.g. "--timeout-s 40") says otherwise. REPLAY_DUMP_AFTER_S=N: NCCL dumps its proxies' state
+# (NCCL_PROXY_DUMP_SIGNAL=10) when, N seconds into each run, every rank process gets SIGUSR1; that run's whole log is
+# kept beside the JSON (replay-hang-<setting>.log). Needs a build (make all) and a GPU; exit 77 without them.
 set -uo pipefail
 out=${1:-bench/results}
 bin=${BUILDDIR:-build}/bin/ep_ll_test
@@ -33,28 +36,49 @@ for setting in ${REPLAY_SETTINGS:-1 default 32 default:NCCL_GRAPH_MIXING_SUPPORT
   [ "$setting" != "$connections" ] && extra=("${setting#*:}")
   log=$(mktemp)
   start=$(date +%s.%N)
+  read -r -a test_args <<<"${REPLAY_TEST_ARGS:-}"
+  dump=() dumper=
+  [ -n "${REPLAY_DUMP_AFTER_S:-}" ] && dump=(NCCL_PROXY_DUMP_SIGNAL=10)
   if [ "$connections" = default ]; then
-    timeout "$limit" env -u CUDA_DEVICE_MAX_CONNECTIONS "${extra[@]}" "$bin" --one-gpu mixed --nranks 4 --graph-only \
-      --back-to-back >"$log" 2>&1
+    timeout "$limit" env -u CUDA_DEVICE_MAX_CONNECTIONS "${extra[@]}" ${dump[@]+"${dump[@]}"} "$bin" --one-gpu mixed \
+      --nranks 4 --graph-only --back-to-back ${test_args[@]+"${test_args[@]}"} >"$log" 2>&1 &
   else
-    timeout "$limit" env CUDA_DEVICE_MAX_CONNECTIONS="$connections" "${extra[@]}" "$bin" --one-gpu mixed --nranks 4 \
-      --graph-only --back-to-back >"$log" 2>&1
+    timeout "$limit" env CUDA_DEVICE_MAX_CONNECTIONS="$connections" "${extra[@]}" ${dump[@]+"${dump[@]}"} "$bin" \
+      --one-gpu mixed --nranks 4 --graph-only --back-to-back ${test_args[@]+"${test_args[@]}"} >"$log" 2>&1 &
   fi
+  run=$!
+  if [ -n "${REPLAY_DUMP_AFTER_S:-}" ]; then
+    # The rank processes are the launcher's children (the launcher itself has no handler: SIGUSR1 would end it).
+    (sleep "$REPLAY_DUMP_AFTER_S"
+     for pid in $(pgrep -f "$bin"); do
+       parent=$(ps -o ppid= -p "$pid" | tr -d ' ')
+       [ -n "$parent" ] && [ "$(ps -o comm= -p "$parent")" = "$(basename "$bin")" ] && kill -USR1 "$pid" 2>/dev/null
+     done) &
+    dumper=$!
+  fi
+  wait "$run"
   rc=$?
+  [ -n "${dumper:-}" ] && kill "$dumper" 2>/dev/null
   seconds=$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$start" "$(date +%s.%N)")
   timed_out=false
   [ "$rc" -eq 124 ] && timed_out=true
-  python3 - "$json" "$connections" "${extra[*]}" "$rc" "$seconds" "$timed_out" "$log" <<'EOF'
+  python3 - "$json" "$connections" "${extra[*]}" "$rc" "$seconds" "$timed_out" "$log" "${REPLAY_TEST_ARGS:-}" \
+    "${REPLAY_DUMP_AFTER_S:-}" <<'EOF'
 import json, sys
-path, connections, extra, rc, seconds, timed_out, log = sys.argv[1:]
+path, connections, extra, rc, seconds, timed_out, log, test_args, dump_after = sys.argv[1:]
 tail = open(log, errors="replace").read()[-2000:]
 line = {"test": "replay_hang_experiment", "cuda_device_max_connections": connections, "env": extra, "rc": int(rc),
         "pass": rc == "0", "timed_out": timed_out == "true", "seconds": float(seconds), "log_tail": tail}
+if test_args:
+    line["test_args"] = test_args
+if dump_after:
+    line["proxy_dump_after_s"] = float(dump_after)
 with open(path, "a") as f:
     f.write(json.dumps(line) + "\n")
 print("replay_hang_experiment: CUDA_DEVICE_MAX_CONNECTIONS=%s%s -> rc %s in %s s%s" % (
     connections, " " + extra if extra else "", rc, seconds, " (timed out)" if timed_out == "true" else ""))
 EOF
+  [ -n "${REPLAY_DUMP_AFTER_S:-}" ] && cp "$log" "$out/replay-hang-${setting//[^A-Za-z0-9=_.-]/_}.log"
   rm -f "$log"
 done
 echo "replay_hang_experiment: results in $json"
