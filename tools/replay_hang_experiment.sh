@@ -38,7 +38,8 @@ for setting in ${REPLAY_SETTINGS:-1 default 32 default:NCCL_GRAPH_MIXING_SUPPORT
   start=$(date +%s.%N)
   read -r -a test_args <<<"${REPLAY_TEST_ARGS:-}"
   dump=() dumper=
-  [ -n "${REPLAY_DUMP_AFTER_S:-}" ] && dump=(NCCL_PROXY_DUMP_SIGNAL=10)
+  # stdbuf: NCCL prints the dump with printf, which a file would otherwise hold in a buffer a killed rank never flushes.
+  [ -n "${REPLAY_DUMP_AFTER_S:-}" ] && dump=(NCCL_PROXY_DUMP_SIGNAL=10 stdbuf -oL)
   if [ "$connections" = default ]; then
     timeout "$limit" env -u CUDA_DEVICE_MAX_CONNECTIONS "${extra[@]}" ${dump[@]+"${dump[@]}"} "$bin" --one-gpu mixed \
       --nranks 4 --graph-only --back-to-back ${test_args[@]+"${test_args[@]}"} >"$log" 2>&1 &
