@@ -77,6 +77,7 @@ Env parseEnv(const std::function<const char*(const char*)>& lookup, std::vector<
   intVar("NCCL_EXT_HT_HIERARCHICAL", 0, 1, &e.htHierarchical, "0 or 1");
   intVar("NCCL_EXT_RAIL_ROUND_TOKENS", 0, 1 << 20, &e.railRoundTokens, "an integer >= 0");
   intVar("NCCL_EXT_RAIL_OVERLAP", 0, 1, &e.railOverlap, "0 or 1");
+  intVar("NCCL_EXT_M2N_NET_CHANNELS", 0, 64, &e.m2nNetChannels, "an integer in [0, 64]");
   return e;
 }
 
@@ -103,12 +104,12 @@ const char* logLevelName(LogLevel level) {
 }
 
 std::string describeEnv(const Env& e) {
-  char buf[256];
+  char buf[320];
   snprintf(buf, sizeof(buf),
            "NCCL_EXT_LOG=%s NCCL_EXT_TIMEOUT_S=%g NCCL_EXT_LSA_DOMAIN_SIZE=%d NCCL_EXT_HT_HIERARCHICAL=%d "
-           "NCCL_EXT_RAIL_ROUND_TOKENS=%d NCCL_EXT_RAIL_OVERLAP=%d",
+           "NCCL_EXT_RAIL_ROUND_TOKENS=%d NCCL_EXT_RAIL_OVERLAP=%d NCCL_EXT_M2N_NET_CHANNELS=%d",
            logLevelName(e.logLevel), e.timeoutSeconds, e.lsaDomainSize, e.htHierarchical, e.railRoundTokens,
-           e.railOverlap);
+           e.railOverlap, e.m2nNetChannels);
   return buf;
 }
 

@@ -14,6 +14,7 @@
 #include "common/checks.h"
 #include "common/device_status.h"
 #include "common/domain.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/symmetric_memory.h"
 #include "common/watchdog.h"
@@ -168,6 +169,7 @@ ncclResult_t chooseExchange(ncclComm_t comm, int rank, int device, const std::ve
   x->generation = decided.generation;
   ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
   splitConfig.blocking = 1;
+  if (ncclext::env().m2nNetChannels > 0) splitConfig.nChannelsPerNetPeer = ncclext::env().m2nNetChannels;
   NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &x->comm, &splitConfig));
   std::shared_ptr<ExchangeComm> dropped;  // a retained older one goes outside the lock
   {

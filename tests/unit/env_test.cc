@@ -34,7 +34,8 @@ TEST(Env, ParsesEveryVariable) {
                      {"NCCL_EXT_LSA_DOMAIN_SIZE", "1"},
                      {"NCCL_EXT_HT_HIERARCHICAL", "1"},
                      {"NCCL_EXT_RAIL_ROUND_TOKENS", "64"},
-                     {"NCCL_EXT_RAIL_OVERLAP", "1"}},
+                     {"NCCL_EXT_RAIL_OVERLAP", "1"},
+                     {"NCCL_EXT_M2N_NET_CHANNELS", "8"}},
                     &problems);
   EXPECT_EQ(e.logLevel, LogLevel::kDebug);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 2.5);
@@ -42,6 +43,7 @@ TEST(Env, ParsesEveryVariable) {
   EXPECT_EQ(e.htHierarchical, 1);
   EXPECT_EQ(e.railRoundTokens, 64);
   EXPECT_EQ(e.railOverlap, 1);
+  EXPECT_EQ(e.m2nNetChannels, 8);
   EXPECT_TRUE(problems.empty());
 }
 
@@ -60,16 +62,20 @@ TEST(Env, BadValuesKeepDefaultsAndSaySo) {
 
 TEST(Env, RejectsTrailingGarbageAndNonFinite) {
   std::vector<std::string> problems;
-  Env e = parseFrom(
-      {{"NCCL_EXT_TIMEOUT_S", "5s"}, {"NCCL_EXT_LSA_DOMAIN_SIZE", "4x"}, {"NCCL_EXT_HT_HIERARCHICAL", "2"},
-       {"NCCL_EXT_RAIL_ROUND_TOKENS", "-3"}, {"NCCL_EXT_RAIL_OVERLAP", "yes"}},
-      &problems);
+  Env e = parseFrom({{"NCCL_EXT_TIMEOUT_S", "5s"},
+                     {"NCCL_EXT_LSA_DOMAIN_SIZE", "4x"},
+                     {"NCCL_EXT_HT_HIERARCHICAL", "2"},
+                     {"NCCL_EXT_RAIL_ROUND_TOKENS", "-3"},
+                     {"NCCL_EXT_RAIL_OVERLAP", "yes"},
+                     {"NCCL_EXT_M2N_NET_CHANNELS", "65"}},
+                    &problems);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
   EXPECT_EQ(e.lsaDomainSize, 0);
   EXPECT_EQ(e.htHierarchical, 0);
   EXPECT_EQ(e.railRoundTokens, 0);
   EXPECT_EQ(e.railOverlap, 0);
-  EXPECT_EQ(problems.size(), 5u);
+  EXPECT_EQ(e.m2nNetChannels, 0);
+  EXPECT_EQ(problems.size(), 6u);
   problems.clear();
   e = parseFrom({{"NCCL_EXT_TIMEOUT_S", "inf"}}, &problems);
   EXPECT_DOUBLE_EQ(e.timeoutSeconds, 100.0);
@@ -84,6 +90,7 @@ TEST(Env, DescribeNamesEveryVariable) {
   EXPECT_NE(d.find("NCCL_EXT_HT_HIERARCHICAL=0"), std::string::npos);
   EXPECT_NE(d.find("NCCL_EXT_RAIL_ROUND_TOKENS=0"), std::string::npos);
   EXPECT_NE(d.find("NCCL_EXT_RAIL_OVERLAP=0"), std::string::npos);
+  EXPECT_NE(d.find("NCCL_EXT_M2N_NET_CHANNELS=0"), std::string::npos);
 }
 
 }  // namespace
