@@ -55,13 +55,15 @@ def _take_turns(fns: dict, rounds: int, warmup: int, sample):
     return samples
 
 
-def interleaved(fns: dict, iters: int, warmup: int = 5):
+def interleaved(fns: dict, iters: int, warmup: int = 5, between=None):
     """Per name of `fns` (name -> callable), the list of `iters` (wall, enqueue) microsecond pairs of its calls, timed
-    as host_and_wall times one, the functions taking turns (_take_turns)."""
+    as host_and_wall times one (`between` as there), the functions taking turns (_take_turns)."""
     import torch
 
     def one_call(fn):
         torch.cuda.synchronize()
+        if between is not None:
+            between()
         t0 = time.perf_counter()
         fn()
         t1 = time.perf_counter()

@@ -7,16 +7,17 @@ Rank 0 holds every tensor of the config (Replicate on [0]); rank 1 receives all 
 ranks take part holding nothing. Each
 tensor is one contiguous run, so the executor sends it directly (one ncclSend / ncclRecv per tensor in one group).
 The baseline is what RL frameworks do today: torch.distributed.broadcast of each tensor from rank 0 (NCCL backend),
-one call per tensor. Times are medians of --iters CUDA-synchronised repetitions after one warm-up; bytes: each
-tensor's bytes once. `--scale k` divides every dimension above 1024 by k (the model must fit twice in the GPUs'
-memory; one GPU holds both sides). With --one-gpu nodes the ranks talk over loopback sockets: that measures the
-transport, not NVLink (the 2-GPU issue owns the NVLink numbers). Rank 0 prints one line and appends a JSON line to
---json.
+one call per tensor. Times are medians of --iters CUDA-synchronised repetitions after one warm-up, the two taking
+turns call by call (loopback sockets drift within a run); bytes: each tensor's bytes once. `--scale k` divides every
+dimension above 1024 by k (the model must fit twice in the GPUs' memory; one GPU holds both sides). With --one-gpu
+nodes the ranks talk over loopback sockets: that measures the transport, not NVLink (the 2-GPU issue owns the NVLink
+numbers). Rank 0 prints one line and appends a JSON line to --json.
 """
 
 import argparse
 import json
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from _launch import append_json, start  # noqa: E402
-from _timing import host_and_wall  # noqa: E402
+from _timing import interleaved  # noqa: E402
 from m2n_python_overhead import expand  # noqa: E402
 
 
@@ -57,16 +58,21 @@ def main():
             local[name] = torch.full(shape, float("nan"), device=device, dtype=torch.bfloat16)
     total = sum(torch.Size(shape).numel() * 2 for _, shape in tensors)
 
-    def timed(fn):  # seconds, median; every rank starts each repetition together
-        return host_and_wall(fn, a.iters, warmup=1, between=dist.barrier)[0] / 1e6
+    def broadcast_all():
+        if rank < 2:
+            for t in local.values():
+                dist.broadcast(t, src=0, group=pair)
 
     batch = [(name, m2n.Layout(shape, torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE]),
               m2n.Layout(shape, torch.bfloat16, mesh=[1], placements=[m2n.REPLICATE])) for name, shape in tensors]
     with m2n.Plan(batch, timeout_s=120) as plan:
         src = local if rank == 0 else {}
         dst = local if rank == 1 else {}
-        ours = timed(lambda: plan.execute(src, dst))
-        # Check once, on fresh poison: every tensor arrived bit for bit.
+        # Seconds, medians; the two take turns call by call, every rank starting each call together.
+        turns = interleaved({"ours": lambda: plan.execute(src, dst), "theirs": broadcast_all}, a.iters, warmup=1,
+                            between=dist.barrier)
+        ours, theirs = (statistics.median(w for w, _ in turns[k]) / 1e6 for k in ("ours", "theirs"))
+        # Check once, on fresh poison: rank 1's checksum of every tensor is rank 0's, and no NaN is left.
         if rank == 1:
             for t in local.values():
                 t.fill_(float("nan"))
@@ -82,12 +88,6 @@ def main():
         dist.all_reduce(flag)
         ok = int(flag) == 0
 
-    def broadcast_all():
-        if rank < 2:
-            for t in local.values():
-                dist.broadcast(t, src=0, group=pair)
-
-    theirs = timed(broadcast_all)
     if rank == 0:
         mode = "one-GPU nodes (loopback sockets)" if a.one_gpu else "real GPUs"
         line = {"test": "m2n_model_bench", "pass": ok, "ranks": world, "mode": mode, "model": config["name"],
