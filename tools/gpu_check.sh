@@ -34,6 +34,10 @@ RUNS=(
   "ep_ll|$BUILDDIR/bin/ep_ll_test --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   # ... on every SM (num_sms above the default 64: cooperative launches, nccl_ep/src/ll/calls.cc).
   "ep_ll_all_sms|$BUILDDIR/bin/ep_ll_test --sms 1024 --nranks NRANKS --json JSON|1|nodes"
+  # The soaks (tests/harness/soak.h): 10,000 checked pairs with handle churn, memory flat; one-GPU nodes have the
+  # Python soak (python_soak), whose pairs cost milliseconds over the sockets.
+  "ep_ht_soak|$BUILDDIR/bin/ep_ht_test --soak 10000 --nranks NRANKS --json JSON|1|virtual"
+  "ep_ll_soak|$BUILDDIR/bin/ep_ll_test --soak 10000 --nranks NRANKS --json JSON|1|virtual"
   # The same HT suite with the hierarchical dispatch (experimental: one rail row per (token, destination domain)).
   "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|mixed+4"
   # ... and in rounds of 96 rail positions a domain (512-token calls: up to six rounds, the last one partial).

@@ -18,11 +18,12 @@
 // fails the run.
 //
 // Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S]
-//                   [--quick] [--json FILE]
+//                   [--quick] [--soak PAIRS] [--json FILE]
 // --one-gpu mixed (launcher.h): one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail: domains of
 // two ranks and the relayed exchange between them at once (at 4 ranks).
 // --quick (the sanitizer runs): a few cases, no limits group, 2 graph replays. --silent-peer-s: the timeout test's
-// budget, on a group of its own (default: --timeout-s, on the test's group).     Exit: 0 pass, 1 fail, 77 no GPU.
+// budget, on a group of its own (default: --timeout-s, on the test's group). --soak PAIRS: only the soak (soakMain),
+// its JSON line test ep_ht_soak.                                                Exit: 0 pass, 1 fail, 77 no GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -46,6 +47,7 @@
 #include "tests/harness/launcher.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
+#include "tests/harness/soak.h"
 #include "tests/unit/ep_reference.h"
 
 namespace {
@@ -58,6 +60,7 @@ constexpr int kMaxRowBytes = 7168 * 2;  // a bf16 row of hidden 7168
 // The group's device-wait budget (--timeout-s; the sanitizer runs raise it, their kernels being far slower).
 double gTimeoutSeconds = 3;
 double gSilentPeerSeconds = 0;  // the timeout test's budget (--silent-peer-s; 0: the group's --timeout-s)
+int gSoak = 0;                  // --soak PAIRS: only the soak (soakMain)
 
 enum RoutingKind { kRandom, kAllToLastRank, kOneExpert, kFirstRankEmpty };
 
@@ -803,6 +806,78 @@ struct Runner {
   }
 };
 
+// --soak PAIRS: dispatch + combine pairs of one small case, each with a new routing on a new handle and every output
+// checked (Runner::runCase), on groups of kSoakPairsPerGroup pairs each; a warm-up of 20 pairs, then the memory
+// measured with no group open, the pairs, and the memory again. One verdict over the ranks: every check right, no
+// error, the memory flat (ncclext::harness::SoakNumbers::flat on every rank).
+int soakMain(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg, uint64_t seed,
+             const std::string& json) {
+  Case c{"soak: bf16/flat/worst", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE, false, 8,
+         128, true};
+  c.maxTokens = 128;
+  int errors = 0;
+  auto cycle = [&](uint64_t s, int pairs, ncclext::harness::SoakNumbers* n) {
+    for (int done = 0; done < pairs;) {
+      ncclEpGroup_t g = nullptr;
+      if (ncclext::harness::createEpGroup(&g, ctx.comm, &cfg) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpCreateGroup (soak): %s\n", ctx.rank, ncclEpGetLastError());
+        return 1;
+      }
+      Runner r{ctx, g, seed, 0, {}};
+      const int m = std::min(ncclext::harness::kSoakPairsPerGroup, pairs - done);
+      int res = 0;
+      for (int i = 0; i < m && !res; i++) {  // a handle of its own and every output checked (runCase)
+        res = r.runCase(c, s * 1000003 + done + i);
+        n->calls++;
+        n->handles++;
+        n->checks++;
+      }
+      errors += r.errors;
+      if (ncclEpGroupDestroy(g) != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclEpGroupDestroy (soak): %s\n", ctx.rank, ncclEpGetLastError());
+        res = 1;
+      }
+      if (res) return 1;
+      done += m;
+    }
+    return 0;
+  };
+  ncclext::harness::SoakNumbers warm, n;
+  const double budget = gTimeoutSeconds + 30;
+  int rc = cycle(seed, 20, &warm);
+  if (!rc && !ncclext::harness::measureMemory(ctx, budget, &n.deviceUsed0, &n.rss0)) rc = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!rc) rc = cycle(seed + 1, gSoak, &n);
+  n.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!rc && !ncclext::harness::measureMemory(ctx, budget, &n.deviceUsed1, &n.rss1)) rc = 1;
+  const bool flat = !rc && n.flat();
+  uint64_t total = 0;
+  const uint64_t mine = (uint64_t)(errors + rc + tCudaErrors + (flat ? 0 : 1));
+  if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = 1 + mine;
+  const bool pass = total == 0;
+  const double usPerPair = n.calls ? n.seconds * 1e6 / n.calls : 0;
+  printf("rank %d: soak of %s: %d pairs, as many handles, all checked, %.1f us a pair (checks included), device used "
+         "%+lld B, resident %+lld B, %d errors, %s -> %s (seed %llu)\n",
+         ctx.rank, c.name.c_str(), n.calls, usPerPair, (long long)n.deviceGrowth(), (long long)n.rssGrowth(), errors,
+         ncclext::harness::oneGpuName(ctx.mode), pass ? "PASS" : "FAIL", (unsigned long long)seed);
+  if (ctx.rank == 0) {
+    char line[768];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"ep_ht_soak\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"case\": \"%s\", "
+             "\"calls\": %d, \"handle_every\": 1, \"handles\": %d, \"group_every\": %d, \"check_every\": 1, "
+             "\"checks\": %d, \"seconds\": %.3f, \"us_per_pair\": %.1f, \"device_used_bytes\": [%lld, %lld], "
+             "\"device_used_growth_bytes\": %lld, \"host_rss_bytes\": [%lld, %lld], \"host_rss_growth_bytes\": %lld, "
+             "\"device_tolerance_bytes\": %lld, \"rss_tolerance_bytes\": %lld, \"errors\": %d, \"seed\": %llu}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", c.name.c_str(), n.calls,
+             n.handles, ncclext::harness::kSoakPairsPerGroup, n.checks, n.seconds, usPerPair,
+             (long long)n.deviceUsed0, (long long)n.deviceUsed1, (long long)n.deviceGrowth(), (long long)n.rss0,
+             (long long)n.rss1, (long long)n.rssGrowth(), (long long)ncclext::harness::kSoakDeviceTolerance,
+             (long long)ncclext::harness::kSoakRssTolerance, errors, (unsigned long long)seed);
+    ncclext::harness::writeJsonLine(json, line);
+  }
+  return pass ? 0 : 1;
+}
+
 bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json, ncclext::harness::OneGpu* oneGpu,
            bool* quick) {
   ncclext::harness::Cli cli(argv[0]);
@@ -812,10 +887,11 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
   cli.option("timeout-s", &gTimeoutSeconds);
   cli.option("silent-peer-s", &gSilentPeerSeconds);
   cli.flag("quick", quick);
+  cli.option("soak", &gSoak);
   cli.option("json", json);
   if (!cli.parse(argc, argv)) return false;
   if (gSilentPeerSeconds <= 0) gSilentPeerSeconds = gTimeoutSeconds;
-  return cli.require(gTimeoutSeconds > 0, "--timeout-s must be > 0");
+  return cli.require(gTimeoutSeconds > 0, "--timeout-s must be > 0") && cli.require(gSoak >= 0, "--soak must be >= 0");
 }
 
 }  // namespace
@@ -849,6 +925,7 @@ int main(int argc, char** argv) {
     cfg.num_sms = 24;
     cfg.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
     ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
+    if (gSoak > 0) return soakMain(ctx, cfg, seed, json);
     ncclEpGroup_t group = nullptr;
     if (ncclext::harness::createEpGroup(&group, ctx.comm, &cfg) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpCreateGroup: %s\n", ctx.rank, ncclEpGetLastError());

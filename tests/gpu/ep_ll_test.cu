@@ -39,9 +39,11 @@
 //
 // --one-gpu mixed: one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail (relayed exchanges).
 // Usage: ep_ll_test [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S]
-//                   [--sms N] [--quick] [--graph-only] [--back-to-back] [--json FILE]
+//                   [--sms N] [--quick] [--graph-only] [--back-to-back] [--soak CALLS] [--json FILE]
 // --quick (the sanitizer runs): a few cases, 5 graph replays, all checked. --silent-peer-s: the timeout test's
 // budget (default 1.5 s). --graph-only / --back-to-back: the mixed mode's replay experiment (gGraphOnly below).
+// --soak CALLS: only the soak (Runner::runSoak, soakMain): CALLS checked dispatch + combine pairs with handle churn,
+// device and host memory flat; its JSON line is test ep_ll_soak.
 //                                                                              Exit: 0 pass, 1 fail, 77 no GPU.
 
 #include <algorithm>
@@ -61,6 +63,7 @@
 #include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
+#include "tests/harness/soak.h"
 #include "tests/harness/launcher.h"
 #include "tests/unit/ep_ll_reference.h"
 
@@ -79,6 +82,7 @@ int gSms = 0;  // --sms: the groups' num_sms (0: the library's default)
 // Experiments on the mixed mode's back-to-back replay hang (docs/ARCHITECTURE.md): --graph-only runs the graph-replay
 // cases alone; --back-to-back launches mixed mode's replays without waiting for each (as the other modes do).
 bool gGraphOnly = false;
+int gSoak = 0;  // --soak CALLS: only the soak (Runner::runSoak)
 bool gBackToBack = false;
 double gSilentPeerSeconds = 1.5;  // the timeout test's budget (--silent-peer-s), on a group of its own
 
@@ -774,6 +778,65 @@ struct Runner {
     return 0;
   }
 
+  // --soak: `calls` dispatch + combine pairs of case `c` on a group of their own, a new routing on a new handle every
+  // kSoakHandleEvery pairs (the old handle destroyed), fresh inputs every pair, every kSoakCheckEvery-th pair and
+  // the last checked on poisoned outputs; the group destroyed at the end.
+  int soakCycle(const Case& c, uint64_t seed, int calls, ncclext::harness::SoakNumbers* n) {
+    if (openGroup(c.maxTokens, c.expertsPerRank, c.hidden)) return 1;
+    const Shape sh = shapeOf(c, ctx.nRanks);
+    int rc = 0;
+    {
+      Buffers b(sh);
+      ncclEpHandle_t h = nullptr;
+      Routing r;
+      for (int i = 0; i < calls && !rc; i++) {
+        const std::string label = c.name + " / soak pair " + std::to_string(i);
+        if (i % ncclext::harness::kSoakHandleEvery == 0) {
+          if (h && ncclEpHandleDestroy(h) != ncclSuccess) {
+            bad(label, "ncclEpHandleDestroy failed");
+            rc = 1;
+          }
+          h = nullptr;
+          r = makeRouting(c, ctx.nRanks, seed * 1000003 + i / ncclext::harness::kSoakHandleEvery);
+          if (rc || bind(label, c, sh, b, r, &h)) rc = 1;
+          n->handles++;
+        }
+        const int T = r.numTokens[ctx.rank];
+        const uint64_t ds = seed * 4096 + i;
+        const bool checked = i % ncclext::harness::kSoakCheckEvery == 0 || i == calls - 1;
+        if (rc) break;
+        fillInputs(c, sh, b, T, ds);
+        if (checked) b.poisonOutputs();
+        if (enqueue(label, h, describe(c, sh, b, T, kByRank))) rc = 1;
+        n->calls++;
+        if (rc || !checked) continue;
+        if (wait(label.c_str())) rc = 1;
+        if (rc) break;
+        const Expected x = expect(c, sh, r, kByRank, ds, ctx.rank);
+        checkDispatch(label, c, sh, b, x, ds);
+        checkCombine(label, sh, b, x);
+        n->checks++;
+      }
+      if (!rc && wait("soak: the last pair")) rc = 1;
+      if (h && ncclEpHandleDestroy(h) != ncclSuccess) rc = 1;
+    }  // the buffers go before the group
+    rc |= closeGroup();
+    return rc;
+  }
+
+  // The soak: a warm-up cycle of two handles, then the memory measured (no group open), `calls` pairs on a new
+  // group, and the memory again: its growth is the soak's.
+  int runSoak(const Case& c, uint64_t seed, int calls, ncclext::harness::SoakNumbers* n) {
+    ncclext::harness::SoakNumbers warm;
+    if (soakCycle(c, seed, 2 * ncclext::harness::kSoakHandleEvery, &warm)) return 1;
+    const double budget = gTimeoutSeconds + 30;
+    if (!ncclext::harness::measureMemory(ctx, budget, &n->deviceUsed0, &n->rss0)) return 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (soakCycle(c, seed + 1, calls, n)) return 1;
+    n->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return ncclext::harness::measureMemory(ctx, budget, &n->deviceUsed1, &n->rss1) ? 0 : 1;
+  }
+
   // Dispatch + combine captured once (global capture mode) and replayed: fresh inputs written by the fill kernel
   // before every replay (same routing), outputs poisoned before each checked one.
   int runGraph(const Case& c, uint64_t caseSeed, int replays, int checkEvery) {
@@ -1360,6 +1423,51 @@ std::vector<Case> buildCases() {
   return cases;
 }
 
+// --soak CALLS: the soak alone, on the first plain bf16 RANK_MAJOR case (random routing), then one verdict over the
+// ranks: every check right, no error, and the memory flat (ncclext::harness::SoakNumbers::flat on every rank).
+int soakMain(ncclext::harness::RankContext& ctx, Runner& run, const std::vector<Case>& cases, uint64_t seed,
+             const std::string& json) {
+  const Case* soak = nullptr;
+  for (const Case& c : cases)
+    if (!soak && c.kind == kDispatchCombine && c.layout == NCCL_EP_LAYOUT_RANK_MAJOR && c.tokens == kBf16 &&
+        c.routing == kRandom && !c.update && !c.sendOnly && !c.bare && !c.masked)
+      soak = &c;
+  if (!soak) {
+    fprintf(stderr, "rank %d: no case for the soak\n", ctx.rank);
+    return 1;
+  }
+  ncclext::harness::SoakNumbers n;
+  const int rc = run.runSoak(*soak, seed, gSoak, &n);
+  const bool flat = n.flat();
+  uint64_t total = 0;
+  const uint64_t mine = (uint64_t)(run.errors + rc + tCudaErrors + (flat ? 0 : 1));
+  if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = 1 + mine;
+  const bool pass = total == 0;
+  const double usPerPair = n.calls ? n.seconds * 1e6 / n.calls : 0;
+  printf("rank %d: soak of %s: %d pairs, %d handles, %d checked, %.1f us a pair (checks included), device used "
+         "%+lld B, resident %+lld B, %d errors, %s -> %s (seed %llu)\n",
+         ctx.rank, soak->name.c_str(), n.calls, n.handles, n.checks, usPerPair, (long long)n.deviceGrowth(),
+         (long long)n.rssGrowth(), run.errors, ncclext::harness::oneGpuName(ctx.mode), pass ? "PASS" : "FAIL",
+         (unsigned long long)seed);
+  if (ctx.rank == 0) {
+    char line[768];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"ep_ll_soak\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"case\": \"%s\", "
+             "\"calls\": %d, \"handle_every\": %d, \"handles\": %d, \"check_every\": %d, \"checks\": %d, "
+             "\"seconds\": %.3f, \"us_per_pair\": %.1f, \"device_used_bytes\": [%lld, %lld], "
+             "\"device_used_growth_bytes\": %lld, \"host_rss_bytes\": [%lld, %lld], \"host_rss_growth_bytes\": %lld, "
+             "\"device_tolerance_bytes\": %lld, \"rss_tolerance_bytes\": %lld, \"errors\": %d, \"seed\": %llu}",
+             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", soak->name.c_str(),
+             n.calls, ncclext::harness::kSoakHandleEvery, n.handles, ncclext::harness::kSoakCheckEvery, n.checks,
+             n.seconds, usPerPair, (long long)n.deviceUsed0, (long long)n.deviceUsed1, (long long)n.deviceGrowth(),
+             (long long)n.rss0, (long long)n.rss1, (long long)n.rssGrowth(),
+             (long long)ncclext::harness::kSoakDeviceTolerance, (long long)ncclext::harness::kSoakRssTolerance,
+             run.errors, (unsigned long long)seed);
+    ncclext::harness::writeJsonLine(json, line);
+  }
+  return pass ? 0 : 1;
+}
+
 bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json, ncclext::harness::OneGpu* oneGpu,
            bool* quick) {
   ncclext::harness::Cli cli(argv[0]);
@@ -1372,9 +1480,11 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
   cli.flag("quick", quick);
   cli.flag("graph-only", &gGraphOnly);
   cli.flag("back-to-back", &gBackToBack);
+  cli.option("soak", &gSoak);
   cli.option("json", json);
   return cli.parse(argc, argv) &&
-         cli.require(gTimeoutSeconds > 0 && gSilentPeerSeconds > 0, "--timeout-s and --silent-peer-s must be > 0");
+         cli.require(gTimeoutSeconds > 0 && gSilentPeerSeconds > 0, "--timeout-s and --silent-peer-s must be > 0") &&
+         cli.require(gSoak >= 0, "--soak must be >= 0");
 }
 
 }  // namespace
@@ -1436,6 +1546,7 @@ int main(int argc, char** argv) {
       if (ncclEpGroupDestroy(g) != ncclSuccess) return 1;
     }
     run.acrossDomains = acrossDomains;
+    if (gSoak > 0) return soakMain(ctx, run, cases, seed, json);
     if (acrossDomains && mixed) {
       std::vector<Case> kept;
       for (const Case& c : cases)
