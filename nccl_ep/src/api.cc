@@ -285,8 +285,19 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   // fp8 scales as UE8M0 bytes packed four an int32 (DeepEP's use_ue8m0): asked for by int32 outputs.scales.
   const bool ue8m0 = fp8Out && present(outputs->scales) && outputs->scales.datatype == ncclInt32;
   // Scale words a row: one fp32 per 128 columns (fp8), four UE8M0 per 512 (packed fp8), four e4m3 per 64 (NVFP4).
-  const int scaleColsLog2 = fp4Out ? 6 : ue8m0 ? 9 : 7;
-  const int nScales = fp8Out || fp4Out ? (int)(H >> scaleColsLog2) : 0;
+  int scaleColsLog2 = fp4Out ? 6 : ue8m0 ? 9 : 7;
+  int nScales = fp8Out || fp4Out ? (int)(H >> scaleColsLog2) : 0;
+  // Forwarded fp8 takes any S 32-bit words a row (the caller's layout: per token, per block, packed), moved bit for
+  // bit. Where S is not the per-block count above, the row's first slice moves all S (scaleColsLog2 -1).
+  if (in == kFp8 && present(inputs->scales) && inputs->scales.ndim == 2 &&
+      !(H % ((int64_t)1 << scaleColsLog2) == 0 && inputs->scales.sizes[1] == (H >> scaleColsLog2))) {
+    NCCLEXT_ARG(inputs->scales.sizes[1] >= 1 && inputs->scales.sizes[1] <= g->view.meta.maxScales,
+                "inputs.scales has %lld words a row; forwarded fp8 takes 1 to %d (a scale word per 128 bytes of the "
+                "group's max_token_bytes %d)",
+                (long long)inputs->scales.sizes[1], g->view.meta.maxScales, g->config.max_token_bytes);
+    scaleColsLog2 = -1;
+    nScales = (int)inputs->scales.sizes[1];
+  }
   const char* fmt = fp4Out ? "NVFP4" : "fp8";
   // The window's room a row (layout.cc): a flag per kLlSliceCols columns and a scale word per 128 bytes, both
   // counted from max_token_bytes. bf16 and fp8 rows fit whenever their bytes do; NVFP4 rows (H / 2 bytes) need room
@@ -300,8 +311,9 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
   if (fp8Out || fp4Out) {
     NCCLEXT_ARG(H % 128 == 0, "%s tokens: hidden %lld is not a multiple of 128", fmt, (long long)H);
     NCCLEXT_ARG(present(outputs->scales), "%s outputs need outputs.scales %s", fmt,
-                fp4Out ? "[N, hidden/16] uint8 or e4m3" : "[N, hidden/128] fp32 or [N, hidden/512] int32 (UE8M0)");
-    NCCLEXT_ARG(!ue8m0 || H % 512 == 0,
+                fp4Out ? "[N, hidden/16] uint8 or e4m3"
+                       : "[N, hidden/128] fp32 or [N, hidden/512] int32 (UE8M0); forwarded: [N, S] as inputs.scales");
+    NCCLEXT_ARG(!ue8m0 || in == kFp8 || H % 512 == 0,
                 "UE8M0 scales (int32 outputs.scales): hidden %lld is not a multiple of 512 "
                 "(four scales of 128 columns a word)",
                 (long long)H);
@@ -315,8 +327,9 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
     NCCLEXT_ARG(!present(outputs->scales), "outputs.scales are for fp8 and NVFP4 outputs only");
   }
   if (in != kBf16) {
-    NCCLEXT_ARG(present(inputs->scales), "%s tokens need inputs.scales %s", fmt,
-                fp4Out ? "[T, hidden/16] uint8 or e4m3" : "[T, hidden/128] fp32 or [T, hidden/512] int32 (UE8M0)");
+    NCCLEXT_ARG(
+        present(inputs->scales), "%s tokens need inputs.scales %s", fmt,
+        fp4Out ? "[T, hidden/16] uint8 or e4m3" : "[T, S] fp32 or int32 (S words a row, forwarded bit for bit)");
     if (in == kFp4)
       NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclUint8, ncclFloat8e4m3}, {T, H / 16}));
     else  // forwarded as they are: the outputs' scales of the same form

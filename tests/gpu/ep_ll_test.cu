@@ -96,6 +96,8 @@ enum RoutingKind {
 // What dispatch takes and returns: bf16; e4m3 quantised by the sender (scales per 128 columns, or powers of two) or
 // forwarded; NVFP4 (uint8, two columns a byte, e4m3 scales per 16) quantised under a global scale or forwarded.
 // kFp8Ue8m0 / kFp8ForwardedUe8m0: fp8 with int32 scales, four UE8M0 exponent bytes a word (one per 128 columns).
+// kFp8ForwardedPerToken / kFp8ForwardedWords: forwarded fp8 with scale words of the caller's own layout, one fp32 a
+// token or three int32 a token (neither the per-block count: the row's first slice moves them all).
 enum Tokens {
   kBf16,
   kFp8Quantised,
@@ -104,11 +106,16 @@ enum Tokens {
   kFp4Quantised,
   kFp4Forwarded,
   kFp8Ue8m0,
-  kFp8ForwardedUe8m0
+  kFp8ForwardedUe8m0,
+  kFp8ForwardedPerToken,
+  kFp8ForwardedWords
 };
 bool isFp4(Tokens t) { return t == kFp4Quantised || t == kFp4Forwarded; }
 bool isUe8m0(Tokens t) { return t == kFp8Ue8m0 || t == kFp8ForwardedUe8m0; }
-bool fp8In(Tokens t) { return t == kFp8Forwarded || t == kFp8ForwardedUe8m0; }
+bool fp8In(Tokens t) {
+  return t == kFp8Forwarded || t == kFp8ForwardedUe8m0 || t == kFp8ForwardedPerToken || t == kFp8ForwardedWords;
+}
+bool int32Scales(Tokens t) { return isUe8m0(t) || t == kFp8ForwardedWords; }
 // The NVFP4 global scale: 448 x 6 over the largest token magnitude tokenBits draws (127 x 2^4).
 constexpr float kFp4GlobalScale = 448.0f * 6.0f / 2032.0f;
 enum Combine { kByRank, kWeightsAtDispatch, kWeightsAtCombine, kBothPaths };
@@ -276,10 +283,12 @@ Shape shapeOf(const Case& c, int nRanks) {
   sh.K = topkOf(c, nRanks);
   sh.H = c.hidden;
   // Scale words a row: one fp32 per 128 columns (fp8), four UE8M0 bytes per 512 (packed fp8), four e4m3 bytes per
-  // 64 (NVFP4).
-  sh.nScales = c.tokens == kBf16        ? 0
-               : isUe8m0(c.tokens)      ? c.hidden / 512
-                                        : c.hidden / (isFp4(c.tokens) ? 64 : ncclext::kFp8BlockElems);
+  // 64 (NVFP4); the caller's own: one (per token) or three.
+  sh.nScales = c.tokens == kBf16                    ? 0
+               : c.tokens == kFp8ForwardedPerToken ? 1
+               : c.tokens == kFp8ForwardedWords    ? 3
+               : isUe8m0(c.tokens)                 ? c.hidden / 512
+                                                   : c.hidden / (isFp4(c.tokens) ? 64 : ncclext::kFp8BlockElems);
   sh.N = (int64_t)(sh.rankMajor() ? 1 : sh.L) * sh.R * sh.M;
   sh.inRow = c.tokens == kFp4Forwarded ? (size_t)c.hidden / 2 : (size_t)c.hidden * (fp8In(c.tokens) ? 1 : 2);
   sh.outRow = isFp4(c.tokens) ? (size_t)c.hidden / 2 : (size_t)c.hidden * (c.tokens == kBf16 ? 2 : 1);
@@ -449,7 +458,7 @@ Call describe(const Case& c, const Shape& sh, Buffers& b, int T, Combine path) {
   const ncclDataType_t outType = sh.tokens == kBf16 ? ncclBfloat16 : fp4 ? ncclUint8 : ncclFloat8e4m3;
   k.in.tokens = epTensor(b.x.p, inType, {T, sh.tokens == kFp4Forwarded ? sh.H / 2 : sh.H});
   if (c.dispatchWeights) k.in.topk_weights = epTensor(b.weights.p, ncclFloat32, {T, sh.K});
-  const ncclDataType_t scaleType = isUe8m0(sh.tokens) ? ncclInt32 : ncclFloat32;
+  const ncclDataType_t scaleType = int32Scales(sh.tokens) ? ncclInt32 : ncclFloat32;
   if (fp8In(sh.tokens)) k.in.scales = epTensor(b.scales.p, scaleType, {T, sh.nScales});
   if (sh.tokens == kFp4Forwarded) k.in.scales = epTensor(b.scales.p, ncclFloat8e4m3, {T, sh.H / 16});
   if (sh.tokens == kFp4Quantised) k.in.global_scale = epTensor(b.globalScale.p, ncclFloat32, {1});
@@ -1373,6 +1382,8 @@ std::vector<Case> buildCases() {
                      {"fp8 forwarded", kFp8Forwarded, false},
                      {"fp8 quantised, UE8M0 scales", kFp8Ue8m0, false},
                      {"fp8 forwarded, UE8M0 scales", kFp8ForwardedUe8m0, true},
+                     {"fp8 forwarded, a scale per token", kFp8ForwardedPerToken, false},
+                     {"fp8 forwarded, three int32 scale words a token", kFp8ForwardedWords, true},
                      {"NVFP4 quantised", kFp4Quantised, true},
                      {"NVFP4 forwarded", kFp4Forwarded, false}};
       for (const auto& f : formats) {

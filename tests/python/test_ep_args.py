@@ -255,6 +255,22 @@ def test_low_latency_ue8m0_dispatch_structs(on_cpu, forwarded):
     assert (inputs.scales.ndim != 0) == forwarded and cfg.round_scale == 0
 
 
+@pytest.mark.parametrize("words,dtype", [(1, torch.float32), (3, torch.int32)])
+def test_low_latency_forwarded_scales_of_the_callers_layout(on_cpu, words, dtype):
+    # fp8 x with scales [T, S] of any S and dtype (a scale per token, packed words): outputs.scales [N, S] of the
+    # same dtype, the inputs' as given (the library moves them bit for bit).
+    g = _shell()
+    h = _FakeHandle(g, "rank_major")
+    n = h.output_rows()
+    scales = torch.zeros(5, words, dtype=dtype)
+    recv = g.dispatch(torch.zeros(5, H, dtype=torch.float8_e4m3fn), handle=h, scales=scales, stream=_Stream())
+    (prep, args), = on_cpu
+    inputs, outputs, cfg, info = prep.structs
+    want = T.NCCL_FLOAT32 if dtype == torch.float32 else T.NCCL_INT32
+    assert _dims(inputs.scales) == ([5, words], want) and _dims(outputs.scales) == ([n, words], want)
+    assert recv.scales.shape == (n, words) and recv.scales.dtype == dtype
+
+
 @pytest.mark.parametrize("mode", ["nvfp4_quantised", "nvfp4_quantised_uint8", "nvfp4_forwarded"])
 def test_low_latency_nvfp4_dispatch_structs(on_cpu, mode):
     # bf16 x with out_dtype float4_e2m1fn_x2 (or uint8) and a global scale: tokens [N, H/2] of that dtype, scales

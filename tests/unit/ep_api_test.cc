@@ -411,6 +411,44 @@ TEST(EpApi, LowLatencyRejections) {
   EXPECT_TRUE(says("outputs.tokens overlaps inputs.tokens"));
 }
 
+// Low-Latency forwarded fp8 takes any S 32-bit words a row (the caller's layout: per block, UE8M0 packed, per token,
+// anything), fp32 or int32, from 1 to the group's max_token_bytes / 128 = 112; each accepted form gets as far as the
+// next check (outputs.topk_idx a column short). The output's scales are the input's form, or refused.
+TEST(EpApi, LowLatencyForwardedScaleForms) {
+  FakeLl f;
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclFloat8e4m3, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(f.p, ncclFloat8e4m3, {512, 7168});
+  out.topk_idx = epTensor(f.p, ncclInt32, {512, 7});
+  auto dispatch = [&]() { return ncclEpDispatch(&f.handle, &in, &out, nullptr, nullptr, nullptr); };
+  const ncclEpTensor_t forms[] = {epTensor(f.p, ncclFloat32, {100, 56}), epTensor(f.p, ncclInt32, {100, 14}),
+                                  epTensor(f.p, ncclFloat32, {100, 1}), epTensor(f.p, ncclInt32, {100, 3}),
+                                  epTensor(f.p, ncclFloat32, {100, 112})};
+  for (const ncclEpTensor_t& scales : forms) {
+    in.scales = scales;
+    out.scales = epTensor(f.p, scales.datatype, {512, scales.sizes[1]});
+    EXPECT_EQ(dispatch(), ncclInvalidArgument);
+    EXPECT_TRUE(says("outputs.topk_idx: sizes[1] = 7, expected 8")) << ncclEpGetLastError();
+  }
+  out.topk_idx = NCCL_EP_TENSOR_INIT;
+  in.scales = epTensor(f.p, ncclFloat32, {100, 1});
+  out.scales = epTensor(f.p, ncclFloat32, {512, 2});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.scales: sizes[1] = 2, expected 1")) << ncclEpGetLastError();
+  out.scales = epTensor(f.p, ncclInt32, {512, 1});  // int32 words out of fp32 ones
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.scales: dtype fp32")) << ncclEpGetLastError();
+  in.scales = epTensor(f.p, ncclFloat32, {100, 113});
+  out.scales = epTensor(f.p, ncclFloat32, {512, 113});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.scales has 113 words a row; forwarded fp8 takes 1 to 112")) << ncclEpGetLastError();
+  in.scales = epTensor(f.p, ncclFloat32, {100, 0});
+  out.scales = epTensor(f.p, ncclFloat32, {512, 0});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("forwarded fp8 takes 1 to 112")) << ncclEpGetLastError();
+}
+
 // Low-Latency NVFP4: bf16 in, uint8 [N, H/2] out with [N, H/16] e4m3 scales and inputs.global_scale quantises;
 // uint8 in and out forwards with the scales; every missing or misshapen piece is named, and the pieces that belong
 // to NVFP4 are refused elsewhere (High-Throughput's global_scale, round_scale). An inputs struct of the first layout

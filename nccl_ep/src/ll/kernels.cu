@@ -299,6 +299,16 @@ __device__ void quantizeSliceFp4(const GroupView& g, const LlDispatchCall& c, co
   }
 }
 
+// The scale words a slice of columns `cols` moves: those of its columns, or (scaleColsLog2 < 0: forwarded e4m3 with
+// the caller's S words a row) all of the row's with its first slice and none with the others.
+struct ScaleWords {
+  int lo, hi;
+  __device__ __forceinline__ static ScaleWords of(const LlDispatchCall& c, Cols cols) {
+    if (c.scaleColsLog2 < 0) return {0, cols.lo == 0 ? c.nScales : 0};
+    return {cols.lo >> c.scaleColsLog2, cols.hi >> c.scaleColsLog2};
+  }
+};
+
 // Bytes of a row before column `col`, its columns `nibbles` 4-bit units each (4, 2 or 1: even products only, as every
 // slice starts at a multiple of 128 columns). A shift, not a division: it runs for every slice of every row.
 __device__ __forceinline__ size_t colBytes(int col, int nibbles) { return (size_t)col * (size_t)nibbles >> 1; }
@@ -329,9 +339,11 @@ __device__ void sendRows(const GroupView& g, const HandleView& h, const LlDispat
         char* dst = static_cast<char*>(peerAt(g, bank + g.wl.dispRows + rowIndex * g.rowStride, r));
         const size_t lo = colBytes(cols.lo, c.inColNibbles), hi = colBytes(cols.hi, c.inColNibbles);
         warpCopy<false>(lane, dst + lo, row + lo, (int)(hi - lo));
-        if (c.scales)  // whole words: a slice starts at a multiple of 128 columns (H is a multiple of 128)
-          for (int b = (cols.lo >> c.scaleColsLog2) + lane; b < cols.hi >> c.scaleColsLog2; b += 32)
+        if (c.scales) {  // whole words: a slice starts at a multiple of 128 columns (H is a multiple of 128)
+          const ScaleWords sw = ScaleWords::of(c, cols);
+          for (int b = sw.lo + lane; b < sw.hi; b += 32)
             reinterpret_cast<float*>(meta + g.meta.scaleOff())[b] = __ldg(c.scales + (size_t)t * c.nScales + b);
+        }
       }
       if (has) {
         reinterpret_cast<int*>(meta + g.meta.expertOff())[lane] = localExpert(g, e, r);
@@ -415,9 +427,10 @@ __device__ __forceinline__ void copySlice(const LlDispatchCall& c, int lane, siz
                                           const float* scales, Cols cols) {
   const size_t lo = colBytes(cols.lo, c.outColNibbles), hi = colBytes(cols.hi, c.outColNibbles);
   warpCopy<true>(lane, c.outTokens + row * c.outRowBytes + lo, src + lo, (int)(hi - lo));
-  if (c.outScales)  // 32-bit words, bit for bit (NVFP4: four e4m3 scales each)
-    for (int b = (cols.lo >> c.scaleColsLog2) + lane; b < cols.hi >> c.scaleColsLog2; b += 32)
-      c.outScales[row * c.nScales + b] = __ldcg(scales + b);
+  if (c.outScales) {  // 32-bit words, bit for bit (NVFP4: four e4m3 scales each)
+    const ScaleWords sw = ScaleWords::of(c, cols);
+    for (int b = sw.lo + lane; b < sw.hi; b += 32) c.outScales[row * c.nScales + b] = __ldcg(scales + b);
+  }
 }
 
 // One warp per (staged row, slice): acquire, lay out; slice 0 also writes the row's ids, weights and src_info and

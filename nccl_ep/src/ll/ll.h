@@ -38,9 +38,11 @@ struct LlDispatchCall {
   int outRowBytes;       // H x the output's element size (NVFP4: H / 2)
   int inColNibbles;      // a column of the input in 4-bit units: 4 (bf16), 2 (e4m3), 1 (NVFP4)
   int outColNibbles;     // the same of the output
-  int nScales;           // scale words a row: H >> scaleColsLog2 with an e4m3 or NVFP4 output, else 0
+  int nScales;           // scale words a row: H >> scaleColsLog2 with an e4m3 or NVFP4 output (forwarded e4m3:
+                         // any S), else 0
   int scaleColsLog2;     // columns a scale word covers, log2: 7 (e4m3: one fp32 per 128), 9 (e4m3, UE8M0: four
-                         // exponent bytes of 128 each), 6 (NVFP4: four e4m3 of 16)
+                         // exponent bytes of 128 each), 6 (NVFP4: four e4m3 of 16); -1: forwarded e4m3 with S words
+                         // of the caller's layout, all moved with the row's first slice
   int quantize;          // bf16 in, e4m3 out: the sender quantises
   int quantizeFp4;       // bf16 in, NVFP4 out: the sender quantises under *globalScale
   const float* globalScale;  // [1] on the device, with quantizeFp4

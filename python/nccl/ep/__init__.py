@@ -532,11 +532,12 @@ class Group(Closing):
         weights needs them). The FLAT and RANK_MAJOR outputs' topk_idx hold this rank's local expert ids (-1 where
         the expert is elsewhere), or with `global_expert_ids=True` the global ones (rank * local_experts + local).
 
-        Low-Latency groups: x is bf16, or fp8 e4m3 with `scales` (forwarded as they are). `out_dtype=
+        Low-Latency groups: x is bf16, or fp8 e4m3 with `scales` [T, S] fp32 or int32 of the caller's layout, any S
+        from 1 to max_token_bytes / 128 (per block, packed UE8M0, per token: forwarded bit for bit). `out_dtype=
         torch.float8_e4m3fn` with bf16 x quantises on the sender: tokens arrive as e4m3 with `scales` [N, H/128]
         fp32 (amax / 448 per 128 columns; `round_scale=True`: rounded up to powers of 2; `ue8m0=True`: powers of 2
-        as their exponent bytes, four an int32, [N, H/512], H a multiple of 512: DeepEP's packed UE8M0, row-major);
-        fp8 x with such int32 scales [T, H/512] is forwarded the same way. `out_dtype=
+        as their exponent bytes, four an int32, [N, H/512], H a multiple of 512: DeepEP's packed UE8M0, row-major).
+        `out_dtype=
         torch.float4_e2m1fn_x2` (or torch.uint8) with bf16 x and `global_scale` (a [1] fp32 CUDA tensor g, as vLLM's
         and TensorRT-LLM's NVFP4 quantisers take it) quantises to NVFP4: tokens [N, H/2] of out_dtype (two e2m1 a
         byte, the first in the low nibble) with `scales` [N, H/16] float8_e4m3fn, one per 16 columns (e4m3(amax / 6
@@ -665,8 +666,8 @@ class Group(Closing):
                 raise NcclInvalidUsage("global_scale: for the Low-Latency mode's NVFP4 quantisation (High-Throughput "
                                        "forwards NVFP4 rows as uint8 with their scales)")
         if x.dtype == fp8 and scales is None:
-            raise NcclInvalidArgument("x is float8_e4m3fn: give its scales [T, S] fp32 (Low-Latency: S = H/128; "
-                                      "High-Throughput: any S, or int32, e.g. packed UE8M0)")
+            raise NcclInvalidArgument("x is float8_e4m3fn: give its scales [T, S] fp32 or int32 (any S of the "
+                                      "caller's layout: per block, packed UE8M0, per token; forwarded bit for bit)")
         out_dt = fp8 if quantise else out_dtype if quantise4 else x.dtype
         out_cols = hdim // 2 if quantise4 or forward4 else hdim
         per_row_k = handle.layout in ("flat", "rank_major")  # rows of one token with all its top-k slots
@@ -699,8 +700,8 @@ class Group(Closing):
             names.append("topk_idx")
         if scales is not None or quantise or quantise4:
             if scales is not None:
-                # High-Throughput forwards them bit for bit, as the caller lays them out: fp32 or int32, S a row.
-                # Low-Latency fp8: fp32 [T, H/128] or UE8M0 int32 [T, H/512].
+                # Forwarded bit for bit, as the caller lays them out: fp32 or int32, S a row (Low-Latency: S up to
+                # max_token_bytes / 128).
                 scale_types = (fp8, torch.uint8) if forward4 else (torch.float32, torch.int32)
                 inputs.scales = describe(scales, "scales", dtypes=scale_types, ndim=2)
                 given.append((inputs.scales, scales.numel() > 0))
