@@ -850,31 +850,9 @@ int soakMain(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg,
   if (!rc) rc = cycle(seed + 1, gSoak, &n);
   n.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!rc && !ncclext::harness::measureMemory(ctx, budget, &n.deviceUsed1, &n.rss1)) rc = 1;
-  const bool flat = !rc && n.flat();
-  uint64_t total = 0;
-  const uint64_t mine = (uint64_t)(errors + rc + tCudaErrors + (flat ? 0 : 1));
-  if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = 1 + mine;
-  const bool pass = total == 0;
-  const double usPerPair = n.calls ? n.seconds * 1e6 / n.calls : 0;
-  printf("rank %d: soak of %s: %d pairs, as many handles, all checked, %.1f us a pair (checks included), device used "
-         "%+lld B, resident %+lld B, %d errors, %s -> %s (seed %llu)\n",
-         ctx.rank, c.name.c_str(), n.calls, usPerPair, (long long)n.deviceGrowth(), (long long)n.rssGrowth(), errors,
-         ncclext::harness::oneGpuName(ctx.mode), pass ? "PASS" : "FAIL", (unsigned long long)seed);
-  if (ctx.rank == 0) {
-    char line[768];
-    snprintf(line, sizeof(line),
-             "{\"test\": \"ep_ht_soak\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"case\": \"%s\", "
-             "\"calls\": %d, \"handle_every\": 1, \"handles\": %d, \"group_every\": %d, \"check_every\": 1, "
-             "\"checks\": %d, \"seconds\": %.3f, \"us_per_pair\": %.1f, \"device_used_bytes\": [%lld, %lld], "
-             "\"device_used_growth_bytes\": %lld, \"host_rss_bytes\": [%lld, %lld], \"host_rss_growth_bytes\": %lld, "
-             "\"device_tolerance_bytes\": %lld, \"rss_tolerance_bytes\": %lld, \"errors\": %d, \"seed\": %llu}",
-             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", c.name.c_str(), n.calls,
-             n.handles, ncclext::harness::kSoakPairsPerGroup, n.checks, n.seconds, usPerPair,
-             (long long)n.deviceUsed0, (long long)n.deviceUsed1, (long long)n.deviceGrowth(), (long long)n.rss0,
-             (long long)n.rss1, (long long)n.rssGrowth(), (long long)ncclext::harness::kSoakDeviceTolerance,
-             (long long)ncclext::harness::kSoakRssTolerance, errors, (unsigned long long)seed);
-    ncclext::harness::writeJsonLine(json, line);
-  }
+  // rc (a failed call, wait or measure) fails the run as an error does.
+  const bool pass = ncclext::harness::reportSoak(ctx, "ep_ht_soak", c.name, n, 1, ncclext::harness::kSoakPairsPerGroup,
+                                                 1, errors + rc + tCudaErrors, seed, json);
   return pass ? 0 : 1;
 }
 

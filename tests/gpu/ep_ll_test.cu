@@ -1449,33 +1449,9 @@ int soakMain(ncclext::harness::RankContext& ctx, Runner& run, const std::vector<
   }
   ncclext::harness::SoakNumbers n;
   const int rc = run.runSoak(*soak, seed, gSoak, &n);
-  const bool flat = n.flat();
-  uint64_t total = 0;
-  const uint64_t mine = (uint64_t)(run.errors + rc + tCudaErrors + (flat ? 0 : 1));
-  if (ncclext::harness::sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = 1 + mine;
-  const bool pass = total == 0;
-  const double usPerPair = n.calls ? n.seconds * 1e6 / n.calls : 0;
-  printf("rank %d: soak of %s: %d pairs, %d handles, %d checked, %.1f us a pair (checks included), device used "
-         "%+lld B, resident %+lld B, %d errors, %s -> %s (seed %llu)\n",
-         ctx.rank, soak->name.c_str(), n.calls, n.handles, n.checks, usPerPair, (long long)n.deviceGrowth(),
-         (long long)n.rssGrowth(), run.errors, ncclext::harness::oneGpuName(ctx.mode), pass ? "PASS" : "FAIL",
-         (unsigned long long)seed);
-  if (ctx.rank == 0) {
-    char line[768];
-    snprintf(line, sizeof(line),
-             "{\"test\": \"ep_ll_soak\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"case\": \"%s\", "
-             "\"calls\": %d, \"handle_every\": %d, \"handles\": %d, \"check_every\": %d, \"checks\": %d, "
-             "\"seconds\": %.3f, \"us_per_pair\": %.1f, \"device_used_bytes\": [%lld, %lld], "
-             "\"device_used_growth_bytes\": %lld, \"host_rss_bytes\": [%lld, %lld], \"host_rss_growth_bytes\": %lld, "
-             "\"device_tolerance_bytes\": %lld, \"rss_tolerance_bytes\": %lld, \"errors\": %d, \"seed\": %llu}",
-             ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", soak->name.c_str(),
-             n.calls, ncclext::harness::kSoakHandleEvery, n.handles, ncclext::harness::kSoakCheckEvery, n.checks,
-             n.seconds, usPerPair, (long long)n.deviceUsed0, (long long)n.deviceUsed1, (long long)n.deviceGrowth(),
-             (long long)n.rss0, (long long)n.rss1, (long long)n.rssGrowth(),
-             (long long)ncclext::harness::kSoakDeviceTolerance, (long long)ncclext::harness::kSoakRssTolerance,
-             run.errors, (unsigned long long)seed);
-    ncclext::harness::writeJsonLine(json, line);
-  }
+  const bool pass =
+      ncclext::harness::reportSoak(ctx, "ep_ll_soak", soak->name, n, ncclext::harness::kSoakHandleEvery, 0,
+                                   ncclext::harness::kSoakCheckEvery, run.errors + rc + tCudaErrors, seed, json);
   return pass ? 0 : 1;
 }
 

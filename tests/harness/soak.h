@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 
 #include "common/device_status.h"
 #include "common/status.h"
+#include "tests/harness/cli.h"
 #include "tests/harness/launcher.h"
 
 namespace ncclext::harness {
@@ -65,6 +67,40 @@ inline bool measureMemory(RankContext& ctx, double waitSeconds, int64_t* deviceU
   if (barrier(ctx, 60) != ncclSuccess) return false;
   if (!ok) fprintf(stderr, "rank %d soak: cudaMemGetInfo failed\n", ctx.rank);
   return ok;
+}
+
+// The soak's verdict over the ranks: no error on any rank (`errors`: its checks, calls and CUDA errors) and the
+// memory flat on every rank. Then each rank's line, and rank 0's JSON line (test `test`; handleEvery / groupEvery /
+// checkEvery: pairs per handle, per group (0: one group), between checks).
+inline bool reportSoak(RankContext& ctx, const char* test, const std::string& caseName, const SoakNumbers& n,
+                       int handleEvery, int groupEvery, int checkEvery, int errors, uint64_t seed,
+                       const std::string& json) {
+  uint64_t total = 0;
+  const uint64_t mine = (uint64_t)errors + (n.flat() ? 0 : 1);
+  if (sumOverRanks(ctx, mine, &total, 60) != ncclSuccess) total = 1 + mine;
+  const bool pass = total == 0;
+  const double usPerPair = n.calls ? n.seconds * 1e6 / n.calls : 0;
+  printf(
+      "rank %d: %s of %s: %d pairs, %d handles, %d checked, %.1f us a pair (checks included), device used "
+      "%+lld B, resident %+lld B, %d errors, %s -> %s (seed %llu)\n",
+      ctx.rank, test, caseName.c_str(), n.calls, n.handles, n.checks, usPerPair, (long long)n.deviceGrowth(),
+      (long long)n.rssGrowth(), errors, oneGpuName(ctx.mode), pass ? "PASS" : "FAIL", (unsigned long long)seed);
+  if (ctx.rank == 0) {
+    char line[768];
+    snprintf(line, sizeof(line),
+             "{\"test\": \"%s\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"case\": \"%s\", "
+             "\"calls\": %d, \"handle_every\": %d, \"handles\": %d, \"group_every\": %d, \"check_every\": %d, "
+             "\"checks\": %d, \"seconds\": %.3f, \"us_per_pair\": %.1f, \"device_used_bytes\": [%lld, %lld], "
+             "\"device_used_growth_bytes\": %lld, \"host_rss_bytes\": [%lld, %lld], \"host_rss_growth_bytes\": %lld, "
+             "\"device_tolerance_bytes\": %lld, \"rss_tolerance_bytes\": %lld, \"errors\": %d, \"seed\": %llu}",
+             test, ctx.nRanks, oneGpuName(ctx.mode), pass ? "true" : "false", caseName.c_str(), n.calls, handleEvery,
+             n.handles, groupEvery, checkEvery, n.checks, n.seconds, usPerPair, (long long)n.deviceUsed0,
+             (long long)n.deviceUsed1, (long long)n.deviceGrowth(), (long long)n.rss0, (long long)n.rss1,
+             (long long)n.rssGrowth(), (long long)kSoakDeviceTolerance, (long long)kSoakRssTolerance, errors,
+             (unsigned long long)seed);
+    writeJsonLine(json, line);
+  }
+  return pass;
 }
 
 }  // namespace ncclext::harness
