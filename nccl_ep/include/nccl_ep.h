@@ -395,9 +395,10 @@ NCCL_EP_API ncclResult_t ncclEpGroupGetDispatchWindow(ncclEpGroup_t group, ncclD
  * Low-Latency: bf16 tokens arrive as bf16, or as fp8 e4m3 when outputs.tokens is e4m3 (quantised by the sender:
  * one fp32 scale per 128 columns, amax / 448, powers of two with config->round_scale, into outputs.scales; int32
  * outputs.scales [N, H/512] take them as powers of two, UE8M0 exponent bytes four a word, H a multiple of 512); fp8
- * tokens with scales (fp32 [T, H/128] or UE8M0 int32 [T, H/512]) are forwarded. The receive counts arrive with
- * the rows: `layout_info` (optional) gets them on the device (expert_counters, src_rank_counters, expert_offsets =
- * e * R * M, recv_total_counter). */
+ * tokens with scales (any [T, S] fp32 or int32 of the caller's layout, S from 1 to max_token_bytes / 128: per
+ * block, UE8M0 packed, per token) are forwarded bit for bit. The receive counts arrive with the rows:
+ * `layout_info` (optional) gets them on the device (expert_counters, src_rank_counters, expert_offsets = e * R * M,
+ * recv_total_counter). */
 NCCL_EP_API ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t* inputs,
                                         const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* layout_info,
                                         const ncclEpDispatchConfig_t* config, cudaStream_t stream);
