@@ -19,26 +19,28 @@ def pair_arguments(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def host_and_wall(fn, iters: int, warmup: int = 2, between=None):
-    """(median wall microseconds, median enqueue microseconds) of `iters` calls of fn() after `warmup` ones: each call
-    starts on an idle GPU (synchronised first); enqueue is the time until fn returns, wall until the GPU is done.
-    `between` (e.g. a barrier) runs after each synchronisation, outside the timing."""
+def _one_call(fn, between=None):
+    """(wall, enqueue) microseconds of one call of fn() started on an idle GPU (synchronised first): enqueue until fn
+    returns, wall until the GPU is done. `between` (e.g. a barrier) runs after the synchronisation, untimed."""
     import torch
 
+    torch.cuda.synchronize()
+    if between is not None:
+        between()
+    t0 = time.perf_counter()
+    fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6, (t1 - t0) * 1e6
+
+
+def host_and_wall(fn, iters: int, warmup: int = 2, between=None):
+    """(median wall microseconds, median enqueue microseconds) of `iters` calls of fn() after `warmup` ones, each
+    timed as _one_call times it."""
     for _ in range(warmup):
         fn()
-    walls, hosts = [], []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        if between is not None:
-            between()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t0) * 1e6)
-        hosts.append((t1 - t0) * 1e6)
-    return statistics.median(walls), statistics.median(hosts)
+    samples = [_one_call(fn, between) for _ in range(iters)]
+    return statistics.median(w for w, _ in samples), statistics.median(h for _, h in samples)
 
 
 def _take_turns(fns: dict, rounds: int, warmup: int, sample):
@@ -56,21 +58,9 @@ def _take_turns(fns: dict, rounds: int, warmup: int, sample):
 
 
 def interleaved(fns: dict, iters: int, warmup: int = 5, between=None):
-    """Per name of `fns` (name -> callable), the list of `iters` (wall, enqueue) microsecond pairs of its calls, timed
-    as host_and_wall times one (`between` as there), the functions taking turns (_take_turns)."""
-    import torch
-
-    def one_call(fn):
-        torch.cuda.synchronize()
-        if between is not None:
-            between()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) * 1e6, (t1 - t0) * 1e6
-
-    return _take_turns(fns, iters, warmup, one_call)
+    """Per name of `fns` (name -> callable), the list of `iters` (wall, enqueue) microsecond pairs of its calls, each
+    timed as _one_call times it, the functions taking turns (_take_turns)."""
+    return _take_turns(fns, iters, warmup, lambda fn: _one_call(fn, between))
 
 
 def paired_difference(a, b):
