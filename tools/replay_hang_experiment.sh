@@ -40,13 +40,10 @@ for setting in ${REPLAY_SETTINGS:-1 default 32 default:NCCL_GRAPH_MIXING_SUPPORT
   dump=() dumper=
   # stdbuf: NCCL prints the dump with printf, which a file would otherwise hold in a buffer a killed rank never flushes.
   [ -n "${REPLAY_DUMP_AFTER_S:-}" ] && dump=(NCCL_PROXY_DUMP_SIGNAL=10 stdbuf -oL)
-  if [ "$connections" = default ]; then
-    timeout "$limit" env -u CUDA_DEVICE_MAX_CONNECTIONS "${extra[@]}" ${dump[@]+"${dump[@]}"} "$bin" --one-gpu mixed \
-      --nranks 4 --graph-only --back-to-back ${test_args[@]+"${test_args[@]}"} >"$log" 2>&1 &
-  else
-    timeout "$limit" env CUDA_DEVICE_MAX_CONNECTIONS="$connections" "${extra[@]}" ${dump[@]+"${dump[@]}"} "$bin" \
-      --one-gpu mixed --nranks 4 --graph-only --back-to-back ${test_args[@]+"${test_args[@]}"} >"$log" 2>&1 &
-  fi
+  queues=(CUDA_DEVICE_MAX_CONNECTIONS="$connections")
+  [ "$connections" = default ] && queues=(-u CUDA_DEVICE_MAX_CONNECTIONS)
+  timeout "$limit" env "${queues[@]}" ${extra[@]+"${extra[@]}"} ${dump[@]+"${dump[@]}"} "$bin" --one-gpu mixed \
+    --nranks 4 --graph-only --back-to-back ${test_args[@]+"${test_args[@]}"} >"$log" 2>&1 &
   run=$!
   if [ -n "${REPLAY_DUMP_AFTER_S:-}" ]; then
     # The rank processes are the launcher's children (the launcher itself has no handler: SIGUSR1 would end it).
