@@ -807,9 +807,10 @@ struct Runner {
 };
 
 // --soak PAIRS: dispatch + combine pairs of one small case, each with a new routing on a new handle and every output
-// checked (Runner::runCase), on groups of kSoakPairsPerGroup pairs each; a warm-up of 20 pairs, then the memory
-// measured with no group open, the pairs, and the memory again. One verdict over the ranks: every check right, no
-// error, the memory flat (ncclext::harness::SoakNumbers::flat on every rank).
+// checked (Runner::runCase), on groups of kSoakPairsPerGroup pairs each; a warm-up of one whole group (what a
+// group's life takes at its most is then taken once), then the memory measured with no group open, the pairs, and
+// the memory again. One verdict over the ranks: every check right, no error, the memory flat
+// (ncclext::harness::SoakNumbers::flat on every rank).
 int soakMain(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg, uint64_t seed,
              const std::string& json) {
   Case c{"soak: bf16/flat/worst", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_FLAT, 1, NCCL_EP_SIZING_WORST_CASE, false, 8,
@@ -844,7 +845,7 @@ int soakMain(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg,
   };
   ncclext::harness::SoakNumbers warm, n;
   const double budget = gTimeoutSeconds + 30;
-  int rc = cycle(seed, 20, &warm);
+  int rc = cycle(seed, ncclext::harness::kSoakPairsPerGroup, &warm);
   if (!rc && !ncclext::harness::measureMemory(ctx, budget, &n.deviceUsed0, &n.rss0)) rc = 1;
   const auto t0 = std::chrono::steady_clock::now();
   if (!rc) rc = cycle(seed + 1, gSoak, &n);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -45,8 +46,9 @@ struct SoakNumbers {
 };
 
 // The GPU's used bytes (every process's: one-GPU nodes and virtual ranks share it) and this process's resident bytes,
-// measured between two barriers of every rank, after `stream` drained and the default memory pool gave back what
-// it holds unused. False (with a message) when a wait or a CUDA call fails.
+// measured between two barriers of every rank, after `stream` drained, the default memory pool gave back what it
+// holds unused and the C heap its free pages (malloc_trim): what is resident is then what is live, not what an
+// allocator keeps for later. False (with a message) when a wait or a CUDA call fails.
 inline bool measureMemory(RankContext& ctx, double waitSeconds, int64_t* deviceUsed, int64_t* rss) {
   if (ncclext::waitStream(ctx.stream, waitSeconds, "soak: memory measure") != ncclSuccess) {
     fprintf(stderr, "rank %d soak: the stream did not drain: %s\n", ctx.rank, ncclext::lastError());
@@ -63,6 +65,7 @@ inline bool measureMemory(RankContext& ctx, double waitSeconds, int64_t* deviceU
   size_t freeBytes = 0, totalBytes = 0;
   const bool ok = cudaMemGetInfo(&freeBytes, &totalBytes) == cudaSuccess;
   *deviceUsed = (int64_t)(totalBytes - freeBytes);
+  malloc_trim(0);
   *rss = residentBytes();
   if (barrier(ctx, 60) != ncclSuccess) return false;
   if (!ok) fprintf(stderr, "rank %d soak: cudaMemGetInfo failed\n", ctx.rank);
