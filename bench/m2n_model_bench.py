@@ -11,7 +11,8 @@ one call per tensor. Times are medians of --iters CUDA-synchronised repetitions 
 turns call by call (loopback sockets drift within a run); bytes: each tensor's bytes once. `--scale k` divides every
 dimension above 1024 by k (the model must fit twice in the GPUs' memory; one GPU holds both sides). With --one-gpu
 nodes the ranks talk over loopback sockets: that measures the transport, not NVLink (the 2-GPU issue owns the NVLink
-numbers). Rank 0 prints one line and appends a JSON line to --json.
+numbers). Rank 0 prints one line and appends a JSON line to --json (with the median host time of each call until it
+returned, and the transport settings of TRANSPORT_ENV that the environment sets).
 """
 
 import argparse
@@ -27,6 +28,10 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from _launch import append_json, start  # noqa: E402
 from _timing import interleaved  # noqa: E402
 from m2n_python_overhead import expand  # noqa: E402
+
+# The transport's settings a run records (loopback sockets reward some: docs/PERFORMANCE.md, section 6).
+TRANSPORT_ENV = ("NCCL_P2P_NET_CHUNKSIZE", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_MIN_P2P_NCHANNELS",
+                 "NCCL_EXT_M2N_NET_CHANNELS", "NCCL_BUFFSIZE")
 
 
 def main():
@@ -72,6 +77,7 @@ def main():
         turns = interleaved({"ours": lambda: plan.execute(src, dst), "theirs": broadcast_all}, a.iters, warmup=1,
                             between=dist.barrier)
         ours, theirs = (statistics.median(w for w, _ in turns[k]) / 1e6 for k in ("ours", "theirs"))
+        enqueue = {k: statistics.median(h for _, h in turns[k]) / 1e6 for k in ("ours", "theirs")}
         # Check once, on fresh poison: rank 1's checksum of every tensor is rank 0's, and no NaN is left.
         if rank == 1:
             for t in local.values():
@@ -94,7 +100,9 @@ def main():
                 "tensors": len(tensors), "bytes": total, "scale": a.scale, "iters": a.iters,
                 "gpu": torch.cuda.get_device_name(device), "nccl_m2n_s": ours, "nccl_broadcast_per_tensor_s": theirs,
                 "nccl_m2n_GBps": total / ours / 1e9, "broadcast_GBps": total / theirs / 1e9,
-                "byte_convention": "each tensor's bytes once"}
+                "nccl_m2n_enqueue_s": enqueue["ours"], "broadcast_enqueue_s": enqueue["theirs"],
+                "byte_convention": "each tensor's bytes once",
+                "env": {k: v for k, v in os.environ.items() if k in TRANSPORT_ENV}}
         print("m2n_model_bench: %s, %d tensors, %.2f GB, rank 0 -> rank 1 (%s): nccl.m2n %.3f s (%.1f GB/s), "
               "per-tensor broadcast %.3f s (%.1f GB/s); results %s" % (
                   config["name"], len(tensors), total / 1e9, mode, ours, line["nccl_m2n_GBps"], theirs,
