@@ -4,8 +4,9 @@
 # bench/results/gpu-sanitize-<UTC time>.json (the gpu-check format, plus each row's "sanitize" verdict). A run passes
 # when the test passes and the sanitizer reports nothing of ours. Reports from inside NCCL are not ours to fix:
 # tools/sanitize_suppressions.txt names NCCL's kernels (not instrumented) and NCCL's library (API errors its own host
-# code raises and handles, dropped by tools/sanitize_filter.py from the innermost host frame); nothing of ours is ever
-# filtered.
+# code raises and handles, dropped by tools/sanitize_filter.py from the innermost host frame or, in backtraces the
+# tool shuffles, the NCCL function named); nothing of ours is ever filtered, and reports the tool did not print count
+# as ours.
 # The tests run with small shapes (--quick, fewer iterations) and a longer device-wait budget, since instrumented
 # kernels run far slower. Assumes `make` has built $BUILDDIR.
 #
@@ -228,7 +229,7 @@ for tool in $TOOLS; do
       echo "== $tag on $n rank(s)"
       start=$(date +%s.%N)
       set -f  # the command's words are not globbed (a row's file names hold brackets)
-      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all "${EXCLUDE[@]}" $c >"$log" 2>&1
+      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit 100000 "${EXCLUDE[@]}" $c >"$log" 2>&1
       rc=$?
       set +f
       end=$(date +%s.%N)
