@@ -45,6 +45,7 @@ if [ "$LIST" = 0 ] && [ ! -x "$SAN" ]; then
   echo "gpu-sanitize: compute-sanitizer not found (set COMPUTE_SANITIZER)"
   exit 1
 fi
+PRINT_LIMIT=100000  # reports compute-sanitizer prints (its default, 100, leaves the rest unattributable)
 EXCLUDE=()
 while read -r kind pattern _; do
   [ "$kind" = kernel ] && EXCLUDE+=(--kernel-name-exclude "kns=$pattern")
@@ -204,7 +205,7 @@ for tool in $TOOLS; do
       why=$(why_not "$name" "$mode")
       if [ "$LIST" != 0 ]; then
         printf '%3d  %-40s %d rank(s)  %s\n' "$SELECTED" "$tag" "$n" "${why:+not run: $why}"
-        [ -z "$why" ] && printf '     %s --tool %s %s\n' "$(basename "$SAN")" "$tool" "$c"
+        [ -z "$why" ] && printf '     %s --tool %s --print-limit %s %s\n' "$(basename "$SAN")" "$tool" "$PRINT_LIMIT" "$c"
         continue
       fi
       if grep -qF -- "$tag	$n	" "$RAW/done.tsv"; then
@@ -229,7 +230,7 @@ for tool in $TOOLS; do
       echo "== $tag on $n rank(s)"
       start=$(date +%s.%N)
       set -f  # the command's words are not globbed (a row's file names hold brackets)
-      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit 100000 "${EXCLUDE[@]}" $c >"$log" 2>&1
+      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit "$PRINT_LIMIT" "${EXCLUDE[@]}" $c >"$log" 2>&1
       rc=$?
       set +f
       end=$(date +%s.%N)
