@@ -40,9 +40,10 @@ struct Env {
   // the rounds of rows to other domains and their exchanges (the rail), joined before the receive half. 0 = one
   // stream, the NVLink rows in the first round's send half.
   int railOverlap = 0;
-  // NCCL_EXT_M2N_NET_CHANNELS = k > 0 (experimental, unmeasured): nccl_m2n's exchange communicators (the ncclSend /
-  // ncclRecv of plans across NVLink domains) are split with ncclConfig_t::nChannelsPerNetPeer = k: channels, and so
-  // connections, for each peer over the network. 0 = NCCL's choice. No API field takes it.
+  // NCCL_EXT_M2N_NET_CHANNELS = k > 0 (experimental): nccl_m2n's exchange communicators (the ncclSend / ncclRecv of
+  // plans across NVLink domains) are split with ncclConfig_t::nChannelsPerNetPeer = k and minCTAs = k: channels, and
+  // so connections, for each peer over the network (NCCL caps a peer's channels at the communicator's, which minCTAs
+  // raises). 0 = NCCL's choice. No API field takes it.
   int m2nNetChannels = 0;
 };
 

@@ -169,7 +169,12 @@ ncclResult_t chooseExchange(ncclComm_t comm, int rank, int device, const std::ve
   x->generation = decided.generation;
   ncclConfig_t splitConfig = NCCL_CONFIG_INITIALIZER;
   splitConfig.blocking = 1;
-  if (ncclext::env().m2nNetChannels > 0) splitConfig.nChannelsPerNetPeer = ncclext::env().m2nNetChannels;
+  if (const int k = ncclext::env().m2nNetChannels; k > 0) {
+    // NCCL gives a network peer at most the communicator's channel count (ncclTopoComputeP2pChannels), which
+    // minCTAs raises.
+    splitConfig.nChannelsPerNetPeer = k;
+    splitConfig.minCTAs = k;
+  }
   NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &x->comm, &splitConfig));
   std::shared_ptr<ExchangeComm> dropped;  // a retained older one goes outside the lock
   {
