@@ -32,7 +32,9 @@
 # The log (the commits, the GPU, every run's output and a summary) goes to $OUT/deepep-tests-<UTC>.log when OUT is
 # set, else bench/results/deepep-tests-<UTC>.log. Exit status: 0 when every run passed (dry run: imported).
 # Environment: NCCL_EXT_LIB_DIR (default build/lib), PYTHON (default python3), NCCL_SOCKET_NTHREADS and
-# NCCL_NSOCKS_PERTHREAD (default 4 and 4: more loopback connections than NCCL's own default).
+# NCCL_NSOCKS_PERTHREAD (default 4 and 4: more loopback connections than NCCL's own default), NCCL_P2P_NET_CHUNKSIZE
+# (default 524288: the rail's ncclSend / ncclRecv in messages of 512 KiB, not 128 KiB; over loopback sockets every
+# message costs the proxy thread, docs/PERFORMANCE.md section 6).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -146,6 +148,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # Shard(1) at 4 one-GPU nodes, nccl_m2n and NCCL send/recv alike: 1.4 to 1.7 times, docs/PERFORMANCE.md section 6);
 # DeepEP's timing loops at 4 processes need it to fit a GPU call. Either variable set beforehand wins.
 export NCCL_SOCKET_NTHREADS=${NCCL_SOCKET_NTHREADS:-4} NCCL_NSOCKS_PERTHREAD=${NCCL_NSOCKS_PERTHREAD:-4}
+export NCCL_P2P_NET_CHUNKSIZE=${NCCL_P2P_NET_CHUNKSIZE:-524288}
 
 # -- the runs -------------------------------------------------------------------------------------------------------
 {
@@ -157,7 +160,7 @@ export NCCL_SOCKET_NTHREADS=${NCCL_SOCKET_NTHREADS:-4} NCCL_NSOCKS_PERTHREAD=${N
   versions='import torch; print(torch.__version__, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
   echo "torch: $("$py" -c "$versions" 2>&1 | tail -1)"
   echo "processes: ${nprocs[*]} (each on GPU 0, its own NCCL node)"
-  echo "sockets: NCCL_SOCKET_NTHREADS=$NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD=$NCCL_NSOCKS_PERTHREAD"
+  echo "sockets: NCCL_SOCKET_NTHREADS=$NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD=$NCCL_NSOCKS_PERTHREAD NCCL_P2P_NET_CHUNKSIZE=$NCCL_P2P_NET_CHUNKSIZE"
 } | tee "$log"
 
 read -r -a intranode_args <<<"${DEEPEP_INTRANODE_ARGS:-}"
