@@ -12,7 +12,7 @@ turns call by call (loopback sockets drift within a run); bytes: each tensor's b
 dimension above 1024 by k (the model must fit twice in the GPUs' memory; one GPU holds both sides). With --one-gpu
 nodes the ranks talk over loopback sockets: that measures the transport, not NVLink (the 2-GPU issue owns the NVLink
 numbers). Rank 0 prints one line and appends a JSON line to --json (with the median host time of each call until it
-returned, and the transport settings of TRANSPORT_ENV that the environment sets).
+returned; append_json adds the transport settings the environment sets).
 """
 
 import argparse
@@ -28,10 +28,6 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from _launch import append_json, start  # noqa: E402
 from _timing import interleaved  # noqa: E402
 from m2n_python_overhead import expand  # noqa: E402
-
-# The transport's settings a run records (loopback sockets reward some: docs/PERFORMANCE.md, section 6).
-TRANSPORT_ENV = ("NCCL_P2P_NET_CHUNKSIZE", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_MIN_P2P_NCHANNELS",
-                 "NCCL_EXT_M2N_NET_CHANNELS", "NCCL_BUFFSIZE")
 
 
 def main():
@@ -103,8 +99,7 @@ def main():
                 "gpu": torch.cuda.get_device_name(device), "nccl_m2n_s": ours, "nccl_broadcast_per_tensor_s": theirs,
                 "nccl_m2n_GBps": total / ours / 1e9, "broadcast_GBps": total / theirs / 1e9,
                 "nccl_m2n_enqueue_s": enqueue["ours"], "broadcast_enqueue_s": enqueue["theirs"],
-                "byte_convention": "each tensor's bytes once",
-                "env": {k: v for k, v in os.environ.items() if k in TRANSPORT_ENV}}
+                "byte_convention": "each tensor's bytes once"}
         print("m2n_model_bench: %s, %d tensors, %.2f GB, rank 0 -> rank 1 (%s): nccl.m2n %.3f s (%.1f GB/s), "
               "per-tensor broadcast %.3f s (%.1f GB/s); results %s" % (
                   config["name"], len(tensors), total / 1e9, mode, ours, line["nccl_m2n_GBps"], theirs,
