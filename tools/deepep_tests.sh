@@ -160,7 +160,8 @@ export NCCL_P2P_NET_CHUNKSIZE=${NCCL_P2P_NET_CHUNKSIZE:-524288}
   versions='import torch; print(torch.__version__, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
   echo "torch: $("$py" -c "$versions" 2>&1 | tail -1)"
   echo "processes: ${nprocs[*]} (each on GPU 0, its own NCCL node)"
-  echo "sockets: NCCL_SOCKET_NTHREADS=$NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD=$NCCL_NSOCKS_PERTHREAD NCCL_P2P_NET_CHUNKSIZE=$NCCL_P2P_NET_CHUNKSIZE"
+  echo "sockets: NCCL_SOCKET_NTHREADS=$NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD=$NCCL_NSOCKS_PERTHREAD" \
+    "NCCL_P2P_NET_CHUNKSIZE=$NCCL_P2P_NET_CHUNKSIZE"
 } | tee "$log"
 
 read -r -a intranode_args <<<"${DEEPEP_INTRANODE_ARGS:-}"

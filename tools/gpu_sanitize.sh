@@ -205,7 +205,8 @@ for tool in $TOOLS; do
       why=$(why_not "$name" "$mode")
       if [ "$LIST" != 0 ]; then
         printf '%3d  %-40s %d rank(s)  %s\n' "$SELECTED" "$tag" "$n" "${why:+not run: $why}"
-        [ -z "$why" ] && printf '     %s --tool %s --print-limit %s %s\n' "$(basename "$SAN")" "$tool" "$PRINT_LIMIT" "$c"
+        [ -z "$why" ] &&
+          printf '     %s --tool %s --print-limit %s %s\n' "$(basename "$SAN")" "$tool" "$PRINT_LIMIT" "$c"
         continue
       fi
       if grep -qF -- "$tag	$n	" "$RAW/done.tsv"; then
@@ -230,7 +231,8 @@ for tool in $TOOLS; do
       echo "== $tag on $n rank(s)"
       start=$(date +%s.%N)
       set -f  # the command's words are not globbed (a row's file names hold brackets)
-      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit "$PRINT_LIMIT" "${EXCLUDE[@]}" $c >"$log" 2>&1
+      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit "$PRINT_LIMIT" "${EXCLUDE[@]}" \
+        $c >"$log" 2>&1
       rc=$?
       set +f
       end=$(date +%s.%N)

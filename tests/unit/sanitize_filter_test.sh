@@ -56,10 +56,12 @@ LOG
 fail=0
 python3 "$root/tools/sanitize_filter.py" "$root/tools/sanitize_suppressions.txt" "$tmp/unprinted.log" > "$tmp/u" &&
   { echo "FAIL: reports past the print limit were not counted"; cat "$tmp/u"; fail=1; }
-grep -q "attributed to NCCL by the suppression list: 1, ours: 7" "$tmp/u" || { echo "FAIL: unprinted"; cat "$tmp/u"; fail=1; }
+grep -q "attributed to NCCL by the suppression list: 1, ours: 7" "$tmp/u" ||
+  { echo "FAIL: unprinted"; cat "$tmp/u"; fail=1; }
 python3 "$root/tools/sanitize_filter.py" "$root/tools/sanitize_suppressions.txt" "$tmp/shuffled.log" > "$tmp/s" &&
   { echo "FAIL: an error 800 naming no NCCL function was filtered"; cat "$tmp/s"; fail=1; }
-grep -q "attributed to NCCL by the suppression list: 2, ours: 1" "$tmp/s" || { echo "FAIL: shuffled"; cat "$tmp/s"; fail=1; }
+grep -q "attributed to NCCL by the suppression list: 2, ours: 1" "$tmp/s" ||
+  { echo "FAIL: shuffled"; cat "$tmp/s"; fail=1; }
 python3 "$root/tools/sanitize_filter.py" "$root/tools/sanitize_suppressions.txt" "$tmp/nccl.log" > "$tmp/a" ||
   { echo "FAIL: an API error inside libnccl was counted as ours"; cat "$tmp/a"; fail=1; }
 grep -q "attributed to NCCL by the suppression list: 1, ours: 0" "$tmp/a" || { echo "FAIL: summary"; cat "$tmp/a"; fail=1; }
