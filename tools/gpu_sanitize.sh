@@ -27,6 +27,8 @@
 #   GPU_SANITIZE_RUN_TIMEOUT=S   per run (default 300); GPU_SANITIZE_BUDGET_S=S: start no run that could end after S
 #                                seconds of this call (those rows: not run, for a later call)
 #   GPU_SANITIZE_KEEP_LOGS=DIR   the whole log of every row that did not pass
+#   GPU_SANITIZE_JOBS=N          rows of one rank or of one-GPU nodes run N at a time (default 1); a row of virtual
+#                                ranks (virtual, mixed) runs alone, its ranks' kernels needing the GPU at once
 #   GPU_SANITIZE_TAG=T           a suffix for the JSON's name
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -100,6 +102,8 @@ TESTS=(
 )
 TOOLS=${GPU_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 RUN_TIMEOUT=${GPU_SANITIZE_RUN_TIMEOUT:-300}
+JOBS=${GPU_SANITIZE_JOBS:-1}
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "gpu-sanitize: GPU_SANITIZE_JOBS=$JOBS: a positive integer" >&2; exit 2; }
 
 PART_K=1 PART_N=1
 if [ -n "${GPU_SANITIZE_PART:-}" ]; then
@@ -186,7 +190,70 @@ sys.exit(1 if count["fail"] else 0)
 EOF
 }
 
-ROW=0 SELECTED=0
+# run_row TOOL TAG N MODE JSON LOG COMMAND: one row under the sanitizer; its line goes to done.tsv (one short write,
+# so that rows running at once do not interleave it).
+run_row() {
+  local tool=$1 tag=$2 n=$3 mode=$4 json=$5 log=$6 c=$7 start end rc frc
+  : > "$json"
+  echo "== $tag on $n rank(s)"
+  start=$(date +%s.%N)
+  set -f  # the command's words are not globbed (a row's file names hold brackets)
+  timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit "$PRINT_LIMIT" "${EXCLUDE[@]}" \
+    $c >"$log" 2>&1
+  rc=$?
+  set +f
+  end=$(date +%s.%N)
+  python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$log" > "$log.filtered"
+  frc=$?
+  [ $rc -eq 0 ] && [ $frc -ne 0 ] && rc=99  # the test passed, but the sanitizer reported something of ours
+  # Virtual ranks need every rank's kernels running at once; under compute-sanitizer kernels of different streams
+  # of one process were seen not to (each rank waiting for a CTA of the other that never ran: docs/PERFORMANCE.md),
+  # so a run with virtual ranks that fails only by a device wait's timeout, or is killed, with nothing of ours
+  # reported, is inconclusive (98), not a pass.
+  if { [ "$mode" = virtual ] || [ "$mode" = mixed ]; } && [ $rc -ne 0 ] && [ $rc -ne 99 ] && [ $frc -eq 0 ] &&
+     { [ $rc -eq 124 ] || grep -q "timed out after" "$log"; }; then
+    rc=98
+  fi
+  cat "$log.filtered" >> "$log"
+  grep -E "RACECHECK SUMMARY|PASS|FAIL" "$log" | sort | uniq -c | head -6
+  tail -4 "$log.filtered"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" \
+    >> "$RAW/done.tsv"
+  [ -n "${GPU_SANITIZE_KEEP_LOGS:-}" ] && [ $rc -ne 0 ] &&
+    cp "$log" "$GPU_SANITIZE_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.$n.log"
+  return 0
+}
+
+# start_row TOOL TAG N MODE JSON LOG COMMAND: not run when the time budget is spent (a run may take up to
+# GPU_SANITIZE_RUN_TIMEOUT: left for a later call); else run now (one job), or in the background beside at most
+# JOBS - 1 others (a row of virtual ranks alone); the report is rewritten after every run, so that a session that
+# ends early still leaves the runs it made.
+start_row() {
+  local tool=$1 tag=$2 n=$3 mode=$4 json=$5 log=$6 c=$7 max=$JOBS
+  if [ $((SECONDS + RUN_TIMEOUT)) -gt "${GPU_SANITIZE_BUDGET_S:-1000000}" ]; then
+    echo "== $tag: not run (GPU_SANITIZE_BUDGET_S spent)"
+    printf '%s\t%s\t%s\n' "$tag" "$n" "time budget spent (GPU_SANITIZE_BUDGET_S): a later call" >> "$TMP/reasons.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 125 0 "$json" "$log" >> "$TMP/pending.tsv"
+    return
+  fi
+  if [ "$JOBS" -le 1 ]; then
+    run_row "$tool" "$tag" "$n" "$mode" "$json" "$log" "$c"
+    report 0 >/dev/null
+    return
+  fi
+  case $mode in virtual | mixed) max=1 ;; esac
+  while [ "$(jobs -rp | wc -l)" -ge "$max" ]; do
+    wait -n
+    report 0 >/dev/null
+  done
+  { run_row "$tool" "$tag" "$n" "$mode" "$json" "$log" "$c" > "$log.out" 2>&1; cat "$log.out"; } &
+  if [ "$max" = 1 ]; then
+    wait
+    report 0 >/dev/null
+  fi
+}
+
+ROW=0 SELECTED=0 DEFERRED=()
 for tool in $TOOLS; do
   for spec in "${TESTS[@]}"; do
     IFS='|' read -r name cmd modes <<<"$spec"
@@ -220,43 +287,21 @@ for tool in $TOOLS; do
         printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 97 0 "$json" "$log" >> "$TMP/pending.tsv"
         continue
       fi
-      # Out of time (a run may take up to GPU_SANITIZE_RUN_TIMEOUT): not run here, left for a later call.
-      if [ $((SECONDS + RUN_TIMEOUT)) -gt "${GPU_SANITIZE_BUDGET_S:-1000000}" ]; then
-        echo "== $tag: not run (GPU_SANITIZE_BUDGET_S spent)"
-        printf '%s\t%s\t%s\n' "$tag" "$n" "time budget spent (GPU_SANITIZE_BUDGET_S): a later call" >> "$TMP/reasons.tsv"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 125 0 "$json" "$log" >> "$TMP/pending.tsv"
+      # With several jobs, the rows of virtual ranks (each alone) come after the others.
+      if [ "$JOBS" -gt 1 ] && { [ "$mode" = virtual ] || [ "$mode" = mixed ]; }; then
+        DEFERRED+=("$tool	$tag	$n	$mode	$json	$log	$c")
         continue
       fi
-      : > "$json"
-      echo "== $tag on $n rank(s)"
-      start=$(date +%s.%N)
-      set -f  # the command's words are not globbed (a row's file names hold brackets)
-      timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit "$PRINT_LIMIT" "${EXCLUDE[@]}" \
-        $c >"$log" 2>&1
-      rc=$?
-      set +f
-      end=$(date +%s.%N)
-      python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$log" > "$log.filtered"
-      frc=$?
-      [ $rc -eq 0 ] && [ $frc -ne 0 ] && rc=99  # the test passed, but the sanitizer reported something of ours
-      # Virtual ranks need every rank's kernels running at once; under compute-sanitizer kernels of different streams
-      # of one process were seen not to (each rank waiting for a CTA of the other that never ran: docs/PERFORMANCE.md),
-      # so a run with virtual ranks that fails only by a device wait's timeout, or is killed, with nothing of ours
-      # reported, is inconclusive (98), not a pass.
-      if { [ "$mode" = virtual ] || [ "$mode" = mixed ]; } && [ $rc -ne 0 ] && [ $rc -ne 99 ] && [ $frc -eq 0 ] &&
-         { [ $rc -eq 124 ] || grep -q "timed out after" "$log"; }; then
-        rc=98
-      fi
-      cat "$log.filtered" >> "$log"
-      grep -E "RACECHECK SUMMARY|PASS|FAIL" "$log" | sort | uniq -c | head -6
-      tail -4 "$log.filtered"
-      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/done.tsv"
-      [ -n "${GPU_SANITIZE_KEEP_LOGS:-}" ] && [ $rc -ne 0 ] && cp "$log" "$GPU_SANITIZE_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.$n.log"
-      # The report after every run: a session that ends early still leaves the runs it made.
-      report 0 >/dev/null
+      start_row "$tool" "$tag" "$n" "$mode" "$json" "$log" "$c"
     done
   done
 done
+wait
+for d in ${DEFERRED[@]+"${DEFERRED[@]}"}; do
+  IFS=$'\t' read -r tool tag n mode json log c <<<"$d"
+  start_row "$tool" "$tag" "$n" "$mode" "$json" "$log" "$c"
+done
+wait
 if [ "$LIST" != 0 ]; then
   echo "$SELECTED rows selected${GPU_SANITIZE_PART:+, part $GPU_SANITIZE_PART: every $PART_N-th from row $PART_K}"
   exit 0

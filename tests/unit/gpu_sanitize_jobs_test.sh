@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# tools/gpu_sanitize.sh's scheduling without a GPU: a stand-in nvidia-smi and compute-sanitizer (which writes a
+# passing JSON line, or fails). One job and three run the same rows to the same verdicts; with three, every row of
+# virtual ranks starts after the last of the others has ended and runs alone; a failed row fails the call; a time
+# budget leaves rows not run and a resumed call runs only those.
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/bin"
+printf '#!/bin/sh\necho "NVIDIA stand-in GPU"\n' > "$tmp/bin/nvidia-smi"
+cat > "$tmp/bin/sanitizer" <<'STUB'
+#!/usr/bin/env bash
+# Logs its start and end (for the order), sleeps, writes the test's JSON line, exits with FAKE_RC.
+json="" prev="" tag=""
+for a in "$@"; do [ "$prev" = "--json" ] && json=$a; prev=$a; done
+tag=$(basename "$json")
+echo "start $(date +%s.%N) $tag" >> "$FAKE_TRACE"
+sleep "${FAKE_SLEEP:-0.3}"
+[ -n "$json" ] && echo '{"test": "stand-in", "pass": true}' >> "$json"
+echo "end $(date +%s.%N) $tag" >> "$FAKE_TRACE"
+echo "========= ERROR SUMMARY: 0 errors"
+exit "${FAKE_RC:-0}"
+STUB
+chmod +x "$tmp/bin/nvidia-smi" "$tmp/bin/sanitizer"
+run() {  # run TAG [VAR=VALUE...]: one call, its output in $tmp/TAG.log, its JSON in $tmp/TAG/
+  local tag=$1
+  shift
+  env PATH="$tmp/bin:$PATH" COMPUTE_SANITIZER="$tmp/bin/sanitizer" FAKE_TRACE="$tmp/$tag.trace" \
+    GPU_CHECK_OUT="$tmp/$tag" \
+    GPU_SANITIZE_TOOLS=memcheck GPU_SANITIZE_ONLY='^(symmem|ep_ht)$' "$@" \
+    bash "$root/tools/gpu_sanitize.sh" > "$tmp/$tag.log" 2>&1
+}
+summary() { grep -E "^[0-9]+ passed" "$tmp/$1.log"; }
+fail=0
+run one GPU_SANITIZE_JOBS=1 || { echo "FAIL: one job"; tail -5 "$tmp/one.log"; fail=1; }
+run three GPU_SANITIZE_JOBS=3 || { echo "FAIL: three jobs"; tail -5 "$tmp/three.log"; fail=1; }
+want="7 passed, 0 failed, 0 inconclusive, 0 not run"
+[ "$(summary one)" = "$want" ] || { echo "FAIL: one job: $(summary one)"; fail=1; }
+[ "$(summary three)" = "$want" ] || { echo "FAIL: three jobs: $(summary three)"; fail=1; }
+# With three jobs: the others overlap, and each virtual row runs alone after all of them.
+python3 - "$tmp/three.trace" <<'PY' || fail=1
+import sys
+ev = [l.split() for l in open(sys.argv[1])]
+spans = {}
+for kind, t, tag in ev:
+    spans.setdefault(tag, {})[kind] = float(t)
+virt = {t: s for t, s in spans.items() if "virtual" in t or "mixed" in t}
+other = {t: s for t, s in spans.items() if t not in virt}
+if len(virt) != 3 or len(other) != 4:
+    sys.exit("FAIL: rows %d virtual, %d others" % (len(virt), len(other)))
+if max(s["end"] for s in other.values()) > min(s["start"] for s in virt.values()):
+    sys.exit("FAIL: a row of virtual ranks started before the others ended")
+for a, sa in virt.items():
+    for b, sb in spans.items():
+        if a != b and sa["start"] < sb["end"] and sb["start"] < sa["end"]:
+            sys.exit("FAIL: %s overlapped %s" % (a, b))
+if not any(sa["start"] < sb["end"] and sb["start"] < sa["end"]
+           for a, sa in other.items() for b, sb in other.items() if a < b):
+    sys.exit("FAIL: no two rows ran at once")
+PY
+run failing GPU_SANITIZE_JOBS=3 FAKE_RC=1 && { echo "FAIL: failed rows passed the call"; fail=1; }
+[ "$(summary failing)" = "0 passed, 7 failed, 0 inconclusive, 0 not run" ] ||
+  { echo "FAIL: failing: $(summary failing)"; fail=1; }
+# A budget that leaves rows for later (each row may take 2 s of a 4 s budget), then a resumed call for the rest.
+run part1 GPU_SANITIZE_JOBS=3 GPU_SANITIZE_RESUME="$tmp/raw" GPU_SANITIZE_RUN_TIMEOUT=2 GPU_SANITIZE_BUDGET_S=4 \
+  FAKE_SLEEP=1
+n1=$(wc -l < "$tmp/raw/done.tsv")
+run part2 GPU_SANITIZE_JOBS=3 GPU_SANITIZE_RESUME="$tmp/raw"
+n2=$(wc -l < "$tmp/raw/done.tsv")
+{ [ "$n1" -gt 0 ] && [ "$n1" -lt 7 ] && [ "$n2" -eq 7 ]; } ||
+  { echo "FAIL: resumed: $n1 rows, then $n2 (want some, then 7)"; fail=1; }
+[ "$(summary part2)" = "$want" ] || { echo "FAIL: resumed: $(summary part2)"; fail=1; }
+[ $fail -eq 0 ] &&
+  echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept"
+exit $fail
