@@ -537,12 +537,11 @@ class Group(Closing):
         torch.float8_e4m3fn` with bf16 x quantises on the sender: tokens arrive as e4m3 with `scales` [N, H/128]
         fp32 (amax / 448 per 128 columns; `round_scale=True`: rounded up to powers of 2; `ue8m0=True`: powers of 2
         as their exponent bytes, four an int32, [N, H/512], H a multiple of 512: DeepEP's packed UE8M0, row-major).
-        `out_dtype=
-        torch.float4_e2m1fn_x2` (or torch.uint8) with bf16 x and `global_scale` (a [1] fp32 CUDA tensor g, as vLLM's
-        and TensorRT-LLM's NVFP4 quantisers take it) quantises to NVFP4: tokens [N, H/2] of out_dtype (two e2m1 a
-        byte, the first in the low nibble) with `scales` [N, H/16] float8_e4m3fn, one per 16 columns (e4m3(amax / 6
-        x g); x ~ q x scale / g; linear, not the swizzled layout grouped GEMMs read); x of float4_e2m1fn_x2 or uint8
-        [T, H/2] with such scales is forwarded. Outputs have the fixed
+        `out_dtype=torch.float4_e2m1fn_x2` (or torch.uint8) with bf16 x and `global_scale` (a [1] fp32 CUDA tensor
+        g, as vLLM's and TensorRT-LLM's NVFP4 quantisers take it) quantises to NVFP4: tokens [N, H/2] of out_dtype
+        (two e2m1 a byte, the first in the low nibble) with `scales` [N, H/16] float8_e4m3fn, one per 16 columns
+        (e4m3(amax / 6 x g); x ~ q x scale / g; linear, not the swizzled layout grouped GEMMs read); x of
+        float4_e2m1fn_x2 or uint8 [T, H/2] with such scales is forwarded. Outputs have the fixed
         worst-case shape, N = R * M (RANK_MAJOR: rows s * M + j, j < rank_counts[s], hold source s's tokens in source
         order) or L * R * M (EXPERT_MAJOR, viewable as [L, R * M, H]: rows e * R * M + i, i < expert_counts[e], by
         (source rank, token)); rows past the counts are not written. src_info [N] int32 (RANK_MAJOR: the token's
