@@ -253,7 +253,7 @@ start_row() {
   fi
 }
 
-ROW=0 SELECTED=0 DEFERRED=()
+SELECTED=0 DEFERRED=()
 for tool in $TOOLS; do
   for spec in "${TESTS[@]}"; do
     IFS='|' read -r name cmd modes <<<"$spec"
@@ -264,7 +264,6 @@ for tool in $TOOLS; do
       case $mode in real | domains) ;; *) tag="$name[$tool,$mode]" ;; esac
       SELECTED=$((SELECTED + 1))
       [ $(((SELECTED - 1) % PART_N)) -ne $((PART_K - 1)) ] && continue
-      ROW=$((ROW + 1))
       json="$RAW/$tag.$n.jsonl" log="$RAW/$tag.$n.log"
       c=${cmd//NRANKS/$n}
       c=${c//JSON/$json}
