@@ -55,11 +55,11 @@ def machine():
         "nccl": sh("%s/bin/nccl_ext_info 2>&1 | grep '^NCCL:'" % os.environ.get("BUILDDIR", "build")),
         "nccl_releases_built": sh("grep -o 'NCCL_EXT_ABI_RELEASES_BUILT:INTERNAL=.*' %s/CMakeCache.txt | cut -d= -f2"
                                   % os.environ.get("BUILDDIR", "build")),
-        # ... and the transport's settings, which change one-GPU nodes' times severalfold (docs/PERFORMANCE.md,
-        # section 6)
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "NCCL_EXT_TIMEOUT_S", "NCCL_EXT_LSA_DOMAIN_SIZE",
-                                               "LD_PRELOAD", "NCCL_P2P_NET_CHUNKSIZE", "NCCL_SOCKET_NTHREADS",
-                                               "NCCL_NSOCKS_PERTHREAD", "NCCL_EXT_M2N_NET_CHANNELS")},
+        # ... and every NCCL_* variable set (the transport's settings change one-GPU nodes' times severalfold:
+        # docs/PERFORMANCE.md, section 6), these four named even when unset
+        "env": {k: os.environ.get(k) for k in sorted(
+            {"NCCL_NVLS_ENABLE", "NCCL_EXT_TIMEOUT_S", "NCCL_EXT_LSA_DOMAIN_SIZE", "LD_PRELOAD"} |
+            {k for k in os.environ if k.startswith("NCCL_") and k != "NCCL_EXT_GIT_COMMIT"})},
     }
 
 
