@@ -56,10 +56,11 @@ def machine():
         "nccl_releases_built": sh("grep -o 'NCCL_EXT_ABI_RELEASES_BUILT:INTERNAL=.*' %s/CMakeCache.txt | cut -d= -f2"
                                   % os.environ.get("BUILDDIR", "build")),
         # ... and every NCCL_* variable set (the transport's settings change one-GPU nodes' times severalfold:
-        # docs/PERFORMANCE.md, section 6), these four named even when unset
+        # docs/PERFORMANCE.md, section 6), these four named even when unset; not NCCL_VERSION, a container's label
+        # that NCCL does not read (the library is "nccl" above)
         "env": {k: os.environ.get(k) for k in sorted(
             {"NCCL_NVLS_ENABLE", "NCCL_EXT_TIMEOUT_S", "NCCL_EXT_LSA_DOMAIN_SIZE", "LD_PRELOAD"} |
-            {k for k in os.environ if k.startswith("NCCL_") and k != "NCCL_EXT_GIT_COMMIT"})},
+            {k for k in os.environ if k.startswith("NCCL_") and k not in ("NCCL_EXT_GIT_COMMIT", "NCCL_VERSION")})},
     }
 
 

@@ -171,9 +171,11 @@ ncclResult_t chooseExchange(ncclComm_t comm, int rank, int device, const std::ve
   splitConfig.blocking = 1;
   if (const int k = ncclext::env().m2nNetChannels; k > 0) {
     // NCCL gives a network peer at most the communicator's channel count (ncclTopoComputeP2pChannels), which
-    // minCTAs raises.
+    // minCTAs raises. NCCL refuses a minCTAs above an unset maxCTAs, so that is set to NCCL's own default
+    // (MAXCHANNELS, 64; k is at most 64: common/env.cc).
     splitConfig.nChannelsPerNetPeer = k;
     splitConfig.minCTAs = k;
+    splitConfig.maxCTAs = 64;
   }
   NCCLEXT_NCCL(ncclCommSplit(comm, 0, rank, &x->comm, &splitConfig));
   std::shared_ptr<ExchangeComm> dropped;  // a retained older one goes outside the lock

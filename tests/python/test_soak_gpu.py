@@ -25,13 +25,14 @@ One JSON line per part (--json, rank 0): test soak_ep_ht / soak_ep_ll / soak_ep_
 pass, the counts, seconds and the per-call time, the growths (max over ranks), the warm-up and end values (rank 0)
 and the tolerances.
 
-Defaults: 10,000 calls and 1,000 plans at 1 rank and wherever every rank has a GPU of its own (about 1-2 s per EP
-mode and a few seconds of plans on one H200). One-GPU nodes share one GPU and go over the rail through loopback
-sockets, where a Low-Latency pair costs about 7-25 ms at 2 ranks and 35-140 ms at 4 (ep_ll_bench[nodes]), so there
+Defaults: 10,000 calls and 1,000 plans at 1 rank and wherever every rank has a GPU of its own (about 3 s per EP
+mode and 1.3 s of plans on one H100). One-GPU nodes share one GPU and go over the rail through loopback sockets,
+where a pair of these shapes costs about 5 ms (LL) and 12-14 ms (HT) at 2 ranks, 14 ms and 32-37 ms at 4, so there
 the defaults are max(100, 4000 // R^2) calls (1,000 at 2 ranks, 250 at 4) and max(100, 1000 // R) plans (500, 250):
-a run stays under about two minutes. The full soak of issue 44 at 4 one-GPU nodes, NCCL_EXT_SOAK_CALLS=10000
-NCCL_EXT_SOAK_PLANS=1000, needs about 10-45 minutes: a run of its own with GPU_CHECK_RUN_TIMEOUT raised (and
-pytest's faulthandler_timeout with it). NCCL_EXT_SOAK_SEED changes every generator."""
+a run stays under about two minutes. The full soak of issue 44, NCCL_EXT_SOAK_CALLS=10000 NCCL_EXT_SOAK_PLANS=1000,
+took 5.5 minutes at 2 one-GPU nodes and needs about 14 at 4 (LL 142 s, the plans 21 s, HT and HT with a cap 5-6
+minutes each): at 4, a run per mode (PYTEST_ADDOPTS="-k ..."), GPU_CHECK_RUN_TIMEOUT raised (pytest's
+faulthandler_timeout with it). NCCL_EXT_SOAK_SEED changes every generator."""
 
 import gc
 import json
