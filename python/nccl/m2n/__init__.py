@@ -23,11 +23,14 @@ from .._ext import _loader
 from .._ext.closing import Closing
 from .._ext.cvalues import c_integer, c_integers, set_fields
 from .._ext.comm import Communicator
-from .._ext.errors import NcclError, NcclInvalidArgument
+from .._ext.errors import (NcclError, NcclInProgress, NcclInternalError, NcclInvalidArgument, NcclInvalidUsage,
+                           NcclRemoteError, NcclSystemError, NcclUnhandledCudaError)
 from .._ext.tensor import nccl_dtype
 
 __all__ = ["Layout", "HostPlan", "Plan", "Communicator", "WeightSync", "reshard", "release_communicators", "retain",
-           "release", "register", "Registration", "shard", "REPLICATE", "version", "NcclError"]
+           "release", "register", "Registration", "shard", "REPLICATE", "version", "NcclError",
+           "NcclUnhandledCudaError", "NcclSystemError", "NcclInternalError", "NcclInvalidArgument", "NcclInvalidUsage",
+           "NcclRemoteError", "NcclInProgress"]
 
 _MAGIC = 0x6d326e31  # NCCL_M2N_MAGIC
 MAX_DIMS = 8
