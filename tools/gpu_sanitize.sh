@@ -30,6 +30,11 @@
 #   GPU_SANITIZE_JOBS=N          rows of one rank or of one-GPU nodes run N at a time (default 1); a row of virtual
 #                                ranks (virtual, mixed) runs alone, its ranks' kernels needing the GPU at once
 #   GPU_SANITIZE_TAG=T           a suffix for the JSON's name
+#   GPU_SANITIZE_OURS_ONLY=REGEX the rows (test names) whose memcheck, racecheck and synccheck instrument only the
+#                                libraries' kernels (mangled names holding ncclep, ncclm2n or ncclext), not the
+#                                framework's (default '^python_': torch's, Triton's and XLA's kernels are not ours, and
+#                                instrumenting them is most of those rows' time); initcheck instruments every kernel
+#                                (a write by a kernel it does not instrument would look uninitialised to it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILDDIR=${BUILDDIR:-build}
@@ -48,6 +53,8 @@ if [ "$LIST" = 0 ] && [ ! -x "$SAN" ]; then
   exit 1
 fi
 PRINT_LIMIT=100000  # reports compute-sanitizer prints (its default, 100, leaves the rest unattributable)
+OURS_ONLY=${GPU_SANITIZE_OURS_ONLY-^python_}
+OURS=(--kernel-name kns=ncclep --kernel-name kns=ncclm2n --kernel-name kns=ncclext)  # additive filters
 EXCLUDE=()
 while read -r kind pattern _; do
   [ "$kind" = kernel ] && EXCLUDE+=(--kernel-name-exclude "kns=$pattern")
@@ -190,16 +197,23 @@ sys.exit(1 if count["fail"] else 0)
 EOF
 }
 
+# filters TOOL TAG: the row's kernel filters (GPU_SANITIZE_OURS_ONLY), one word a line.
+filters() {
+  [ -n "$OURS_ONLY" ] && [ "$1" != initcheck ] && [[ ${2%%\[*} =~ $OURS_ONLY ]] && printf '%s\n' "${OURS[@]}"
+  return 0
+}
+
 # run_row TOOL TAG N MODE JSON LOG COMMAND: one row under the sanitizer; its line goes to done.tsv (one short write,
 # so that rows running at once do not interleave it).
 run_row() {
-  local tool=$1 tag=$2 n=$3 mode=$4 json=$5 log=$6 c=$7 start end rc frc
+  local tool=$1 tag=$2 n=$3 mode=$4 json=$5 log=$6 c=$7 start end rc frc only
+  mapfile -t only < <(filters "$tool" "$tag")
   : > "$json"
   echo "== $tag on $n rank(s)"
   start=$(date +%s.%N)
   set -f  # the command's words are not globbed (a row's file names hold brackets)
   timeout "$RUN_TIMEOUT" "$SAN" --tool "$tool" --target-processes all --print-limit "$PRINT_LIMIT" "${EXCLUDE[@]}" \
-    $c >"$log" 2>&1
+    ${only[@]+"${only[@]}"} $c >"$log" 2>&1
   rc=$?
   set +f
   end=$(date +%s.%N)
@@ -271,8 +285,10 @@ for tool in $TOOLS; do
       why=$(why_not "$name" "$mode")
       if [ "$LIST" != 0 ]; then
         printf '%3d  %-40s %d rank(s)  %s\n' "$SELECTED" "$tag" "$n" "${why:+not run: $why}"
+        f=$(filters "$tool" "$tag" | paste -sd' ')
         [ -z "$why" ] &&
-          printf '     %s --tool %s --print-limit %s %s\n' "$(basename "$SAN")" "$tool" "$PRINT_LIMIT" "$c"
+          printf '     %s --tool %s --print-limit %s %s%s\n' "$(basename "$SAN")" "$tool" "$PRINT_LIMIT" \
+            "${f:+$f }" "$c"
         continue
       fi
       if grep -qF -- "$tag	$n	" "$RAW/done.tsv"; then

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 
+// In ncclep (internal linkage all the same): `make gpu-sanitize` instruments the library's kernels by that name.
+namespace ncclep {
 namespace {
 
 // Rows [n, rows) of a [rows][rowBytes] buffer, n the sum of counts[0..nCounts): every block sums the counts (a few
@@ -41,18 +43,19 @@ __global__ void zeroPastBlocksKernel(char* base, size_t rowBytes, int64_t width,
 }
 
 }  // namespace
+}  // namespace ncclep
 
 cudaError_t ncclEpJaxLoadTailKernel() {
   cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, zeroPastKernel);
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, zeroPastBlocksKernel);
+  cudaError_t e = cudaFuncGetAttributes(&attr, ncclep::zeroPastKernel);
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&attr, ncclep::zeroPastBlocksKernel);
 }
 
 cudaError_t ncclEpJaxZeroPastCounts(void* base, size_t rowBytes, int64_t rows, const int* counts, int nCounts,
                                     cudaStream_t stream) {
   if (rows <= 0 || rowBytes == 0) return cudaSuccess;
   if (rowBytes % 16 != 0) return cudaErrorInvalidValue;
-  zeroPastKernel<<<132, 512, 0, stream>>>(static_cast<char*>(base), rowBytes, rows, counts, nCounts);
+  ncclep::zeroPastKernel<<<132, 512, 0, stream>>>(static_cast<char*>(base), rowBytes, rows, counts, nCounts);
   return cudaGetLastError();
 }
 
@@ -60,6 +63,7 @@ cudaError_t ncclEpJaxZeroPastBlockCounts(void* base, size_t rowBytes, int64_t ro
                                          cudaStream_t stream) {
   if (rows <= 0 || rowBytes == 0) return cudaSuccess;
   if (rowBytes % 16 != 0 || blocks <= 0 || rows % blocks != 0) return cudaErrorInvalidValue;
-  zeroPastBlocksKernel<<<132, 512, 0, stream>>>(static_cast<char*>(base), rowBytes, rows / blocks, rows, counts);
+  ncclep::zeroPastBlocksKernel<<<132, 512, 0, stream>>>(static_cast<char*>(base), rowBytes, rows / blocks, rows,
+                                                         counts);
   return cudaGetLastError();
 }

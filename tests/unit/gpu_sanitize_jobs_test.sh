@@ -2,7 +2,7 @@
 # tools/gpu_sanitize.sh's scheduling without a GPU: a stand-in nvidia-smi and compute-sanitizer (which writes a
 # passing JSON line, or fails). One job and three run the same rows to the same verdicts; with three, every row of
 # virtual ranks starts after the last of the others has ended and runs alone; a failed row fails the call; a time
-# budget leaves rows not run and a resumed call runs only those.
+# budget leaves rows not run and a resumed call runs only those; GPU_SANITIZE_OURS_ONLY's rows get the kernel filters.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -11,10 +11,12 @@ mkdir -p "$tmp/bin"
 printf '#!/bin/sh\necho "NVIDIA stand-in GPU"\n' > "$tmp/bin/nvidia-smi"
 cat > "$tmp/bin/sanitizer" <<'STUB'
 #!/usr/bin/env bash
-# Logs its start and end (for the order), sleeps, writes the test's JSON line, exits with FAKE_RC.
-json="" prev="" tag=""
-for a in "$@"; do [ "$prev" = "--json" ] && json=$a; prev=$a; done
+# Logs its start and end (for the order) and whether it got the libraries' kernel filters, sleeps, writes the test's
+# JSON line, exits with FAKE_RC.
+json="" prev="" tag="" ours=0
+for a in "$@"; do [ "$prev" = "--json" ] && json=$a; [ "$a" = kns=ncclep ] && ours=1; prev=$a; done
 tag=$(basename "$json")
+echo "$tag $ours" >> "$FAKE_TRACE.filters"
 echo "start $(date +%s.%N) $tag" >> "$FAKE_TRACE"
 sleep "${FAKE_SLEEP:-0.3}"
 [ -n "$json" ] && echo '{"test": "stand-in", "pass": true}' >> "$json"
@@ -71,6 +73,16 @@ n2=$(wc -l < "$tmp/raw/done.tsv")
 { [ "$n1" -gt 0 ] && [ "$n1" -lt 7 ] && [ "$n2" -eq 7 ]; } ||
   { echo "FAIL: resumed: $n1 rows, then $n2 (want some, then 7)"; fail=1; }
 [ "$(summary part2)" = "$want" ] || { echo "FAIL: resumed: $(summary part2)"; fail=1; }
+# GPU_SANITIZE_OURS_ONLY: the matching rows get the libraries' kernel filters, except under initcheck.
+run ours GPU_SANITIZE_TOOLS="memcheck initcheck" GPU_SANITIZE_OURS_ONLY='^ep_ht$' ||
+  { echo "FAIL: ours: $(summary ours)"; fail=1; }
+got=$(sort "$tmp/ours.trace.filters" | sed 's/\.[0-9]*\.jsonl//' | paste -sd' ')
+want_f="ep_ht[initcheck,mixed] 0 ep_ht[initcheck,nodes] 0 ep_ht[initcheck,virtual] 0 ep_ht[initcheck] 0"
+want_f="$want_f ep_ht[memcheck,mixed] 1 ep_ht[memcheck,nodes] 1 ep_ht[memcheck,virtual] 1 ep_ht[memcheck] 1"
+want_f="$want_f symmem[initcheck,nodes] 0 symmem[initcheck,virtual] 0 symmem[initcheck] 0"
+want_f="$want_f symmem[memcheck,nodes] 0 symmem[memcheck,virtual] 0 symmem[memcheck] 0"
+[ "$got" = "$want_f" ] || { echo "FAIL: filters: $got"; fail=1; }
 [ $fail -eq 0 ] &&
-  echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept"
+  echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept," \
+    "the libraries' kernel filters where asked"
 exit $fail
