@@ -7,8 +7,11 @@ Rank 0 holds every tensor of the config (Replicate on [0]); rank 1 receives all 
 ranks take part holding nothing. Each
 tensor is one contiguous run, so the executor sends it directly (one ncclSend / ncclRecv per tensor in one group).
 The baseline is what RL frameworks do today: torch.distributed.broadcast of each tensor from rank 0 (NCCL backend),
-one call per tensor. Times are medians of --iters CUDA-synchronised repetitions after one warm-up, the two taking
-turns call by call (loopback sockets drift within a run); bytes: each tensor's bytes once. `--scale k` divides every
+one call per tensor. A second one, torch.distributed.batch_isend_irecv of every tensor in one batch (one NCCL group
+of point-to-point sends, the operations the executor issues, on torch's communicator), tells the executor's own
+cost from the transport's cost of point-to-point against a collective. Times are medians of --iters
+CUDA-synchronised repetitions after one warm-up, the three taking turns call by call (loopback sockets drift within a
+run); bytes: each tensor's bytes once. `--scale k` divides every
 dimension above 1024 by k (the model must fit twice in the GPUs' memory; one GPU holds both sides). With --one-gpu
 nodes the ranks talk over loopback sockets: that measures the transport, not NVLink (the 2-GPU issue owns the NVLink
 numbers). Rank 0 prints one line and appends a JSON line to --json (with the median host time of each call until it
@@ -64,16 +67,22 @@ def main():
             for t in local.values():
                 dist.broadcast(t, src=0, group=pair)
 
+    def p2p_all():
+        if rank < 2:
+            op = dist.isend if rank == 0 else dist.irecv
+            for req in dist.batch_isend_irecv([dist.P2POp(op, t, 1 - rank, group=pair) for t in local.values()]):
+                req.wait()
+
     batch = [(name, m2n.Layout(shape, torch.bfloat16, mesh=[0], placements=[m2n.REPLICATE]),
               m2n.Layout(shape, torch.bfloat16, mesh=[1], placements=[m2n.REPLICATE])) for name, shape in tensors]
     with m2n.Plan(batch, timeout_s=120) as plan:
         src = local if rank == 0 else {}
         dst = local if rank == 1 else {}
         # Seconds, medians; the two take turns call by call, every rank starting each call together.
-        turns = interleaved({"ours": lambda: plan.execute(src, dst), "theirs": broadcast_all}, a.iters, warmup=1,
-                            between=dist.barrier)
-        ours, theirs = (statistics.median(w for w, _ in turns[k]) / 1e6 for k in ("ours", "theirs"))
-        enqueue = {k: statistics.median(h for _, h in turns[k]) / 1e6 for k in ("ours", "theirs")}
+        turns = interleaved({"ours": lambda: plan.execute(src, dst), "theirs": broadcast_all, "p2p": p2p_all},
+                            a.iters, warmup=1, between=dist.barrier)
+        ours, theirs, p2p = (statistics.median(w for w, _ in turns[k]) / 1e6 for k in ("ours", "theirs", "p2p"))
+        enqueue = {k: statistics.median(h for _, h in turns[k]) / 1e6 for k in ("ours", "theirs", "p2p")}
         # Check once, on fresh poison: every element rank 1 received equals rank 0's, which comes again by broadcast
         # (the baseline's path) into a scratch tensor, one tensor at a time.
         if rank == 1:
@@ -99,11 +108,12 @@ def main():
                 "gpu": torch.cuda.get_device_name(device), "nccl_m2n_s": ours, "nccl_broadcast_per_tensor_s": theirs,
                 "nccl_m2n_GBps": total / ours / 1e9, "broadcast_GBps": total / theirs / 1e9,
                 "nccl_m2n_enqueue_s": enqueue["ours"], "broadcast_enqueue_s": enqueue["theirs"],
+                "nccl_p2p_batch_s": p2p, "p2p_batch_GBps": total / p2p / 1e9, "p2p_batch_enqueue_s": enqueue["p2p"],
                 "byte_convention": "each tensor's bytes once"}
         print("m2n_model_bench: %s, %d tensors, %.2f GB, rank 0 -> rank 1 (%s): nccl.m2n %.3f s (%.1f GB/s), "
-              "per-tensor broadcast %.3f s (%.1f GB/s); results %s" % (
+              "per-tensor broadcast %.3f s (%.1f GB/s), one batch of sends %.3f s (%.1f GB/s); results %s" % (
                   config["name"], len(tensors), total / 1e9, mode, ours, line["nccl_m2n_GBps"], theirs,
-                  line["broadcast_GBps"], "equal" if ok else "DIFFER"))
+                  line["broadcast_GBps"], p2p, line["p2p_batch_GBps"], "equal" if ok else "DIFFER"))
         append_json(a.json, line)
     dist.destroy_process_group()
     return 0 if ok else 1
