@@ -8,13 +8,13 @@ Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` 
 `enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`; DeepEP
 V2's `ElasticBuffer`, `EPHandle` and `EventHandle` come from nccl.ep.deepep_elastic (`from nccl.ep.deepep import
 ElasticBuffer`). `low_latency_combine(use_logfmt=True)` moves bf16 rows (exact, no smaller messages; warned once).
-What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics and
-`get_comm_stream`. The High-Throughput handle is DeepEP's intranode tuple up to 8
-ranks, its internode one above (see _DispatchHandle). `Buffer(None, ..., comm=<mpi4py communicator>)`
-(TensorRT-LLM's way) works: the NCCL communicator's id goes over MPI, and the Buffer's few collectives of its own run
-there on the host (a host synchronisation each: the first dispatch's sizes, a Low-Latency group's, and the
-High-Throughput handle entries' all-to-all, which `Buffer.dispatch_handle_entries = False` skips).
-docs/COMPATIBILITY.md lists every method and how it differs.
+What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics.
+`get_comm_stream` returns the caller's current stream (nccl.ep's calls run there). The High-Throughput handle is
+DeepEP's intranode tuple up to 8 ranks, its internode one above (see _DispatchHandle). `Buffer(None, ...,
+comm=<mpi4py communicator>)` (TensorRT-LLM's way) works: the NCCL communicator's id goes over MPI, and the Buffer's
+few collectives of its own run there on the host (a host synchronisation each: the first dispatch's sizes, a
+Low-Latency group's, and the High-Throughput handle entries' all-to-all, which `Buffer.dispatch_handle_entries =
+False` skips). docs/COMPATIBILITY.md lists every method and how it differs.
 
 How it differs inside (none of it changes results):
 - Calls run on the current stream (there is no communication stream): `previous_event` is waited on first, and
@@ -507,10 +507,11 @@ class Buffer:
                                       % (tuple(size), numel, what, offset, tensor.numel()))
         return tensor[:numel].view(torch.Size(size))
 
-    # -- not provided -----------------------------------------------------------------------------------------------
-
     def get_comm_stream(self):
-        raise _unsupported("Buffer.get_comm_stream (nccl.ep runs on the caller's stream)")
+        """DeepEP's communication stream. nccl.ep has none of its own: its calls run on the caller's current stream,
+        which this returns. `record_stream` on it then orders nothing more, and work forked onto it runs in order
+        with the caller's (no overlap, the same results)."""
+        return torch.cuda.current_stream()
 
     # -- layout -----------------------------------------------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event=None, async_finish: bool = False,

@@ -45,9 +45,9 @@ DeepEP's column-major layout (rows padded to 4). `allow_hybrid_mode` decides wha
 (NVLink domains, ranks a domain), or (1, ranks) without it; across several domains of several ranks DeepEP's hybrid
 combine rounds each domain's sum to bf16 once more, which nccl.ep does not (the last bit may differ from DeepEP's
 hybrid mode, not from its direct mode). Raise NotImplementedError naming themselves: `num_cpu_bytes` > 0, the
-Engram, PP and AGRS methods and their size hints, and `get_comm_stream`. `do_expand` takes any `expert_alignment` of
-1..1024 (DeepGEMM's M tile: 128, or 224 on sm_100). fp8 scales are fp32 or UE8M0-packed int32, forwarded bit for
-bit.
+Engram, PP and AGRS methods and their size hints. `get_comm_stream` returns the caller's current stream. `do_expand`
+takes any `expert_alignment` of 1..1024 (DeepGEMM's M tile: 128, or 224 on sm_100). fp8 scales are fp32 or
+UE8M0-packed int32, forwarded bit for bit.
 """
 
 from __future__ import annotations
@@ -268,7 +268,8 @@ class ElasticBuffer:
         self._core.destroy()
 
     def get_comm_stream(self):
-        raise _unsupported("ElasticBuffer.get_comm_stream (nccl.ep runs on the caller's stream)")
+        """DeepEP's communication stream: the caller's current stream, where nccl.ep's calls run (Buffer's)."""
+        return torch.cuda.current_stream()
 
     # -- dispatch ---------------------------------------------------------------------------------------------------
     def dispatch(self, x, topk_idx=None, topk_weights=None, cumulative_local_expert_recv_stats=None,
