@@ -197,6 +197,18 @@ sys.exit(1 if count["fail"] else 0)
 EOF
 }
 
+# virtual_ranks MODE: whether the row's ranks are virtual ranks of one process (virtual, mixed): their kernels need
+# the GPU at once, so such a row runs alone, and a timeout there may be the tool's, not ours.
+virtual_ranks() { [ "$1" = virtual ] || [ "$1" = mixed ]; }
+
+# not_run TAG N CODE WHY JSON LOG: the row is not run by this call (97: this machine cannot; 125: the time budget),
+# with the reason; it stays out of done.tsv, so a later call asks again.
+not_run() {
+  echo "== $1 on $2 rank(s): not run: $4"
+  printf '%s\t%s\t%s\n' "$1" "$2" "$4" >> "$TMP/reasons.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" 0 "$5" "$6" >> "$TMP/pending.tsv"
+}
+
 # filters TOOL TAG: the row's kernel filters (GPU_SANITIZE_OURS_ONLY), one word a line.
 filters() {
   [ -n "$OURS_ONLY" ] && [ "$1" != initcheck ] && [[ ${2%%\[*} =~ $OURS_ONLY ]] && printf '%s\n' "${OURS[@]}"
@@ -224,7 +236,7 @@ run_row() {
   # of one process were seen not to (each rank waiting for a CTA of the other that never ran: docs/PERFORMANCE.md),
   # so a run with virtual ranks that fails only by a device wait's timeout, or is killed, with nothing of ours
   # reported, is inconclusive (98), not a pass.
-  if { [ "$mode" = virtual ] || [ "$mode" = mixed ]; } && [ $rc -ne 0 ] && [ $rc -ne 99 ] && [ $frc -eq 0 ] &&
+  if virtual_ranks "$mode" && [ $rc -ne 0 ] && [ $rc -ne 99 ] && [ $frc -eq 0 ] &&
      { [ $rc -eq 124 ] || grep -q "timed out after" "$log"; }; then
     rc=98
   fi
@@ -245,9 +257,7 @@ run_row() {
 start_row() {
   local tool=$1 tag=$2 n=$3 mode=$4 json=$5 log=$6 c=$7 max=$JOBS
   if [ $((SECONDS + RUN_TIMEOUT)) -gt "${GPU_SANITIZE_BUDGET_S:-1000000}" ]; then
-    echo "== $tag: not run (GPU_SANITIZE_BUDGET_S spent)"
-    printf '%s\t%s\t%s\n' "$tag" "$n" "time budget spent (GPU_SANITIZE_BUDGET_S): a later call" >> "$TMP/reasons.tsv"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 125 0 "$json" "$log" >> "$TMP/pending.tsv"
+    not_run "$tag" "$n" 125 "time budget spent (GPU_SANITIZE_BUDGET_S): a later call" "$json" "$log"
     return
   fi
   if [ "$JOBS" -le 1 ]; then
@@ -255,7 +265,7 @@ start_row() {
     report 0 >/dev/null
     return
   fi
-  case $mode in virtual | mixed) max=1 ;; esac
+  virtual_ranks "$mode" && max=1
   while [ "$(jobs -rp | wc -l)" -ge "$max" ]; do
     wait -n
     report 0 >/dev/null
@@ -296,14 +306,11 @@ for tool in $TOOLS; do
         continue
       fi
       if [ -n "$why" ]; then
-        echo "== $tag on $n rank(s): not run: $why"
-        # (asked again by every call: a resumed check on another machine may run it)
-        printf '%s\t%s\t%s\n' "$tag" "$n" "$why" >> "$TMP/reasons.tsv"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" 97 0 "$json" "$log" >> "$TMP/pending.tsv"
+        not_run "$tag" "$n" 97 "$why" "$json" "$log"  # (a resumed check on another machine may run it)
         continue
       fi
       # With several jobs, the rows of virtual ranks (each alone) come after the others.
-      if [ "$JOBS" -gt 1 ] && { [ "$mode" = virtual ] || [ "$mode" = mixed ]; }; then
+      if [ "$JOBS" -gt 1 ] && virtual_ranks "$mode"; then
         DEFERRED+=("$tool	$tag	$n	$mode	$json	$log	$c")
         continue
       fi
