@@ -43,7 +43,7 @@ struct Env {
   // NCCL_EXT_M2N_NET_CHANNELS = k > 0 (experimental): nccl_m2n's exchange communicators (the ncclSend / ncclRecv of
   // plans across NVLink domains) are split with ncclConfig_t::nChannelsPerNetPeer = k and minCTAs = k: channels, and
   // so connections, for each peer over the network (NCCL caps a peer's channels at the communicator's, which minCTAs
-  // raises). 0 = NCCL's choice. No API field takes it.
+  // raises; maxCTAs stays NCCL's default, 64). 0 = NCCL's choice. No API field takes it.
   int m2nNetChannels = 0;
 };
 
