@@ -229,10 +229,18 @@ typedef struct {
                                   [N, H/16] uint8 or e4m3 (block b's e4m3 scale at column b, no swizzle) */
   ncclEpTensor_t src_info;     /* LL, optional: [N] int32: RANK_MAJOR the row's token index at its source;
                                   EXPERT_MAJOR source rank * max_tokens_per_rank + token. HT: unused */
+  /* Appended after the first layout (NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE ends before it). */
+  ncclEpTensor_t recv_wait_cycles; /* LL, optional: [n_ranks] int64, added to (on the stream, by the receive half):
+                                      per source rank, the clock64 cycles this rank's receiving threads spun waiting
+                                      for its header and rows, summed over the threads that waited (a warp a row); 0
+                                      for what had arrived. Straggler diagnosis, as DeepEP's
+                                      dispatch_wait_recv_cost_stats (same unit, another scale: compare sources and
+                                      ranks of one group). HT: refused */
 } ncclEpDispatchOutputs_t;
+#define NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE offsetof(ncclEpDispatchOutputs_t, recv_wait_cycles)
 #define NCCL_EP_DISPATCH_OUTPUTS_INIT                                                                     \
   {sizeof(ncclEpDispatchOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, \
-   NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
+   NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;
@@ -270,9 +278,14 @@ typedef struct {
                                      the sum: LL with enable_mask, those on ranks masked when the combine began;
                                      HT with max_recv_rows_per_rank, those on ranks where the token's row was past
                                      the cap (0 for every token when nothing is missing) */
+  /* Appended after the first layout (NCCL_EP_COMBINE_OUTPUTS_V1_SIZE ends before it). */
+  ncclEpTensor_t recv_wait_cycles; /* LL, optional: [n_ranks] int64, as the dispatch output of that name: the cycles
+                                      spun waiting for each rank's returned rows (DeepEP's
+                                      combine_wait_recv_cost_stats). HT: refused */
 } ncclEpCombineOutputs_t;
+#define NCCL_EP_COMBINE_OUTPUTS_V1_SIZE offsetof(ncclEpCombineOutputs_t, recv_wait_cycles)
 #define NCCL_EP_COMBINE_OUTPUTS_INIT \
-  {sizeof(ncclEpCombineOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
+  {sizeof(ncclEpCombineOutputs_t), NCCL_EP_MAGIC, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT, NCCL_EP_TENSOR_INIT}
 
 typedef struct {
   unsigned int size;

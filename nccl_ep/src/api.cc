@@ -248,6 +248,16 @@ ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool
 
 // Low-Latency dispatch (headers checked): bf16 in and bf16 / e4m3 (quantised per 128 columns) / NVFP4 (quantised
 // per 16, uint8 [N, H/2]) out, or e4m3 / NVFP4 in and out (forwarded with their scales).
+// An LL call's optional recv_wait_cycles: [nRanks] int64 (added to by its receive half), else *out NULL.
+ncclResult_t checkWaitCycles(const ncclEpTensor_t& t, const ncclEpGroup* g, unsigned long long** out) {
+  *out = nullptr;
+  if (!present(t)) return ncclSuccess;
+  NCCLEXT_CHECK(checkTensor(t, "outputs.recv_wait_cycles", 1, {ncclInt64}, {g->view.nRanks}));
+  NCCLEXT_CHECK(checkAligned(t, "outputs.recv_wait_cycles", 8));
+  *out = static_cast<unsigned long long*>(t.data);
+  return ncclSuccess;
+}
+
 ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
                                 const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
                                 const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
@@ -362,10 +372,13 @@ ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs
     NCCLEXT_CHECK(checkTensor(outputs->src_info, "outputs.src_info", 1, {ncclInt32}, {-1}));
     NCCLEXT_CHECK(checkRows(outputs->src_info, "outputs.src_info", N));
   }
+  unsigned long long* waitCycles = nullptr;
+  NCCLEXT_CHECK(checkWaitCycles(outputs->recv_wait_cycles, g, &waitCycles));
   NCCLEXT_CHECK(checkLayoutInfo(info, g));
   ncclep::LlDispatchCall c{};
   setDispatchTensors(&c, inputs, outputs);
   c.outSrcInfo = static_cast<int*>(outputs->src_info.data);
+  c.waitCycles = waitCycles;
   c.info = layoutInfoOut(info);
   c.hidden = (int)H;
   c.inRowBytes = (int)rowBytesOf(in, H);
@@ -414,6 +427,7 @@ ncclResult_t combineLowLatency(ncclEpHandle* handle, const ncclEpCombineInputs_t
   } else {
     c.mode = rankMajor ? ncclep::kLlRankRows : ncclep::kLlExpertWeighted;
   }
+  NCCLEXT_CHECK(checkWaitCycles(outputs->recv_wait_cycles, g, &c.waitCycles));
   if (present(outputs->missing_experts)) {
     NCCLEXT_USAGE(g->view.mask != nullptr, "outputs.missing_experts: the group was created without enable_mask");
     NCCLEXT_CHECK(checkTensor(outputs->missing_experts, "outputs.missing_experts", 1, {ncclInt32}, {T}));
@@ -826,7 +840,10 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_CHECK(readVersioned(inputs, {NCCL_EP_DISPATCH_INPUTS_V1_SIZE, sizeof(ncclEpDispatchInputs_t)}, "inputs",
                                 "NCCL_EP_DISPATCH_INPUTS_INIT", &givenInputs));
     inputs = &givenInputs;
-    CHECK_HEADER(outputs, ncclEpDispatchOutputs_t, NCCL_EP_DISPATCH_OUTPUTS_INIT);
+    ncclEpDispatchOutputs_t givenOutputs;
+    NCCLEXT_CHECK(readVersioned(outputs, {NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE, sizeof(ncclEpDispatchOutputs_t)},
+                                "outputs", "NCCL_EP_DISPATCH_OUTPUTS_INIT", &givenOutputs));
+    outputs = &givenOutputs;
     ncclEpDispatchConfig_t given;  // the caller's layout, any known one, with what it lacks zero
     if (config) {
       NCCLEXT_CHECK(readVersioned(config, {NCCL_EP_DISPATCH_CONFIG_V1_SIZE, sizeof(ncclEpDispatchConfig_t)}, "config",
@@ -846,6 +863,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
     NCCLEXT_CHECK(checkAligned(x, "inputs.tokens"));
     NCCLEXT_ARG(!present(outputs->src_info),
                 "outputs.src_info is a Low-Latency output (FLAT rows are in source order)");
+    NCCLEXT_ARG(!present(outputs->recv_wait_cycles), "outputs.recv_wait_cycles is a Low-Latency output");
     NCCLEXT_ARG(!present(inputs->global_scale),
                 "inputs.global_scale is for Low-Latency NVFP4 quantisation (High-Throughput forwards uint8 rows)");
     const int64_t H = x.sizes[1];
@@ -953,11 +971,15 @@ ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t* i
     NCCLEXT_CHECK(readVersioned(inputs, {NCCL_EP_COMBINE_INPUTS_V1_SIZE, sizeof(ncclEpCombineInputs_t)}, "inputs",
                                 "NCCL_EP_COMBINE_INPUTS_INIT", &givenInputs));
     inputs = &givenInputs;
-    CHECK_HEADER(outputs, ncclEpCombineOutputs_t, NCCL_EP_COMBINE_OUTPUTS_INIT);
+    ncclEpCombineOutputs_t givenOutputs;
+    NCCLEXT_CHECK(readVersioned(outputs, {NCCL_EP_COMBINE_OUTPUTS_V1_SIZE, sizeof(ncclEpCombineOutputs_t)},
+                                "outputs", "NCCL_EP_COMBINE_OUTPUTS_INIT", &givenOutputs));
+    outputs = &givenOutputs;
     if (config) CHECK_HEADER(config, ncclEpCombineConfig_t, NCCL_EP_COMBINE_CONFIG_INIT);
     if (g->view.lowLatency) return combineLowLatency(handle, inputs, outputs, config, stream);
     NCCLEXT_USAGE(!config || !config->send_only, "config.send_only is for the Low-Latency mode");
     NCCLEXT_ARG(!present(inputs->topk_weights), "inputs.topk_weights at combine are for the Low-Latency mode");
+    NCCLEXT_ARG(!present(outputs->recv_wait_cycles), "outputs.recv_wait_cycles is a Low-Latency output");
     NCCLEXT_USAGE(!present(outputs->missing_experts) || g->view.recvCap > 0,
                   "outputs.missing_experts is for Low-Latency groups with enable_mask and High-Throughput groups with "
                   "max_recv_rows_per_rank");

@@ -27,10 +27,12 @@
 // budget: every rank masks the last one (with one rank: itself), missing_experts against the reference's count,
 // ncclEpMaskQuery; (2+ ranks) the last rank skips a dispatch + combine (the others mask it when its counts do not
 // come: the reference with it masked, no error), then after ncclEpMaskClean it skips only a combine (the others
-// get ncclRemoteError once, naming it), then after another clean everyone gives the full reference; and (2+
-// ranks) the timeout path on a group of its own: one rank skips a dispatch, the others get ncclRemoteError and no
-// call hangs; (1 rank, real GPU) a call on every SM beside a kernel that holds one SM longer than the budget waits
-// for it and succeeds (the cooperative launch: runBesideHeldSm).
+// get ncclRemoteError once, naming it), then after another clean everyone gives the full reference; (2+ ranks) a
+// straggler on a group of its own: the last rank 200 ms late at a dispatch and a combine, the others'
+// recv_wait_cycles for it above 10^7 cycles inside a domain (runStraggler); and (2+ ranks) the timeout path on a
+// group of its own: one rank skips a dispatch, the others get ncclRemoteError and no call hangs; (1 rank, real
+// GPU) a call on every SM beside a kernel that holds one SM longer than the budget waits for it and succeeds (the
+// cooperative launch: runBesideHeldSm).
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) the same suite runs over the rail exchange,
 // masks with the masked rank skipping a call instead of an active one skipping (see runMasked; the mixed mode: none,
@@ -53,6 +55,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/device_status.h"
@@ -1215,6 +1218,87 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
   return 0;
 }
 
+// recv_wait_cycles (DeepEP's *_wait_recv_cost_stats) on a group of its own: every rank receives from every rank; the
+// last rank sleeps kStragglerMs on the host before its dispatch and again before its combine. Each rank's two
+// [R] int64 tensors start at kWaitBase and are added to: every entry must stay in [kWaitBase, kWaitBase + 2^40).
+// Inside one NVLink domain the others' receive halves spin on the straggler's flags: its entry must exceed
+// kStragglerCycles (5 ms at 2 GHz, for a 200 ms sleep). Across domains the rail exchange (NCCL) waits for it before
+// the receive half starts, so only the range is checked there. *cycles: the smallest straggler entry seen.
+constexpr int kStragglerMs = 200;
+constexpr int64_t kWaitBase = (int64_t)1 << 40, kStragglerCycles = 10000000;
+int runStraggler(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base, bool acrossDomains,
+                 int64_t* cycles, bool* ok) {
+  const std::string label = "straggler";
+  const int R = ctx.nRanks, M = 16, K = 2, H = 256, late = R - 1;
+  ncclEpGroupConfig_t cfg = base;
+  cfg.num_experts = 2 * R;
+  cfg.max_tokens_per_rank = M;
+  cfg.max_token_bytes = H * 2;
+  ncclEpGroup_t g = nullptr;
+  EXPECT_OK(ncclext::harness::createEpGroup(&g, ctx.comm, &cfg));
+  std::vector<int> idx(M * K);
+  for (int t = 0; t < M; t++)
+    for (int k = 0; k < K; k++) idx[t * K + k] = (t * K + k) % cfg.num_experts;  // every rank receives
+  DeviceBuf topk(idx.size() * 4), x((size_t)M * H * 2), y((size_t)R * M * H * 2), z((size_t)M * H * 2);
+  DeviceBuf waits(2 * R * sizeof(int64_t));
+  topk.put(idx.data(), idx.size() * 4);
+  const std::vector<int64_t> start(2 * R, kWaitBase);
+  waits.put(start.data(), start.size() * sizeof(int64_t));
+  cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");
+  const ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {M, K});
+  ncclEpHandle_t h = nullptr;
+  EXPECT_OK(ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
+  auto lateStart = [&](const char* what) {  // every rank here, then the straggler sleeps
+    if (ncclext::harness::barrier(ctx, 60) != ncclSuccess) {
+      fprintf(stderr, "rank %d: barrier before the straggler's %s: %s\n", ctx.rank, what, ncclext::lastError());
+      *ok = false;
+    }
+    if (ctx.rank == late) std::this_thread::sleep_for(std::chrono::milliseconds(kStragglerMs));
+  };
+  int64_t* dispatchWaits = static_cast<int64_t*>(waits.p);
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(x.p, ncclBfloat16, {M, H});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(y.p, ncclBfloat16, {R * M, H});
+  out.recv_wait_cycles = epTensor(dispatchWaits, ncclInt64, {R});
+  lateStart("dispatch");
+  EXPECT_OK(ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream));
+  *ok &= drained("straggler dispatch");
+  ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+  ci.tokens = epTensor(y.p, ncclBfloat16, {R * M, H});
+  ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  co.tokens = epTensor(z.p, ncclBfloat16, {M, H});
+  co.recv_wait_cycles = epTensor(dispatchWaits + R, ncclInt64, {R});
+  lateStart("combine");
+  EXPECT_OK(ncclEpCombine(h, &ci, &co, nullptr, ctx.stream));
+  *ok &= drained("straggler combine");
+  const std::vector<int64_t> got = waits.get<int64_t>(2 * R);
+  *cycles = INT64_MAX;
+  for (int i = 0; i < 2 * R; i++) {
+    const char* call = i < R ? "dispatch" : "combine";
+    const int s = i % R;
+    if (got[i] < kWaitBase || got[i] - kWaitBase >= ((int64_t)1 << 40)) {
+      fprintf(stderr, "rank %d: %s recv_wait_cycles[%d] = base + %lld: not added to the start value\n", ctx.rank,
+              call, s, (long long)(got[i] - kWaitBase));
+      *ok = false;
+    }
+    if (s != late || ctx.rank == late) continue;
+    *cycles = std::min(*cycles, got[i] - kWaitBase);
+    if (!acrossDomains && got[i] - kWaitBase < kStragglerCycles) {
+      fprintf(stderr, "rank %d: %s waited %lld cycles for rank %d, which started %d ms late\n", ctx.rank, call,
+              (long long)(got[i] - kWaitBase), s, kStragglerMs);
+      *ok = false;
+    }
+  }
+  printf("rank %d: straggler (rank %d, %d ms late): %s\n", ctx.rank, late, kStragglerMs, *ok ? "ok" : "FAILED");
+  ncclEpHandleDestroy(h);
+  if (ncclEpGroupDestroy(g) != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclEpGroupDestroy (straggler): %s\n", ctx.rank, ncclEpGetLastError());
+    *ok = false;
+  }
+  return 0;
+}
+
 // Holds one SM for `ns`: its dynamic shared memory (the most a CTA may have) leaves room for no other CTA there.
 // Raises *started (host-mapped) once it runs.
 __global__ void __launch_bounds__(1024) holdSmKernel(volatile int* started, unsigned long long ns) {
@@ -1588,6 +1672,10 @@ int main(int argc, char** argv) {
       fprintf(stderr, "rank %d: the ranks could not agree on the outcome: %s\n", ctx.rank, ncclext::lastError());
       total = 1 + mine;
     }
+    bool stragglerOk = true;
+    int64_t stragglerCycles = 0;
+    if (ctx.nRanks > 1 && !gGraphOnly && runStraggler(ctx, base, acrossDomains, &stragglerCycles, &stragglerOk))
+      stragglerOk = false;
     bool timeoutOk = true;
     double waited = 0;
     if (ctx.nRanks > 1 && !gGraphOnly && runSilentPeer(ctx, base, &waited, &timeoutOk)) timeoutOk = false;
@@ -1596,11 +1684,12 @@ int main(int argc, char** argv) {
     bool heldSmOk = true;
     double heldSmWaited = 0;
     if (heldSmTested && runBesideHeldSm(ctx, base, &heldSmWaited, &heldSmOk)) heldSmOk = false;
-    const bool pass = total == 0 && timeoutOk && heldSmOk && tCudaErrors == 0;
+    const bool pass = total == 0 && stragglerOk && timeoutOk && heldSmOk && tCudaErrors == 0;
     printf(
-        "rank %d: %zu cases (%d failed), %d graph replays, %d argument checks, timeout %s, held SM %s, %s, CUDA "
-        "errors in the test %d -> %s (seed %llu)\n",
+        "rank %d: %zu cases (%d failed), %d graph replays, %d argument checks, straggler %s, timeout %s, held SM %s, "
+        "%s, CUDA errors in the test %d -> %s (seed %llu)\n",
         ctx.rank, cases.size(), failedCases, replays, run.validationChecks,
+        ctx.nRanks > 1 ? (stragglerOk ? "ok" : "FAILED") : "n/a (1 rank)",
         ctx.nRanks > 1 ? (timeoutOk ? "ok" : "FAILED") : "n/a (1 rank)",
         heldSmTested ? (heldSmOk ? "ok" : "FAILED") : "n/a", ncclext::harness::oneGpuName(ctx.mode), tCudaErrors,
         pass ? "PASS" : "FAIL", (unsigned long long)seed);
@@ -1610,10 +1699,11 @@ int main(int argc, char** argv) {
                "{\"test\": \"ep_ll\", \"nranks\": %d, \"mode\": \"%s\", \"pass\": %s, \"cases\": %zu, "
                "\"graph_replays\": %d, \"argument_checks\": %d, \"timeout_tested\": %s, \"timeout_waited_s\": %.3f, "
                "\"held_sm_tested\": %s, \"held_sm_waited_s\": %.3f, \"num_sms\": %d, \"across_domains\": %s, "
-               "\"seed\": %llu}",
+               "\"straggler_wait_cycles\": %lld, \"seed\": %llu}",
                ctx.nRanks, ncclext::harness::oneGpuName(ctx.mode), pass ? "true" : "false", cases.size(), replays,
                run.validationChecks, ctx.nRanks > 1 ? "true" : "false", waited, heldSmTested ? "true" : "false",
-               heldSmWaited, gSms, acrossDomains ? "true" : "false", (unsigned long long)seed);
+               heldSmWaited, gSms, acrossDomains ? "true" : "false", (long long)stragglerCycles,
+               (unsigned long long)seed);
       ncclext::harness::writeJsonLine(json, line);
     }
     return pass ? 0 : 1;

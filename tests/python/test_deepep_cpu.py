@@ -356,8 +356,9 @@ class _LowLatencyGroup:
         self.calls.append(("create_handle", layout))
         return _EpHandle(topk_idx, layout)
 
-    def dispatch(self, x, handle, out_dtype=None, round_scale=False, send_only=False):
-        self.calls.append(("dispatch", handle, out_dtype, round_scale) + (("send_only",) if send_only else ()))
+    def dispatch(self, x, handle, out_dtype=None, round_scale=False, send_only=False, recv_wait_cycles=None):
+        self.calls.append(("dispatch", handle, out_dtype, round_scale) + (("send_only",) if send_only else ())
+                          + (() if recv_wait_cycles is None else (recv_wait_cycles,)))
         n = self.local_experts * R * self.kwargs["max_tokens_per_rank"]
         src = self.src_info if self.src_info is not None else torch.zeros(n, dtype=torch.int32)
         counts = self.counts if self.counts is not None else torch.arange(1, self.local_experts + 1, dtype=torch.int32)
@@ -366,8 +367,9 @@ class _LowLatencyGroup:
                                if out_dtype is not None else None,
                                src_info=src, expert_counts=counts)
 
-    def combine(self, y, handle, topk_weights=None, out=None, send_only=False):
-        self.calls.append(("combine", tuple(y.shape), handle, topk_weights, out) + (("send_only",) if send_only else ()))
+    def combine(self, y, handle, topk_weights=None, out=None, send_only=False, recv_wait_cycles=None):
+        self.calls.append(("combine", tuple(y.shape), handle, topk_weights, out) + (("send_only",) if send_only else ())
+                          + (() if recv_wait_cycles is None else (recv_wait_cycles,)))
         return out if out is not None else torch.zeros(handle.num_tokens, y.shape[1], dtype=y.dtype)
 
     def complete(self, handle):
@@ -563,23 +565,27 @@ def test_low_latency_sizes_must_agree_across_ranks(ll, monkeypatch):
     assert _LowLatencyGroup.made == []
 
 
-@pytest.mark.parametrize("kwargs,what", [
-    ({"dispatch_wait_recv_cost_stats": torch.zeros(R, R, dtype=torch.int64)},
-     "low_latency_dispatch(dispatch_wait_recv_cost_stats=...)"),
-])
-def test_low_latency_dispatch_not_implemented(ll, kwargs, what):
-    with pytest.raises(NotImplementedError, match=what.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
-        _call(ll, **kwargs)
+def test_low_latency_wait_recv_cost_stats_reach_the_calls(ll):
+    # The caller's [num_ranks] int64 tensors go to nccl.ep's dispatch and combine as recv_wait_cycles, which the
+    # receive halves add to (tests/python/test_deepep_gpu.py checks the values on a GPU).
+    d, c = torch.zeros(R, dtype=torch.int64), torch.zeros(R, dtype=torch.int64)
+    _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False, dispatch_wait_recv_cost_stats=d)
+    g = _LowLatencyGroup.made[-1]
+    assert g.calls[-1][0] == "dispatch" and g.calls[-1][-1] is d
+    ll.low_latency_combine(recv_x, idx, torch.rand(LM, LK), handle, combine_wait_recv_cost_stats=c)
+    assert g.calls[-1][0] == "combine" and g.calls[-1][-1] is c
 
 
-@pytest.mark.parametrize("kwargs,what", [
-    ({"combine_wait_recv_cost_stats": torch.zeros(R, R, dtype=torch.int64)},
-     "low_latency_combine(combine_wait_recv_cost_stats=...)"),
-])
-def test_low_latency_combine_not_implemented(ll, kwargs, what):
+@pytest.mark.parametrize("stats,got", [(torch.zeros(R, R, dtype=torch.int64), r"\[4, 4\] torch.int64"),
+                                       (torch.zeros(R, dtype=torch.int32), r"\[4\] torch.int32"),
+                                       (torch.zeros(2 * R, dtype=torch.int64)[::2], r"\[4\] torch.int64 \(strided\)")])
+def test_low_latency_wait_recv_cost_stats_refusals(ll, stats, got):
+    with pytest.raises(NcclInvalidArgument, match=r"dispatch_wait_recv_cost_stats must be a contiguous \[4\] int64 "
+                                                  r"tensor; got " + got):
+        _call(ll, dispatch_wait_recv_cost_stats=stats)
     _, idx, (recv_x, _, handle, _, _) = _call(ll, use_fp8=False)
-    with pytest.raises(NotImplementedError, match=what.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
-        ll.low_latency_combine(recv_x, idx, torch.rand(LM, LK), handle, **kwargs)
+    with pytest.raises(NcclInvalidArgument, match="combine_wait_recv_cost_stats must be a contiguous"):
+        ll.low_latency_combine(recv_x, idx, torch.rand(LM, LK), handle, combine_wait_recv_cost_stats=stats)
 
 
 @pytest.mark.parametrize("make,text", [

@@ -6,7 +6,7 @@ Low-Latency (at any rank count: under torchrun on one GPU, as one-GPU nodes acro
 rank only: it masks itself alone, which across domains would leave the others' rail messages unmatched), as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
 input (a pattern carrying rank and token index, and random data), bf16 and fp8 (with and without power-of-two
 scales), with async_finish or the receive hook: per local expert the count against the routing, the cumulative
-statistics, layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input);
+statistics (and the wait statistics: added to), layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input);
 combine of the dequantised rows with the owner's weights against x * sum(weights) (DeepEP's relative-difference
 bound). Also two dispatches in flight before their combines (DeepEP's double buffering), a CUDA graph of
 dispatch + combine replayed on new data, and shrink mode (enable_shrink): the mask methods in DeepEP's convention
@@ -161,9 +161,12 @@ def test_low_latency_round_trip(ll_buffer, use_fp8, round_scale, hook):
     all_idx = all_idx.view(R, T, LL_K).cuda()
     for current_x in (x, x_rand):
         stats = torch.zeros(local, dtype=torch.int32, device="cuda")
+        # The wait statistics are added to (cycles, from 2^40 here; tests/gpu/ep_ll_test.cu's straggler checks values).
+        waits = torch.full((2, R), 1 << 40, dtype=torch.int64, device="cuda")
         recv_x, recv_count, handle, event, hook_fn = _ll_or_skip(lambda: buf.low_latency_dispatch(
             current_x, topk_idx, LL_M, E, cumulative_local_expert_recv_stats=stats, use_fp8=use_fp8,
-            round_scale=round_scale, async_finish=not hook, return_recv_hook=hook))
+            round_scale=round_scale, async_finish=not hook, return_recv_hook=hook,
+            dispatch_wait_recv_cost_stats=waits[0]))
         hook_fn() if hook else event.current_stream_wait()
         if use_fp8:
             q, scales = recv_x
@@ -203,9 +206,11 @@ def test_low_latency_round_trip(ll_buffer, use_fp8, round_scale, hook):
                     assert torch.equal(rows[:, -1].long(), src_info[i, :n].long())
         out = torch.empty((T, LL_H), dtype=torch.bfloat16, device="cuda")
         combined, event, hook_fn = buf.low_latency_combine(gemm_x, topk_idx, topk_w, handle, out=out,
-                                                           async_finish=not hook, return_recv_hook=hook)
+                                                           async_finish=not hook, return_recv_hook=hook,
+                                                           combine_wait_recv_cost_stats=waits[1])
         hook_fn() if hook else event.current_stream_wait()
         assert combined is out and not bool(torch.isnan(combined).any())
+        assert bool(((waits >= 1 << 40) & (waits < 1 << 41)).all()), waits.cpu()
         ref = current_x * topk_w.masked_fill(topk_idx == -1, 0).sum(dim=1).view(-1, 1)
         assert _calc_diff(ref, combined) < (7e-4 if use_fp8 else 1e-5)
 

@@ -188,7 +188,7 @@ def test_a_send_only_combine_keeps_missing_experts_until_complete(on_cpu):
     missing = torch.zeros(5, dtype=torch.int32)
     out = _combine(g, h, missing_experts=missing, send_only=True)
     (kept, _stream) = h._open_outputs
-    assert kept == (out, missing) and on_cpu[0].structs[2].send_only == 1
+    assert kept == (out, missing, None) and on_cpu[0].structs[2].send_only == 1
 
 
 def test_missing_experts_of_no_tokens_has_no_pointer(on_cpu):
@@ -243,3 +243,35 @@ def test_mask_functions_are_bound():
     lib = ep._lib()
     for name in ("ncclEpMaskQuery", "ncclEpMaskUpdate", "ncclEpMaskClean"):
         assert getattr(lib, name).restype is ctypes.c_int and getattr(lib, name).argtypes == ep._SIGNATURES[name]
+
+
+# -- recv_wait_cycles (DeepEP's *_wait_recv_cost_stats) in the combine structs ---------------------------------------
+def test_recv_wait_cycles_in_the_combine_structs(on_cpu):
+    g = _shell(enable_mask=False)
+    h = _FakeHandle(g)
+    waits = torch.zeros(R, dtype=torch.int64)
+    out = _combine(g, h, recv_wait_cycles=waits, send_only=True)
+    d = on_cpu[0].structs[1].recv_wait_cycles
+    assert (d.ndim, list(d.sizes)[:1], d.datatype, d.data) == (1, [R], T.NCCL_INT64, waits.data_ptr())
+    assert h._open_outputs[0] == (out, None, waits)  # kept until complete
+    again = torch.zeros(R, dtype=torch.int64)
+    _combine(g, h, recv_wait_cycles=again, send_only=True)
+    assert on_cpu[1] is on_cpu[0] and d.data == again.data_ptr()
+    _combine(g, h)  # another signature: none
+    assert on_cpu[2].structs[1].recv_wait_cycles.data is None
+
+
+@pytest.mark.parametrize("ll,waits,exc,text", [
+    (True, torch.zeros(R, dtype=torch.int32), ep.NcclInvalidArgument,
+     "recv_wait_cycles has dtype torch.int32; expected torch.int64"),
+    (True, torch.zeros(R + 1, dtype=torch.int64), ep.NcclInvalidArgument,
+     r"recv_wait_cycles has shape \(5,\); it is \[4\] \(one per rank\)"),
+    (True, torch.zeros(2 * R, dtype=torch.int64)[::2], ep.NcclInvalidArgument, "recv_wait_cycles must be contiguous"),
+    (False, torch.zeros(R, dtype=torch.int64), ep.NcclInvalidUsage,
+     "combine: recv_wait_cycles is for Low-Latency groups; this one is High-Throughput"),
+])
+def test_recv_wait_cycles_refusals(on_cpu, ll, waits, exc, text):
+    g = _shell(low_latency=ll, enable_mask=False)
+    with pytest.raises(exc, match=text):
+        _combine(g, _FakeHandle(g), recv_wait_cycles=waits)
+    assert on_cpu == []

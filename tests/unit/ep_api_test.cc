@@ -411,6 +411,64 @@ TEST(EpApi, LowLatencyRejections) {
   EXPECT_TRUE(says("outputs.tokens overlaps inputs.tokens"));
 }
 
+// recv_wait_cycles (DeepEP's *_wait_recv_cost_stats): Low-Latency only, [nRanks] int64, 8-byte aligned; the
+// outputs' first layouts (without it) are read up to their size, nothing past them taken for it.
+TEST(EpApi, RecvWaitCycles) {
+  FakeLl f;
+  ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+  in.tokens = epTensor(f.p, ncclBfloat16, {100, 7168});
+  ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  out.tokens = epTensor(f.p, ncclBfloat16, {512, 7168});
+  ncclEpLayoutInfo_t badInfo = NCCL_EP_LAYOUT_INFO_INIT;
+  badInfo.magic = 0;  // fails after the wait cycles' check: the call got past it
+  auto dispatch = [&](const ncclEpDispatchOutputs_t* o) {
+    return ncclEpDispatch(&f.handle, &in, o, &badInfo, nullptr, nullptr);
+  };
+  ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+  ci.tokens = epTensor(f.p, ncclBfloat16, {512, 7168});
+  ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  co.tokens = epTensor(static_cast<char*>(f.p) + 512 * 7168 * 2, ncclBfloat16, {100, 7168});
+  co.missing_experts = epTensor(f.p, ncclInt32, {100});  // refused after the wait cycles' check (no enable_mask)
+  auto combine = [&](const ncclEpCombineOutputs_t* o) { return ncclEpCombine(&f.handle, &ci, o, nullptr, nullptr); };
+  for (const auto& [t, text] : std::vector<std::pair<ncclEpTensor_t, const char*>>{
+           {epTensor(f.p, ncclInt32, {2}), "outputs.recv_wait_cycles: dtype int32"},
+           {epTensor(f.p, ncclInt64, {3}), "outputs.recv_wait_cycles: sizes[0] = 3, expected 2"},
+           {epTensor(f.p, ncclInt64, {2, 1}), "outputs.recv_wait_cycles: 2 dims, expected 1"},
+           {epTensor(static_cast<char*>(f.p) + 4, ncclInt64, {2}), "outputs.recv_wait_cycles: data"}}) {
+    out.recv_wait_cycles = t;
+    EXPECT_EQ(dispatch(&out), ncclInvalidArgument);
+    EXPECT_TRUE(says(text)) << ncclEpGetLastError();
+    co.recv_wait_cycles = t;
+    EXPECT_EQ(combine(&co), ncclInvalidArgument);
+    EXPECT_TRUE(says(text)) << ncclEpGetLastError();
+  }
+  out.recv_wait_cycles = co.recv_wait_cycles = epTensor(f.p, ncclInt64, {2});
+  EXPECT_EQ(dispatch(&out), ncclInvalidArgument);
+  EXPECT_TRUE(says("layout_info")) << ncclEpGetLastError();
+  EXPECT_EQ(combine(&co), ncclInvalidUsage);
+  EXPECT_TRUE(says("created without enable_mask")) << ncclEpGetLastError();
+  // The first layouts: what lies past them (0x5a bytes) is no tensor.
+  OlderLayout<ncclEpDispatchOutputs_t> oldOut(out, NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE);
+  EXPECT_EQ(dispatch(&oldOut.s), ncclInvalidArgument);
+  EXPECT_TRUE(says("layout_info")) << ncclEpGetLastError();
+  OlderLayout<ncclEpCombineOutputs_t> oldCo(co, NCCL_EP_COMBINE_OUTPUTS_V1_SIZE);
+  EXPECT_EQ(combine(&oldCo.s), ncclInvalidUsage);
+  EXPECT_TRUE(says("created without enable_mask")) << ncclEpGetLastError();
+  // High-Throughput: refused.
+  Fake ht;
+  ncclEpDispatchOutputs_t hout = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+  hout.tokens = epTensor(ht.p, ncclBfloat16, {150, 7168});
+  hout.recv_wait_cycles = epTensor(ht.p, ncclInt64, {2});
+  EXPECT_EQ(ncclEpDispatch(&ht.handle, &in, &hout, nullptr, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.recv_wait_cycles is a Low-Latency output")) << ncclEpGetLastError();
+  ncclEpCombineOutputs_t hco = NCCL_EP_COMBINE_OUTPUTS_INIT;
+  hco.tokens = epTensor(ht.p, ncclBfloat16, {100, 7168});
+  hco.recv_wait_cycles = epTensor(ht.p, ncclInt64, {2});
+  ci.tokens = epTensor(ht.p, ncclBfloat16, {150, 7168});
+  EXPECT_EQ(ncclEpCombine(&ht.handle, &ci, &hco, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_TRUE(says("outputs.recv_wait_cycles is a Low-Latency output")) << ncclEpGetLastError();
+}
+
 // Low-Latency forwarded fp8 takes any S 32-bit words a row (the caller's layout: per block, UE8M0 packed, per token,
 // anything), fp32 or int32, from 1 to the group's max_token_bytes / 128 = 112; each accepted form gets as far as the
 // next check (outputs.topk_idx a column short). The output's scales are the input's form, or refused.

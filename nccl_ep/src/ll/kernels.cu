@@ -32,6 +32,8 @@
 //   ordering that acquire before every lane's reads, and sums in fp32: the ranks' rows in rank order (+), or
 //   w[t][k] * row in column order (fma); rounds to bf16. finishCall.
 //   Every wait has the group's time budget; a failed CTA does not arrive and the group reports the error.
+//   Asked for (recv_wait_cycles), each receive half adds, per source, the clock64 cycles its waits on that source's
+//   flags spun (headers, rows), summed over the waiting threads (row waits: one lane a warp) (WaitClock).
 //
 // Banks: the staging (rows, metadata, headers, flags) is double-buffered; call seq uses bank seq & 1, so a sender
 // waits until every peer consumed call seq - 2 (not seq - 1), and two send-only calls of a kind may be open. The
@@ -130,10 +132,43 @@ __device__ __forceinline__ bool waitOrMask(const GroupView& g, const uint64_t* f
   return waitOrMaskSlow(g.mask, g.timeoutNs, flag, seq, peer);
 }
 
-// One warp: every lane waits for the row's flag (as warpAcquire), agreeing on the outcome.
-__device__ __forceinline__ bool warpWaitOrMask(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer,
-                                               int row) {
-  return __all_sync(kAll, waitOrMask(g, flag, seq, peer, ncclext::kSiteRow, (uint32_t)row));
+// A receive half's wait cycles (the outputs' recv_wait_cycles; DeepEP's *_wait_recv_cost_stats): each wait that
+// spins adds the clock64 cycles it spun to its source's entry in the CTA's shared array, and the CTA adds its totals
+// to the caller's [nRanks] int64 at the end. A flag found set adds nothing; parallel waiters each add their own.
+struct WaitClock {
+  unsigned long long* perSource;  // shared [kMaxRanks]; NULL: not asked for
+
+  // Every thread of the CTA (a barrier inside when asked for).
+  __device__ static WaitClock start(const GroupView& g, unsigned long long* shared, const unsigned long long* out) {
+    if (!out) return WaitClock{nullptr};
+    for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x) shared[r] = 0;
+    __syncthreads();
+    return WaitClock{shared};
+  }
+  // waitOrMask, timed.
+  __device__ __forceinline__ bool wait(const GroupView& g, const uint64_t* flag, uint64_t seq, int peer, uint32_t site,
+                                       uint32_t index) const {
+    if (!perSource || ncclext::dev::seqAtLeast(ncclext::dev::loadAcquire(flag), seq))
+      return waitOrMask(g, flag, seq, peer, site, index);
+    const long long t0 = clock64();
+    const bool ok = waitOrMask(g, flag, seq, peer, site, index);
+    atomicAdd(perSource + peer, (unsigned long long)(clock64() - t0));
+    return ok;
+  }
+  // Every thread of the CTA: the CTA's totals into `out`.
+  __device__ void finish(const GroupView& g, unsigned long long* out) const {
+    if (!perSource) return;
+    __syncthreads();
+    for (int r = threadIdx.x; r < g.nRanks; r += blockDim.x)
+      if (perSource[r]) atomicAdd(out + r, perSource[r]);
+  }
+};
+
+// One warp: every lane waits for the row's flag (as warpAcquire), agreeing on the outcome; lane 0's wait is timed.
+__device__ __forceinline__ bool warpWaitOrMask(const GroupView& g, const WaitClock& clock, const uint64_t* flag,
+                                               uint64_t seq, int peer, int row) {
+  const WaitClock lane0{(threadIdx.x & 31) == 0 ? clock.perSource : nullptr};
+  return __all_sync(kAll, lane0.wait(g, flag, seq, peer, ncclext::kSiteRow, (uint32_t)row));
 }
 
 // Every thread of the CTA, before its first write into any peer's bank of call seq: every active peer consumed
@@ -373,7 +408,8 @@ struct RecvCounts {
 // The whole CTA: acquires every active source's header, then the counts (0 for the others). Returns the sources
 // whose header came (every active one without masks), or 0 on every thread after a timeout without masks (*ok
 // false).
-__device__ uint64_t acquireHeaders(const GroupView& g, RecvCounts* rc, uint64_t seq, bool* ok) {
+__device__ uint64_t acquireHeaders(const GroupView& g, const WaitClock& clock, RecvCounts* rc, uint64_t seq,
+                                   bool* ok) {
   __shared__ unsigned long long came;
   const int R = g.nRanks, L = g.localExperts;
   const size_t bank = bankOf(g, seq);
@@ -384,7 +420,7 @@ __device__ uint64_t acquireHeaders(const GroupView& g, RecvCounts* rc, uint64_t 
   for (int s = threadIdx.x; s < R; s += blockDim.x) {
     if (!isOn(active, s)) continue;
     const uint64_t* flag = static_cast<const uint64_t*>(g.peers.local(headerOff(g, bank, s)));
-    if (!waitOrMask(g, flag, seq, s, ncclext::kSiteHeader, s)) {
+    if (!clock.wait(g, flag, seq, s, ncclext::kSiteHeader, s)) {
       waited = false;
       atomicAnd(&came, ~(1ull << s));
     }
@@ -435,8 +471,8 @@ __device__ __forceinline__ void copySlice(const LlDispatchCall& c, int lane, siz
 
 // One warp per (staged row, slice): acquire, lay out; slice 0 also writes the row's ids, weights and src_info and
 // records it for combine. False after a timeout.
-__device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, const RecvCounts* rc,
-                            uint64_t seq, const WarpId& w) {
+__device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDispatchCall& c, const WaitClock& clock,
+                            const RecvCounts* rc, uint64_t seq, const WarpId& w) {
   const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk, lane = w.lane, S = slicesOf(c.hidden);
   const bool rankMajor = h.layout == NCCL_EP_LAYOUT_RANK_MAJOR;
   const size_t bank = bankOf(g, seq);
@@ -446,8 +482,8 @@ __device__ bool receiveRows(const GroupView& g, const HandleView& h, const LlDis
     const size_t rowIndex = (size_t)s * M + j;
     // The slice's flag, then slice 0's (the metadata's), in my window. With masks a row that does not come is
     // skipped (its source is masked: the call reports it).
-    if (!warpWaitOrMask(g, dispFlag(g, bank, rowIndex, sl, g.rank), seq, s, j) ||
-        (sl != 0 && !warpWaitOrMask(g, dispFlag(g, bank, rowIndex, 0, g.rank), seq, s, j))) {
+    if (!warpWaitOrMask(g, clock, dispFlag(g, bank, rowIndex, sl, g.rank), seq, s, j) ||
+        (sl != 0 && !warpWaitOrMask(g, clock, dispFlag(g, bank, rowIndex, 0, g.rank), seq, s, j))) {
       if (!g.mask) return false;
       continue;
     }
@@ -516,6 +552,7 @@ __device__ void writeCounts(const GroupView& g, const HandleView& h, const LlDis
 // (DeepEP's tests and dashboards look kernels up by those words).
 __global__ void __launch_bounds__(kLlThreads) dispatchLowLatencyKernel(GroupView g, HandleView h, LlDispatchCall c) {
   __shared__ RecvCounts rc;
+  __shared__ unsigned long long waitCycles[kMaxRanks];
   const WarpId w = WarpId::of();
   bool ok = true;
   if (c.phases & kLlSend) {
@@ -532,13 +569,15 @@ __global__ void __launch_bounds__(kLlThreads) dispatchLowLatencyKernel(GroupView
     }
   }
   const uint64_t seq = g.calls[kDispatch] + 1;  // a whole call: the send half's number too
+  const WaitClock clock = WaitClock::start(g, waitCycles, c.waitCycles);
   uint64_t from = 0;
-  if (ok) from = acquireHeaders(g, &rc, seq, &ok);
+  if (ok) from = acquireHeaders(g, clock, &rc, seq, &ok);
   if (ok) {
     if (blockIdx.x == 0) writeCounts(g, h, c, &rc);
-    ok = receiveRows(g, h, c, &rc, seq, w);
+    ok = receiveRows(g, h, c, clock, &rc, seq, w);
   }
   if (ok) reportMasked(g, from, seq);
+  clock.finish(g, c.waitCycles);
   finishCall(g, kDispatch, g.wl.dispDone, seq, !ok, (c.phases & kLlSend) ? g.sent + kDispatch : nullptr);
 }
 
@@ -682,8 +721,8 @@ __device__ int missingExperts(const GroupView& g, const HandleView& h, int t, ui
 
 // One warp: slice `sl` of own token t, summed from my staging: the rows of active ranks (with masks, a row that
 // does not come is left out: its rank is masked, and the call reports it). False after a timeout without masks.
-__device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCombineCall& c, int t, int sl,
-                            uint64_t seq, uint64_t active, int lane) {
+__device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCombineCall& c, const WaitClock& clock,
+                            int t, int sl, uint64_t seq, uint64_t active, int lane) {
   const int R = g.nRanks, M = g.maxTokens, K = h.topk, MK = g.meta.maxTopk;
   const Cols cols = Cols::of(sl, c.rowBytes / 2);
   const int v0 = cols.lo / 8, vecs = (cols.hi - cols.lo) / 8;
@@ -725,7 +764,7 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
     // Lane k waits for row k's flag; the rows that did not come are left out (with masks) or fail the call.
     const unsigned late = __ballot_sync(
         kAll, on && ownPos == -2 &&
-                  !waitOrMask(g, remote ? ownerFlag(g, bank, at, sl, g.rank) : combFlag(g, bank, at, sl, g.rank), seq,
+                  !clock.wait(g, remote ? ownerFlag(g, bank, at, sl, g.rank) : combFlag(g, bank, at, sl, g.rank), seq,
                               owner, ncclext::kSiteRow, (uint32_t)t));
     if (late && !g.mask) return false;
     colsOn &= ~late;
@@ -768,7 +807,7 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
   auto came = [&](int r, int slot) {
     return slot >= 0 && isOn(active, r) &&
            ((r == g.rank && ownInPlace) ||
-            waitOrMask(g, combFlag(g, bank, (size_t)r * M + slot, sl, g.rank), seq, r, ncclext::kSiteRow,
+            clock.wait(g, combFlag(g, bank, (size_t)r * M + slot, sl, g.rank), seq, r, ncclext::kSiteRow,
                        (uint32_t)slot));
   };
   auto expected = [&](int r, int slot) { return slot >= 0 && isOn(active, r); };
@@ -795,6 +834,7 @@ __device__ bool reduceToken(const GroupView& g, const HandleView& h, const LlCom
 
 __global__ void __launch_bounds__(kLlThreads, 1) combineLowLatencyKernel(GroupView g, HandleView h, LlCombineCall c) {
   __shared__ int rowStart[kMaxRanks + 1];
+  __shared__ unsigned long long waitCycles[kMaxRanks];
   const int R = g.nRanks, S = slicesOf(c.rowBytes / 2);
   const WarpId w = WarpId::of();
   if (threadIdx.x == 0) {
@@ -822,9 +862,11 @@ __global__ void __launch_bounds__(kLlThreads, 1) combineLowLatencyKernel(GroupVi
   }
   const uint64_t seq = g.calls[kCombine] + 1;  // a whole call: the send half's number too
   const uint64_t active = ok ? activeRanks(g) : 0;
+  const WaitClock clock = WaitClock::start(g, waitCycles, c.waitCycles);
   for (int item = w.gw; ok && item < h.numTokens * S; item += w.nw)
-    ok = reduceToken(g, h, c, item / S, item % S, seq, active, w.lane);
+    ok = reduceToken(g, h, c, clock, item / S, item % S, seq, active, w.lane);
   if (__syncthreads_and(ok)) reportMasked(g, active, seq);
+  clock.finish(g, c.waitCycles);
   finishCall(g, kCombine, g.wl.combDone, seq, !ok, (c.phases & kLlSend) ? g.sent + kCombine : nullptr);
 }
 

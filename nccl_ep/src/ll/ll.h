@@ -50,6 +50,7 @@ struct LlDispatchCall {
   int ue8m0;             // with quantize: each block's scale as its exponent byte, byte b of the row's words
   int idBase;            // added to every expert id written to outIdx (global ids: my first expert; else 0)
   int phases;            // LlPhase bits: kLlSend, kLlReceive or both
+  unsigned long long* waitCycles;  // [nRanks] or NULL: the receive half's wait cycles per source, added
 };
 
 enum LlCombineMode { kLlRankRows = 0, kLlExpertWeighted = 1, kLlOwnerWeighted = 2 };
@@ -66,6 +67,7 @@ struct LlCombineCall {
   int rowBytes;          // H x 2
   int mode;              // LlCombineMode
   int phases;            // LlPhase bits
+  unsigned long long* waitCycles;  // [nRanks] or NULL: the receive half's wait cycles per source, added
 };
 
 // Loads both kernels (group creation; see ncclext::loadKernels).

@@ -97,7 +97,7 @@ class _DispatchInputs(_Header):
 
 class _DispatchOutputs(_Header):
     _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("topk_weights", CTensor),
-                ("topk_idx", CTensor), ("scales", CTensor), ("src_info", CTensor)]
+                ("topk_idx", CTensor), ("scales", CTensor), ("src_info", CTensor), ("recv_wait_cycles", CTensor)]
 
 
 class _DispatchConfig(_Header):
@@ -111,7 +111,8 @@ class _CombineInputs(_Header):
 
 
 class _CombineOutputs(_Header):
-    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("missing_experts", CTensor)]
+    _fields_ = [("size", ctypes.c_uint), ("magic", ctypes.c_uint), ("tokens", CTensor), ("missing_experts", CTensor),
+                ("recv_wait_cycles", CTensor)]
 
 
 class _CombineConfig(_Header):
@@ -522,7 +523,7 @@ class Group(Closing):
                  layout: str | None = None, sizing: str = "worst_case", out_dtype=None, round_scale: bool = False,
                  send_only: bool = False, num_sms: int = 0, out: "DispatchResult | None" = None,
                  global_expert_ids: bool = False, global_scale=None, tokens_out=None, ue8m0: bool = False,
-                 stream=None) -> "DispatchResult":
+                 recv_wait_cycles=None, stream=None) -> "DispatchResult":
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. High-Throughput groups forward any scales as the
         caller lays them out, bit for bit: [T, S] fp32 or int32 (per token, per block, DeepEP's packed UE8M0), with
@@ -557,6 +558,11 @@ class Group(Closing):
         `tokens_out`: the tensor the received tokens go to (its dtype and width the output's, at least the output's
         rows), instead of a new one: e.g. `dispatch_window()`'s, whose rows land in place (zero-copy, FLAT).
 
+        `recv_wait_cycles` (Low-Latency): a caller's int64 [group size] CUDA tensor to which the receive half adds,
+        per source rank, the clock64 cycles its threads spun waiting for that source's header and rows (summed over
+        the waiting threads; nothing for what had arrived): straggler diagnosis, DeepEP's
+        dispatch_wait_recv_cost_stats.
+
         `out`: a result of an earlier dispatch of the same signature (tensor shapes and dtypes, options) on this
         handle, whose tensors this call writes again instead of allocating new ones (and returns, updated): for
         loops that are done with the previous outputs, as DeepEP's buffer views are reused by its next calls."""
@@ -570,26 +576,29 @@ class Group(Closing):
             key = (x.dtype, x.shape, x.get_device(), None if topk_weights is None else _meta(topk_weights),
                    None if scales is None else _meta(scales), out_dtype, bool(round_scale), bool(send_only), num_sms,
                    bool(global_expert_ids), None if global_scale is None else _meta(global_scale),
-                   None if tokens_out is None else (_meta(tokens_out), tokens_out.data_ptr()), bool(ue8m0))
+                   None if tokens_out is None else (_meta(tokens_out), tokens_out.data_ptr()), bool(ue8m0),
+                   _meta(recv_wait_cycles))
         except (AttributeError, TypeError):  # not tensors: the full checks say so
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (x.is_contiguous() and (topk_weights is None or topk_weights.is_contiguous())
                                 and (scales is None or scales.is_contiguous())
-                                and (tokens_out is None or tokens_out.is_contiguous())):
+                                and (tokens_out is None or tokens_out.is_contiguous())
+                                and (recv_wait_cycles is None or recv_wait_cycles.is_contiguous())):
             prep = self._prepare_dispatch(handle, key, x, topk_weights, scales, num_sms, out_dtype, round_scale,
-                                          send_only, global_expert_ids, global_scale, tokens_out, ue8m0)
+                                          send_only, global_expert_ids, global_scale, tokens_out, ue8m0,
+                                          recv_wait_cycles)
         if out is not None and (key is None or out.handle is not handle or getattr(out, "_key", None) != key):
             raise NcclInvalidArgument("dispatch: out must be the result of an earlier dispatch of this signature "
                                       "(shapes, dtypes, options) on this handle")
-        outs = prep.fill((x, topk_weights, scales, global_scale, tokens_out), None if out is None else out._outs,
-                         stream)
+        outs = prep.fill((x, topk_weights, scales, global_scale, tokens_out, recv_wait_cycles),
+                         None if out is None else out._outs, stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.info_ref, prep.refs[2],
                     handle._on(_raw_stream(stream, prep.device_index)))
         if stream is not None:  # the inputs were made for another stream, most likely (the current one)
-            _record_on(stream, x, topk_weights, scales, global_scale)
+            _record_on(stream, x, topk_weights, scales, global_scale, recv_wait_cycles)
         # A send-only call's outputs, written by complete() (on its stream, maybe another): kept until then.
-        handle._open_outputs = (outs, stream) if send_only else None
+        handle._open_outputs = (outs + [recv_wait_cycles], stream) if send_only else None
         if out is None:
             out = DispatchResult(tokens=tokens_out, handle=handle, expert_counts=handle.expert_counts,
                                  rank_counts=handle.rank_counts, expert_offsets=handle.expert_offsets,
@@ -607,12 +616,12 @@ class Group(Closing):
 
     def _prepare_dispatch(self, handle, key, x, topk_weights, scales, num_sms, out_dtype=None,
                           round_scale=False, send_only=False, global_expert_ids=False, global_scale=None,
-                          tokens_out=None, ue8m0=False) -> _Prepared:
+                          tokens_out=None, ue8m0=False, recv_wait_cycles=None) -> _Prepared:
         """Every check of a dispatch, and its structs (cached on the handle by `key`)."""
         import torch
 
         self._same_device(("x", x), ("topk_weights", topk_weights), ("scales", scales),
-                          ("global_scale", global_scale))
+                          ("global_scale", global_scale), ("recv_wait_cycles", recv_wait_cycles))
         xin = describe(x, "x", ndim=2)
         if x.shape[0] != handle.num_tokens:
             raise NcclInvalidArgument("x has %d tokens but the routing has %d" % (x.shape[0], handle.num_tokens))
@@ -723,6 +732,7 @@ class Group(Closing):
         else:
             given.append((None, False))
         given.append((outputs.tokens, tokens_out.numel() > 0) if tokens_out is not None else (None, False))
+        given.append(self._wait_cycles(outputs, recv_wait_cycles, ll, "dispatch"))
         info = counts = None
         if ll:
             outputs.src_info = descriptor((rows,), torch.int32)
@@ -738,8 +748,23 @@ class Group(Closing):
         handle._prepared[key] = prep
         return prep
 
+    def _wait_cycles(self, outputs, t, ll: bool, what: str):
+        """outputs.recv_wait_cycles for a caller's int64 [size] tensor (Low-Latency only): its `given` entry."""
+        import torch
+
+        if t is None:
+            return (None, False)
+        if not ll:
+            raise NcclInvalidUsage("%s: recv_wait_cycles is for Low-Latency groups; this one is High-Throughput"
+                                   % what)
+        outputs.recv_wait_cycles = describe(t, "recv_wait_cycles", dtypes=(torch.int64,), ndim=1)
+        if t.shape[0] != self.size:
+            raise NcclInvalidArgument("recv_wait_cycles has shape %s; it is [%d] (one per rank)"
+                                      % (tuple(t.shape), self.size))
+        return (outputs.recv_wait_cycles, True)
+
     def combine(self, y, handle: "Handle", *, topk_weights=None, out=None, missing_experts=None,
-                send_only: bool = False, num_sms: int = 0, stream=None, bias=None):
+                send_only: bool = False, num_sms: int = 0, stream=None, bias=None, recv_wait_cycles=None):
         """COLLECTIVE, stream-ordered: returns the rows y (the dispatch output's shape and layout; bf16, fp16 or
         fp32) to their tokens' owners, summed in fp32 (EXPERT_MAJOR: weighted by the dispatched top-k weights).
         Returns [T, H] (`out` if given). High-Throughput: each rank's part of a token is rounded to y's dtype
@@ -754,36 +779,38 @@ class Group(Closing):
         and sums them in top-k column order (DeepEP's low_latency_combine). `missing_experts` (Low-Latency groups
         made with enable_mask, High-Throughput groups with max_recv_rows_per_rank): a caller's int32 [T] CUDA tensor
         that gets, per token, how many of its top-k experts' rows are not in the sum (on ranks masked when the
-        combine began; on ranks where the token's row was past the receive cap). `send_only=True`: as dispatch's; the
-        outputs are written by `complete(handle)`."""
+        combine began; on ranks where the token's row was past the receive cap). `recv_wait_cycles`: as dispatch's,
+        the cycles spent waiting for each rank's returned rows (DeepEP's combine_wait_recv_cost_stats).
+        `send_only=True`: as dispatch's; the outputs are written by `complete(handle)`."""
         try:
             key = ("combine", y.dtype, y.shape, y.get_device(), _meta(topk_weights), _meta(out),
-                   _meta(missing_experts), bool(send_only), num_sms, _meta(bias))
+                   _meta(missing_experts), bool(send_only), num_sms, _meta(bias), _meta(recv_wait_cycles))
         except (AttributeError, TypeError):
             key = None
         prep = handle._prepared.get(key)
         if prep is None or not (y.is_contiguous() and (out is None or out.is_contiguous())
                                 and (topk_weights is None or topk_weights.is_contiguous())
                                 and (missing_experts is None or missing_experts.is_contiguous())
-                                and (bias is None or bias.is_contiguous())):
+                                and (bias is None or bias.is_contiguous())
+                                and (recv_wait_cycles is None or recv_wait_cycles.is_contiguous())):
             prep = self._prepare_combine(handle, key, y, out, num_sms, topk_weights, send_only, missing_experts,
-                                         bias)
-        made = prep.fill((y, topk_weights, out, missing_experts, bias), None, stream)
+                                         bias, recv_wait_cycles)
+        made = prep.fill((y, topk_weights, out, missing_experts, bias, recv_wait_cycles), None, stream)
         prep.invoke(handle._handle(), prep.refs[0], prep.refs[1], prep.refs[2],
                     handle._on(_raw_stream(stream, prep.device_index)))
         if stream is not None:
-            _record_on(stream, y, topk_weights, bias)
+            _record_on(stream, y, topk_weights, bias, recv_wait_cycles)
         result = made[0] if out is None else out
-        handle._open_outputs = ((result, missing_experts), stream) if send_only else None
+        handle._open_outputs = ((result, missing_experts, recv_wait_cycles), stream) if send_only else None
         return result
 
     def _prepare_combine(self, handle, key, y, out, num_sms, topk_weights=None, send_only=False,
-                         missing_experts=None, bias=None) -> _Prepared:
+                         missing_experts=None, bias=None, recv_wait_cycles=None) -> _Prepared:
         """Every check of a combine, and its structs (cached on the handle by `key`)."""
         import torch
 
         self._same_device(("y", y), ("topk_weights", topk_weights), ("out", out), ("missing_experts", missing_experts),
-                          ("bias", bias))
+                          ("bias", bias), ("recv_wait_cycles", recv_wait_cycles))
         yin = describe(y, "y", ndim=2)
         ll = handle.group.low_latency
         if ll and y.dtype != torch.bfloat16:
@@ -833,6 +860,7 @@ class Group(Closing):
             given.append((inputs.bias, bias.numel() > 0))
         else:
             given.append((None, False))
+        given.append(self._wait_cycles(outputs, recv_wait_cycles, ll, "combine"))
         prep = _Prepared("ncclEpCombine", inputs, outputs,
                          _CombineConfig.new(num_sms=num_sms, send_only=1 if send_only else 0), given, made, y.device)
         handle._prepared[key] = prep

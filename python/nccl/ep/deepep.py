@@ -680,10 +680,11 @@ class Buffer:
         stream). handle: see _LowLatencyHandle. event: recorded after the call with async_finish, else empty.
         hook: with return_recv_hook a callable that receives (the call itself only sent; the outputs exist once
         the hook's work has run on the stream; hooks in the order of their dispatches, each before two more
-        dispatches), else None; async_finish and return_recv_hook together are refused, as DeepEP does. Not
-        implemented: dispatch_wait_recv_cost_stats."""
-        if dispatch_wait_recv_cost_stats is not None:
-            raise _unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...) (per-rank wait times)")
+        dispatches), else None; async_finish and return_recv_hook together are refused, as DeepEP does.
+        dispatch_wait_recv_cost_stats [num_ranks] int64 gets, per source rank, the clock64 cycles this rank's
+        receive half waited for it added (by the hook's work with return_recv_hook): DeepEP's unit, summed over
+        nccl.ep's waiting warps rather than DeepEP's per-expert waiters, so compare sources and ranks, not
+        libraries."""
         self._need_low_latency("low_latency_dispatch")
         _check_finish_flags("low_latency_dispatch", async_finish, return_recv_hook)
         m = num_max_dispatch_tokens_per_rank
@@ -711,6 +712,8 @@ class Buffer:
                     or tuple(stats.shape) != (local,)):
                 raise NcclInvalidArgument("low_latency_dispatch: cumulative_local_expert_recv_stats must be [%d] "
                                           "int32; got %s" % (local, _shape_dtype(stats)))
+        _check_cost_stats("low_latency_dispatch", "dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats,
+                          self.group_size)
         st = self._low_latency_group(m, x.shape[1], num_experts, topk_idx.shape[1], x.device)
         if st.topk != topk_idx.shape[1]:  # another top-k on the same group: a ring of handles for it (earlier
             st.drop_handles(x.device)      # dispatches' handles are then no longer bound)
@@ -726,7 +729,8 @@ class Buffer:
             h.update(topk_idx)
         st.seqs[slot] = seq
         recv = st.group.dispatch(x, handle=h, out_dtype=torch.float8_e4m3fn if use_fp8 else None,
-                                 round_scale=bool(round_scale and use_fp8), send_only=bool(return_recv_hook))
+                                 round_scale=bool(round_scale and use_fp8), send_only=bool(return_recv_hook),
+                                 recv_wait_cycles=dispatch_wait_recv_cost_stats)
         hidden, rows = x.shape[1], self.group_size * m
         recv_x = recv.tokens.view(local, rows, hidden)
         scales = packed = None
@@ -765,12 +769,13 @@ class Buffer:
         both). zero_copy=True: the rows are in get_next_low_latency_combine_buffer(handle) (x is not read).
         use_logfmt=True is accepted and the rows travel in bf16, unencoded: the result is the exact bf16 combine
         (at least as accurate as DeepEP's LogFMT, which its tests hold to the bf16 tolerance), without LogFMT's
-        smaller messages (a warning says so once). Not implemented: combine_wait_recv_cost_stats."""
+        smaller messages (a warning says so once). combine_wait_recv_cost_stats: as low_latency_dispatch's
+        dispatch_wait_recv_cost_stats, the cycles waited for each rank's returned rows."""
         if use_logfmt:
             _warn_logfmt_once()
-        if combine_wait_recv_cost_stats is not None:
-            raise _unsupported("low_latency_combine(combine_wait_recv_cost_stats=...) (per-rank wait times)")
         self._need_low_latency("low_latency_combine")
+        _check_cost_stats("low_latency_combine", "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats,
+                          self.group_size)
         _check_finish_flags("low_latency_combine", async_finish, return_recv_hook)
         st = self._low_latency_state_of(handle)
         m, hidden = handle[2], handle[3]
@@ -793,7 +798,8 @@ class Buffer:
                 raise NcclInvalidArgument("low_latency_combine: %s must be [%d, %d] (the dispatch's routing); got %s"
                                           % ((name,) + routing + (_shape_dtype(t),)))
         combined = st.group.combine(x.view(local * rows, hidden), handle.ep_handle, topk_weights=topk_weights,
-                                    out=out, send_only=bool(return_recv_hook))
+                                    out=out, send_only=bool(return_recv_hook),
+                                    recv_wait_cycles=combine_wait_recv_cost_stats)
         if not return_recv_hook:
             return combined, self._event(async_finish), None
         return combined, self._event(False), _Hook(lambda group=st.group, h=handle.ep_handle: group.complete(h))
@@ -1162,6 +1168,17 @@ def _check_finish_flags(method: str, async_finish, return_recv_hook) -> None:
     if async_finish and return_recv_hook:
         raise NcclInvalidArgument("%s: async_finish and return_recv_hook together (DeepEP refuses them too): the "
                                   "hook is the way to wait" % method)
+
+
+def _check_cost_stats(method: str, name: str, stats, num_ranks: int) -> None:
+    """DeepEP's checks of a *_wait_recv_cost_stats tensor: int64, [num_ranks], contiguous (None: not asked for)."""
+    if stats is None:
+        return
+    if (not isinstance(stats, torch.Tensor) or stats.dtype != torch.int64 or tuple(stats.shape) != (num_ranks,)
+            or not stats.is_contiguous()):
+        strided = isinstance(stats, torch.Tensor) and not stats.is_contiguous()
+        raise NcclInvalidArgument("%s: %s must be a contiguous [%d] int64 tensor; got %s%s"
+                                  % (method, name, num_ranks, _shape_dtype(stats), " (strided)" if strided else ""))
 
 
 def _check_low_latency_sizes(method: str, m, hidden, num_experts, num_ranks) -> None:
