@@ -15,7 +15,7 @@ run); bytes: each tensor's bytes once. `--scale k` divides every
 dimension above 1024 by k (the model must fit twice in the GPUs' memory; one GPU holds both sides). With --one-gpu
 nodes the ranks talk over loopback sockets: that measures the transport, not NVLink (the 2-GPU issue owns the NVLink
 numbers). Rank 0 prints one line and appends a JSON line to --json (with the median host time of each call until it
-returned; append_json adds the transport settings the environment sets).
+returned; append_json adds the NCCL_* variables the environment sets).
 """
 
 import argparse

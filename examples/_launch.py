@@ -43,16 +43,17 @@ def median_us(*fns, iters: int, warmup: int = 3) -> list:
     return [sorted(t)[len(t) // 2] for t in times]
 
 
-# NCCL's transport settings a JSON line records where the environment sets them (over loopback sockets they change
-# the times of both sides severalfold: docs/PERFORMANCE.md, section 6).
-TRANSPORT_ENV = ("NCCL_P2P_NET_CHUNKSIZE", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_MIN_P2P_NCHANNELS",
-                 "NCCL_EXT_M2N_NET_CHANNELS", "NCCL_BUFFSIZE")
+# What a JSON line records of the environment: every NCCL_* variable set (over loopback sockets the transport's
+# settings change the times of both sides severalfold: docs/PERFORMANCE.md, section 6), as tools/gpu_check_report.py
+# does; not NCCL_VERSION (a container's label that NCCL does not read) nor NCCL_EXT_GIT_COMMIT (the source's).
+NOT_RECORDED = ("NCCL_VERSION", "NCCL_EXT_GIT_COMMIT")
 
 
 def append_json(path, line: dict) -> None:
-    """Appends `line` to the file `path` (none: nothing), with the transport settings the environment sets (env)."""
+    """Appends `line` to the file `path` (none: nothing), with the NCCL_* variables the environment sets (env)."""
     if path:
-        line = dict(line, env={k: os.environ[k] for k in TRANSPORT_ENV if k in os.environ})
+        line = dict(line, env={k: v for k, v in sorted(os.environ.items())
+                               if k.startswith("NCCL_") and k not in NOT_RECORDED})
         import json
 
         with open(path, "a") as f:
