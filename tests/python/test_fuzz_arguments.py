@@ -240,6 +240,7 @@ def tensors(draw, rows=None, cols=None):
            "topk_weights": tensors(rows=5, cols=shell.K), "scales": tensors(rows=5, cols=2),
            "out_dtype": st.sampled_from([None, torch.bfloat16, torch.float8_e4m3fn, torch.float32]),
            "round_scale": st.booleans(), "send_only": st.booleans(), "num_sms": st.one_of(small, ints),
+           "recv_wait_cycles": tensors(rows=shell.R),
        }))
 def test_ep_dispatch_arguments(on_cpu, ll, layout, x, kwargs):
     g = shell._shell(low_latency=ll)
@@ -250,7 +251,7 @@ def test_ep_dispatch_arguments(on_cpu, ll, layout, x, kwargs):
 @given(st.booleans(), st.sampled_from(["rank_major", "expert_major", "flat"]), tensors(),
        st.fixed_dictionaries({}, optional={
            "topk_weights": tensors(rows=5, cols=shell.K), "out": tensors(rows=5),
-           "send_only": st.booleans(), "num_sms": st.one_of(small, ints),
+           "send_only": st.booleans(), "num_sms": st.one_of(small, ints), "recv_wait_cycles": tensors(rows=shell.R),
        }))
 def test_ep_combine_arguments(on_cpu, ll, layout, y, kwargs):
     g = shell._shell(low_latency=ll)
@@ -317,6 +318,7 @@ def test_deepep_elastic_combine_arguments(one_buffer, y, kwargs):
            "use_fp8": st.booleans(), "round_scale": st.booleans(), "use_ue8m0": st.booleans(),
            "return_recv_hook": st.booleans(),  # not async_finish: its CUDA event needs a GPU
            "cumulative_local_expert_recv_stats": st.one_of(st.none(), tensors(rows=v1.E // v1.R)),
+           "dispatch_wait_recv_cost_stats": st.one_of(st.none(), tensors(rows=v1.R)),
        }))
 def test_deepep_low_latency_dispatch_arguments(ll, x, topk_idx, m, num_experts, kwargs):
     _refused_or_done(lambda: ll.low_latency_dispatch(x, topk_idx, m, num_experts, **kwargs))
