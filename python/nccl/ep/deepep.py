@@ -8,7 +8,9 @@ Code written for `deep_ep` runs unchanged for what nccl.ep implements: `Buffer` 
 `enable_shrink=True` the rank-mask calls of DeepEP's main branch), `Config`, `EventOverlap`, `topk_idx_t`; DeepEP
 V2's `ElasticBuffer`, `EPHandle` and `EventHandle` come from nccl.ep.deepep_elastic (`from nccl.ep.deepep import
 ElasticBuffer`). `low_latency_combine(use_logfmt=True)` moves bf16 rows (exact, no smaller messages; warned once).
-What it does not implement raises NotImplementedError naming the argument or method: the wait-time statistics.
+The Low-Latency wait-time statistics (`*_wait_recv_cost_stats`) get nccl.ep's receive wait cycles per source.
+What it does not implement raises NotImplementedError naming the argument or method (the dispatch handle's entries
+above 8 ranks that are not a multiple of 8, or when not asked for).
 `get_comm_stream` returns the caller's current stream (nccl.ep's calls run there). The High-Throughput handle is
 DeepEP's intranode tuple up to 8 ranks, its internode one above (see _DispatchHandle). `Buffer(None, ...,
 comm=<mpi4py communicator>)` (TensorRT-LLM's way) works: the NCCL communicator's id goes over MPI, and the Buffer's
