@@ -205,8 +205,9 @@ typedef struct {
   ncclEpTensor_t topk_weights; /* [T, K] fp32; optional (EXPERT_MAJOR combine needs it) */
   ncclEpTensor_t scales;       /* forwarded byte-exact. fp8 tokens need them: LL [T, H/128] fp32; HT [T, S] fp32 or
                                   int32 laid out as the caller likes (S from 1 to max_token_bytes / 128: per token,
-                                  per 128 columns, packed UE8M0, fp4 block scales four bytes a word), which uint8
-                                  tokens may carry too. LL NVFP4 tokens (uint8 [T, H/2]): [T, H/16] uint8 or e4m3 */
+                                  per 128 columns, packed UE8M0, fp4 block scales four bytes a word), which HT tokens
+                                  of any dtype may carry too (per-token side words). LL NVFP4 tokens (uint8
+                                  [T, H/2]): [T, H/16] uint8 or e4m3 */
   /* Appended after the first layout (NCCL_EP_DISPATCH_INPUTS_V1_SIZE ends before it). */
   ncclEpTensor_t global_scale; /* LL NVFP4 quantisation (bf16 in, uint8 [N, H/2] out): [1] fp32 on the device, g.
                                   Each block of 16 columns gets scale s = e4m3(amax / 6 x g) and elements

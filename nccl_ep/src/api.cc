@@ -876,15 +876,14 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
                 (long long)rowBytes, g->config.max_token_bytes);
     // Quantised tokens travel with their scales as the caller lays them out: S 4-byte values a row, fp32 or int32
     // (per 128 columns, per token, DeepEP's packed UE8M0, or an fp4 format's block scales packed four bytes to a
-    // value), copied bit for bit beside the row. fp8 rows need them; uint8 rows (opaque bytes, e.g. packed fp4) may
-    // have them.
-    const bool fp8 = x.datatype == ncclFloat8e4m3, opaque = x.datatype == ncclUint8;
+    // value), copied bit for bit beside the row. fp8 rows need them; rows of any other dtype may carry such words
+    // too (opaque bytes' block scales, or a caller's per-token side words: the V2 drop-in's routing rows).
+    const bool fp8 = x.datatype == ncclFloat8e4m3;
     if (present(inputs->topk_weights))
       NCCLEXT_CHECK(checkTensor(inputs->topk_weights, "inputs.topk_weights", 2, {ncclFloat32}, {T, K}));
     int nScales = 0;
     ncclDataType_t scaleType = ncclFloat32;
     if (present(inputs->scales)) {
-      NCCLEXT_ARG(fp8 || opaque, "inputs.scales are for fp8 or uint8 (opaque, e.g. packed fp4) tokens only");
       NCCLEXT_CHECK(checkTensor(inputs->scales, "inputs.scales", 2, {ncclFloat32, ncclInt32}, {T, -1}));
       NCCLEXT_ARG(inputs->scales.sizes[1] >= 1 && inputs->scales.sizes[1] <= g->view.meta.maxScales,
                   "inputs.scales: %lld a row; from 1 to the group's %d (max_token_bytes / 128)",
@@ -925,7 +924,7 @@ ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t*
                   nScales);
       NCCLEXT_CHECK(checkTensor(outputs->scales, "outputs.scales", 2, {scaleType}, {N, nScales}));
     } else {
-      NCCLEXT_ARG(!present(outputs->scales), "outputs.scales come with inputs.scales (fp8 or uint8 tokens)");
+      NCCLEXT_ARG(!present(outputs->scales), "outputs.scales come with inputs.scales");
     }
     // Zero-copy: outputs.tokens in my window is ncclEpGroupGetDispatchWindow's tensor, where the rows land already.
     if (inPlace) {

@@ -6,7 +6,8 @@
 // counts exactly, and combine against a double-precision reference with a stated tolerance: FLAT sums of values
 // with 3 significant bits are exact in every dtype (tolerance 0); EXPERT_MAJOR applies fp32 weights and rounds the
 // per-rank partial to the dtype: |err| <= tol * (1 + |ref|) with tol 2e-2 (bf16), 4e-3 (fp16), 1e-5 (fp32).
-// Then: a CUDA-graph-captured dispatch + combine replayed with fresh inputs; two handles with different routings
+// fp8 rows carry hashed scales, and two cases carry 17 hashed side words beside bf16 and fp16 rows: compared bit for
+// bit too. Then: a CUDA-graph-captured dispatch + combine replayed with fresh inputs; two handles with different routings
 // used alternately, back to back, on one group; an invalid expert id reported by an EXACT handle; and (2+ ranks)
 // the timeout path: one rank skips a dispatch, the others get ncclRemoteError.
 //
@@ -79,7 +80,11 @@ struct Case {
   int maxTokens = kMaxTokens;            // tokens per rank are drawn in [1, maxTokens]
   bool allFull = false;                  // every rank sends maxTokens
   bool windowOut = false;                // FLAT tokens into ncclEpGroupGetDispatchWindow's tensor (zero-copy)
+  int sideWords = 0;                     // non-fp8 rows: per-token words forwarded as scales (0: none)
 };
+
+// The scale words a row of case c carries: fp8's per 128 columns, else its side words.
+int scaleWords(const Case& c) { return c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : c.sideWords; }
 
 uint32_t mix(uint64_t x) {
   x ^= x >> 33;
@@ -220,7 +225,7 @@ struct Runner {
   void fillInputs(const Case& c, const Routing& r, uint64_t cs, DeviceBuf& x, DeviceBuf& w, DeviceBuf& sc) {
     const int me = ctx.rank, T = r.numTokens[me], K = c.topk;
     const size_t rowBytes = c.hidden * esize(c.dtype);
-    const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;  // scales travel with fp8 tokens only
+    const int nScales = scaleWords(c);
     std::vector<uint8_t> hx(T * rowBytes);
     for (int t = 0; t < T; t++)
       for (size_t j = 0; j < rowBytes; j++) hx[t * rowBytes + j] = tokenByte(cs, me, t, (int)j);
@@ -240,7 +245,7 @@ struct Runner {
                      const void* yWindow = nullptr) {
     const int K = c.topk, L = r.localExperts(), me = ctx.rank;
     const size_t rowBytes = c.hidden * esize(c.dtype);
-    const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;
+    const int nScales = scaleWords(c);
     const bool flat = c.layout == NCCL_EP_LAYOUT_FLAT;
     const int64_t used = flat ? (int64_t)rr.flat.size() : (int64_t)rr.em.size();
     std::vector<uint8_t> hy = y.get<uint8_t>(yWindow ? 0 : rows * rowBytes);
@@ -301,7 +306,7 @@ struct Runner {
     const ncclep::ref::RankRecv& rr = recv[rank];
     const int T = r.numTokens[rank];
     const size_t rowBytes = c.hidden * esize(c.dtype);
-    const int nScales = c.dtype == ncclFloat8e4m3 ? c.hidden / 128 : 0;
+    const int nScales = scaleWords(c);
     // kept[d][t]: my token t's row reached rank d (it has an expert there and, under a cap, fit)
     std::vector<std::vector<char>> kept(R, std::vector<char>(T, 0));
     for (int d = 0; d < R; d++)
@@ -946,6 +951,15 @@ int main(int argc, char** argv) {
                      false, 8, 8, true});
     cases.push_back({"hidden 1160 bf16, em", kRandom, ncclBfloat16, NCCL_EP_LAYOUT_EXPERT_MAJOR, 4,
                      NCCL_EP_SIZING_EXACT, false, 8, 1160, true});
+    // Side words with rows that need no scales (the V2 drop-in's routing rows beside bf16 tokens): forwarded bit
+    // for bit, as fp8's scales are.
+    for (ncclEpLayout_t layout : {NCCL_EP_LAYOUT_FLAT, NCCL_EP_LAYOUT_EXPERT_MAJOR}) {
+      Case sw{layout == NCCL_EP_LAYOUT_FLAT ? "bf16 + 17 side words, flat" : "fp16 + 17 side words, em", kRandom,
+              layout == NCCL_EP_LAYOUT_FLAT ? ncclBfloat16 : ncclFloat16, layout, 1, NCCL_EP_SIZING_WORST_CASE, false,
+              8, 256, true};
+      sw.sideWords = 17;
+      cases.push_back(sw);
+    }
     if (quick) {  // the sanitizer runs: one case per layout and kind of row, the short rows, no limits group
       std::vector<Case> few;
       for (const Case& c : cases)

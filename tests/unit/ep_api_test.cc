@@ -208,9 +208,13 @@ TEST(EpApi, DispatchAndCombineRejections) {
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
   EXPECT_TRUE(says("inputs.topk_weights: sizes[1] = 4, expected 8"));
   in.topk_weights = NCCL_EP_TENSOR_INIT;
+  // High-Throughput rows of any dtype may carry side words (scales); their output then is needed.
   in.scales = epTensor(f.p, ncclFloat32, {100, 56});
   EXPECT_EQ(dispatch(), ncclInvalidArgument);
-  EXPECT_TRUE(says("scales are for fp8 or uint8 (opaque, e.g. packed fp4) tokens only"));
+  EXPECT_TRUE(says("inputs.scales given: outputs.scales [N, 56] of their dtype are needed")) << ncclEpGetLastError();
+  in.scales = epTensor(f.p, ncclInt32, {100, 113});
+  EXPECT_EQ(dispatch(), ncclInvalidArgument);
+  EXPECT_TRUE(says("inputs.scales: 113 a row; from 1 to the group's 112")) << ncclEpGetLastError();
   in.scales = NCCL_EP_TENSOR_INIT;
   in.tokens = epTensor(f.p, ncclFloat8e4m3, {100, 7168});
   out.tokens = epTensor(f.p, ncclFloat8e4m3, {150, 7168});
