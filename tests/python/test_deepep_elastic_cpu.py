@@ -162,8 +162,11 @@ class _ModelGroup:
                                       "multiples" % (tuple(t.shape), t.dtype))
 
     def dispatch(self, x, handle, scales=None, num_sms=0):
-        self.calls.append(("dispatch", tuple(x.shape), x.dtype, scales is not None, num_sms))
+        self.calls.append(("dispatch", tuple(x.shape), x.dtype, None if scales is None else scales.shape[1], num_sms))
         self._check_row(x)
+        if scales is not None and not 1 <= scales.shape[1] <= self.max_token_bytes // 128:
+            raise NcclInvalidArgument("model: %d scale words a row; from 1 to max_token_bytes / 128 = %d"
+                                      % (scales.shape[1], self.max_token_bytes // 128))
         sent = self.world.exchange(self.rank, (_bytes(x), scales))
         rec, rows = handle.rec, handle.rows
         xs, ss = [p[0] for p in sent], [p[1] for p in sent]
@@ -285,15 +288,17 @@ def test_dispatch_cached_dispatch_and_combine(model, R, expand, sync, fp8):
             assert recv_w.shape == (rows, K) and torch.equal(recv_w[:n], rec.rows([i[2] for i in inputs]))
             assert bool((recv_w[n:] == 0).all())
         _check_handle(h, rec, idx, R, expand, sync, alignment, E)
-        # The nccl.ep calls: one binding, x, then the routing rows; no weights ever (the model takes none).
+        # The nccl.ep calls: one binding, then one dispatch of x with its side words: its scales (fp8: H / 128),
+        # then the routing row (1 + K + K words); no weights ever (the model takes none).
         layout_name = "expert_major" if expand else "flat"
         assert group.calls[:3] == [
             ("create_handle", layout_name, "exact" if sync else "worst_case", alignment if expand else 1),
-            ("dispatch", tuple(x.shape), torch.float8_e4m3fn if fp8 else torch.bfloat16, bool(fp8), 6),
-            ("dispatch", (x.shape[0], 12), torch.float32, False, 6)]  # 1 + K + K words
-        # A cached dispatch: the same rows along the handle's routing (and its weights, when given).
+            ("dispatch", tuple(x.shape), torch.float8_e4m3fn if fp8 else torch.bfloat16,
+             (H // 128 if fp8 else 0) + 1 + 2 * K, 6)]
+        # A cached dispatch: the same rows along the handle's routing (and its weights, when given), in one call.
         cached = buf.dispatch(x_in, handle=h, topk_weights=w, do_expand=expand)
-        assert cached[3] is h and len(group.calls) == 5 and group.calls[3][-1] == 6  # the handle's SMs
+        assert cached[3] is h and len(group.calls) == 3 and group.calls[2][-1] == 6  # the handle's SMs
+        assert group.calls[2][3] == (H // 128 if fp8 else 0) + K or (w is None and group.calls[2][3] in (None, 1))
         if fp8:
             assert torch.equal(cached[0][0][:n].view(torch.uint8), recv_x[0][:n].view(torch.uint8))
         else:
@@ -389,11 +394,13 @@ def test_combine_rounds_as_deepep(model, expand, multiple, num_bias):
         assert out_w is None and out.dtype == torch.bfloat16
         assert torch.equal(out, ref.combined(idx, me, LOCAL, M, H, expand, multiple, biases))
         fp32 = expand and not multiple
-        # fp32 rows: H * 4 bytes in slices of the group's H * 2 bytes, two combines; else one of bf16 rows, the bias
-        # (the sum of two in fp32) given to it
+        # fp32 rows: H * 4 bytes in column slices of the group's row bytes, a combine each (one here: the rows are
+        # widened for the dispatch's side words; test_fp32_combine_slices_rows_wider_than_the_groups has several);
+        # else one of bf16 rows, the bias (the sum of two in fp32) given to it
         bias_dtype = None if not biases or fp32 else torch.bfloat16 if num_bias == 1 else torch.float32
+        width = buf._core._caps[1] // 4
         assert [c[1:] for c in group.calls[before:]] == (
-            [((h._ep.rows, H // 2), torch.float32, 2, None)] * 2 if fp32
+            [((h._ep.rows, min(width, H - c)), torch.float32, 2, None) for c in range(0, H, width)] if fp32
             else [((h._ep.rows, H), torch.bfloat16, 2, bias_dtype)])
 
     _on_ranks(R, rank)
@@ -412,7 +419,8 @@ def test_a_buffer_sized_by_bytes_fixes_its_group_at_the_first_dispatch(model):
         _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E, num_sms=2,
                                      num_max_tokens_per_rank=M + 5 * me)
         group = buf._core._groups[E]
-        assert (group.max_tokens_per_rank, group.max_token_bytes, group.max_topk) == (M + 5, H * 2, 8)
+        # (rows of hidden H = 128, widened for the side words: 128 x (H / 128 + 1 + 2 x 8) bytes)
+        assert (group.max_tokens_per_rank, group.max_token_bytes, group.max_topk) == (M + 5, 128 * (1 + 1 + 16), 8)
         assert h.num_max_tokens_per_rank == M + 5 * me  # the call's, for the global indices
         with pytest.raises(NcclInvalidArgument, match="18 tokens exceed this ElasticBuffer.s 17"):
             buf.dispatch(torch.zeros(M + 6, H, dtype=torch.bfloat16), topk_idx=torch.zeros(M + 6, K).long(),
@@ -602,6 +610,17 @@ def test_previous_events_are_waited_on(monkeypatch):
     assert waited == ["handle", "handle", raw, raw]
 
 
+def test_fp32_combine_slices_rows_wider_than_the_groups():
+    # fp32 rows wider than the group's row bytes (64 here: 16 columns) go in column slices, a combine each, and come
+    # back side by side.
+    shell = SimpleNamespace(_core=SimpleNamespace(_caps=(M, 64, 8, 0)))
+    seen = []
+    group = SimpleNamespace(combine=lambda y, ep, num_sms=0: seen.append(tuple(y.shape)) or y * 2)
+    y = torch.randn(5, 40)
+    out = elastic.ElasticBuffer._combine_fp32(shell, group, None, y, 2)
+    assert seen == [(5, 16), (5, 16), (5, 8)] and torch.equal(out, y * 2)
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 8])
 def test_buffer_size_hint_is_the_largest_group_nccl_ep_would_make(model, ranks):
     world = _World(ranks, 1)
@@ -623,7 +642,9 @@ def test_buffer_size_hint_is_the_largest_group_nccl_ep_would_make(model, ranks):
 def test_constructor_sizes_the_group_and_reports_the_hint(model):
     def rank(pg):
         buf = _buffer(pg, num_max_tokens_per_rank=64, hidden=100, num_topk=9)
-        assert buf._core._caps == (64, 208, 9, 0)  # hidden * 2 bytes rounded up to 16
+        # hidden * 2 bytes rounded up to 16 (208), widened for the dispatch's side words: a word per 128 bytes, for
+        # fp8 scales (0 here) and the routing row (1 + 2 x 9)
+        assert buf._core._caps == (64, 128 * (0 + 1 + 2 * 9), 9, 0)
         assert buf.num_bytes == elastic.ElasticBuffer.get_buffer_size_hint(pg, 64, 100, 9)
 
     _on_ranks(2, rank)

@@ -16,11 +16,12 @@ Code written for DeepEP V2's expert-parallel calls runs unchanged: `ElasticBuffe
   the most rows any routing gives (rows past the received ones unspecified), `num_recv_tokens_per_expert_list` [].
   Both orders are DeepEP's deterministic one (sorted by source rank, then token), so `deterministic=True` changes
   nothing here.
-- Besides x (and its fp8 scales), each routing binding dispatches one narrow row per token through the same handle:
-  its global index (rank * num_max_tokens_per_rank + token), its top-k ids and, if given, its top-k weights. From it
-  come `recv_topk_weights` (every top-k column, as DeepEP's), the handle's `recv_src_metadata` and each expanded
-  row's top-k column. nccl.ep never carries the weights itself, so that its EXPERT_MAJOR combine sums rows
-  unweighted, as DeepEP's combine does. A cached dispatch (`handle=`) moves x, and the weights if given, only.
+- A dispatch is one nccl.ep dispatch of x whose per-token side words (nccl.ep's High-Throughput scales, forwarded
+  bit for bit) are x's fp8 scales, then a routing row: its global index (rank * num_max_tokens_per_rank + token),
+  its top-k ids and, if given, its top-k weights. From it come `recv_topk_weights` (every top-k column, as
+  DeepEP's), the handle's `recv_src_metadata` and each expanded row's top-k column. nccl.ep never carries the
+  weights itself, so that its EXPERT_MAJOR combine sums rows unweighted, as DeepEP's combine does. A cached
+  dispatch (`handle=`) carries the weights, if given, as its side words.
 - combine returns every row to its token's owner, DeepEP V2's way to the bit: without `do_expand` each row is a (token,
   rank) part as given; with it, each rank first sums its rows of a token in top-k column order (fp32, rounded to
   bf16: `allow_multiple_reduction=True`); the owner sums the parts in fp32 from the bias (one tensor, or two added
@@ -32,8 +33,9 @@ Code written for DeepEP V2's expert-parallel calls runs unchanged: `ElasticBuffe
   `previous_event_before_epilogue` are waited on first; with `async_with_compute_stream` the returned EventOverlap
   holds an event recorded after the call. `allocate_on_comm_stream`, `num_qps`, `do_zero_padding` (nccl.ep zeroes
   every pad row, its scales and weights) change nothing.
-- The group holds `num_max_tokens_per_rank` tokens of `hidden` bf16 columns (fp8 rows are smaller) and
-  max(num_topk, 8) top-k entries; a buffer sized by `num_bytes` alone fixes them at its first dispatch (collective:
+- The group holds `num_max_tokens_per_rank` tokens of `hidden` bf16 columns (fp8 rows are smaller; rows of hidden
+  below 128 x (1 + 2 top-k) are widened to hold the side words, a word per 128 bytes) and max(num_topk, 8) top-k
+  entries; a buffer sized by `num_bytes` alone fixes them at its first dispatch (collective:
   the largest token count, row and top-k of any rank). `num_bytes` itself is not a limit: nccl.ep sizes its window
   (get_buffer_size_hint says how much memory that is).
 
@@ -331,9 +333,9 @@ class ElasticBuffer:
         exact = True if do_cpu_sync is None else bool(do_cpu_sync)
         ep = group.create_handle(topk_idx, layout="expert_major" if do_expand else "flat",
                                  sizing="exact" if exact else "worst_case", alignment=alignment if do_expand else 1)
-        recv = group.dispatch(x, handle=ep, scales=sf, num_sms=num_sms)
-        meta = group.dispatch(_routing_rows(topk_idx, topk_weights, self.rank_idx * m), handle=ep, num_sms=num_sms)
-        meta = meta.tokens.view(torch.int32)
+        # One nccl.ep dispatch: x, with its scales and each token's routing row as side words beside it.
+        recv, sf_out, meta = _dispatch_with_words(group, ep, x, sf, _routing_rows(topk_idx, topk_weights,
+                                                                                  self.rank_idx * m), num_sms)
         fields = dict(do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment,
                       num_max_tokens_per_rank=m, num_sms=num_sms,
                       topk_idx=topk_idx.clone() if do_handle_copy else topk_idx, _ep=ep,
@@ -358,7 +360,7 @@ class ElasticBuffer:
                                                                            alignment)
         if stats is not None:
             _add_stats(stats, counts)
-        recv_x = (recv.tokens, recv.scales) if sf is not None else recv.tokens
+        recv_x = (recv.tokens, sf_out) if sf is not None else recv.tokens
         return (recv_x,) + out + (EPHandle(**fields),)
 
     def _flat(self, ep, recv, meta, k, m, weights, fields):
@@ -433,12 +435,13 @@ class ElasticBuffer:
         group, k = ep.group, handle.topk_idx.shape[1]
         num_sms = num_sms or handle.num_sms
         _check_routing(x, handle.topk_idx, topk_weights)
-        recv = group.dispatch(x, handle=ep, scales=sf, num_sms=num_sms)
+        # One nccl.ep dispatch: x, with its scales and the weights (if given) as side words beside it.
+        w = None if topk_weights is None else topk_weights.float().contiguous().view(torch.int32)
+        recv, sf_out, moved = _dispatch_with_words(group, ep, x, sf, w, num_sms)
         rows = recv.tokens.shape[0]
         recv_w = None
-        if topk_weights is not None:  # the weights alone, a narrow row a token
-            w = torch.nn.functional.pad(topk_weights.float(), (0, _align(k, 4) - k))
-            moved = group.dispatch(w.contiguous(), handle=ep, num_sms=num_sms).tokens[:, :k]
+        if topk_weights is not None:
+            moved = moved.view(torch.float32)
             if handle.do_expand:
                 col = handle._col
                 recv_w = torch.where(col >= 0, moved.gather(1, col.clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
@@ -449,7 +452,7 @@ class ElasticBuffer:
             recv_idx = torch.where(_received(ep, rows), recv.topk_idx.long(), -1)
         if stats is not None:
             _add_stats(stats, handle.num_unaligned_recv_tokens_per_expert)
-        recv_x = (recv.tokens, recv.scales) if sf is not None else recv.tokens
+        recv_x = (recv.tokens, sf_out) if sf is not None else recv.tokens
         return recv_x, recv_idx, recv_w
 
     # -- combine ----------------------------------------------------------------------------------------------------
@@ -567,8 +570,12 @@ for _name, _feature in (("get_engram_storage_size_hint", "Engram"), ("get_pp_buf
 
 def _capacity(tokens: int, row_bytes: int, topk: int) -> tuple:
     """nccl.deepep.Buffer's _caps for a group: tokens, row bytes (a multiple of 16), top-k (at least
-    Buffer.max_topk), SMs (0: nccl.ep's default)."""
-    return int(tokens), _align(max(16, int(row_bytes)), 16), max(int(topk), _v1.Buffer.max_topk), 0
+    Buffer.max_topk), SMs (0: nccl.ep's default). The rows are wide enough for a dispatch's side words (a word per
+    128 bytes of row: _dispatch_with_words): fp8 scales of a row of row_bytes / 2 columns (one a 128) and a routing
+    row (1 + 2 top-k words); rows of hidden >= 128 (1 + 2 top-k) already are."""
+    topk = max(int(topk), _v1.Buffer.max_topk)
+    row_bytes = _align(max(16, int(row_bytes)), 16)
+    return int(tokens), max(row_bytes, 128 * (row_bytes // 256 + 1 + 2 * topk)), topk, 0
 
 
 def _check_routing(x, topk_idx, topk_weights) -> None:
@@ -604,16 +611,28 @@ def _tma_col_major(scales):
 
 
 def _routing_rows(topk_idx, topk_weights, first_index: int):
-    """The narrow row each token's dispatch carries beside x, as fp32 [T, W] holding int32 words: its global index
-    (first_index + t), its K top-k ids, then its K weights' bits if given; zero-padded to 16-byte rows."""
+    """The words each token's dispatch carries beside x, int32 [T, W]: its global index (first_index + t), its K
+    top-k ids, then its K weights' bits if given."""
     t, k = topk_idx.shape
-    words = 1 + k + (k if topk_weights is not None else 0)
-    rows = torch.zeros((t, _align(words, 4)), dtype=torch.int32, device=topk_idx.device)
+    rows = torch.empty((t, 1 + k + (k if topk_weights is not None else 0)), dtype=torch.int32,
+                       device=topk_idx.device)
     rows[:, 0] = torch.arange(first_index, first_index + t, dtype=torch.int32, device=topk_idx.device)
     rows[:, 1:1 + k] = topk_idx
     if topk_weights is not None:
-        rows[:, 1 + k:1 + 2 * k] = topk_weights.float().contiguous().view(torch.int32)
-    return rows.view(torch.float32)
+        rows[:, 1 + k:] = topk_weights.float().contiguous().view(torch.int32)
+    return rows
+
+
+def _dispatch_with_words(group, ep, x, sf, words, num_sms):
+    """One nccl.ep dispatch of x whose scales (High-Throughput side words, forwarded bit for bit) are x's own scales
+    sf (fp32 or int32 [T, S], or None) followed by `words` (int32 [T, W], or None): (the result, the received
+    scales [N, S] as sf's dtype or None, the received words int32 [N, W] or None)."""
+    parts = [p.view(torch.int32) for p in (sf, words) if p is not None]
+    side = None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    recv = group.dispatch(x, handle=ep, scales=side, num_sms=num_sms)
+    s = 0 if sf is None else sf.shape[1]
+    sf_out = None if sf is None else recv.scales[:, :s].contiguous().view(sf.dtype)
+    return recv, sf_out, None if words is None else recv.scales[:, s:].view(torch.int32)
 
 
 def _row_weights(meta, k, received):
