@@ -432,7 +432,7 @@ class ElasticBuffer:
                 raise NcclInvalidArgument("dispatch: %s=%s, the handle's is %s (a cached dispatch keeps its "
                                           "handle's)" % (name, given, held))
         ep = handle._ep
-        group, k = ep.group, handle.topk_idx.shape[1]
+        group = ep.group
         num_sms = num_sms or handle.num_sms
         _check_routing(x, handle.topk_idx, topk_weights)
         # One nccl.ep dispatch: x, with its scales and the weights (if given) as side words beside it.
