@@ -665,7 +665,9 @@ TEST(EpFuzz, DispatchCombine) {
       if (H == 0) H = validHidden(rng, dt = ncclBfloat16, mtb);
       if (rng.chance(1, 12)) H = badHidden(rng, dt, H, mtb, &b);
       const bool fp8 = dt == ncclFloat8e4m3;
-      const int64_t S = H / 128;
+      // Scale words: fp8 rows need theirs (one a 128 columns); rows of other dtypes may carry side words (here as
+      // many, at least one), up to max_token_bytes / 128 of them.
+      const int64_t S = fp8 ? H / 128 : std::max<int64_t>(1, H / 128);
       ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
       ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
       makeHeader(rng, &in, true, &b);
@@ -690,7 +692,9 @@ TEST(EpFuzz, DispatchCombine) {
         in.scales = makeTensor(
             rng, {"inputs.scales", 2, {ncclFloat32, ncclInt32}, {}, {T, S}, {true, false}, true, false}, true, &b);
       }
-      if (fp8 != present(in.scales)) b.sure("inputs.scales with non-fp8 tokens, or none with fp8");
+      if (fp8 && !present(in.scales)) b.sure("fp8 tokens without inputs.scales");
+      if (present(in.scales) && S > f.group.view.meta.maxScales)
+        b.sure("inputs.scales: more words than the group holds");
       const ncclDataType_t scaleType =
           oneOf(in.scales.datatype, {ncclFloat32, ncclInt32}) ? in.scales.datatype : ncclFloat32;
       const int64_t N = rng.chance(1, 10) ? rng.range(0, std::max<int64_t>(0, need - 1)) : need + (int64_t)rng.below(3);
@@ -716,10 +720,10 @@ TEST(EpFuzz, DispatchCombine) {
             makeTensor(rng, {"outputs.topk_idx", 2, {ncclInt32}, {}, {Nout, K}, {true, true}, true, false}, true, &b);
         if (!flat && (out.topk_idx.ndim != 0 || out.topk_idx.data)) b.sure("outputs.topk_idx with EXPERT_MAJOR");
       }
-      if (fp8 ? !rng.chance(1, 20) : rng.chance(1, 20))
+      if (present(in.scales) ? !rng.chance(1, 20) : rng.chance(1, 20))
         out.scales =
             makeTensor(rng, {"outputs.scales", 2, {scaleType}, {}, {Nout, S}, {true, true}, true, false}, true, &b);
-      if (fp8 != present(out.scales)) b.sure("outputs.scales with non-fp8 tokens, or none with fp8");
+      if (present(in.scales) != present(out.scales)) b.sure("outputs.scales without inputs.scales, or the reverse");
       const bool withInfo = rng.chance(1, 4), withConfig = rng.chance(1, 2), nullIn = rng.chance(1, 40),
                  nullOut = rng.chance(1, 40), nullHandle = rng.chance(1, 40);
       ncclEpLayoutInfo_t info = withInfo ? makeLayoutInfo(rng, f, &b) : ncclEpLayoutInfo_t{};
