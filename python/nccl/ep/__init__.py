@@ -527,7 +527,8 @@ class Group(Closing):
         """COLLECTIVE, stream-ordered: sends each token x[t] ([T, H]; bf16, fp16, fp32 or fp8 e4m3 with `scales`
         [T, H/128] fp32) to every rank hosting one of its experts. High-Throughput groups forward any scales as the
         caller lays them out, bit for bit: [T, S] fp32 or int32 (per token, per block, DeepEP's packed UE8M0), with
-        fp8 x, or with uint8 x (opaque bytes: packed fp4 with its block scales); recv.scales has their dtype. Give
+        fp8 x, with uint8 x (opaque bytes: packed fp4 with its block scales), or as side words of x of any dtype (S
+        up to max_token_bytes / 128); recv.scales has their dtype. Give
         topk_idx (a handle is made for it, of `layout`: "flat" for High-Throughput groups and "expert_major" for
         Low-Latency ones by default) or a handle made for this routing. topk_weights [T, K] fp32 travel with the rows (EXPERT_MAJOR combine without owner
         weights needs them). The FLAT and RANK_MAJOR outputs' topk_idx hold this rank's local expert ids (-1 where
