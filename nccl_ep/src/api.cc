@@ -246,8 +246,6 @@ ncclResult_t checkCallAllowed(const ncclEpHandle* h, ncclep::CallKind kind, bool
   return ncclSuccess;
 }
 
-// Low-Latency dispatch (headers checked): bf16 in and bf16 / e4m3 (quantised per 128 columns) / NVFP4 (quantised
-// per 16, uint8 [N, H/2]) out, or e4m3 / NVFP4 in and out (forwarded with their scales).
 // An LL call's optional recv_wait_cycles: [nRanks] int64 (added to by its receive half), else *out NULL.
 ncclResult_t checkWaitCycles(const ncclEpTensor_t& t, const ncclEpGroup* g, unsigned long long** out) {
   *out = nullptr;
@@ -258,6 +256,8 @@ ncclResult_t checkWaitCycles(const ncclEpTensor_t& t, const ncclEpGroup* g, unsi
   return ncclSuccess;
 }
 
+// Low-Latency dispatch (headers checked): bf16 in and bf16 / e4m3 (quantised per 128 columns) / NVFP4 (quantised
+// per 16, uint8 [N, H/2]) out, or e4m3 / NVFP4 in and out (forwarded with their scales).
 ncclResult_t dispatchLowLatency(ncclEpHandle* handle, const ncclEpDispatchInputs_t* inputs,
                                 const ncclEpDispatchOutputs_t* outputs, const ncclEpLayoutInfo_t* info,
                                 const ncclEpDispatchConfig_t* config, cudaStream_t stream) {
