@@ -3,15 +3,16 @@ several ranks: test_deepep_ranks.py): layout, dispatch (plain, cached, worst-cas
 fresh random data.
 
 Low-Latency (at any rank count: under torchrun on one GPU, as one-GPU nodes across NVLink domains; shrink mode at one
-rank only: it masks itself alone, which across domains would leave the others' rail messages unmatched), as DeepEP's tests/test_low_latency.py drives it (skipped with a library without the mode): for each
-input (a pattern carrying rank and token index, and random data), bf16 and fp8 (with and without power-of-two
-scales), with async_finish or the receive hook: per local expert the count against the routing, the cumulative
-statistics (and the wait statistics: added to), layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input);
-combine of the dequantised rows with the owner's weights against x * sum(weights) (DeepEP's relative-difference
-bound). Also two dispatches in flight before their combines (DeepEP's double buffering), a CUDA graph of
-dispatch + combine replayed on new data, and shrink mode (enable_shrink): the mask methods in DeepEP's convention
-(1 = masked), before and after the group exists, a round trip while the rank masks itself, and
-clean_low_latency_buffer (collective there) before a normal round trip again."""
+rank only: it masks itself alone, which across domains would leave the others' rail messages unmatched), as DeepEP's
+tests/test_low_latency.py drives it (skipped with a library without the mode): for each input (a pattern carrying rank
+and token index, and random data), bf16 and fp8 (with and without power-of-two scales), with async_finish or the receive
+hook: per local expert the count against the routing, the cumulative statistics (and the wait statistics: added to),
+layout_range's counts, src_info and the rows (fp8: the bytes of torch's quantisation of the input); combine of the
+dequantised rows with the owner's weights against x * sum(weights) (DeepEP's relative-difference bound). Also two
+dispatches in flight before their combines (DeepEP's double buffering), a CUDA graph of dispatch + combine replayed on
+new data, and shrink mode (enable_shrink): the mask methods in DeepEP's convention (1 = masked), before and after the
+group exists, a round trip while the rank masks itself, and clean_low_latency_buffer (collective there) before a normal
+round trip again."""
 
 import pytest
 
