@@ -8,8 +8,8 @@
 // per-rank partial to the dtype: |err| <= tol * (1 + |ref|) with tol 2e-2 (bf16), 4e-3 (fp16), 1e-5 (fp32).
 // fp8 rows carry hashed scales, and two cases carry 17 hashed side words beside bf16 and fp16 rows: compared bit for
 // bit too. Then: a CUDA-graph-captured dispatch + combine replayed with fresh inputs; two handles with different
-// routings used alternately, back to back, on one group; an invalid expert id reported by an EXACT handle; and (2+ ranks)
-// the timeout path: one rank skips a dispatch, the others get ncclRemoteError.
+// routings used alternately, back to back, on one group; an invalid expert id reported by an EXACT handle; and (2+
+// ranks) the timeout path: one rank skips a dispatch, the others get ncclRemoteError.
 //
 // With several domains (--one-gpu nodes: every rank a domain of its own) the same suite runs over the rail exchange
 // (every row to or from another rank through ncclSend/ncclRecv; the receive cap's rows through the inboxes and the
