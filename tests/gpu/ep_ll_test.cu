@@ -1171,25 +1171,48 @@ struct Runner {
 // naming the timeout and the silent peer; the next call reports the same at once. No call may hang. Across domains
 // the rail exchange waits first: its watchdog aborts it after the budget (then the receive half's waits time out
 // too), and the group reports the rail's abort.
+// The group of its own that runSilentPeer and runStraggler make: 2 experts a rank, kM tokens of kH bf16 columns, a
+// top-kK routing that sends every rank's tokens to every rank, and a RANK_MAJOR handle bound to it.
+struct PeerGroup {
+  static constexpr int kM = 16, kK = 2, kH = 256;
+  ncclEpGroup_t g = nullptr;
+  ncclEpHandle_t h = nullptr;
+  DeviceBuf topk{(size_t)kM * kK * 4};  // the routing, alive as long as the handle
+  // 0, or 1 after a failure (said on stderr). timeoutNs: the group's budget (0: base's).
+  int open(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base, uint64_t timeoutNs,
+           const std::string& label) {
+    ncclEpGroupConfig_t cfg = base;
+    cfg.num_experts = 2 * ctx.nRanks;
+    cfg.max_tokens_per_rank = kM;
+    cfg.max_token_bytes = kH * 2;
+    if (timeoutNs) cfg.timeout_ns = timeoutNs;
+    EXPECT_OK(ncclext::harness::createEpGroup(&g, ctx.comm, &cfg));
+    std::vector<int> idx(kM * kK);
+    for (int t = 0; t < kM; t++)
+      for (int k = 0; k < kK; k++) idx[t * kK + k] = (t * kK + k) % cfg.num_experts;  // every rank receives
+    topk.put(idx.data(), idx.size() * 4);
+    const ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {kM, kK});
+    EXPECT_OK(ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
+    return 0;
+  }
+  // Destroys both; false (said on stderr) when the group would not go.
+  bool close(int rank, const std::string& label) {
+    ncclEpHandleDestroy(h);
+    if (ncclEpGroupDestroy(g) == ncclSuccess) return true;
+    fprintf(stderr, "rank %d: ncclEpGroupDestroy (%s): %s\n", rank, label.c_str(), ncclEpGetLastError());
+    return false;
+  }
+};
+
 int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base, double* waited, bool* ok) {
   const std::string label = "silent peer";
-  const int R = ctx.nRanks, M = 16, K = 2, H = 256, silentRank = R - 1;
+  const int R = ctx.nRanks, M = PeerGroup::kM, H = PeerGroup::kH, silentRank = R - 1;
   const double budget = gSilentPeerSeconds;
-  ncclEpGroupConfig_t cfg = base;
-  cfg.num_experts = 2 * R;
-  cfg.max_tokens_per_rank = M;
-  cfg.max_token_bytes = H * 2;
-  cfg.timeout_ns = (uint64_t)(budget * 1e9);
-  ncclEpGroup_t g = nullptr;
-  EXPECT_OK(ncclext::harness::createEpGroup(&g, ctx.comm, &cfg));
-  std::vector<int> idx(M * K);
-  for (int t = 0; t < M; t++)
-    for (int k = 0; k < K; k++) idx[t * K + k] = (t * K + k) % cfg.num_experts;  // every rank receives
-  DeviceBuf topk(idx.size() * 4), x((size_t)M * H * 2), y((size_t)R * M * H * 2);
-  topk.put(idx.data(), idx.size() * 4);
-  const ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {M, K});
-  ncclEpHandle_t h = nullptr;
-  EXPECT_OK(ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
+  PeerGroup pg;
+  if (pg.open(ctx, base, (uint64_t)(budget * 1e9), label)) return 1;
+  ncclEpGroup_t g = pg.g;
+  ncclEpHandle_t h = pg.h;
+  DeviceBuf x((size_t)M * H * 2), y((size_t)R * M * H * 2);
   const ncclext::harness::GroupShape shape = ncclext::harness::groupShape(g);  // what the verdict allows
   *ok = true;
   if (ctx.rank != silentRank) {
@@ -1210,11 +1233,7 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
     // Later calls report the same error instead of hanging.
     *ok &= ncclEpDispatch(h, &in, &out, nullptr, nullptr, ctx.stream) == ncclRemoteError;
   }
-  ncclEpHandleDestroy(h);
-  if (ncclEpGroupDestroy(g) != ncclSuccess) {
-    fprintf(stderr, "rank %d: ncclEpGroupDestroy (silent peer): %s\n", ctx.rank, ncclEpGetLastError());
-    *ok = false;
-  }
+  *ok &= pg.close(ctx.rank, label);
   return 0;
 }
 
@@ -1229,25 +1248,15 @@ constexpr int64_t kWaitBase = (int64_t)1 << 40, kStragglerCycles = 10000000;
 int runStraggler(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base, bool acrossDomains,
                  int64_t* cycles, bool* ok) {
   const std::string label = "straggler";
-  const int R = ctx.nRanks, M = 16, K = 2, H = 256, late = R - 1;
-  ncclEpGroupConfig_t cfg = base;
-  cfg.num_experts = 2 * R;
-  cfg.max_tokens_per_rank = M;
-  cfg.max_token_bytes = H * 2;
-  ncclEpGroup_t g = nullptr;
-  EXPECT_OK(ncclext::harness::createEpGroup(&g, ctx.comm, &cfg));
-  std::vector<int> idx(M * K);
-  for (int t = 0; t < M; t++)
-    for (int k = 0; k < K; k++) idx[t * K + k] = (t * K + k) % cfg.num_experts;  // every rank receives
-  DeviceBuf topk(idx.size() * 4), x((size_t)M * H * 2), y((size_t)R * M * H * 2), z((size_t)M * H * 2);
+  const int R = ctx.nRanks, M = PeerGroup::kM, H = PeerGroup::kH, late = R - 1;
+  PeerGroup pg;
+  if (pg.open(ctx, base, 0, label)) return 1;
+  ncclEpHandle_t h = pg.h;
+  DeviceBuf x((size_t)M * H * 2), y((size_t)R * M * H * 2), z((size_t)M * H * 2);
   DeviceBuf waits(2 * R * sizeof(int64_t));
-  topk.put(idx.data(), idx.size() * 4);
   const std::vector<int64_t> start(2 * R, kWaitBase);
   waits.put(start.data(), start.size() * sizeof(int64_t));
   cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");
-  const ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {M, K});
-  ncclEpHandle_t h = nullptr;
-  EXPECT_OK(ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_RANK_MAJOR, &ti, nullptr, nullptr, ctx.stream));
   auto lateStart = [&](const char* what) {  // every rank here, then the straggler sleeps
     if (ncclext::harness::barrier(ctx, 60) != ncclSuccess) {
       fprintf(stderr, "rank %d: barrier before the straggler's %s: %s\n", ctx.rank, what, ncclext::lastError());
@@ -1291,11 +1300,7 @@ int runStraggler(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& 
     }
   }
   printf("rank %d: straggler (rank %d, %d ms late): %s\n", ctx.rank, late, kStragglerMs, *ok ? "ok" : "FAILED");
-  ncclEpHandleDestroy(h);
-  if (ncclEpGroupDestroy(g) != ncclSuccess) {
-    fprintf(stderr, "rank %d: ncclEpGroupDestroy (straggler): %s\n", ctx.rank, ncclEpGetLastError());
-    *ok = false;
-  }
+  *ok &= pg.close(ctx.rank, label);
   return 0;
 }
 
