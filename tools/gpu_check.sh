@@ -15,6 +15,27 @@ mkdir -p "$OUTDIR"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)${GPU_CHECK_TAG:+-$GPU_CHECK_TAG}  # GPU_CHECK_TAG: a suffix for the JSON's name
 RAW=$(mktemp -d)
 trap 'rm -rf "$RAW"' EXIT
+report() {
+  BUILDDIR=$BUILDDIR python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-check-$STAMP.json"
+}
+# Stopped (an outer timeout, ^C): the running row is stopped too (its `timeout` passes the signal on, then SIGKILL
+# 10 s later), and the report still gets written, with the rows run so far and that one (exit 143, its log so far),
+# so that a stopped check loses no verdict.
+CURRENT="" CHILD=""  # the running row (tag, ranks, start, JSON lines, log; tab separated) and its `timeout`
+stopped() {
+  trap - TERM INT
+  if [ -n "$CURRENT" ]; then
+    kill -TERM "$CHILD" 2>/dev/null
+    wait "$CHILD" 2>/dev/null
+    IFS=$'\t' read -r tag n start json log <<<"$CURRENT"
+    printf '%s\t%s\t143\t%s\t%s\t%s\n' "$tag" "$n" "$(awk "BEGIN{print $(date +%s.%N) - $start}")" "$json" "$log" \
+      >> "$RAW/runs.tsv"
+  fi
+  echo "gpu-check: stopped by a signal; reporting the rows run so far" >&2
+  report
+  exit 143
+}
+trap stopped TERM INT
 
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$NGPU" -eq 0 ]; then
@@ -187,11 +208,16 @@ run() {
   echo "== $tag on $n rank(s): $cmd"
   local start end rc
   start=$(date +%s.%N)
-  timeout "${GPU_CHECK_RUN_TIMEOUT:-300}" $cmd >"$log" 2>&1
+  CURRENT=$(printf '%s\t%s\t%s\t%s\t%s' "$tag" "$n" "$start" "$json" "$log")
+  # In the background, so that a signal to the check is handled at once (bash waits for a foreground command first).
+  timeout -k 10 "${GPU_CHECK_RUN_TIMEOUT:-300}" $cmd >"$log" 2>&1 &
+  CHILD=$!
+  wait "$CHILD"
   rc=$?
   end=$(date +%s.%N)
   grep -E "PASS|FAIL|rank .*:|error|WARN" "$log" | head -20
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
+  CURRENT=""
   # GPU_CHECK_KEEP_LOGS=DIR: the whole log of every failed run is kept there (of every run: GPU_CHECK_KEEP_ALL_LOGS=1).
   [ -n "${GPU_CHECK_KEEP_LOGS:-}" ] && { [ $rc -ne 0 ] || [ -n "${GPU_CHECK_KEEP_ALL_LOGS:-}" ]; } &&
     cp "$log" "$GPU_CHECK_KEEP_LOGS/${tag//[^A-Za-z0-9_.-]/_}.$n.log"
@@ -226,7 +252,9 @@ for n in ${GPU_CHECK_ONE_GPU_RANKS-2 4}; do  # set and empty: none
   done
 done
 
-BUILDDIR=$BUILDDIR python3 tools/gpu_check_report.py --runs "$RAW/runs.tsv" --out "$OUTDIR/gpu-check-$STAMP.json"
+CURRENT=""
+trap - TERM INT
+report
 status=$?
 # Benchmarks (after the tests, on every GPU; with GPU_CHECK_PART, after the last part's): GPU_CHECK_BENCH=0 skips them.
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ $status -eq 0 ] && [ "$PART_K" = "$PART_N" ]; then  # (the last part)

@@ -79,6 +79,7 @@ def main():
                 with open(jpath) as jf:
                     results = [json.loads(x) for x in jf if x.strip()]
             status = {0: "pass", 77: "skipped (no GPU)", 125: "FAIL: not run (time budget spent)",
+                      143: "FAIL: stopped (gpu-check got a signal during this run)",
                       98: "inconclusive (virtual ranks under the sanitizer: a device wait timed out or the run was "
                           "killed, nothing of ours reported)"}.get(int(rc), "FAIL (exit %s)" % rc)
             if int(rc) == 0 and (not results or not all(r.get("pass") for r in results)):
