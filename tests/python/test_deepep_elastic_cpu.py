@@ -132,8 +132,8 @@ class _ModelGroup:
     """nccl.ep.Group(algorithm="high_throughput") in torch, one rank of it (see the module's docstring)."""
 
     def __init__(self, group, *, num_experts, max_tokens_per_rank, max_token_bytes, max_topk, num_sms=0,
-                 rail_staging_bytes_max=0):
-        self.world, self.rank, self.size = group.world, group.rank(), group.size()
+                 rail_staging_bytes_max=0, timeout_s=None):
+        self.world, self.rank, self.size, self.timeout_s = group.world, group.rank(), group.size(), timeout_s
         self.num_experts, self.local_experts = num_experts, num_experts // self.size
         self.max_tokens_per_rank, self.max_token_bytes, self.max_topk = max_tokens_per_rank, max_token_bytes, max_topk
         self.num_sms, self.calls, self.closed = num_sms, [], False
@@ -555,12 +555,27 @@ def test_accepted_where_they_change_no_result(model):
     def rank(pg):
         idx, x, w = _inputs(0, 1)
         buf = _buffer(pg, deterministic=True, prefer_overlap_with_compute=False, sl_idx=1, num_allocated_qps=7,
-                      num_cpu_timeout_secs=5, num_gpu_timeout_secs=5, use_fp8_dispatch=True)
+                      num_cpu_timeout_secs=5, use_fp8_dispatch=True)
         plain = _buffer(pg)
         a = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=LOCAL, num_sms=2, num_qps=3,
                          allocate_on_comm_stream=True)
         b = plain.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=LOCAL, num_sms=2)
         assert all(torch.equal(u, v) for u, v in zip(a[:3], b[:3]))
+
+    _on_ranks(1, rank)
+
+
+def test_gpu_timeout_bounds_the_groups_waits(model):
+    """num_gpu_timeout_secs is every group's timeout_s (DeepEP's default 100 s included); not a positive int: typed."""
+    def rank(pg):
+        idx, x, w = _inputs(0, 1)
+        for given, want in (({}, 100), (dict(num_gpu_timeout_secs=7), 7)):
+            buf = _buffer(pg, **given)
+            buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=LOCAL, num_sms=2)
+            assert buf._core._groups[LOCAL].timeout_s == want
+        for bad in (0, -1, 2.5, True, None):
+            with pytest.raises(NcclInvalidArgument, match="num_gpu_timeout_secs"):
+                _buffer(pg, num_gpu_timeout_secs=bad)
 
     _on_ranks(1, rank)
 

@@ -398,6 +398,7 @@ class Buffer:
         self._ll_mask = [1] * self.group_size  # enable_shrink: the rank mask (1 = active) while no LL group holds it
         self._groups = {}  # num_experts -> nccl.ep Group, each made at the first dispatch with that expert count
         self._caps = None  # (tokens, row bytes, top-k, SMs) of every group, fixed at the first dispatch
+        self._timeout_s = None  # the groups' device-wait timeout (ElasticBuffer's num_gpu_timeout_secs); None: default
         self._ll = None  # _LowLatencyState, made at the first low_latency_dispatch
         self._ll_seq = 0  # low_latency_dispatch calls so far
         self._scratch = {}  # get_local_buffer_tensor's memory, by the size it is named after
@@ -972,7 +973,8 @@ class Buffer:
             group = Group(self._ranks.group_arg(), num_experts=num_experts, max_tokens_per_rank=self._caps[0],
                           max_token_bytes=self._caps[1], max_topk=self._caps[2], num_sms=self._caps[3],
                           rail_staging_bytes_max=int(self.num_rdma_bytes),
-                          **(dict(max_recv_rows_per_rank=cap, recv_overflow="drop") if cap else {}))
+                          **(dict(max_recv_rows_per_rank=cap, recv_overflow="drop") if cap else {}),
+                          **({} if self._timeout_s is None else dict(timeout_s=self._timeout_s)))
             self._groups[num_experts] = group
         return group
 

@@ -39,9 +39,10 @@ Code written for DeepEP V2's expert-parallel calls runs unchanged: `ElasticBuffe
   the largest token count, row and top-k of any rank). `num_bytes` itself is not a limit: nccl.ep sizes its window
   (get_buffer_size_hint says how much memory that is).
 
+`num_gpu_timeout_secs` (100 by default, as DeepEP's) bounds every device wait of the buffer's groups (their
+`timeout_s`: a rank that does not arrive within it fails the call with an error; NCCL_EXT_TIMEOUT_S does not apply).
 Accepted where they change no result: `deterministic`, `prefer_overlap_with_compute`, `sl_idx`,
-`num_allocated_qps`, `num_cpu_timeout_secs`, `num_gpu_timeout_secs` (nccl.ep's device waits use
-NCCL_EXT_TIMEOUT_S, 100 s by default as DeepEP's), `use_fp8_dispatch` (sizing only), `num_qps`,
+`num_allocated_qps`, `num_cpu_timeout_secs`, `use_fp8_dispatch` (sizing only), `num_qps`,
 `allocate_on_comm_stream`, `do_zero_padding`; `use_tma_aligned_col_major_sf=True` returns the scales copied into
 DeepEP's column-major layout (rows padded to 4). `allow_hybrid_mode` decides what get_logical_domain_size reports:
 (NVLink domains, ranks a domain), or (1, ranks) without it; across several domains of several ranks DeepEP's hybrid
@@ -186,7 +187,12 @@ class ElasticBuffer:
         self.num_max_tokens_per_rank, self.num_allocated_qps = num_max_tokens_per_rank, num_allocated_qps
         self.explicitly_destroy = explicitly_destroy
         # nccl.ep.deepep.Buffer keeps the groups, one an expert count, made at the first dispatch with each.
+        if not isinstance(num_gpu_timeout_secs, int) or isinstance(num_gpu_timeout_secs, bool) or \
+                num_gpu_timeout_secs <= 0:
+            raise NcclInvalidArgument("ElasticBuffer: num_gpu_timeout_secs=%r: a positive int of seconds"
+                                      % (num_gpu_timeout_secs,))
         self._core = _v1.Buffer(group, 0, 0, explicitly_destroy=True)
+        self._core._timeout_s = num_gpu_timeout_secs  # every device wait of its groups, as DeepEP's kernels' waits
         if num_max_tokens_per_rank > 0 and hidden > 0:
             self._core._caps = _capacity(num_max_tokens_per_rank, hidden * 2, num_topk)
         if num_bytes is None:
