@@ -186,11 +186,11 @@ class ElasticBuffer:
         self.prefer_overlap_with_compute, self.deterministic = prefer_overlap_with_compute, deterministic
         self.num_max_tokens_per_rank, self.num_allocated_qps = num_max_tokens_per_rank, num_allocated_qps
         self.explicitly_destroy = explicitly_destroy
-        # nccl.ep.deepep.Buffer keeps the groups, one an expert count, made at the first dispatch with each.
         if not isinstance(num_gpu_timeout_secs, int) or isinstance(num_gpu_timeout_secs, bool) or \
                 num_gpu_timeout_secs <= 0:
             raise NcclInvalidArgument("ElasticBuffer: num_gpu_timeout_secs=%r: a positive int of seconds"
                                       % (num_gpu_timeout_secs,))
+        # nccl.ep.deepep.Buffer keeps the groups, one an expert count, made at the first dispatch with each.
         self._core = _v1.Buffer(group, 0, 0, explicitly_destroy=True)
         self._core._timeout_s = num_gpu_timeout_secs  # every device wait of its groups, as DeepEP's kernels' waits
         if num_max_tokens_per_rank > 0 and hidden > 0:
