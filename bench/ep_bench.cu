@@ -825,14 +825,8 @@ int main(int argc, char** argv) {
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = o.nRanks;
   lo.oneGpu = o.oneGpu;
-  // Virtual ranks: the library's in-process domain (mixed: made before the launcher forks, each node's process
-  // gets its copy; virtual: all ranks).
   ncclEpVirtualDomain_t virt = nullptr;
-  if (o.virtualRanks() &&
-      ncclEpVirtualDomainCreate(&virt, o.mixed() ? lo.domainSize : o.nRanks > 0 ? o.nRanks : 2) != ncclSuccess) {
-    fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
-    return 1;
-  }
+  if (!ncclext::harness::makeVirtualDomain(lo, &virt)) return 1;
   const int maxTokens = o.maxTokens ? o.maxTokens : shapeTokens;
   const int rc =
       ncclext::harness::launch(lo, [&](RankContext& ctx) { return runRank(ctx, o, shapes, maxTokens, virt); });

@@ -1577,15 +1577,9 @@ int main(int argc, char** argv) {
   ncclext::harness::LaunchOptions lo;
   lo.nRanks = nRanks;
   lo.oneGpu = oneGpu;
-  // Virtual ranks: the library's in-process domain, made before the launcher forks the process that runs them
-  // (mixed: each node's process gets its copy, a domain of lo.domainSize ranks).
   ncclEpVirtualDomain_t virt = nullptr;
+  if (!ncclext::harness::makeVirtualDomain(lo, &virt)) return 1;
   const bool mixed = oneGpu == ncclext::harness::OneGpu::kMixed;
-  if ((oneGpu == ncclext::harness::OneGpu::kVirtual || mixed) &&
-      ncclEpVirtualDomainCreate(&virt, mixed ? lo.domainSize : nRanks > 0 ? nRanks : 2) != ncclSuccess) {
-    fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
-    return 1;
-  }
   const int rc = ncclext::harness::launch(lo, [&](ncclext::harness::RankContext& ctx) {
     tStream = ctx.stream;
     ncclEpGroupConfig_t base = NCCL_EP_GROUP_CONFIG_INIT;

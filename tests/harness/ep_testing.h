@@ -3,7 +3,10 @@
 // test the group is made. Real ranks: nothing set, the same as ncclEpCreateGroup.
 #pragma once
 
+#include <cstdio>
+
 #include "nccl_ep/include/nccl_ep_testing.h"
+#include "tests/harness/launcher.h"
 
 namespace ncclext {
 namespace harness {
@@ -21,6 +24,20 @@ inline void setEpTesting(ncclEpVirtualDomain_t virt, int rank, ncclComm_t rail) 
 
 inline ncclResult_t createEpGroup(ncclEpGroup_t* group, ncclComm_t comm, const ncclEpGroupConfig_t* config) {
   return ncclEpCreateGroupTesting(group, comm, config, &tEpTesting);
+}
+
+// The library's in-process domain of a virtual or mixed run, made before the launcher forks the processes that run its
+// ranks (mixed: each node's process gets its copy, a domain of lo.domainSize ranks; virtual: every rank, 2 when the
+// count is left to the launcher). *virt stays NULL in the other modes. False, with the library's error printed, when
+// the domain cannot be made.
+inline bool makeVirtualDomain(const LaunchOptions& lo, ncclEpVirtualDomain_t* virt) {
+  *virt = nullptr;
+  const bool mixed = lo.oneGpu == OneGpu::kMixed;
+  if (lo.oneGpu != OneGpu::kVirtual && !mixed) return true;
+  const int n = mixed ? lo.domainSize : lo.nRanks > 0 ? lo.nRanks : 2;
+  if (ncclEpVirtualDomainCreate(virt, n) == ncclSuccess) return true;
+  fprintf(stderr, "ncclEpVirtualDomainCreate: %s\n", ncclEpGetLastError());
+  return false;
 }
 
 }  // namespace harness
