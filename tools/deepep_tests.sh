@@ -156,6 +156,10 @@ export NCCL_P2P_NET_CHUNKSIZE=${NCCL_P2P_NET_CHUNKSIZE:-524288}
   echo "DeepEP: $src, commit $deepep_commit"
   dirty=$(git -C "$root" diff --quiet 2>/dev/null || echo " + uncommitted changes")
   echo "nccl-ext: $(git -C "$root" rev-parse HEAD 2>/dev/null)$dirty"
+  # The tree that ran, whatever the checkout's git metadata says (a copied working tree): compare with the same
+  # function on a clone of a commit, as gpu-check's source_sha1.
+  sha='import sys; sys.path.insert(0, "tools"); import gpu_check_report as g; print(g.source_sha1())'
+  echo "sources: $(cd "$root" && python3 -c "$sha" 2>&1 | tail -1)"
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
   versions='import torch; print(torch.__version__, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
   echo "torch: $("$py" -c "$versions" 2>&1 | tail -1)"
