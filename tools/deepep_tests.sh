@@ -26,7 +26,8 @@
 #                        process NCCL_HOSTID=deepep-node-<rank> (an NCCL node of its own) and device_id cuda:0.
 # The tests' files are run as they are; extra arguments for every run of a file: DEEPEP_INTRANODE_ARGS,
 # DEEPEP_LOW_LATENCY_ARGS, DEEPEP_EP_ARGS. DEEPEP_TESTS_TIMEOUT: seconds a run may take (default 1800).
-# DEEPEP_TESTS_ONLY: a bash regex; only the runs whose file and arguments (as listed above) match it.
+# DEEPEP_TESTS_ONLY: a bash regex; only the runs whose file and arguments (as listed above, single spaces, none at the
+# end) match it, e.g. 'test_ep.py --num-processes 2 --skip-perf-test$'.
 # --dry-run (no GPU needed): the same runs, but torch.multiprocessing.spawn returns at once, so that each file
 # parses its arguments and imports everything it imports through the drop-in, then stops.
 # The log (the commits, the GPU, every run's output and a summary) goes to $OUT/deepep-tests-<UTC>.log when OUT is
