@@ -215,7 +215,12 @@ run() {
   wait "$CHILD"
   rc=$?
   end=$(date +%s.%N)
-  grep -E "PASS|FAIL|rank .*:|error|WARN" "$log" | head -20
+  # The verdict lines first (pytest's summary too), then NCCL's warnings, counted (a failed row's log tail is in the
+  # report anyway).
+  grep -E "PASS|FAIL|rank .*:|error|[0-9]+ (passed|failed)" "$log" | grep -v "NCCL WARN" | head -20
+  local warns
+  warns=$(grep -c "WARN" "$log")
+  [ "$warns" -gt 0 ] && echo "  ($warns WARN lines in the log; the first: $(grep -m1 WARN "$log" | cut -c1-160))"
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$rc" "$(awk "BEGIN{print $end - $start}")" "$json" "$log" >> "$RAW/runs.tsv"
   CURRENT=""
   # GPU_CHECK_KEEP_LOGS=DIR: the whole log of every failed run is kept there (of every run: GPU_CHECK_KEEP_ALL_LOGS=1).
