@@ -257,7 +257,6 @@ for n in ${GPU_CHECK_ONE_GPU_RANKS-2 4}; do  # set and empty: none
   done
 done
 
-CURRENT=""
 trap - TERM INT
 report
 status=$?

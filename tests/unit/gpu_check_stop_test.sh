@@ -29,11 +29,12 @@ import glob, json, sys
 files = glob.glob(sys.argv[1] + "/gpu-check-*.json")
 if len(files) != 1:
     sys.exit("FAIL: %d reports written (want 1)" % len(files))
-rows = [(r["name"], r["nranks"], r["status"]) for r in json.load(open(files[0]))["runs"]]
+runs = json.load(open(files[0]))["runs"]
+rows = [(r["name"], r["nranks"], r["status"]) for r in runs]
 want = [("ep_ht", 1, "pass"), ("ep_ht[nodes]", 2, "FAIL: stopped (gpu-check got a signal during this run)")]
 if rows != want:
     sys.exit("FAIL: rows %s, want %s" % (rows, want))
-tail = json.load(open(files[0]))["runs"][1]["log_tail"]
+tail = runs[1]["log_tail"]
 if "started" not in tail:
     sys.exit("FAIL: the stopped row's log tail lacks its output so far: %r" % tail)
 PY
