@@ -381,26 +381,32 @@ ffi::Error htRedispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
   });
 }
 
-// y [rows, H] -> out [T, H]: each token's rows summed in fp32 (the routing as bound by the last dispatch).
-ffi::Error htCombine(cudaStream_t stream, int32_t device, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> result,
-                     int64_t handleId) {
-  static const char* kTarget = "nccl_ep_ht_combine";
-  return guarded(kTarget, [&]() -> ffi::Error {
+// y [rows, H] (the dispatch output's layout), topk_weights [T, K] fp32 (Low-Latency EXPERT_MAJOR, owner-weighted,
+// when given; else none) -> out [T, H]: each token's rows summed in fp32 (the routing as bound by the last dispatch
+// on the handle). One body for both modes: `ll` picks the handle's kind that the lookup accepts.
+ffi::Error combine(cudaStream_t stream, int32_t device, ffi::AnyBuffer y, const ffi::AnyBuffer* topkWeights,
+                   ffi::Result<ffi::AnyBuffer> result, int64_t handleId, bool ll, const char* target) {
+  return guarded(target, [&]() -> ffi::Error {
     std::lock_guard<std::mutex> lock(registryMutex());
     Entry e;
     ffi::Error err;
-    if (!lookup(handleId, false, device, kTarget, &e, &err)) return err;
-    if (!checkRows(y, e.maxRows, kTarget, "y", &err) || !checkRows(*result, e.numTokens, kTarget, "out", &err))
+    if (!lookup(handleId, ll, device, target, &e, &err)) return err;
+    if (!checkRows(y, e.maxRows, target, "y", &err) || !checkRows(*result, e.numTokens, target, "out", &err))
       return err;
     ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
     ncclEpCombineOutputs_t out = NCCL_EP_COMBINE_OUTPUTS_INIT;
-    if (!describe(y, kTarget, "y", &in.tokens, &err) || !describe(*result, kTarget, "out", &out.tokens, &err))
-      return err;
+    if (!describe(y, target, "y", &in.tokens, &err) || !describe(*result, target, "out", &out.tokens, &err)) return err;
+    if (topkWeights && !describe(*topkWeights, target, "topk_weights", &in.topk_weights, &err)) return err;
     ncclEpCombineConfig_t cfg = NCCL_EP_COMBINE_CONFIG_INIT;
     ncclResult_t rc = ncclEpCombine(e.handle, &in, &out, &cfg, stream);
-    if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpCombine");
+    if (rc != ncclSuccess) return callError(rc, target, "ncclEpCombine");
     return ffi::Error::Success();
   });
+}
+
+ffi::Error htCombine(cudaStream_t stream, int32_t device, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> result,
+                     int64_t handleId) {
+  return combine(stream, device, y, nullptr, result, handleId, false, "nccl_ep_ht_combine");
 }
 
 // ---- Low-Latency (RANK_MAJOR or EXPERT_MAJOR) --------------------------------------------------------------------
@@ -456,28 +462,11 @@ ffi::Error llDispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi
   });
 }
 
-// y [N, H] bf16 (the dispatch output's layout), topk_weights [T, K] fp32 (EXPERT_MAJOR, owner-weighted, with
-// with_weights; else [0]) -> out [T, H] bf16. Follows a dispatch on the same handle.
+// y [N, H] bf16, topk_weights [T, K] fp32 (with_weights; else [0]) -> out [T, H] bf16. Follows a dispatch on the
+// same handle.
 ffi::Error llCombine(cudaStream_t stream, int32_t device, ffi::AnyBuffer y, ffi::AnyBuffer topkWeights,
                      ffi::Result<ffi::AnyBuffer> result, int64_t handleId, bool withWeights) {
-  static const char* kTarget = "nccl_ep_ll_combine";
-  return guarded(kTarget, [&]() -> ffi::Error {
-    std::lock_guard<std::mutex> lock(registryMutex());
-    Entry e;
-    ffi::Error err;
-    if (!lookup(handleId, true, device, kTarget, &e, &err)) return err;
-    if (!checkRows(y, e.maxRows, kTarget, "y", &err) || !checkRows(*result, e.numTokens, kTarget, "out", &err))
-      return err;
-    ncclEpCombineInputs_t in = NCCL_EP_COMBINE_INPUTS_INIT;
-    ncclEpCombineOutputs_t out = NCCL_EP_COMBINE_OUTPUTS_INIT;
-    if (!describe(y, kTarget, "y", &in.tokens, &err) || !describe(*result, kTarget, "out", &out.tokens, &err))
-      return err;
-    if (withWeights && !describe(topkWeights, kTarget, "topk_weights", &in.topk_weights, &err)) return err;
-    ncclEpCombineConfig_t cfg = NCCL_EP_COMBINE_CONFIG_INIT;
-    ncclResult_t rc = ncclEpCombine(e.handle, &in, &out, &cfg, stream);
-    if (rc != ncclSuccess) return callError(rc, kTarget, "ncclEpCombine");
-    return ffi::Error::Success();
-  });
+  return combine(stream, device, y, withWeights ? &topkWeights : nullptr, result, handleId, true, "nccl_ep_ll_combine");
 }
 
 }  // namespace
@@ -598,8 +587,8 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
     // The tail kernel loaded now, as the library loads its own at group creation: never at a launch behind a kernel
     // that waits for peers.
     ce = ncclEpJaxLoadTailKernel();
-    if (ce != cudaSuccess) return fail(ncclUnhandledCudaError, std::string("loading nccl_ep.jax's kernel: ") +
-                                                                    cudaGetErrorString(ce));
+    if (ce != cudaSuccess)
+      return fail(ncclUnhandledCudaError, std::string("loading nccl_ep.jax's kernel: ") + cudaGetErrorString(ce));
     Entry e;
     e.device = device;
     e.numTokens = numTokens;
@@ -629,9 +618,9 @@ NCCL_EP_JAX_API ncclResult_t ncclEpJaxHandleCreate(int64_t id, ncclEpGroup_t gro
     // The group's calls already queued (an XLA step still running) finish first: the binding is collective, and every
     // rank must make it after the same calls (the Python side has waited for JAX's live arrays before this).
     if ((ce = synchronizeDeviceWithin(device, waitSeconds)) != cudaSuccess)
-      return fail(ce == cudaErrorTimeout ? ncclSystemError : ncclUnhandledCudaError,
-                  std::string("ncclEpJaxHandleCreate: waiting for the device's queued work: ") +
-                      cudaGetErrorString(ce));
+      return fail(
+          ce == cudaErrorTimeout ? ncclSystemError : ncclUnhandledCudaError,
+          std::string("ncclEpJaxHandleCreate: waiting for the device's queued work: ") + cudaGetErrorString(ce));
     // The fills on the binding's stream, before the binding.
     if ((ce = cudaMalloc(&routing, total)) != cudaSuccess ||
         (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
