@@ -23,7 +23,10 @@
 #                                each with its own JSON (tools/gpu_check_merge.py merges them)
 #   GPU_SANITIZE_RESUME=DIR      rows run in DIR by earlier calls (pass, fail, inconclusive: DIR/done.tsv, one line a
 #                                row; delete a line to run that row again) are not run again; this call's are added
-#                                there, with their logs; the JSON covers every row of the selection
+#                                there, with their logs; the JSON covers every row of the selection. A row done
+#                                earlier gets its verdict again from its log under the suppression list as it is now
+#                                (a report a later entry attributes to NCCL no longer fails it; one of ours that no
+#                                entry covers any more fails it), said on the console where it changes
 #   GPU_SANITIZE_RUN_TIMEOUT=S   per run (default 300); GPU_SANITIZE_BUDGET_S=S: start no run that could end after S
 #                                seconds of this call (those rows: not run, for a later call)
 #   GPU_SANITIZE_KEEP_LOGS=DIR   the whole log of every row that did not pass
@@ -209,6 +212,50 @@ not_run() {
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" 0 "$5" "$6" >> "$TMP/pending.tsv"
 }
 
+# verdict TRC FRC MODE LOG: a row's exit status from its test's (TRC) and the filter's (FRC, non-zero: a report of
+# ours). A test that passed with a report of ours fails (99). Virtual ranks need every rank's kernels running at once;
+# under compute-sanitizer kernels of different streams of one process were seen not to (each rank waiting for a CTA
+# of the other that never ran: docs/PERFORMANCE.md), so a run with virtual ranks that fails only by a device wait's
+# timeout, or is killed, with nothing of ours reported, is inconclusive (98), not a pass.
+verdict() {
+  local trc=$1 frc=$2 mode=$3 log=$4
+  if [ "$trc" -eq 0 ]; then
+    if [ "$frc" -ne 0 ]; then echo 99; else echo 0; fi
+  elif virtual_ranks "$mode" && [ "$frc" -eq 0 ] && { [ "$trc" -eq 124 ] || grep -q "timed out after" "$log"; }; then
+    echo 98
+  else
+    echo "$trc"
+  fi
+}
+
+# reverdict: every row of done.tsv whose log is in RAW gets its verdict again under the suppression list as it is
+# now, from the test's exit status that run_row wrote into the log (logs without that line: 0 for a 99, 124 for a 98,
+# else the row's status); its files are named in RAW (a folder carried from another machine still resolves).
+reverdict() {
+  local tag n rc secs json log trc frc mode new
+  : > "$TMP/redone.tsv"
+  while IFS=$'\t' read -r tag n rc secs json log; do
+    [ -f "$RAW/$tag.$n.jsonl" ] && json="$RAW/$tag.$n.jsonl"
+    [ -f "$RAW/$tag.$n.log" ] && log="$RAW/$tag.$n.log"
+    new=$rc
+    if [ -f "$log" ]; then
+      trc=$(sed -n "s/^gpu-sanitize: the test's exit status: \([0-9]*\)$/\1/p" "$log" | tail -1)
+      [ -z "$trc" ] && case $rc in 99) trc=0 ;; 98) trc=124 ;; *) trc=$rc ;; esac
+      python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$log" > "$log.filtered"
+      frc=$?
+      case $tag in *,virtual\]) mode=virtual ;; *,mixed\]) mode=mixed ;; *) mode=other ;; esac
+      new=$(verdict "$trc" "$frc" "$mode" "$log")
+      if [ "$new" != "$rc" ]; then
+        echo "== $tag on $n rank(s): done in an earlier call; under the suppression list as it is now, exit $rc -> $new"
+        { echo "gpu-sanitize: the verdict again, under the suppression list as it is now:"; cat "$log.filtered"; } \
+          >> "$log"
+      fi
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$n" "$new" "$secs" "$json" "$log" >> "$TMP/redone.tsv"
+  done < "$RAW/done.tsv"
+  cat "$TMP/redone.tsv" > "$RAW/done.tsv"
+}
+
 # filters TOOL TAG: the row's kernel filters (GPU_SANITIZE_OURS_ONLY), one word a line.
 filters() {
   [ -n "$OURS_ONLY" ] && [ "$1" != initcheck ] && [[ ${2%%\[*} =~ $OURS_ONLY ]] && printf '%s\n' "${OURS[@]}"
@@ -231,15 +278,8 @@ run_row() {
   end=$(date +%s.%N)
   python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$log" > "$log.filtered"
   frc=$?
-  [ $rc -eq 0 ] && [ $frc -ne 0 ] && rc=99  # the test passed, but the sanitizer reported something of ours
-  # Virtual ranks need every rank's kernels running at once; under compute-sanitizer kernels of different streams
-  # of one process were seen not to (each rank waiting for a CTA of the other that never ran: docs/PERFORMANCE.md),
-  # so a run with virtual ranks that fails only by a device wait's timeout, or is killed, with nothing of ours
-  # reported, is inconclusive (98), not a pass.
-  if virtual_ranks "$mode" && [ $rc -ne 0 ] && [ $rc -ne 99 ] && [ $frc -eq 0 ] &&
-     { [ $rc -eq 124 ] || grep -q "timed out after" "$log"; }; then
-    rc=98
-  fi
+  echo "gpu-sanitize: the test's exit status: $rc" >> "$log"
+  rc=$(verdict "$rc" "$frc" "$mode" "$log")
   cat "$log.filtered" >> "$log"
   grep -E "RACECHECK SUMMARY|PASS|FAIL" "$log" | sort | uniq -c | head -6
   tail -4 "$log.filtered"
@@ -277,6 +317,7 @@ start_row() {
   fi
 }
 
+[ "$LIST" = 0 ] && [ -n "${GPU_SANITIZE_RESUME:-}" ] && reverdict
 SELECTED=0 DEFERRED=()
 for tool in $TOOLS; do
   for spec in "${TESTS[@]}"; do

@@ -2,7 +2,8 @@
 # tools/gpu_sanitize.sh's scheduling without a GPU: a stand-in nvidia-smi and compute-sanitizer (which writes a
 # passing JSON line, or fails). One job and three run the same rows to the same verdicts; with three, every row of
 # virtual ranks starts after the last of the others has ended and runs alone; a failed row fails the call; a time
-# budget leaves rows not run and a resumed call runs only those; GPU_SANITIZE_OURS_ONLY's rows get the kernel filters.
+# budget leaves rows not run and a resumed call runs only those, giving the rows done earlier their verdicts again from
+# their logs; GPU_SANITIZE_OURS_ONLY's rows get the kernel filters.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -73,6 +74,38 @@ n2=$(wc -l < "$tmp/raw/done.tsv")
 { [ "$n1" -gt 0 ] && [ "$n1" -lt 7 ] && [ "$n2" -eq 7 ]; } ||
   { echo "FAIL: resumed: $n1 rows, then $n2 (want some, then 7)"; fail=1; }
 [ "$(summary part2)" = "$want" ] || { echo "FAIL: resumed: $(summary part2)"; fail=1; }
+# A resumed call gives rows done earlier their verdict again from their logs under the suppression list as it is:
+# a 99 whose only report is NCCL's (an entry added later) passes; a pass whose log holds a report of ours fails; a
+# mixed row that timed out with NCCL's report only is inconclusive. The four other rows run and pass.
+rv="$tmp/rv"
+mkdir -p "$rv"
+nccl_report='========= Program hit cudaErrorNoKernelImageForDevice (error 209) due to "no kernel image" on CUDA API call to cudaFuncGetAttributes.
+=========     Saved host backtrace up to driver entry point at error
+=========         Host Frame: ncclInitKernelsForDevice(int, int, unsigned long*) in enqueue.cc:52 [0x6d9d3] in libnccl.so.2
+========='
+ours_report='========= Invalid __global__ read of size 16 bytes
+=========     at ncclext::dev::copyRows(...)+0x1a0 in copy.cuh:80
+========='
+done_row() {  # done_row TAG N RC LOG-TEXT: a row an earlier call ran, with a passing JSON line and its log
+  echo '{"test": "stand-in", "pass": true}' > "$rv/$1.$2.jsonl"
+  printf '%s\n' "$4" > "$rv/$1.$2.log"
+  printf '%s\t%s\t%s\t1.0\t/elsewhere/%s.%s.jsonl\t/elsewhere/%s.%s.log\n' "$1" "$2" "$3" "$1" "$2" "$1" "$2" \
+    >> "$rv/done.tsv"
+}
+done_row 'symmem[memcheck,virtual]' 2 99 "$nccl_report"
+done_row 'symmem[memcheck]' 1 0 "$ours_report
+gpu-sanitize: the test's exit status: 0"
+done_row 'ep_ht[memcheck,mixed]' 4 124 "$nccl_report
+rank 1: a device wait timed out after 120 s"
+run reverdict GPU_SANITIZE_JOBS=3 GPU_SANITIZE_RESUME="$rv" && { echo "FAIL: reverdict: a failed row passed"; fail=1; }
+[ "$(summary reverdict)" = "5 passed, 1 failed, 1 inconclusive, 0 not run" ] ||
+  { echo "FAIL: reverdict: $(summary reverdict)"; fail=1; }
+for change in 'symmem\[memcheck,virtual\] on 2 .* exit 99 -> 0' 'symmem\[memcheck\] on 1 .* exit 0 -> 99' \
+              'ep_ht\[memcheck,mixed\] on 4 .* exit 124 -> 98'; do
+  grep -q "$change" "$tmp/reverdict.log" || { echo "FAIL: reverdict: no line matching '$change'"; fail=1; }
+done
+[ "$(grep -c "earlier call (GPU_SANITIZE_RESUME)$" "$tmp/reverdict.log")" = 3 ] ||
+  { echo "FAIL: reverdict: rows run again"; fail=1; }
 # GPU_SANITIZE_OURS_ONLY: the matching rows get the libraries' kernel filters, except under initcheck.
 run ours GPU_SANITIZE_TOOLS="memcheck initcheck" GPU_SANITIZE_OURS_ONLY='^ep_ht$' ||
   { echo "FAIL: ours: $(summary ours)"; fail=1; }
@@ -84,5 +117,5 @@ want_f="$want_f symmem[memcheck,nodes] 0 symmem[memcheck,virtual] 0 symmem[memch
 [ "$got" = "$want_f" ] || { echo "FAIL: filters: $got"; fail=1; }
 [ $fail -eq 0 ] &&
   echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept," \
-    "the libraries' kernel filters where asked"
+    "the libraries' kernel filters where asked, resumed rows' verdicts read again"
 exit $fail
