@@ -45,7 +45,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   shift
 fi
 if [ $# -lt 1 ] || [ ! -d "$1" ]; then
-  sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'
+awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
   exit 2
 fi
 src=$(cd "$1" && pwd)

@@ -22,7 +22,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) olds+=("$1"); shift ;;
   esac
 done

@@ -212,6 +212,10 @@ not_run() {
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" 0 "$5" "$6" >> "$TMP/pending.tsv"
 }
 
+# filter_log LOG: the sanitizer's reports in LOG that are ours, into LOG.filtered (tools/sanitize_filter.py); non-zero
+# when there are any.
+filter_log() { python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$1" > "$1.filtered"; }
+
 # verdict TRC FRC MODE LOG: a row's exit status from its test's (TRC) and the filter's (FRC, non-zero: a report of
 # ours). A test that passed with a report of ours fails (99). Virtual ranks need every rank's kernels running at once;
 # under compute-sanitizer kernels of different streams of one process were seen not to (each rank waiting for a CTA
@@ -241,7 +245,7 @@ reverdict() {
     if [ -f "$log" ]; then
       trc=$(sed -n "s/^gpu-sanitize: the test's exit status: \([0-9]*\)$/\1/p" "$log" | tail -1)
       [ -z "$trc" ] && case $rc in 99) trc=0 ;; 98) trc=124 ;; *) trc=$rc ;; esac
-      python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$log" > "$log.filtered"
+      filter_log "$log"
       frc=$?
       case $tag in *,virtual\]) mode=virtual ;; *,mixed\]) mode=mixed ;; *) mode=other ;; esac
       new=$(verdict "$trc" "$frc" "$mode" "$log")
@@ -276,7 +280,7 @@ run_row() {
   rc=$?
   set +f
   end=$(date +%s.%N)
-  python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$log" > "$log.filtered"
+  filter_log "$log"
   frc=$?
   echo "gpu-sanitize: the test's exit status: $rc" >> "$log"
   rc=$(verdict "$rc" "$frc" "$mode" "$log")
