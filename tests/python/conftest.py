@@ -95,6 +95,9 @@ def pytest_configure(config):
     import os
 
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (make gpu-check runs these)")
+    config.addinivalue_line("markers", "caching_allocator: needs PyTorch's caching allocator (CUDA graph capture that "
+                            "allocates, the allocator's snapshot); skipped under PYTORCH_NO_CUDA_MEMORY_CACHING=1, "
+                            "which make gpu-sanitize sets")
     if config.getoption("--one-gpu") == "nodes":  # before any NCCL call reads the environment
         os.environ["NCCL_EXT_TEST_ONE_GPU"] = "nodes"
         os.environ["NCCL_HOSTID"] = "ncclext-node-%s" % _launcher("rank", "0")
@@ -110,6 +113,14 @@ def _have_gpu():
 
 
 def pytest_collection_modifyitems(config, items):
+    import os
+
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "0") not in ("", "0"):
+        # Without the caching allocator torch calls cudaMalloc inside a capture (not permitted) and has no snapshot.
+        nocache = pytest.mark.skip(reason="needs PyTorch's caching allocator (PYTORCH_NO_CUDA_MEMORY_CACHING is set)")
+        for item in items:
+            if "caching_allocator" in item.keywords:
+                item.add_marker(nocache)
     if _have_gpu():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU (or no torch) on this machine")
@@ -119,8 +130,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import os
-
     path = session.config.getoption("--json")
     if not path or _launcher("rank", "0") != "0":  # one line per run: rank 0's
         return

@@ -287,6 +287,7 @@ def test_low_latency_two_dispatches_in_flight(ll_buffer):
         assert _calc_diff(ref, combined) < 1e-5
 
 
+@pytest.mark.caching_allocator
 def test_low_latency_graph_of_dispatch_and_combine(ll_buffer):
     # Decode as serving engines run it: dispatch (fp8) + dequantise + combine captured once, replayed on new data.
     buf, E = ll_buffer

@@ -69,6 +69,7 @@ def _stream_of(ptr: int):
     return None
 
 
+@pytest.mark.caching_allocator
 def test_outputs_belong_to_the_stream_the_call_names(group):
     # A call on stream= must allocate what it writes for that stream: allocated for the current one, a caller who
     # drops an output would see its memory handed to the current stream's next allocation while the call still
@@ -432,6 +433,7 @@ def test_low_latency_fp8(ll_group, layout, mode):
     h.close()
 
 
+@pytest.mark.caching_allocator
 @pytest.mark.parametrize("layout", ["rank_major", "expert_major"])
 def test_low_latency_graph_replays_with_new_routings(ll_group, layout):
     # Handle update + dispatch + combine in one CUDA graph (nothing allocates in the library or waits on the host),

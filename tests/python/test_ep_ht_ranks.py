@@ -297,6 +297,7 @@ def _fixed_routing(s, R, T, seed):
     return idx
 
 
+@pytest.mark.caching_allocator
 def test_a_captured_update_dispatch_combine_replays_with_new_routings(ht):
     g, me, R = ht
     T = 17 + 3 * me

@@ -3,7 +3,8 @@
 # passing JSON line, or fails). One job and three run the same rows to the same verdicts; with three, every row of
 # virtual ranks starts after the last of the others has ended and runs alone; a failed row fails the call; a time
 # budget leaves rows not run and a resumed call runs only those, giving the rows done earlier their verdicts again from
-# their logs; GPU_SANITIZE_OURS_ONLY's rows get the kernel filters.
+# their logs; rows of virtual ranks keep their own timeout; GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and
+# NCCL's kernels are excluded but under initcheck.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -12,14 +13,18 @@ mkdir -p "$tmp/bin"
 printf '#!/bin/sh\necho "NVIDIA stand-in GPU"\n' > "$tmp/bin/nvidia-smi"
 cat > "$tmp/bin/sanitizer" <<'STUB'
 #!/usr/bin/env bash
-# Logs its start and end (for the order) and whether it got the libraries' kernel filters, sleeps, writes the test's
-# JSON line, exits with FAKE_RC.
-json="" prev="" tag="" ours=0
-for a in "$@"; do [ "$prev" = "--json" ] && json=$a; [ "$a" = kns=ncclep ] && ours=1; prev=$a; done
+# Logs its start and end (for the order) and whether it got the libraries' kernel filters and NCCL's kernels'
+# exclusion, sleeps (FAKE_SLEEP_VIRTUAL for rows of virtual ranks), writes the test's JSON line, exits with FAKE_RC.
+json="" prev="" tag="" ours=0 excl=0
+for a in "$@"; do
+  [ "$prev" = "--json" ] && json=$a; [ "$a" = kns=ncclep ] && ours=1; [ "$a" = kns=ncclDevKernel ] && excl=1; prev=$a
+done
 tag=$(basename "$json")
-echo "$tag $ours" >> "$FAKE_TRACE.filters"
+echo "$tag $ours$excl" >> "$FAKE_TRACE.filters"
 echo "start $(date +%s.%N) $tag" >> "$FAKE_TRACE"
-sleep "${FAKE_SLEEP:-0.3}"
+nap=${FAKE_SLEEP:-0.3}
+case $tag in *virtual* | *mixed*) nap=${FAKE_SLEEP_VIRTUAL:-$nap} ;; esac
+sleep "$nap"
 [ -n "$json" ] && echo '{"test": "stand-in", "pass": true}' >> "$json"
 echo "end $(date +%s.%N) $tag" >> "$FAKE_TRACE"
 echo "========= ERROR SUMMARY: 0 errors"
@@ -106,16 +111,21 @@ for change in 'symmem\[memcheck,virtual\] on 2 .* exit 99 -> 0' 'symmem\[memchec
 done
 [ "$(grep -c "earlier call (GPU_SANITIZE_RESUME)$" "$tmp/reverdict.log")" = 3 ] ||
   { echo "FAIL: reverdict: rows run again"; fail=1; }
-# GPU_SANITIZE_OURS_ONLY: the matching rows get the libraries' kernel filters, except under initcheck.
+# Rows of virtual ranks under their own timeout: killed, inconclusive; the others keep the run timeout.
+run vt GPU_SANITIZE_JOBS=3 GPU_SANITIZE_RUN_TIMEOUT=5 GPU_SANITIZE_VIRTUAL_TIMEOUT=1 FAKE_SLEEP_VIRTUAL=3
+[ "$(summary vt)" = "4 passed, 0 failed, 3 inconclusive, 0 not run" ] ||
+  { echo "FAIL: virtual timeout: $(summary vt)"; fail=1; }
+# GPU_SANITIZE_OURS_ONLY: the matching rows get the libraries' kernel filters, except under initcheck; NCCL's kernels
+# are excluded everywhere but under initcheck (which follows what they write).
 run ours GPU_SANITIZE_TOOLS="memcheck initcheck" GPU_SANITIZE_OURS_ONLY='^ep_ht$' ||
   { echo "FAIL: ours: $(summary ours)"; fail=1; }
 got=$(sort "$tmp/ours.trace.filters" | sed 's/\.[0-9]*\.jsonl//' | paste -sd' ')
-want_f="ep_ht[initcheck,mixed] 0 ep_ht[initcheck,nodes] 0 ep_ht[initcheck,virtual] 0 ep_ht[initcheck] 0"
-want_f="$want_f ep_ht[memcheck,mixed] 1 ep_ht[memcheck,nodes] 1 ep_ht[memcheck,virtual] 1 ep_ht[memcheck] 1"
-want_f="$want_f symmem[initcheck,nodes] 0 symmem[initcheck,virtual] 0 symmem[initcheck] 0"
-want_f="$want_f symmem[memcheck,nodes] 0 symmem[memcheck,virtual] 0 symmem[memcheck] 0"
+want_f="ep_ht[initcheck,mixed] 00 ep_ht[initcheck,nodes] 00 ep_ht[initcheck,virtual] 00 ep_ht[initcheck] 00"
+want_f="$want_f ep_ht[memcheck,mixed] 11 ep_ht[memcheck,nodes] 11 ep_ht[memcheck,virtual] 11 ep_ht[memcheck] 11"
+want_f="$want_f symmem[initcheck,nodes] 00 symmem[initcheck,virtual] 00 symmem[initcheck] 00"
+want_f="$want_f symmem[memcheck,nodes] 01 symmem[memcheck,virtual] 01 symmem[memcheck] 01"
 [ "$got" = "$want_f" ] || { echo "FAIL: filters: $got"; fail=1; }
 [ $fail -eq 0 ] &&
   echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept," \
-    "the libraries' kernel filters where asked, resumed rows' verdicts read again"
+    "virtual rows' own timeout, kernel filters and NCCL's exclusion per tool, resumed rows' verdicts read again"
 exit $fail
