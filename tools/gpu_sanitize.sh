@@ -62,7 +62,7 @@ OURS_ONLY=${GPU_SANITIZE_OURS_ONLY-^python_}
 OURS=(--kernel-name kns=ncclep --kernel-name kns=ncclm2n --kernel-name kns=ncclext)  # additive filters
 # NCCL's kernels, not instrumented by memcheck, racecheck and synccheck. initcheck instruments them: what a kernel it
 # skips writes stays uninitialised to it (the result of ncclAllGatherHost's all-gather, read back by our copy, was
-# reported so at 2 one-GPU nodes); its reports inside them are NCCL's (tools/sanitize_filter.py, by kernel name).
+# reported so at 2 one-GPU nodes); its reports inside them count as ours (no entry of the list covers them).
 EXCLUDE=()
 while read -r kind pattern _; do
   [ "$kind" = kernel ] && EXCLUDE+=(--kernel-name-exclude "kns=$pattern")

@@ -1,13 +1,11 @@
 #!/usr/bin/env python3
 """Reads a compute-sanitizer log and counts the reports that are ours (exit 1 if any), after dropping those that
-tools/sanitize_suppressions.txt attributes to NCCL: a device report is NCCL's when its kernel (the outermost device
-frame, else the function it is at) matches a kernel pattern of the list (memcheck, racecheck and synccheck do not
-instrument those kernels at all; initcheck does, to follow what they write); an API-error report is NCCL's when the
-innermost host frame of its backtrace lies in a module the list names (the CUDA call was made by NCCL's own host
-code, which handles the error itself), or when it is an error the list names (api-code: a code and a regular
-expression) and its text names the NCCL function that raises that error (where several threads report at once, as
-virtual ranks do, compute-sanitizer prints backtraces whose names are shuffled between fields and frames, so the
-innermost frame says nothing).
+tools/sanitize_suppressions.txt attributes to NCCL: kernel reports are already excluded by kernel name on the
+sanitizer's command line; an API-error report is NCCL's when the innermost host frame of its backtrace lies in a
+module the list names (the CUDA call was made by NCCL's own host code, which handles the error itself), or when it
+is an error the list names (api-code: a code and a regular expression) and its text names the NCCL function that
+raises that error (where several threads report at once, as virtual ranks do, compute-sanitizer prints backtraces
+whose names are shuffled between fields and frames, so the innermost frame says nothing).
 
 Reports compute-sanitizer left unprinted (past its --print-limit) cannot be attributed and count as ours.
 
@@ -19,12 +17,10 @@ import sys
 
 def main():
     supp, log = sys.argv[1], sys.argv[2]
-    modules, codes, kernels = [], [], []
+    modules, codes = [], []
     for line in open(supp):
         f = line.split()
-        if len(f) >= 2 and f[0] == "kernel":
-            kernels.append(f[1])
-        elif len(f) >= 2 and f[0] == "api":
+        if len(f) >= 2 and f[0] == "api":
             modules.append(f[1])
         elif len(f) >= 3 and f[0] == "api-code":
             codes.append((re.compile(r"\berror %s\b" % re.escape(f[1])), re.compile(f[2])))
@@ -42,22 +38,17 @@ def main():
             if text.startswith(("ERROR SUMMARY", "RACECHECK SUMMARY", "COMPUTE-SANITIZER", "Target application")):
                 continue
             if re.match(r"(Program hit|Invalid|Race reported|Error:|Warning:|Barrier error|Leaked|Uninitialized)", text):
-                cur = {"head": text, "frames": [], "device": []}
+                cur = {"head": text, "frames": []}
                 blocks.append(cur)
         elif cur is not None and "Host Frame:" in text:
             cur["frames"].append(text)
-        elif cur is not None and (text.startswith("at ") or "Device Frame:" in text):
-            cur["device"].append(text)
     kept, dropped = [], 0
     for b in blocks:
         inner = b["frames"][0] if b["frames"] else ""
         text = "\n".join([b["head"]] + b["frames"])
         nccl = any(mod in inner for mod in modules) or any(
             code.search(b["head"]) and names.search(text) for code, names in codes)
-        kernel = b["device"][-1] if b["device"] else ""  # the outermost device frame: the kernel
         if b["head"].startswith("Program hit") and nccl:
-            dropped += 1
-        elif not b["head"].startswith("Program hit") and kernel and any(k in kernel for k in kernels):
             dropped += 1
         else:
             kept.append(b)
