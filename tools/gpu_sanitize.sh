@@ -3,10 +3,10 @@
 # rank and on 2 ranks on one GPU in both one-GPU modes (one-GPU nodes, virtual ranks), with results in
 # bench/results/gpu-sanitize-<UTC time>.json (the gpu-check format, plus each row's "sanitize" verdict). A run passes
 # when the test passes and the sanitizer reports nothing of ours. Reports from inside NCCL are not ours to fix:
-# tools/sanitize_suppressions.txt names NCCL's kernels (not instrumented) and NCCL's library (API errors its own host
-# code raises and handles, dropped by tools/sanitize_filter.py from the innermost host frame or, in backtraces the
-# tool shuffles, the NCCL function named); nothing of ours is ever filtered, and reports the tool did not print count
-# as ours.
+# tools/sanitize_suppressions.txt names NCCL's kernels (not instrumented, but by initcheck) and NCCL's library (API
+# errors its own host code raises and handles, dropped by tools/sanitize_filter.py from the innermost host frame or,
+# in backtraces the tool shuffles, the NCCL function named); nothing of ours is ever filtered, and reports the tool
+# did not print count as ours.
 # The tests run with small shapes (--quick, fewer iterations) and a longer device-wait budget, since instrumented
 # kernels run far slower. Assumes `make` has built $BUILDDIR.
 #

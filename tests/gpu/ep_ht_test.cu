@@ -1144,7 +1144,7 @@ int main(int argc, char** argv) {
         for (int k = 0; k < K; k++) idx[t * K + k] = (t + k * 3) % (kExpertsPerRank * ctx.nRanks);
       DeviceBuf topk(idx.size() * 4), x((size_t)T * 512 * 2);
       topk.put(idx.data(), idx.size() * 4);
-      cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");  // their values do not matter; read, they are set
+      cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");  // dispatch reads them: set (any values)
       ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
       ncclEpHandle_t h = nullptr;
       EXPECT_OK(ncclEpCreateHandle(&h, silent, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream));

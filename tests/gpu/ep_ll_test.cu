@@ -1213,7 +1213,7 @@ int runSilentPeer(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t&
   ncclEpGroup_t g = pg.g;
   ncclEpHandle_t h = pg.h;
   DeviceBuf x((size_t)M * H * 2), y((size_t)R * M * H * 2);
-  cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");  // the tokens' values do not matter; read, they are set
+  cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");  // dispatch reads them: set (any values)
   const ncclext::harness::GroupShape shape = ncclext::harness::groupShape(g);  // what the verdict allows
   *ok = true;
   if (ctx.rank != silentRank) {
