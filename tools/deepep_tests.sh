@@ -45,7 +45,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   shift
 fi
 if [ $# -lt 1 ] || [ ! -d "$1" ]; then
-awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
   exit 2
 fi
 src=$(cd "$1" && pwd)

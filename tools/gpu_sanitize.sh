@@ -270,25 +270,26 @@ reverdict() {
   cat "$TMP/redone.tsv" > "$RAW/done.tsv"
 }
 
-# filters TOOL TAG: the row's kernel filters (GPU_SANITIZE_OURS_ONLY), one word a line.
+# filters TOOL TAG: the row's kernel filters, one word a line: NCCL's kernels left out, and the libraries' kernels
+# only (GPU_SANITIZE_OURS_ONLY); initcheck gets neither.
 filters() {
-  [ -n "$OURS_ONLY" ] && [ "$1" != initcheck ] && [[ ${2%%\[*} =~ $OURS_ONLY ]] && printf '%s\n' "${OURS[@]}"
+  [ "$1" = initcheck ] && return 0
+  [ ${#EXCLUDE[@]} -gt 0 ] && printf '%s\n' "${EXCLUDE[@]}"
+  [ -n "$OURS_ONLY" ] && [[ ${2%%\[*} =~ $OURS_ONLY ]] && printf '%s\n' "${OURS[@]}"
   return 0
 }
 
 # run_row TOOL TAG N MODE JSON LOG COMMAND: one row under the sanitizer; its line goes to done.tsv (one short write,
 # so that rows running at once do not interleave it).
 run_row() {
-  local tool=$1 tag=$2 n=$3 mode=$4 json=$5 log=$6 c=$7 start end rc frc only excl=()
-  mapfile -t only < <(filters "$tool" "$tag")
-  [ "$tool" != initcheck ] && excl=("${EXCLUDE[@]}")
+  local tool=$1 tag=$2 n=$3 mode=$4 json=$5 log=$6 c=$7 start end rc frc kf
+  mapfile -t kf < <(filters "$tool" "$tag")
   : > "$json"
   echo "== $tag on $n rank(s)"
   start=$(date +%s.%N)
   set -f  # the command's words are not globbed (a row's file names hold brackets)
   timeout "$(run_timeout "$mode")" "$SAN" --tool "$tool" --target-processes all --print-limit "$PRINT_LIMIT" \
-    ${excl[@]+"${excl[@]}"} \
-    ${only[@]+"${only[@]}"} $c >"$log" 2>&1
+    ${kf[@]+"${kf[@]}"} $c >"$log" 2>&1
   rc=$?
   set +f
   end=$(date +%s.%N)
