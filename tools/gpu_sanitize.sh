@@ -31,6 +31,8 @@
 #                                seconds of this call (those rows: not run, for a later call)
 #   GPU_SANITIZE_VIRTUAL_TIMEOUT=S  per run of virtual ranks (default: the run timeout): a run the tool stalls (one
 #                                rank's kernels held back) waits all of it, and killed it is inconclusive
+#   GPU_SANITIZE_VIRTUAL_SMS=N   the EP tests' num_sms (--sms) in rows of virtual ranks (default 4): every rank's CTAs
+#                                must be resident at once, and under the tool fewer are
 #   GPU_SANITIZE_KEEP_LOGS=DIR   the whole log of every row that did not pass
 #   GPU_SANITIZE_JOBS=N          rows of one rank or of one-GPU nodes run N at a time (default 1); a row of virtual
 #                                ranks (virtual, mixed) runs alone, its ranks' kernels needing the GPU at once
@@ -86,8 +88,9 @@ fi
 # GPU: 2 one-GPU nodes of 2 virtual ranks, the relayed exchanges).
 # The device-wait budgets are long (instrumented kernels, and the sanitizer's first patching of each kernel while a
 # peer already waits, are slow); the tests of the timeout path itself keep a short one of their own.
-# Small grids (--ctas 4): the one-GPU virtual ranks need every rank's CTAs resident at once, and under the sanitizer
-# a 16-CTA smoke kernel was seen with one CTA never scheduled while its peers waited (both ranks timed out).
+# Small grids (--ctas 4; the EP tests' --sms in rows of virtual ranks): the one-GPU virtual ranks need every rank's
+# CTAs resident at once, and under the sanitizer a 16-CTA smoke kernel was seen with one CTA never scheduled while its
+# peers waited (both ranks timed out).
 # Python (pytest under torchrun, which compute-sanitizer follows with --target-processes all; PyTorch's caching
 # allocator off so that memcheck sees each tensor's bounds): the ranks' EP and M2N suites, the DeepEP drop-in and the
 # JAX layer, 1 rank and 2 one-GPU nodes; conftest has no virtual ranks, so those rows are not run. The compile tests
@@ -119,6 +122,7 @@ TESTS=(
 TOOLS=${GPU_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 RUN_TIMEOUT=${GPU_SANITIZE_RUN_TIMEOUT:-300}
 VIRTUAL_TIMEOUT=${GPU_SANITIZE_VIRTUAL_TIMEOUT:-$RUN_TIMEOUT}
+VIRTUAL_SMS=${GPU_SANITIZE_VIRTUAL_SMS:-4}
 JOBS=${GPU_SANITIZE_JOBS:-1}
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "gpu-sanitize: GPU_SANITIZE_JOBS=$JOBS: a positive integer" >&2; exit 2; }
 
@@ -350,6 +354,7 @@ for tool in $TOOLS; do
       c=${cmd//NRANKS/$n}
       c=${c//JSON/$json}
       case $mode in nodes | virtual | mixed) c="$c --one-gpu $mode" ;; esac
+      case $name:$mode in ep_*:virtual | ep_*:mixed) c="$c --sms $VIRTUAL_SMS" ;; esac
       why=$(why_not "$name" "$mode")
       if [ "$LIST" != 0 ]; then
         printf '%3d  %-40s %d rank(s)  %s\n' "$SELECTED" "$tag" "$n" "${why:+not run: $why}"

@@ -13,7 +13,8 @@
 // --algo ll runs the loop in the Low-Latency mode (RANK_MAJOR), else High-Throughput (FLAT).
 //
 // Usage: ep_dead_peer_test [--nranks N] [--one-gpu off|nodes|virtual] [--algo ht|ll] [--iters I] [--die-at K]
-//                          [--victim R] [--timeout-s S] [--json FILE]        Exit: 0 pass, 1 fail, 77 no GPU.
+//                          [--victim R] [--timeout-s S] [--sms N] [--json FILE]
+// --sms N: the group's num_sms (default 16).                                   Exit: 0 pass, 1 fail, 77 no GPU.
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,7 +39,7 @@ namespace {
 using ncclext::harness::epTensor;
 
 struct Options {
-  int nRanks = 2, iters = 50, dieAt = 5, victim = -1;
+  int nRanks = 2, iters = 50, dieAt = 5, victim = -1, sms = 16;
   double timeoutSeconds = 3;
   ncclext::harness::OneGpu oneGpu = ncclext::harness::OneGpu::kOff;
   std::string algo = "ht", json;
@@ -58,14 +59,15 @@ bool parse(int argc, char** argv, Options* o) {
   cli.option("die-at", &o->dieAt);
   cli.option("victim", &o->victim);
   cli.option("timeout-s", &o->timeoutSeconds);
+  cli.option("sms", &o->sms);
   cli.option("algo", &o->algo, "ht|ll");
   cli.option("json", &o->json);
   if (!cli.parse(argc, argv)) return false;
   if (o->victim < 0) o->victim = o->nRanks - 1;
   return cli.require(o->nRanks >= 2 && o->victim < o->nRanks && o->dieAt >= 0 && o->dieAt < o->iters &&
-                         o->timeoutSeconds > 0 && (o->algo == "ht" || o->algo == "ll"),
-                     "needs --nranks >= 2, --victim < nranks, 0 <= --die-at < --iters, --timeout-s > 0 and --algo ht "
-                     "or ll");
+                         o->timeoutSeconds > 0 && o->sms > 0 && (o->algo == "ht" || o->algo == "ll"),
+                     "needs --nranks >= 2, --victim < nranks, 0 <= --die-at < --iters, --timeout-s > 0, --sms > 0 and "
+                     "--algo ht or ll");
 }
 
 struct Buffers {
@@ -84,7 +86,7 @@ int body(ncclext::harness::RankContext& ctx, const Options& o, ncclEpVirtualDoma
   cfg.max_tokens_per_rank = kTokens;
   cfg.max_token_bytes = kHidden * 2;
   cfg.max_topk = kTopk;
-  cfg.num_sms = 16;
+  cfg.num_sms = o.sms;
   cfg.timeout_ns = (uint64_t)(o.timeoutSeconds * 1e9);
   if (o.lowLatency()) cfg.algorithm = NCCL_EP_ALGO_LOW_LATENCY;
   ncclext::harness::setEpTesting(virt, ctx.rank, nullptr);

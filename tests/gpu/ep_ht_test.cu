@@ -19,12 +19,13 @@
 // fails the run.
 //
 // Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S]
-//                   [--quick] [--soak PAIRS] [--json FILE]
+//                   [--sms N] [--quick] [--soak PAIRS] [--json FILE]
 // --one-gpu mixed (launcher.h): one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail: domains of
 // two ranks and the relayed exchange between them at once (at 4 ranks).
-// --quick (the sanitizer runs): a few cases, no limits group, 2 graph replays. --silent-peer-s: the timeout test's
-// budget, on a group of its own (default: --timeout-s, on the test's group). --soak PAIRS: only the soak (soakMain),
-// its JSON line test ep_ht_soak.                                                Exit: 0 pass, 1 fail, 77 no GPU.
+// --sms N: the groups' num_sms (default 24; the sanitizer's rows of virtual ranks take fewer). --quick (the sanitizer
+// runs): a few cases, no limits group, 2 graph replays. --silent-peer-s: the timeout test's budget, on a group of its
+// own (default: --timeout-s, on the test's group). --soak PAIRS: only the soak (soakMain), its JSON line test
+// ep_ht_soak.                                                                   Exit: 0 pass, 1 fail, 77 no GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -62,6 +63,7 @@ constexpr int kMaxRowBytes = 7168 * 2;  // a bf16 row of hidden 7168
 double gTimeoutSeconds = 3;
 double gSilentPeerSeconds = 0;  // the timeout test's budget (--silent-peer-s; 0: the group's --timeout-s)
 int gSoak = 0;                  // --soak PAIRS: only the soak (soakMain)
+int gSms = 24;                  // --sms N: the groups' num_sms (the limits group's: NCCL_EP_AUTO)
 
 enum RoutingKind { kRandom, kAllToLastRank, kOneExpert, kFirstRankEmpty };
 
@@ -870,12 +872,14 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
   cli.option("seed", seed);
   cli.option("timeout-s", &gTimeoutSeconds);
   cli.option("silent-peer-s", &gSilentPeerSeconds);
+  cli.option("sms", &gSms);
   cli.flag("quick", quick);
   cli.option("soak", &gSoak);
   cli.option("json", json);
   if (!cli.parse(argc, argv)) return false;
   if (gSilentPeerSeconds <= 0) gSilentPeerSeconds = gTimeoutSeconds;
-  return cli.require(gTimeoutSeconds > 0, "--timeout-s must be > 0") && cli.require(gSoak >= 0, "--soak must be >= 0");
+  return cli.require(gTimeoutSeconds > 0, "--timeout-s must be > 0") &&
+         cli.require(gSoak >= 0, "--soak must be >= 0") && cli.require(gSms > 0, "--sms must be > 0");
 }
 
 }  // namespace
@@ -899,7 +903,7 @@ int main(int argc, char** argv) {
     cfg.max_tokens_per_rank = kMaxTokens;
     cfg.max_token_bytes = kMaxRowBytes;
     cfg.max_topk = 8;
-    cfg.num_sms = 24;
+    cfg.num_sms = gSms;
     cfg.timeout_ns = (uint64_t)(gTimeoutSeconds * 1e9);
     ncclext::harness::setEpTesting(virt, ctx.localRank, ctx.rail);  // mixed: the rail of my index (relayed)
     if (gSoak > 0) return soakMain(ctx, cfg, seed, json);

@@ -345,6 +345,9 @@ int launch(const LaunchOptions& opts, const std::function<int(RankContext&)>& bo
       for (pid_t p : pids) kill(p, SIGKILL);
       return 1;
     }
+    // A child's output by lines (its buffer is empty: flushed above): a rank killed from outside (a run's time limit)
+    // leaves every line it printed.
+    if (pid == 0) setvbuf(stdout, nullptr, _IOLBF, 0);
     if (pid == 0 && (opts.oneGpu == OneGpu::kVirtual || opts.oneGpu == OneGpu::kMixed)) {
       const bool mixed = opts.oneGpu == OneGpu::kMixed;
       if (mixed) becomeOneGpuNode(r);
