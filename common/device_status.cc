@@ -171,9 +171,15 @@ ncclResult_t connectPeers(ncclComm_t comm, const std::vector<char>& sendTo, cons
   for (int r = 0; r < n; r++) any = any || sendTo[r] || recvFrom[r];
   if (!any) return ncclSuccess;
   char* bytes = nullptr;
+  // The bytes sent are zeroed: their value means nothing, but NCCL's kernel reads them (initcheck saw it).
   if (cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * (size_t)n, stream) != cudaSuccess)
     return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "%s: connecting to the peers: cudaMallocAsync failed",
                 what);
+  if (cudaMemsetAsync(bytes, 0, 2 * (size_t)n, stream) != cudaSuccess) {
+    cudaFreeAsync(bytes, stream);
+    return fail(ncclUnhandledCudaError, __FILE__, __LINE__, "%s: connecting to the peers: cudaMemsetAsync failed",
+                what);
+  }
   const uint64_t watch = Watchdog::instance().add(owner, seconds, [] { return false; }, expire);
   ncclResult_t res = ncclGroupStart();
   for (int r = 0; r < n && res == ncclSuccess; r++) {

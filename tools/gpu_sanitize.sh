@@ -33,6 +33,7 @@
 #                                rank's kernels held back) waits all of it, and killed it is inconclusive
 #   GPU_SANITIZE_VIRTUAL_SMS=N   the EP tests' num_sms (--sms) in rows of virtual ranks (default 4): every rank's CTAs
 #                                must be resident at once, and under the tool fewer are
+#   GPU_SANITIZE_VIRTUAL_WAIT_S=S  the EP tests' device-wait budget in rows of virtual ranks (default 20; else 120)
 #   GPU_SANITIZE_KEEP_LOGS=DIR   the whole log of every row that did not pass
 #   GPU_SANITIZE_JOBS=N          rows of one rank or of one-GPU nodes run N at a time (default 1); a row of virtual
 #                                ranks (virtual, mixed) runs alone, its ranks' kernels needing the GPU at once
@@ -97,8 +98,10 @@ fi
 # (Triton kernels generated at run time, not ours) are left out, and conftest skips the tests marked
 # caching_allocator (CUDA graphs that allocate while capturing, the allocator's snapshot: they fail without it).
 PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python PYTORCH_NO_CUDA_MEMORY_CACHING=1 torchrun --standalone --nproc_per_node NRANKS -m pytest -q -p no:cacheprovider"
-HT="$BUILDDIR/bin/ep_ht_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON"
-LL="$BUILDDIR/bin/ep_ll_test --quick --timeout-s 120 --silent-peer-s 5 --nranks NRANKS --json JSON"
+# WAIT: the EP tests' device-wait budget, 120 s, and in rows of virtual ranks GPU_SANITIZE_VIRTUAL_WAIT_S (20: well
+# inside the row's time limit, so that a stalled row says which wait of which rank timed out).
+HT="$BUILDDIR/bin/ep_ht_test --quick --timeout-s WAIT --silent-peer-s 5 --nranks NRANKS --json JSON"
+LL="$BUILDDIR/bin/ep_ll_test --quick --timeout-s WAIT --silent-peer-s 5 --nranks NRANKS --json JSON"
 TESTS=(
   "symmem|$BUILDDIR/bin/symmetric_memory_test --test all --iters 3 --ctas 4 --slot-elems 65536 --rail-elems 4096 --timeout-s 3 --nranks NRANKS --json JSON|real nodes virtual"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 6 --die-at 2 --ctas 4 --timeout-s 10 --slot-elems 65536 --rail-elems 4096 --nranks NRANKS --json JSON|nodes virtual"
@@ -123,6 +126,7 @@ TOOLS=${GPU_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 RUN_TIMEOUT=${GPU_SANITIZE_RUN_TIMEOUT:-300}
 VIRTUAL_TIMEOUT=${GPU_SANITIZE_VIRTUAL_TIMEOUT:-$RUN_TIMEOUT}
 VIRTUAL_SMS=${GPU_SANITIZE_VIRTUAL_SMS:-4}
+VIRTUAL_WAIT=${GPU_SANITIZE_VIRTUAL_WAIT_S:-20}
 JOBS=${GPU_SANITIZE_JOBS:-1}
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "gpu-sanitize: GPU_SANITIZE_JOBS=$JOBS: a positive integer" >&2; exit 2; }
 
@@ -352,6 +356,7 @@ for tool in $TOOLS; do
       [ $(((SELECTED - 1) % PART_N)) -ne $((PART_K - 1)) ] && continue
       json="$RAW/$tag.$n.jsonl" log="$RAW/$tag.$n.log"
       c=${cmd//NRANKS/$n}
+      if virtual_ranks "$mode"; then c=${c//WAIT/$VIRTUAL_WAIT}; else c=${c//WAIT/120}; fi
       c=${c//JSON/$json}
       case $mode in nodes | virtual | mixed) c="$c --one-gpu $mode" ;; esac
       case $name:$mode in ep_*:virtual | ep_*:mixed) c="$c --sms $VIRTUAL_SMS" ;; esac
