@@ -365,7 +365,7 @@ for tool in $TOOLS; do
       if virtual_ranks "$mode"; then c=${c//WAIT/$VIRTUAL_WAIT}; else c=${c//WAIT/120}; fi
       c=${c//JSON/$json}
       case $mode in nodes | virtual | mixed) c="$c --one-gpu $mode" ;; esac
-      case $name:$mode in ep_*:virtual | ep_*:mixed) c="$c --sms $VIRTUAL_SMS" ;; esac
+      [[ $name == ep_* ]] && virtual_ranks "$mode" && c="$c --sms $VIRTUAL_SMS"
       why=$(why_not "$name" "$mode" "$tool")
       if [ "$LIST" != 0 ]; then
         printf '%3d  %-40s %d rank(s)  %s\n' "$SELECTED" "$tag" "$n" "${why:+not run: $why}"

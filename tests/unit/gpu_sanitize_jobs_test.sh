@@ -3,8 +3,8 @@
 # passing JSON line, or fails). One job and three run the same rows to the same verdicts; with three, every row of
 # virtual ranks starts after the last of the others has ended and runs alone; a failed row fails the call; a time
 # budget leaves rows not run and a resumed call runs only those, giving the rows done earlier their verdicts again from
-# their logs; rows of virtual ranks keep their own timeout; GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and
-# NCCL's kernels are excluded but under initcheck.
+# their logs; rows of virtual ranks keep their own timeout, and the EP ones their grid (--sms) and device-wait budget;
+# GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and NCCL's kernels are excluded but under initcheck.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -125,7 +125,19 @@ want_f="$want_f ep_ht[memcheck,mixed] 11 ep_ht[memcheck,nodes] 11 ep_ht[memcheck
 want_f="$want_f symmem[initcheck,nodes] 00 symmem[initcheck,virtual] 00 symmem[initcheck] 00"
 want_f="$want_f symmem[memcheck,nodes] 01 symmem[memcheck,virtual] 01 symmem[memcheck] 01"
 [ "$got" = "$want_f" ] || { echo "FAIL: filters: $got"; fail=1; }
+# The EP rows of virtual ranks run small grids and a short device-wait budget; the others the test's grid and 120 s.
+cmd_of() {  # cmd_of TAG: the command GPU_SANITIZE_LIST prints for row TAG
+  GPU_SANITIZE_LIST=1 GPU_SANITIZE_TOOLS=memcheck GPU_SANITIZE_ONLY='^ep_ht$' bash "$root/tools/gpu_sanitize.sh" |
+    awk -v t="$1" 'f { print; exit } $2 == t { f = 1 }'
+}
+for t in 'ep_ht[memcheck,virtual]' 'ep_ht[memcheck,mixed]'; do
+  c=$(cmd_of "$t")
+  [[ $c == *"--timeout-s 20 "* && $c == *" --sms 4"* ]] || { echo "FAIL: $t: $c"; fail=1; }
+done
+c=$(cmd_of 'ep_ht[memcheck,nodes]')
+[[ $c == *"--timeout-s 120 "* && $c != *--sms* ]] || { echo "FAIL: ep_ht[memcheck,nodes]: $c"; fail=1; }
 [ $fail -eq 0 ] &&
   echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept," \
-    "virtual rows' own timeout, kernel filters and NCCL's exclusion per tool, resumed rows' verdicts read again"
+    "virtual rows' own timeout, grid and device-wait budget, kernel filters and NCCL's exclusion per tool, resumed" \
+    "rows' verdicts read again"
 exit $fail
