@@ -11,8 +11,8 @@
 # kernels run far slower. Assumes `make` has built $BUILDDIR.
 #
 # Every row (test, tool, mode) ends as one of: pass; fail; inconclusive (exit 98: a run with virtual ranks that
-# fails only by a device wait's timeout, or is killed, with nothing of ours reported: compute-sanitizer does not run
-# both ranks' kernels at once); not run, with the reason (a row this machine cannot run, or the time budget spent).
+# fails only by a device wait's timeout, or is killed, with nothing of ours reported: compute-sanitizer stalls some
+# of them); not run, with the reason (a row this machine cannot run, or the time budget spent).
 # A row not run never counts as a pass. Exit status: 1 if any row failed, else 0.
 #
 # Options (environment):
