@@ -19,6 +19,7 @@
 #   GPU_SANITIZE_LIST=1          print the rows (number, name, ranks, command or why not run) and exit; needs no GPU
 #   GPU_SANITIZE_TOOLS=...       the tools (default: memcheck racecheck synccheck initcheck)
 #   GPU_SANITIZE_ONLY=REGEX      only the tests whose name matches
+#   GPU_SANITIZE_MODES=...       only the rows of these modes (real nodes virtual mixed domains; default: all)
 #   GPU_SANITIZE_PART=K/N        every N-th row of the selection from the K-th (1-based): N calls cover every row,
 #                                each with its own JSON (tools/gpu_check_merge.py merges them)
 #   GPU_SANITIZE_RESUME=DIR      rows run in DIR by earlier calls (pass, fail, inconclusive: DIR/done.tsv, one line a
@@ -184,9 +185,9 @@ report() {
     --kind gpu-sanitize >/dev/null
   # Each row's verdict: pass / fail / inconclusive / not-run (with the reason), and the selection this call made.
   python3 - "$OUTDIR/gpu-sanitize-$STAMP.json" "$TMP/all_reasons.tsv" "$TOOLS" "${GPU_SANITIZE_ONLY:-}" \
-    "${GPU_SANITIZE_PART:-}" "${GPU_SANITIZE_RESUME:-}" "$1" <<'EOF'
+    "${GPU_SANITIZE_MODES:-}" "${GPU_SANITIZE_PART:-}" "${GPU_SANITIZE_RESUME:-}" "$1" <<'EOF'
 import json, sys
-path, reasons_path, tools, only, part, resume, final = sys.argv[1:]
+path, reasons_path, tools, only, modes, part, resume, final = sys.argv[1:]
 reasons = {}
 for line in open(reasons_path):
     tag, n, why = line.rstrip("\n").split("\t", 2)
@@ -206,7 +207,7 @@ for r in doc["runs"]:
     else:
         r["sanitize"] = "fail"
     count[r["sanitize"]] += 1
-doc["selection"] = {"tools": tools.split(), "only": only, "part": part, "resume": resume}
+doc["selection"] = {"tools": tools.split(), "only": only, "modes": modes.split(), "part": part, "resume": resume}
 doc["summary"] = count
 json.dump(doc, open(path, "w"), indent=1)
 if final == "1":
@@ -355,6 +356,7 @@ for tool in $TOOLS; do
     IFS='|' read -r name cmd modes <<<"$spec"
     [ -n "${GPU_SANITIZE_ONLY:-}" ] && ! [[ $name =~ $GPU_SANITIZE_ONLY ]] && continue
     for mode in $modes; do
+      [ -n "${GPU_SANITIZE_MODES:-}" ] && [[ " $GPU_SANITIZE_MODES " != *" $mode "* ]] && continue
       case $mode in real) n=1 ;; mixed) n=4 ;; *) n=2 ;; esac
       tag="$name[$tool]"
       case $mode in real | domains) ;; *) tag="$name[$tool,$mode]" ;; esac

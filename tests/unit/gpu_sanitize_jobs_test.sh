@@ -4,7 +4,8 @@
 # virtual ranks starts after the last of the others has ended and runs alone; a failed row fails the call; a time
 # budget leaves rows not run and a resumed call runs only those, giving the rows done earlier their verdicts again from
 # their logs; rows of virtual ranks keep their own timeout, and the EP ones their grid (--sms) and device-wait budget;
-# GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and NCCL's kernels are excluded but under initcheck.
+# GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and NCCL's kernels are excluded but under initcheck;
+# GPU_SANITIZE_MODES keeps the modes it names.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -136,6 +137,10 @@ for t in 'ep_ht[memcheck,virtual]' 'ep_ht[memcheck,mixed]'; do
 done
 c=$(cmd_of 'ep_ht[memcheck,nodes]')
 [[ $c == *"--timeout-s 120 "* && $c != *--sms* ]] || { echo "FAIL: ep_ht[memcheck,nodes]: $c"; fail=1; }
+# GPU_SANITIZE_MODES keeps the rows of the modes it names.
+got=$(GPU_SANITIZE_LIST=1 GPU_SANITIZE_TOOLS=memcheck GPU_SANITIZE_ONLY='^ep_ht$' GPU_SANITIZE_MODES='nodes mixed' \
+  bash "$root/tools/gpu_sanitize.sh" | awk '$2 ~ /\[/ { print $2 }' | paste -sd' ')
+[ "$got" = "ep_ht[memcheck,nodes] ep_ht[memcheck,mixed]" ] || { echo "FAIL: modes: $got"; fail=1; }
 [ $fail -eq 0 ] &&
   echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept," \
     "virtual rows' own timeout, grid and device-wait budget, kernel filters and NCCL's exclusion per tool, resumed" \
