@@ -63,13 +63,13 @@ The hierarchical HT as built (relayed exchanges, the mixed one-GPU test mode, NC
 --ht-hier-fixed M): M fixed rail rows to and from each other domain's rank of my index, whatever the routing:
 
     dispatch per remote domain = M hierRow, hierRow = 16-aligned rowStride + 20 + 4 G + 12 k + 4 max(1, rowStride / 128)
-    combine  per remote domain = M rowStride                   (NVLink: the hierarchical protocol's expected rows)
+    combine  per remote domain = M (rowStride + 16)            (a partial and its tail; NVLink: the expected rows)
 
 in rounds of C rail positions (--ht-staging prints its staging too: the rail rows of a round, out and in, for every
 domain, and one inbox per rank for the handle's count rows; its outboxes, one per rank in the window, hold the count
 row and whole combine slices):
 
-    staging per rank = R x count row + 2 N C (hierRow + rowStride)     (count row: R + E + chunks + 1 + N int32)
+    staging per rank = R x count row + 2 N C (hierRow + rowStride + 16)   (count row: R + E + chunks + 1 + N int32)
 
 and the symmetric window (--ht-staging prints it too, ht_window_bytes), whose staging regions hold max_tokens rows
 from every rank whatever the round:
@@ -282,6 +282,10 @@ def ht_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: int, m
             "round_tokens": c, "rounds_fixed": -(-max_tokens // c), "remote_ranks": remote}
 
 
+# The hierarchical combine's partial carries a tail (rail/view.h HierCombTail: the call's number, the position).
+HIER_COMB_TAIL = 16
+
+
 def _hier_row(row: int, gpus: int, k: int) -> int:
     """HierRow (nccl_ep): the row, then the call's number and the counts (16), the position (4), a slot per rank of the
     domain, expert ids, weights and indices per column, the fp8 scales; 16-aligned."""
@@ -293,15 +297,15 @@ def ht_hier_staging_bytes(nodes: int, gpus: int, hidden: int, k: int, experts: i
     """Device memory a rank holds for nccl_ep's hierarchical High-Throughput exchange (NCCL_EXT_HT_HIERARCHICAL=1,
     domains of several ranks): outside the window (ncclEpGroupInfo_t::rail_staging_bytes) one inbox per rank for the
     handle's count rows (R + E + chunks + 1 + N int32, 16-aligned) and the rail rows of one round of C positions,
-    C = round_tokens (0: the library's default, 1024) at most max_tokens: dispatch rows with their tails and combine
-    partials, out and in, for every domain (group.h railStagingBytes); in the window, one outbox per
+    C = round_tokens (0: the library's default, 1024) at most max_tokens: dispatch rows and combine partials, each with
+    its tail, out and in, for every domain (group.h railStagingBytes); in the window, one outbox per
     rank (the relays reduce their domain's combine rows there at any slot): the count row, max_tokens combine flags
     and rows. For a group of max_token_bytes = 2 hidden and max_topk = k."""
     row = 2 * hidden
     ranks = nodes * gpus
     c = min(max_tokens, round_tokens or DEFAULT_RAIL_ROUND_TOKENS)
     count_row = _align(4 * (ranks + experts + -(-max_tokens // 32) + 1 + nodes), 16)
-    rail_rows = 2 * nodes * c * (_hier_row(row, gpus, k) + row)
+    rail_rows = 2 * nodes * c * (_hier_row(row, gpus, k) + row + HIER_COMB_TAIL)
     outbox = count_row + _align(8 * max_tokens, 16) + _align(max_tokens * row, 16)
     return {"rail_staging_bytes": ranks * count_row + rail_rows, "window_outbox_bytes": ranks * outbox,
             "round_tokens": c, "rounds_fixed": -(-max_tokens // c)}
@@ -356,7 +360,7 @@ def ht_hier_fixed_bytes(nodes: int, gpus: int, hidden: int, k: int, max_tokens: 
     row = 2 * hidden
     hier_row = _hier_row(row, gpus, k)
     remote = nodes - 1
-    dispatch, comb = max_tokens * hier_row, max_tokens * row
+    dispatch, comb = max_tokens * hier_row, max_tokens * (row + HIER_COMB_TAIL)
     return {"dispatch_rail_bytes": remote * dispatch, "combine_rail_bytes": remote * comb,
             "dispatch_per_peer": dispatch, "combine_per_peer": comb, "remote_domains": remote}
 

@@ -196,5 +196,11 @@ ncclResult_t ncclEpGroup::asyncError(const char* what) {
                          "%s: topk_idx[%u][%d] = %lld is not an expert id in [-1, %llu) (it was ignored)", what,
                          w.index, w.peer, (long long)(int64_t)w.seen, (unsigned long long)w.expected);
   }
+  if (w.code == ncclext::kDeviceAborted && w.site == ncclep::kSiteRelayPartial)  // kept: the group is failed
+    return ncclext::fail(ncclRemoteError, __FILE__, __LINE__,
+                         "%s: across NVLink domains: rank %d's relay, rank %d, sent the combine partial at position %u "
+                         "of an earlier call (its number %llu, this call's %llu): the relay's reduce failed (a rank of "
+                         "its domain that died or never calls); this call's outputs are incomplete, destroy the group",
+                         what, w.rank, w.peer, w.index, (unsigned long long)w.seen, (unsigned long long)w.expected);
   return window.status->check(what);
 }

@@ -34,9 +34,9 @@ inline size_t railBoxBytes(const RailView& rv) {
   return (rv.hier ? 0 : rv.outboxBytes * rv.boxes) + (rv.direct && !rv.capped ? 0 : rv.inboxBytes * rv.boxes);
 }
 // The hierarchical HT's rail row of exchange `kind`: dispatch, a row with its tail (rail/view.h, HierRow); combine, a
-// partial row.
+// partial row with its tail (HierCombTail).
 inline size_t hierRowBytes(const GroupView& v, int kind) {
-  return kind == kDispatch ? v.rail.hierRow.bytes() : (size_t)v.rowStride;
+  return kind == kDispatch ? v.rail.hierRow.bytes() : (size_t)v.rowStride + kHierCombTailBytes;
 }
 inline size_t hierRailRowBytes(const GroupView& v) {
   if (!v.rail.hier) return 0;

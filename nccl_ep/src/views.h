@@ -30,7 +30,14 @@ constexpr int kThreads = 512;
 // earlier column holding the same id (kSiteTopkRepeat).
 // The receive cap's (kSiteRecvCap, ERROR overflow, recorded on every rank): `rank` the lowest rank past the cap,
 // `seen` its rows, `expected` the cap, `index` the rows past it.
-enum EpErrorSite : uint32_t { kSiteTopkIdx = ncclext::kSiteLibraryBase + 1, kSiteTopkRepeat, kSiteRecvCap };
+// The hierarchical combine's refused partial (kSiteRelayPartial, kDeviceAborted): `peer` the relay, `index` the
+// position, `expected` the call's number, `seen` the partial's.
+enum EpErrorSite : uint32_t {
+  kSiteTopkIdx = ncclext::kSiteLibraryBase + 1,
+  kSiteTopkRepeat,
+  kSiteRecvCap,
+  kSiteRelayPartial
+};
 
 enum CallKind { kDispatch = 0, kCombine = 1 };
 

@@ -284,14 +284,16 @@ def test_ht_fixed_slices_follow_the_library_layout():
 
 def test_ht_hier_fixed_follows_the_library_layout():
     # 2 domains of 2, top-2, hidden 256, max_tokens 4: a hierarchical rail row of 592 bytes (tests/unit/ep_api_test.cc,
-    # EpRail.HierarchicalRowBytesMatchTheModel: HierRow), M of them to the one remote domain; combine M rows.
+    # EpRail.HierarchicalRowBytesMatchTheModel: HierRow), M of them to the one remote domain; combine M partials of a
+    # row and a 16-byte tail.
     b = m.ht_hier_fixed_bytes(2, 2, 256, 2, 4)
-    assert b["dispatch_per_peer"] == 4 * 592 and b["combine_per_peer"] == 4 * 512 and b["remote_domains"] == 1
+    assert b["dispatch_per_peer"] == 4 * 592 and b["combine_per_peer"] == 4 * 528 and b["remote_domains"] == 1
     assert m.ht_hier_fixed_bytes(2, 6, 256, 2, 4)["dispatch_per_peer"] == 4 * 608  # 596, padded to 16
     assert m.ht_hier_fixed_bytes(4, 2, 256, 2, 4)["dispatch_rail_bytes"] == 3 * 4 * 592
-    # The session-12 mixed run (2 domains of 2, 512 tokens, hidden 7168, top-8): the library's rail_*_domain_bytes.
+    # The session-12 mixed run's shape (2 domains of 2, 512 tokens, hidden 7168, top-8): the library's
+    # rail_*_domain_bytes (combine: 512 partials of 14336 bytes, each with its 16-byte tail).
     d, c = m.predict("ht", 2, 2, 512, 7168, 8, 256, "bf16", ht_hier_fixed=512)
-    assert d["rail_bytes"] == 7634944 and c["rail_bytes"] == 7340032 and d["ht_protocol"] == "hierarchical"
+    assert d["rail_bytes"] == 7634944 and c["rail_bytes"] == 512 * (14336 + 16) and d["ht_protocol"] == "hierarchical"
     assert d["nvlink_bytes"] == m.predict("ht", 2, 2, 512, 7168, 8, 256, "bf16")[0]["nvlink_bytes"]
     # The relayed flat exchange of the same run: fixed slices to each remote rank, as without a relay.
     d, c = m.predict("ht", 2, 2, 512, 7168, 8, 256, "bf16", ht_fixed_slices=512)
@@ -356,7 +358,7 @@ def test_ht_staging_follows_the_library():
 def test_ht_hier_staging_follows_the_library():
     # tests/unit/ep_api_test.cc (EpRail.HierarchicalStagingBytesMatchTheModel) checks the same numbers: 2 domains of
     # 2, 8 experts, top-2, hidden 256, 4 tokens; one round (the default, or a round of 4), rounds of 3.
-    for round_tokens, want in ((0, 17920), (4, 17920), (3, 13504)):
+    for round_tokens, want in ((0, 18176), (4, 18176), (3, 13696)):
         b = m.ht_hier_staging_bytes(2, 2, 256, 2, 8, 4, round_tokens)
         assert b["rail_staging_bytes"] == want and b["window_outbox_bytes"] == 4 * 2144, round_tokens
     # Rounds bound the rail rows: at 4096 tokens, 8 nodes of 8, rounds of 256 hold a sixteenth of one round's rows

@@ -322,8 +322,10 @@ __global__ void __launch_bounds__(kThreads) combineKernel(GroupView g, HandleVie
 // rail position q of the round) the handle's dispatch forwarded (hierFwd): the token of domain d's rank s of my
 // index at that position came to each rank of my domain with a slot; every such rank's combine row for it sits in
 // that rank's outbox for s (in the window): acquired by its flag there, summed in rank order in fp32, written as
-// one partial row (the call's dtype) into hierCombOut[d][q - c.roundLo]. The rows' outboxes are not overwritten
-// before this call ends here: their next combine's send half waits for my done flag of this one.
+// one partial row (the call's dtype) into hierCombOut[d][q - c.roundLo], then its tail (the call's number and q; a
+// position no rank kept: the tail alone, marked empty). A CTA whose wait failed stops: the positions it did not reach
+// keep an earlier tail, which their source refuses. The rows' outboxes are not overwritten before this call ends
+// here: their next combine's send half waits for my done flag of this one.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, HandleView h, CombineCall c) {
   releaseHeld(g);  // (none across domains today: the window's rows are capped groups', one domain)
@@ -348,8 +350,15 @@ __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, Handle
         ok = false;
     }
     if (__syncthreads_or(!ok)) return;
+    char* partial = rv.hierCombOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * (g.rowStride + kHierCombTailBytes);
+    if (threadIdx.x == 0) {
+      HierCombTail* tail = reinterpret_cast<HierCombTail*>(partial + g.rowStride);
+      tail->seq = seq;
+      tail->pos = q;
+      tail->empty = any ? 0 : 1;
+    }
     if (!any) continue;
-    int4* out = reinterpret_cast<int4*>(rv.hierCombOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * g.rowStride);
+    int4* out = reinterpret_cast<int4*>(partial);
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
       float acc[Vec<T>::kN] = {};
       for (int rl = 0; rl < G; rl++) {
@@ -368,7 +377,9 @@ __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, Handle
 // hierCombIn): for each of my tokens and each other domain d it went to at a position q of the round (hierPos), the
 // partial (hierCombIn[d][q - c.roundLo]) goes into my combine staging at the first rank of d that received it, zero
 // rows at the others, each with its flag, so that the receive half sums the token's rows as it does (the partial
-// once, the zeros exactly).
+// once, the zeros exactly). A partial whose tail is not this call's at q (its relay's reduce failed before it) is
+// refused: the error names the relay, and its rows' flags stay unset, so that the receive half stops on the error
+// instead of summing stale rows.
 __global__ void __launch_bounds__(kThreads) hierScatterKernel(GroupView g, HandleView h, CombineCall c) {
   const RailView& rv = g.rail;
   const int G = rv.domainSize, myDomain = g.rank / G, nDomains = g.nRanks / G, M = g.maxTokens, R = g.nRanks;
@@ -380,8 +391,16 @@ __global__ void __launch_bounds__(kThreads) hierScatterKernel(GroupView g, Handl
     if (d == myDomain) continue;
     const int q = h.hierPos[(size_t)t * nDomains + d] - c.roundLo;
     if (q < 0 || q >= c.roundSlots) continue;  // no position, or another round's
-    const int4* partial = reinterpret_cast<const int4*>(rv.hierCombIn + ((size_t)d * rv.roundSlots + q) * g.rowStride);
-    bool first = true;
+    const char* in = rv.hierCombIn + ((size_t)d * rv.roundSlots + q) * (g.rowStride + kHierCombTailBytes);
+    const HierCombTail tail = *reinterpret_cast<const HierCombTail*>(in + g.rowStride);
+    if (tail.seq != seq || tail.pos != q + c.roundLo) {
+      if (threadIdx.x == 0)
+        ncclext::dev::recordError(g.err, ncclext::kDeviceAborted, g.rank, d * G + (g.rank - rv.domainBase), seq,
+                                  tail.seq, kSiteRelayPartial, (uint32_t)(q + c.roundLo), 0);
+      continue;
+    }
+    const int4* partial = reinterpret_cast<const int4*>(in);
+    bool first = !tail.empty;
     for (int rl = 0; rl < G; rl++) {
       const int r = d * G + rl, slot = h.sendSlot[(size_t)t * R + r];
       if (slot < 0) continue;

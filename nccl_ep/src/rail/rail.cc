@@ -75,7 +75,7 @@ ncclResult_t Rail::allocate(GroupView* view, cudaStream_t stream) {
   if (rv.inbox) NCCLEXT_CHECK(zero(rv.inbox, inboxBytes, stream, "the inboxes"));
   if (rv.hier) {
     const size_t slots = (size_t)o_.topo->nDomains * rv.roundSlots, dispBytes = slots * rv.hierRow.bytes(),
-                 combBytes = slots * (size_t)view->rowStride, rows = hierRailRowBytes(*view);
+                 combBytes = slots * hierRowBytes(*view, kCombine), rows = hierRailRowBytes(*view);
     NCCLEXT_CHECK(o_.memory->alloc(&hierRows_, rows));
     bytes_ += rows;
     rv.hierOut = static_cast<char*>(hierRows_);

@@ -47,6 +47,19 @@ struct RailRegions {
   }
 };
 
+// The hierarchical combine's rail row: the relay's partial (rowStride bytes), then this tail, written by the relay's
+// reduce for every position it computed: the call's number and the position (a partial the reduce did not write this
+// call, because its wait failed, keeps an earlier call's number or another round's position: the source's scatter
+// refuses it and records the relay as the failed peer, where it summed stale rows), and whether no rank of the relay's
+// domain kept the token (no rows: the partial is zero and its bytes are not written).
+struct HierCombTail {
+  uint64_t seq;
+  int32_t pos;
+  int32_t empty;
+};
+constexpr size_t kHierCombTailBytes = sizeof(HierCombTail);
+static_assert(kHierCombTailBytes == 16, "the combine tail keeps the next partial 16-byte aligned");
+
 // The hierarchical dispatch's rail row (relay mode with NCCL_EXT_HT_HIERARCHICAL=1): one per (token, destination
 // domain), at the token's position q in its source's stream to that domain: the row (rowStride bytes), then a tail
 // with what the relay needs to write each hit rank's staging row as the source would have (hierPackKernel,
@@ -84,9 +97,9 @@ struct RailView {
   HierRow hierRow;
   char* hierOut = nullptr;
   char* hierIn = nullptr;
-  // Its combine: hierCombOut[D][q - lo] (rowStride bytes each), the sum, over my domain's ranks, of their rows for
-  // the token at position q of domain D's rank of my index (a relay's partial); hierCombIn[D][q - lo]: the partial
-  // for my token at my position q towards domain D, from its relay.
+  // Its combine: hierCombOut[D][q - lo] (rowStride bytes each, then a HierCombTail), the sum, over my domain's ranks,
+  // of their rows for the token at position q of domain D's rank of my index (a relay's partial); hierCombIn[D][q -
+  // lo]: the partial for my token at my position q towards domain D, from its relay.
   char* hierCombOut = nullptr;
   char* hierCombIn = nullptr;
   // Direct (HT, flat exchange): NCCL receives each remote source's slices straight into my window, region by
