@@ -11,8 +11,9 @@
 # kernels run far slower. Assumes `make` has built $BUILDDIR.
 #
 # Every row (test, tool, mode) ends as one of: pass; fail; inconclusive (exit 98: a run with virtual ranks that
-# fails only by a device wait's timeout, or is killed, with nothing of ours reported: compute-sanitizer stalls some
-# of them); not run, with the reason (a row this machine cannot run, or the time budget spent).
+# fails only by a device wait's timeout, or is killed, with nothing of ours reported and no wrong result printed:
+# compute-sanitizer stalls some of them); not run, with the reason (a row this machine cannot run, or the time
+# budget spent).
 # A row not run never counts as a pass. Exit status: 1 if any row failed, else 0.
 #
 # Options (environment):
@@ -241,16 +242,25 @@ not_run() {
 # when there are any.
 filter_log() { python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt "$1" > "$1.filtered"; }
 
+# wrong_result LOG: whether the test printed a wrong result or a broken promise (a value that differs from the host
+# reference, an error that should have been reported and was not) before it ended; the libraries' own lines ([nccl_ep],
+# [nccl_m2n]: the negative tests' expected errors) are not read.
+WRONG_RESULT='differs|wrong value| wrong$|got [-+0-9a-fx.e]+ want|conversions disagree|no ncclRemoteError'
+WRONG_RESULT="$WRONG_RESULT|an error though no token|not cleared once returned|is not masked"
+wrong_result() { grep -v '^\[nccl' "$1" | grep -qE "$WRONG_RESULT"; }
+
 # verdict TRC FRC MODE LOG: a row's exit status from its test's (TRC) and the filter's (FRC, non-zero: a report of
 # ours). A test that passed with a report of ours fails (99). Virtual ranks need every rank's kernels running at once;
 # under compute-sanitizer kernels of different streams of one process were seen not to (each rank waiting for a CTA
 # of the other that never ran: docs/PERFORMANCE.md), so a run with virtual ranks that fails only by a device wait's
-# timeout, or is killed, with nothing of ours reported, is inconclusive (98), not a pass.
+# timeout, or is killed, with nothing of ours reported and no wrong result printed, is inconclusive (98), not a pass.
+# A wrong result is never the stall's: a stalled rank ends with an error, not with other values.
 verdict() {
   local trc=$1 frc=$2 mode=$3 log=$4
   if [ "$trc" -eq 0 ]; then
     if [ "$frc" -ne 0 ]; then echo 99; else echo 0; fi
-  elif virtual_ranks "$mode" && [ "$frc" -eq 0 ] && { [ "$trc" -eq 124 ] || grep -q "timed out after" "$log"; }; then
+  elif virtual_ranks "$mode" && [ "$frc" -eq 0 ] && ! wrong_result "$log" &&
+    { [ "$trc" -eq 124 ] || grep -q "timed out after" "$log"; }; then
     echo 98
   else
     echo "$trc"

@@ -1077,14 +1077,15 @@ struct Runner {
   }
 
   // Masks, on a group of its own (enable_mask, the silent-peer budget). (1) Every rank masks rank X = R - 1 (with one
-  // rank: itself): nothing goes to or comes from X, combine's missing_experts counts X's experts, the mask reads
-  // back. (2+ ranks) (2) Unmasked, X skips a dispatch + combine: the others mask it when its counts do not come and
-  // give the reference with X masked, no error. (3) After ncclEpMaskClean, X dispatches but skips the combine: the
-  // others' combine masks it and the group reports ncclRemoteError once. (4) After another clean, everyone: the
+  // rank: itself): nothing goes to or comes from X, combine's missing_experts counts X's experts, the mask reads back.
+  // (2+ ranks) (2) Unmasked, X skips a dispatch + combine: the others mask it when its counts do not come and give the
+  // reference with X masked, no error. (3) After ncclEpMaskClean, X dispatches but skips the combine: the others'
+  // combine masks it and the group reports ncclRemoteError once (unless X's dispatch came after the budget: then the
+  // others' dispatch masked X, silently, and the combine has nothing to report). (4) After another clean, everyone: the
   // full reference again. Across domains (2) and (3) are replaced: a rank of another domain that skips a call while
-  // active leaves its rail messages unmatched, and the rail's watchdog fails the group (runSilentPeer's test); so
-  // there X skips a call while every rank still masks it (the exchanges must skip it both ways), then the clean
-  // before (4) meets over the rail and brings X, a call behind, back in step.
+  // active leaves its rail messages unmatched, and the rail's watchdog fails the group (runSilentPeer's test); so there
+  // X skips a call while every rank still masks it (the exchanges must skip it both ways), then the clean before (4)
+  // meets over the rail and brings X, a call behind, back in step.
   int runMasked(const Case& c, uint64_t caseSeed) {
     const int R = ctx.nRanks, X = R - 1, me = ctx.rank;
     const Shape sh = shapeOf(c, R);
@@ -1142,16 +1143,23 @@ struct Runner {
       bool routesToX = false;
       for (int i = 0; i < T * sh.K; i++) routesToX |= r.topkIdx[me][i] >= 0 && r.owner(r.topkIdx[me][i]) == X;
       if (me != X) {
+        // X dispatches, but a dispatch of X's that comes later than the budget (a slow or stalled rank: the sanitizer
+        // holds virtual ranks' kernels back) has X masked there, silently, as the contract says; then the combine
+        // counts on nothing of X's and has nothing to report. The mask after the dispatch tells which case this is.
+        EXPECT_OK(ncclEpMaskQuery(group, static_cast<int*>(q.p), ctx.stream));
+        const bool lateX = q.get<int>(R)[X] == 0;
         EXPECT_OK(ncclEpCombine(h, &k.cin, &k.cout, nullptr, ctx.stream));
         if (!drained(label.c_str())) return bad(label, "the stream did not drain"), 1;
         const ncclResult_t first = ncclEpGroupGetAsyncError(group);
         const std::string msg = ncclEpGetLastError();
         const ncclResult_t second = ncclEpGroupGetAsyncError(group);
-        printf("rank %d: LL combine whose peer %d stops mid-call -> %s: %s\n", me, X, ncclGetErrorString(first),
-               msg.c_str());
-        if (routesToX && (first != ncclRemoteError || msg.find("peer " + std::to_string(X)) == std::string::npos))
+        printf("rank %d: LL combine whose peer %d stops mid-call%s -> %s: %s\n", me, X,
+               lateX ? " (masked at its late dispatch)" : "", ncclGetErrorString(first), msg.c_str());
+        if (routesToX && !lateX &&
+            (first != ncclRemoteError || msg.find("peer " + std::to_string(X)) == std::string::npos))
           bad(label, "no ncclRemoteError naming the masked peer", first);
-        if (!routesToX && first != ncclSuccess) bad(label, "an error though no token waits for the silent rank", first);
+        if ((!routesToX || lateX) && first != ncclSuccess)
+          bad(label, "an error though no token waits for the silent rank", first);
         if (second != ncclSuccess) bad(label, "the masked-peer report is not cleared once returned", second);
       }
       if (cleanAll(label)) return 1;

@@ -3,7 +3,8 @@
 # passing JSON line, or fails). One job and three run the same rows to the same verdicts; with three, every row of
 # virtual ranks starts after the last of the others has ended and runs alone; a failed row fails the call; a time
 # budget leaves rows not run and a resumed call runs only those, giving the rows done earlier their verdicts again from
-# their logs; rows of virtual ranks keep their own timeout, and the EP ones their grid (--sms) and device-wait budget;
+# their logs (a row of virtual ranks that printed a wrong result fails, though it timed out); rows of virtual ranks keep
+# their own timeout, and the EP ones their grid (--sms) and device-wait budget;
 # GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and NCCL's kernels are excluded but under initcheck;
 # GPU_SANITIZE_MODES keeps the modes it names.
 set -u
@@ -103,14 +104,17 @@ done_row 'symmem[memcheck]' 1 0 "$ours_report
 gpu-sanitize: the test's exit status: 0"
 done_row 'ep_ht[memcheck,mixed]' 4 124 "$nccl_report
 rank 1: a device wait timed out after 120 s"
+done_row 'ep_ht[memcheck,virtual]' 2 98 "rank 1 [hidden 8 bf16, em] combine differs at token/col (0, 0)
+rank 3 combine: a device wait timed out after 20 s
+gpu-sanitize: the test's exit status: 124"
 run reverdict GPU_SANITIZE_JOBS=3 GPU_SANITIZE_RESUME="$rv" && { echo "FAIL: reverdict: a failed row passed"; fail=1; }
-[ "$(summary reverdict)" = "5 passed, 1 failed, 1 inconclusive, 0 not run" ] ||
+[ "$(summary reverdict)" = "4 passed, 2 failed, 1 inconclusive, 0 not run" ] ||
   { echo "FAIL: reverdict: $(summary reverdict)"; fail=1; }
 for change in 'symmem\[memcheck,virtual\] on 2 .* exit 99 -> 0' 'symmem\[memcheck\] on 1 .* exit 0 -> 99' \
-              'ep_ht\[memcheck,mixed\] on 4 .* exit 124 -> 98'; do
+              'ep_ht\[memcheck,mixed\] on 4 .* exit 124 -> 98' 'ep_ht\[memcheck,virtual\] on 2 .* exit 98 -> 124'; do
   grep -q "$change" "$tmp/reverdict.log" || { echo "FAIL: reverdict: no line matching '$change'"; fail=1; }
 done
-[ "$(grep -c "earlier call (GPU_SANITIZE_RESUME)$" "$tmp/reverdict.log")" = 3 ] ||
+[ "$(grep -c "earlier call (GPU_SANITIZE_RESUME)$" "$tmp/reverdict.log")" = 4 ] ||
   { echo "FAIL: reverdict: rows run again"; fail=1; }
 # Rows of virtual ranks under their own timeout: killed, inconclusive; the others keep the run timeout.
 run vt GPU_SANITIZE_JOBS=3 GPU_SANITIZE_RUN_TIMEOUT=5 GPU_SANITIZE_VIRTUAL_TIMEOUT=1 FAKE_SLEEP_VIRTUAL=3
