@@ -23,6 +23,9 @@
 #   GPU_SANITIZE_MODES=...       only the rows of these modes (real nodes virtual mixed domains; default: all)
 #   GPU_SANITIZE_PART=K/N        every N-th row of the selection from the K-th (1-based): N calls cover every row,
 #                                each with its own JSON (tools/gpu_check_merge.py merges them)
+#   GPU_SANITIZE_SKIP=JSON...    rows that pass or are inconclusive in these gpu-sanitize JSONs (committed ones: a
+#                                later session's resume, when the raw rows are gone) are not run, nor in this call's
+#                                JSON (tools/gpu_check_merge.py merges it with them); failed and not-run rows run again
 #   GPU_SANITIZE_RESUME=DIR      rows run in DIR by earlier calls (pass, fail, inconclusive: DIR/done.tsv, one line a
 #                                row; delete a line to run that row again) are not run again; this call's are added
 #                                there, with their logs; the JSON covers every row of the selection. A row done
@@ -155,6 +158,14 @@ else
   RAW=$TMP
 fi
 touch "$RAW/done.tsv" "$RAW/reasons.tsv"
+# The rows GPU_SANITIZE_SKIP's JSONs settled (pass, inconclusive): "name<TAB>ranks", one a line.
+python3 - ${GPU_SANITIZE_SKIP:-} > "$TMP/skip.tsv" <<'EOF' || exit 2
+import json, sys
+for path in sys.argv[1:]:
+    for r in json.load(open(path))["runs"]:
+        if r.get("sanitize") in ("pass", "inconclusive"):
+            print("%s\t%d" % (r["name"], r["nranks"]))
+EOF
 : > "$TMP/pending.tsv"
 : > "$TMP/reasons.tsv"
 [ "$LIST" = 0 ] && mkdir -p "$OUTDIR"
@@ -385,6 +396,10 @@ for tool in $TOOLS; do
         [ -z "$why" ] &&
           printf '     %s --tool %s --print-limit %s %s%s\n' "$(basename "$SAN")" "$tool" "$PRINT_LIMIT" \
             "${f:+$f }" "$c"
+        continue
+      fi
+      if grep -qxF -- "$tag	$n" "$TMP/skip.tsv"; then
+        echo "== $tag on $n rank(s): settled in GPU_SANITIZE_SKIP's JSON"
         continue
       fi
       if grep -qF -- "$tag	$n	" "$RAW/done.tsv"; then

@@ -6,7 +6,7 @@
 # their logs (a row of virtual ranks that printed a wrong result fails, though it timed out); rows of virtual ranks keep
 # their own timeout, and the EP ones their grid (--sms) and device-wait budget;
 # GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and NCCL's kernels are excluded but under initcheck;
-# GPU_SANITIZE_MODES keeps the modes it names.
+# GPU_SANITIZE_MODES keeps the modes it names, and GPU_SANITIZE_SKIP leaves out the rows a JSON settled.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -141,6 +141,16 @@ for t in 'ep_ht[memcheck,virtual]' 'ep_ht[memcheck,mixed]'; do
 done
 c=$(cmd_of 'ep_ht[memcheck,nodes]')
 [[ $c == *"--timeout-s 120 "* && $c != *--sms* ]] || { echo "FAIL: ep_ht[memcheck,nodes]: $c"; fail=1; }
+# GPU_SANITIZE_SKIP: the rows a JSON settled do not run again, and a row that failed there does.
+python3 - "$tmp"/one/gpu-sanitize-*.json "$tmp/settled.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["runs"][0]["sanitize"] = "fail"
+json.dump(d, open(sys.argv[2], "w"))
+PY
+run skip GPU_SANITIZE_SKIP="$tmp/settled.json"
+{ [ "$(summary skip)" = "1 passed, 0 failed, 0 inconclusive, 0 not run" ] &&
+  [ "$(grep -c '^start' "$tmp/skip.trace")" = 1 ]; } || { echo "FAIL: skip: $(summary skip)"; fail=1; }
 # GPU_SANITIZE_MODES keeps the rows of the modes it names.
 got=$(GPU_SANITIZE_LIST=1 GPU_SANITIZE_TOOLS=memcheck GPU_SANITIZE_ONLY='^ep_ht$' GPU_SANITIZE_MODES='nodes mixed' \
   bash "$root/tools/gpu_sanitize.sh" | awk '$2 ~ /\[/ { print $2 }' | paste -sd' ')
