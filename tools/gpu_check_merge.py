@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """tools/gpu_check_merge.py --out FILE PART.json...: one gpu-check report from the parts of one check
-(GPU_CHECK_PART) and its reruns, all on one NCCL release.
+(GPU_CHECK_PART) and its reruns, all on one NCCL release. A part may be an earlier merge (its own parts and attempts
+carry over), and gpu-sanitize reports get the summary of their rows' verdicts.
 
 Every run is keyed by (name, ranks); its status is that of its latest attempt (by the report's date), and the
 earlier attempts stay listed under "attempts" (status, report, and the failure's log tail), so a run that failed once
@@ -29,7 +30,8 @@ def main():
     for path in a.reports:
         with open(path) as f:
             reports.append((os.path.basename(path), json.load(f)))
-    reports.sort(key=lambda r: r[1]["machine"]["date_utc"])
+    # An earlier merge dates from its latest part.
+    reports.sort(key=lambda r: r[1]["machine"].get("date_utc") or max(p["date_utc"] for p in r[1]["parts"]))
     releases = {loaded(d["machine"]) for _, d in reports}
     gpus = {json.dumps(d["machine"]["gpus"], sort_keys=True) for _, d in reports}
     if len(releases) != 1 or None in releases or len(gpus) != 1:
@@ -40,7 +42,7 @@ def main():
     for name, d in reports:
         for run in d["runs"]:
             key = (run["name"], run["nranks"])
-            attempt = dict(run, report=name)
+            attempt = dict(run, report=run["report"] if "parts" in d else name)
             if key in runs:
                 prev = runs[key]
                 history = prev.pop("attempts", [])
@@ -52,12 +54,15 @@ def main():
     merged = {
         "kind": reports[-1][1].get("kind", "gpu-check"),
         "machine": dict(reports[-1][1]["machine"]),
-        "parts": [{"report": name, "git_commit": d["machine"]["git_commit"],
-                   "source_sha1": d["machine"]["source_sha1"], "date_utc": d["machine"]["date_utc"],
-                   "runs": len(d["runs"])} for name, d in reports],
+        "parts": [p for name, d in reports for p in (d["parts"] if "parts" in d else [{
+            "report": name, "git_commit": d["machine"]["git_commit"], "source_sha1": d["machine"]["source_sha1"],
+            "date_utc": d["machine"]["date_utc"], "runs": len(d["runs"])}])],
         "runs": [runs[k] for k in order],
     }
     merged["machine"].pop("date_utc", None)  # each part has its own, under "parts"
+    if merged["kind"] == "gpu-sanitize":
+        merged["summary"] = {v: sum(runs[k].get("sanitize") == v for k in order)
+                             for v in ("pass", "fail", "inconclusive", "not-run")}
     with open(a.out, "w") as f:
         json.dump(merged, f, indent=1)
         f.write("\n")

@@ -47,3 +47,29 @@ def test_releases_do_not_mix(tmp_path):
     b = report(tmp_path / "b.json", "2026-12-04T11:00:00+00:00", "2.30.7", [("y", 2, "pass")])
     r, merged = merge(tmp_path, a, b)
     assert r.returncode == 2 and merged is None and "one loaded NCCL release" in r.stderr
+
+
+def test_a_merge_merges_again(tmp_path):
+    # A merge is a part of a later one: its parts, its runs' reports and attempts carry over; gpu-sanitize's summary.
+    a = report(tmp_path / "a.json", "2026-12-04T10:00:00+00:00", "2.29.7", [("x", 2, "FAIL (exit 1)")])
+    b = report(tmp_path / "b.json", "2026-12-04T11:00:00+00:00", "2.29.7", [("x", 2, "pass"), ("y", 1, "pass")])
+    r, first = merge(tmp_path, a, b)
+    assert r.returncode == 0, r.stderr
+    for run in first["runs"]:
+        run["sanitize"] = "pass" if run["status"] == "pass" else "fail"
+    (tmp_path / "ab.json").write_text(json.dumps(dict(first, kind="gpu-sanitize")))
+    c = tmp_path / "c.json"
+    report(c, "2026-12-05T10:00:00+00:00", "2.29.7", [("y", 1, "pass"), ("z", 1, "pass")])
+    doc = json.loads(c.read_text())
+    for run in doc["runs"]:
+        run["sanitize"] = "pass"
+    c.write_text(json.dumps(dict(doc, kind="gpu-sanitize")))
+    r, merged = merge(tmp_path, str(c), str(tmp_path / "ab.json"))
+    assert r.returncode == 0, r.stderr
+    assert [p["report"] for p in merged["parts"]] == ["a.json", "b.json", "c.json"]
+    runs = {(x["name"], x["nranks"]): x for x in merged["runs"]}
+    assert runs[("x", 2)]["report"] == "b.json"
+    assert [x["status"] for x in runs[("x", 2)]["attempts"]] == ["FAIL (exit 1)"]
+    assert runs[("y", 1)]["report"] == "c.json" and [x["report"] for x in runs[("y", 1)]["attempts"]] == ["b.json"]
+    assert merged["kind"] == "gpu-sanitize"
+    assert merged["summary"] == {"pass": 3, "fail": 0, "inconclusive": 0, "not-run": 0}
