@@ -265,7 +265,7 @@ wrong_result() { grep -v '^\[nccl' "$1" | grep -qE "$WRONG_RESULT"; }
 # under compute-sanitizer kernels of different streams of one process were seen not to (each rank waiting for a CTA
 # of the other that never ran: docs/PERFORMANCE.md), so a run with virtual ranks that fails only by a device wait's
 # timeout, or is killed, with nothing of ours reported and no wrong result printed, is inconclusive (98), not a pass.
-# A wrong result is never the stall's: a stalled rank ends with an error, not with other values.
+# A wrong result is not the stall's to excuse: under any delay the libraries promise an error, not other values.
 verdict() {
   local trc=$1 frc=$2 mode=$3 log=$4
   if [ "$trc" -eq 0 ]; then
