@@ -19,7 +19,7 @@
 // fails the run.
 //
 // Usage: ep_ht_test [--nranks N] [--one-gpu off|nodes|virtual|mixed] [--seed S] [--timeout-s S] [--silent-peer-s S]
-//                   [--sms N] [--quick] [--soak PAIRS] [--json FILE]
+//                   [--sms N] [--quick] [--silent-relay] [--soak PAIRS] [--json FILE]
 // --one-gpu mixed (launcher.h): one-GPU nodes of 2 virtual ranks each, the groups made with virtual_rail: domains of
 // two ranks and the relayed exchange between them at once (at 4 ranks).
 // --sms N: the groups' num_sms (default 24; the sanitizer's rows of virtual ranks take fewer). --quick (the sanitizer
@@ -64,6 +64,7 @@ double gTimeoutSeconds = 3;
 double gSilentPeerSeconds = 0;  // the timeout test's budget (--silent-peer-s; 0: the group's --timeout-s)
 int gSoak = 0;                  // --soak PAIRS: only the soak (soakMain)
 int gSms = 24;                  // --sms N: the groups' num_sms (the limits group's: NCCL_EP_AUTO)
+bool gSilentRelay = false;      // --silent-relay: silentRelay's check after the timeout test
 
 enum RoutingKind { kRandom, kAllToLastRank, kOneExpert, kFirstRankEmpty };
 
@@ -864,6 +865,87 @@ int soakMain(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg,
   return pass ? 0 : 1;
 }
 
+// --silent-relay (the hierarchical HT at 4 mixed ranks: NCCL_EXT_HT_HIERARCHICAL=1 --one-gpu mixed --nranks 4), on a
+// group of its own with the silent-peer budget B: every rank dispatches; then the last rank (3) skips the combine.
+// Rank 2, the relay of rank 0's tokens in their domain, reduces the rows its domain's ranks hold for them: its wait for
+// rank 3's gives up after B, and its exchange, queued behind its launch fence (which gives up after B too), still
+// sends rank 0 what its partials hold, an earlier call's. Ranks 0 and 1 call the combine B / 2 late, so that rank 0's
+// rail exchange is inside its budget when rank 2's partials come. Every rank but 3 must report ncclRemoteError
+// within 3 B + 10 s: rank 0 the refused partials (a build whose partials carry no call number sums them and returns
+// success), rank 1 its rail's abort (its relay is rank 3), rank 2 its wait for rank 3. Not in gpu-check yet: its
+// timings are not measured on a GPU.
+bool silentRelay(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base) {
+  const int rank = ctx.rank, silent = 3;
+  if (ctx.nRanks != 4) {
+    printf("rank %d: --silent-relay: skipped (it needs 4 ranks, the mixed mode)\n", rank);
+    return true;
+  }
+  ncclEpGroupConfig_t cfg = base;
+  cfg.timeout_ns = (uint64_t)(gSilentPeerSeconds * 1e9);
+  ncclEpGroup_t g = nullptr;
+  if (ncclext::harness::createEpGroup(&g, ctx.comm, &cfg) != ncclSuccess) {
+    fprintf(stderr, "rank %d: --silent-relay: ncclEpCreateGroup: %s\n", rank, ncclEpGetLastError());
+    return false;
+  }
+  ncclEpGroupInfo_t info = NCCL_EP_GROUP_INFO_INIT;
+  bool ok = ncclEpGroupGetInfo(g, &info) == ncclSuccess;
+  if (ok && !info.rail_hierarchical) {
+    printf("rank %d: --silent-relay: skipped (not hierarchical: NCCL_EXT_HT_HIERARCHICAL=1 --one-gpu mixed)\n", rank);
+    return ncclEpGroupDestroy(g) == ncclSuccess;
+  }
+  const double budget = gSilentPeerSeconds;
+  const int K = 8, T = 64, H = 512;
+  std::vector<int> idx(T * K);
+  for (int t = 0; t < T; t++)  // every rank's tokens hit every rank's experts
+    for (int k = 0; k < K; k++) idx[t * K + k] = (t + k * 3) % (kExpertsPerRank * ctx.nRanks);
+  DeviceBuf topk(idx.size() * 4), x((size_t)T * H * 2), out((size_t)T * H * 2);
+  topk.put(idx.data(), idx.size() * 4);
+  cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");
+  ncclEpTensor_t ti = epTensor(topk.p, ncclInt32, {T, K});
+  ncclEpHandle_t h = nullptr;
+  int64_t rows = 0;
+  ok = ok && ncclEpCreateHandle(&h, g, NCCL_EP_LAYOUT_FLAT, &ti, nullptr, nullptr, ctx.stream) == ncclSuccess &&
+       ncclEpHandleGetMaxRecvRows(h, &rows) == ncclSuccess;
+  DeviceBuf y((size_t)std::max<int64_t>(rows, 1) * H * 2);
+  if (ok) {
+    ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
+    in.tokens = epTensor(x.p, ncclBfloat16, {T, H});
+    ncclEpDispatchOutputs_t dout = NCCL_EP_DISPATCH_OUTPUTS_INIT;
+    dout.tokens = epTensor(y.p, ncclBfloat16, {rows, H});
+    ok = ncclEpDispatch(h, &in, &dout, nullptr, nullptr, ctx.stream) == ncclSuccess &&
+         ncclext::waitStream(ctx.stream, budget + 30, "silent relay: dispatch") == ncclSuccess &&
+         ncclEpGroupGetAsyncError(g) == ncclSuccess;
+    if (!ok) fprintf(stderr, "rank %d: --silent-relay: the dispatch failed: %s\n", rank, ncclEpGetLastError());
+  }
+  if (ok && rank != silent) {
+    if (rank < 2) std::this_thread::sleep_for(std::chrono::duration<double>(budget / 2));
+    ncclEpCombineInputs_t ci = NCCL_EP_COMBINE_INPUTS_INIT;
+    ci.tokens = epTensor(y.p, ncclBfloat16, {rows, H});
+    ncclEpCombineOutputs_t co = NCCL_EP_COMBINE_OUTPUTS_INIT;
+    co.tokens = epTensor(out.p, ncclBfloat16, {T, H});
+    const auto t0 = std::chrono::steady_clock::now();
+    ncclResult_t res = ncclEpCombine(h, &ci, &co, nullptr, ctx.stream);
+    ncclext::waitStream(ctx.stream, 3 * budget + 30, "silent relay: combine");
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (res == ncclSuccess) res = ncclEpGroupGetAsyncError(g);
+    const std::string msg = ncclEpGetLastError();
+    printf("rank %d: combine whose relay's domain has a silent rank -> %s after %.2f s: %s\n", rank,
+           ncclGetErrorString(res), waited, res == ncclSuccess ? "" : msg.c_str());
+    if (res != ncclRemoteError || waited > 3 * budget + 10) {
+      fprintf(stderr, "rank %d: --silent-relay: want ncclRemoteError within %.0f s\n", rank, 3 * budget + 10);
+      ok = false;
+    }
+  }
+  // Every rank is past its combine before any frees (virtual ranks free together).
+  if (ncclext::harness::barrier(ctx, 3 * budget + 60) != ncclSuccess) ok = false;
+  if (h) ncclEpHandleDestroy(h);
+  if (ncclEpGroupDestroy(g) != ncclSuccess) {
+    fprintf(stderr, "rank %d: --silent-relay: ncclEpGroupDestroy: %s\n", rank, ncclEpGetLastError());
+    ok = false;
+  }
+  return ok;
+}
+
 bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json, ncclext::harness::OneGpu* oneGpu,
            bool* quick) {
   ncclext::harness::Cli cli(argv[0]);
@@ -873,6 +955,7 @@ bool parse(int argc, char** argv, int* nRanks, uint64_t* seed, std::string* json
   cli.option("timeout-s", &gTimeoutSeconds);
   cli.option("silent-peer-s", &gSilentPeerSeconds);
   cli.option("sms", &gSms);
+  cli.flag("silent-relay", &gSilentRelay);
   cli.flag("quick", quick);
   cli.option("soak", &gSoak);
   cli.option("json", json);
@@ -1181,6 +1264,7 @@ int main(int argc, char** argv) {
         timeoutOk = false;
       }
     }
+    if (gSilentRelay) timeoutOk &= silentRelay(ctx, cfg);
     if (ncclEpGroupDestroy(group) != ncclSuccess) {
       fprintf(stderr, "rank %d: ncclEpGroupDestroy: %s\n", ctx.rank, ncclEpGetLastError());
       timeoutOk = false;
