@@ -257,7 +257,8 @@ filter_log() { python3 tools/sanitize_filter.py tools/sanitize_suppressions.txt 
 # reference, an error that should have been reported and was not) before it ended; the libraries' own lines ([nccl_ep],
 # [nccl_m2n]: the negative tests' expected errors) are not read.
 WRONG_RESULT='differs|wrong value| wrong$|got [-+0-9a-fx.e]+ want|conversions disagree|no ncclRemoteError'
-WRONG_RESULT="$WRONG_RESULT|an error though no token|not cleared once returned|is not masked"
+WRONG_RESULT="$WRONG_RESULT|an error though no token|does not name the late rank|not cleared once returned"
+WRONG_RESULT="$WRONG_RESULT|is not masked"
 wrong_result() { grep -v '^\[nccl' "$1" | grep -qE "$WRONG_RESULT"; }
 
 # verdict TRC FRC MODE LOG: a row's exit status from its test's (TRC) and the filter's (FRC, non-zero: a report of

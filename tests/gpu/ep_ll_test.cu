@@ -1144,8 +1144,9 @@ struct Runner {
       for (int i = 0; i < T * sh.K; i++) routesToX |= r.topkIdx[me][i] >= 0 && r.owner(r.topkIdx[me][i]) == X;
       if (me != X) {
         // X dispatches, but a dispatch of X's that comes later than the budget (a slow or stalled rank: the sanitizer
-        // holds virtual ranks' kernels back) has X masked there, silently, as the contract says; then the combine
-        // counts on nothing of X's and has nothing to report. The mask after the dispatch tells which case this is.
+        // holds virtual ranks' kernels back) has X masked there, as the contract says: silently if its counts did not
+        // come (the combine then counts on nothing of X's and has nothing to report), with the report if its rows did
+        // not. The mask after the dispatch tells which case this is.
         EXPECT_OK(ncclEpMaskQuery(group, static_cast<int*>(q.p), ctx.stream));
         const bool lateX = q.get<int>(R)[X] == 0;
         EXPECT_OK(ncclEpCombine(h, &k.cin, &k.cout, nullptr, ctx.stream));
@@ -1155,10 +1156,10 @@ struct Runner {
         const ncclResult_t second = ncclEpGroupGetAsyncError(group);
         printf("rank %d: LL combine whose peer %d stops mid-call%s -> %s: %s\n", me, X,
                lateX ? " (masked at its late dispatch)" : "", ncclGetErrorString(first), msg.c_str());
-        if (routesToX && !lateX &&
-            (first != ncclRemoteError || msg.find("peer " + std::to_string(X)) == std::string::npos))
-          bad(label, "no ncclRemoteError naming the masked peer", first);
-        if ((!routesToX || lateX) && first != ncclSuccess)
+        const bool namesX = first == ncclRemoteError && msg.find("peer " + std::to_string(X)) != std::string::npos;
+        if (routesToX && !lateX && !namesX) bad(label, "no ncclRemoteError naming the masked peer", first);
+        if (lateX && first != ncclSuccess && !namesX) bad(label, "an error that does not name the late rank", first);
+        if (!routesToX && !lateX && first != ncclSuccess)
           bad(label, "an error though no token waits for the silent rank", first);
         if (second != ncclSuccess) bad(label, "the masked-peer report is not cleared once returned", second);
       }
