@@ -866,14 +866,14 @@ int soakMain(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg,
 }
 
 // --silent-relay (the hierarchical HT at 4 mixed ranks: NCCL_EXT_HT_HIERARCHICAL=1 --one-gpu mixed --nranks 4), on a
-// group of its own with the silent-peer budget B: every rank dispatches; then the last rank (3) skips the combine.
-// Rank 2, the relay of rank 0's tokens in their domain, reduces the rows its domain's ranks hold for them: its wait for
-// rank 3's gives up after B, and its exchange, queued behind its launch fence (which gives up after B too), still
-// sends rank 0 what its partials hold, an earlier call's. Ranks 0 and 1 call the combine B / 2 late, so that rank 0's
-// rail exchange is inside its budget when rank 2's partials come. Every rank but 3 must report ncclRemoteError
-// within 3 B + 10 s: rank 0 the refused partials, naming its relay (a build whose partials carry no call number sums
-// them and returns success), rank 1 its rail's abort (its relay is rank 3), rank 2 its wait for rank 3. Not in gpu-check yet: its
-// timings are not measured on a GPU.
+// group of its own with the silent-peer budget B: every rank dispatches; then the last rank (3) skips the combine. Rank
+// 2, the relay of rank 0's tokens in their domain, reduces the rows its domain's ranks hold for them: its wait for rank
+// 3's gives up after B, and its exchange, queued behind its launch fence (which gives up after B too), still sends rank
+// 0 what its partials hold, an earlier call's. Ranks 0 and 1 call the combine B / 2 late, so that rank 0's rail
+// exchange is inside its budget when rank 2's partials come. Every rank but 3 must report ncclRemoteError within 3 B +
+// 10 s: rank 0 the refused partials, naming its relay (a build whose partials carry no call number sums them and
+// returns success), rank 1 its rail's abort (its relay is rank 3), rank 2 its wait for rank 3. Not in gpu-check yet:
+// its timings are not measured on a GPU.
 bool silentRelay(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base) {
   const int rank = ctx.rank, silent = 3;
   if (ctx.nRanks != 4) {
