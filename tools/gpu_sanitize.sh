@@ -159,7 +159,8 @@ else
 fi
 touch "$RAW/done.tsv" "$RAW/reasons.tsv"
 # The rows GPU_SANITIZE_SKIP's JSONs settled (pass, inconclusive): "name<TAB>ranks", one a line.
-python3 - ${GPU_SANITIZE_SKIP:-} > "$TMP/skip.tsv" <<'EOF' || exit 2
+: > "$TMP/skip.tsv"
+[ -n "${GPU_SANITIZE_SKIP:-}" ] && { python3 - $GPU_SANITIZE_SKIP > "$TMP/skip.tsv" <<'EOF' || exit 2; }
 import json, sys
 for path in sys.argv[1:]:
     for r in json.load(open(path))["runs"]:

@@ -36,7 +36,7 @@ inline size_t railBoxBytes(const RailView& rv) {
 // The hierarchical HT's rail row of exchange `kind`: dispatch, a row with its tail (rail/view.h, HierRow); combine, a
 // partial row with its tail (HierCombTail).
 inline size_t hierRowBytes(const GroupView& v, int kind) {
-  return kind == kDispatch ? v.rail.hierRow.bytes() : (size_t)v.rowStride + kHierCombTailBytes;
+  return kind == kDispatch ? v.rail.hierRow.bytes() : hierCombRowBytes(v.rowStride);
 }
 inline size_t hierRailRowBytes(const GroupView& v) {
   if (!v.rail.hier) return 0;

@@ -865,6 +865,15 @@ int soakMain(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& cfg,
   return pass ? 0 : 1;
 }
 
+// The silent-peer tests' routing: T tokens of top-K, token t's k-th expert (t + 3 k) mod the experts, so that every
+// rank's tokens hit every rank's experts.
+std::vector<int> spreadRouting(int T, int K, int nRanks) {
+  std::vector<int> idx((size_t)T * K);
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < K; k++) idx[(size_t)t * K + k] = (t + k * 3) % (kExpertsPerRank * nRanks);
+  return idx;
+}
+
 // --silent-relay (the hierarchical HT at 4 mixed ranks: NCCL_EXT_HT_HIERARCHICAL=1 --one-gpu mixed --nranks 4), on a
 // group of its own with the silent-peer budget B: every rank dispatches; then the last rank (3) skips the combine. Rank
 // 2, the relay of rank 0's tokens in their domain, reduces the rows its domain's ranks hold for them: its wait for rank
@@ -895,9 +904,7 @@ bool silentRelay(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& 
   }
   const double budget = gSilentPeerSeconds;
   const int K = 8, T = 64, H = 512;
-  std::vector<int> idx(T * K);
-  for (int t = 0; t < T; t++)  // every rank's tokens hit every rank's experts
-    for (int k = 0; k < K; k++) idx[t * K + k] = (t + k * 3) % (kExpertsPerRank * ctx.nRanks);
+  const std::vector<int> idx = spreadRouting(T, K, ctx.nRanks);
   DeviceBuf topk(idx.size() * 4), x((size_t)T * H * 2), out((size_t)T * H * 2);
   topk.put(idx.data(), idx.size() * 4);
   cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");
@@ -1229,9 +1236,7 @@ int main(int argc, char** argv) {
       }
       const double budget = gSilentPeerSeconds;
       const int K = 8, T = 64;
-      std::vector<int> idx(T * K);
-      for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) idx[t * K + k] = (t + k * 3) % (kExpertsPerRank * ctx.nRanks);
+      const std::vector<int> idx = spreadRouting(T, K, ctx.nRanks);
       DeviceBuf topk(idx.size() * 4), x((size_t)T * 512 * 2);
       topk.put(idx.data(), idx.size() * 4);
       cudaOk(cudaMemsetAsync(x.p, 0, x.bytes, tStream), "zero x");  // dispatch reads them: set (any values)

@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kThreads) hierReduceKernel(GroupView g, Handle
         ok = false;
     }
     if (__syncthreads_or(!ok)) return;
-    char* partial = rv.hierCombOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * (g.rowStride + kHierCombTailBytes);
+    char* partial = rv.hierCombOut + ((size_t)d * rv.roundSlots + (q - c.roundLo)) * hierCombRowBytes(g.rowStride);
     if (threadIdx.x == 0) {
       HierCombTail* tail = reinterpret_cast<HierCombTail*>(partial + g.rowStride);
       tail->seq = seq;
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kThreads) hierScatterKernel(GroupView g, Handl
     if (d == myDomain) continue;
     const int q = h.hierPos[(size_t)t * nDomains + d] - c.roundLo;
     if (q < 0 || q >= c.roundSlots) continue;  // no position, or another round's
-    const char* in = rv.hierCombIn + ((size_t)d * rv.roundSlots + q) * (g.rowStride + kHierCombTailBytes);
+    const char* in = rv.hierCombIn + ((size_t)d * rv.roundSlots + q) * hierCombRowBytes(g.rowStride);
     const HierCombTail tail = *reinterpret_cast<const HierCombTail*>(in + g.rowStride);
     if (tail.seq != seq || tail.pos != q + c.roundLo) {
       if (threadIdx.x == 0)

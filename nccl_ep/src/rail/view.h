@@ -59,6 +59,8 @@ struct HierCombTail {
 };
 constexpr size_t kHierCombTailBytes = sizeof(HierCombTail);
 static_assert(kHierCombTailBytes == 16, "the combine tail keeps the next partial 16-byte aligned");
+// A combine rail row's bytes: the partial, then its tail (the relay's reduce, the source's scatter, the layout).
+__host__ __device__ inline size_t hierCombRowBytes(size_t rowStride) { return rowStride + kHierCombTailBytes; }
 
 // The hierarchical dispatch's rail row (relay mode with NCCL_EXT_HT_HIERARCHICAL=1): one per (token, destination
 // domain), at the token's position q in its source's stream to that domain: the row (rowStride bytes), then a tail
