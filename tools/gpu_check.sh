@@ -49,6 +49,9 @@ MAXR=${GPU_CHECK_MAX_RANKS:-$NGPU}
 RUNS=(
   # mixed (symmetric_memory_test, ep_ht_test, ep_ll_test): one-GPU nodes of 2 virtual ranks each (launcher.h):
   # at 4 ranks two domains of two, LSA inside them and the rail between them at once (EP: the relayed exchange).
+  # No library code: kernels of several streams of one process run at once (the one-GPU virtual ranks rely on it;
+  # make gpu-sanitize asks the same of each compute-sanitizer tool).
+  "coschedule_probe|$BUILDDIR/bin/coschedule_probe --nranks NRANKS --json JSON|2|virtual mixed+4"
   "symmem_smoke|$BUILDDIR/bin/symmetric_memory_test --test smoke --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   "symmem_timeout|$BUILDDIR/bin/symmetric_memory_test --test timeout --timeout-s 2 --nranks NRANKS --json JSON|1|nodes virtual mixed+4"
   "ep_ht|$BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|nodes virtual mixed+4"

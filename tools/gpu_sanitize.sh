@@ -108,6 +108,10 @@ PYRUN="env NCCL_EXT_LIB_DIR=$BUILDDIR/lib PYTHONPATH=python PYTORCH_NO_CUDA_MEMO
 HT="$BUILDDIR/bin/ep_ht_test --quick --timeout-s WAIT --silent-peer-s 5 --nranks NRANKS --json JSON"
 LL="$BUILDDIR/bin/ep_ll_test --quick --timeout-s WAIT --silent-peer-s 5 --nranks NRANKS --json JSON"
 TESTS=(
+  # No library code: whether the tool runs kernels of several streams of one process at once, as virtual ranks need
+  # (tests/gpu/coschedule_probe.cu). Its rows are the evidence for, or against, blaming the tool for a stalled row of
+  # virtual ranks.
+  "coschedule_probe|$BUILDDIR/bin/coschedule_probe --ctas 4 --rounds 50 --wait-s 5 --nranks NRANKS --json JSON|virtual mixed"
   "symmem|$BUILDDIR/bin/symmetric_memory_test --test all --iters 3 --ctas 4 --slot-elems 65536 --rail-elems 4096 --timeout-s 3 --nranks NRANKS --json JSON|real nodes virtual"
   "symmem_dead_peer|$BUILDDIR/bin/symmetric_memory_test --test dead-peer --iters 6 --die-at 2 --ctas 4 --timeout-s 10 --slot-elems 65536 --rail-elems 4096 --nranks NRANKS --json JSON|nodes virtual"
   # High-Throughput and Low-Latency inside a domain (real, virtual) and across domains (nodes, domains: the flat
@@ -264,10 +268,11 @@ wrong_result() { grep -v '^\[nccl' "$1" | grep -qE "$WRONG_RESULT"; }
 
 # verdict TRC FRC MODE LOG: a row's exit status from its test's (TRC) and the filter's (FRC, non-zero: a report of
 # ours). A test that passed with a report of ours fails (99). Virtual ranks need every rank's kernels running at once;
-# under compute-sanitizer kernels of different streams of one process were seen not to (each rank waiting for a CTA
-# of the other that never ran: docs/PERFORMANCE.md), so a run with virtual ranks that fails only by a device wait's
-# timeout, or is killed, with nothing of ours reported and no wrong result printed, is inconclusive (98), not a pass.
-# A wrong result is not the stall's to excuse: under any delay the libraries promise an error, not other values.
+# under compute-sanitizer kernels of different streams of one process were seen not to (each rank waiting for a CTA of
+# the other that never ran: docs/PERFORMANCE.md; the coschedule_probe rows ask the tool with no library code), so a run
+# with virtual ranks that fails only by a device wait's timeout, or is killed, with nothing of ours reported and no
+# wrong result printed, is inconclusive (98), not a pass. A wrong result is not the stall's to excuse: under any delay
+# the libraries promise an error, not other values.
 verdict() {
   local trc=$1 frc=$2 mode=$3 log=$4
   if [ "$trc" -eq 0 ]; then
