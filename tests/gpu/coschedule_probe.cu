@@ -9,8 +9,9 @@
 // tests wait for each call). CTA b of round k publishes k into its flag, then waits until CTA b of every other
 // thread's kernel has published k too: a budget of S seconds on %globaltimer, after which it counts a stall and
 // ends. No library code runs: a stall shows the runner holding back a CTA that another kernel's CTA waits for (the
-// kernels always end, since the held CTA finds every flag published once it runs). The threads stop after the round
-// in which any CTA stalled. Exit 0 when no CTA stalled.
+// kernels always end, since the held CTA finds every flag published once it runs). The flags are published and read
+// as the libraries' waits do theirs (release and acquire at system scope). The threads stop after the round in which
+// any CTA stalled. Exit 0 when no CTA stalled.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -44,11 +45,11 @@ __device__ __forceinline__ uint64_t nowNs() {
 __global__ void probeKernel(Probe p) {
   if (threadIdx.x == 0) {
     uint64_t* row = p.flags + (size_t)blockIdx.x * p.nRanks;
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(row[p.rank]).store(p.round, cuda::memory_order_release);
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(row[p.rank]).store(p.round, cuda::memory_order_release);
     const uint64_t t0 = nowNs();
     for (int r = 0; r < p.nRanks; r++) {
       if (r == p.rank) continue;
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> flag(row[r]);
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_system> flag(row[r]);
       uint64_t seen;
       while ((seen = flag.load(cuda::memory_order_acquire)) < p.round) {
         if (nowNs() - t0 > p.budgetNs) {
