@@ -62,8 +62,9 @@ RUNS=(
   # Python soak (python_soak), whose pairs cost milliseconds over the sockets.
   "ep_ht_soak|$BUILDDIR/bin/ep_ht_test --soak 10000 --nranks NRANKS --json JSON|1|virtual"
   "ep_ll_soak|$BUILDDIR/bin/ep_ll_test --soak 10000 --nranks NRANKS --json JSON|1|virtual"
-  # The same HT suite with the hierarchical dispatch (experimental: one rail row per (token, destination domain)).
-  "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|mixed+4"
+  # The same HT suite with the hierarchical dispatch (experimental: one rail row per (token, destination domain)); at 4
+  # mixed ranks also --silent-relay (a relay whose reduce failed: its partials refused, the relay named).
+  "ep_ht_hier|env NCCL_EXT_HT_HIERARCHICAL=1 $BUILDDIR/bin/ep_ht_test --silent-relay --nranks NRANKS --json JSON|1|mixed+4"
   # ... and in rounds of 96 rail positions a domain (512-token calls: up to six rounds, the last one partial).
   "ep_ht_hier_rounds|env NCCL_EXT_HT_HIERARCHICAL=1 NCCL_EXT_RAIL_ROUND_TOKENS=96 $BUILDDIR/bin/ep_ht_test --nranks NRANKS --json JSON|1|mixed+4"
   # ... and with its send half (NVLink only) on a stream of its own beside the rounds (NCCL_EXT_RAIL_OVERLAP=1).

@@ -881,8 +881,10 @@ std::vector<int> spreadRouting(int T, int K, int nRanks) {
 // 0 what its partials hold, an earlier call's. Ranks 0 and 1 call the combine B / 2 late, so that rank 0's rail
 // exchange is inside its budget when rank 2's partials come. Every rank but 3 must report ncclRemoteError within 3 B +
 // 10 s: rank 0 the refused partials, naming its relay (a build whose partials carry no call number sums them and
-// returns success), rank 1 its rail's abort (its relay is rank 3), rank 2 its wait for rank 3. Not in gpu-check yet:
-// its timings are not measured on a GPU.
+// returns success), rank 1 its rail's abort (its relay is rank 3), rank 2 its wait for rank 3. gpu-check's ep_ht_hier
+// row runs it (on one H200: rank 0 named its relay 1.5 s into its combine, ranks 1 and 2 reported after 3.0 s with B =
+// 3 s; with the scatter's check taken out rank 0 returned success:
+// bench/results/ep_ht_silent_relay-20261207T0525Z-h200.log).
 bool silentRelay(ncclext::harness::RankContext& ctx, const ncclEpGroupConfig_t& base) {
   const int rank = ctx.rank, silent = 3;
   if (ctx.nRanks != 4) {
