@@ -8,10 +8,10 @@
 // Thread r runs K rounds on its own stream, one kernel of C CTAs a round, waiting for each before the next (as the
 // tests wait for each call). CTA b of round k publishes k into its flag, then waits until CTA b of every other
 // thread's kernel has published k too: a budget of S seconds on %globaltimer, after which it counts a stall and
-// ends. No library code runs: a stall shows the runner holding back a CTA that another kernel's CTA waits for (the
-// kernels always end, since the held CTA finds every flag published once it runs). The flags are published and read
-// as the libraries' waits do theirs (release and acquire at system scope). The threads stop after the round in which
-// any CTA stalled. Exit 0 when no CTA stalled.
+// ends. No call or kernel of the libraries runs: a stall shows the runner holding back a CTA that another kernel's CTA
+// waits for (the kernels always end, since the held CTA finds every flag published once it runs). The flags are
+// published and read with the libraries' own primitives (common/device/sync.cuh: release and acquire at system scope,
+// %globaltimer). The threads stop after the round in which any CTA stalled. Exit 0 when no CTA stalled.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,11 +20,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <cuda/atomic>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/device/sync.cuh"
 #include "tests/harness/cli.h"
 
 namespace {
@@ -36,23 +36,16 @@ struct Probe {
   uint64_t round, budgetNs;
 };
 
-__device__ __forceinline__ uint64_t nowNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void probeKernel(Probe p) {
   if (threadIdx.x == 0) {
     uint64_t* row = p.flags + (size_t)blockIdx.x * p.nRanks;
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(row[p.rank]).store(p.round, cuda::memory_order_release);
-    const uint64_t t0 = nowNs();
+    ncclext::dev::storeRelease(&row[p.rank], p.round);
+    const uint64_t t0 = ncclext::dev::globalTimerNs();
     for (int r = 0; r < p.nRanks; r++) {
       if (r == p.rank) continue;
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_system> flag(row[r]);
       uint64_t seen;
-      while ((seen = flag.load(cuda::memory_order_acquire)) < p.round) {
-        if (nowNs() - t0 > p.budgetNs) {
+      while ((seen = ncclext::dev::loadAcquire(&row[r])) < p.round) {
+        if (ncclext::dev::globalTimerNs() - t0 > p.budgetNs) {
           unsigned long long* mine = p.out + (size_t)p.rank * 3;
           if (atomicAdd(&mine[0], 1ull) == 0) {
             mine[1] = p.round;
