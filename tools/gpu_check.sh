@@ -23,7 +23,7 @@ report() {
 # so that a stopped check loses no verdict.
 CURRENT="" CHILD=""  # the running row (tag, ranks, start, JSON lines, log; tab separated) and its `timeout`
 stopped() {
-  trap - TERM INT
+  trap '' TERM INT  # a second signal (an outer `timeout` signals the check, then its process group) waits too
   if [ -n "$CURRENT" ]; then
     kill -TERM "$CHILD" 2>/dev/null
     wait "$CHILD" 2>/dev/null
@@ -261,9 +261,10 @@ for n in ${GPU_CHECK_ONE_GPU_RANKS-2 4}; do  # set and empty: none
   done
 done
 
-trap - TERM INT
+trap '' TERM INT
 report
 status=$?
+trap - TERM INT
 # Benchmarks (after the tests, on every GPU; with GPU_CHECK_PART, after the last part's): GPU_CHECK_BENCH=0 skips them.
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ $status -eq 0 ] && [ "$PART_K" = "$PART_N" ]; then  # (the last part)
   BUILDDIR=$BUILDDIR BENCH_OUT=$OUTDIR bench/run_ep_bench.sh || status=1

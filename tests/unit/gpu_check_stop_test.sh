@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/gpu_check.sh stopped by a signal (an outer timeout) without a GPU: a stand-in nvidia-smi and ep_ht_test (at
+# tools/gpu_check.sh stopped by signals (an outer timeout) without a GPU: a stand-in nvidia-smi and ep_ht_test (at
 # 1 rank it passes at once, at more it sleeps). The report is still written: the finished row passes, the running one
 # is "stopped" (exit 143) with its log so far, the rows not reached are absent, and the check exits non-zero.
 set -u
@@ -20,8 +20,17 @@ STUB
 chmod +x "$tmp/bin/nvidia-smi" "$tmp/build/bin/ep_ht_test"
 cd "$root"
 env PATH="$tmp/bin:$PATH" BUILDDIR="$tmp/build" GPU_CHECK_OUT="$tmp/out" GPU_CHECK_ONLY='^ep_ht$' \
-  GPU_CHECK_ONE_GPU_RANKS=2 GPU_CHECK_BENCH=0 timeout 4 bash tools/gpu_check.sh > "$tmp/log" 2>&1
+  GPU_CHECK_ONE_GPU_RANKS=2 GPU_CHECK_BENCH=0 bash tools/gpu_check.sh > "$tmp/log" 2>&1 &
+check=$!
+# Once the second row runs, SIGTERM twice, 50 ms apart, as an outer `timeout` does (to the check, then to its process
+# group): the second must not cut the report short.
+for _ in $(seq 100); do grep -q "ep_ht\[nodes\] on 2" "$tmp/log" && break; sleep 0.1; done
+kill -TERM $check; sleep 0.05; kill -TERM $check 2>/dev/null
+( sleep 20; kill -KILL $check 2>/dev/null ) > /dev/null 2>&1 &
+watchdog=$!
+wait $check
 rc=$?
+kill $watchdog 2>/dev/null
 fail=0
 [ "$rc" -ne 0 ] || { echo "FAIL: a stopped check exited 0"; fail=1; }
 python3 - "$tmp/out" <<'PY' || fail=1
