@@ -43,6 +43,11 @@
 #   GPU_SANITIZE_JOBS=N          rows of one rank or of one-GPU nodes run N at a time (default 1); a row of virtual
 #                                ranks (virtual, mixed) runs alone, its ranks' kernels needing the GPU at once
 #   GPU_SANITIZE_TAG=T           a suffix for the JSON's name
+#   GPU_SANITIZE_TOOL_STALLS=V   an inconclusive row of virtual ranks whose tool stalled coschedule_probe in the same
+#                                mode (this call's probe row, or one that GPU_SANITIZE_SKIP's JSONs settled) names that
+#                                probe row in its "tool_stall" field; V=not-run makes such a row not run, with that
+#                                reason (the tool does not run two streams' kernels of one process at once); default
+#                                inconclusive: the verdict stays
 #   GPU_SANITIZE_OURS_ONLY=REGEX the rows (test names) whose memcheck, racecheck and synccheck instrument only the
 #                                libraries' kernels (mangled names holding ncclep, ncclm2n or ncclext), not the
 #                                framework's (default '^python_': torch's, Triton's and XLA's kernels are not ours, and
@@ -137,6 +142,9 @@ VIRTUAL_TIMEOUT=${GPU_SANITIZE_VIRTUAL_TIMEOUT:-$RUN_TIMEOUT}
 VIRTUAL_SMS=${GPU_SANITIZE_VIRTUAL_SMS:-4}
 VIRTUAL_WAIT=${GPU_SANITIZE_VIRTUAL_WAIT_S:-20}
 JOBS=${GPU_SANITIZE_JOBS:-1}
+TOOL_STALLS=${GPU_SANITIZE_TOOL_STALLS:-inconclusive}
+[[ $TOOL_STALLS =~ ^(inconclusive|not-run)$ ]] ||
+  { echo "gpu-sanitize: GPU_SANITIZE_TOOL_STALLS=$TOOL_STALLS: inconclusive or not-run" >&2; exit 2; }
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "gpu-sanitize: GPU_SANITIZE_JOBS=$JOBS: a positive integer" >&2; exit 2; }
 
 PART_K=1 PART_N=1
@@ -202,9 +210,10 @@ report() {
     --kind gpu-sanitize >/dev/null
   # Each row's verdict: pass / fail / inconclusive / not-run (with the reason), and the selection this call made.
   python3 - "$OUTDIR/gpu-sanitize-$STAMP.json" "$TMP/all_reasons.tsv" "$TOOLS" "${GPU_SANITIZE_ONLY:-}" \
-    "${GPU_SANITIZE_MODES:-}" "${GPU_SANITIZE_PART:-}" "${GPU_SANITIZE_RESUME:-}" "$1" <<'EOF'
-import json, sys
-path, reasons_path, tools, only, modes, part, resume, final = sys.argv[1:]
+    "${GPU_SANITIZE_MODES:-}" "${GPU_SANITIZE_PART:-}" "${GPU_SANITIZE_RESUME:-}" "$1" "$TOOL_STALLS" \
+    ${GPU_SANITIZE_SKIP:-} <<'EOF'
+import json, os, re, sys
+path, reasons_path, tools, only, modes, part, resume, final, tool_stalls = sys.argv[1:10]
 reasons = {}
 for line in open(reasons_path):
     tag, n, why = line.rstrip("\n").split("\t", 2)
@@ -223,8 +232,25 @@ for r in doc["runs"]:
         r["status"], r["sanitize"] = "not run: the test found no GPU", "not-run"
     else:
         r["sanitize"] = "fail"
+# The probe rows (tool, mode) that stalled: this call's, then those GPU_SANITIZE_SKIP's JSONs settled.
+stalled = {}
+for source, runs in [("this call", doc["runs"])] + [(os.path.basename(p), json.load(open(p))["runs"])
+                                                     for p in sys.argv[10:]]:
+    for r in runs:
+        m = re.fullmatch(r"coschedule_probe\[(\w+),(virtual|mixed)\]", r["name"])
+        if m and r.get("sanitize") == "inconclusive":
+            stalled.setdefault(m.groups(), "%s on %d ranks stalled (%s)" % (r["name"], r["nranks"], source))
+for r in doc["runs"]:
+    m = re.fullmatch(r"(.+)\[(\w+),(virtual|mixed)\]", r["name"])
+    if m and m.group(1) != "coschedule_probe" and r["sanitize"] == "inconclusive" and m.group(2, 3) in stalled:
+        r["tool_stall"] = stalled[m.group(2, 3)]
+        if tool_stalls == "not-run":
+            r["status"] = "not run: %s does not run two streams' kernels of one process at once: %s" % (
+                m.group(2), r["tool_stall"])
+            r["sanitize"] = "not-run"
     count[r["sanitize"]] += 1
-doc["selection"] = {"tools": tools.split(), "only": only, "modes": modes.split(), "part": part, "resume": resume}
+doc["selection"] = {"tools": tools.split(), "only": only, "modes": modes.split(), "part": part, "resume": resume,
+                    "tool_stalls": tool_stalls}
 doc["summary"] = count
 json.dump(doc, open(path, "w"), indent=1)
 if final == "1":

@@ -6,7 +6,8 @@
 # their logs (a row of virtual ranks that printed a wrong result fails, though it timed out); rows of virtual ranks keep
 # their own timeout, and the EP ones their grid (--sms) and device-wait budget;
 # GPU_SANITIZE_OURS_ONLY's rows get the kernel filters, and NCCL's kernels are excluded but under initcheck;
-# GPU_SANITIZE_MODES keeps the modes it names, and GPU_SANITIZE_SKIP leaves out the rows a JSON settled.
+# GPU_SANITIZE_MODES keeps the modes it names, and GPU_SANITIZE_SKIP leaves out the rows a JSON settled; a stalled
+# coschedule_probe row is named in the inconclusive rows of virtual ranks of its tool and mode.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -120,6 +121,40 @@ done
 run vt GPU_SANITIZE_JOBS=3 GPU_SANITIZE_RUN_TIMEOUT=5 GPU_SANITIZE_VIRTUAL_TIMEOUT=1 FAKE_SLEEP_VIRTUAL=3
 [ "$(summary vt)" = "4 passed, 0 failed, 3 inconclusive, 0 not run" ] ||
   { echo "FAIL: virtual timeout: $(summary vt)"; fail=1; }
+# A stalled coschedule_probe row of the same tool and mode (this call's, or settled in GPU_SANITIZE_SKIP's JSON) is
+# named in the inconclusive rows of virtual ranks ("tool_stall"); GPU_SANITIZE_TOOL_STALLS=not-run makes them not run.
+stall() {  # stall TAG [VAR=VALUE...]: rows of virtual ranks, killed by their timeout
+  local tag=$1
+  shift
+  run "$tag" GPU_SANITIZE_MODES="virtual mixed" GPU_SANITIZE_VIRTUAL_TIMEOUT=1 FAKE_SLEEP_VIRTUAL=3 "$@"
+}
+stall_of() {  # stall_of TAG: ep_ht's rows and their tool_stall, if any
+  python3 -c 'import json, sys; print(" ".join("%s:%s" % (r["name"], r.get("tool_stall", "-"))
+      for r in json.load(open(sys.argv[1]))["runs"] if r["name"].startswith("ep_ht")))' "$tmp"/$1/gpu-sanitize-*.json
+}
+stall stall GPU_SANITIZE_ONLY='^(coschedule_probe|ep_ht)$' GPU_SANITIZE_RESUME="$tmp/stall_raw"
+[ "$(summary stall)" = "0 passed, 0 failed, 4 inconclusive, 0 not run" ] ||
+  { echo "FAIL: stall: $(summary stall)"; fail=1; }
+want_s="ep_ht[memcheck,virtual]:coschedule_probe[memcheck,virtual] on 2 ranks stalled (this call)"
+want_s="$want_s ep_ht[memcheck,mixed]:coschedule_probe[memcheck,mixed] on 4 ranks stalled (this call)"
+[ "$(stall_of stall)" = "$want_s" ] || { echo "FAIL: stall: $(stall_of stall)"; fail=1; }
+stall stall_not_run GPU_SANITIZE_ONLY='^(coschedule_probe|ep_ht)$' GPU_SANITIZE_RESUME="$tmp/stall_raw" \
+  GPU_SANITIZE_TOOL_STALLS=not-run
+[ "$(summary stall_not_run)" = "0 passed, 0 failed, 2 inconclusive, 2 not run" ] ||
+  { echo "FAIL: stall, not-run: $(summary stall_not_run)"; fail=1; }
+grep -q "ep_ht\[memcheck,mixed\] .*not run: memcheck does not run two streams' kernels" "$tmp/stall_not_run.log" ||
+  { echo "FAIL: stall, not-run: no reason"; fail=1; }
+python3 - "$tmp"/stall/gpu-sanitize-*.json "$tmp/probe_settled.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["runs"] = [r for r in d["runs"] if r["name"].startswith("coschedule_probe")]
+json.dump(d, open(sys.argv[2], "w"))
+PY
+stall stall_skip GPU_SANITIZE_ONLY='^(coschedule_probe|ep_ht)$' GPU_SANITIZE_MODES=virtual \
+  GPU_SANITIZE_SKIP="$tmp/probe_settled.json"
+[ "$(stall_of stall_skip)" = \
+  "ep_ht[memcheck,virtual]:coschedule_probe[memcheck,virtual] on 2 ranks stalled (probe_settled.json)" ] ||
+  { echo "FAIL: stall, skip: $(stall_of stall_skip)"; fail=1; }
 # GPU_SANITIZE_OURS_ONLY: the matching rows get the libraries' kernel filters, except under initcheck; NCCL's kernels
 # are excluded everywhere but under initcheck (which follows what they write).
 run ours GPU_SANITIZE_TOOLS="memcheck initcheck" GPU_SANITIZE_OURS_ONLY='^ep_ht$' ||
@@ -158,5 +193,5 @@ got=$(GPU_SANITIZE_LIST=1 GPU_SANITIZE_TOOLS=memcheck GPU_SANITIZE_ONLY='^ep_ht$
 [ $fail -eq 0 ] &&
   echo "gpu_sanitize_jobs: one and three jobs alike, virtual rows alone and last, failures and budgets kept," \
     "virtual rows' own timeout, grid and device-wait budget, kernel filters and NCCL's exclusion per tool, resumed" \
-    "rows' verdicts read again"
+    "rows' verdicts read again, the probe's stalls named"
 exit $fail
