@@ -23,7 +23,7 @@ report() {
 # so that a stopped check loses no verdict.
 CURRENT="" CHILD=""  # the running row (tag, ranks, start, JSON lines, log; tab separated) and its `timeout`
 stopped() {
-  trap '' TERM INT  # a second signal (an outer `timeout` signals the check, then its process group) waits too
+  trap '' TERM INT  # an outer `timeout` signals the check, then its process group: the second must not cut this short
   if [ -n "$CURRENT" ]; then
     kill -TERM "$CHILD" 2>/dev/null
     wait "$CHILD" 2>/dev/null

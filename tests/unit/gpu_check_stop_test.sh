@@ -13,18 +13,18 @@ cat > "$tmp/build/bin/ep_ht_test" <<'STUB'
 n=1 json="" prev=""
 for a in "$@"; do [ "$prev" = "--nranks" ] && n=$a; [ "$prev" = "--json" ] && json=$a; prev=$a; done
 echo "stand-in ep_ht_test at $n rank(s): started"
-[ "$n" -gt 1 ] && sleep 30
+[ "$n" -gt 1 ] && { touch "$STUB_STARTED"; sleep 30; }
 echo '{"test": "stand-in", "pass": true}' >> "$json"
 echo "PASS"
 STUB
 chmod +x "$tmp/bin/nvidia-smi" "$tmp/build/bin/ep_ht_test"
 cd "$root"
-env PATH="$tmp/bin:$PATH" BUILDDIR="$tmp/build" GPU_CHECK_OUT="$tmp/out" GPU_CHECK_ONLY='^ep_ht$' \
+env PATH="$tmp/bin:$PATH" STUB_STARTED="$tmp/started" BUILDDIR="$tmp/build" GPU_CHECK_OUT="$tmp/out" GPU_CHECK_ONLY='^ep_ht$' \
   GPU_CHECK_ONE_GPU_RANKS=2 GPU_CHECK_BENCH=0 bash tools/gpu_check.sh > "$tmp/log" 2>&1 &
 check=$!
 # Once the second row runs, SIGTERM twice, 50 ms apart, as an outer `timeout` does (to the check, then to its process
 # group): the second must not cut the report short.
-for _ in $(seq 100); do grep -q "ep_ht\[nodes\] on 2" "$tmp/log" && break; sleep 0.1; done
+for _ in $(seq 100); do [ -f "$tmp/started" ] && break; sleep 0.1; done
 kill -TERM $check; sleep 0.05; kill -TERM $check 2>/dev/null
 ( sleep 20; kill -KILL $check 2>/dev/null ) > /dev/null 2>&1 &
 watchdog=$!
