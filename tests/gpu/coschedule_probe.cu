@@ -26,6 +26,7 @@
 
 #include "common/device/sync.cuh"
 #include "tests/harness/cli.h"
+#include "tests/harness/cuda_check.h"
 
 namespace {
 
@@ -88,11 +89,7 @@ bool parse(int argc, char** argv, Options* o) {
          cli.require(o->waitSeconds > 0, "--wait-s must be > 0");
 }
 
-bool cudaOk(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  fprintf(stderr, "coschedule_probe: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
-}
+using ncclext::harness::cudaOk;
 
 bool anyStall(const Options& o, const volatile unsigned long long* out) {
   for (int r = 0; r < o.nRanks; r++)

@@ -46,6 +46,7 @@
 #include "nccl_ep.h"
 #include "tests/harness/ep_testing.h"
 #include "tests/harness/cli.h"
+#include "tests/harness/cuda_check.h"
 #include "tests/harness/launcher.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
@@ -157,13 +158,8 @@ using ncclext::harness::epTensor;
 // This rank's stream and the count of failed CUDA calls of the test itself (any fails the run). Thread-local: the
 // virtual-rank mode runs every rank as a thread of one process.
 thread_local cudaStream_t tStream = nullptr;
-thread_local int tCudaErrors = 0;
-
-bool cudaOk(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  if (tCudaErrors++ < 5) fprintf(stderr, "CUDA error in the test: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
-}
+using ncclext::harness::cudaOk;
+using ncclext::harness::tCudaErrors;
 
 // Device memory of the test, stream-ordered on the rank's stream: a cudaFree would wait for every kernel on the GPU,
 // which with virtual ranks includes peers' kernels that wait for this rank's next call.

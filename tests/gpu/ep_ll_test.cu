@@ -63,6 +63,7 @@
 #include "common/status.h"
 #include "nccl_ep.h"
 #include "tests/harness/cli.h"
+#include "tests/harness/cuda_check.h"
 #include "tests/harness/ep_testing.h"
 #include "tests/harness/ep_tensor.h"
 #include "tests/harness/silent_peer.h"
@@ -353,13 +354,8 @@ Expected expect(const Case& c, const Shape& sh, const Routing& routing, Combine 
 // This rank's stream and the count of failed CUDA calls and bounded waits of the test itself (any fails the run).
 // Thread-local: the virtual-rank mode runs every rank as a thread of one process.
 thread_local cudaStream_t tStream = nullptr;
-thread_local int tCudaErrors = 0;
-
-bool cudaOk(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  if (tCudaErrors++ < 5) fprintf(stderr, "CUDA error in the test: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
-}
+using ncclext::harness::cudaOk;
+using ncclext::harness::tCudaErrors;
 
 // The rank's stream drained, within the group budget plus a margin (a bare cudaStreamSynchronize could hang).
 bool drained(const char* what) {
